@@ -1,0 +1,17 @@
+"""commhook-conformance: a conformance suite for PyTorch gradient communication hooks.
+
+Start with :class:`HookSpec` (the plug-in contract, ``conformance/spec.py``).
+The rest of the package, by file:
+
+* ``plugins.py``: load specs from ``module:ATTR`` and the ``conformance.hooks`` entry points;
+* ``pool.py`` / ``worker.py``: the persistent rank pool (controller and rank side);
+* ``checks/``: what runs on each rank, one module per hook API;
+* ``compare.py``: bitwise comparison, ULP distance, mismatch reports;
+* ``known_failures.py``: the expected-failure list in ``fixtures/``;
+* ``plugin.py``: the pytest plugin; ``cli.py``: the ``conform`` command.
+"""
+
+from conformance.spec import HookSpec, SpecError
+
+__all__ = ["HookSpec", "SpecError", "__version__"]
+__version__ = "0.1.0"

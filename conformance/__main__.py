@@ -1,0 +1,7 @@
+"""``python -m conformance``: the same as the ``conform`` command."""
+
+import sys
+
+from conformance.cli import main
+
+sys.exit(main())

@@ -1,0 +1,128 @@
+"""Which cases exist for a hook, and what they are called.
+
+A case id is the pytest parameter id, fields joined by ``-``:
+``{hook}-{strategy}-{model}-ws{world_size}`` for training checks,
+``{hook}-{strategy}-{rule}`` for registration rules. The hook name comes first
+so that ``-k my_hook`` and known-failure patterns such as
+``test_parity[fp16_compress_hook-*]`` select one hook's cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from conformance.spec import HookSpec
+
+#: Reference models for parity at the main world size (``models.MODELS`` keys).
+PARITY_MODELS = ("net_wrapped", "net_flat", "nested_wrapped", "always_wrap_nested", "transformer_shared")
+#: Reference models for parity at the extra world size (kept short: it is a second pool).
+EXTRA_PARITY_MODELS = ("net_wrapped", "nested_wrapped")
+#: Models whose NO_SHARD gradients are compared across ranks.
+CONSISTENCY_MODELS = ("net_wrapped", "transformer_shared")
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseParams:
+    """One parametrization of a suite test.
+
+    Attributes:
+        hook: the spec's name.
+        strategy: a ``ShardingStrategy`` member name, or ``"HYBRID"``.
+        world_size: ranks in the pool that runs it.
+        model: a reference model name, or ``None``.
+        rule: a registration rule, or ``None``.
+    """
+
+    hook: str
+    strategy: str
+    world_size: int
+    model: Optional[str] = None
+    rule: Optional[str] = None
+
+    @property
+    def id(self) -> str:
+        return case_id(self.hook, self.strategy, model=self.model, world_size=self.world_size, rule=self.rule)
+
+    def describe(self, check: str) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"check": check, "strategy": self.strategy}
+        if self.model:
+            out["model"] = self.model
+        if self.rule:
+            out["rule"] = self.rule
+        return out
+
+
+def case_id(hook: str, strategy: str, *, model: Optional[str] = None, world_size: Optional[int] = None,
+            rule: Optional[str] = None) -> str:
+    """The test parameter id of a case; see the module docstring for the shape."""
+    parts = [hook, strategy]
+    if model:
+        parts.append(model)
+    if rule:
+        parts.append(rule)
+    if world_size is not None and rule is None:
+        parts.append(f"ws{world_size}")
+    return "-".join(parts)
+
+
+def parse_case_id(text: str) -> Dict[str, Any]:
+    """Split a test name or case id back into its fields (inverse of :func:`case_id`).
+
+    Raises:
+        ValueError: the text is not a case id.
+    """
+    if "[" in text:
+        text = text[text.index("[") + 1: text.rindex("]")]
+    parts = text.split("-")
+    if len(parts) < 2:
+        raise ValueError(f"{text!r} is not a case id of the form hook-STRATEGY[-model][-wsN]")
+    out: Dict[str, Any] = {"hook": parts[0], "strategy": parts[1]}
+    rest = parts[2:]
+    if rest and rest[-1].startswith("ws") and rest[-1][2:].isdigit():
+        out["world_size"] = int(rest.pop()[2:])
+    if rest:
+        out["detail"] = "-".join(rest)
+    return out
+
+
+def training_cases(specs: Sequence[HookSpec], world_sizes: Sequence[int], *,
+                   models: Optional[Dict[int, Sequence[str]]] = None,
+                   strategies: Optional[Sequence[str]] = None) -> List[CaseParams]:
+    """Cases for every spec x strategy it serves x world size (x model when ``models`` is given).
+
+    ``models[world_size]`` lists the models used at that world size.
+    ``strategies`` restricts the strategies (e.g. ``("NO_SHARD",)``).
+    """
+    out = []
+    for spec in specs:
+        for strategy in spec.strategies or ():
+            if strategies is not None and strategy not in strategies:
+                continue
+            for ws in world_sizes:
+                if models is None:
+                    out.append(CaseParams(spec.name, strategy, ws))
+                else:
+                    out.extend(CaseParams(spec.name, strategy, ws, model=m) for m in models.get(ws, ()))
+    return out
+
+
+def registration_cases(specs: Sequence[HookSpec], world_size: int, rules: Sequence[str]) -> List[CaseParams]:
+    """Registration rules per spec and strategy; the hybrid rule once per spec."""
+    out = []
+    for spec in specs:
+        for rule in rules:
+            if rule == "hybrid_strategy_raises":
+                out.append(CaseParams(spec.name, "HYBRID", world_size, rule=rule))
+                continue
+            for strategy in spec.strategies or ():
+                out.append(CaseParams(spec.name, strategy, world_size, rule=rule))
+    return out
+
+
+def ids(cases: Sequence[CaseParams]) -> List[str]:
+    return [c.id for c in cases]
+
+
+def pairs(cases: Sequence[CaseParams]) -> List[Tuple[str, CaseParams]]:
+    return [(c.id, c) for c in cases]

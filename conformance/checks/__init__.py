@@ -1,0 +1,39 @@
+"""Rank-side checks: the code each rank runs for one case.
+
+A rank check is a function ``check(ctx, spec, **params) -> value`` registered
+under a name with :func:`rank_check`. It runs in every rank process of a pool
+(``ctx`` is a :class:`conformance.worker.RankContext`) and returns picklable
+results: usually a list of :class:`conformance.protocol.Finding` (empty when
+the hook conforms), or CPU tensors the controller compares across ranks.
+
+One module per hook API: ``fsdp.py`` for ``FullyShardedDataParallel.register_comm_hook``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+_RANK_CHECKS: Dict[str, Callable] = {}
+
+
+def rank_check(name: str) -> Callable[[Callable], Callable]:
+    """Register ``fn`` as the rank check called ``name`` (e.g. ``"fsdp.parity"``)."""
+
+    def register(fn: Callable) -> Callable:
+        if name in _RANK_CHECKS:
+            raise ValueError(f"rank check {name!r} registered twice")
+        _RANK_CHECKS[name] = fn
+        return fn
+
+    return register
+
+
+def get_rank_check(name: str) -> Callable:
+    """The rank check called ``name``; ``KeyError`` names the known checks."""
+    try:
+        return _RANK_CHECKS[name]
+    except KeyError:
+        raise KeyError(f"no rank check {name!r}; known: {', '.join(sorted(_RANK_CHECKS))}") from None
+
+
+from conformance.checks import fsdp  # noqa: E402,F401  (registers the fsdp checks)

@@ -1,0 +1,40 @@
+"""``conform`` / ``python -m conformance``: run the conformance suite.
+
+Conformance options (``--hook``, ``--world-size``, ``--backend``, ``--device``,
+...; see ``conform --help``) and any pytest argument (``-k``, ``-x``, ``-q``,
+``--junitxml``) may be mixed. The exit code is pytest's: 0 every hook
+conforms (known failures allowed), 1 a hook failed a check, 4 a usage error
+such as a bad hook spec.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+SUITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite")
+
+
+def pytest_args(argv: List[str]) -> List[str]:
+    """The pytest command line ``conform argv`` runs.
+
+    The suite's own ``pytest.ini`` is used (``-c``), with the suite directory
+    as rootdir, so the caller's project configuration does not leak in.
+    """
+    return ["-c", os.path.join(SUITE_DIR, "pytest.ini"), "--rootdir", SUITE_DIR,
+            "-p", "conformance.plugin", *argv, SUITE_DIR]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import pytest
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "" not in sys.path:
+        # `--hook my_module:SPEC` resolves against the current directory, as with `python -m`.
+        sys.path.insert(0, "")
+    return int(pytest.main(pytest_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

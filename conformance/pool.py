@@ -1,0 +1,297 @@
+"""The controller side of the rank pool.
+
+One :class:`RankPool` is ``world_size`` worker processes (``conformance.worker``)
+joined in one process group, started once and reused for every case: PyTorch's
+own ``MultiProcessTestCase`` spawns and initializes fresh processes per test,
+which costs seconds; a round trip through the pool costs milliseconds.
+
+Containment: a case that hangs or kills a rank does not end the session. The
+controller waits at most the case timeout, asks each unfinished rank for its
+Python stack (``SIGUSR1`` -> ``faulthandler``), kills the pool, reports what each
+rank was doing and starts a fresh pool for the next case. Rendezvous uses a
+``FileStore`` in a private temporary directory, so no TCP port is reserved and
+a port already in use cannot break start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection, wait
+from typing import Dict, List, Optional
+
+from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
+
+__all__ = ["PoolConfig", "PoolStartError", "RankPool"]
+
+#: Seconds the other ranks get to finish after one rank raised or died. A rank
+#: blocked in a collective its peer never joined will not finish at all.
+STRAGGLER_GRACE_S = 5.0
+#: Seconds a rank gets to write its stack after SIGUSR1.
+STACK_DUMP_WAIT_S = 0.5
+
+
+class PoolStartError(RuntimeError):
+    """The pool's processes could not start or join their process group."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolConfig:
+    """How to start a pool.
+
+    Attributes:
+        world_size: number of rank processes.
+        backend: ``"gloo"`` or ``"nccl"``.
+        device: ``"cpu"`` or ``"cuda"`` (rank ``r`` uses ``cuda:r``).
+        case_timeout_s: seconds a case may run before it is called hung.
+        start_timeout_s: seconds the ranks get to import torch and rendezvous.
+    """
+
+    world_size: int
+    backend: str
+    device: str
+    case_timeout_s: float = 60.0
+    start_timeout_s: float = 180.0
+
+
+class RankPool:
+    """``world_size`` persistent rank processes and the means to run cases on them.
+
+    Raises:
+        PoolStartError: from :meth:`start` (and so from :meth:`run`) when a rank
+            fails to start; the message carries that rank's log.
+    """
+
+    def __init__(self, config: PoolConfig):
+        self.config = config
+        self.starts = 0
+        self._procs: List[subprocess.Popen] = []
+        self._conns: List[Connection] = []
+        self._logs: List[str] = []
+        self._dir: Optional[str] = None
+        self._seq = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.poll() is None for p in self._procs)
+
+    def start(self) -> None:
+        """Spawn the ranks and wait until every one has joined the process group."""
+        self.close()
+        cfg = self.config
+        self.starts += 1
+        self._dir = tempfile.mkdtemp(prefix="commhook-pool-")
+        store_path = os.path.join(self._dir, "store")
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        if cfg.backend == "gloo" and sys.platform.startswith("linux"):
+            # Keep gloo's connections on loopback: the pool never leaves the machine.
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env["PYTHONUNBUFFERED"] = "1"
+        for rank in range(cfg.world_size):
+            parent, child = socket.socketpair()
+            log_path = os.path.join(self._dir, f"rank{rank}.log")
+            log = open(log_path, "wb")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "conformance.worker", str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+            log.close()
+            child.close()
+            conn = Connection(parent.detach())
+            send(conn, ("hello", {
+                "rank": rank,
+                "world_size": cfg.world_size,
+                "backend": cfg.backend,
+                "device": cfg.device,
+                "store_path": store_path,
+                "pg_timeout_s": cfg.case_timeout_s + 60.0,
+                "sys_path": list(sys.path),
+            }))
+            self._procs.append(proc)
+            self._conns.append(conn)
+            self._logs.append(log_path)
+        deadline = time.monotonic() + cfg.start_timeout_s
+        pending = dict(enumerate(self._conns))
+        while pending:
+            remaining = deadline - time.monotonic()
+            ready = wait(list(pending.values()), timeout=max(remaining, 0))
+            if not ready:
+                self._fail_start(f"ranks {sorted(pending)} did not join the process group "
+                                 f"within {cfg.start_timeout_s:.0f} s", sorted(pending))
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    kind, payload = recv(conn)
+                except EOFError:
+                    self._fail_start(f"rank {rank} exited during start-up "
+                                     f"(exit code {self._procs[rank].wait()})", [rank])
+                if kind == "failed":
+                    self._fail_start(f"rank {rank} could not join the process group:\n{payload}", [rank])
+                pending.pop(rank)
+
+    def _fail_start(self, message: str, ranks: List[int]) -> None:
+        logs = "\n".join(f"--- rank {r} log ---\n{self._read_log(r, 0)[-4000:]}" for r in ranks)
+        cfg = self.config
+        self.close()
+        raise PoolStartError(
+            f"could not start a {cfg.backend}/{cfg.device} pool of world size {cfg.world_size}: "
+            f"{message}\n{logs}"
+        )
+
+    def close(self) -> None:
+        """Stop the ranks: politely when idle, by SIGKILL otherwise. Idempotent."""
+        for conn in self._conns:
+            try:
+                send(conn, ("shutdown", None))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5.0
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill()
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def _kill(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    proc.kill()
+                proc.wait()
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+
+    # -- running cases -------------------------------------------------------------
+    def run(self, case: Case, timeout_s: Optional[float] = None) -> CaseResult:
+        """Send ``case`` to every rank and gather one outcome per rank.
+
+        The pool is (re)started first if needed. After a case in which a rank
+        raised, hung or died, the pool is checked with an all-reduce and
+        restarted if the ranks no longer match up; the returned result says so.
+        """
+        if not self.alive:
+            self.start()
+        timeout_s = self.config.case_timeout_s if timeout_s is None else timeout_s
+        n = self.config.world_size
+        offsets = [self._log_size(r) for r in range(n)]
+        started = time.perf_counter()
+        for conn in self._conns:
+            send(conn, ("case", case))
+        outcomes: Dict[int, RankOutcome] = {}
+        phases = {r: "" for r in range(n)}
+        deadline = time.monotonic() + timeout_s
+        grace_deadline: Optional[float] = None
+        live = {r: c for r, c in enumerate(self._conns)}
+        while len(outcomes) < n:
+            now = time.monotonic()
+            limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+            waiting = [c for r, c in live.items() if r not in outcomes]
+            ready = wait(waiting, timeout=max(limit - now, 0)) if waiting else []
+            if not ready:
+                break
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    kind, payload = recv(conn)
+                except (EOFError, OSError):
+                    code = self._procs[rank].wait()
+                    outcomes[rank] = RankOutcome(rank=rank, exit_code=code, phase=phases[rank])
+                    live.pop(rank, None)
+                    continue
+                if kind == "phase":
+                    phases[rank] = payload
+                elif kind == "outcome":
+                    outcomes[rank] = payload
+            if grace_deadline is None and any(not o.ok for o in outcomes.values()):
+                grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
+        wall = time.perf_counter() - started
+        timed_out = len(outcomes) < n and not any(not o.ok for o in outcomes.values())
+        unfinished = [r for r in range(n) if r not in outcomes]
+        rebuilt = False
+        if unfinished:
+            stacks = self._dump_stacks(unfinished, offsets)
+            for r in unfinished:
+                outcomes[r] = RankOutcome(rank=r, phase=phases[r], stack=stacks.get(r, "(no stack written)"))
+            self._kill()
+            rebuilt = True
+        elif not all(o.ok for o in outcomes.values()):
+            rebuilt = not self._still_in_step()
+        ordered = tuple(outcomes[r] for r in range(n))
+        return CaseResult(case=case, world_size=n, outcomes=ordered, timed_out=timed_out,
+                          wall_s=wall, pool_rebuilt=rebuilt)
+
+    def _still_in_step(self) -> bool:
+        """After a failed case: do the ranks still agree on the collective sequence?"""
+        if not self.alive:
+            self._kill()
+            return False
+        self._seq += 1
+        for conn in self._conns:
+            send(conn, ("ping", self._seq))
+        expected = self._seq * self.config.world_size
+        deadline = time.monotonic() + STRAGGLER_GRACE_S
+        replies = 0
+        while replies < len(self._conns):
+            ready = wait(self._conns, timeout=max(deadline - time.monotonic(), 0))
+            if not ready:
+                self._kill()
+                return False
+            for conn in ready:
+                try:
+                    kind, payload = recv(conn)
+                except (EOFError, OSError):
+                    self._kill()
+                    return False
+                if kind == "pong":
+                    if payload != expected:
+                        self._kill()
+                        return False
+                    replies += 1
+        return True
+
+    def _dump_stacks(self, ranks: List[int], offsets: List[int]) -> Dict[int, str]:
+        for r in ranks:
+            proc = self._procs[r]
+            if proc.poll() is None and hasattr(signal, "SIGUSR1"):
+                os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(STACK_DUMP_WAIT_S)
+        return {r: self._read_log(r, offsets[r])[-6000:] or "(no stack written)" for r in ranks}
+
+    def _log_size(self, rank: int) -> int:
+        try:
+            return os.path.getsize(self._logs[rank])
+        except (OSError, IndexError):
+            return 0
+
+    def _read_log(self, rank: int, offset: int) -> str:
+        try:
+            with open(self._logs[rank], "rb") as f:
+                f.seek(offset)
+                return f.read().decode("utf-8", "replace")
+        except (OSError, IndexError):
+            return ""
+
+    def log_tail(self, rank: int, since: int = 0) -> str:
+        """Text the rank wrote to stdout/stderr since byte ``since`` of its log."""
+        return self._read_log(rank, since)

@@ -1,0 +1,145 @@
+"""Messages between the controller (the pytest process) and the rank processes.
+
+Everything here is small and picklable: a case travels from the controller to
+every rank, and each rank sends back one :class:`RankOutcome`. Tensors that a
+check must compare across ranks travel on CPU inside ``RankOutcome.value``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from multiprocessing.connection import Connection
+from typing import Any, Dict, Optional, Tuple
+
+
+def send(conn: Connection, message: Any) -> None:
+    """Send ``message`` with plain pickle.
+
+    ``Connection.send`` uses multiprocessing's pickler, where torch registers
+    reducers that pass tensor storage as file descriptors between
+    ``multiprocessing`` processes; the pool's ranks are plain subprocesses, so
+    tensors travel by value instead.
+    """
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv(conn: Connection) -> Any:
+    """Receive one message sent with :func:`send`; ``EOFError`` when the peer is gone."""
+    return pickle.loads(conn.recv_bytes())
+
+
+@dataclasses.dataclass(frozen=True)
+class HookRef:
+    """How a rank process re-loads a spec: ``module:ATTR`` plus the spec's name."""
+
+    target: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One unit of work, run by every rank of a pool.
+
+    Attributes:
+        check: name of a rank-side check registered with
+            :func:`conformance.checks.rank_check`, e.g. ``"fsdp.parity"``.
+        hook: the spec under test, or ``None`` for checks that need no hook.
+        params: check parameters (strategy, model, steps, input values, ...).
+        case_id: the pytest test name, for messages.
+    """
+
+    check: str
+    hook: Optional[HookRef]
+    params: Dict[str, Any]
+    case_id: str = ""
+
+
+@dataclasses.dataclass
+class RankOutcome:
+    """What one rank reports for one case.
+
+    Attributes:
+        rank: the rank in the pool's process group.
+        ok: the check function returned (its findings may still be failures).
+        value: the check function's return value (findings, tensors on CPU).
+        error: formatted traceback when the check raised.
+        error_type: the exception's class name when it raised.
+        compute_s: seconds spent inside the check function on this rank.
+        phase: the last phase the rank announced (what it was doing).
+        exit_code: the process exit code when the rank died during the case.
+        stack: the Python stack dumped by faulthandler when the rank hung.
+    """
+
+    rank: int
+    ok: bool = False
+    value: Any = None
+    error: Optional[str] = None
+    error_type: Optional[str] = None
+    compute_s: float = 0.0
+    phase: str = ""
+    exit_code: Optional[int] = None
+    stack: Optional[str] = None
+
+    @property
+    def hung(self) -> bool:
+        return self.stack is not None
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"rank {self.rank}: finished"
+        if self.exit_code is not None:
+            return f"rank {self.rank}: died with exit code {self.exit_code} during {self.phase or 'start-up'!r}"
+        if self.error is not None:
+            return f"rank {self.rank}: raised {self.error_type} during {self.phase!r}"
+        return f"rank {self.rank}: did not finish; last phase {self.phase or 'none'!r}"
+
+
+@dataclasses.dataclass
+class CaseResult:
+    """The outcomes of one case on every rank, as gathered by the controller."""
+
+    case: Case
+    world_size: int
+    outcomes: Tuple[RankOutcome, ...]
+    timed_out: bool = False
+    wall_s: float = 0.0
+    pool_rebuilt: bool = False
+
+    @property
+    def all_ok(self) -> bool:
+        return all(o.ok for o in self.outcomes)
+
+    @property
+    def max_compute_s(self) -> float:
+        return max((o.compute_s for o in self.outcomes), default=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One way a hook failed a check on one rank.
+
+    Attributes:
+        rank: the rank that saw it.
+        message: what was observed and what it should be, one sentence.
+        step: the training step (0-based), when the check trains.
+        fqn: the parameter's fully qualified name, when it concerns one.
+        mismatch: bitwise diagnostics (:class:`conformance.compare.Mismatch`).
+    """
+
+    rank: int
+    message: str
+    step: Optional[int] = None
+    fqn: Optional[str] = None
+    mismatch: Any = None
+
+    def describe(self) -> str:
+        where = [f"rank {self.rank}"]
+        if self.step is not None:
+            where.append(f"step {self.step}")
+        if self.fqn is not None:
+            where.append(f"parameter {self.fqn!r}")
+        text = f"[{', '.join(where)}] {self.message}"
+        if self.mismatch is not None:
+            text += f": {self.mismatch.describe()}"
+        return text

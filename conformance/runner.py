@@ -1,0 +1,158 @@
+"""The controller's side of a case: pick the pool, run, turn rank outcomes into one verdict.
+
+:class:`Runner` is what the suite's tests call. It keeps one
+:class:`~conformance.pool.RankPool` per world size for the whole session and
+raises :class:`ConformanceFailure` (an ``AssertionError``, so pytest reports a
+plain failure) with a message that names the hook, check, strategy, model,
+world size, and per finding the rank, step and parameter FQN, and ends with
+the command that re-runs just that case.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+from conformance.compare import compare_bitwise
+from conformance.pool import PoolConfig, PoolStartError, RankPool
+from conformance.protocol import Case, CaseResult, Finding, HookRef
+
+#: Findings listed in full in one failure message; the rest are counted.
+MAX_FINDINGS_SHOWN = 8
+
+
+class ConformanceFailure(AssertionError):
+    """A hook failed a check; the message is the whole report of that case."""
+
+
+class Runner:
+    """Runs cases on the session's rank pools.
+
+    Attributes:
+        restarts: pools restarted after a case hung, killed a rank, or left the
+            ranks out of step.
+        timings: ``(wall_s, max_rank_compute_s)`` per case, for the benchmark.
+    """
+
+    def __init__(self, state: Any):
+        self.state = state
+        self.pools: Dict[int, RankPool] = {}
+        self.restarts = 0
+        self.timings: List[tuple] = []
+
+    def pool(self, world_size: int) -> RankPool:
+        s = self.state.settings
+        if world_size not in self.pools:
+            self.pools[world_size] = RankPool(PoolConfig(world_size=world_size, backend=s.backend, device=s.device,
+                                                         case_timeout_s=s.case_timeout_s))
+        return self.pools[world_size]
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+
+    def run(self, test_name: str, *, check: str, hook: Optional[str], params: Dict[str, Any], world_size: int,
+            describe: Dict[str, Any], findings: bool = True) -> CaseResult:
+        """Run one case on every rank of the ``world_size`` pool.
+
+        Args:
+            test_name: the pytest test name (``item.name``), for messages and the re-run command.
+            check: the rank check's registered name.
+            hook: the spec's name, or ``None``.
+            params: keyword arguments for the rank check.
+            describe: what the case is (check, strategy, model, ...), shown on failure.
+            findings: treat each rank's return value as a list of findings.
+
+        Raises:
+            ConformanceFailure: a rank raised, hung or died, or returned findings.
+        """
+        __tracebackhide__ = True
+        ref = None
+        if hook is not None:
+            item = self.state.spec(hook)
+            ref = HookRef(target=item.target, name=hook)
+        case = Case(check=check, hook=ref, params=params, case_id=test_name)
+        pool = self.pool(world_size)
+        try:
+            result = pool.run(case)
+        except PoolStartError as exc:
+            raise ConformanceFailure(f"the rank pool could not start: {exc}") from None
+        self.timings.append((result.wall_s, result.max_compute_s))
+        if result.pool_rebuilt:
+            self.restarts += 1
+        header = self.header(hook, describe, world_size)
+        problems = self._rank_problems(result)
+        if problems:
+            self.fail(test_name, hook, header, problems)
+        if findings:
+            found = [f for o in result.outcomes for f in (o.value or [])]
+            if found:
+                self.fail(test_name, hook, header, self.findings_text(found))
+        return result
+
+    def fail(self, test_name: str, hook: Optional[str], header: str, body: str) -> None:
+        __tracebackhide__ = True
+        rerun = self.state.rerun_command(test_name, hook)
+        raise ConformanceFailure(f"{header}\n{body}\nRe-run just this case:\n  {rerun}")
+
+    @staticmethod
+    def header(hook: Optional[str], describe: Dict[str, Any], world_size: int) -> str:
+        what = " ".join(f"{k}={v}" for k, v in describe.items())
+        who = f"hook {hook}" if hook else "case"
+        return f"{who} does not conform: {what} world_size={world_size}"
+
+    @staticmethod
+    def findings_text(found: Sequence[Finding]) -> str:
+        ordered = sorted(found, key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
+        lines = [f"  {f.describe()}" for f in ordered[:MAX_FINDINGS_SHOWN]]
+        if len(ordered) > MAX_FINDINGS_SHOWN:
+            lines.append(f"  ... and {len(ordered) - MAX_FINDINGS_SHOWN} more findings")
+        return "\n".join(lines)
+
+    @staticmethod
+    def _rank_problems(result: CaseResult) -> str:
+        bad = [o for o in result.outcomes if not o.ok]
+        if not bad:
+            return ""
+        if result.timed_out:
+            intro = (f"the case did not finish within the case timeout on {len(bad)} of {result.world_size} ranks "
+                     f"(after {result.wall_s:.1f} s); the pool was restarted")
+        else:
+            intro = f"{len(bad)} of {result.world_size} ranks did not finish the case"
+            if result.pool_rebuilt:
+                intro += "; the pool was restarted"
+        lines = [intro]
+        for o in bad:
+            lines.append(f"--- {o.summary()} ---")
+            if o.error:
+                lines.append(o.error.rstrip())
+            if o.stack:
+                lines.append(o.stack.rstrip())
+        return "\n".join(lines)
+
+
+def compare_across_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Finding]:
+    """Findings where a rank's gradients differ from rank 0's, step by step.
+
+    ``per_rank[r][step][fqn]`` is rank ``r``'s gradient (CPU tensor or ``None``).
+    Mirrors what DDP and FSDP ``NO_SHARD`` guarantee: after the reduction every
+    rank holds the identical gradient.
+    """
+    findings: List[Finding] = []
+    base = per_rank[0]
+    for rank, steps in enumerate(per_rank[1:], start=1):
+        for step, (mine, theirs) in enumerate(zip(steps, base)):
+            for fqn, ref in theirs.items():
+                got = mine.get(fqn)
+                if (got is None) != (ref is None):
+                    findings.append(Finding(rank, "gradient presence differs from rank 0", step=step, fqn=fqn))
+                    continue
+                if got is None:
+                    continue
+                mismatch = compare_bitwise(got, ref)
+                if mismatch is not None:
+                    findings.append(Finding(rank, "gradient differs from rank 0's after the reduction",
+                                            step=step, fqn=fqn, mismatch=mismatch))
+            if findings:
+                return findings
+    return findings

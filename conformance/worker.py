@@ -1,0 +1,178 @@
+"""The rank side of the pool: one process per rank, alive for the whole session.
+
+Started by :class:`conformance.pool.RankPool` as ``python -m conformance.worker
+FD`` where ``FD`` is this process's end of a socket pair to the controller.
+The worker joins the pool's process group once, then loops: receive a
+:class:`~conformance.protocol.Case`, run the registered rank check, send back a
+:class:`~conformance.protocol.RankOutcome`. ``SIGUSR1`` makes it dump every
+thread's stack to its log (the controller asks for that when a case hangs).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any, Dict, Optional
+
+from conformance.protocol import RankOutcome, recv, send
+
+
+class RankContext:
+    """What a rank check gets besides its parameters.
+
+    Attributes:
+        rank: this process's rank in ``group``.
+        world_size: the number of ranks in ``group``.
+        group: the process group the pool joined (the default group).
+        device: ``torch.device("cpu")`` or this rank's ``cuda:N``.
+        backend: ``"gloo"`` or ``"nccl"``.
+    """
+
+    def __init__(self, rank: int, world_size: int, group: Any, device: Any, backend: str, conn: Connection):
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self.device = device
+        self.backend = backend
+        self._conn = conn
+        self.current_phase = ""
+
+    def phase(self, text: str) -> None:
+        """Announce what this rank is doing now; shown if the case hangs."""
+        self.current_phase = text
+        send(self._conn, ("phase", text))
+
+
+class _Worker:
+    def __init__(self, conn: Connection, hello: Dict[str, Any]):
+        self.conn = conn
+        self.rank: int = hello["rank"]
+        self.world_size: int = hello["world_size"]
+        self.backend: str = hello["backend"]
+        self.device_type: str = hello["device"]
+        self._specs: Dict[tuple, Any] = {}
+
+    def start(self, hello: Dict[str, Any]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if self.device_type == "cpu":
+            torch.set_num_threads(1)
+            self.device = torch.device("cpu")
+        else:
+            torch.cuda.set_device(self.rank)
+            self.device = torch.device("cuda", self.rank)
+        store = dist.FileStore(hello["store_path"], self.world_size)
+        kwargs = dict(
+            backend=self.backend,
+            store=store,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=hello["pg_timeout_s"]),
+        )
+        if self.backend == "nccl":
+            kwargs["device_id"] = self.device
+        dist.init_process_group(**kwargs)
+        self.group = dist.group.WORLD
+        # Import the checks so their registry is filled before the first case.
+        import conformance.checks  # noqa: F401
+
+        self.ctx = RankContext(self.rank, self.world_size, self.group, self.device, self.backend, self.conn)
+        send(self.conn, ("ready", {"rank": self.rank, "pid": os.getpid(), "torch": torch.__version__}))
+
+    def load_spec(self, ref: Any) -> Any:
+        key = (ref.target, ref.name)
+        if key not in self._specs:
+            from conformance.plugins import load_target
+
+            for spec in load_target(ref.target):
+                self._specs[(ref.target, spec.name)] = spec
+        return self._specs[key]
+
+    def run_case(self, case: Any) -> Any:
+        from conformance.checks import get_rank_check
+
+        self.ctx.current_phase = "setting up"
+        start = time.perf_counter()
+        try:
+            fn = get_rank_check(case.check)
+            spec = self.load_spec(case.hook) if case.hook is not None else None
+            value = fn(self.ctx, spec, **case.params)
+            return RankOutcome(
+                rank=self.rank, ok=True, value=value,
+                compute_s=time.perf_counter() - start, phase=self.ctx.current_phase,
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported to the controller, rank stays up
+            return RankOutcome(
+                rank=self.rank, ok=False, error=traceback.format_exc(), error_type=type(exc).__name__,
+                compute_s=time.perf_counter() - start, phase=self.ctx.current_phase,
+            )
+
+    def ping(self, seq: int) -> Optional[int]:
+        """All-reduce ``seq``: proves the process group still matches up after a failed case."""
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([seq], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, group=self.group)
+        return int(t.item())
+
+    def loop(self) -> None:
+        while True:
+            try:
+                kind, payload = recv(self.conn)
+            except EOFError:
+                return
+            if kind == "case":
+                outcome = self.run_case(payload)
+                try:
+                    send(self.conn, ("outcome", outcome))
+                except Exception as exc:  # noqa: BLE001 - an unpicklable result must not kill the rank
+                    send(self.conn, ("outcome", RankOutcome(
+                        rank=self.rank, error=f"the check's result could not be sent to the controller: {exc!r}",
+                        error_type=type(exc).__name__, phase=outcome.phase)))
+            elif kind == "ping":
+                try:
+                    send(self.conn, ("pong", self.ping(payload)))
+                except Exception as exc:  # noqa: BLE001
+                    send(self.conn, ("pong", f"{type(exc).__name__}: {exc}"))
+            elif kind == "shutdown":
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                send(self.conn, ("bye", None))
+                return
+
+
+def main(argv: Optional[list] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(argv[0]))
+    conn = Connection(sock.detach())
+    faulthandler.enable(all_threads=True)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    kind, hello = recv(conn)
+    assert kind == "hello", kind
+    sys.path[:] = hello["sys_path"]
+    importlib.invalidate_caches()
+    worker = _Worker(conn, hello)
+    try:
+        worker.start(hello)
+    except BaseException:  # noqa: BLE001
+        send(conn, ("failed", traceback.format_exc()))
+        return 1
+    worker.loop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Reference models for the conformance checks.
+
+Each model is a :class:`~models.base.ReferenceModel` subclass registered in
+:data:`MODELS` under its ``name`` (FSDP units: ``fsdp_units``, root included,
+with no ``auto_wrap_policy``/``mixed_precision`` in ``fsdp_kwargs``):
+
+* ``analytic_linear`` (1 unit): ``Linear(1, world_size, bias=False)`` of
+  ``test_default_communication_hook_behavior`` (test_fsdp_comm_hooks.py);
+* ``net_wrapped`` (3) / ``net_flat`` (1): ``Net(has_wrapping=True/False)``
+  of test_fsdp_comm_hooks.py;
+* ``nested_wrapped`` (4): ``NestedWrappedModule`` (common_fsdp.py) plus a root;
+* ``always_wrap_nested`` (8): ``AlwaysWrapNestedWrappedModule`` (common_fsdp.py);
+* ``transformer_shared`` (5; 6 with ``mixed_precision``):
+  ``TransformerWithSharedParams`` (common_fsdp.py);
+* ``gradient_probe`` (5): synthetic; its gradients are the input tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Type
+
+from models.analytic import AnalyticLinear
+from models.base import ReferenceModel
+from models.nested import AlwaysWrapNestedWrappedModule, NestedWrappedModule
+from models.net import Net, NetFlat, NetWrapped
+from models.probe import PROBE_ROOT_SHAPE, PROBE_SHAPES, GradientProbe
+from models.transformer import TransformerWithSharedParams
+
+__all__ = [
+    "MODELS",
+    "PROBE_ROOT_SHAPE",
+    "PROBE_SHAPES",
+    "AlwaysWrapNestedWrappedModule",
+    "AnalyticLinear",
+    "GradientProbe",
+    "NestedWrappedModule",
+    "Net",
+    "NetFlat",
+    "NetWrapped",
+    "ReferenceModel",
+    "TransformerWithSharedParams",
+    "get_model",
+]
+
+#: Registry of reference models, keyed by ``ReferenceModel.name``.
+MODELS: Dict[str, Type[ReferenceModel]] = {
+    cls.name: cls
+    for cls in (
+        AnalyticLinear,
+        NetWrapped,
+        NetFlat,
+        NestedWrappedModule,
+        AlwaysWrapNestedWrappedModule,
+        TransformerWithSharedParams,
+        GradientProbe,
+    )
+}
+
+
+def get_model(name: str) -> Type[ReferenceModel]:
+    """The model class registered as ``name``; ``KeyError`` lists the known names."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown reference model {name!r}; known models: {', '.join(sorted(MODELS))}"
+        ) from None

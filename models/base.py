@@ -1,0 +1,157 @@
+"""The reference-model contract: :class:`ReferenceModel` and shared helpers.
+
+Every reference model is an ``nn.Module`` subclass with three classmethods the
+checks rely on:
+
+* ``build(group=..., device=..., fsdp_kwargs=...)``: a freshly constructed,
+  deterministic model on ``device``. ``fsdp_kwargs=None`` gives the plain,
+  unwrapped module (the DDP / single-process reference); a dict gives a root
+  ``FullyShardedDataParallel`` instance with the model's nested FSDP units,
+  every unit constructed with ``process_group=group``, ``device_id=device``
+  and ``**fsdp_kwargs``.
+* ``make_input(rank, world_size, device)``: deterministic, rank-dependent
+  inputs (a tuple, passed as ``model(*inputs)``). A local
+  ``torch.Generator`` seeded with ``1 + rank`` is used, so the global RNG is
+  neither read nor changed.
+* ``loss(inputs, output)``: a scalar loss.
+
+Parameters are always created on CPU under ``torch.manual_seed(0)`` inside
+``torch.random.fork_rng`` (CPU state only), so every construction on every
+rank and every device type starts from bit-identical values, and building a
+model leaves the caller's global RNG state untouched. Nested FSDP units are
+applied *after* construction, so the wrapped and unwrapped builds of one model
+hold the same initial values.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+__all__ = [
+    "ReferenceModel",
+    "quiet_construct",
+    "rank_generator",
+    "world_size_of",
+]
+
+#: Keys the models set themselves on every FSDP unit; a caller must not pass them.
+_RESERVED_FSDP_KWARGS = ("module", "process_group", "device_id")
+
+
+def rank_generator(rank: int) -> torch.Generator:
+    """A CPU generator seeded with ``1 + rank`` (the seeds' ``manual_seed(1 + rank)``)."""
+    return torch.Generator(device="cpu").manual_seed(1 + int(rank))
+
+
+def world_size_of(group: Any) -> int:
+    """``group.size()``; ``None`` means the default process group."""
+    if group is not None:
+        return int(group.size())
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    raise ValueError(
+        "group=None needs an initialized default process group to know the world size"
+    )
+
+
+class ReferenceModel(nn.Module):
+    """Base class of the reference models. Subclasses set :attr:`name` and
+    implement :meth:`_construct` (and, when they have nested FSDP units,
+    :meth:`_wrap_nested`), :meth:`make_input` and optionally :meth:`loss`."""
+
+    #: Registry key (``models.MODELS[name]``).
+    name: ClassVar[str]
+    #: Number of FSDP units (``FullyShardedDataParallel.fsdp_modules(root)``,
+    #: root included) that ``build`` gives with no ``auto_wrap_policy`` or
+    #: ``mixed_precision`` in ``fsdp_kwargs``.
+    fsdp_units: ClassVar[int]
+
+    # -- construction ------------------------------------------------------
+    @classmethod
+    def _construct(cls, world_size: int) -> "ReferenceModel":
+        """Create the unwrapped model on CPU. Called under ``manual_seed(0)``."""
+        raise NotImplementedError
+
+    def _wrap_nested(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
+        """Replace the submodules the mirrored PyTorch model wraps in nested
+        FSDP units by ``wrap(submodule)``, innermost first. Default: none."""
+
+    @classmethod
+    def _root_fsdp_kwargs(cls, fsdp_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """Extra keyword arguments of the root FSDP call only (for example an
+        ``auto_wrap_policy``). ``fsdp_kwargs`` is a private copy; pop from it
+        what the root call takes over."""
+        return {}
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        group: Any,
+        device: torch.device,
+        fsdp_kwargs: Optional[Dict[str, Any]],
+    ) -> nn.Module:
+        """Construct the model deterministically and move it to ``device``.
+
+        ``fsdp_kwargs=None``: the plain module. Otherwise a root
+        ``FullyShardedDataParallel`` (with the nested units of the mirrored
+        PyTorch test model); every FSDP call gets ``process_group=group``,
+        ``device_id=device`` and ``**fsdp_kwargs``.
+        """
+        device = torch.device(device)
+        world_size = world_size_of(group) if cls._needs_world_size() else 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = cls._construct(world_size)
+        model = model.to(device)
+        if fsdp_kwargs is None:
+            return model
+
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        kwargs = dict(fsdp_kwargs)
+        bad = sorted(k for k in _RESERVED_FSDP_KWARGS if k in kwargs)
+        if bad:
+            raise TypeError(
+                f"{cls.__name__}.build sets {', '.join(bad)} itself; "
+                "pass group= and device= instead of putting them in fsdp_kwargs"
+            )
+        root_extra = cls._root_fsdp_kwargs(kwargs)
+
+        def wrap(module: nn.Module, **extra: Any) -> nn.Module:
+            return FSDP(module, process_group=group, device_id=device, **kwargs, **extra)
+
+        model._wrap_nested(wrap)
+        return wrap(model, **root_extra)
+
+    @classmethod
+    def _needs_world_size(cls) -> bool:
+        return False
+
+    # -- data ----------------------------------------------------------------
+    @classmethod
+    def make_input(
+        cls, rank: int, world_size: int, device: torch.device
+    ) -> Tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    @classmethod
+    def loss(cls, inputs: tuple, output: Any) -> torch.Tensor:
+        """``output.sum()`` (the seeds' loss); a 0-d output is returned as is."""
+        if isinstance(output, torch.Tensor) and output.dim() == 0:
+            return output
+        return output.sum()
+
+
+def quiet_construct(fn: Callable[[], nn.Module], *messages: str) -> nn.Module:
+    """Call ``fn()`` with the ``UserWarning`` messages (regex prefixes) silenced."""
+    with warnings.catch_warnings():
+        for message in messages:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        return fn()

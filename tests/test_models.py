@@ -1,0 +1,448 @@
+"""Tests of the reference models in ``models/``: registry, determinism,
+rank-dependent inputs, gradients of the plain modules, the gradient probe, and
+the FSDP wrapping of each model in a single-rank gloo group on CPU."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import models
+from models import (
+    MODELS,
+    PROBE_ROOT_SHAPE,
+    PROBE_SHAPES,
+    AnalyticLinear,
+    GradientProbe,
+    ReferenceModel,
+    TransformerWithSharedParams,
+    get_model,
+)
+
+CPU = torch.device("cpu")
+ALL = sorted(MODELS)
+
+#: What each model's FSDP build must wrap: module paths (FSDP wrapper prefixes
+#: removed, "" = root) of the FSDP units, as PyTorch's test models wrap them.
+EXPECTED_UNITS = {
+    "analytic_linear": {""},
+    "net_wrapped": {"", "net", "net.2"},
+    "net_flat": {""},
+    "nested_wrapped": {"", "module.1", "module.1.0", "module.2"},
+    "always_wrap_nested": {
+        "",
+        "module",
+        "module.0",
+        "module.1",
+        "module.1.0",
+        "module.1.1",
+        "module.2",
+        "module.3",
+    },
+    "transformer_shared": {
+        "",
+        "transformer.encoder.layers.0",
+        "transformer.encoder.layers.1",
+        "transformer.decoder.layers.0",
+        "transformer.decoder.layers.1",
+    },
+    "gradient_probe": {"", "leaves.0", "leaves.1", "leaves.2", "leaves.3"},
+}
+
+
+class _Group:
+    """Stand-in for a ProcessGroup in unwrapped builds (only ``size``/``rank``)."""
+
+    def __init__(self, size: int, rank: int = 0) -> None:
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+def _plain(name: str, world_size: int = 2) -> nn.Module:
+    return MODELS[name].build(group=_Group(world_size), device=CPU, fsdp_kwargs=None)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Integer view of a float tensor, so that ``torch.equal`` compares bit patterns
+    (NaN payloads and the sign of zero included)."""
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.detach().contiguous().view(ints[t.element_size()])
+
+
+def _assert_same_tensors(a, b) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.shape == y.shape and x.dtype == y.dtype
+        assert torch.equal(x, y)
+
+
+# --------------------------------------------------------------------------
+# registry
+# --------------------------------------------------------------------------
+
+
+def test_registry_names_and_classes():
+    assert set(MODELS) == set(EXPECTED_UNITS)
+    for name, cls in MODELS.items():
+        assert cls.name == name
+        assert issubclass(cls, ReferenceModel)
+        assert get_model(name) is cls
+        assert cls.__doc__ and "FSDP units" in cls.__doc__
+    assert models.NetWrapped.has_wrapping and not models.NetFlat.has_wrapping
+
+
+def test_get_model_unknown_name_lists_known_names():
+    with pytest.raises(KeyError) as info:
+        get_model("no_such_model")
+    message = str(info.value)
+    assert "no_such_model" in message
+    for name in MODELS:
+        assert name in message
+
+
+# --------------------------------------------------------------------------
+# determinism
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_build_is_deterministic_and_leaves_global_rng_alone(name):
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    first = _plain(name)
+    assert torch.equal(torch.get_rng_state(), state), "build changed the global RNG"
+    torch.manual_seed(4321)  # a different global state must not matter
+    second = _plain(name)
+    sd1, sd2 = first.state_dict(), second.state_dict()
+    assert list(sd1) == list(sd2) and sd1
+    for key in sd1:
+        assert sd1[key].dtype == sd2[key].dtype
+        assert torch.equal(_bits(sd1[key]) if sd1[key].is_floating_point() else sd1[key],
+                           _bits(sd2[key]) if sd2[key].is_floating_point() else sd2[key]), key
+    # parameters are real random values, not constants
+    assert any(p.numel() > 1 and p.std() > 0 for p in first.parameters())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_make_input_depends_on_rank_not_on_global_rng(name):
+    cls = MODELS[name]
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    a = cls.make_input(0, 2, CPU)
+    assert torch.equal(torch.get_rng_state(), state), "make_input changed the global RNG"
+    torch.manual_seed(99)
+    b = cls.make_input(0, 2, CPU)
+    _assert_same_tensors(a, b)
+    c = cls.make_input(1, 2, CPU)
+    assert len(c) == len(a)
+    assert any(not torch.equal(x, y) for x, y in zip(a, c)), "rank 0 and 1 see the same data"
+    assert all(isinstance(x, torch.Tensor) and x.device == CPU for x in a)
+
+
+def test_input_dtypes_and_shapes():
+    assert [tuple(x.shape) for x in MODELS["net_wrapped"].make_input(3, 4, CPU)] == [(16, 8)]
+    assert [tuple(x.shape) for x in MODELS["nested_wrapped"].make_input(3, 4, CPU)] == [(4, 8)]
+    (x,) = AnalyticLinear.make_input(3, 4, CPU)
+    assert x.dtype == torch.float32 and x.tolist() == [3.0]
+    src, tgt = TransformerWithSharedParams.make_input(1, 2, CPU)
+    assert src.shape == (6, 2) and tgt.shape == (4, 2)
+    assert src.dtype == tgt.dtype == torch.int64
+    assert int(src.min()) >= 0 and int(src.max()) < 23 and int(tgt.max()) < 23
+    # rank 0 gets exactly PyTorch's TransformerWithSharedParams.get_input
+    src0, tgt0 = TransformerWithSharedParams.make_input(0, 2, CPU)
+    assert torch.equal(src0, torch.arange(12).view(6, 2))
+    assert torch.equal(tgt0, torch.arange(8).view(4, 2))
+    probe = GradientProbe.make_input(2, 4, CPU)
+    assert [tuple(t.shape) for t in probe] == GradientProbe.input_shapes()
+    assert all(t.dtype == torch.float32 and t.abs().max() <= 1 for t in probe)
+
+
+# --------------------------------------------------------------------------
+# plain (unwrapped) forward and backward
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_plain_forward_backward_reaches_every_parameter(name):
+    cls = MODELS[name]
+    model = _plain(name)
+    assert isinstance(model, cls)
+    inputs = cls.make_input(1, 2, CPU)
+    loss = cls.loss(inputs, model(*inputs))
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    params = dict(model.named_parameters())
+    assert params
+    for pname, p in params.items():
+        assert p.grad is not None, f"{name}: {pname} got no gradient"
+        assert p.grad.shape == p.shape
+        assert torch.isfinite(p.grad).all()
+        assert p.grad.abs().sum() > 0, f"{name}: {pname} got an all-zero gradient"
+
+
+def test_analytic_linear_gradient_is_rank():
+    world_size = 4
+    assert AnalyticLinear.expected_grad(world_size) == 1.5
+    for rank in range(world_size):
+        model = _plain("analytic_linear", world_size)
+        (weight,) = model.parameters()
+        assert weight.shape == (world_size, 1)
+        inputs = AnalyticLinear.make_input(rank, world_size, CPU)
+        out = model(*inputs)
+        assert out.shape == (world_size,)
+        AnalyticLinear.loss(inputs, out).backward()
+        assert torch.equal(weight.grad, torch.full((world_size, 1), float(rank)))
+
+
+def test_transformer_shared_weight_buffers_and_eval_mode():
+    model = _plain("transformer_shared")
+    assert model.output_proj.weight is model.embed_tokens.weight
+    assert isinstance(model.output_proj.weight, nn.Parameter)
+    names = [n for n, _ in model.named_parameters()]
+    assert "embed_tokens.weight" in names and "output_proj.weight" not in names  # deduplicated
+    assert len(names) == 68
+    assert not model.training and not any(m.training for m in model.modules())
+    assert torch.equal(model.vocab_bias, torch.ones(16))
+    assert model.long_buffer.dtype == torch.long and torch.equal(
+        model.long_buffer, torch.zeros(16, dtype=torch.long)
+    )
+    assert isinstance(model.bn, nn.BatchNorm1d) and model.bn.num_features == 2
+    assert model.transformer.encoder.use_nested_tensor is False
+    # eval mode: dropout is off, so forward is a pure function of the input
+    inputs = TransformerWithSharedParams.make_input(1, 2, CPU)
+    out1, out2 = model(*inputs), model(*inputs)
+    assert out1.shape == (4, 2, 23)
+    assert torch.equal(out1, out2)
+
+
+def test_transformer_construction_is_quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _plain("transformer_shared")
+
+
+# --------------------------------------------------------------------------
+# gradient probe
+# --------------------------------------------------------------------------
+
+_HARD_VALUES = [
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    65504.0,  # fp16 max
+    -65504.0,
+    65520.0,  # rounds to inf in fp16
+    3.3895313892515355e38,  # bf16 max
+    torch.finfo(torch.float32).max,
+    1e-40,  # float32 subnormal
+    -1e-45,
+    5.960464477539063e-08,  # smallest fp16 subnormal
+    0.0,
+    -0.0,
+    1.0,
+    -3.5,
+]
+
+
+def _hard_inputs():
+    flat = torch.tensor(_HARD_VALUES, dtype=torch.float32)
+    out = []
+    for i, shape in enumerate(GradientProbe.input_shapes()):
+        n = math.prod(shape)
+        idx = (torch.arange(n) + 3 * i) % flat.numel()
+        out.append(flat[idx].view(shape))
+    return tuple(out)
+
+
+def test_probe_shapes_follow_named_parameters_order():
+    model = _plain("gradient_probe")
+    shapes = [tuple(p.shape) for _, p in model.named_parameters()]
+    assert shapes == GradientProbe.input_shapes()
+    assert shapes == [PROBE_ROOT_SHAPE, *PROBE_SHAPES]
+    assert PROBE_SHAPES == ((1,), (5,), (7, 3), (64,))
+
+
+@pytest.mark.parametrize("inputs", ["hard", "random"])
+def test_probe_gradients_are_the_supplied_tensors_bitwise(inputs):
+    model = _plain("gradient_probe")
+    grads = _hard_inputs() if inputs == "hard" else GradientProbe.make_input(1, 2, CPU)
+    if inputs == "hard":
+        flat = torch.cat([g.flatten() for g in grads])
+        assert flat.isnan().any() and flat.isinf().any() and (flat == 65504.0).any()
+    out = model(*grads)
+    loss = GradientProbe.loss(grads, out)
+    assert loss is out and loss.dim() == 0
+    loss.backward()
+    for p, g in zip(model.parameters(), grads):
+        assert torch.equal(_bits(p.grad), _bits(g))
+
+
+def test_probe_rejects_wrong_number_of_tensors():
+    model = _plain("gradient_probe")
+    with pytest.raises(ValueError, match="takes 5 tensors"):
+        model(*GradientProbe.make_input(0, 1, CPU)[:-1])
+
+
+# --------------------------------------------------------------------------
+# FSDP wrapping (single-rank gloo group, CPU)
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    created = False
+    if not dist.is_initialized():
+        store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        created = True
+    elif dist.get_world_size() != 1:
+        pytest.skip("a multi-rank default process group is already initialized")
+    yield dist.group.WORLD
+    if created:
+        dist.destroy_process_group()
+
+
+def _fsdp():
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel
+
+
+def _build_fsdp(name, group, **extra):
+    from torch.distributed.fsdp import ShardingStrategy
+
+    kwargs = dict(sharding_strategy=ShardingStrategy.NO_SHARD, use_orig_params=True)
+    kwargs.update(extra)
+    return MODELS[name].build(group=group, device=CPU, fsdp_kwargs=kwargs)
+
+
+def _unit_paths(model) -> set:
+    FSDP = _fsdp()
+    prefix = "_fsdp_wrapped_module."
+    return {
+        n.replace(prefix, "")
+        for n, m in model.named_modules()
+        if isinstance(m, FSDP)
+    }
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fsdp_units_match_pytorch_wrapping(group, name):
+    FSDP = _fsdp()
+    model = _build_fsdp(name, group)
+    assert isinstance(model, FSDP)
+    units = FSDP.fsdp_modules(model)
+    assert units[0] is model
+    assert len(units) == len(EXPECTED_UNITS[name]) == MODELS[name].fsdp_units
+    assert _unit_paths(model) == EXPECTED_UNITS[name]
+    for unit in units:
+        assert unit.process_group is group
+        assert unit.compute_device == CPU
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fsdp_forward_backward_matches_plain_model(group, name):
+    cls = MODELS[name]
+    plain = _plain(name, world_size=1)
+    wrapped = _build_fsdp(name, group)
+    plain_params = dict(plain.named_parameters())
+    wrapped_params = {
+        n.replace("_fsdp_wrapped_module.", ""): p for n, p in wrapped.named_parameters()
+    }
+    assert set(wrapped_params) == set(plain_params)
+    for pname, p in plain_params.items():  # same initial values as the plain build
+        assert torch.equal(wrapped_params[pname].detach(), p.detach()), pname
+
+    inputs = cls.make_input(0, 1, CPU)
+    plain_loss = cls.loss(inputs, plain(*inputs))
+    wrapped_loss = cls.loss(inputs, wrapped(*inputs))
+    assert wrapped_loss.dim() == 0 and torch.isfinite(wrapped_loss)
+    torch.testing.assert_close(wrapped_loss, plain_loss, rtol=1e-6, atol=1e-6)
+    plain_loss.backward()
+    wrapped_loss.backward()
+    for pname, p in plain_params.items():
+        g = wrapped_params[pname].grad
+        assert g is not None, f"{name}: {pname} got no gradient under FSDP"
+        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6, msg=pname)
+
+
+def test_fsdp_probe_gradients_are_the_supplied_tensors(group):
+    model = _build_fsdp("gradient_probe", group)
+    grads = GradientProbe.make_input(0, 1, CPU)
+    GradientProbe.loss(grads, model(*grads)).backward()
+    for p, g in zip(model.parameters(), grads):
+        assert torch.equal(p.grad, g)
+
+
+def test_fsdp_comm_hook_registers_on_every_unit(group):
+    from torch.distributed.algorithms._comm_hooks import default_hooks
+
+    FSDP = _fsdp()
+    model = _build_fsdp("nested_wrapped", group, use_orig_params=False)
+    state = default_hooks.DefaultState(process_group=group)
+    model.register_comm_hook(state, default_hooks.allreduce_hook)
+    units = FSDP.fsdp_modules(model)
+    assert len(units) == 4
+    assert all(u._comm_hook is default_hooks.allreduce_hook for u in units)
+
+
+def test_fsdp_transformer_with_mixed_precision(group):
+    from torch.distributed.fsdp import MixedPrecision
+
+    FSDP = _fsdp()
+    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        # FSDP warns that it wraps BatchNorm separately under mixed precision
+        warnings.simplefilter("ignore", UserWarning)
+        model = _build_fsdp("transformer_shared", group, mixed_precision=mp)
+    # BatchNorm becomes its own (full-precision) unit: one more than usual
+    assert len(FSDP.fsdp_modules(model)) == TransformerWithSharedParams.fsdp_units + 1
+    assert "bn" in _unit_paths(model)
+    inputs = TransformerWithSharedParams.make_input(1, 2, CPU)
+    out = model(*inputs)
+    assert out.dtype == torch.bfloat16
+    loss = TransformerWithSharedParams.loss(inputs, out)
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_fsdp_caller_auto_wrap_policy_overrides_default(group):
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    FSDP = _fsdp()
+    model = _build_fsdp(
+        "transformer_shared",
+        group,
+        auto_wrap_policy=ModuleWrapPolicy({nn.TransformerEncoderLayer}),
+    )
+    assert len(FSDP.fsdp_modules(model)) == 3
+
+
+def test_fsdp_build_rejects_reserved_kwargs(group):
+    with pytest.raises(TypeError, match="device_id"):
+        MODELS["net_flat"].build(group=group, device=CPU, fsdp_kwargs={"device_id": CPU})
+    with pytest.raises(TypeError, match="process_group"):
+        MODELS["net_flat"].build(group=group, device=CPU, fsdp_kwargs={"process_group": group})
+
+
+def test_build_does_not_mutate_caller_kwargs(group):
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    policy = ModuleWrapPolicy({nn.TransformerEncoderLayer})
+    kwargs = {"sharding_strategy": ShardingStrategy.NO_SHARD, "auto_wrap_policy": policy}
+    MODELS["transformer_shared"].build(group=group, device=CPU, fsdp_kwargs=kwargs)
+    assert kwargs == {"sharding_strategy": ShardingStrategy.NO_SHARD, "auto_wrap_policy": policy}

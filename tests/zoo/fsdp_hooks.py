@@ -1,0 +1,524 @@
+"""A zoo of FSDP1 gradient communication hooks: known-good and known-bad.
+
+The suite's meta-tests run every check over these hooks. Each known-good hook must pass
+every check; each known-bad hook must be caught by at least one, and ``EXPECTED_CATCH``
+names the check that must catch it and why no weaker check can.
+
+What "good" means here is fixed by FSDP1 itself (``torch/distributed/fsdp/_runtime_utils.py``):
+
+* full precision (``_reduce_grad`` / ``_reduce_grad_no_shard`` with no hook): divide the
+  gradient by ``DefaultState._get_gradient_predivide_factor(world_size)`` (a power of two) if
+  it is > 1, reduce with SUM (``all_reduce`` for ``NO_SHARD``, ``reduce_scatter_single`` of
+  the padded flat gradient for the sharded strategies), then divide by the post-divide factor
+  ``world_size / predivide`` if it is > 1;
+* ``MixedPrecision(reduce_dtype=X)``: cast the gradient to ``X`` first
+  (``_post_backward_hook``), do all of the above in ``X``, then cast the result back to the
+  parameter dtype (``_cast_grad_to_param_dtype``).
+
+A hook registered with ``register_comm_hook`` gets the gradient in the parameter dtype (FSDP
+skips its own cast to the reduce dtype when a hook is set), is called as
+``hook(state, grad)`` under ``NO_SHARD`` and ``hook(state, grad, output)`` under
+``FULL_SHARD``/``SHARD_GRAD_OP``. Every hook here takes ``output=None`` and so serves all three
+strategies, except ``bad_wrong_shard``, which has no ``NO_SHARD`` form.
+
+PyTorch's own ``fp16_compress_hook``/``bf16_compress_hook`` raise on CPU (``_decompress``
+calls ``record_stream``), so the low-precision good hooks here cast back without it.
+
+Only ``torch`` and ``torch.distributed`` are imported at module level: the zoo is imported
+by the controller and by every rank process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms._comm_hooks.default_hooks import (
+    DefaultState,
+    LowPrecisionState,
+)
+
+from conformance.spec import HookSpec
+
+__all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "make_state"]
+
+_SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP")
+
+
+# ---------------------------------------------------------------------------
+# Collectives. ``reduce_scatter_single`` is what FSDP1 calls; older torch only has
+# ``reduce_scatter_tensor`` (deprecated in favour of ``reduce_scatter_single`` in 2.13).
+# ---------------------------------------------------------------------------
+
+
+def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool = False):
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
+def _div_if_needed(tensor: torch.Tensor, factor: float) -> None:
+    # Mirrors FSDP's ``_div_if_needed``: a factor of 1 is skipped, not divided by.
+    if factor > 1:
+        tensor.div_(factor)
+
+
+# ---------------------------------------------------------------------------
+# Known-good hooks
+# ---------------------------------------------------------------------------
+
+
+class NativeAveragingHook:
+    """Reproduces FSDP1's full-precision averaging exactly, as a callable object.
+
+    Right: pre-divide by ``state.gradient_predivide_factor``, SUM ``all_reduce`` (``NO_SHARD``,
+    in place on ``grad``) or SUM ``reduce_scatter_single`` into ``output`` (sharded), then
+    post-divide, with the same ``> 1`` guards as ``_div_if_needed``. Realistic: hooks are
+    often objects carrying configuration (a logger, a custom transport) around this core.
+    """
+
+    def __call__(self, state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+        _div_if_needed(grad, state.gradient_predivide_factor)
+        if output is None:
+            dist.all_reduce(grad, group=state.process_group)
+            _div_if_needed(grad, state.gradient_postdivide_factor)
+        else:
+            _reduce_scatter(output, grad, state.process_group)
+            _div_if_needed(output, state.gradient_postdivide_factor)
+
+
+def async_wait_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Native full-precision averaging with ``async_op=True`` collectives and ``.wait()``.
+
+    Right: identical arithmetic to the native path; the only change is that the collective
+    returns a work handle that is waited on before the post-divide. Realistic: hooks that
+    overlap communication with other work are written this way, and forgetting the wait
+    is a classic bug this hook does not have.
+    """
+    _div_if_needed(grad, state.gradient_predivide_factor)
+    if output is None:
+        work = dist.all_reduce(grad, group=state.process_group, async_op=True)
+        work.wait()
+        _div_if_needed(grad, state.gradient_postdivide_factor)
+    else:
+        work = _reduce_scatter(output, grad, state.process_group, async_op=True)
+        work.wait()
+        _div_if_needed(output, state.gradient_postdivide_factor)
+
+
+def _reduce_in(dtype: torch.dtype, state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor]) -> None:
+    """FSDP's ``MixedPrecision(reduce_dtype=dtype)`` reduction, with the result cast back.
+
+    Rounding points, in the native order: ``grad -> dtype`` (``_post_backward_hook``),
+    pre-divide in ``dtype``, SUM collective in ``dtype``, post-divide in ``dtype``, then an
+    exact widening cast to the incoming dtype (``_cast_grad_to_param_dtype``). Casting after
+    the pre-divide instead would round twice near the subnormal range.
+    """
+    low = grad.to(dtype)
+    _div_if_needed(low, state.gradient_predivide_factor)
+    if output is None:
+        dist.all_reduce(low, group=state.process_group)
+        _div_if_needed(low, state.gradient_postdivide_factor)
+        grad.copy_(low)
+    else:
+        low_out = torch.empty(output.shape, dtype=dtype, device=output.device)
+        _reduce_scatter(low_out, low, state.process_group)
+        _div_if_needed(low_out, state.gradient_postdivide_factor)
+        output.copy_(low_out)
+
+
+def fp16_portable_hook(state: LowPrecisionState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """fp16 compression equal to ``MixedPrecision(reduce_dtype=torch.float16)``, CPU-portable.
+
+    Right: casts to fp16 before the pre-divide, reduces and post-divides in fp16, and writes
+    the result back in the parameter dtype (``grad.copy_``/``output.copy_``) instead of
+    PyTorch's ``_decompress``, whose ``record_stream`` raises on CPU. Realistic: this is
+    what a user writes after the built-in ``fp16_compress_hook`` fails on a CPU test rig.
+    """
+    _reduce_in(torch.float16, state, grad, output)
+
+
+def bf16_portable_hook(state: LowPrecisionState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """bf16 compression equal to ``MixedPrecision(reduce_dtype=torch.bfloat16)``, CPU-portable.
+
+    Right: same rounding points as the native mixed-precision path, in bf16, cast back to
+    the parameter dtype without ``record_stream``. Realistic: the bf16 twin of the fp16 hook.
+    """
+    _reduce_in(torch.bfloat16, state, grad, output)
+
+
+class AveragingState:
+    """A user-defined hook state: the process group and the two averaging factors.
+
+    ``__slots__`` as in PyTorch's ``DefaultState``, so a typo'd attribute raises instead of
+    silently creating a new one. Built by :func:`make_state`.
+    """
+
+    __slots__ = ("process_group", "world_size", "predivide", "postdivide")
+
+    def __init__(self, process_group: Any, world_size: int, predivide: float, postdivide: float) -> None:
+        self.process_group = process_group
+        self.world_size = world_size
+        self.predivide = predivide
+        self.postdivide = postdivide
+
+
+def make_state(process_group: Any) -> AveragingState:
+    """State factory, called by the suite as ``make_state(process_group)`` on every rank.
+
+    Computes the pre-divide factor the way ``DefaultState._get_gradient_predivide_factor``
+    does (start at 1, double while it divides ``world_size`` and is below
+    ``world_size / factor``: 2 at 2, 3 and 4 ranks, 4 at 8), so the divisions match FSDP's.
+    """
+    world_size = dist.get_world_size(process_group)
+    factor = 1
+    while world_size % factor == 0 and world_size / factor > factor:
+        factor *= 2
+    predivide = float(factor)
+    return AveragingState(process_group, world_size, predivide, world_size / predivide)
+
+
+def custom_state_hook(state: AveragingState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Native full-precision averaging that reads its factors from a user-defined state.
+
+    Right: same operations as FSDP's default path, with the factors from
+    :class:`AveragingState`. Realistic: users bring their own state class rather than
+    subclassing PyTorch's private ``DefaultState``; this exercises the ``state=`` factory.
+    """
+    _div_if_needed(grad, state.predivide)
+    if output is None:
+        dist.all_reduce(grad, group=state.process_group)
+        _div_if_needed(grad, state.postdivide)
+    else:
+        _reduce_scatter(output, grad, state.process_group)
+        _div_if_needed(output, state.postdivide)
+
+
+# ---------------------------------------------------------------------------
+# Known-bad hooks
+# ---------------------------------------------------------------------------
+
+
+def sum_no_average_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: reduces with SUM and never divides, so gradients are ``world_size`` times too big.
+
+    Realistic: ``all_reduce`` defaults to SUM, and a hook ported from code that scaled the
+    loss by ``1 / world_size`` elsewhere drops the averaging.
+    """
+    if output is None:
+        dist.all_reduce(grad, group=state.process_group)
+    else:
+        _reduce_scatter(output, grad, state.process_group)
+
+
+def divide_after_fp16_hook(state: LowPrecisionState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: reduces in fp16 with no pre-divide, then divides by ``world_size`` once.
+
+    In exact arithmetic ``sum(g) / ws`` equals FSDP's ``(sum(g / pre)) / post``, and away
+    from the fp16 limits the two round the same way; but the undivided sum overflows to
+    ``inf`` once it passes 65504 (and subnormal partial sums round differently). Realistic:
+    "average = sum / n" is the textbook formula; the pre-divide exists only for overflow.
+    """
+    low = grad.to(torch.float16)
+    if output is None:
+        dist.all_reduce(low, group=state.process_group)
+        low.div_(state.world_size)
+        grad.copy_(low)
+    else:
+        low_out = torch.empty(output.shape, dtype=torch.float16, device=output.device)
+        _reduce_scatter(low_out, low, state.process_group)
+        low_out.div_(state.world_size)
+        output.copy_(low_out)
+
+
+def wrong_shard_hook(state: DefaultState, grad: torch.Tensor, output: torch.Tensor) -> None:
+    """Wrong (sharded only): averages correctly but keeps the shard of rank ``(rank + 1) % ws``.
+
+    All-reduces the whole padded gradient with the native pre/post-divide, then copies the
+    neighbour's chunk into ``output``. Realistic: an off-by-one in the chunk index of a
+    hand-rolled reduce-scatter (all-reduce + slice), e.g. counting ranks from 1.
+    """
+    ws = dist.get_world_size(state.process_group)
+    rank = dist.get_rank(state.process_group)
+    _div_if_needed(grad, state.gradient_predivide_factor)
+    dist.all_reduce(grad, group=state.process_group)
+    _div_if_needed(grad, state.gradient_postdivide_factor)
+    output.copy_(grad.chunk(ws)[(rank + 1) % ws])
+
+
+class ReplayState(DefaultState):
+    """``DefaultState`` plus the buffers of :class:`StaleCachedReduce`, fresh per model."""
+
+    __slots__ = ("replay", "position", "round_open")
+
+    def __init__(self, process_group: Any) -> None:
+        super().__init__(process_group)
+        self.replay: Dict[Any, torch.Tensor] = {}
+        self.position = 0
+        self.round_open = False
+
+
+class StaleCachedReduce:
+    """Wrong: caches the first reduced result per call position and replays it afterwards.
+
+    The first backward is reduced natively and each result is saved under its call position
+    (the index of the call within the backward, reset at the end of every backward pass by
+    an autograd-engine callback); from the second backward on the saved result is copied out
+    and nothing is communicated. Outside a backward pass the position is the gradient's size.
+    Realistic: a persistent communication buffer that was meant to be refilled each step,
+    or a memoisation added for benchmarking and never removed. Only a multi-step check sees it.
+    """
+
+    def __call__(self, state: ReplayState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+        key = self._position(state, grad, output)
+        target = grad if output is None else output
+        cached = state.replay.get(key)
+        if cached is not None and cached.shape == target.shape and cached.dtype == target.dtype:
+            target.copy_(cached)
+            return
+        NativeAveragingHook()(state, grad, output)
+        state.replay[key] = target.detach().clone()
+
+    @staticmethod
+    def _position(state: ReplayState, grad: torch.Tensor, output: Optional[torch.Tensor]) -> Any:
+        sizes = (grad.numel(), None if output is None else output.numel())
+        if not state.round_open:
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    lambda: StaleCachedReduce._end_round(state)
+                )
+            except RuntimeError:  # not inside a backward pass
+                return sizes
+            state.round_open = True
+        position = state.position
+        state.position += 1
+        return (position,) + sizes
+
+    @staticmethod
+    def _end_round(state: ReplayState) -> None:
+        state.position = 0
+        state.round_open = False
+
+
+def no_cast_back_fp16_hook(state: LowPrecisionState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: computes the fp16 result exactly but hands it back in fp16.
+
+    Swaps ``grad.data`` (and, sharded, ``output.data``) to fp16 like the built-in
+    ``_low_precision_hook`` does, then skips the ``_decompress`` step. FSDP1 casts the result
+    back itself (``_cast_grad_to_param_dtype``, since this hook is not one of its own
+    low-precision hooks), so the final gradients are right: only the check of the hook's
+    own output dtype sees it. Realistic: deleting ``_decompress`` is the obvious "fix" for
+    the CPU ``record_stream`` error, and it looks harmless under FSDP1.
+    """
+    if grad.dtype != torch.float16:
+        grad.data = grad.data.to(torch.float16)
+    _div_if_needed(grad, state.gradient_predivide_factor)
+    if output is None:
+        dist.all_reduce(grad, group=state.process_group)
+        _div_if_needed(grad, state.gradient_postdivide_factor)
+    else:
+        if output.dtype != torch.float16:
+            output.data = output.data.to(torch.float16)
+        _reduce_scatter(output, grad, state.process_group)
+        _div_if_needed(output, state.gradient_postdivide_factor)
+
+
+def local_only_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: never communicates; each rank keeps its own local gradient (divided by 1).
+
+    ``NO_SHARD`` leaves ``grad`` as is; sharded copies this rank's own chunk of the local
+    gradient into ``output``. Passes any check whose inputs are the same on every rank.
+    Realistic: a hook whose collective is behind a flag (``if self.enabled``) that is off,
+    or a single-process debugging stub left registered.
+    """
+    if output is None:
+        grad.div_(1)
+    else:
+        ws = dist.get_world_size(state.process_group)
+        rank = dist.get_rank(state.process_group)
+        output.copy_(grad.chunk(ws)[rank])
+
+
+def _next_power_of_two(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def power_of_two_divisor_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: averages over the next power of two >= ``world_size`` instead of ``world_size``.
+
+    Keeps FSDP's pre-divide, but computes the post-divide as ``next_pow2(ws) / predivide``.
+    At 2 and 4 ranks (and 1, 8, ...) this is exactly FSDP's arithmetic; at 3 ranks it divides
+    by 4 instead of 3. Realistic: a "round the divisor to a power of two so the division is
+    exact" optimisation, tested only on 2/4/8-GPU nodes.
+    """
+    predivide = state.gradient_predivide_factor
+    postdivide = _next_power_of_two(state.world_size) / predivide
+    _div_if_needed(grad, predivide)
+    if output is None:
+        dist.all_reduce(grad, group=state.process_group)
+        _div_if_needed(grad, postdivide)
+    else:
+        _reduce_scatter(output, grad, state.process_group)
+        _div_if_needed(output, postdivide)
+
+
+def rank0_noise_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: after the native reduction, rank 0 moves every element one ULP towards +inf.
+
+    Realistic: rank-0-only code in a hook (logging, stats, a "fix-up" of the result that
+    writes back a recomputed value) that perturbs the last bit. Invisible to any tolerance
+    check, and it makes ``NO_SHARD`` replicas diverge.
+    """
+    NativeAveragingHook()(state, grad, output)
+    if dist.get_rank(state.process_group) == 0:
+        target = grad if output is None else output
+        target.copy_(torch.nextafter(target, torch.full_like(target, float("inf"))))
+
+
+# ---------------------------------------------------------------------------
+# Specs
+# ---------------------------------------------------------------------------
+
+KNOWN_GOOD: List[HookSpec] = [
+    HookSpec(
+        name="good_callable_object",
+        api="fsdp",
+        hook=NativeAveragingHook(),
+        state=DefaultState,
+        description="callable object: native pre-divide, SUM all_reduce/reduce_scatter, post-divide",
+    ),
+    HookSpec(
+        name="good_async_wait",
+        api="fsdp",
+        hook=async_wait_hook,
+        state=DefaultState,
+        description="native averaging with async_op=True collectives and work.wait()",
+    ),
+    HookSpec(
+        name="good_fp16_portable",
+        api="fsdp",
+        hook=fp16_portable_hook,
+        state=LowPrecisionState,
+        reduce_dtype=torch.float16,
+        description="fp16 reduce equal to MixedPrecision(reduce_dtype=float16), cast back without record_stream",
+    ),
+    HookSpec(
+        name="good_bf16_portable",
+        api="fsdp",
+        hook=bf16_portable_hook,
+        state=LowPrecisionState,
+        reduce_dtype=torch.bfloat16,
+        description="bf16 reduce equal to MixedPrecision(reduce_dtype=bfloat16), cast back without record_stream",
+    ),
+    HookSpec(
+        name="good_state_factory",
+        api="fsdp",
+        hook=custom_state_hook,
+        state=make_state,
+        description="native averaging with a user-defined __slots__ state built by make_state(process_group)",
+    ),
+]
+
+KNOWN_BAD: List[HookSpec] = [
+    HookSpec(
+        name="bad_sum_no_average",
+        api="fsdp",
+        hook=sum_no_average_hook,
+        state=DefaultState,
+        description="SUM reduce, never divides by the world size",
+    ),
+    HookSpec(
+        name="bad_divide_after",
+        api="fsdp",
+        hook=divide_after_fp16_hook,
+        state=LowPrecisionState,
+        reduce_dtype=torch.float16,
+        description="fp16 SUM with no pre-divide, then / world_size: overflows near 65504",
+    ),
+    HookSpec(
+        name="bad_wrong_shard",
+        api="fsdp",
+        hook=wrong_shard_hook,
+        state=DefaultState,
+        strategies=_SHARDED,
+        description="correct average, but output gets the shard of rank (rank + 1) % world_size",
+    ),
+    HookSpec(
+        name="bad_stale_after_first_step",
+        api="fsdp",
+        hook=StaleCachedReduce(),
+        state=ReplayState,
+        description="replays the first step's reduced gradients from the second step on",
+    ),
+    HookSpec(
+        name="bad_no_cast_back",
+        api="fsdp",
+        hook=no_cast_back_fp16_hook,
+        state=LowPrecisionState,
+        reduce_dtype=torch.float16,
+        description="exact fp16 reduce, but leaves grad/output in float16 (FSDP1 casts back for it)",
+    ),
+    HookSpec(
+        name="bad_local_only",
+        api="fsdp",
+        hook=local_only_hook,
+        state=DefaultState,
+        description="never communicates: every rank keeps its local gradient",
+    ),
+    HookSpec(
+        name="bad_power_of_two_divisor",
+        api="fsdp",
+        hook=power_of_two_divisor_hook,
+        state=DefaultState,
+        description="divides by the next power of two >= world_size (right at 2 and 4, wrong at 3)",
+    ),
+    HookSpec(
+        name="bad_rank0_only_noise",
+        api="fsdp",
+        hook=rank0_noise_hook,
+        state=DefaultState,
+        description="native average, then +1 ULP on rank 0 only",
+    ),
+]
+
+ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
+
+#: For each known-bad spec, the check that must catch it and why.
+EXPECTED_CATCH: Dict[str, str] = {
+    "bad_sum_no_average": (
+        "averaging: every element is sum(0..ws-1), ws times the mean; parity fails too"
+    ),
+    "bad_divide_after": (
+        "hard_inputs: near-65504 fp16 grads make the undivided fp16 sum overflow to inf where "
+        "FSDP's pre-divided sum stays finite (odd multiples of the fp16 subnormal step also "
+        "round differently); on ordinary values it is bitwise equal to MixedPrecision(float16) "
+        "at 2 and 3 ranks (sum/ws rounds like (sum/pre)/post), so averaging and parity pass"
+    ),
+    "bad_wrong_shard": (
+        "parity (sharded): each rank's gradient shard holds its neighbour's values; averaging "
+        "cannot see it because Linear(1, ws) has equal gradient elements in every shard"
+    ),
+    "bad_stale_after_first_step": (
+        "parity: step 1 is bitwise native, from step 2 on the replayed step-1 gradients differ "
+        "(a single-step check passes it)"
+    ),
+    "bad_no_cast_back": (
+        "parity, hook-output dtype check: the hook hands back float16 instead of the param "
+        "dtype; the final gradients are right because FSDP1 casts them back itself"
+    ),
+    "bad_local_only": (
+        "averaging: with input=rank each rank keeps its own gradient, not the mean; parity and "
+        "rank_consistency (NO_SHARD) fail too"
+    ),
+    "bad_power_of_two_divisor": (
+        "averaging and parity at world size 3 (divides by 4); bitwise equal to native at 2 and 4, "
+        "so a suite that never runs 3 ranks passes it"
+    ),
+    "bad_rank0_only_noise": (
+        "parity: rank 0's gradients are one ULP above native; rank_consistency (NO_SHARD): "
+        "rank 0 differs from the other ranks; averaging fails on rank 0 too (exact compare)"
+    ),
+}

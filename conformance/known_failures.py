@@ -114,8 +114,17 @@ def load_known_failures(path: str) -> List[KnownFailure]:
     if extra:
         raise KnownFailuresError(f"{path}: unknown top-level keys {sorted(extra)}; entries go in [[failure]] tables")
     entries = []
-    for i, raw in enumerate(data.get("failure", [])):
+    failures = data.get("failure", [])
+    if not isinstance(failures, list):
+        raise KnownFailuresError(f"{path}: 'failure' must be an array of tables: write each entry as [[failure]]")
+    for i, raw in enumerate(failures):
         where = f"{path}#failure[{i}]"
+        if not isinstance(raw, dict):
+            raise KnownFailuresError(f"{where}: each entry must be a table; write it as [[failure]] with keys")
+        for key in ("hook", "backend", "device", "torch"):
+            if key in raw and not isinstance(raw[key], str):
+                raise KnownFailuresError(f"{where}: {key} = {raw[key]!r} must be a string (quote it, "
+                                         f"e.g. {key} = \"{raw[key]}\")")
         unknown = set(raw) - _KEYS
         if unknown:
             raise KnownFailuresError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_KEYS)}")

@@ -84,7 +84,8 @@ def _describe(obj: object) -> str:
         return f"a {type(obj).__name__} holding {', '.join(bad) or 'nothing'}"
     if callable(obj):
         return f"the callable {getattr(obj, '__qualname__', type(obj).__name__)}"
-    return f"a {type(obj).__name__}"
+    name = type(obj).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def entry_point_targets() -> List[str]:

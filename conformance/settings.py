@@ -8,6 +8,7 @@ says where the value came from (``--world-size`` or ``CONFORM_WORLD_SIZE``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -173,8 +174,8 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         timeout = 60.0 if timeout_value is None else float(timeout_value)
     except ValueError:
         raise SettingsError(f"invalid case timeout {timeout_value!r} from {timeout_source}: expected seconds") from None
-    if timeout <= 0:
-        raise SettingsError(f"invalid case timeout {timeout_value!r} from {timeout_source}: must be positive")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise SettingsError(f"invalid case timeout {timeout_value!r} from {timeout_source}: must be a positive, finite number of seconds")
 
     ex_value, ex_source = pick("conform_hypothesis_examples")
     examples = 6 if ex_value is None else _int(ex_value, ex_source, minimum=0)

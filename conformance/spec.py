@@ -94,7 +94,7 @@ class HookSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise SpecError(
                 f"HookSpec name {self.name!r} is not usable in test ids: use letters, "
                 "digits, '_' and '.', not starting with a digit (e.g. 'my_fp16_hook')"
@@ -116,7 +116,7 @@ class HookSpec:
         if self.reduce_dtype is not None and self.reduce_dtype not in _REDUCE_DTYPES:
             raise SpecError(
                 f"HookSpec {self.name!r}: reduce_dtype {self.reduce_dtype!r} is not a floating "
-                "dtype FSDP can reduce in; use None, torch.float16, torch.bfloat16 or torch.float32"
+                "dtype FSDP can reduce in; use None, torch.float16, torch.bfloat16, torch.float32 or torch.float64"
             )
         supported = _strategies_from_signature(self.hook)
         if not supported:
@@ -128,7 +128,7 @@ class HookSpec:
         if self.strategies is None:
             object.__setattr__(self, "strategies", supported)
         else:
-            strategies = tuple(self.strategies)
+            strategies = (self.strategies,) if isinstance(self.strategies, str) else tuple(self.strategies)
             unknown = [s for s in strategies if s not in FSDP_STRATEGIES]
             if unknown or not strategies:
                 raise SpecError(

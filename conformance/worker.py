@@ -45,6 +45,19 @@ class RankContext:
         self._conn = conn
         self.current_phase = ""
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (an all-reduce with MAX over the group).
+
+        Checks stop early only when every rank agrees to: a rank that returned
+        while its peers went on would leave them blocked in the next collective.
+        """
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
+
     def phase(self, text: str) -> None:
         """Announce what this rank is doing now; shown if the case hangs."""
         self.current_phase = text

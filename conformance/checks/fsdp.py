@@ -196,7 +196,7 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
                 findings.append(Finding(
                     ctx.rank, f"gradient is not the average over ranks, mean(0..{ctx.world_size - 1}) = "
                               f"{expected!r}", step=step, fqn=fqn, mismatch=mismatch))
-        if findings:
+        if ctx.any_rank(bool(findings)):
             return findings
         optim.step()
     return findings
@@ -221,14 +221,14 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
         _train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
         findings += _compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step)
-        if findings:
+        if ctx.any_rank(bool(findings)):
             return findings
         ctx.phase(f"step {step}: optimizer step")
         opt_ref.step()
         opt_hooked.step()
         findings = _compare_named("parameter after the optimizer step", _params(hooked), _params(ref),
                                   rank=ctx.rank, step=step)
-        if findings:
+        if ctx.any_rank(bool(findings)):
             return findings
     return []
 
@@ -381,7 +381,7 @@ def hard_inputs(ctx: Any, spec: Any, *, strategy: str, grads: Sequence[Sequence[
         _train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
         findings += _compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step)
-        if findings:
+        if ctx.any_rank(bool(findings)):
             return findings
         opt_ref.step()
         opt_hooked.step()

@@ -1,0 +1,76 @@
+"""Running the conformance suite as a user would, and reading its JUnit XML.
+
+The meta-tests drive ``python -m conformance`` in a subprocess (the same code
+path as ``conform``) and judge the suite by its machine-readable report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from typing import Dict, List, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass
+class CaseReport:
+    name: str
+    outcome: str  # passed | failed | skipped | xfailed | error
+    properties: Dict[str, str]
+    message: str
+
+    @property
+    def hook(self) -> str:
+        return self.properties.get("hook", "")
+
+    @property
+    def check(self) -> str:
+        return self.properties.get("check", "")
+
+
+@dataclasses.dataclass
+class SuiteRun:
+    returncode: int
+    output: str
+    cases: List[CaseReport]
+
+    def by_hook(self) -> Dict[str, List[CaseReport]]:
+        out: Dict[str, List[CaseReport]] = defaultdict(list)
+        for case in self.cases:
+            out[case.hook].append(case)
+        return out
+
+
+def run_suite(args: Sequence[str], junit_path: str, *, timeout: float = 900) -> SuiteRun:
+    """``python -m conformance ARGS --junitxml JUNIT``, from the repository root."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance", *args, f"--junitxml={junit_path}", "-p", "no:randomly"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+    )
+    cases = read_junit(junit_path) if os.path.exists(junit_path) else []
+    return SuiteRun(proc.returncode, proc.stdout, cases)
+
+
+def read_junit(path: str) -> List[CaseReport]:
+    out = []
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in tc.iter("property")}
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = tc.find(tag)
+            if el is not None:
+                message = (el.get("message") or "") + "\n" + (el.text or "")
+                if tag == "skipped":
+                    outcome = "xfailed" if el.get("type") == "pytest.xfail" else "skipped"
+                else:
+                    outcome = "failed" if tag == "failure" else "error"
+                break
+        out.append(CaseReport(tc.get("name"), outcome, props, message))
+    return out

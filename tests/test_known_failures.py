@@ -1,0 +1,333 @@
+"""Tests for conformance.known_failures: the TOML file, pattern matching, conditions, the book.
+
+Every file here is real TOML written to ``tmp_path`` and read back through
+``load_known_failures``; the repository's own ``fixtures/known_failures.toml`` is
+checked against the built-in hooks and the case ids the suite generates.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conformance import builtin_hooks, cases
+from conformance.known_failures import (
+    KnownFailure,
+    KnownFailureBook,
+    KnownFailuresError,
+    RunEnvironment,
+    load_known_failures,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = RunEnvironment(backend="gloo", device="cpu", torch_version="2.13.0+cpu")
+CUDA = RunEnvironment(backend="nccl", device="cuda", torch_version="2.13.0+cu126")
+
+
+@pytest.fixture
+def write_toml(tmp_path):
+    def write(text: str, name: str = "known_failures.toml") -> str:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return str(path)
+
+    return write
+
+
+def entry(test, **kw) -> KnownFailure:
+    return KnownFailure(test=test, reason=kw.pop("reason", "because"), source=kw.pop("source", "t#0"), **kw)
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+
+def test_entries_are_read_with_every_field(write_toml):
+    path = write_toml("""
+        [[failure]]
+        test = "test_parity[my_hook-*]"
+        hook = "my_hook"
+        reason = "rounds twice"
+        backend = "gloo"
+        device = "cpu"
+        torch = ">=2.13"
+
+        [[failure]]
+        test = ["test_averaging[other-NO_SHARD-ws2]", "test_parity[other-*]"]
+        reason = "drops the predivide"
+    """)
+    first, second = load_known_failures(path)
+    assert first.test == ("test_parity[my_hook-*]",)
+    assert (first.hook, first.reason, first.backend, first.device, first.torch) == (
+        "my_hook", "rounds twice", "gloo", "cpu", ">=2.13")
+    assert second.test == ("test_averaging[other-NO_SHARD-ws2]", "test_parity[other-*]")
+    assert (second.hook, second.backend, second.device, second.torch) == (None, None, None, None)
+    assert first.source == f"{path}#failure[0]" and second.source == f"{path}#failure[1]"
+
+
+def test_empty_file_has_no_entries(write_toml):
+    assert load_known_failures(write_toml("# nothing known to fail\n")) == []
+
+
+def test_missing_file_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "nope.toml"
+    with pytest.raises(KnownFailuresError, match="nope.toml"):
+        load_known_failures(str(path))
+
+
+GOOD = '''
+[[failure]]
+test = "test_parity[fine-*]"
+reason = "a good entry first, so the bad one is the second"
+'''
+
+
+@pytest.mark.parametrize("bad_entry, complaint", [
+    ('test = "x"\nreason = "r"\nplatform = "linux"\n', "platform"),
+    ('test = "x"\n', "reason"),
+    ('test = "x"\nreason = "   "\n', "reason"),
+    ('reason = "r"\n', "'test'"),
+    ('test = []\nreason = "r"\n', "'test'"),
+    ('test = ["x", ""]\nreason = "r"\n', "'test'"),
+    ('test = "x"\nreason = "r"\ntorch = "at least 2.13"\n', "'at least 2.13'"),
+])
+def test_bad_entry_names_the_file_and_the_entry(write_toml, bad_entry, complaint):
+    path = write_toml(GOOD + "\n[[failure]]\n" + bad_entry)
+    with pytest.raises(KnownFailuresError) as info:
+        load_known_failures(path)
+    message = str(info.value)
+    assert f"{path}#failure[1]" in message
+    assert complaint in message
+
+
+def test_torch_condition_that_is_not_a_string_is_a_file_error(write_toml):
+    # `torch = 2.13` (a TOML float) is an easy slip; it must be reported like any bad specifier.
+    path = write_toml(GOOD + "\n[[failure]]\ntest = \"x\"\nreason = \"r\"\ntorch = 2.13\n")
+    with pytest.raises(KnownFailuresError) as info:
+        load_known_failures(path)
+    assert f"{path}#failure[1]" in str(info.value)
+
+
+def test_invalid_toml_names_the_file(write_toml):
+    path = write_toml('[[failure]]\ntest = "unterminated\n')
+    with pytest.raises(KnownFailuresError) as info:
+        load_known_failures(path)
+    assert path in str(info.value)
+    assert "TOML" in str(info.value)
+
+
+def test_unknown_top_level_key_names_the_file(write_toml):
+    path = write_toml('[[failures]]\ntest = "x"\nreason = "r"\n')
+    with pytest.raises(KnownFailuresError) as info:
+        load_known_failures(path)
+    assert path in str(info.value)
+    assert "failures" in str(info.value) and "[[failure]]" in str(info.value)
+
+
+# -- patterns ----------------------------------------------------------------------------------
+
+
+def test_star_matches_any_run_of_characters():
+    e = entry("test_parity[a-*]")
+    assert e.matches("test_parity[a-FULL_SHARD-net_wrapped-ws2]")
+    assert e.matches("test_parity[a-]")
+    assert not e.matches("test_parity[b-x]")
+
+
+def test_brackets_are_literal_not_a_character_class():
+    # As a glob, "[a-*]" would be a character class; here it is the text "[a-".
+    e = entry("test_parity[a-*]")
+    assert not e.matches("test_paritya-x")
+    assert not e.matches("test_parityb")
+    assert entry("test_x[[]").matches("test_x[[]")
+    assert not entry("test_x[ab]").matches("test_xa")
+
+
+@pytest.mark.parametrize("pattern, other_name", [
+    ("test_parity.a", "test_parityXa"),
+    ("test_p.rity[a-*]", "test_pXrity[a-1]"),
+    ("test_(x|y)", "test_x"),
+    ("test_a+", "test_aa"),
+    ("test_a$", "test_a"),
+])
+def test_regex_metacharacters_are_literal(pattern, other_name):
+    assert not entry(pattern).matches(other_name)
+    assert entry(pattern).matches(pattern.replace("*", "anything"))
+
+
+def test_pattern_must_match_the_whole_name():
+    e = entry("test_parity[a-*")
+    assert e.matches("test_parity[a-x]")  # '*' swallows the ']'
+    assert not entry("test_parity").matches("test_parity[a-x]")
+    assert not entry("parity[a-x]").matches("test_parity[a-x]")
+
+
+def test_question_mark_is_not_a_wildcard():
+    assert not entry("test_parity[a-?]").matches("test_parity[a-x]")
+    assert entry("test_parity[a-?]").matches("test_parity[a-?]")
+
+
+def test_any_pattern_of_a_list_matches():
+    e = entry(["test_averaging[h-*]", "test_parity[h-FULL_SHARD-*]"])
+    assert e.matches("test_averaging[h-NO_SHARD-ws2]")
+    assert e.matches("test_parity[h-FULL_SHARD-net_flat-ws3]")
+    assert not e.matches("test_parity[h-NO_SHARD-net_flat-ws3]")
+
+
+def test_a_single_string_is_one_pattern():
+    e = entry("test_parity[h-*]")
+    assert e.test == ("test_parity[h-*]",)
+    assert e.matches("test_parity[h-x]")
+    assert not e.matches("t")  # not split into one-letter patterns
+
+
+def test_node_id_is_matched_by_its_test_name():
+    e = entry("test_parity[h-*]")
+    assert e.matches("conformance/suite/test_fsdp.py::test_parity[h-FULL_SHARD-net_wrapped-ws2]")
+    assert e.matches("suite/test_fsdp.py::TestFSDP::test_parity[h-NO_SHARD-ws2]")
+    assert not e.matches("conformance/suite/test_fsdp.py::test_parity[g-FULL_SHARD-net_wrapped-ws2]")
+
+
+# -- conditions -----------------------------------------------------------------------------------
+
+
+def test_no_conditions_apply_everywhere():
+    e = entry("x")
+    assert e.applies(CPU) and e.applies(CUDA)
+    assert e.conditions() == "always"
+
+
+def test_backend_and_device_conditions():
+    assert entry("x", device="cpu").applies(CPU)
+    assert not entry("x", device="cpu").applies(CUDA)
+    assert entry("x", backend="nccl").applies(CUDA)
+    assert not entry("x", backend="nccl").applies(CPU)
+    assert not entry("x", backend="gloo", device="cuda").applies(CPU)
+    assert "device=cpu" in entry("x", device="cpu").conditions()
+
+
+@pytest.mark.parametrize("version, applies", [
+    ("2.13.0+cpu", True),        # local version labels do not matter
+    ("2.13.0", True),
+    ("2.4.1", False),            # compared as versions, not as strings ("2.4" > "2.13" as text)
+    ("2.14.0a0+git123", True),   # a nightly of the next release is at least 2.13
+    ("3.0.0", True),
+])
+def test_torch_condition_compares_versions(version, applies):
+    env = RunEnvironment(backend="gloo", device="cpu", torch_version=version)
+    assert entry("x", torch=">=2.13").applies(env) is applies
+
+
+def test_torch_condition_with_an_upper_bound():
+    old = RunEnvironment(backend="gloo", device="cpu", torch_version="2.4.1")
+    new = RunEnvironment(backend="gloo", device="cpu", torch_version="2.13.0+cpu")
+    e = entry("x", torch="<2.13")
+    assert e.applies(old) and not e.applies(new)
+    assert entry("x", torch="==2.13.*").applies(new)
+
+
+# -- the book -------------------------------------------------------------------------------------
+
+
+def test_lookup_returns_the_first_matching_entry_that_applies():
+    cuda_only = entry("test_parity[h-*]", device="cuda", source="f#0")
+    broad = entry("test_parity[h-*]", source="f#1")
+    narrow = entry("test_parity[h-FULL_SHARD-*]", source="f#2")
+    book = KnownFailureBook([cuda_only, broad, narrow], CPU)
+    assert book.lookup("test_parity[h-FULL_SHARD-net_flat-ws2]") is broad
+    assert book.lookup("test_parity[g-FULL_SHARD-net_flat-ws2]") is None
+    assert cuda_only not in book.entries
+
+
+def test_unused_lists_entries_that_matched_nothing():
+    used = entry("test_parity[h-*]", source="f#0", hook="h")
+    unused = entry("test_parity[gone-*]", source="f#1", hook="gone")
+    book = KnownFailureBook([used, unused], CPU)
+    assert book.unused() == [used, unused]
+    book.lookup("test_parity[h-NO_SHARD-ws2]")
+    book.lookup("test_parity[h-FULL_SHARD-ws2]")
+    assert book.unused() == [unused]
+    assert book.used == {"f#0": 2}
+
+
+def test_unused_with_hooks_under_test_skips_entries_about_other_hooks():
+    about_h = entry("test_parity[h-*]", source="f#0", hook="h")
+    about_other = entry("test_parity[other-*]", source="f#1", hook="other")
+    about_nobody = entry("test_parity[x-*]", source="f#2")
+    book = KnownFailureBook([about_h, about_other, about_nobody], CPU)
+    # An entry about a hook that is not under test is not stale: that hook just was not run.
+    assert book.unused(["h"]) == [about_h, about_nobody]
+    assert book.unused([]) == [about_nobody]
+    assert book.unused(None) == [about_h, about_other, about_nobody]
+
+
+def test_entries_for_another_machine_are_never_reported_unused():
+    book = KnownFailureBook([entry("test_parity[h-*]", device="cuda", hook="h")], CPU)
+    assert book.unused() == []
+    assert book.lookup("test_parity[h-NO_SHARD-ws2]") is None
+
+
+def test_book_from_a_file(write_toml):
+    path = write_toml("""
+        [[failure]]
+        test = "test_parity[h-*]"
+        hook = "h"
+        reason = "on cpu"
+        device = "cpu"
+
+        [[failure]]
+        test = "test_parity[h-*]"
+        hook = "h"
+        reason = "on cuda"
+        device = "cuda"
+    """)
+    cpu_book = KnownFailureBook(load_known_failures(path), CPU)
+    cuda_book = KnownFailureBook(load_known_failures(path), CUDA)
+    assert cpu_book.lookup("test_parity[h-NO_SHARD-ws2]").reason == "on cpu"
+    assert cuda_book.lookup("test_parity[h-NO_SHARD-ws2]").reason == "on cuda"
+
+
+# -- the repository's own file --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def repo_entries():
+    return load_known_failures(str(REPO / "fixtures" / "known_failures.toml"))
+
+
+def test_repo_file_entries_have_a_reason_and_a_hook(repo_entries):
+    assert repo_entries
+    for e in repo_entries:
+        assert e.reason.strip(), e.source
+        assert e.hook, e.source
+
+
+def test_repo_file_is_about_builtin_hooks_and_matches_their_cases(repo_entries):
+    specs = {s.name: s for s in builtin_hooks.FSDP_HOOKS}
+    for e in repo_entries:
+        assert e.hook in specs, e.source
+        spec = specs[e.hook]
+        ids = [c.id for c in cases.training_cases([spec], [2, 3], models={2: cases.PARITY_MODELS})]
+        for pattern in e.test:
+            single = KnownFailure(test=pattern, reason=e.reason, source=e.source)
+            test_name = pattern.split("[", 1)[0]
+            assert any(single.matches(f"{test_name}[{i}]") for i in ids), (e.source, pattern)
+            # ...and only the cases of the hook it is about.
+            other = next(s for s in builtin_hooks.FSDP_HOOKS if s.name != e.hook)
+            other_ids = [c.id for c in cases.training_cases([other], [2], models={2: cases.PARITY_MODELS})]
+            assert not any(single.matches(f"{test_name}[{i}]") for i in other_ids), (e.source, pattern)
+
+
+def test_repo_file_excuses_the_compress_hooks_on_cpu_but_never_the_reference_hooks(repo_entries):
+    book = KnownFailureBook(repo_entries, CPU)
+    for e in repo_entries:
+        if e.applies(CPU):
+            name = "test_parity[" + cases.case_id(e.hook, "FULL_SHARD", model="net_wrapped", world_size=2) + "]"
+            assert book.lookup(name) is e
+    # allreduce_hook and reduce_scatter_hook define "conforming": nothing may excuse them.
+    for spec in builtin_hooks.FSDP_HOOKS:
+        if spec.reduce_dtype is None:
+            for c in cases.training_cases([spec], [2, 3], models={2: cases.PARITY_MODELS, 3: cases.PARITY_MODELS}):
+                for test in ("test_averaging", "test_parity", "test_rank_consistency", "test_hard_inputs"):
+                    assert book.lookup(f"{test}[{c.id}]") is None

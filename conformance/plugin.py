@@ -51,6 +51,10 @@ class SessionState:
             args += ["--hook", item.target]
         args += ["--world-size", str(s.world_size), "--extra-world-size", str(s.extra_world_size or 0),
                  "--backend", s.backend, "--device", s.device]
+        if s.case_timeout_s != settings_mod.DEFAULT_CASE_TIMEOUT_S:
+            args += ["--case-timeout", f"{s.case_timeout_s:g}"]
+        if s.hypothesis_examples != settings_mod.DEFAULT_HYPOTHESIS_EXAMPLES:
+            args += ["--hypothesis-examples", str(s.hypothesis_examples)]
         for path in s.known_failures:
             if os.path.abspath(path) != os.path.abspath(settings_mod._default_known_failures()):
                 args += ["--known-failures", path]

@@ -15,6 +15,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 __all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
 
 
+#: Seconds a case may run before it is declared hung.
+DEFAULT_CASE_TIMEOUT_S = 60.0
+#: Generated hard-input examples per case (on top of the named explicit ones).
+DEFAULT_HYPOTHESIS_EXAMPLES = 6
+
+
 class SettingsError(ValueError):
     """A setting has an invalid value; the message names its source and a fix."""
 
@@ -83,11 +89,6 @@ class Settings:
             return (f"world size {world_size} needs {world_size} GPUs (one rank per GPU), "
                     f"but this machine has {self.gpu_count}")
         return None
-
-    def rerun_args(self) -> List[str]:
-        """The options that reproduce this run's environment on the command line."""
-        args = [f"--world-size {self.world_size}", f"--backend {self.backend}", f"--device {self.device}"]
-        return args
 
 
 def _default_known_failures() -> str:
@@ -171,14 +172,14 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
 
     timeout_value, timeout_source = pick("conform_case_timeout")
     try:
-        timeout = 60.0 if timeout_value is None else float(timeout_value)
+        timeout = DEFAULT_CASE_TIMEOUT_S if timeout_value is None else float(timeout_value)
     except ValueError:
         raise SettingsError(f"invalid case timeout {timeout_value!r} from {timeout_source}: expected seconds") from None
     if not math.isfinite(timeout) or timeout <= 0:
         raise SettingsError(f"invalid case timeout {timeout_value!r} from {timeout_source}: must be a positive, finite number of seconds")
 
     ex_value, ex_source = pick("conform_hypothesis_examples")
-    examples = 6 if ex_value is None else _int(ex_value, ex_source, minimum=0)
+    examples = DEFAULT_HYPOTHESIS_EXAMPLES if ex_value is None else _int(ex_value, ex_source, minimum=0)
 
     kf_value, _ = pick("conform_known_failures")
     if isinstance(kf_value, str):

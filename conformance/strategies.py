@@ -47,18 +47,38 @@ def _tensor(values: Sequence[float], shape: Tuple[int, ...]) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.float32).reshape(shape)
 
 
-def hard_gradients(world_size: int, shapes: Shapes, reduce_dtype: Optional[torch.dtype]) -> st.SearchStrategy:
-    """Per-rank gradient lists: ``result[rank][i]`` has shape ``shapes[i]``, dtype float32."""
+#: How one generated gradient tensor is filled; "mixed" draws each element from every group.
+FILLS = ("ordinary", "near_overflow", "zero", "subnormal", "nonfinite", "mixed")
+
+
+def fill_tensor(fill: str, seed: int, shape: Tuple[int, ...], reduce_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """A float32 tensor of ``shape`` filled the way ``fill`` says, reproducibly from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    n = _numel(shape)
+    ordinary = torch.rand(n, generator=gen, dtype=torch.float64).mul(8).sub(4).to(torch.float32)
+    if fill == "ordinary":
+        return ordinary.reshape(shape)
     groups = special_values(reduce_dtype)
-    specials = [v for vs in groups.values() for v in vs]
-    element = st.one_of(
-        st.sampled_from(specials),
-        st.floats(min_value=-4.0, max_value=4.0, width=32),
-        st.floats(width=32, allow_nan=True, allow_infinity=True),
-    )
-    per_param = [st.lists(element, min_size=_numel(s), max_size=_numel(s)).map(lambda v, s=s: _tensor(v, s))
-                 for s in shapes]
-    one_rank = st.tuples(*per_param).map(list)
+    pool = [v for name, vs in groups.items() for v in vs if fill == "mixed" or name == fill]
+    picks = torch.tensor(pool, dtype=torch.float32)[torch.randint(len(pool), (n,), generator=gen)]
+    if fill == "mixed":
+        use_special = torch.rand(n, generator=gen) < 0.5
+        picks = torch.where(use_special, picks, ordinary)
+    return picks.reshape(shape)
+
+
+def hard_gradients(world_size: int, shapes: Shapes, reduce_dtype: Optional[torch.dtype]) -> st.SearchStrategy:
+    """Per-rank gradient lists: ``result[rank][i]`` has shape ``shapes[i]``, dtype float32.
+
+    Hypothesis chooses, per rank and parameter, how the tensor is filled
+    (:data:`FILLS`) and a seed; the values follow from those, so an example is
+    a handful of choices and stays cheap to draw and to shrink.
+    """
+    def one(shape: Tuple[int, ...]) -> st.SearchStrategy:
+        return st.builds(lambda fill, seed: fill_tensor(fill, seed, shape, reduce_dtype),
+                         st.sampled_from(FILLS), st.integers(0, 2**31 - 1))
+
+    one_rank = st.tuples(*[one(s) for s in shapes]).map(list)
     return st.lists(one_rank, min_size=world_size, max_size=world_size)
 
 

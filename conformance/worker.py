@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any, Dict, Optional
@@ -173,6 +174,8 @@ def main(argv: Optional[list] = None) -> int:
     faulthandler.enable(all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    # FSDP deprecates NO_SHARD in favour of DDP; checking NO_SHARD hooks is the point here.
+    warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
     kind, hello = recv(conn)
     assert kind == "hello", kind
     sys.path[:] = hello["sys_path"]

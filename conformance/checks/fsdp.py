@@ -24,7 +24,7 @@ Checks (each registered with :func:`conformance.checks.rank_check`):
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -362,9 +362,15 @@ def _linear_wrap_policy() -> Any:
 # -- hard inputs ----------------------------------------------------------------------
 
 @rank_check("fsdp.hard_inputs")
-def hard_inputs(ctx: Any, spec: Any, *, strategy: str, grads: Sequence[Sequence[torch.Tensor]],
-                steps: int = 2, lr: float = 0.01) -> List[Finding]:
-    """Caller-chosen gradients (``grads[rank][i]`` for probe parameter ``i``), bitwise vs native."""
+def hard_inputs(ctx: Any, spec: Any, *, strategy: str, examples: Sequence[Tuple[str, Sequence[Sequence[torch.Tensor]]]],
+                lr: float = 0.01) -> List[Finding]:
+    """Caller-chosen gradients, bitwise vs native; stops at the first example that differs.
+
+    ``examples`` is a list of ``(label, grads)``; ``grads[rank][i]`` is the
+    gradient of probe parameter ``i`` on ``rank`` (float32, CPU). One pair of
+    probes (hooked, reference) serves every example: the probe's gradients
+    depend only on its input, so each backward yields exactly ``grads``.
+    """
     from models import get_model
 
     model_cls = get_model("gradient_probe")
@@ -374,13 +380,14 @@ def hard_inputs(ctx: Any, spec: Any, *, strategy: str, grads: Sequence[Sequence[
     hooked, recorder = _hooked(spec, "gradient_probe", ctx, strategy)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=lr)
     opt_hooked = torch.optim.SGD(hooked.parameters(), lr=lr)
-    inputs = tuple(g.to(ctx.device) for g in grads[ctx.rank])
-    for step in range(steps):
+    for step, (label, grads) in enumerate(examples):
         recorder.step = step
-        _train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
-        _train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
+        inputs = tuple(g.to(ctx.device) for g in grads[ctx.rank])
+        _train_step(ctx, f"reference ({label} inputs)", step, ref, opt_ref, inputs, model_cls.loss)
+        _train_step(ctx, f"hooked ({label} inputs)", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
-        findings += _compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step)
+        findings += _compare_named(f"gradient for the {label!r} inputs", _grads(hooked), _grads(ref),
+                                   rank=ctx.rank, step=step)
         if ctx.any_rank(bool(findings)):
             return findings
         opt_ref.step()

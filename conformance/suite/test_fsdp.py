@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from conformance import cases
 from conformance.checks.fsdp import REGISTRATION_RULES
@@ -108,30 +109,29 @@ def test_registration(conform, request, case):
 
 
 def test_hard_inputs(conform, request, case):
-    """Near-overflow, zero, subnormal, NaN and Inf gradients reduce bit for bit like the native path."""
+    """Near-overflow, zero, subnormal, NaN and Inf gradients reduce bit for bit like the native path.
+
+    One case carries the named explicit inputs and ``--hypothesis-examples``
+    generated ones (drawn deterministically, ``derandomize=True``), so a
+    failure re-runs identically from its command line.
+    """
     from models import get_model
 
     _tag(request, case, "hard_inputs")
     state = state_of(request.config)
     spec = state.spec(case.hook).spec
     shapes = get_model("gradient_probe").input_shapes()
-    describe = case.describe("hard_inputs")
+    explicit = list(explicit_examples(case.world_size, shapes, spec.reduce_dtype).items())
+    count = state.settings.hypothesis_examples
 
-    def run(grads, label):
+    @settings(max_examples=1, deadline=None, derandomize=True, database=None,
+              phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    @given(generated=st.lists(hard_gradients(case.world_size, shapes, spec.reduce_dtype),
+                              min_size=count, max_size=count))
+    def run(generated):
+        examples = explicit + [(f"generated #{i}", grads) for i, grads in enumerate(generated)]
         conform.run(request.node.name, check="fsdp.hard_inputs", hook=case.hook, world_size=case.world_size,
-                    params={"strategy": case.strategy, "grads": grads},
-                    describe={**describe, "inputs": label})
+                    params={"strategy": case.strategy, "examples": examples},
+                    describe=case.describe("hard_inputs"))
 
-    for label, grads in explicit_examples(case.world_size, shapes, spec.reduce_dtype).items():
-        run(grads, label)
-    examples = state.settings.hypothesis_examples
-    if not examples:
-        return
-
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
-    @given(grads=hard_gradients(case.world_size, shapes, spec.reduce_dtype))
-    def generated(grads):
-        run(grads, "generated")
-
-    generated()
+    run()

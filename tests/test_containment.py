@@ -1,0 +1,51 @@
+"""A hook that hangs or kills a rank is contained: that case fails, the run goes on.
+
+Runs the suite (as a user would) over ``tests/zoo/contained.py``: a hook that
+hangs on rank 1, one that exits rank 1 mid-backward, and PyTorch's plain
+``allreduce_hook`` after them. The first two must fail with what each rank was
+doing, the pool must be rebuilt, and the last must still pass, with the JUnit
+report written.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.meta_helpers import run_suite
+
+
+@pytest.fixture(scope="module")
+def contained_run(tmp_path_factory):
+    junit = str(tmp_path_factory.mktemp("contained") / "contained.xml")
+    return run_suite(["--hook", "tests.zoo.contained:ALL", "--case-timeout", "5", "--extra-world-size", "0",
+                      "-k", "test_averaging", "-q"], junit, timeout=300)
+
+
+def _case(run, hook):
+    return next(c for c in run.cases if c.hook == hook)
+
+
+def test_run_finishes_with_a_report_and_exit_code_1(contained_run):
+    assert contained_run.returncode == 1, contained_run.output[-3000:]
+    assert sorted(c.hook for c in contained_run.cases) == ["zoo_crash_rank1", "zoo_hang_rank1", "zoo_plain_allreduce"]
+
+
+def test_hanging_rank_is_reported_with_its_stack(contained_run):
+    case = _case(contained_run, "zoo_hang_rank1")
+    assert case.outcome == "failed"
+    msg = case.message
+    assert "did not finish within the case timeout" in msg
+    assert "rank 1: did not finish; last phase 'step 0: forward/backward of the hooked model'" in msg
+    assert "in hang_on_rank1" in msg, "rank 1's faulthandler stack should show where it hangs"
+    assert "the pool was restarted" in msg
+
+
+def test_dead_rank_is_reported_with_its_exit_code(contained_run):
+    case = _case(contained_run, "zoo_crash_rank1")
+    assert case.outcome == "failed"
+    assert "rank 1: died with exit code 17 during 'step 0: forward/backward of the hooked model'" in case.message
+
+
+def test_cases_after_the_broken_ones_still_pass(contained_run):
+    assert _case(contained_run, "zoo_plain_allreduce").outcome == "passed"
+    assert "rank pools restarted 2 time(s)" in contained_run.output

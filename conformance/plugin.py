@@ -49,15 +49,7 @@ class SessionState:
         item = self.spec(hook) if hook else None
         if item is not None and item.origin == "--hook":
             args += ["--hook", item.target]
-        args += ["--world-size", str(s.world_size), "--extra-world-size", str(s.extra_world_size or 0),
-                 "--backend", s.backend, "--device", s.device]
-        if s.case_timeout_s != settings_mod.DEFAULT_CASE_TIMEOUT_S:
-            args += ["--case-timeout", f"{s.case_timeout_s:g}"]
-        if s.hypothesis_examples != settings_mod.DEFAULT_HYPOTHESIS_EXAMPLES:
-            args += ["--hypothesis-examples", str(s.hypothesis_examples)]
-        for path in s.known_failures:
-            if os.path.abspath(path) != os.path.abspath(settings_mod._default_known_failures()):
-                args += ["--known-failures", path]
+        args += s.rerun_args()
         args += ["-k", test_name]
         return " ".join(shlex.quote(a) for a in args)
 

@@ -90,6 +90,24 @@ class Settings:
                     f"but this machine has {self.gpu_count}")
         return None
 
+    def rerun_args(self) -> List[str]:
+        """Options that reproduce this run's machine settings, as ``[flag, value, ...]``.
+
+        Values that change what a case does or where it runs are always
+        spelled out, so the command does not depend on the caller's environment.
+        """
+        args = ["--world-size", str(self.world_size), "--extra-world-size", str(self.extra_world_size or 0),
+                "--backend", self.backend, "--device", self.device]
+        if self.case_timeout_s != DEFAULT_CASE_TIMEOUT_S:
+            args += ["--case-timeout", f"{self.case_timeout_s:g}"]
+        if self.hypothesis_examples != DEFAULT_HYPOTHESIS_EXAMPLES:
+            args += ["--hypothesis-examples", str(self.hypothesis_examples)]
+        default_kf = os.path.abspath(_default_known_failures())
+        for path in self.known_failures:
+            if os.path.abspath(path) != default_kf:
+                args += ["--known-failures", path]
+        return args
+
 
 def _default_known_failures() -> str:
     import fixtures

@@ -265,8 +265,8 @@ def test_rerun_args_reproduce_the_run_over_the_environment():
     s = settings(cli={"conform_world_size": "3"})
     dest_of = {o.flag: o.dest for o in OPTIONS}
     cli = {}
-    for arg in s.rerun_args():
-        flag, value = arg.split()
+    args = s.rerun_args()
+    for flag, value in zip(args[::2], args[1::2]):
         cli[dest_of[flag]] = value
     again = settings(cli=cli, env={"CONFORM_WORLD_SIZE": "9", "CONFORM_DEVICE": "cuda"})
     assert (again.world_size, again.backend, again.device) == (s.world_size, s.backend, s.device) == (3, "gloo", "cpu")

@@ -45,6 +45,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as tmp  # noqa: E402
 
 from conformance.protocol import Case, HookRef  # noqa: E402
+from conformance.worker import RankContext  # noqa: E402
 
 HOOK_TARGET = "conformance.builtin_hooks:FSDP_HOOKS"
 HOOK_NAME = "allreduce_hook"
@@ -147,21 +148,6 @@ def _checked_pool_run(pool: Any, case: Case) -> Any:
 
 # -- spawn-per-case mode -----------------------------------------------------------------
 
-class SpawnContext:
-    """The minimal stand-in for :class:`conformance.worker.RankContext`."""
-
-    def __init__(self, rank: int, world_size: int, group: Any, device: Any, backend: str):
-        self.rank = rank
-        self.world_size = world_size
-        self.group = group
-        self.device = device
-        self.backend = backend
-        self.current_phase = ""
-
-    def phase(self, text: str) -> None:
-        self.current_phase = text
-
-
 def _spawn_rank(rank: int, world_size: int, store_path: str, out_dir: str, case: Case) -> None:
     """Entry point of one freshly spawned rank (module level so spawn can pickle it)."""
     stamps = {"entered": time.time()}
@@ -179,7 +165,7 @@ def _spawn_rank(rank: int, world_size: int, store_path: str, out_dir: str, case:
 
         spec = next(s for s in load_target(case.hook.target) if s.name == case.hook.name)
         fn = conformance.checks.get_rank_check(case.check)
-        ctx = SpawnContext(rank, world_size, dist.group.WORLD, torch.device("cpu"), "gloo")
+        ctx = RankContext(rank, world_size, dist.group.WORLD, torch.device("cpu"), "gloo")
         stamps["loaded"] = time.time()
         start = time.perf_counter()
         value = fn(ctx, spec, **case.params)

@@ -35,9 +35,13 @@ class RankContext:
         group: the process group the pool joined (the default group).
         device: ``torch.device("cpu")`` or this rank's ``cuda:N``.
         backend: ``"gloo"`` or ``"nccl"``.
+
+    Without ``conn`` (a rank started by another launcher, e.g. the
+    spawn-per-case benchmark) phases are kept but not reported.
     """
 
-    def __init__(self, rank: int, world_size: int, group: Any, device: Any, backend: str, conn: Connection):
+    def __init__(self, rank: int, world_size: int, group: Any, device: Any, backend: str,
+                 conn: Optional[Connection] = None):
         self.rank = rank
         self.world_size = world_size
         self.group = group
@@ -62,7 +66,8 @@ class RankContext:
     def phase(self, text: str) -> None:
         """Announce what this rank is doing now; shown if the case hangs."""
         self.current_phase = text
-        send(self._conn, ("phase", text))
+        if self._conn is not None:
+            send(self._conn, ("phase", text))
 
 
 class _Worker:

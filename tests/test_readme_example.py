@@ -1,0 +1,24 @@
+"""The README's plug-in example is real: it is examples/my_hooks.py, and it conforms."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from tests.meta_helpers import REPO, run_suite
+
+
+def test_readme_shows_the_example_module_verbatim():
+    readme = open(os.path.join(REPO, "README.md")).read()
+    block = re.search(r"```python\n# examples/my_hooks.py\n(.*?)```", readme, re.S).group(1)
+    source = open(os.path.join(REPO, "examples", "my_hooks.py")).read()
+    assert block in source
+
+
+def test_readme_example_conforms(tmp_path):
+    run = run_suite(["--hook", "examples.my_hooks:SPEC", "--hypothesis-examples", "2", "-q",
+                     "-k", "not transformer_shared and not always_wrap_nested and not registration"],
+                    str(tmp_path / "example.xml"))
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.cases and all(c.outcome == "passed" for c in run.cases)
+    assert {c.check for c in run.cases} == {"averaging", "parity", "rank_consistency", "hard_inputs"}

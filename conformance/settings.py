@@ -43,7 +43,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--device", "CONFORM_DEVICE", "device of each rank: cpu or cuda (default: cuda if available)", "conform_device"),
     Option("--case-timeout", "CONFORM_CASE_TIMEOUT", "seconds before a case is declared hung (default: 60)", "conform_case_timeout"),
     Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", "generated hard-input examples per case (default: 6)", "conform_hypothesis_examples"),
-    Option("--known-failures", "CONFORM_KNOWN_FAILURES", "known-failures TOML file (repeatable; default: the packaged fixtures/known_failures.toml)", "conform_known_failures"),
+    Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
 )
 
 
@@ -61,7 +61,7 @@ class Settings:
         device: ``"cpu"`` or ``"cuda"``.
         case_timeout_s: seconds per case before it counts as hung.
         hypothesis_examples: generated examples per hard-input case.
-        known_failures: paths of known-failures files.
+        known_failures: paths of known-failures files, the packaged one first.
         gpu_count: ``torch.cuda.device_count()`` (0 without CUDA).
     """
 
@@ -201,9 +201,13 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
 
     kf_value, _ = pick("conform_known_failures")
     if isinstance(kf_value, str):
-        known = tuple(kf_value.split(os.pathsep))
+        extra_files = tuple(kf_value.split(os.pathsep))
     else:
-        known = tuple(kf_value or (_default_known_failures(),))
+        extra_files = tuple(kf_value or ())
+    # The packaged file always applies: it explains PyTorch's own hooks, which a
+    # user's file (for their hooks) should not have to repeat.
+    default_file = _default_known_failures()
+    known = (default_file,) + tuple(f for f in extra_files if os.path.abspath(f) != os.path.abspath(default_file))
 
     return Settings(
         hooks=hooks,

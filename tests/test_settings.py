@@ -136,8 +136,9 @@ def test_giving_hooks_turns_builtins_and_entry_points_off_unless_asked():
 
 def test_known_failures_from_environment_use_the_path_separator(tmp_path):
     a, b = str(tmp_path / "a.toml"), str(tmp_path / "b.toml")
-    assert settings(env={"CONFORM_KNOWN_FAILURES": os.pathsep.join([a, b])}).known_failures == (a, b)
-    assert settings(cli={"conform_known_failures": [b]}, env={"CONFORM_KNOWN_FAILURES": a}).known_failures == (b,)
+    packaged = str(REPO / "fixtures" / "known_failures.toml")
+    assert settings(env={"CONFORM_KNOWN_FAILURES": os.pathsep.join([a, b])}).known_failures == (packaged, a, b)
+    assert settings(cli={"conform_known_failures": [b]}, env={"CONFORM_KNOWN_FAILURES": a}).known_failures == (packaged, b)
 
 
 def test_extra_world_size_zero_means_none():

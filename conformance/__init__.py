@@ -11,7 +11,7 @@ The rest of the package, by file:
 * ``plugin.py``: the pytest plugin; ``cli.py``: the ``conform`` command.
 """
 
-from conformance.spec import HookSpec, SpecError
+from conformance.spec import HookSpec, LossyContract, SpecError
 
-__all__ = ["HookSpec", "SpecError", "__version__"]
+__all__ = ["HookSpec", "LossyContract", "SpecError", "__version__"]
 __version__ = "0.1.0"

@@ -20,7 +20,11 @@ __all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "LoadedSpec", "load_specs", "
 
 ENTRY_POINT_GROUP = "conformance.hooks"
 #: PyTorch's own hooks, tested when no ``--hook`` is given (and with ``--with-builtins``).
-BUILTIN_TARGETS = ("conformance.builtin_hooks:FSDP_HOOKS",)
+BUILTIN_TARGETS = (
+    "conformance.builtin_hooks:FSDP_HOOKS",
+    "conformance.builtin_ddp:DDP_HOOKS",
+    "conformance.builtin_fsdp2:FSDP2_HOOKS",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +69,8 @@ def load_target(target: str) -> List[HookSpec]:
             raise SpecError(f"hook target {target!r}: module {module_name!r} has no attribute {attr!r}.{hint}") from None
     if isinstance(obj, HookSpec):
         return [obj]
-    if isinstance(obj, (list, tuple)) and obj and all(isinstance(s, HookSpec) for s in obj):
+    if isinstance(obj, (list, tuple)) and all(isinstance(s, HookSpec) for s in obj):
+        # An empty list is allowed: a package may offer no specs on some torch versions.
         return list(obj)
     raise SpecError(
         f"hook target {target!r} is {_describe(obj)}, not a HookSpec or a list of HookSpecs. Wrap your "

@@ -27,11 +27,18 @@ __all__ = [
     "APIS",
     "FSDP_STRATEGIES",
     "HookSpec",
+    "LossyContract",
     "SpecError",
 ]
 
-#: Hook APIs the suite knows. ``fsdp``: ``FullyShardedDataParallel.register_comm_hook``.
-APIS = ("fsdp",)
+#: Hook APIs the suite knows:
+#: ``fsdp``: ``FullyShardedDataParallel.register_comm_hook(state, hook)``;
+#: ``ddp``: ``DistributedDataParallel.register_comm_hook(state, hook)``;
+#: ``fsdp2``: ``FSDPModule.set_custom_reduce_scatter(comm)``;
+#: ``fsdp2_all_reduce``: ``FSDPModule.set_all_reduce_hook(hook)`` (HSDP).
+APIS = ("fsdp", "ddp", "fsdp2", "fsdp2_all_reduce")
+#: APIs whose hook takes a state built by ``state(process_group)``.
+_STATEFUL_APIS = ("fsdp", "ddp")
 
 #: FSDP sharding strategies the ``fsdp`` checks run under (names of
 #: ``torch.distributed.fsdp.ShardingStrategy`` members).
@@ -47,6 +54,46 @@ _REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 class SpecError(ValueError):
     """A hook spec is unusable. The message names the spec and how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LossyContract:
+    """What a lossy hook (PowerSGD, 8-bit quantization, ...) promises instead of exactness.
+
+    A spec with ``lossy=LossyContract(...)`` is not held to bitwise parity.
+    The suite checks, always: every rank receives the identical result; the
+    result keeps the input's shape, dtype and device; no NaN/Inf appears where
+    the exact mean had none. And, where declared here:
+
+    Attributes:
+        rel_error_bound: per step and per parameter,
+            ``||g_hook - g_exact||_2 / ||g_exact||_2 <= rel_error_bound``, where
+            ``g_exact`` is the exact mean over ranks (the no-hook reference).
+            The observed maximum is reported as a figure either way. ``None``:
+            not claimed.
+        deterministic: two runs from the same seed give bitwise-identical
+            gradients.
+        loss_margin: after ``loss_steps`` SGD steps,
+            ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|`` (relative).
+            ``None``: not claimed.
+        loss_steps: training steps for the loss-margin check.
+
+    Raises:
+        SpecError: a bound that is negative or not finite, or ``loss_steps < 1``.
+    """
+
+    rel_error_bound: Optional[float] = None
+    deterministic: bool = True
+    loss_margin: Optional[float] = None
+    loss_steps: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("rel_error_bound", "loss_margin"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+                raise SpecError(f"LossyContract {name}={value!r} must be a finite number >= 0, or None")
+        if not isinstance(self.loss_steps, int) or self.loss_steps < 1:
+            raise SpecError(f"LossyContract loss_steps={self.loss_steps!r} must be an int >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +134,12 @@ class HookSpec:
 
     name: str
     api: str
-    hook: Callable[..., Any]
-    state: Callable[[Any], Any]
+    hook: Any
+    state: Optional[Callable[[Any], Any]] = None
     reduce_dtype: Optional[torch.dtype] = None
     strategies: Optional[Tuple[str, ...]] = None
     description: str = ""
+    lossy: Optional[LossyContract] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -108,16 +156,24 @@ class HookSpec:
                 f"HookSpec {self.name!r}: hook {self.hook!r} is not callable; pass the hook "
                 "function (or an object with __call__), not the result of calling it"
             )
-        if not callable(self.state):
+        if self.api in _STATEFUL_APIS and not callable(self.state):
             raise SpecError(
                 f"HookSpec {self.name!r}: state {self.state!r} is not callable; pass a factory "
                 "called as state(process_group), e.g. DefaultState"
+            )
+        if self.lossy is not None and not isinstance(self.lossy, LossyContract):
+            raise SpecError(
+                f"HookSpec {self.name!r}: lossy={self.lossy!r} must be a LossyContract, e.g. "
+                "lossy=LossyContract(rel_error_bound=0.1, loss_margin=0.05)"
             )
         if self.reduce_dtype is not None and self.reduce_dtype not in _REDUCE_DTYPES:
             raise SpecError(
                 f"HookSpec {self.name!r}: reduce_dtype {self.reduce_dtype!r} is not a floating "
                 "dtype FSDP can reduce in; use None, torch.float16, torch.bfloat16, torch.float32 or torch.float64"
             )
+        if self.api != "fsdp":
+            self._check_other_api()
+            return
         supported = _strategies_from_signature(self.hook)
         if not supported:
             raise SpecError(
@@ -144,6 +200,33 @@ class HookSpec:
                 )
             object.__setattr__(self, "strategies", strategies)
 
+    def _check_other_api(self) -> None:
+        if self.strategies is not None:
+            raise SpecError(f"HookSpec {self.name!r}: strategies apply to api='fsdp' only, not {self.api!r}")
+        object.__setattr__(self, "strategies", ())
+        if self.api == "ddp":
+            if not _binds_signature(self.hook, 2):
+                raise SpecError(
+                    f"HookSpec {self.name!r}: a DDP hook is called as hook(state, bucket) and returns a "
+                    f"torch.futures.Future, but {_qualname(self.hook)}{_signature_text(self.hook)} cannot take "
+                    "two arguments"
+                )
+        elif self.api == "fsdp2_all_reduce":
+            if not _binds_signature(self.hook, 1):
+                raise SpecError(
+                    f"HookSpec {self.name!r}: an FSDP2 all-reduce hook is called as hook(tensor), but "
+                    f"{_qualname(self.hook)}{_signature_text(self.hook)} cannot take one argument"
+                )
+        elif self.api == "fsdp2":
+            is_comm = callable(getattr(self.hook, "allocate", None))
+            if not is_comm and not _binds_signature(self.hook, 0):
+                raise SpecError(
+                    f"HookSpec {self.name!r}: for api='fsdp2' the hook is a ReduceScatter comm (an object "
+                    "with allocate() and __call__(output, input, group, op, async_op)) or a factory "
+                    f"called with no arguments that returns one; got {_qualname(self.hook)}"
+                    f"{_signature_text(self.hook)}"
+                )
+
     @property
     def reduce_dtype_name(self) -> str:
         """``"full"`` for the full-precision claim, else the dtype's short name."""
@@ -169,6 +252,15 @@ def _strategies_from_signature(hook: Callable[..., Any]) -> Tuple[str, ...]:
     if _binds(sig, 3):
         out.extend(_SHARDED)
     return tuple(out)
+
+
+def _binds_signature(fn: Any, nargs: int) -> bool:
+    """Whether ``fn`` can be called with ``nargs`` positional arguments (True if not inspectable)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    return _binds(sig, nargs)
 
 
 def _binds(sig: inspect.Signature, nargs: int) -> bool:

@@ -182,9 +182,9 @@ def test_name_made_of_documented_characters_is_accepted(name):
 
 
 def test_unknown_api_is_refused_with_the_known_ones():
-    message = spec_error(api="ddp")
+    message = spec_error(api="horovod")
     assert "'my_hook'" in message
-    assert "'ddp'" in message
+    assert "'horovod'" in message
     assert "fsdp" in message
 
 

@@ -197,4 +197,11 @@ def conform(request: pytest.FixtureRequest):
     state = state_of(request.config)
     if state.runner is None:
         state.runner = Runner(state)
+        s = state.settings
+        wanted = set()
+        for item in request.session.items:
+            case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
+            if getattr(case, "world_size", None) is not None:
+                wanted.add(case.world_size)
+        state.runner.prestart(sorted(ws for ws in wanted if s.world_size_unavailable(ws) is None))
     return state.runner

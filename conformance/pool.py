@@ -77,6 +77,7 @@ class RankPool:
         self._logs: List[str] = []
         self._dir: Optional[str] = None
         self._seq = 0
+        self._launched_at = 0.0
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -85,7 +86,13 @@ class RankPool:
 
     def start(self) -> None:
         """Spawn the ranks and wait until every one has joined the process group."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Spawn the ranks without waiting for them (several pools can start at once)."""
         self.close()
+        self._logs = []
         cfg = self.config
         self.starts += 1
         self._dir = tempfile.mkdtemp(prefix="commhook-pool-")
@@ -124,7 +131,12 @@ class RankPool:
             self._procs.append(proc)
             self._conns.append(conn)
             self._logs.append(log_path)
-        deadline = time.monotonic() + cfg.start_timeout_s
+        self._launched_at = time.monotonic()
+
+    def wait_ready(self) -> None:
+        """Wait until every launched rank has joined the process group."""
+        cfg = self.config
+        deadline = self._launched_at + cfg.start_timeout_s
         pending = dict(enumerate(self._conns))
         while pending:
             remaining = deadline - time.monotonic()
@@ -229,6 +241,9 @@ class RankPool:
         timed_out = len(outcomes) < n and not any(not o.ok for o in outcomes.values())
         unfinished = [r for r in range(n) if r not in outcomes]
         rebuilt = False
+        for r, outcome in outcomes.items():
+            if not outcome.ok:
+                outcome.output = self._read_log(r, offsets[r])[-3000:]
         if unfinished:
             stacks = self._dump_stacks(unfinished, offsets)
             for r in unfinished:

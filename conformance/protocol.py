@@ -69,6 +69,7 @@ class RankOutcome:
         phase: the last phase the rank announced (what it was doing).
         exit_code: the process exit code when the rank died during the case.
         stack: the Python stack dumped by faulthandler when the rank hung.
+        output: what the rank printed during the case, kept when it did not finish.
     """
 
     rank: int
@@ -80,6 +81,7 @@ class RankOutcome:
     phase: str = ""
     exit_code: Optional[int] = None
     stack: Optional[str] = None
+    output: str = ""
 
     @property
     def hung(self) -> bool:

@@ -46,6 +46,24 @@ class Runner:
                                                          case_timeout_s=s.case_timeout_s))
         return self.pools[world_size]
 
+    def prestart(self, world_sizes: Sequence[int]) -> None:
+        """Launch the pools for ``world_sizes`` at once, so their start-ups overlap.
+
+        Start-up errors are not raised here: the first case on a pool that
+        failed to start retries the start and reports the error as its failure.
+        """
+        launched = []
+        for ws in world_sizes:
+            pool = self.pool(ws)
+            if not pool.alive:
+                pool.launch()
+                launched.append(pool)
+        for pool in launched:
+            try:
+                pool.wait_ready()
+            except PoolStartError:
+                pass
+
     def close(self) -> None:
         for pool in self.pools.values():
             pool.close()
@@ -128,6 +146,9 @@ class Runner:
                 lines.append(o.error.rstrip())
             if o.stack:
                 lines.append(o.stack.rstrip())
+            elif o.output.strip():
+                lines.append(f"(rank {o.rank} printed during the case:)")
+                lines.append(o.output.rstrip())
         return "\n".join(lines)
 
 

@@ -13,6 +13,11 @@ with no ``auto_wrap_policy``/``mixed_precision`` in ``fsdp_kwargs``):
 * ``transformer_shared`` (5; 6 with ``mixed_precision``):
   ``TransformerWithSharedParams`` (common_fsdp.py);
 * ``gradient_probe`` (5): synthetic; its gradients are the input tensors.
+* ``nonuniform_req_grad`` (4): ``NonUniformReqGradNWM`` (common_fsdp.py); only
+  ``module.2.1`` trains; FSDP1 builds need ``use_orig_params=True``;
+* ``mixture_of_experts`` (3): ``MixtureOfExperts`` (common_fsdp.py); the expert
+  differs per rank and its unit is over a 1-rank group;
+* ``unused_param`` (1): synthetic; a submodule forward never uses.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from typing import Dict, Type
 
 from models.analytic import AnalyticLinear
 from models.base import ReferenceModel
+from models.moe import MixtureOfExperts
 from models.nested import AlwaysWrapNestedWrappedModule, NestedWrappedModule
 from models.net import Net, NetFlat, NetWrapped
+from models.nonuniform import NonUniformReqGradNWM
 from models.probe import PROBE_ROOT_SHAPE, PROBE_SHAPES, GradientProbe
 from models.transformer import TransformerWithSharedParams
+from models.unused import UnusedParamModel
 
 __all__ = [
     "MODELS",
@@ -33,12 +41,15 @@ __all__ = [
     "AlwaysWrapNestedWrappedModule",
     "AnalyticLinear",
     "GradientProbe",
+    "MixtureOfExperts",
     "NestedWrappedModule",
     "Net",
     "NetFlat",
     "NetWrapped",
+    "NonUniformReqGradNWM",
     "ReferenceModel",
     "TransformerWithSharedParams",
+    "UnusedParamModel",
     "get_model",
 ]
 
@@ -53,6 +64,9 @@ MODELS: Dict[str, Type[ReferenceModel]] = {
         AlwaysWrapNestedWrappedModule,
         TransformerWithSharedParams,
         GradientProbe,
+        NonUniformReqGradNWM,
+        MixtureOfExperts,
+        UnusedParamModel,
     )
 }
 

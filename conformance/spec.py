@@ -218,7 +218,8 @@ class HookSpec:
                     f"{_qualname(self.hook)}{_signature_text(self.hook)} cannot take one argument"
                 )
         elif self.api == "fsdp2":
-            is_comm = callable(getattr(self.hook, "allocate", None))
+            # A class is a factory (called with no arguments), even though it has an allocate attribute.
+            is_comm = not isinstance(self.hook, type) and callable(getattr(self.hook, "allocate", None))
             if not is_comm and not _binds_signature(self.hook, 0):
                 raise SpecError(
                     f"HookSpec {self.name!r}: for api='fsdp2' the hook is a ReduceScatter comm (an object "

@@ -1,0 +1,213 @@
+"""Meta-tests for FSDP2: the suite catches every known-bad comm/hook and passes every known-good one.
+
+One run of the conformance suite (``python -m conformance``, as a user runs it) over the zoo
+in ``tests/zoo/fsdp2_comms.py``, judged by its JUnit XML. The run is limited to the
+``nested_wrapped`` model, which every config (default, divide factor, forced SUM, both, HSDP)
+uses, and to the main world size plus HSDP on a 4-rank pool (``--extra-world-size 4``, which
+the default CPU run leaves out; no zoo entry depends on world size 3); the other models and
+world size 3 are exercised by the default ``make conform`` run. Plus quick checks,
+without a pool, of the pieces the FSDP2 checks are built from.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import torch
+
+from conformance.checks import fsdp2 as checks
+from tests.meta_helpers import run_suite
+from tests.zoo import fsdp2_comms as zoo
+
+#: The configs (``config`` property) that must catch each known-bad spec; see zoo.EXPECTED_CATCH.
+MUST_CATCH = {
+    "bad_always_sum": {"default", "hsdp"},
+    "bad_self_average": {"force_sum", "divide_factor_force_sum"},
+    "bad_self_average_fp16": {"default", "divide_factor", "hsdp"},
+    "bad_wrong_shard": {"default", "force_sum", "divide_factor_force_sum", "hsdp"},
+    "bad_default_group": {"hsdp"},
+    "bad_fp32_alloc_bf16": {"default", "hsdp"},
+    "bad_bf16_wire": {"default", "hsdp"},
+    "bad_staging_buffer": {"default", "hsdp"},
+    "bad_stale_replay": {"default", "hsdp"},
+    "bad_rank0_noise": {"default", "hsdp"},
+    "bad_world_average_hook": {"hsdp"},
+    "bad_replica_divide_hook": {"hsdp"},
+}
+#: Caught only where ReduceOp.PREMUL_SUM runs natively (NCCL); skipped with the reason on gloo.
+MUST_CATCH_WITH_PREMUL_SUM = {"bad_premul_as_avg": {"divide_factor"}}
+
+
+@pytest.fixture(scope="module")
+def zoo_run(tmp_path_factory):
+    junit = str(tmp_path_factory.mktemp("zoo2") / "zoo2.xml")
+    run = run_suite(["--hook", "tests.zoo.fsdp2_comms:ALL", "--extra-world-size", "4", "-q",
+                     "-k", "fsdp2 and nested_wrapped and (ws2 or hsdp)"], junit)
+    assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
+    return run
+
+
+def test_every_bad_spec_has_an_expected_catch():
+    bad = {s.name for s in zoo.KNOWN_BAD} | {s.name for s in zoo.NCCL_ONLY_BAD}
+    assert bad == set(MUST_CATCH) | set(MUST_CATCH_WITH_PREMUL_SUM) == set(zoo.EXPECTED_CATCH)
+
+
+def test_run_fails_because_of_bad_specs(zoo_run):
+    assert zoo_run.returncode == 1, zoo_run.output[-3000:]
+
+
+@pytest.mark.parametrize("name", [s.name for s in zoo.KNOWN_GOOD])
+def test_known_good_passes_every_case(zoo_run, name):
+    spec = next(s for s in zoo.KNOWN_GOOD if s.name == name)
+    cases = zoo_run.by_hook()[name]
+    ran = {c.properties.get("config") for c in cases if c.outcome == "passed"}
+    if spec.api == "fsdp2_all_reduce":
+        assert ran == {"hsdp"}, [(c.name, c.outcome) for c in cases]
+    else:
+        want = {"default", "divide_factor_force_sum", "hsdp"}
+        if spec.reduce_dtype == torch.float16:
+            want.add("divide_factor")  # float16 reduces with SUM: no PREMUL_SUM, runs on gloo too
+        assert want <= ran, f"{name} ran only {sorted(ran)}"
+    bad = [f"{c.name}: {c.outcome}\n{c.message[:2000]}" for c in cases if c.outcome not in ("passed", "skipped")]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", sorted(MUST_CATCH))
+def test_known_bad_is_caught(zoo_run, name):
+    cases = zoo_run.by_hook()[name]
+    assert cases, f"{name} was not run"
+    caught = {c.properties.get("config") for c in cases if c.outcome == "failed"}
+    missing = MUST_CATCH[name] - caught
+    assert not missing, f"{name} was not caught under {sorted(missing)} (caught under: {sorted(caught)})"
+    errors = [c.name for c in cases if c.outcome == "error"]
+    assert not errors, f"{name} produced setup/teardown errors instead of verdicts: {errors}"
+
+
+def test_premul_sum_gap_is_reported_not_hidden(zoo_run):
+    """gloo cannot run PREMUL_SUM: the divide-factor cases of float32/bfloat16 claims say so as skips."""
+    cases = [c for c in zoo_run.cases if "[bad_premul_as_avg-" in c.name]  # skipped cases carry no properties
+    divide = [c for c in cases if "-divide_factor-" in c.name]
+    assert divide, [c.name for c in cases]
+    if all(c.outcome == "skipped" for c in divide):
+        assert all("Cannot use ReduceOp.PREMUL_SUM with Gloo" in c.message for c in divide), divide[0].message
+        assert not [c.name for c in cases if c.outcome == "failed"]
+    else:  # a backend with PREMUL_SUM (NCCL) catches it there
+        assert {c.properties.get("config") for c in cases if c.outcome == "failed"} >= \
+            MUST_CATCH_WITH_PREMUL_SUM["bad_premul_as_avg"]
+
+
+def test_default_group_is_caught_only_by_hsdp(zoo_run):
+    """On a 1-D mesh the shard group is the default group; only HSDP hands the comm a sub-group."""
+    cases = zoo_run.by_hook()["bad_default_group"]
+    assert {c.properties.get("config") for c in cases if c.outcome == "failed"} == {"hsdp"}
+    assert any(c.outcome == "passed" for c in cases)
+
+
+def test_stale_replay_is_caught_from_the_second_step(zoo_run):
+    case = next(c for c in zoo_run.by_hook()["bad_stale_replay"]
+                if c.outcome == "failed" and c.properties.get("config") == "default")
+    assert ", step 1, parameter '" in case.message and ", step 0" not in case.message, case.message[:2000]
+
+
+def test_wrong_allocation_dtype_is_named(zoo_run):
+    case = next(c for c in zoo_run.by_hook()["bad_fp32_alloc_bf16"] if c.outcome == "failed")
+    assert "dtype=bfloat16) returned shape" in case.message and "float32" in case.message, case.message[:2000]
+
+
+def test_failure_names_everything_needed_to_act(zoo_run):
+    """Hook, check, config, model, world size, rank, step, FQN, the op FSDP2 passed, ULP diff, re-run command."""
+    case = next(c for c in zoo_run.by_hook()["bad_rank0_noise"]
+                if c.properties.get("config") == "default" and c.properties.get("world_size") == "2")
+    msg = case.message
+    for needle in ("hook bad_rank0_noise does not conform", "check=fsdp2_parity", "config=default",
+                   "model=nested_wrapped", "world_size=2", "[rank 0, step 0, parameter '",
+                   "differs from native fully_shard", "FSDP2 called the comm with op=", "over a group of 2",
+                   "max ULP diff 1", "Re-run just this case:",
+                   "-k 'test_fsdp2_parity[bad_rank0_noise-default-nested_wrapped-ws2]'"):
+        assert needle in msg, f"{needle!r} missing from:\n{msg}"
+
+
+def test_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
+    case = next(c for c in zoo_run.by_hook()["bad_wrong_shard"]
+                if c.outcome == "failed" and c.properties.get("world_size") == "2")
+    line = next(ln.strip() for ln in case.message.splitlines() if ln.strip().startswith("conform "))
+    rerun = run_suite(shlex.split(line)[1:], str(tmp_path / "rerun.xml"))
+    assert rerun.returncode == 1, rerun.output[-3000:]
+    assert [c.name for c in rerun.cases] == [case.name]
+    assert rerun.cases[0].outcome == "failed"
+
+
+# -- the building blocks, without a pool ---------------------------------------------------------
+
+
+def test_divide_factors_follow_fsdp2():
+    """Which configs reduce with PREMUL_SUM, as _get_gradient_divide_factors decides."""
+    assert checks.uses_premul_sum("divide_factor", None)
+    assert checks.uses_premul_sum("divide_factor", torch.bfloat16)
+    assert not checks.uses_premul_sum("divide_factor", torch.float16)
+    assert not checks.uses_premul_sum("divide_factor_force_sum", None)
+    assert not checks.uses_premul_sum("default", None)
+    if checks.missing_api() is None:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import _get_gradient_divide_factors
+
+        class _Group:
+            def size(self):
+                return 2
+
+        pre, post, rs_op, _ = _get_gradient_divide_factors(_Group(), None, torch.float32, "cpu",
+                                                           checks.divide_factor(2), False)
+        assert (pre, post) == (None, None) and "PREMUL_SUM" in checks.op_name(rs_op)
+        pre, post, rs_op, _ = _get_gradient_divide_factors(_Group(), None, torch.float16, "cpu",
+                                                           checks.divide_factor(2), False)
+        assert (pre, post, checks.op_name(rs_op)) == (2, 2.0, "SUM")
+
+
+def test_op_names():
+    from torch.distributed import ReduceOp
+
+    assert checks.op_name(ReduceOp.AVG) == "AVG"
+    assert checks.op_name(ReduceOp.SUM) == "SUM"
+    assert checks.op_name(ReduceOp.PREMUL_SUM(0.25)) == "PREMUL_SUM(0.25)"
+
+
+def test_missing_api_names_the_method_and_torch_version():
+    why = checks.missing_api(["set_something_from_the_future"])
+    if checks.fsdp2_api() is None:
+        assert "fully_shard" in why
+    else:
+        assert "FSDPModule.set_something_from_the_future" in why
+    assert torch.__version__ in why
+
+
+@pytest.mark.parametrize("name", ["net_wrapped", "net_flat", "nested_wrapped", "always_wrap_nested",
+                                  "transformer_shared", "gradient_probe"])
+def test_fully_shard_units_mirror_the_fsdp1_units(name):
+    """The FSDP2 build shards the same submodules the FSDP1 build wraps (root included)."""
+    from models import get_model
+
+    cls = get_model(name)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = cls._construct(2)
+    units = checks._unit_modules(model)
+    assert len(units) + 1 == cls.fsdp_units
+    order = list(model.modules())
+    for i, unit in enumerate(units):  # innermost first: no unit contains a later one
+        assert all(not any(m is later for m in unit.modules()) for later in units[i + 1:]), name
+    assert all(any(u is m for m in order) for u in units)
+
+
+def test_plain_reduce_scatter_is_the_documented_example():
+    from conformance.builtin_fsdp2 import FSDP2_HOOKS, PlainReduceScatter
+
+    assert [s.name for s in FSDP2_HOOKS] == ["plain_reduce_scatter", "plain_reduce_scatter_bf16",
+                                             "plain_reduce_scatter_fp16"]
+    assert all(s.api == "fsdp2" and s.hook is PlainReduceScatter for s in FSDP2_HOOKS)
+    comm = PlainReduceScatter()
+    buf = comm.allocate((6,), dtype=torch.bfloat16, device=torch.device("cpu"))
+    assert buf.shape == (6,) and buf.dtype == torch.bfloat16
+    if checks.missing_api(["set_custom_reduce_scatter"]) is None:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+        assert isinstance(comm, ReduceScatter)

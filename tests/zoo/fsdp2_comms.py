@@ -1,0 +1,363 @@
+"""A zoo of FSDP2 custom reduce-scatter comms and all-reduce hooks: known-good and known-bad.
+
+The FSDP2 meta-test runs the suite's ``test_fsdp2_*`` checks over these. Each known-good
+spec must pass every case; each known-bad spec must be caught, and ``EXPECTED_CATCH`` says
+by which config and why no weaker one can.
+
+What "good" means is fixed by FSDP2 itself (``foreach_reduce`` and
+``_get_gradient_divide_factors`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``):
+FSDP2 allocates the flat buffers with ``comm.allocate(size, dtype=reduce_dtype, device=...)``,
+copies the (pre-divided, for float16) gradients in, and calls
+``comm(output_tensor=..., input_tensor=..., group=<shard group>, op=<op>)``, where ``op`` is
+``AVG`` (float32/bfloat16), ``PREMUL_SUM(1/factor)`` (float32/bfloat16 with a divide factor) or
+``SUM`` (float16, or forced SUM; FSDP2 divides itself). The sharded gradients FSDP2 hands the
+optimizer are views into the comm's output buffer.
+
+``NCCL_ONLY_BAD`` holds bad comms whose only failing path is ``PREMUL_SUM``, which gloo
+cannot run natively: on gloo the suite skips those cases and says why.
+
+Only ``torch`` and ``torch.distributed`` are imported at module level: the zoo is imported by
+the controller and by every rank process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from conformance.builtin_fsdp2 import PlainReduceScatter
+from conformance.spec import HookSpec
+
+__all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "NCCL_ONLY_BAD"]
+
+
+def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, *, op: Any, group: Any, async_op: bool = False):
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, op=op, group=group, async_op=async_op)
+
+
+class _Alloc:
+    """``allocate`` exactly as FSDP2's ``DefaultAllocMixin``: a fresh tensor per call."""
+
+    def allocate(self, size: Sequence[Any], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+# ---------------------------------------------------------------------------
+# Known-good comms
+# ---------------------------------------------------------------------------
+
+
+class AsyncWaitComm(_Alloc):
+    """Right: launches the reduce-scatter with ``async_op=True`` and waits before returning.
+
+    Realistic: comms that overlap their launch with bookkeeping are written this way; FSDP2
+    ignores the returned work and reads the output right away, so the wait is mandatory.
+    """
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
+                 async_op: bool = False) -> Optional[Any]:
+        work = _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=True)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+
+class CountingComm(_Alloc):
+    """Right: pass-through reduce-scatter that counts calls and bytes (a metrics wrapper).
+
+    Realistic: the most common reason to install a custom comm is instrumentation.
+    Built by a factory (the spec's ``hook`` is the class), so every model gets fresh counters.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.bytes = 0
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
+                 async_op: bool = False) -> Optional[Any]:
+        self.calls += 1
+        self.bytes += input_tensor.numel() * input_tensor.element_size()
+        return _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
+# ---------------------------------------------------------------------------
+# Known-bad comms
+# ---------------------------------------------------------------------------
+
+
+class AlwaysSumComm(_Alloc):
+    """Wrong: ignores ``op`` and always reduces with ``ReduceOp.SUM``.
+
+    Right only where FSDP2 itself passes SUM (float16, forced SUM); with the default
+    float32/bfloat16 ``AVG`` every gradient is ``world_size`` times too large. Realistic: SUM is
+    the collective's default, and a comm ported from FSDP1 (where hooks get no op) drops it.
+    """
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        return _reduce_scatter(output_tensor, input_tensor, op=ReduceOp.SUM, group=group, async_op=async_op)
+
+
+class SelfAveragingComm(_Alloc):
+    """Wrong: ignores ``op`` (and so the divide factor): SUM, then divides by the group size itself.
+
+    Equals the native ``AVG`` in full precision with no divide factor, but wherever FSDP2
+    passes ``SUM`` and divides itself (float16; ``set_force_sum_reduction_for_comms``; a
+    gradient divide factor with forced SUM) the gradients are divided twice. Realistic: the
+    textbook "average = sum / n", written to be portable to backends without ``AVG``.
+    """
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        _reduce_scatter(output_tensor, input_tensor, op=ReduceOp.SUM, group=group)
+        output_tensor.div_(group.size())
+        return None
+
+
+class PremulAsAvgComm(_Alloc):
+    """Wrong: maps ``PREMUL_SUM(1/factor)`` to ``AVG``, so ``set_gradient_divide_factor`` is ignored.
+
+    Passes ``SUM`` and ``AVG`` through, so it is wrong only on the ``PREMUL_SUM`` path: float32
+    or bfloat16 with a divide factor that is not the group size, which gloo cannot run.
+    Realistic: the workaround someone writes after ``Cannot use ReduceOp.PREMUL_SUM with Gloo``.
+    """
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        if getattr(op, "op", None) is not None and str(op.op).endswith("PREMUL_SUM"):
+            op = ReduceOp.AVG
+        return _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
+class WrongShardComm(_Alloc):
+    """Wrong: a hand-rolled reduce-scatter (all-reduce, then slice) that keeps chunk ``rank + 1``.
+
+    Realistic: an off-by-one in the chunk index (ranks counted from 1).
+    """
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        dist.all_reduce(input_tensor, op=op, group=group)
+        n = group.size()
+        output_tensor.copy_(input_tensor.view(n, -1)[(group.rank() + 1) % n])
+        return None
+
+
+class DefaultGroupComm(_Alloc):
+    """Wrong: captures the default process group at construction and ignores ``group``.
+
+    Right whenever the shard group is the whole world (1-D meshes); under HSDP the shard group
+    is a sub-group, and reduce-scattering over all ranks fails (FSDP2's buffers are sized for
+    the shard group). Realistic: ``self.group = dist.group.WORLD`` in ``__init__``.
+    """
+
+    def __init__(self) -> None:
+        self.group = dist.group.WORLD
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        return _reduce_scatter(output_tensor, input_tensor, op=op, group=self.group, async_op=async_op)
+
+
+class Float32AllocComm(PlainReduceScatter):
+    """Wrong dtype: ``allocate`` ignores ``dtype`` and always returns float32.
+
+    Under ``MixedPrecisionPolicy(reduce_dtype=bfloat16/float16)`` FSDP2 then copies the
+    gradients into float32 buffers, so they are never rounded to the reduce dtype and the
+    reduction runs in float32. Realistic: ``torch.empty(size, device=device)`` with the dtype
+    forgotten; invisible in full precision.
+    """
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, device=device)
+
+
+class Bf16WireComm(_Alloc):
+    """Wrong dtype: communicates in bfloat16 to save bandwidth while claiming full precision.
+
+    Realistic: gradient compression slipped into a "transport" comm.
+    """
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        low_in = input_tensor.to(torch.bfloat16)
+        low_out = torch.empty(output_tensor.shape, dtype=torch.bfloat16, device=output_tensor.device)
+        _reduce_scatter(low_out, low_in, op=op, group=group)
+        output_tensor.copy_(low_out)
+        return None
+
+
+class StagingBufferComm(PlainReduceScatter):
+    """Wrong: ``allocate`` hands out views of one persistent staging buffer.
+
+    Every allocation starts at offset 0, so the reduce-scatter input and output alias, and
+    FSDP2's sharded gradients (views into the output buffer) are overwritten by the next FSDP
+    module's reduction. Realistic: a "registered buffer" optimisation that assumes each buffer
+    is dead once the collective returns.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: Dict[Any, torch.Tensor] = {}
+
+    def allocate(self, size, *, dtype, device):
+        numel = 1
+        for s in size:
+            numel *= int(s)
+        key = (dtype, str(device))
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self.buffers[key] = buf
+        return buf[:numel].view(*size)
+
+
+class StaleReplayComm(PlainReduceScatter):
+    """Wrong: caches each reduced result by buffer size and replays it from the second step on.
+
+    Realistic: memoisation left in from benchmarking. Only a multi-step check sees it.
+    """
+
+    def __init__(self) -> None:
+        self.cache: Dict[Any, torch.Tensor] = {}
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        key = (input_tensor.numel(), output_tensor.numel(), input_tensor.dtype)
+        if key in self.cache:
+            output_tensor.copy_(self.cache[key])
+            return None
+        super().__call__(output_tensor, input_tensor, group, op)
+        self.cache[key] = output_tensor.detach().clone()
+        return None
+
+
+class Rank0NoiseComm(PlainReduceScatter):
+    """Wrong: after the native reduction, rank 0 moves every element one ULP towards +inf.
+
+    Realistic: rank-0-only post-processing (stats, a "fix-up") that perturbs the last bit.
+    """
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        super().__call__(output_tensor, input_tensor, group, op)
+        if group.rank() == 0:
+            output_tensor.copy_(torch.nextafter(output_tensor, torch.full_like(output_tensor, float("inf"))))
+        return None
+
+
+# ---------------------------------------------------------------------------
+# All-reduce hooks (native HSDP: called with the replicate-all-reduced gradient)
+# ---------------------------------------------------------------------------
+
+#: What ``observer_hook`` saw: (numel, dtype) per call; a realistic side channel.
+OBSERVED: List[Any] = []
+
+
+def observer_hook(tensor: torch.Tensor) -> None:
+    """Right: reads the reduced gradient (its norm, for monitoring) and changes nothing."""
+    OBSERVED.append((tensor.numel(), tensor.dtype, float(tensor.float().norm())))
+    del OBSERVED[:-64]
+
+
+def unit_scale_hook(tensor: torch.Tensor) -> None:
+    """Right: an in-place gradient scaling hook configured with scale 1.0 (exact)."""
+    tensor.mul_(1.0)
+
+
+def world_average_hook(tensor: torch.Tensor) -> None:
+    """Wrong: all-reduces (AVG) over the default group, averaging different shards together.
+
+    Realistic: the user believes the hook must do the data-parallel all-reduce and reaches for
+    the default group instead of the replicate group.
+    """
+    dist.all_reduce(tensor, op=ReduceOp.AVG)
+
+
+def replica_divide_hook(tensor: torch.Tensor) -> None:
+    """Wrong: divides by the replicate size, which native HSDP has already averaged over.
+
+    Realistic: a hook written for the 1-D "FSDP + my own replica all-reduce with SUM" setup and
+    reused unchanged under native HSDP.
+    """
+    tensor.div_(2)
+
+
+# ---------------------------------------------------------------------------
+# Specs
+# ---------------------------------------------------------------------------
+
+KNOWN_GOOD: List[HookSpec] = [
+    HookSpec(name="good_plain_instance", api="fsdp2", hook=PlainReduceScatter(),
+             description="PlainReduceScatter, as an instance shared by every model"),
+    HookSpec(name="good_async_wait", api="fsdp2", hook=AsyncWaitComm,
+             description="async_op=True reduce-scatter, waited on before returning"),
+    HookSpec(name="good_counting_bf16", api="fsdp2", hook=CountingComm, reduce_dtype=torch.bfloat16,
+             description="pass-through with call/byte counters, under reduce_dtype=bfloat16"),
+    HookSpec(name="good_counting_fp16", api="fsdp2", hook=CountingComm, reduce_dtype=torch.float16,
+             description="pass-through with call/byte counters, under reduce_dtype=float16"),
+    HookSpec(name="good_observer_hook", api="fsdp2_all_reduce", hook=observer_hook,
+             description="all-reduce hook that only reads the gradient"),
+    HookSpec(name="good_unit_scale_hook", api="fsdp2_all_reduce", hook=unit_scale_hook,
+             description="all-reduce hook scaling in place by 1.0"),
+]
+
+KNOWN_BAD: List[HookSpec] = [
+    HookSpec(name="bad_always_sum", api="fsdp2", hook=AlwaysSumComm,
+             description="ignores op: always SUM"),
+    HookSpec(name="bad_self_average", api="fsdp2", hook=SelfAveragingComm,
+             description="ignores op and the divide factor: SUM, then / group size"),
+    HookSpec(name="bad_self_average_fp16", api="fsdp2", hook=SelfAveragingComm, reduce_dtype=torch.float16,
+             description="SUM, then / group size, under reduce_dtype=float16 (FSDP2 divides too)"),
+    HookSpec(name="bad_wrong_shard", api="fsdp2", hook=WrongShardComm,
+             description="all-reduce + slice, keeps the chunk of rank + 1"),
+    HookSpec(name="bad_default_group", api="fsdp2", hook=DefaultGroupComm,
+             description="reduce-scatters over the default group, ignoring group"),
+    HookSpec(name="bad_fp32_alloc_bf16", api="fsdp2", hook=Float32AllocComm, reduce_dtype=torch.bfloat16,
+             description="allocate ignores dtype (float32 buffers) under reduce_dtype=bfloat16"),
+    HookSpec(name="bad_bf16_wire", api="fsdp2", hook=Bf16WireComm,
+             description="communicates in bfloat16 while claiming full precision"),
+    HookSpec(name="bad_staging_buffer", api="fsdp2", hook=StagingBufferComm,
+             description="allocate returns views of one persistent buffer (input/output alias)"),
+    HookSpec(name="bad_stale_replay", api="fsdp2", hook=StaleReplayComm,
+             description="replays the first step's reduced shards from step 2 on"),
+    HookSpec(name="bad_rank0_noise", api="fsdp2", hook=Rank0NoiseComm,
+             description="native reduce-scatter, then +1 ULP on rank 0"),
+    HookSpec(name="bad_world_average_hook", api="fsdp2_all_reduce", hook=world_average_hook,
+             description="all-reduce hook averaging over the default group"),
+    HookSpec(name="bad_replica_divide_hook", api="fsdp2_all_reduce", hook=replica_divide_hook,
+             description="all-reduce hook dividing by the replicate size again"),
+]
+
+#: Bad comms only a backend with ReduceOp.PREMUL_SUM (NCCL) can catch.
+NCCL_ONLY_BAD: List[HookSpec] = [
+    HookSpec(name="bad_premul_as_avg", api="fsdp2", hook=PremulAsAvgComm,
+             description="maps PREMUL_SUM(1/factor) to AVG: ignores set_gradient_divide_factor"),
+]
+
+ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD + NCCL_ONLY_BAD
+
+#: For each known-bad spec, the config that must catch it and why.
+EXPECTED_CATCH: Dict[str, str] = {
+    "bad_always_sum": "default: FSDP2 passes AVG in float32, SUM makes every gradient ws times too large",
+    "bad_self_average": (
+        "force_sum and divide_factor_force_sum: FSDP2 passes SUM and post-divides, so the comm's own "
+        "division is a second one; under the default AVG it may match (gloo's AVG is SUM then divide)"
+    ),
+    "bad_self_average_fp16": "default: float16 always reduces with SUM and FSDP2 divides before and after",
+    "bad_wrong_shard": "default: every rank's gradient shard holds its neighbour's values",
+    "bad_default_group": (
+        "hsdp only: on 1-D meshes the shard group is the default group; under HSDP reduce-scattering "
+        "over all 4 ranks into a 2-rank-sized buffer raises"
+    ),
+    "bad_fp32_alloc_bf16": (
+        "default: the gradients are reduced in float32 instead of bfloat16 (and the allocation check "
+        "names the float32 buffer); in full precision the same comm is right"
+    ),
+    "bad_bf16_wire": "default: gradients are rounded to bfloat16 on the wire",
+    "bad_staging_buffer": "default: input and output alias and later modules overwrite earlier gradients",
+    "bad_stale_replay": "default, from step 2: step 1 is native, later steps replay it",
+    "bad_rank0_noise": "default: rank 0's shards are one ULP above native",
+    "bad_world_average_hook": "hsdp all-reduce hook: averaging across shard ranks mixes different shards",
+    "bad_replica_divide_hook": "hsdp all-reduce hook: gradients are half the native value",
+    "bad_premul_as_avg": (
+        "divide_factor on NCCL: FSDP2 passes PREMUL_SUM(1/factor) and the comm averages instead; "
+        "gloo has no PREMUL_SUM, so those cases are skipped there with the reason"
+    ),
+}

@@ -18,7 +18,7 @@ __all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
 #: Seconds a case may run before it is declared hung.
 DEFAULT_CASE_TIMEOUT_S = 60.0
 #: Generated hard-input examples per case (on top of the named explicit ones).
-DEFAULT_HYPOTHESIS_EXAMPLES = 6
+DEFAULT_HYPOTHESIS_EXAMPLES = 3
 
 
 class SettingsError(ValueError):
@@ -42,7 +42,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--backend", "CONFORM_BACKEND", "process group backend: gloo or nccl (default: nccl with CUDA, else gloo)", "conform_backend"),
     Option("--device", "CONFORM_DEVICE", "device of each rank: cpu or cuda (default: cuda if available)", "conform_device"),
     Option("--case-timeout", "CONFORM_CASE_TIMEOUT", "seconds before a case is declared hung (default: 60)", "conform_case_timeout"),
-    Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", "generated hard-input examples per case (default: 6)", "conform_hypothesis_examples"),
+    Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", "generated hard-input examples per case (default: 3)", "conform_hypothesis_examples"),
     Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
 )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.settings import OPTIONS, Settings, SettingsError, resolve
+from conformance.settings import DEFAULT_HYPOTHESIS_EXAMPLES, OPTIONS, Settings, SettingsError, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 DESTS = {o.dest for o in OPTIONS}
@@ -70,7 +70,7 @@ def test_four_gpu_machine_defaults_to_nccl_one_rank_per_gpu():
 def test_other_defaults():
     s = settings()
     assert s.case_timeout_s == 60.0
-    assert s.hypothesis_examples == 6
+    assert s.hypothesis_examples == DEFAULT_HYPOTHESIS_EXAMPLES
     assert s.hooks == ()
     assert s.builtins and s.entry_points
     (known,) = s.known_failures
@@ -85,7 +85,7 @@ def test_other_defaults():
     ("conform_world_size", "CONFORM_WORLD_SIZE", "world_size", "5", "4", 2, int),
     ("conform_extra_world_size", "CONFORM_EXTRA_WORLD_SIZE", "extra_world_size", "7", "6", 3, int),
     ("conform_case_timeout", "CONFORM_CASE_TIMEOUT", "case_timeout_s", "12.5", "30", 60.0, float),
-    ("conform_hypothesis_examples", "CONFORM_HYPOTHESIS_EXAMPLES", "hypothesis_examples", "9", "1", 6, int),
+    ("conform_hypothesis_examples", "CONFORM_HYPOTHESIS_EXAMPLES", "hypothesis_examples", "9", "1", DEFAULT_HYPOTHESIS_EXAMPLES, int),
 ])
 def test_command_line_beats_environment_beats_default(dest, env_name, attr, cli_value, env_value, default, parsed):
     assert getattr(settings(cli={dest: cli_value}, env={env_name: env_value}), attr) == parsed(cli_value)

@@ -10,6 +10,8 @@ The file is TOML, one ``[[failure]]`` table per entry::
     device = "cpu"                              # optional conditions: backend, device,
     backend = "gloo"                            # torch (a PEP 440 specifier, e.g. ">=2.13")
     torch = ">=2.13"
+    run = false                                 # optional: do not even run it (it deadlocks
+                                                # or kills a rank); reported as XFAIL unrun
 
 A matching test is reported as an expected failure with its reason and does
 not fail the run; if it passes, it is flagged. An entry that applies to this
@@ -33,7 +35,7 @@ from packaging.version import Version
 
 __all__ = ["KnownFailure", "KnownFailureBook", "KnownFailuresError", "RunEnvironment", "load_known_failures"]
 
-_KEYS = {"test", "reason", "hook", "backend", "device", "torch"}
+_KEYS = {"test", "reason", "hook", "backend", "device", "torch", "run"}
 
 
 class KnownFailuresError(ValueError):
@@ -58,6 +60,8 @@ class KnownFailure:
             ``*`` matches any run of characters, everything else is literal.
         reason: why it fails, shown in the report.
         source: ``file#index`` of the entry, for messages.
+        run: ``False`` for a case that deadlocks or kills a rank: it is reported
+            as an expected failure without being run (pytest's ``xfail(run=False)``).
     """
 
     test: Tuple[str, ...]
@@ -67,6 +71,7 @@ class KnownFailure:
     backend: Optional[str] = None
     device: Optional[str] = None
     torch: Optional[str] = None
+    run: bool = True
 
     def __post_init__(self) -> None:
         tests = (self.test,) if isinstance(self.test, str) else tuple(self.test)
@@ -121,6 +126,8 @@ def load_known_failures(path: str) -> List[KnownFailure]:
         where = f"{path}#failure[{i}]"
         if not isinstance(raw, dict):
             raise KnownFailuresError(f"{where}: each entry must be a table; write it as [[failure]] with keys")
+        if "run" in raw and not isinstance(raw["run"], bool):
+            raise KnownFailuresError(f"{where}: run = {raw['run']!r} must be true or false")
         for key in ("hook", "backend", "device", "torch"):
             if key in raw and not isinstance(raw[key], str):
                 raise KnownFailuresError(f"{where}: {key} = {raw[key]!r} must be a string (quote it, "

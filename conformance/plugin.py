@@ -131,7 +131,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for item in suite_items:
         entry = state.book.lookup(item.name)
         if entry is not None:
-            item.add_marker(pytest.mark.xfail(reason=f"known failure ({entry.source}): {entry.reason}", strict=False))
+            prefix = "known failure, not run" if not entry.run else "known failure"
+            item.add_marker(pytest.mark.xfail(reason=f"{prefix} ({entry.source}): {entry.reason}", strict=False,
+                                              run=entry.run))
     hooks = [s.spec.name for s in state.specs]
     for entry in state.book.unused(hooks):
         warnings.warn(pytest.PytestWarning(

@@ -1,0 +1,765 @@
+"""Rank-side checks for ``api="ddp"``: ``DistributedDataParallel.register_comm_hook(state, hook)``.
+
+DDP calls ``hook(state, bucket)`` once per gradient bucket of a synchronising
+backward; the hook returns a ``torch.futures.Future`` whose value is the
+bucket's new contents, which DDP copies back into the parameters' gradients.
+Every check wraps DDP around a freshly built reference model (plain module,
+same seed on every rank) in the pool's process group, trains it with
+rank-dependent inputs for a few SGD steps and returns findings.
+
+The reference for each claim:
+
+* full precision (``reduce_dtype=None``): the same DDP model with no hook
+  (``Reducer``: copy the gradient into the bucket divided by the world size,
+  SUM all-reduce);
+* ``reduce_dtype=float16`` / ``bfloat16``: the same DDP model with
+  ``fp16_compress_wrapper(allreduce_hook)`` / ``bf16_compress_wrapper(allreduce_hook)``
+  registered, which PyTorch documents as equal to ``fp16_compress_hook`` /
+  ``bf16_compress_hook`` (``ddp_comm_hooks/default_hooks.py``);
+* a lossy hook (``HookSpec(lossy=LossyContract(...))``): the exact mean over
+  ranks of the same local gradients, computed in float64; the hook is held to
+  the promises of its contract instead of bit-for-bit equality.
+
+Training configurations (``config``, see :data:`CONFIGS`): ``default``,
+``small_buckets`` (a bucket cap that forces several buckets), ``bucket_view``
+(``gradient_as_bucket_view=True``), ``static_graph``, ``find_unused``
+(``find_unused_parameters=True`` on a model that leaves parameters unused) and
+``no_sync`` (gradient accumulation under ``no_sync()`` before a synchronising
+step).
+
+Checks (each registered with :func:`conformance.checks.rank_check`):
+
+* ``ddp.averaging``: analytic ``Linear(1, world_size)``, input = rank; every
+  gradient element must equal ``mean(0..world_size-1)`` exactly (or, for a
+  reduced-precision claim, the documented equivalent's result);
+* ``ddp.parity``: gradients and parameters bitwise equal to the reference
+  after every step, per parameter FQN;
+* ``ddp.rank_grads``: the hooked model's gradients per step, returned for a
+  cross-rank comparison on the controller;
+* ``ddp.future_contract``: DDP accepts the bare hook, and every future's value
+  is a tensor with the bucket buffer's shape, dtype and device;
+* ``ddp.lossy_error``: per step and parameter, the relative error against the
+  exact mean (the observed maximum is returned as a figure), the declared
+  bound, and no NaN/Inf where the exact mean has none;
+* ``ddp.lossy_loss``: the training loss after ``loss_steps`` steps is within
+  the declared margin of the no-hook run;
+* ``ddp.lossy_determinism``: two runs from the same seed give bitwise
+  identical gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from conformance.checks import rank_check
+from conformance.compare import compare_bitwise
+from conformance.protocol import Finding
+
+#: ``bucket_cap_mb`` of the ``small_buckets`` config: 512 bytes, so every
+#: reference model spreads over several buckets once DDP rebuilds its buckets
+#: after the first iteration (the first iteration always uses one bucket).
+SMALL_BUCKET_CAP_MB = 512 / (1024 * 1024)
+#: Backward passes per step in the ``no_sync`` config: all but the last run
+#: under ``no_sync()`` (no hook call), the last one synchronises.
+NO_SYNC_MICRO_STEPS = 3
+
+#: Training configurations: DDP constructor keyword arguments.
+CONFIGS: Dict[str, Dict[str, Any]] = {
+    "default": {},
+    "small_buckets": {"bucket_cap_mb": SMALL_BUCKET_CAP_MB},
+    "bucket_view": {"gradient_as_bucket_view": True},
+    "static_graph": {"static_graph": True},
+    "find_unused": {"find_unused_parameters": True},
+    "no_sync": {},
+}
+
+#: Shown under a failed exactness check of a hook that declares no lossy contract.
+DECLARE_LOSSY_HINT = (
+    "If this hook is lossy by design (compression, quantization, low-rank), declare what it promises "
+    "instead of exactness: HookSpec(..., lossy=LossyContract(rel_error_bound=..., loss_margin=...)); "
+    "the suite then checks rank consistency, shape/dtype/device, no NaN/Inf introduced, the declared "
+    "error bound and the training-loss margin instead of bitwise parity"
+)
+
+
+def _ddp_class():
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel
+
+
+def _fmt_dtype(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}, {_fmt_dtype(value.dtype)}, on {value.device}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_describe_value(v) for v in list(value)[:2])
+        more = ", ..." if len(value) > 2 else ""
+        return f"a {type(value).__name__} of {len(value)} ({inner}{more})"
+    if value is None:
+        return "None"
+    return f"a {type(value).__name__} ({value!r:.60})"
+
+
+def _short_error(exc: BaseException) -> str:
+    """The innermost message of an exception that crossed DDP's C++ reducer and future callbacks."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    marker = "Got the following error when running the callback: "
+    while marker in first:
+        first = first.split(marker, 1)[1]
+    if "tensor(" in first:  # DDP quotes the whole value it could not use
+        first = first[:first.index("tensor(")] + "tensor(...)"
+    return first[:300]
+
+
+# -- building ------------------------------------------------------------------------
+
+def build_ddp(model_name: str, ctx: Any, config: str) -> nn.Module:
+    """``DistributedDataParallel`` around a freshly built ``model_name`` under ``config``."""
+    from models import get_model
+
+    if config not in CONFIGS:
+        raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(CONFIGS)}")
+    module = get_model(model_name).build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
+    device_ids = [ctx.device] if ctx.device.type == "cuda" else None
+    return _ddp_class()(module, device_ids=device_ids, process_group=ctx.group, **CONFIGS[config])
+
+
+def _identity_state(process_group: Any) -> Any:
+    return process_group
+
+
+class _CastAllreduce:
+    """Cast the bucket to ``dtype``, ``allreduce_hook``, cast back: the ``*_compress_wrapper`` shape.
+
+    Only for reduce dtypes PyTorch has no wrapper for (float32 / float64
+    claims on parameters of another dtype).
+    """
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.__qualname__ = f"cast_allreduce_{_fmt_dtype(dtype)}"
+
+    def __call__(self, state: Any, bucket: Any) -> Any:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        out = bucket.buffer()
+        bucket.set_buffer(out.to(self.dtype))
+        fut = allreduce_hook(state, bucket)
+        return fut.then(lambda f: out.copy_(f.value()))
+
+
+def reference_hook(reduce_dtype: Optional[torch.dtype], param_dtype: torch.dtype
+                   ) -> Optional[Tuple[Callable[[Any], Any], Any]]:
+    """``(state_factory, hook)`` of the reference for a claim; ``None`` = DDP with no hook.
+
+    ``fp16_compress_wrapper(allreduce_hook)`` / ``bf16_compress_wrapper(allreduce_hook)``
+    for float16 / bfloat16, which PyTorch's docstrings state equal
+    ``fp16_compress_hook`` / ``bf16_compress_hook``; ``allreduce_hook``'s
+    state is the process group.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if reduce_dtype is None or reduce_dtype == param_dtype:
+        return None
+    if reduce_dtype == torch.float16:
+        return _identity_state, default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)
+    if reduce_dtype == torch.bfloat16:
+        return _identity_state, default_hooks.bf16_compress_wrapper(default_hooks.allreduce_hook)
+    return _identity_state, _CastAllreduce(reduce_dtype)
+
+
+def build_reference(spec: Any, model_name: str, ctx: Any, config: str) -> nn.Module:
+    model = build_ddp(model_name, ctx, config)
+    ref = reference_hook(spec.reduce_dtype, next(model.parameters()).dtype)
+    if ref is not None:
+        state_factory, hook = ref
+        model.register_comm_hook(state_factory(ctx.group), hook)
+    return model
+
+
+class DDPHookRecorder:
+    """Calls the hook under test for DDP and checks the future it returns.
+
+    The contract (``DistributedDataParallel.register_comm_hook``): the hook
+    returns a ``torch.futures.Future`` whose value is one tensor with the shape,
+    dtype and device of ``bucket.buffer()`` as DDP handed it to the hook. DDP
+    itself copies whatever it gets into the gradients, converting dtypes
+    silently, and fails deep inside its reducer on a wrong shape or a value
+    that is not a tensor; the recorder writes a :class:`Finding` first, so a
+    check can report that instead of the reducer's error.
+
+    Attributes:
+        step: the training step, set by the check before each backward.
+        calls: ``(step, bucket index)`` per hook call.
+        findings: contract violations seen so far.
+        fatal: the hook returned something that is not a Future. DDP would
+            crash the process on it (SIGSEGV with torch 2.13), so the recorder
+            hands DDP a completed Future holding the untouched bucket instead,
+            and the check stops with the finding.
+    """
+
+    def __init__(self, hook: Any, rank: int, names: Dict[int, str]):
+        self.hook = hook
+        self.rank = rank
+        self.names = names
+        self.step = 0
+        self.calls: List[Tuple[int, int]] = []
+        self.findings: List[Finding] = []
+        self.fatal = False
+        # DDP's register_comm_hook reads hook.__qualname__ (for its logger) and hook.__name__ (it refuses
+        # the bf16 hooks by name where NCCL is missing): answer as the hook would, so DDP treats the
+        # recorder as it treats the hook. Whether DDP accepts the bare hook is checked on its own.
+        self.__qualname__ = getattr(hook, "__qualname__", type(hook).__qualname__)
+        self.__name__ = getattr(hook, "__name__", type(hook).__name__)
+
+    def _bucket_text(self, bucket: Any, index: int) -> str:
+        try:
+            params = [self.names.get(id(p), "?") for p in bucket.parameters()]
+        except Exception:  # noqa: BLE001 - older GradBucket without parameters()
+            params = []
+        shown = ", ".join(params[:3]) + (f", ... ({len(params)} parameters)" if len(params) > 3 else "")
+        return f"bucket {index}" + (f" [{shown}]" if shown else "")
+
+    def _note(self, message: str) -> None:
+        if len(self.findings) < 20:
+            self.findings.append(Finding(self.rank, message, step=self.step))
+
+    # No annotations: DDP's _check_comm_hook compares them with dist.GradBucket, and under
+    # ``from __future__ import annotations`` they would be strings.
+    def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
+        buffer = bucket.buffer()
+        index = bucket.index()
+        shape, dtype, device = tuple(buffer.shape), buffer.dtype, buffer.device
+        where = self._bucket_text(bucket, index)
+        self.calls.append((self.step, index))
+        fut = self.hook(state, bucket)
+        if not isinstance(fut, torch._C.Future):
+            # Handing DDP anything but a Future kills the process (SIGSEGV with torch 2.13), and the
+            # finding with it: give DDP the untouched bucket instead and report the violation.
+            self.fatal = True
+            self._note(f"{where}: the hook returned {_describe_value(fut)}, not a torch.futures.Future; DDP needs "
+                       "a Future whose value is the bucket's new contents (e.g. "
+                       "dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])), and "
+                       "crashes the process without one")
+            substitute: Any = torch.futures.Future()
+            substitute.set_result(buffer)
+            return substitute
+
+        def check(f: Any) -> Any:
+            value = f.value()
+            if not isinstance(value, torch.Tensor):
+                hint = ""
+                if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+                    hint = ("; a collective's get_future() holds a list of tensors: take its first element "
+                            "(.then(lambda f: f.value()[0]))")
+                self._note(f"{where}: the hook's future holds {_describe_value(value)}, but DDP needs one tensor "
+                           f"of shape {shape}, {_fmt_dtype(dtype)}, on {device}{hint}")
+                return value
+            bad = []
+            if tuple(value.shape) != shape:
+                bad.append(f"shape {tuple(value.shape)} instead of {shape}")
+            if value.dtype != dtype:
+                bad.append(f"dtype {_fmt_dtype(value.dtype)} instead of {_fmt_dtype(dtype)}")
+            if value.device != device:
+                bad.append(f"device {value.device} instead of {device}")
+            if bad:
+                self._note(f"{where}: the hook's future holds a tensor with {' and '.join(bad)}: its value must "
+                           "keep the bucket buffer's shape, dtype and device (DDP converts a wrong dtype "
+                           "silently and fails inside its reducer on a wrong shape)")
+            return value
+
+        return fut.then(check)
+
+
+def _names(model: nn.Module) -> Dict[int, str]:
+    return {id(p): clean_fqn(n) for n, p in model.named_parameters()}
+
+
+def clean_fqn(name: str) -> str:
+    """The parameter's FQN in the unwrapped model (DDP's ``module.`` prefix removed)."""
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def build_hooked(spec: Any, model_name: str, ctx: Any, config: str) -> Tuple[nn.Module, DDPHookRecorder]:
+    model = build_ddp(model_name, ctx, config)
+    recorder = DDPHookRecorder(spec.hook, ctx.rank, _names(model))
+    model.register_comm_hook(spec.state(ctx.group), recorder)
+    return model, recorder
+
+
+# -- training -------------------------------------------------------------------------
+
+def micro_inputs(model_cls: Any, ctx: Any, config: str) -> List[Tuple[torch.Tensor, ...]]:
+    """Inputs of each backward pass of one step: one, or :data:`NO_SYNC_MICRO_STEPS` for ``no_sync``.
+
+    Every micro-step's input is rank-dependent and distinct
+    (``make_input(rank + k * world_size)``).
+    """
+    count = NO_SYNC_MICRO_STEPS if config == "no_sync" else 1
+    return [model_cls.make_input(ctx.rank + k * ctx.world_size, ctx.world_size, ctx.device) for k in range(count)]
+
+
+def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+               inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any) -> None:
+    """Zero the gradients, then forward/backward every micro-step; all but the last under ``no_sync()``."""
+    optim.zero_grad(set_to_none=True)
+    for k, micro in enumerate(inputs):
+        last = k == len(inputs) - 1
+        ctx.phase(f"step {step}: forward/backward of the {label} model"
+                  + ("" if len(inputs) == 1 else f" (micro-step {k}{'' if last else ', no_sync'})"))
+        if last:
+            loss_fn(micro, model(*micro)).backward()
+        else:
+            with model.no_sync():
+                loss_fn(micro, model(*micro)).backward()
+
+
+def _grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+    return {clean_fqn(n): (None if p.grad is None else p.grad.detach()) for n, p in model.named_parameters()}
+
+
+def _params(model: nn.Module) -> Dict[str, torch.Tensor]:
+    return {clean_fqn(n): p.detach() for n, p in model.named_parameters()}
+
+
+def _compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: int,
+                   against: str) -> List[Finding]:
+    findings: List[Finding] = []
+    for fqn, exp in expected.items():
+        act = actual.get(fqn)
+        if exp is None and act is None:
+            continue
+        if exp is None or act is None:
+            findings.append(Finding(rank, f"{what} is {'None' if act is None else 'set'} with the hook but "
+                                          f"{'None' if exp is None else 'set'} on {against}", step=step, fqn=fqn))
+            continue
+        mismatch = compare_bitwise(act, exp)
+        if mismatch is not None:
+            findings.append(Finding(rank, f"{what} differs from {against}", step=step, fqn=fqn, mismatch=mismatch))
+    return findings
+
+
+def reference_name(spec: Any) -> str:
+    """What the hook is compared against, for messages."""
+    if spec.reduce_dtype is None:
+        return "DDP with no hook"
+    if spec.reduce_dtype == torch.float16:
+        return "the documented equivalent, fp16_compress_wrapper(allreduce_hook)"
+    if spec.reduce_dtype == torch.bfloat16:
+        return "the documented equivalent, bf16_compress_wrapper(allreduce_hook)"
+    return f"allreduce_hook in {_fmt_dtype(spec.reduce_dtype)}"
+
+
+def hooked_step(ctx: Any, recorder: DDPHookRecorder, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
+    """Run one training step of the hooked model; the contract findings if the hook broke DDP's contract
+    in a way that makes the step meaningless, else ``None``.
+
+    A DDP failure after a recorded contract violation (a list, a wrong shape)
+    becomes that violation plus one line with DDP's own error; a failure with
+    no violation recorded (the hook itself raised) propagates unchanged.
+    """
+    recorder.step = step
+    try:
+        run()
+    except Exception as exc:  # noqa: BLE001
+        if not recorder.findings:
+            raise
+        return list(recorder.findings) + [Finding(
+            ctx.rank, f"DDP then failed while using the hook's result: {_short_error(exc)}", step=step)]
+    if recorder.fatal:
+        return list(recorder.findings)
+    return None
+
+
+def _hook_called(ctx: Any, recorder: DDPHookRecorder, step: int) -> List[Finding]:
+    if any(s == step for s, _ in recorder.calls):
+        return []
+    return [Finding(ctx.rank, "DDP never called the hook in this synchronising step", step=step)]
+
+
+# -- checks -----------------------------------------------------------------------------
+
+@rank_check("ddp.averaging")
+def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[Finding]:
+    """Seed ``test_default_communication_hook_behavior`` under DDP: grads equal mean(0..world_size-1).
+
+    For a reduced-precision claim the expected value is what the documented
+    equivalent computes on the same model. A hook whose result equals each
+    rank's own local gradient on every rank is reported as never communicating.
+    """
+    from models import get_model
+
+    model_cls = get_model("analytic_linear")
+    ctx.phase("building the hooked analytic model")
+    model, recorder = build_hooked(spec, "analytic_linear", ctx, "default")
+    optim = torch.optim.SGD(model.parameters(), lr=lr)
+    ref = ref_optim = None
+    if reference_hook(spec.reduce_dtype, next(model.parameters()).dtype) is not None:
+        ctx.phase("building the reference analytic model")
+        ref = build_reference(spec, "analytic_linear", ctx, "default")
+        ref_optim = torch.optim.SGD(ref.parameters(), lr=lr)
+    inputs = [model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)]
+    mean = sum(range(ctx.world_size)) / ctx.world_size
+    for step in range(steps):
+        broken = hooked_step(ctx, recorder, step,
+                             lambda: train_step(ctx, "hooked", step, model, optim, inputs, model_cls.loss))
+        if broken:
+            return broken
+        expected: Dict[str, Any] = {}
+        if ref is not None:
+            train_step(ctx, "reference", step, ref, ref_optim, inputs, model_cls.loss)
+            expected = _grads(ref)
+        findings: List[Finding] = []
+        kept_local = True
+        for fqn, grad in _grads(model).items():
+            if grad is None:
+                findings.append(Finding(ctx.rank, "gradient is None after backward", step=step, fqn=fqn))
+                kept_local = False
+                continue
+            local = torch.full_like(grad, float(ctx.rank))
+            kept_local = kept_local and compare_bitwise(grad, local) is None
+            if ref is None:
+                want, what = torch.full_like(grad, mean), f"mean(0..{ctx.world_size - 1}) = {mean!r}"
+            else:
+                want = expected[fqn]
+                what = f"the {_fmt_dtype(spec.reduce_dtype)} average as {reference_name(spec)} computes it"
+            mismatch = compare_bitwise(grad, want)
+            if mismatch is not None:
+                findings.append(Finding(ctx.rank, f"gradient is not the average over ranks, {what}", step=step,
+                                        fqn=fqn, mismatch=mismatch))
+        # Every rank kept exactly its own gradient (rank r holds r): nothing was exchanged.
+        if ctx.world_size > 1 and not ctx.any_rank(not kept_local):
+            return [Finding(ctx.rank, f"the hook never communicates: after the hook every rank still holds its own "
+                                      f"local gradient (rank {ctx.rank} holds {float(ctx.rank)!r} everywhere) "
+                                      f"instead of the average over ranks, {mean!r}; ranks train apart",
+                            step=step)]
+        if ctx.any_rank(bool(findings)):
+            return findings
+        optim.step()
+        if ref_optim is not None:
+            ref_optim.step()
+    return []
+
+
+@rank_check("ddp.parity")
+def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: float = 0.01) -> List[Finding]:
+    """Gradients and parameters bitwise equal to the reference DDP model after every step."""
+    from models import get_model
+
+    model_cls = get_model(model)
+    ctx.phase("building the reference DDP model")
+    ref = build_reference(spec, model, ctx, config)
+    ctx.phase("building the hooked DDP model")
+    hooked, recorder = build_hooked(spec, model, ctx, config)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
+    opt_hooked = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
+    inputs = micro_inputs(model_cls, ctx, config)
+    against = reference_name(spec)
+    for step in range(steps):
+        train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
+        broken = hooked_step(ctx, recorder, step,
+                             lambda: train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss))
+        if broken:
+            return broken
+        findings = _hook_called(ctx, recorder, step)
+        findings += _compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step,
+                                   against=against)
+        if ctx.any_rank(bool(findings)):
+            return findings
+        ctx.phase(f"step {step}: optimizer step")
+        opt_ref.step()
+        opt_hooked.step()
+        findings = _compare_named("parameter after the optimizer step", _params(hooked), _params(ref),
+                                  rank=ctx.rank, step=step, against=against)
+        if ctx.any_rank(bool(findings)):
+            return findings
+    return []
+
+
+@rank_check("ddp.rank_grads")
+def rank_grads(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
+               lr: float = 0.01) -> Dict[str, Any]:
+    """The hooked model's gradients after each step, on CPU, for a cross-rank comparison.
+
+    Returns ``{"grads": [{fqn: tensor or None} per step], "findings": [...]}``;
+    findings are contract violations that stopped the training.
+    """
+    from models import get_model
+
+    model_cls = get_model(model)
+    ctx.phase("building the hooked DDP model")
+    hooked, recorder = build_hooked(spec, model, ctx, config)
+    optim = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
+    inputs = micro_inputs(model_cls, ctx, config)
+    per_step = []
+    for step in range(steps):
+        broken = hooked_step(ctx, recorder, step,
+                             lambda: train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss))
+        if broken:
+            return {"grads": per_step, "findings": broken}
+        per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in _grads(hooked).items()})
+        optim.step()
+    return {"grads": per_step, "findings": []}
+
+
+def _bare_registration(ctx: Any, spec: Any) -> List[Finding]:
+    """DDP must accept the hook itself: ``register_comm_hook`` inspects its signature and name."""
+    model = build_ddp("analytic_linear", ctx, "default")
+    try:
+        model.register_comm_hook(spec.state(ctx.group), spec.hook)
+    except Exception as exc:  # noqa: BLE001
+        text = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, KeyError) and "bucket" in str(exc):
+            hint = ("DDP looks the second parameter up by name: call it 'bucket', as in "
+                    "hook(state, bucket: dist.GradBucket)")
+        elif isinstance(exc, AttributeError) and ("__qualname__" in str(exc) or "__name__" in str(exc)):
+            hint = ("DDP reads hook.__name__ and hook.__qualname__, which instances of a class do not have: "
+                    "set them, e.g. self.__name__ = self.__qualname__ = type(self).__qualname__ in __init__")
+        else:
+            hint = "see DistributedDataParallel.register_comm_hook for what it accepts"
+        return [Finding(ctx.rank, f"DistributedDataParallel.register_comm_hook rejects the hook: {text}; {hint}")]
+    return []
+
+
+@rank_check("ddp.future_contract")
+def future_contract(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
+                    lr: float = 0.01) -> List[Finding]:
+    """DDP accepts the bare hook; each future holds one tensor like the bucket buffer; every step calls it.
+
+    In the ``small_buckets`` config the model must span several buckets from
+    the second step on (else the config tests nothing and the check raises).
+    """
+    from models import get_model
+
+    ctx.phase("registering the bare hook on a DDP model")
+    findings = _bare_registration(ctx, spec)
+    model_cls = get_model(model)
+    ctx.phase("building the hooked DDP model")
+    hooked, recorder = build_hooked(spec, model, ctx, config)
+    optim = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
+    inputs = micro_inputs(model_cls, ctx, config)
+    for step in range(steps):
+        broken = hooked_step(ctx, recorder, step,
+                             lambda: train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss))
+        if broken:
+            return findings + broken
+        findings += _hook_called(ctx, recorder, step)
+        if ctx.any_rank(bool(findings) or bool(recorder.findings)):
+            return findings + recorder.findings
+        optim.step()
+    if config == "small_buckets":
+        buckets = max((len({i for s, i in recorder.calls if s == step}) for step in range(steps)), default=0)
+        if buckets < 2:
+            raise RuntimeError(f"the small_buckets config gave {buckets} bucket(s) for model {model!r}; "
+                               "the suite needs a smaller SMALL_BUCKET_CAP_MB or a larger model")
+    return findings
+
+
+# -- lossy contracts ---------------------------------------------------------------------
+
+def _local_grads(shadow: nn.Module, source: nn.Module, inputs: Sequence[Tuple[torch.Tensor, ...]],
+                 loss_fn: Any) -> None:
+    """Leave this rank's unreduced gradients at ``source``'s parameters in ``shadow`` (a plain copy, no DDP)."""
+    with torch.no_grad():
+        for p_s, p in zip(shadow.parameters(), source.parameters()):
+            p_s.copy_(p)
+    for p in shadow.parameters():
+        p.grad = None
+    for micro in inputs:
+        loss_fn(micro, shadow(*micro)).backward()
+
+
+def _exact_mean(ctx: Any, shadow: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+    """The mean over ranks of ``shadow``'s gradients, summed in float64 in one all-reduce.
+
+    A gradient that is None on every rank stays None; one that is None on
+    some ranks only counts as zeros there.
+    """
+    named = list(shadow.named_parameters())
+    present = torch.tensor([0 if p.grad is None else 1 for _, p in named], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(present, op=dist.ReduceOp.MAX, group=ctx.group)
+    flags = [bool(f) for f in present.tolist()]
+    flat = [(torch.zeros(p.numel(), dtype=torch.float64, device=ctx.device) if p.grad is None
+             else p.grad.detach().to(torch.float64).reshape(-1))
+            for (_, p), flag in zip(named, flags) if flag]
+    total = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(total, group=ctx.group)
+    total /= ctx.world_size
+    out: Dict[str, Optional[torch.Tensor]] = {}
+    offset = 0
+    for (name, p), flag in zip(named, flags):
+        if flag:
+            out[name] = total[offset:offset + p.numel()].reshape(p.shape)
+            offset += p.numel()
+        else:
+            out[name] = None
+    return out
+
+
+def relative_error(actual: torch.Tensor, exact: torch.Tensor) -> float:
+    """``||actual - exact||_2 / ||exact||_2`` in float64, over finite exact entries; 0/0 = 0, x/0 = inf."""
+    a = actual.detach().to(torch.float64).reshape(-1)
+    e = exact.detach().to(torch.float64).reshape(-1)
+    keep = torch.isfinite(e)
+    a, e = a[keep], e[keep]
+    if not bool(torch.isfinite(a).all()):
+        return math.inf
+    num = float(torch.linalg.vector_norm(a - e))
+    den = float(torch.linalg.vector_norm(e))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+@rank_check("ddp.lossy_error")
+def lossy_error(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 6, lr: float = 1e-3) -> Dict[str, Any]:
+    """Per step and parameter: relative error vs the exact mean, the declared bound, no NaN/Inf introduced.
+
+    Returns ``{"findings": [...], "max_rel_error": float, "at": (step, fqn)}``
+    (the figure is reported even when no bound is declared).
+    """
+    from models import get_model
+
+    contract = spec.lossy
+    bound = None if contract is None else contract.rel_error_bound
+    model_cls = get_model(model)
+    ctx.phase("building the hooked DDP model")
+    hooked, recorder = build_hooked(spec, model, ctx, config)
+    shadow = model_cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
+    optim = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
+    inputs = micro_inputs(model_cls, ctx, config)
+    worst, at = 0.0, None
+    findings: List[Finding] = []
+    for step in range(steps):
+        ctx.phase(f"step {step}: local gradients of a plain copy (the exact mean's inputs)")
+        _local_grads(shadow, hooked.module, inputs, model_cls.loss)
+        exact = _exact_mean(ctx, shadow)
+        broken = hooked_step(ctx, recorder, step,
+                             lambda: train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss))
+        if broken:
+            return {"findings": broken, "max_rel_error": worst, "at": at}
+        got = _grads(hooked)
+        for fqn, e in exact.items():
+            g = got.get(fqn)
+            if e is None and (g is None or not bool(g.any())):
+                continue  # unused everywhere: no gradient, or zeros DDP filled in
+            if e is None or g is None:
+                findings.append(Finding(ctx.rank, f"gradient is {'None' if g is None else 'set'} with the hook "
+                                                  f"but {'None' if e is None else 'set'} without it",
+                                        step=step, fqn=fqn))
+                continue
+            introduced = ~torch.isfinite(g.to(torch.float64)) & torch.isfinite(e)
+            if bool(introduced.any()):
+                idx = tuple(int(i) for i in introduced.nonzero()[0])
+                findings.append(Finding(ctx.rank, f"the hook introduced NaN/Inf where the exact mean is finite: "
+                                                  f"{int(introduced.sum())} of {g.numel()} elements, first at index "
+                                                  f"{idx} ({float(g[idx])!r} instead of {float(e[idx])!r})",
+                                        step=step, fqn=fqn))
+                worst, at = math.inf, (step, fqn)
+                continue
+            rel = relative_error(g, e)
+            if rel > worst or at is None:
+                worst, at = max(worst, rel), (step, fqn)
+            if bound is not None and rel > bound:
+                findings.append(Finding(ctx.rank, f"relative error {rel:.3e} exceeds the declared rel_error_bound "
+                                                  f"{bound:.3e} (||g_hook - g_exact|| / ||g_exact||, g_exact = exact "
+                                                  "mean over ranks)", step=step, fqn=fqn))
+        if ctx.any_rank(bool(findings)):
+            break
+        optim.step()
+    return {"findings": findings, "max_rel_error": worst, "at": at}
+
+
+def _global_loss(ctx: Any, model: nn.Module, model_cls: Any, inputs: Sequence[Tuple[torch.Tensor, ...]]) -> float:
+    """The loss over every rank's inputs (mean of the ranks' local losses, in float64)."""
+    with torch.no_grad():
+        local = sum(float(model_cls.loss(m, model.module(*m))) for m in inputs)
+    t = torch.tensor([local], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, group=ctx.group)
+    return float(t.item()) / ctx.world_size
+
+
+@rank_check("ddp.lossy_loss")
+def lossy_loss(ctx: Any, spec: Any, *, config: str, model: str, lr: float = 0.01) -> Dict[str, Any]:
+    """After ``loss_steps`` SGD steps, ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|``.
+
+    Returns ``{"findings", "loss_hook", "loss_exact", "rel_diff"}``.
+    """
+    from models import get_model
+
+    contract = spec.lossy
+    steps = contract.loss_steps
+    model_cls = get_model(model)
+    ctx.phase("building the no-hook DDP model")
+    ref = build_ddp(model, ctx, config)
+    ctx.phase("building the hooked DDP model")
+    hooked, recorder = build_hooked(spec, model, ctx, config)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
+    opt_hooked = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
+    inputs = micro_inputs(model_cls, ctx, config)
+    for step in range(steps):
+        train_step(ctx, "no-hook", step, ref, opt_ref, inputs, model_cls.loss)
+        broken = hooked_step(ctx, recorder, step,
+                             lambda: train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss))
+        if broken:
+            return {"findings": broken, "loss_hook": math.nan, "loss_exact": math.nan, "rel_diff": math.inf}
+        opt_ref.step()
+        opt_hooked.step()
+    ctx.phase(f"evaluating the loss after {steps} steps")
+    loss_exact = _global_loss(ctx, ref, model_cls, inputs)
+    loss_hook = _global_loss(ctx, hooked, model_cls, inputs)
+    if not math.isfinite(loss_hook):
+        rel = math.inf
+    elif loss_exact == 0.0:
+        rel = 0.0 if loss_hook == 0.0 else math.inf
+    else:
+        rel = abs(loss_hook - loss_exact) / abs(loss_exact)
+    findings = []
+    if contract.loss_margin is not None and not rel <= contract.loss_margin:
+        findings.append(Finding(ctx.rank, f"after {steps} steps the training loss is {loss_hook!r} with the hook and "
+                                          f"{loss_exact!r} without: relative difference {rel:.3e} exceeds the "
+                                          f"declared loss_margin {contract.loss_margin:.3e}"))
+    return {"findings": findings if ctx.rank == 0 else [], "loss_hook": loss_hook, "loss_exact": loss_exact,
+            "rel_diff": rel}
+
+
+@rank_check("ddp.lossy_determinism")
+def lossy_determinism(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
+                      lr: float = 0.01) -> List[Finding]:
+    """Two trainings from the same seed (fresh model and hook state each) give bitwise identical gradients."""
+    from models import get_model
+
+    model_cls = get_model(model)
+    inputs = micro_inputs(model_cls, ctx, config)
+    runs = []
+    for run in range(2):
+        ctx.phase(f"building the hooked DDP model (run {run + 1} of 2)")
+        hooked, recorder = build_hooked(spec, model, ctx, config)
+        optim = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
+        per_step = []
+        for step in range(steps):
+            broken = hooked_step(ctx, recorder, step, lambda: train_step(
+                ctx, f"hooked (run {run + 1})", step, hooked, optim, inputs, model_cls.loss))
+            if broken:
+                return broken
+            per_step.append({k: (None if g is None else g.clone()) for k, g in _grads(hooked).items()})
+            optim.step()
+        runs.append(per_step)
+    for step, (first, second) in enumerate(zip(*runs)):
+        findings = _compare_named("gradient of the second run", second, first, rank=ctx.rank, step=step,
+                                  against="the first run from the same seed (the contract declares "
+                                          "deterministic=True)")
+        if findings:
+            return findings
+    return []

@@ -1,0 +1,227 @@
+"""Conformance of ``DistributedDataParallel.register_comm_hook`` hooks (``api="ddp"``).
+
+Every test here runs on the rank pool through the ``conform`` fixture and is
+parametrized over the DDP hooks under test, training configurations, reference
+models and world sizes. Test ids are ``test_ddp_<check>[{hook}-{config}-{model}-ws{N}]``
+with ``config`` one of ``default``, ``small_buckets``, ``bucket_view``,
+``static_graph``, ``find_unused``, ``no_sync`` (see ``conformance/checks/ddp.py``).
+
+A hook that claims exactness (``lossy=None``) gets the averaging and parity
+checks; a hook with a ``LossyContract`` gets the lossy-contract checks instead.
+Every hook gets rank consistency and the future contract.
+
+A known failure with ``run = false`` (a case that deadlocks or kills a rank)
+is reported as an expected failure without being run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Sequence, Tuple
+
+import pytest
+
+from conformance import cases
+from conformance.checks.ddp import DECLARE_LOSSY_HINT
+from conformance.plugin import state_of
+from conformance.runner import compare_across_ranks
+
+pytestmark = pytest.mark.conformance(api="ddp")
+
+
+# (config, model) per world size. The main world size gets the spread of real
+# training setups; the extra one (3, not a power of two) gets the essentials.
+#: Bitwise parity with the reference, for hooks that claim exactness.
+PARITY_CASES = (
+    ("default", "nested_wrapped"),
+    ("default", "transformer_shared"),
+    ("small_buckets", "transformer_shared"),
+    ("bucket_view", "nested_wrapped"),
+    ("static_graph", "net_flat"),
+    ("find_unused", "unused_param"),
+    ("no_sync", "net_flat"),
+)
+EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
+#: Cross-rank comparison of the gradients.
+CONSISTENCY_CASES = (("default", "net_flat"),)
+EXTRA_CONSISTENCY_CASES = (("default", "net_flat"),)
+#: The future's value against the bucket buffer (one bucket, and several).
+FUTURE_CASES = (("default", "net_flat"), ("small_buckets", "nested_wrapped"))
+#: Lossy contracts: relative error and NaN/Inf per step and parameter.
+LOSSY_ERROR_CASES = (
+    ("default", "transformer_shared"),
+    ("small_buckets", "nested_wrapped"),
+    ("bucket_view", "net_flat"),
+    ("find_unused", "unused_param"),
+    ("no_sync", "net_flat"),
+)
+EXTRA_LOSSY_ERROR_CASES = (("default", "nested_wrapped"),)
+#: The training loss needs a real loss (bounded below): the transformer's cross-entropy.
+LOSSY_LOSS_CASES = (("default", "transformer_shared"),)
+LOSSY_DETERMINISM_CASES = (("default", "net_flat"),)
+
+
+def _ddp_specs(config) -> List[Any]:
+    return [item.spec for item in state_of(config).specs if item.spec.api == "ddp"]
+
+
+def _cases(specs: Sequence[Any], sizes: Sequence[int], main: Sequence[Tuple[str, str]],
+           extra: Sequence[Tuple[str, str]] = ()) -> List[cases.CaseParams]:
+    out = []
+    for spec in specs:
+        for i, ws in enumerate(sizes):
+            for config, model in (main if i == 0 else extra):
+                out.append(cases.CaseParams(spec.name, config, ws, model=model))
+    return out
+
+
+def case_table(specs: Sequence[Any], sizes: Sequence[int]) -> Dict[str, List[cases.CaseParams]]:
+    """Every DDP test function's cases for ``specs`` at world sizes ``sizes`` (main first)."""
+    exact = [sp for sp in specs if sp.lossy is None]
+    lossy = [sp for sp in specs if sp.lossy is not None]
+    return {
+        "test_ddp_averaging": _cases(exact, sizes, [("default", "analytic_linear")], [("default", "analytic_linear")]),
+        "test_ddp_parity": _cases(exact, sizes, PARITY_CASES, EXTRA_PARITY_CASES),
+        "test_ddp_rank_consistency": _cases(specs, sizes, CONSISTENCY_CASES, EXTRA_CONSISTENCY_CASES),
+        "test_ddp_future_contract": _cases(specs, sizes[:1], FUTURE_CASES),
+        "test_ddp_lossy_error": _cases(lossy, sizes, LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES),
+        "test_ddp_lossy_loss": _cases([sp for sp in lossy if sp.lossy.loss_margin is not None], sizes[:1],
+                                      LOSSY_LOSS_CASES),
+        "test_ddp_lossy_determinism": _cases([sp for sp in lossy if sp.lossy.deterministic], sizes[:1],
+                                             LOSSY_DETERMINISM_CASES),
+    }
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" not in metafunc.fixturenames:
+        return
+    s = state_of(metafunc.config).settings
+    name = metafunc.function.__name__
+    params = case_table(_ddp_specs(metafunc.config), s.world_sizes).get(name)
+    if params is None:
+        return
+    marks = []
+    for p in params:
+        why = s.world_size_unavailable(p.world_size)
+        if why is None and p.world_size < 2 and name in ("test_ddp_rank_consistency", "test_ddp_averaging"):
+            why = "needs at least 2 ranks with different inputs"
+        marks.append(pytest.param(p, id=p.id, marks=[pytest.mark.skip(reason=why)] if why else []))
+    metafunc.parametrize("case", marks)
+
+
+def _tag(request: pytest.FixtureRequest, case: cases.CaseParams, check: str) -> Dict[str, Any]:
+    """JUnit properties for the per-hook summary and the meta-tests; returns the report's ``describe``."""
+    props = request.node.user_properties
+    props.append(("hook", case.hook))
+    props.append(("check", check))
+    props.append(("api", "ddp"))
+    props.append(("config", case.strategy))
+    props.append(("world_size", case.world_size))
+    if case.model:
+        props.append(("model", case.model))
+    return {"check": check, "api": "ddp", "config": case.strategy, "model": case.model}
+
+
+def _spec(request: pytest.FixtureRequest, case: cases.CaseParams) -> Any:
+    return state_of(request.config).spec(case.hook).spec
+
+
+def _run_exact(conform, request, case, check: str, rank_check: str, params: Dict[str, Any]) -> None:
+    """Run an exactness check; for a hook with no lossy contract, a failure says how to declare one."""
+    describe = _tag(request, case, check)
+    result = conform.run(request.node.name, check=rank_check, hook=case.hook, world_size=case.world_size,
+                         params=params, describe=describe, findings=False)
+    found = [f for o in result.outcomes for f in (o.value or [])]
+    if found:
+        body = conform.findings_text(found)
+        never = any("never communicates" in f.message for f in found)
+        if _spec(request, case).lossy is None and not never:
+            body += "\n  " + DECLARE_LOSSY_HINT
+        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size), body)
+
+
+def test_ddp_averaging(conform, request, case):
+    """Linear(1, world_size), input = rank: every gradient element is mean(0..ws-1), exactly, for 4 steps."""
+    _run_exact(conform, request, case, "averaging", "ddp.averaging", {})
+
+
+def test_ddp_parity(conform, request, case):
+    """Gradients and parameters bitwise equal to DDP with no hook (or the documented reduced-precision
+    equivalent) after every step, per parameter."""
+    _run_exact(conform, request, case, "parity", "ddp.parity", {"config": case.strategy, "model": case.model})
+
+
+def test_ddp_rank_consistency(conform, request, case):
+    """Every rank holds the identical gradient after each step."""
+    describe = _tag(request, case, "rank_consistency")
+    result = conform.run(request.node.name, check="ddp.rank_grads", hook=case.hook, world_size=case.world_size,
+                         params={"config": case.strategy, "model": case.model}, describe=describe,
+                         findings=False)
+    findings = [f for o in result.outcomes for f in o.value["findings"]]
+    if not findings:
+        findings = compare_across_ranks([o.value["grads"] for o in result.outcomes])
+    if findings:
+        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
+                     conform.findings_text(findings))
+
+
+def test_ddp_future_contract(conform, request, case):
+    """DDP accepts the hook; each future holds one tensor with the bucket buffer's shape, dtype and device."""
+    describe = _tag(request, case, "future_contract")
+    conform.run(request.node.name, check="ddp.future_contract", hook=case.hook, world_size=case.world_size,
+                params={"config": case.strategy, "model": case.model}, describe=describe)
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.3e}"
+
+
+def test_ddp_lossy_error(conform, request, case):
+    """Per step and parameter: relative error against the exact mean within the declared bound (the
+    observed maximum is reported as the ``observed_rel_error`` property), and no NaN/Inf introduced."""
+    describe = _tag(request, case, "lossy_error")
+    spec = _spec(request, case)
+    result = conform.run(request.node.name, check="ddp.lossy_error", hook=case.hook, world_size=case.world_size,
+                         params={"config": case.strategy, "model": case.model}, describe=describe,
+                         findings=False)
+    values = [o.value for o in result.outcomes]
+    worst = max(values, key=lambda v: v["max_rel_error"])
+    figure = _fmt(worst["max_rel_error"])
+    request.node.user_properties.append(("observed_rel_error", figure))
+    bound = spec.lossy.rel_error_bound
+    where = ""
+    if worst["at"] is not None:
+        where = f" (step {worst['at'][0]}, parameter {worst['at'][1]!r})"
+    summary = (f"  observed max relative error {figure}{where}; declared rel_error_bound "
+               f"{'none' if bound is None else _fmt(bound)}")
+    findings = [f for v in values for f in v["findings"]]
+    if findings:
+        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
+                     conform.findings_text(findings) + "\n" + summary)
+
+
+def test_ddp_lossy_loss(conform, request, case):
+    """After ``loss_steps`` SGD steps the training loss is within the declared margin of DDP with no hook
+    (the observed relative difference is the ``observed_loss_rel_diff`` property)."""
+    describe = _tag(request, case, "lossy_loss")
+    spec = _spec(request, case)
+    result = conform.run(request.node.name, check="ddp.lossy_loss", hook=case.hook, world_size=case.world_size,
+                         params={"config": case.strategy, "model": case.model}, describe=describe,
+                         findings=False)
+    value = result.outcomes[0].value
+    figure = _fmt(value["rel_diff"])
+    request.node.user_properties.append(("observed_loss_rel_diff", figure))
+    findings = [f for o in result.outcomes for f in o.value["findings"]]
+    if findings:
+        summary = (f"  observed relative loss difference {figure} after {spec.lossy.loss_steps} steps "
+                   f"(loss {value['loss_hook']!r} with the hook, {value['loss_exact']!r} without); declared "
+                   f"loss_margin {_fmt(spec.lossy.loss_margin)}")
+        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
+                     conform.findings_text(findings) + "\n" + summary)
+
+
+def test_ddp_lossy_determinism(conform, request, case):
+    """Two trainings from the same seed give bitwise identical gradients (declared deterministic=True)."""
+    describe = _tag(request, case, "lossy_determinism")
+    conform.run(request.node.name, check="ddp.lossy_determinism", hook=case.hook, world_size=case.world_size,
+                params={"config": case.strategy, "model": case.model}, describe=describe)

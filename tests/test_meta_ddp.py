@@ -1,0 +1,237 @@
+"""Meta-tests for the DDP checks: the suite catches every known-bad DDP hook and passes every
+known-good one.
+
+One run of the conformance suite (``python -m conformance``, as a user runs it) over the zoo in
+``tests/zoo/ddp_hooks.py``, restricted to the DDP module, judged by its JUnit XML. The run
+skips ``transformer_shared`` except for the loss-margin check (the only case that needs a
+real training loss); the default ``make conform`` run covers it for the built-in hooks.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import pytest
+
+from tests.meta_helpers import REPO, run_suite
+from tests.zoo import ddp_hooks as zoo
+
+#: The checks that must catch each known-bad hook (zoo.EXPECTED_CATCH says why).
+MUST_CATCH = {
+    "bad_sum_no_average": {"averaging", "parity"},
+    "bad_wrong_dtype": {"future_contract"},
+    "bad_stale_second_step": {"parity"},
+    "bad_divides_by_world_size": {"parity"},
+    "bad_returns_list": {"future_contract", "averaging", "parity", "rank_consistency"},
+    "bad_returns_none": {"future_contract", "averaging", "parity", "rank_consistency"},
+    "bad_wrong_shape": {"future_contract"},
+    "bad_param_not_named_bucket": {"future_contract"},
+    "bad_noop_hook": {"averaging", "parity", "rank_consistency"},
+    "bad_lossy_undeclared": {"parity"},
+    "bad_lossy_exceeds_bound": {"lossy_error"},
+    "bad_lossy_nan": {"lossy_error"},
+    "bad_lossy_rank_dependent": {"rank_consistency"},
+    "bad_lossy_nondeterministic": {"lossy_determinism"},
+    "bad_lossy_diverges": {"lossy_loss"},
+}
+EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract"}
+LOSSY_CHECKS = {"lossy_error", "lossy_loss", "lossy_determinism", "rank_consistency", "future_contract"}
+
+
+@pytest.fixture(scope="module")
+def zoo_run(tmp_path_factory):
+    junit = str(tmp_path_factory.mktemp("ddp_zoo") / "zoo.xml")
+    run = run_suite(["--hook", "tests.zoo.ddp_hooks:ALL", "-q",
+                     "-k", "test_ddp and (not transformer_shared or lossy_loss)"], junit)
+    assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
+    return run
+
+
+def _cases(run, hook, check=None):
+    return [c for c in run.by_hook()[hook] if check is None or c.check == check]
+
+
+def test_ddp_every_bad_hook_has_an_expected_catch():
+    assert set(MUST_CATCH) == {s.name for s in zoo.KNOWN_BAD} == set(zoo.EXPECTED_CATCH)
+
+
+def test_ddp_run_fails_because_of_bad_hooks(zoo_run):
+    assert zoo_run.returncode == 1, zoo_run.output[-3000:]
+
+
+@pytest.mark.parametrize("name", [s.name for s in zoo.KNOWN_GOOD])
+def test_ddp_known_good_hook_passes_every_check(zoo_run, name):
+    spec = next(s for s in zoo.KNOWN_GOOD if s.name == name)
+    cases = _cases(zoo_run, name)
+    assert {c.check for c in cases} == (EXACT_CHECKS if spec.lossy is None else LOSSY_CHECKS)
+    bad = [f"{c.name}: {c.outcome}\n{c.message[:2000]}" for c in cases if c.outcome != "passed"]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", sorted(MUST_CATCH))
+def test_ddp_known_bad_hook_is_caught(zoo_run, name):
+    cases = _cases(zoo_run, name)
+    assert cases, f"{name} was not run"
+    failed_checks = {c.check for c in cases if c.outcome == "failed"}
+    missing = MUST_CATCH[name] - failed_checks
+    assert not missing, f"{name} was not caught by {sorted(missing)} (failed: {sorted(failed_checks)})"
+    errors = [c.name for c in cases if c.outcome == "error"]
+    assert not errors, f"{name} produced setup/teardown errors instead of verdicts: {errors}"
+
+
+@pytest.mark.parametrize("name", ["bad_returns_list", "bad_returns_none", "bad_wrong_shape", "bad_wrong_dtype"])
+def test_ddp_future_contract_violations_are_findings_not_crashes(zoo_run, name):
+    """Every failure of a hook that breaks the future contract names the violation; no rank raised or died."""
+    failed = [c for c in _cases(zoo_run, name) if c.outcome == "failed"]
+    assert failed
+    for case in failed:
+        assert "did not finish the case" not in case.message, f"{case.name} crashed:\n{case.message[:3000]}"
+    contract = [c for c in failed if c.check == "future_contract"]
+    assert contract and all("the hook" in c.message and "bucket 0" in c.message for c in contract)
+
+
+def test_ddp_none_instead_of_future_is_reported_not_a_segfault(zoo_run):
+    for case in _cases(zoo_run, "bad_returns_none"):
+        assert "not a torch.futures.Future" in case.message, case.message[:2000]
+
+
+def test_ddp_list_value_says_take_the_first_element(zoo_run):
+    messages = [c.message for c in _cases(zoo_run, "bad_returns_list", "future_contract")]
+    assert messages and all("take its first element" in m for m in messages)
+
+
+def test_ddp_wrong_dtype_names_both_dtypes(zoo_run):
+    messages = [c.message for c in _cases(zoo_run, "bad_wrong_dtype", "future_contract")]
+    assert messages and all("dtype float16 instead of float32" in m for m in messages)
+
+
+def test_ddp_bare_registration_names_the_bucket_parameter(zoo_run):
+    messages = [c.message for c in _cases(zoo_run, "bad_param_not_named_bucket", "future_contract")]
+    assert messages and all("register_comm_hook rejects the hook" in m and "'bucket'" in m for m in messages)
+
+
+def test_ddp_divide_instead_of_multiply_is_only_caught_at_world_size_three(zoo_run):
+    """x / ws and x * (1/ws) agree at 2 ranks: only the non-power-of-two world size tells them apart."""
+    cases = _cases(zoo_run, "bad_divides_by_world_size")
+    failed = [c for c in cases if c.outcome == "failed"]
+    assert failed and all(c.properties.get("world_size") == "3" for c in failed), [c.name for c in failed]
+    assert any(c.outcome == "passed" and c.check == "parity" and c.properties.get("world_size") == "2"
+               for c in cases)
+
+
+def test_ddp_stale_data_is_caught_from_the_second_step(zoo_run):
+    messages = [c.message for c in _cases(zoo_run, "bad_stale_second_step", "parity") if c.outcome == "failed"]
+    assert messages and all("[rank 0, step 1," in m and "step 0" not in m.split("Re-run")[0] for m in messages)
+
+
+def test_ddp_noop_report_says_it_never_communicates(zoo_run):
+    messages = [c.message for c in _cases(zoo_run, "bad_noop_hook", "averaging")]
+    assert messages and all("the hook never communicates" in m for m in messages)
+
+
+def test_ddp_undeclared_lossy_hook_is_told_how_to_declare_it(zoo_run):
+    messages = [c.message for c in _cases(zoo_run, "bad_lossy_undeclared", "parity") if c.outcome == "failed"]
+    assert messages and all("lossy=LossyContract(rel_error_bound=..., loss_margin=...)" in m for m in messages)
+    # A hook that never communicates is not told to declare itself lossy.
+    assert all("LossyContract" not in c.message for c in _cases(zoo_run, "bad_noop_hook", "averaging"))
+
+
+def test_ddp_observed_error_is_reported_as_a_figure(zoo_run):
+    """The lossy-error check attaches the observed maximum as a property, passing or failing."""
+    for case in _cases(zoo_run, "good_fp16_lossy_declared", "lossy_error"):
+        figure = float(case.properties["observed_rel_error"])
+        assert 0 < figure <= zoo.GENEROUS_FP16.rel_error_bound, case.name
+    failed = [c for c in _cases(zoo_run, "bad_lossy_exceeds_bound", "lossy_error") if c.outcome == "failed"]
+    assert failed
+    for case in failed:
+        figure = case.properties["observed_rel_error"]
+        assert float(figure) > 1e-5
+        assert f"observed max relative error {figure}" in case.message
+        assert "exceeds the declared rel_error_bound 1.000e-05" in case.message
+
+
+def test_ddp_introduced_nan_is_named(zoo_run):
+    messages = [c.message for c in _cases(zoo_run, "bad_lossy_nan", "lossy_error") if c.outcome == "failed"]
+    assert messages and all("introduced NaN/Inf where the exact mean is finite" in m for m in messages)
+
+
+def test_ddp_loss_margin_reports_both_losses(zoo_run):
+    (case,) = _cases(zoo_run, "bad_lossy_diverges", "lossy_loss")
+    assert case.outcome == "failed"
+    assert float(case.properties["observed_loss_rel_diff"]) > 0.01
+    assert "with the hook" in case.message and "declared loss_margin 1.000e-02" in case.message
+
+
+def test_ddp_failure_names_everything_needed_to_act(zoo_run):
+    """Hook, check, config, model, world size, rank, step, FQN, index, ULP diff, re-run command."""
+    case = next(c for c in _cases(zoo_run, "bad_divides_by_world_size", "parity") if c.outcome == "failed")
+    msg = case.message
+    for needle in ("hook bad_divides_by_world_size does not conform", "check=parity", "api=ddp",
+                   "config=default", "model=nested_wrapped", "world_size=3", "[rank 0, step 0, parameter '",
+                   "first difference at index", "max ULP diff", "Re-run just this case:",
+                   "-k 'test_ddp_parity[bad_divides_by_world_size-default-nested_wrapped-ws3]'"):
+        assert needle in msg, f"{needle!r} missing from:\n{msg}"
+
+
+def test_ddp_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
+    case = next(c for c in _cases(zoo_run, "bad_stale_second_step", "parity") if c.outcome == "failed")
+    line = next(ln.strip() for ln in case.message.splitlines() if ln.strip().startswith("conform "))
+    rerun = run_suite(shlex.split(line)[1:], str(tmp_path / "rerun.xml"))
+    assert rerun.returncode == 1, rerun.output[-3000:]
+    assert [c.name for c in rerun.cases] == [case.name]
+    assert rerun.cases[0].outcome == "failed"
+
+
+# -- the DDP entries of the packaged known-failures file (no suite run) ----------------------
+
+def _ddp_entries():
+    from conformance.builtin_ddp import DDP_HOOKS
+    from conformance.known_failures import load_known_failures
+
+    names = {s.name for s in DDP_HOOKS}
+    entries = load_known_failures(os.path.join(REPO, "fixtures", "known_failures.toml"))
+    return [e for e in entries if e.hook in names], DDP_HOOKS
+
+
+def _ddp_test_names(specs):
+    from conformance.suite.test_ddp import case_table
+
+    return [f"{test}[{c.id}]" for test, params in case_table(specs, [2, 3]).items() for c in params]
+
+
+def test_ddp_known_failure_entries_match_only_their_hooks_cases():
+    """Every pattern of a DDP entry matches some case of its hook and no case of another hook."""
+    from conformance.known_failures import KnownFailure
+
+    entries, specs = _ddp_entries()
+    assert entries
+    for e in entries:
+        spec = next(s for s in specs if s.name == e.hook)
+        mine = _ddp_test_names([spec])
+        others = _ddp_test_names([s for s in specs if s.name != e.hook])
+        matched = False
+        for pattern in e.test:
+            single = KnownFailure(test=pattern, reason=e.reason, source=e.source)
+            matched = matched or any(single.matches(n) for n in mine)
+            assert not any(single.matches(n) for n in others), (e.source, pattern)
+        assert matched, e.source
+
+
+def test_ddp_reference_hook_is_only_excused_where_division_differs():
+    """allreduce_hook defines nothing here, but its one excuse must stay at parity, world size 3."""
+    from conformance.known_failures import KnownFailureBook, RunEnvironment
+
+    entries, specs = _ddp_entries()
+    spec = next(s for s in specs if s.name == "ddp_allreduce_hook")
+    for env in (RunEnvironment("gloo", "cpu", "2.13.0+cpu"), RunEnvironment("nccl", "cuda", "2.13.0")):
+        book = KnownFailureBook(entries, env)
+        excused = [n for n in _ddp_test_names([spec]) if book.lookup(n) is not None]
+        assert excused == ["test_ddp_parity[ddp_allreduce_hook-default-nested_wrapped-ws3]"]
+
+
+def test_ddp_not_run_entries_are_gloo_only():
+    """Cases reported without running (deadlocks, rank crashes) are excused on gloo only."""
+    entries, _ = _ddp_entries()
+    not_run = [e for e in entries if not e.run]
+    assert not_run and all(e.backend == "gloo" for e in not_run)

@@ -1,0 +1,328 @@
+"""A zoo of DDP gradient communication hooks: known-good and known-bad.
+
+The meta-tests (``tests/test_meta_ddp.py``) run the DDP checks over these hooks. Each
+known-good hook must pass every case; each known-bad hook must be caught by the checks
+named in ``EXPECTED_CATCH`` (which also says why no weaker check can).
+
+What "good" means is fixed by DDP itself (``torch/csrc/distributed/c10d/reducer.cpp``):
+with no hook, the reducer multiplies each gradient by ``1 / world_size`` as it copies it
+into the bucket (``at::mul_out(bucket_view, grad, wrapped_scalar_tensor(1. / div_factor))``)
+and SUM-all-reduces the bucket. With a hook registered it copies the gradients in
+unscaled, calls ``hook(state, bucket)`` and copies the future's value back into the
+gradients. A full-precision hook that reproduces DDP bit for bit therefore multiplies by
+the reciprocal, then SUM-reduces; dividing by the world size instead (what PyTorch's
+``allreduce_hook`` does) is 1 ULP off at world sizes that are not powers of two.
+
+DDP's ``register_comm_hook`` reads the hook's ``__name__`` and ``__qualname__`` and looks
+its second parameter up by the name ``bucket``: a callable object must carry both names,
+and every hook here calls its second parameter ``bucket``.
+
+Only ``torch`` and ``torch.distributed`` are imported at module level: the zoo is imported
+by the controller and by every rank process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+from conformance.spec import HookSpec, LossyContract
+
+__all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "no_state", "process_group_state"]
+
+
+def process_group_state(process_group: Any) -> Any:
+    """The state of most hooks here: the process group itself."""
+    return process_group
+
+
+def no_state(process_group: Any) -> None:
+    """``noop_hook`` takes no state."""
+    return None
+
+
+def _mean_allreduce(process_group: Any, tensor: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
+    """DDP's own averaging: scale by the reciprocal of the world size, then SUM all-reduce."""
+    tensor.mul_(1.0 / process_group.size())
+    return dist.all_reduce(tensor, group=process_group, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _round_trip_allreduce(process_group: Any, bucket: Any, dtype: torch.dtype) -> "torch.futures.Future[torch.Tensor]":
+    """Cast to ``dtype``, divide by the world size, SUM all-reduce, copy back into the bucket (its dtype)."""
+    buffer = bucket.buffer()
+    low = buffer.to(dtype).div_(process_group.size())
+
+    def back(fut: Any) -> torch.Tensor:
+        return buffer.copy_(fut.value()[0])
+
+    return dist.all_reduce(low, group=process_group, async_op=True).get_future().then(back)
+
+
+# ---------------------------------------------------------------------------
+# Known-good hooks
+# ---------------------------------------------------------------------------
+
+
+def good_mean_allreduce(process_group, bucket):
+    """Scale by 1/world_size and SUM all-reduce: bit for bit what DDP does with no hook."""
+    return _mean_allreduce(process_group, bucket.buffer())
+
+
+class MeanAllreduceHook:
+    """The same averaging as a callable object with its own state (it counts the buckets it reduced).
+
+    DDP's ``register_comm_hook`` reads ``hook.__name__`` and ``hook.__qualname__``,
+    which instances do not have, so the object sets both.
+    """
+
+    def __init__(self) -> None:
+        self.__name__ = self.__qualname__ = type(self).__qualname__
+        self.calls = 0
+
+    def __call__(self, process_group, bucket):
+        self.calls += 1
+        return _mean_allreduce(process_group, bucket.buffer())
+
+
+class CountingState:
+    """A state object carrying the process group, as real hooks' states do."""
+
+    def __init__(self, process_group: Any):
+        self.process_group = process_group
+        self.buckets = 0
+
+
+def good_state_object(state, bucket):
+    """Averaging through a state object (``state.process_group``), not a bare process group."""
+    state.buckets += 1
+    return _mean_allreduce(state.process_group, bucket.buffer())
+
+
+def good_fp16_claim(process_group, bucket):
+    """Claims ``reduce_dtype=float16``: fp16_compress_hook's arithmetic, handing back the bucket's dtype."""
+    return _round_trip_allreduce(process_group, bucket, torch.float16)
+
+
+def good_fp16_lossy_declared(process_group, bucket):
+    """An fp16 round trip that claims nothing exact, only a generous lossy contract."""
+    return _round_trip_allreduce(process_group, bucket, torch.float16)
+
+
+# ---------------------------------------------------------------------------
+# Known-bad hooks
+# ---------------------------------------------------------------------------
+
+
+def bad_sum_no_average(process_group, bucket):
+    """SUM all-reduce with no division: every gradient is world_size times the mean."""
+    return dist.all_reduce(bucket.buffer(), group=process_group, async_op=True).get_future().then(
+        lambda f: f.value()[0])
+
+
+def bad_wrong_dtype(process_group, bucket):
+    """Averages correctly, then hands back the result as float16 (DDP silently casts it back)."""
+    return _mean_allreduce(process_group, bucket.buffer()).then(lambda f: f.value().to(torch.float16))
+
+
+class StaleState:
+    """The process group plus a cache of the first result per bucket (for ``bad_stale_second_step``)."""
+
+    def __init__(self, process_group: Any):
+        self.process_group = process_group
+        self.first: Dict[int, torch.Tensor] = {}
+
+
+def bad_stale_second_step(state, bucket):
+    """Correct on a bucket's first call; from then on completes the future with that first result."""
+    buffer = bucket.buffer()
+    cached = state.first.get(bucket.index())
+    if cached is not None and cached.shape == buffer.shape:
+        fut: Any = torch.futures.Future()
+        fut.set_result(cached.clone())
+        return fut
+
+    def remember(f: Any) -> torch.Tensor:
+        value = f.value()
+        state.first[bucket.index()] = value.clone()
+        return value
+
+    return _mean_allreduce(state.process_group, buffer).then(remember)
+
+
+def bad_divides_by_world_size(process_group, bucket):
+    """Divides by the world size instead of multiplying by its reciprocal (PyTorch's allreduce_hook)."""
+    buffer = bucket.buffer()
+    buffer.div_(process_group.size())
+    return dist.all_reduce(buffer, group=process_group, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def bad_returns_list(process_group, bucket):
+    """Returns the collective's own future, whose value is a list holding the tensor."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / process_group.size())
+    return dist.all_reduce(buffer, group=process_group, async_op=True).get_future()
+
+
+def bad_returns_none(process_group, bucket):
+    """Reduces in place and returns nothing (DDP would crash the process on it)."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / process_group.size())
+    dist.all_reduce(buffer, group=process_group)
+    return None
+
+
+def bad_wrong_shape(process_group, bucket):
+    """Hands back a copy of the average without its last element."""
+    return _mean_allreduce(process_group, bucket.buffer()).then(lambda f: f.value()[:-1].clone())
+
+
+def bad_param_not_named_bucket(process_group, grads):
+    """Correct averaging, but DDP's register_comm_hook looks the parameter up by the name ``bucket``."""
+    return _mean_allreduce(process_group, grads.buffer())
+
+
+def bad_lossy_undeclared(process_group, bucket):
+    """A bfloat16 round trip that claims full precision (no ``lossy`` contract)."""
+    return _round_trip_allreduce(process_group, bucket, torch.bfloat16)
+
+
+def bad_lossy_exceeds_bound(process_group, bucket):
+    """A bfloat16 round trip (relative error ~2e-3) declared with rel_error_bound=1e-5."""
+    return _round_trip_allreduce(process_group, bucket, torch.bfloat16)
+
+
+def bad_lossy_nan(process_group, bucket):
+    """An fp16 round trip, declared lossy, that writes NaN into the first element of every bucket."""
+    def poison(f: Any) -> torch.Tensor:
+        value = f.value()
+        value[0] = float("nan")
+        return value
+
+    return _round_trip_allreduce(process_group, bucket, torch.float16).then(poison)
+
+
+def bad_lossy_rank_dependent(process_group, bucket):
+    """Declared lossy; adds noise proportional to the rank, so ranks disagree after the reduction."""
+    rank = process_group.rank()
+
+    def noise(f: Any) -> torch.Tensor:
+        return f.value().add_(1e-4 * rank)
+
+    return _round_trip_allreduce(process_group, bucket, torch.float16).then(noise)
+
+
+_CALLS = [0]
+
+
+def bad_lossy_nondeterministic(process_group, bucket):
+    """Declared deterministic, but perturbs each result by a process-wide call counter: identical on
+    every rank within a run, different in a second run from the same seed."""
+    _CALLS[0] += 1
+    tick = _CALLS[0]
+
+    def perturb(f: Any) -> torch.Tensor:
+        return f.value().add_(1e-6 * tick)
+
+    return _round_trip_allreduce(process_group, bucket, torch.float16).then(perturb)
+
+
+def bad_lossy_diverges(process_group, bucket):
+    """Declared lossy with a loose per-step bound, but keeps only the gradients' sign (scaled by
+    the mean magnitude), so training drifts from the exact run by more than the declared loss margin."""
+    buffer = bucket.buffer()
+
+    def sign_compress(f: Any) -> torch.Tensor:
+        mean = f.value()
+        return buffer.copy_(mean.sign() * mean.abs().mean())
+
+    return _mean_allreduce(process_group, buffer.clone()).then(sign_compress)
+
+
+#: A contract that a fp16 round trip keeps with room to spare (fp16 relative error ~5e-4).
+GENEROUS_FP16 = LossyContract(rel_error_bound=1e-2, deterministic=True, loss_margin=0.05, loss_steps=10)
+_LOSSY_FINE = LossyContract(rel_error_bound=1e-2, deterministic=True, loss_margin=0.05, loss_steps=4)
+
+KNOWN_GOOD: List[HookSpec] = [
+    HookSpec(name="good_mean_allreduce", api="ddp", hook=good_mean_allreduce, state=process_group_state,
+             description="mul by 1/world_size, SUM all-reduce (a function)"),
+    HookSpec(name="good_mean_allreduce_object", api="ddp", hook=MeanAllreduceHook(), state=process_group_state,
+             description="the same as a callable object"),
+    HookSpec(name="good_state_object", api="ddp", hook=good_state_object, state=CountingState,
+             description="the same through a state object"),
+    HookSpec(name="good_fp16_claim", api="ddp", hook=good_fp16_claim, state=process_group_state,
+             reduce_dtype=torch.float16, description="fp16_compress_hook's arithmetic, result in the bucket dtype"),
+    HookSpec(name="good_fp16_lossy_declared", api="ddp", hook=good_fp16_lossy_declared, state=process_group_state,
+             lossy=GENEROUS_FP16, description="fp16 round trip declared lossy with a generous bound"),
+]
+
+KNOWN_BAD: List[HookSpec] = [
+    HookSpec(name="bad_sum_no_average", api="ddp", hook=bad_sum_no_average, state=process_group_state),
+    HookSpec(name="bad_wrong_dtype", api="ddp", hook=bad_wrong_dtype, state=process_group_state),
+    HookSpec(name="bad_stale_second_step", api="ddp", hook=bad_stale_second_step, state=StaleState),
+    HookSpec(name="bad_divides_by_world_size", api="ddp", hook=bad_divides_by_world_size,
+             state=process_group_state),
+    HookSpec(name="bad_returns_list", api="ddp", hook=bad_returns_list, state=process_group_state),
+    HookSpec(name="bad_returns_none", api="ddp", hook=bad_returns_none, state=process_group_state),
+    HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
+    HookSpec(name="bad_param_not_named_bucket", api="ddp", hook=bad_param_not_named_bucket,
+             state=process_group_state),
+    HookSpec(name="bad_noop_hook", api="ddp", hook=noop_hook, state=no_state,
+             description="PyTorch's debugging_hooks.noop_hook: returns each rank's own bucket"),
+    HookSpec(name="bad_lossy_undeclared", api="ddp", hook=bad_lossy_undeclared, state=process_group_state),
+    HookSpec(name="bad_lossy_exceeds_bound", api="ddp", hook=bad_lossy_exceeds_bound, state=process_group_state,
+             lossy=LossyContract(rel_error_bound=1e-5, loss_margin=0.05, loss_steps=4)),
+    HookSpec(name="bad_lossy_nan", api="ddp", hook=bad_lossy_nan, state=process_group_state, lossy=_LOSSY_FINE),
+    HookSpec(name="bad_lossy_rank_dependent", api="ddp", hook=bad_lossy_rank_dependent,
+             state=process_group_state, lossy=LossyContract(rel_error_bound=None, loss_margin=None)),
+    HookSpec(name="bad_lossy_nondeterministic", api="ddp", hook=bad_lossy_nondeterministic,
+             state=process_group_state, lossy=LossyContract(rel_error_bound=None, deterministic=True)),
+    HookSpec(name="bad_lossy_diverges", api="ddp", hook=bad_lossy_diverges, state=process_group_state,
+             lossy=LossyContract(rel_error_bound=None, loss_margin=0.01, loss_steps=10)),
+]
+
+ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
+
+#: For each known-bad hook: the checks that must catch it, and why.
+EXPECTED_CATCH: Dict[str, str] = {
+    "bad_sum_no_average": "averaging: every element is sum(0..ws-1), ws times the mean; parity fails too",
+    "bad_wrong_dtype": (
+        "future_contract: the future holds float16 for a float32 bucket; parity fails too, through the "
+        "fp16 rounding DDP's silent cast back keeps"
+    ),
+    "bad_stale_second_step": (
+        "parity: step 0 is exact, from step 1 on the cached step-0 result differs; averaging cannot "
+        "see it because the analytic model's gradient is the same at every step"
+    ),
+    "bad_divides_by_world_size": (
+        "parity at world size 3 only: x / 3 and x * (1/3) differ in the last bit; at 2 ranks both are exact"
+    ),
+    "bad_returns_list": (
+        "future_contract: the future holds [tensor]; every check reports that instead of DDP's "
+        "'Unable to cast' error"
+    ),
+    "bad_returns_none": (
+        "future_contract: not a Future, which would crash the rank process inside DDP; every training "
+        "check reports the violation instead"
+    ),
+    "bad_wrong_shape": (
+        "future_contract: one element short; DDP reads the missing element from the storage behind the "
+        "view without complaint, so parity alone could pass it"
+    ),
+    "bad_param_not_named_bucket": (
+        "future_contract: DistributedDataParallel.register_comm_hook raises KeyError('bucket') for the "
+        "bare hook (the other checks go through the suite's recorder and pass)"
+    ),
+    "bad_noop_hook": (
+        "averaging, in plain words ('the hook never communicates'), parity and rank_consistency: PyTorch's "
+        "noop_hook hands every rank its own gradient back"
+    ),
+    "bad_lossy_undeclared": "parity, with the hint on how to declare a LossyContract",
+    "bad_lossy_exceeds_bound": "lossy_error: bf16 error ~2e-3 against a declared 1e-5, with the observed figure",
+    "bad_lossy_nan": "lossy_error: NaN where the exact mean is finite",
+    "bad_lossy_rank_dependent": "rank_consistency: ranks differ by 1e-4 * rank after the reduction",
+    "bad_lossy_nondeterministic": "lossy_determinism: the second run from the same seed differs",
+    "bad_lossy_diverges": "lossy_loss: sign compression trains away from the exact run",
+}

@@ -22,3 +22,13 @@ def test_readme_example_conforms(tmp_path):
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "passed" for c in run.cases)
     assert {c.check for c in run.cases} == {"averaging", "parity", "rank_consistency", "hard_inputs"}
+
+
+def test_readme_ddp_example_is_the_module_and_conforms(tmp_path):
+    readme = open(os.path.join(REPO, "README.md")).read()
+    block = re.search(r"```python\n# examples/my_ddp_hook.py\n(.*?)```", readme, re.S).group(1)
+    assert block in open(os.path.join(REPO, "examples", "my_ddp_hook.py")).read()
+    run = run_suite(["--hook", "examples.my_ddp_hook:SPEC", "-q", "-k", "test_ddp"], str(tmp_path / "ddp.xml"))
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.cases and all(c.outcome == "passed" for c in run.cases)
+    assert {"averaging", "parity", "rank_consistency", "future_contract"} <= {c.check for c in run.cases}

@@ -68,15 +68,19 @@ class LossyContract:
     Attributes:
         rel_error_bound: per step and per parameter,
             ``||g_hook - g_exact||_2 / ||g_exact||_2 <= rel_error_bound``, where
-            ``g_exact`` is the exact mean over ranks (the no-hook reference).
-            The observed maximum is reported as a figure either way. ``None``:
-            not claimed.
-        deterministic: two runs from the same seed give bitwise-identical
-            gradients.
+            ``g_exact`` is the exact mean over ranks, computed in float64 (0/0
+            counts as 0, x/0 as infinite). Checked over several training steps
+            and configurations; the observed maximum is reported as a figure
+            either way. ``None``: not claimed.
+        deterministic: two fresh runs (new model, new hook state) from the same
+            seed give bitwise-identical gradients at every step.
         loss_margin: after ``loss_steps`` SGD steps,
-            ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|`` (relative).
-            ``None``: not claimed.
+            ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|``, the loss
+            being the mean over ranks of each rank's loss. ``None``: not claimed.
         loss_steps: training steps for the loss-margin check.
+
+    Shape, dtype and device are compared with the bucket buffer as DDP handed
+    it to the hook.
 
     Raises:
         SpecError: a bound that is negative or not finite, or ``loss_steps < 1``.

@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
+from conformance.checks.common import compare_named
 from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
 
@@ -333,22 +334,6 @@ def _params(model: nn.Module) -> Dict[str, torch.Tensor]:
     return {clean_fqn(n): p.detach() for n, p in model.named_parameters()}
 
 
-def _compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: int,
-                   against: str) -> List[Finding]:
-    findings: List[Finding] = []
-    for fqn, exp in expected.items():
-        act = actual.get(fqn)
-        if exp is None and act is None:
-            continue
-        if exp is None or act is None:
-            findings.append(Finding(rank, f"{what} is {'None' if act is None else 'set'} with the hook but "
-                                          f"{'None' if exp is None else 'set'} on {against}", step=step, fqn=fqn))
-            continue
-        mismatch = compare_bitwise(act, exp)
-        if mismatch is not None:
-            findings.append(Finding(rank, f"{what} differs from {against}", step=step, fqn=fqn, mismatch=mismatch))
-    return findings
-
 
 def reference_name(spec: Any) -> str:
     """What the hook is compared against, for messages."""
@@ -473,15 +458,15 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
         if broken:
             return broken
         findings = _hook_called(ctx, recorder, step)
-        findings += _compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step,
-                                   against=against)
+        findings += compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step,
+                                   reference=against)
         if ctx.any_rank(bool(findings)):
             return findings
         ctx.phase(f"step {step}: optimizer step")
         opt_ref.step()
         opt_hooked.step()
-        findings = _compare_named("parameter after the optimizer step", _params(hooked), _params(ref),
-                                  rank=ctx.rank, step=step, against=against)
+        findings = compare_named("parameter after the optimizer step", _params(hooked), _params(ref),
+                                  rank=ctx.rank, step=step, reference=against)
         if ctx.any_rank(bool(findings)):
             return findings
     return []
@@ -757,8 +742,8 @@ def lossy_determinism(ctx: Any, spec: Any, *, config: str, model: str, steps: in
             optim.step()
         runs.append(per_step)
     for step, (first, second) in enumerate(zip(*runs)):
-        findings = _compare_named("gradient of the second run", second, first, rank=ctx.rank, step=step,
-                                  against="the first run from the same seed (the contract declares "
+        findings = compare_named("gradient of the second run", second, first, rank=ctx.rank, step=step,
+                                  reference="the first run from the same seed (the contract declares "
                                           "deterministic=True)")
         if findings:
             return findings

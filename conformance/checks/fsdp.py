@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
+from conformance.checks.common import compare_named
 from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
 
@@ -127,25 +128,6 @@ def _params(model: nn.Module) -> Dict[str, torch.Tensor]:
     return {clean_fqn(n): p.detach() for n, p in model.named_parameters()}
 
 
-def _compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int,
-                   step: int) -> List[Finding]:
-    findings: List[Finding] = []
-    for fqn, exp in expected.items():
-        act = actual.get(fqn)
-        if exp is None and act is None:
-            continue
-        if exp is None or act is None:
-            findings.append(Finding(rank, f"{what} is {'None' if act is None else 'set'} with the hook "
-                                          f"but {'None' if exp is None else 'set'} on the native path",
-                                    step=step, fqn=fqn))
-            continue
-        mismatch = compare_bitwise(act, exp)
-        if mismatch is not None:
-            findings.append(Finding(rank, f"{what} differs from the native path", step=step, fqn=fqn,
-                                    mismatch=mismatch))
-    return findings
-
-
 def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, step: int) -> List[Finding]:
     param_dtype = next(model.parameters()).dtype
     findings = []
@@ -220,13 +202,13 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
         _train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
         _train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
-        findings += _compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step)
+        findings += compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step)
         if ctx.any_rank(bool(findings)):
             return findings
         ctx.phase(f"step {step}: optimizer step")
         opt_ref.step()
         opt_hooked.step()
-        findings = _compare_named("parameter after the optimizer step", _params(hooked), _params(ref),
+        findings = compare_named("parameter after the optimizer step", _params(hooked), _params(ref),
                                   rank=ctx.rank, step=step)
         if ctx.any_rank(bool(findings)):
             return findings
@@ -386,7 +368,7 @@ def hard_inputs(ctx: Any, spec: Any, *, strategy: str, examples: Sequence[Tuple[
         _train_step(ctx, f"reference ({label} inputs)", step, ref, opt_ref, inputs, model_cls.loss)
         _train_step(ctx, f"hooked ({label} inputs)", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
-        findings += _compare_named(f"gradient for the {label!r} inputs", _grads(hooked), _grads(ref),
+        findings += compare_named(f"gradient for the {label!r} inputs", _grads(hooked), _grads(ref),
                                    rank=ctx.rank, step=step)
         if ctx.any_rank(bool(findings)):
             return findings

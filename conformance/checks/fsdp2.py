@@ -50,8 +50,8 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
+from conformance.checks.common import compare_named
 from conformance.checks.fsdp import clean_fqn
-from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
 
 #: Configurations of the FSDP modules a comm is checked under.
@@ -379,31 +379,18 @@ def _full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
     return out
 
 
-def _compare(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: int,
-             reference: str, context: str = "") -> List[Finding]:
-    findings: List[Finding] = []
-    suffix = f" ({context})" if context else ""
-    for fqn, exp in expected.items():
-        act = actual.get(fqn)
-        if exp is None and act is None:
-            continue
-        if exp is None or act is None:
-            findings.append(Finding(rank, f"{what} is {'None' if act is None else 'set'} with the hook but "
-                                          f"{'None' if exp is None else 'set'} with {reference}{suffix}",
-                                    step=step, fqn=fqn))
-            continue
-        mismatch = compare_bitwise(act, exp)
-        if mismatch is not None:
-            findings.append(Finding(rank, f"{what} differs from {reference}{suffix}", step=step, fqn=fqn,
-                                    mismatch=mismatch))
-    return findings
-
 
 def _backward(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
               inputs: Sequence[torch.Tensor], loss_fn: Any) -> None:
     ctx.phase(f"step {step}: forward/backward of the {label} model")
     optim.zero_grad(set_to_none=True)
     loss_fn(inputs, model(*inputs)).backward()
+
+
+def _compare_with(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: int,
+                  reference: str, context: str = "") -> List[Finding]:
+    return compare_named(what, actual, expected, rank=rank, step=step,
+                         reference=f"{reference} ({context})" if context else reference)
 
 
 def _train_and_compare(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder: Any, *,
@@ -421,19 +408,19 @@ def _train_and_compare(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Mod
         _backward(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = recorder.findings(ctx.rank, step)
         note = context(step)
-        findings += _compare("local gradient shard", _named_grads(hooked), _named_grads(ref),
+        findings += _compare_with("local gradient shard", _named_grads(hooked), _named_grads(ref),
                              rank=ctx.rank, step=step, reference=reference, context=note)
         if ctx.any_rank(bool(findings)):
             return findings
         ctx.phase(f"step {step}: full_tensor() of every gradient")
-        findings = _compare("full gradient", _full_grads(hooked), _full_grads(ref), rank=ctx.rank, step=step,
+        findings = _compare_with("full gradient", _full_grads(hooked), _full_grads(ref), rank=ctx.rank, step=step,
                             reference=reference, context=note)
         if ctx.any_rank(bool(findings)):
             return findings
         ctx.phase(f"step {step}: optimizer step")
         opt_ref.step()
         opt_hooked.step()
-        findings = _compare("local parameter shard after the optimizer step", _named_params(hooked),
+        findings = _compare_with("local parameter shard after the optimizer step", _named_params(hooked),
                             _named_params(ref), rank=ctx.rank, step=step, reference=reference)
         if ctx.any_rank(bool(findings)):
             return findings

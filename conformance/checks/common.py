@@ -1,0 +1,42 @@
+"""What every API's rank checks share: comparing named tensors of two models.
+
+``compare_named`` is the one place where "the hooked model's gradient (or
+parameter) for this FQN equals the reference's bit for bit" becomes findings,
+for FSDP, DDP and FSDP2 alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from conformance.compare import compare_bitwise
+from conformance.protocol import Finding
+
+
+def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: int,
+                  reference: str = "the native path") -> List[Finding]:
+    """Findings for every FQN of ``expected`` whose tensor in ``actual`` is not bitwise equal.
+
+    Args:
+        what: what the tensors are, e.g. ``"gradient"``; starts each message.
+        actual: FQN -> tensor (or ``None``) of the hooked model on this rank.
+        expected: FQN -> tensor (or ``None``) of the reference model on this rank.
+        rank, step: where the comparison happened, for the findings.
+        reference: the reference's name in messages, e.g. ``"DDP with no hook"``.
+
+    A tensor present on one side and ``None`` on the other is a finding too.
+    Comparison is :func:`conformance.compare.compare_bitwise` (NaN equals NaN).
+    """
+    findings: List[Finding] = []
+    for fqn, exp in expected.items():
+        act = actual.get(fqn)
+        if exp is None and act is None:
+            continue
+        if exp is None or act is None:
+            findings.append(Finding(rank, f"{what} is {'None' if act is None else 'set'} with the hook but "
+                                          f"{'None' if exp is None else 'set'} on {reference}", step=step, fqn=fqn))
+            continue
+        mismatch = compare_bitwise(act, exp)
+        if mismatch is not None:
+            findings.append(Finding(rank, f"{what} differs from {reference}", step=step, fqn=fqn, mismatch=mismatch))
+    return findings

@@ -115,13 +115,7 @@ class ReferenceModel(nn.Module):
 
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        kwargs = dict(fsdp_kwargs)
-        bad = sorted(k for k in _RESERVED_FSDP_KWARGS if k in kwargs)
-        if bad:
-            raise TypeError(
-                f"{cls.__name__}.build sets {', '.join(bad)} itself; "
-                "pass group= and device= instead of putting them in fsdp_kwargs"
-            )
+        kwargs = checked_fsdp_kwargs(cls.__name__, fsdp_kwargs)
         root_extra = cls._root_fsdp_kwargs(kwargs)
 
         def wrap(module: nn.Module, **extra: Any) -> nn.Module:
@@ -155,3 +149,15 @@ def quiet_construct(fn: Callable[[], nn.Module], *messages: str) -> nn.Module:
         for message in messages:
             warnings.filterwarnings("ignore", message=message, category=UserWarning)
         return fn()
+
+
+def checked_fsdp_kwargs(model_name: str, fsdp_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """A copy of ``fsdp_kwargs``; ``TypeError`` if it sets what ``build`` sets itself."""
+    kwargs = dict(fsdp_kwargs)
+    bad = sorted(k for k in _RESERVED_FSDP_KWARGS if k in kwargs)
+    if bad:
+        raise TypeError(
+            f"{model_name}.build sets {', '.join(bad)} itself; "
+            "pass group= and device= instead of putting them in fsdp_kwargs"
+        )
+    return kwargs

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from models.base import _RESERVED_FSDP_KWARGS, ReferenceModel, quiet_construct, rank_generator
+from models.base import ReferenceModel, checked_fsdp_kwargs, quiet_construct, rank_generator
 
 __all__ = ["MixtureOfExperts", "D_EXPERT", "D_INPUT", "D_SHARED"]
 
@@ -178,13 +178,7 @@ class MixtureOfExperts(ReferenceModel):
 
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        kwargs = dict(fsdp_kwargs)
-        bad = sorted(k for k in _RESERVED_FSDP_KWARGS if k in kwargs)
-        if bad:
-            raise TypeError(
-                f"{cls.__name__}.build sets {', '.join(bad)} itself; "
-                "pass group= and device= instead of putting them in fsdp_kwargs"
-            )
+        kwargs = checked_fsdp_kwargs(cls.__name__, fsdp_kwargs)
         expert_group = cls.expert_group(group)
         expert = quiet_construct(
             lambda: FSDP(model.module[2], process_group=expert_group, device_id=device, **kwargs),

@@ -1,4 +1,4 @@
-"""What every API's rank checks share: comparing named tensors of two models.
+"""What the rank checks of every API share: one training step, and comparing named tensors.
 
 ``compare_named`` is the one place where "the hooked model's gradient (or
 parameter) for this FQN equals the reference's bit for bit" becomes findings,
@@ -7,7 +7,10 @@ for FSDP, DDP and FSDP2 alike.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
+
+import torch
+from torch import nn
 
 from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
@@ -40,3 +43,11 @@ def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
         if mismatch is not None:
             findings.append(Finding(rank, f"{what} differs from {reference}", step=step, fqn=fqn, mismatch=mismatch))
     return findings
+
+
+def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+               inputs: Sequence[torch.Tensor], loss_fn: Any) -> None:
+    """Zero the gradients, then one forward/backward of ``model`` on ``inputs``, announced as a phase."""
+    ctx.phase(f"step {step}: forward/backward of the {label} model")
+    optim.zero_grad(set_to_none=True)
+    loss_fn(inputs, model(*inputs)).backward()

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import compare_named
+from conformance.checks.common import compare_named, train_step
 from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
 
@@ -146,14 +146,6 @@ def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, s
     return findings
 
 
-def _train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-                inputs: Sequence[torch.Tensor], loss_fn: Any) -> None:
-    ctx.phase(f"step {step}: forward/backward of the {label} model")
-    optim.zero_grad(set_to_none=True)
-    loss = loss_fn(inputs, model(*inputs))
-    loss.backward()
-
-
 @rank_check("fsdp.averaging")
 def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float = 0.1) -> List[Finding]:
     """Seed ``test_default_communication_hook_behavior``: grads equal mean(0..world_size-1)."""
@@ -168,7 +160,7 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
     findings: List[Finding] = []
     for step in range(steps):
         recorder.step = step
-        _train_step(ctx, "hooked", step, model, optim, inputs, model_cls.loss)
+        train_step(ctx, "hooked", step, model, optim, inputs, model_cls.loss)
         for fqn, grad in _grads(model).items():
             if grad is None or grad.numel() == 0:
                 continue
@@ -199,8 +191,8 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
     inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
     for step in range(steps):
         recorder.step = step
-        _train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
-        _train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
+        train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
+        train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
         findings += compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step)
         if ctx.any_rank(bool(findings)):
@@ -229,7 +221,7 @@ def rank_grads(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3
     per_step = []
     for step in range(steps):
         recorder.step = step
-        _train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss)
+        train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss)
         per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in _grads(hooked).items()})
         optim.step()
     return per_step
@@ -365,8 +357,8 @@ def hard_inputs(ctx: Any, spec: Any, *, strategy: str, examples: Sequence[Tuple[
     for step, (label, grads) in enumerate(examples):
         recorder.step = step
         inputs = tuple(g.to(ctx.device) for g in grads[ctx.rank])
-        _train_step(ctx, f"reference ({label} inputs)", step, ref, opt_ref, inputs, model_cls.loss)
-        _train_step(ctx, f"hooked ({label} inputs)", step, hooked, opt_hooked, inputs, model_cls.loss)
+        train_step(ctx, f"reference ({label} inputs)", step, ref, opt_ref, inputs, model_cls.loss)
+        train_step(ctx, f"hooked ({label} inputs)", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
         findings += compare_named(f"gradient for the {label!r} inputs", _grads(hooked), _grads(ref),
                                    rank=ctx.rank, step=step)

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import compare_named
+from conformance.checks.common import compare_named, train_step
 from conformance.checks.fsdp import clean_fqn
 from conformance.protocol import Finding
 
@@ -380,13 +380,6 @@ def _full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
 
 
 
-def _backward(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-              inputs: Sequence[torch.Tensor], loss_fn: Any) -> None:
-    ctx.phase(f"step {step}: forward/backward of the {label} model")
-    optim.zero_grad(set_to_none=True)
-    loss_fn(inputs, model(*inputs)).backward()
-
-
 def _compare_with(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: int,
                   reference: str, context: str = "") -> List[Finding]:
     return compare_named(what, actual, expected, rank=rank, step=step,
@@ -404,8 +397,8 @@ def _train_and_compare(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Mod
     inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
     for step in range(steps):
         recorder.step = step
-        _backward(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
-        _backward(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
+        train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
+        train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = recorder.findings(ctx.rank, step)
         note = context(step)
         findings += _compare_with("local gradient shard", _named_grads(hooked), _named_grads(ref),

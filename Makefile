@@ -3,9 +3,9 @@
 #   make test      run the project's own tests (what CI runs)
 #   make bench     print the rank pool's speed figures
 #
-# PYTHON picks the interpreter (default: python3). Setup installs only what is
-# missing: torch==2.13.0 where no torch is importable (an existing torch is never
-# replaced), then this package and its small dependencies.
+# PYTHON picks the interpreter (default: python3). Setup (scripts/setup_env.py)
+# installs only what is missing: torch==2.13.0 where no torch is importable (an
+# existing torch is never replaced), then this package and its small dependencies.
 
 PYTHON ?= python3
 HOOKS ?=
@@ -19,20 +19,9 @@ HOOK_ARGS := $(foreach h,$(HOOKS),--hook $(h)) $(if $(strip $(HOOKS)),--with-bui
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/setup_env.py
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: PYTHON=$(PYTHON) not found; run make PYTHON=/path/to/python ..." >&2; exit 2; }
-	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
-		echo "setup: using the installed torch $$($(PYTHON) -c 'import torch; print(torch.__version__)') (never replaced)"; \
-	else \
-		echo "setup: no torch found for $(PYTHON); installing torch==2.13.0"; \
-		$(PYTHON) -m pip install torch==2.13.0; \
-	fi
-	@# setuptools builds the editable install without network access (GPU nodes are often offline).
-	@$(PYTHON) -c 'import setuptools' >/dev/null 2>&1 || $(PYTHON) -m pip install "setuptools>=64"
-	@$(PYTHON) -m pip install --no-build-isolation -e . || { \
-		echo "setup: could not install every dependency (offline?); installing the package alone" >&2; \
-		$(PYTHON) -m pip install --no-build-isolation --no-deps -e .; }
-	@$(PYTHON) -c 'import torch, pytest, hypothesis, packaging; print("setup: torch", torch.__version__, "ready")'
+	@$(PYTHON) scripts/setup_env.py
 	@touch $@
 
 conform: setup

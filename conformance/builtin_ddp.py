@@ -52,6 +52,8 @@ POWERSGD_START_ITER = 2
 #: ``PowerSGDState.matrix_approximation_rank``: rank-1 approximations, the
 #: strongest compression and PowerSGD's documented starting point.
 POWERSGD_RANK = 1
+#: ``PowerSGDState.__init__`` imports numpy (for its random generator).
+POWERSGD_REQUIRES = ("numpy",)
 
 # Bounds of the lossy contracts: measured with the suite's own checks (gloo, CPU,
 # torch 2.13, world size 2 unless noted) on the models and configs they run, then
@@ -126,12 +128,13 @@ DDP_HOOKS = [
              reduce_dtype=torch.bfloat16,
              description="default_hooks.bf16_compress_wrapper(allreduce_hook); state: the process group"),
     HookSpec(name="ddp_powerSGD_hook", api="ddp", hook=powerSGD_hook.powerSGD_hook, state=powersgd_state,
+             requires=POWERSGD_REQUIRES,
              lossy=LossyContract(rel_error_bound=POWERSGD_REL_ERROR_BOUND, deterministic=True,
                                  loss_margin=POWERSGD_LOSS_MARGIN, loss_steps=10),
              description=f"powerSGD_hook.powerSGD_hook, rank {POWERSGD_RANK}, PowerSGD from iteration "
                          f"{POWERSGD_START_ITER} (lossy)"),
     HookSpec(name="ddp_batched_powerSGD_hook", api="ddp", hook=powerSGD_hook.batched_powerSGD_hook,
-             state=powersgd_state,
+             state=powersgd_state, requires=POWERSGD_REQUIRES,
              lossy=LossyContract(rel_error_bound=None, deterministic=True,
                                  loss_margin=BATCHED_POWERSGD_LOSS_MARGIN, loss_steps=10),
              description=f"powerSGD_hook.batched_powerSGD_hook, rank {POWERSGD_RANK}, PowerSGD from iteration "

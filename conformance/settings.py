@@ -110,7 +110,7 @@ class Settings:
 
 
 def _default_known_failures() -> str:
-    import fixtures
+    from conformance import fixtures
 
     return os.path.join(os.path.dirname(fixtures.__file__), "known_failures.toml")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from typing import Any, Callable, FrozenSet, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -128,6 +128,11 @@ class HookSpec:
             ``NO_SHARD``, one that accepts ``(state, grad, output)`` under the
             sharded strategies.
         description: one line shown in the report header.
+        lossy: what a lossy hook promises instead of exactness.
+        requires: modules the hook imports when it runs (PowerSGD's state
+            imports ``numpy``). Where one is not installed, the hook's cases are
+            skipped with a reason that names it: the suite never reports a
+            missing package as the hook failing.
 
     Raises:
         SpecError: on construction, for a bad name, an unknown api, a hook
@@ -144,8 +149,14 @@ class HookSpec:
     strategies: Optional[Tuple[str, ...]] = None
     description: str = ""
     lossy: Optional[LossyContract] = None
+    requires: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        requires = (self.requires,) if isinstance(self.requires, str) else tuple(self.requires)
+        if not all(isinstance(m, str) and m for m in requires):
+            raise SpecError(f"HookSpec {getattr(self, 'name', '?')!r}: requires={self.requires!r} must be module "
+                            "names, e.g. requires=('numpy',)")
+        object.__setattr__(self, "requires", requires)
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise SpecError(
                 f"HookSpec name {self.name!r} is not usable in test ids: use letters, "
@@ -232,6 +243,20 @@ class HookSpec:
                     f"{_signature_text(self.hook)}"
                 )
 
+    def missing_requirements(self) -> Tuple[str, ...]:
+        """The modules of :attr:`requires` that cannot be imported here."""
+        import importlib.util
+
+        missing = []
+        for module in self.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                missing.append(module)
+        return tuple(missing)
+
     @property
     def reduce_dtype_name(self) -> str:
         """``"full"`` for the full-precision claim, else the dtype's short name."""
@@ -287,8 +312,3 @@ def _signature_text(obj: Any) -> str:
         return str(inspect.signature(obj))
     except (TypeError, ValueError):
         return "(...)"
-
-
-def strategy_names(spec: HookSpec) -> FrozenSet[str]:
-    """The strategies ``spec`` is checked under, as a set of names."""
-    return frozenset(spec.strategies or ())

@@ -1,6 +1,6 @@
 """Reference models for the conformance checks.
 
-Each model is a :class:`~models.base.ReferenceModel` subclass registered in
+Each model is a :class:`~conformance.models.base.ReferenceModel` subclass registered in
 :data:`MODELS` under its ``name`` (FSDP units: ``fsdp_units``, root included,
 with no ``auto_wrap_policy``/``mixed_precision`` in ``fsdp_kwargs``):
 
@@ -24,15 +24,15 @@ from __future__ import annotations
 
 from typing import Dict, Type
 
-from models.analytic import AnalyticLinear
-from models.base import ReferenceModel
-from models.moe import MixtureOfExperts
-from models.nested import AlwaysWrapNestedWrappedModule, NestedWrappedModule
-from models.net import Net, NetFlat, NetWrapped
-from models.nonuniform import NonUniformReqGradNWM
-from models.probe import PROBE_ROOT_SHAPE, PROBE_SHAPES, GradientProbe
-from models.transformer import TransformerWithSharedParams
-from models.unused import UnusedParamModel
+from conformance.models.analytic import AnalyticLinear
+from conformance.models.base import ReferenceModel
+from conformance.models.moe import MixtureOfExperts
+from conformance.models.nested import AlwaysWrapNestedWrappedModule, NestedWrappedModule
+from conformance.models.net import Net, NetFlat, NetWrapped
+from conformance.models.nonuniform import NonUniformReqGradNWM
+from conformance.models.probe import PROBE_ROOT_SHAPE, PROBE_SHAPES, GradientProbe
+from conformance.models.transformer import TransformerWithSharedParams
+from conformance.models.unused import UnusedParamModel
 
 __all__ = [
     "MODELS",

@@ -7,7 +7,7 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
-from models.base import ReferenceModel
+from conformance.models.base import ReferenceModel
 
 __all__ = ["AnalyticLinear"]
 

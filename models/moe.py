@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from models.base import ReferenceModel, checked_fsdp_kwargs, quiet_construct, rank_generator
+from conformance.models.base import ReferenceModel, checked_fsdp_kwargs, quiet_construct, rank_generator
 
 __all__ = ["MixtureOfExperts", "D_EXPERT", "D_INPUT", "D_SHARED"]
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 import torch.nn as nn
 
-from models.base import ReferenceModel, rank_generator
+from conformance.models.base import ReferenceModel, rank_generator
 
 __all__ = ["AlwaysWrapNestedWrappedModule", "NestedWrappedModule"]
 

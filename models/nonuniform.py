@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from models.base import ReferenceModel, rank_generator
+from conformance.models.base import ReferenceModel, rank_generator
 
 __all__ = ["NonUniformReqGradNWM", "REQ_GRAD_PATTERN", "is_trainable_name"]
 

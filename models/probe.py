@@ -7,7 +7,7 @@ from typing import Any, Callable, List, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from models.base import ReferenceModel, rank_generator
+from conformance.models.base import ReferenceModel, rank_generator
 
 __all__ = ["GradientProbe", "PROBE_SHAPES", "PROBE_ROOT_SHAPE"]
 

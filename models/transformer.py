@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.base import ReferenceModel, quiet_construct
+from conformance.models.base import ReferenceModel, quiet_construct
 
 __all__ = ["TransformerWithSharedParams"]
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.base import ReferenceModel, rank_generator
+from conformance.models.base import ReferenceModel, rank_generator
 
 __all__ = ["UnusedParamModel"]
 

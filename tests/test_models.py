@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import models
-from models import (
+import conformance.models as models
+from conformance.models import (
     MODELS,
     PROBE_ROOT_SHAPE,
     PROBE_SHAPES,

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from models import (
+from conformance.models import (
     MODELS,
     MixtureOfExperts,
     NonUniformReqGradNWM,
@@ -20,8 +20,8 @@ from models import (
     UnusedParamModel,
     get_model,
 )
-from models import moe as moe_module
-from models.nonuniform import is_trainable_name
+from conformance.models import moe as moe_module
+from conformance.models.nonuniform import is_trainable_name
 
 CPU = torch.device("cpu")
 NEW = ("nonuniform_req_grad", "mixture_of_experts", "unused_param")

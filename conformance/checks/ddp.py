@@ -127,7 +127,7 @@ def _short_error(exc: BaseException) -> str:
 
 def build_ddp(model_name: str, ctx: Any, config: str) -> nn.Module:
     """``DistributedDataParallel`` around a freshly built ``model_name`` under ``config``."""
-    from models import get_model
+    from conformance.models import get_model
 
     if config not in CONFIGS:
         raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(CONFIGS)}")
@@ -383,7 +383,7 @@ def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[F
     equivalent computes on the same model. A hook whose result equals each
     rank's own local gradient on every rank is reported as never communicating.
     """
-    from models import get_model
+    from conformance.models import get_model
 
     model_cls = get_model("analytic_linear")
     ctx.phase("building the hooked analytic model")
@@ -440,7 +440,7 @@ def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[F
 @rank_check("ddp.parity")
 def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: float = 0.01) -> List[Finding]:
     """Gradients and parameters bitwise equal to the reference DDP model after every step."""
-    from models import get_model
+    from conformance.models import get_model
 
     model_cls = get_model(model)
     ctx.phase("building the reference DDP model")
@@ -480,7 +480,7 @@ def rank_grads(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
     Returns ``{"grads": [{fqn: tensor or None} per step], "findings": [...]}``;
     findings are contract violations that stopped the training.
     """
-    from models import get_model
+    from conformance.models import get_model
 
     model_cls = get_model(model)
     ctx.phase("building the hooked DDP model")
@@ -525,7 +525,7 @@ def future_contract(ctx: Any, spec: Any, *, config: str, model: str, steps: int 
     In the ``small_buckets`` config the model must span several buckets from
     the second step on (else the config tests nothing and the check raises).
     """
-    from models import get_model
+    from conformance.models import get_model
 
     ctx.phase("registering the bare hook on a DDP model")
     findings = _bare_registration(ctx, spec)
@@ -614,7 +614,7 @@ def lossy_error(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 6,
     Returns ``{"findings": [...], "max_rel_error": float, "at": (step, fqn)}``
     (the figure is reported even when no bound is declared).
     """
-    from models import get_model
+    from conformance.models import get_model
 
     contract = spec.lossy
     bound = None if contract is None else contract.rel_error_bound
@@ -681,7 +681,7 @@ def lossy_loss(ctx: Any, spec: Any, *, config: str, model: str, lr: float = 0.01
 
     Returns ``{"findings", "loss_hook", "loss_exact", "rel_diff"}``.
     """
-    from models import get_model
+    from conformance.models import get_model
 
     contract = spec.lossy
     steps = contract.loss_steps
@@ -723,7 +723,7 @@ def lossy_loss(ctx: Any, spec: Any, *, config: str, model: str, lr: float = 0.01
 def lossy_determinism(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
                       lr: float = 0.01) -> List[Finding]:
     """Two trainings from the same seed (fresh model and hook state each) give bitwise identical gradients."""
-    from models import get_model
+    from conformance.models import get_model
 
     model_cls = get_model(model)
     inputs = micro_inputs(model_cls, ctx, config)

@@ -99,7 +99,7 @@ class HookRecorder:
 
 def _build(model_name: str, ctx: Any, strategy: str, *, mixed_precision: Any = None,
            use_orig_params: bool = True) -> nn.Module:
-    from models import get_model
+    from conformance.models import get_model
 
     _, _, ShardingStrategy = _fsdp()
     return get_model(model_name).build(
@@ -149,7 +149,7 @@ def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, s
 @rank_check("fsdp.averaging")
 def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float = 0.1) -> List[Finding]:
     """Seed ``test_default_communication_hook_behavior``: grads equal mean(0..world_size-1)."""
-    from models import get_model
+    from conformance.models import get_model
 
     model_cls = get_model("analytic_linear")
     ctx.phase("building the hooked analytic model")
@@ -179,7 +179,7 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
 @rank_check("fsdp.parity")
 def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr: float = 0.01) -> List[Finding]:
     """Bitwise parity with the native path, gradients and parameters, every step."""
-    from models import get_model
+    from conformance.models import get_model
 
     model_cls = get_model(model)
     ctx.phase("building the reference model (no hook)")
@@ -211,7 +211,7 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
 def rank_grads(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3,
                lr: float = 0.01) -> List[Dict[str, Optional[torch.Tensor]]]:
     """The hooked model's gradients after each step, on CPU, for a cross-rank comparison."""
-    from models import get_model
+    from conformance.models import get_model
 
     model_cls = get_model(model)
     ctx.phase("building the hooked model")
@@ -282,7 +282,7 @@ def registration(ctx: Any, spec: Any, *, strategy: str, rule: str) -> List[Findi
     hook = spec.hook
     ctx.phase(f"registration rule {rule}")
     if rule == "hybrid_strategy_raises":
-        from models import get_model
+        from conformance.models import get_model
 
         findings: List[Finding] = []
         for name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
@@ -345,7 +345,7 @@ def hard_inputs(ctx: Any, spec: Any, *, strategy: str, examples: Sequence[Tuple[
     probes (hooked, reference) serves every example: the probe's gradients
     depend only on its input, so each backward yields exactly ``grads``.
     """
-    from models import get_model
+    from conformance.models import get_model
 
     model_cls = get_model("gradient_probe")
     ctx.phase("building the reference probe (no hook)")

@@ -213,7 +213,7 @@ def build_fsdp2(model_name: str, ctx: Any, mesh: Any, *, reduce_dtype: Optional[
     ``mixture_of_experts`` shards its expert over a 1-rank mesh of its own
     (``MixtureOfExperts.apply_fully_shard``).
     """
-    from models import get_model
+    from conformance.models import get_model
 
     fully_shard, MixedPrecisionPolicy, _ = fsdp2_api()
     cls = get_model(model_name)
@@ -389,7 +389,7 @@ def _compare_with(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
 def _train_and_compare(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder: Any, *,
                        steps: int, lr: float, reference: str, context: Any) -> List[Finding]:
     """Train both models in lockstep; compare local/full gradients and local parameters every step."""
-    from models import get_model
+    from conformance.models import get_model
 
     model_cls = get_model(model_name)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)

@@ -115,7 +115,7 @@ def test_hard_inputs(conform, request, case):
     generated ones (drawn deterministically, ``derandomize=True``), so a
     failure re-runs identically from its command line.
     """
-    from models import get_model
+    from conformance.models import get_model
 
     _tag(request, case, "hard_inputs")
     state = state_of(request.config)

@@ -84,7 +84,7 @@ def _specs(config: pytest.Config, api: str) -> list:
 
 
 def _known_models() -> set:
-    from models import MODELS
+    from conformance.models import MODELS
 
     return set(MODELS)
 

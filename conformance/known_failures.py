@@ -8,8 +8,9 @@ The file is TOML, one ``[[failure]]`` table per entry::
     hook = "fp16_compress_hook"                 # the hook it concerns (optional)
     reason = "record_stream on a CPU tensor raises in default_hooks._decompress"
     device = "cpu"                              # optional conditions: backend, device,
-    backend = "gloo"                            # torch (a PEP 440 specifier, e.g. ">=2.13")
-    torch = ">=2.13"
+    backend = "gloo"                            # torch (a PEP 440 specifier, e.g. ">=2.13"),
+    torch = ">=2.13"                            # cuda_build (whether torch was built with
+    cuda_build = false                          # CUDA or ROCm: torch.version.cuda/hip)
     run = false                                 # optional: do not even run it (it deadlocks
                                                 # or kills a rank); reported as XFAIL unrun
 
@@ -21,6 +22,7 @@ machine but matches no collected test is warned about, so the file never rots.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import sys
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -35,7 +37,7 @@ from packaging.version import Version
 
 __all__ = ["KnownFailure", "KnownFailureBook", "KnownFailuresError", "RunEnvironment", "load_known_failures"]
 
-_KEYS = {"test", "reason", "hook", "backend", "device", "torch", "run"}
+_KEYS = {"test", "reason", "hook", "backend", "device", "torch", "cuda_build", "run"}
 
 
 class KnownFailuresError(ValueError):
@@ -44,11 +46,30 @@ class KnownFailuresError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class RunEnvironment:
-    """What an entry's conditions are matched against."""
+    """What an entry's conditions are matched against.
+
+    Attributes:
+        backend: ``"gloo"`` or ``"nccl"``.
+        device: ``"cpu"`` or ``"cuda"``.
+        torch_version: ``torch.__version__``.
+        cuda_build: whether torch was built with CUDA or ROCm
+            (``torch.version.cuda`` or ``torch.version.hip`` is set), GPU or not.
+            Some PyTorch behaviour depends on the build, not the device: DDP's
+            ``_check_comm_hook`` refuses the bf16 hooks on a build without CUDA.
+    """
 
     backend: str
     device: str
     torch_version: str
+    cuda_build: bool = False
+
+    @classmethod
+    def of_this_process(cls, backend: str, device: str) -> "RunEnvironment":
+        """The environment of the imported torch, on ``backend``/``device``."""
+        import torch
+
+        cuda_build = getattr(torch.version, "cuda", None) is not None or getattr(torch.version, "hip", None) is not None
+        return cls(backend=backend, device=device, torch_version=torch.__version__, cuda_build=cuda_build)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +92,7 @@ class KnownFailure:
     backend: Optional[str] = None
     device: Optional[str] = None
     torch: Optional[str] = None
+    cuda_build: Optional[bool] = None
     run: bool = True
 
     def __post_init__(self) -> None:
@@ -90,6 +112,8 @@ class KnownFailure:
             return False
         if self.device is not None and self.device != env.device:
             return False
+        if self.cuda_build is not None and self.cuda_build != env.cuda_build:
+            return False
         if self.torch is not None:
             version = Version(Version(env.torch_version).base_version)
             if not SpecifierSet(self.torch).contains(version, prereleases=True):
@@ -98,23 +122,51 @@ class KnownFailure:
 
     def conditions(self) -> str:
         parts = [f"{k}={getattr(self, k)}" for k in ("backend", "device", "torch") if getattr(self, k)]
+        if self.cuda_build is not None:
+            parts.append(f"cuda_build={str(self.cuda_build).lower()}")
         return ", ".join(parts) or "always"
 
 
+def display_path(path: str) -> str:
+    """How messages name a known-failures file: the packaged one by its path in the
+    repository (``fixtures/known_failures.toml``), another one relative to the working
+    directory when it lies below it, else as given."""
+    from conformance import fixtures
+
+    full = os.path.abspath(path)
+    packaged = os.path.dirname(os.path.abspath(fixtures.__file__))
+    if os.path.dirname(full) == packaged:
+        return f"fixtures/{os.path.basename(full)}"
+    rel = os.path.relpath(full)
+    return path if rel.startswith(os.pardir) else rel
+
+
 def load_known_failures(path: str) -> List[KnownFailure]:
-    """Parse a known-failures TOML file.
+    """Parse a known-failures TOML file (UTF-8, as TOML requires).
 
     Raises:
-        KnownFailuresError: unreadable file, bad TOML, unknown keys, missing
-            ``test``/``reason``, or an invalid ``torch`` specifier.
+        KnownFailuresError: unreadable file, a file that is not UTF-8, bad
+            TOML, unknown keys, missing ``test``/``reason``, or an invalid
+            ``torch`` specifier.
     """
+    shown = display_path(path)
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            raw_bytes = f.read()
     except OSError as exc:
-        raise KnownFailuresError(f"cannot read known-failures file {path}: {exc}") from None
+        raise KnownFailuresError(f"cannot read known-failures file {shown}: {exc}") from None
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw_bytes[:exc.start].count(b"\n") + 1
+        raise KnownFailuresError(
+            f"known-failures file {shown} is not UTF-8 (byte 0x{raw_bytes[exc.start]:02x} on line {line}); "
+            "TOML files must be UTF-8: re-save it as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise KnownFailuresError(f"known-failures file {path} is not valid TOML: {exc}") from None
+        raise KnownFailuresError(f"known-failures file {shown} is not valid TOML: {exc}") from None
+    path = shown
     extra = set(data) - {"failure"}
     if extra:
         raise KnownFailuresError(f"{path}: unknown top-level keys {sorted(extra)}; entries go in [[failure]] tables")
@@ -128,6 +180,8 @@ def load_known_failures(path: str) -> List[KnownFailure]:
             raise KnownFailuresError(f"{where}: each entry must be a table; write it as [[failure]] with keys")
         if "run" in raw and not isinstance(raw["run"], bool):
             raise KnownFailuresError(f"{where}: run = {raw['run']!r} must be true or false")
+        if "cuda_build" in raw and not isinstance(raw["cuda_build"], bool):
+            raise KnownFailuresError(f"{where}: cuda_build = {raw['cuda_build']!r} must be true or false")
         for key in ("hook", "backend", "device", "torch"):
             if key in raw and not isinstance(raw[key], str):
                 raise KnownFailuresError(f"{where}: {key} = {raw[key]!r} must be a string (quote it, "
@@ -163,11 +217,14 @@ class KnownFailureBook:
         self.used: Dict[str, int] = {}
 
     def lookup(self, test_name: str) -> Optional[KnownFailure]:
+        """The first entry that matches ``test_name``; every matching entry counts as used
+        (a later entry can cover the same test on another build, e.g. ``cuda_build``)."""
+        found = None
         for entry in self.entries:
             if entry.matches(test_name):
                 self.used[entry.source] = self.used.get(entry.source, 0) + 1
-                return entry
-        return None
+                found = found or entry
+        return found
 
     def unused(self, hooks_under_test: Optional[Iterable[str]] = None) -> List[KnownFailure]:
         """Entries that matched nothing; with ``hooks_under_test``, only those about such hooks."""

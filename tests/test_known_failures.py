@@ -336,3 +336,73 @@ def test_repo_file_excuses_the_compress_hooks_on_cpu_but_never_the_reference_hoo
             for c in cases.training_cases([spec], [2, 3], models={2: cases.PARITY_MODELS, 3: cases.PARITY_MODELS}):
                 for test in ("test_averaging", "test_parity", "test_rank_consistency", "test_hard_inputs"):
                     assert book.lookup(f"{test}[{c.id}]") is None
+
+
+# -- conditions on the build, encodings, how files are named --------------------------------------
+
+CUDA_BUILD_ON_CPU = RunEnvironment(backend="gloo", device="cpu", torch_version="2.11.0+cu128", cuda_build=True)
+
+
+def test_cuda_build_condition_depends_on_the_build_not_the_device(write_toml):
+    path = write_toml("""
+        [[failure]]
+        test = "test_ddp_parity[h-*]"
+        cuda_build = false
+        reason = "refused on a CPU build"
+    """)
+    (e,) = load_known_failures(path)
+    assert e.cuda_build is False and "cuda_build=false" in e.conditions()
+    assert e.applies(CPU)
+    assert not e.applies(CUDA_BUILD_ON_CPU)  # same device and backend, but a CUDA build
+
+
+def test_cuda_build_must_be_a_boolean(write_toml):
+    path = write_toml("""
+        [[failure]]
+        test = "test_x[h-*]"
+        cuda_build = "no"
+        reason = "r"
+    """)
+    with pytest.raises(KnownFailuresError, match=r"cuda_build = 'no' must be true or false"):
+        load_known_failures(path)
+
+
+def test_a_file_that_is_not_utf8_is_a_clear_error(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[[failure]]\ntest = "test_x[h-*]"\nreason = "caf\u00e9"\n'.encode("latin-1"))
+    with pytest.raises(KnownFailuresError) as info:
+        load_known_failures(str(path))
+    msg = str(info.value)
+    assert "is not UTF-8" in msg and "byte 0xe9 on line 3" in msg and "re-save it as UTF-8" in msg
+
+
+def test_the_packaged_file_is_named_by_its_repository_path(repo_entries):
+    assert all(e.source.startswith("fixtures/known_failures.toml#failure[") for e in repo_entries)
+
+
+def test_a_user_file_below_the_working_directory_is_named_relative_to_it(write_toml, tmp_path, monkeypatch):
+    path = write_toml("""
+        [[failure]]
+        test = "test_x[h-*]"
+        reason = "r"
+    """, name="mine.toml")
+    monkeypatch.chdir(tmp_path)
+    (e,) = load_known_failures(path)
+    assert e.source == "mine.toml#failure[0]"
+
+
+def test_an_entry_shadowed_by_an_earlier_one_still_counts_as_used():
+    first = entry("test_ddp_*[h-*]", source="f#0")
+    later = entry("test_ddp_future_contract[h-*]", source="f#1")
+    book = KnownFailureBook([first, later], CPU)
+    assert book.lookup("test_ddp_future_contract[h-default-net_flat-ws2]") is first
+    assert book.unused() == []
+
+
+def test_repo_file_bf16_refusal_applies_to_cpu_builds_only(repo_entries):
+    name = "test_ddp_parity[ddp_bf16_compress_hook-default-nested_wrapped-ws2]"
+    assert KnownFailureBook(repo_entries, CPU).lookup(name) is not None
+    # a CUDA build accepts the hook even without a GPU, and the hook conforms there
+    assert KnownFailureBook(repo_entries, CUDA_BUILD_ON_CPU).lookup(name) is None
+    contract = "test_ddp_future_contract[ddp_bf16_compress_wrapper_allreduce-default-net_flat-ws2]"
+    assert KnownFailureBook(repo_entries, CUDA_BUILD_ON_CPU).lookup(contract) is not None

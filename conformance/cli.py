@@ -30,9 +30,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     import pytest
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "" not in sys.path:
-        # `--hook my_module:SPEC` resolves against the current directory, as with `python -m`.
-        sys.path.insert(0, "")
     return int(pytest.main(pytest_args(argv)))
 
 

@@ -10,20 +10,21 @@ first case, so loading the plugin costs little.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
+import sys
 import warnings
 from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
-from conformance.plugins import LoadedSpec, ensure_importable_from_cwd, load_specs
+from conformance.plugins import LoadedSpec, load_specs, user_paths_first
 from conformance.spec import SpecError
 
-SUITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite")
+#: The oldest torch the suite runs on (README's compatibility table).
+MIN_TORCH = (2, 4)
 
 
 @dataclasses.dataclass
@@ -31,11 +32,15 @@ class SessionState:
     settings: settings_mod.Settings
     specs: List[LoadedSpec]
     book: KnownFailureBook
+    sys_path: Tuple[str, ...] = ()
     runner: Optional[object] = None
     per_hook: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     per_hook_failed_checks: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
     xfail_reasons: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
     xpassed: List[str] = dataclasses.field(default_factory=list)
+    unused_entries: List[object] = dataclasses.field(default_factory=list)
+    #: World sizes at which each hook's cases ran (skipped cases excluded).
+    ran_at: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
 
     def spec(self, name: str) -> LoadedSpec:
         for item in self.specs:
@@ -43,13 +48,13 @@ class SessionState:
                 return item
         raise KeyError(name)
 
-    def rerun_command(self, test_name: str, hook: Optional[str]) -> str:
+    def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
         s = self.settings
         args = ["conform"]
         item = self.spec(hook) if hook else None
         if item is not None and item.origin == "--hook":
             args += ["--hook", item.target]
-        args += s.rerun_args()
+        args += s.rerun_args(world_size)
         args += ["-k", test_name]
         return " ".join(shlex.quote(a) for a in args)
 
@@ -64,7 +69,7 @@ def state_of(config: pytest.Config) -> SessionState:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "commhook-conformance")
     for opt in settings_mod.OPTIONS:
-        if opt.flag in ("--with-builtins", "--no-entry-points"):
+        if opt.flag in ("--with-builtins", "--no-entry-points", "--strict-known-failures"):
             group.addoption(opt.flag, action="store_true", dest=opt.dest, default=False, help=opt.help)
         elif opt.flag in ("--hook", "--known-failures"):
             group.addoption(opt.flag, action="append", dest=opt.dest, default=[], metavar="VALUE", help=opt.help)
@@ -74,7 +79,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance(api): a conformance case run on the rank pool")
-    ensure_importable_from_cwd()
+    import torch
+
+    if _release(torch.__version__) < MIN_TORCH:
+        raise pytest.UsageError(f"torch {torch.__version__} is older than {'.'.join(map(str, MIN_TORCH))}, the "
+                                "oldest the suite supports: use a venv with torch>=2.4")
+    # The controller and every rank resolve modules from this one path (see user_paths_first).
+    sys_path = user_paths_first()
     try:
         settings = settings_mod.resolve(config.getoption)
         specs = load_specs(settings.hooks, builtins=settings.builtins, entry_points=settings.entry_points)
@@ -83,12 +94,16 @@ def pytest_configure(config: pytest.Config) -> None:
             entries += load_known_failures(path)
     except (settings_mod.SettingsError, SpecError, KnownFailuresError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    import torch
-
-    env = RunEnvironment(backend=settings.backend, device=settings.device, torch_version=torch.__version__)
-    state = SessionState(settings=settings, specs=specs, book=KnownFailureBook(entries, env))
+    env = RunEnvironment.of_this_process(backend=settings.backend, device=settings.device)
+    state = SessionState(settings=settings, specs=specs, book=KnownFailureBook(entries, env), sys_path=sys_path)
     config.stash[_STATE_KEY] = state
     config.pluginmanager.register(_Summary(state), "conformance-summary")
+
+
+def _release(version: str) -> Tuple[int, ...]:
+    from packaging.version import Version
+
+    return Version(version).release
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -104,9 +119,14 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
     import torch
 
     s = state.settings
+    env = state.book.env
     sizes = " and ".join(str(w) for w in s.world_sizes)
-    lines = [f"conformance: torch {torch.__version__}, backend {s.backend}, device {s.device}, "
+    build = "CUDA build" if env.cuda_build else "CPU build"
+    lines = [f"conformance: torch {torch.__version__} ({build}), backend {s.backend}, device {s.device}, "
              f"world sizes {sizes}, case timeout {s.case_timeout_s:g} s"]
+    if s.cpu_pools:
+        lines.append(f"  one GPU: world size {s.world_size} alone proves nothing about averaging, so world sizes "
+                     f"{' and '.join(map(str, s.cpu_pools))} run as gloo pools on the CPU")
     for item in state.specs:
         spec = item.spec
         claim = "full-precision averaging" if spec.reduce_dtype is None else f"reduce_dtype={spec.reduce_dtype_name}"
@@ -128,21 +148,42 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     suite_items = [item for item in items if item.get_closest_marker("conformance")]
     if not suite_items:
         return
+    strict = state.settings.strict_known_failures
     for item in suite_items:
+        hook = _case_hook(item)
+        missing = state.spec(hook).spec.missing_requirements() if hook else ()
+        if missing:
+            item.add_marker(pytest.mark.skip(reason=(
+                f"hook {hook} needs {', '.join(missing)}, which is not installed here: "
+                f"{sys.executable} -m pip install {' '.join(missing)}")))
+            continue
         entry = state.book.lookup(item.name)
         if entry is not None:
             prefix = "known failure, not run" if not entry.run else "known failure"
-            item.add_marker(pytest.mark.xfail(reason=f"{prefix} ({entry.source}): {entry.reason}", strict=False,
+            item.add_marker(pytest.mark.xfail(reason=f"{prefix} ({entry.source}): {entry.reason}", strict=strict,
                                               run=entry.run))
     hooks = [s.spec.name for s in state.specs]
-    for entry in state.book.unused(hooks):
+    state.unused_entries = state.book.unused(hooks)
+    for entry in state.unused_entries:
         warnings.warn(pytest.PytestWarning(
             f"known failure {entry.source} (test = {entry.test!r}, {entry.conditions()}) matches no test in this run; "
             "the failure may be fixed or the pattern out of date: update or remove the entry"))
 
 
+def _case_hook(item: pytest.Item) -> Optional[str]:
+    case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
+    return getattr(case, "hook", None)
+
+
 class _Summary:
-    """Collects per-hook outcomes and writes the "hook conformance" section."""
+    """Collects per-hook outcomes, writes the "hook conformance" section, and sets the exit status.
+
+    A hook's verdict is one of: ``DOES NOT CONFORM (checks)``; ``known failures``
+    (each reason listed); ``CONFORMS``; ``NOT CHECKED ACROSS RANKS`` when every case
+    of it that ran had world size 1 (a mean over one rank is the local gradient, so
+    such a run proves nothing); ``not run``. Known failures that now pass (XPASS) are
+    counted in the verdict and listed, never hidden behind "not run".
+    """
 
     def __init__(self, state: SessionState):
         self.state = state
@@ -153,9 +194,10 @@ class _Summary:
         if hook is None or not (report.when == "call" or (report.when == "setup" and not report.passed)):
             return
         state = self.state
-        if hasattr(report, "wasxfail"):
-            outcome = "xpassed" if report.passed else "xfailed"
-            if report.passed:
+        strict_xpass = report.failed and str(report.longrepr).startswith("[XPASS(strict)]")
+        if hasattr(report, "wasxfail") or strict_xpass:
+            outcome = "xpassed" if report.passed or strict_xpass else "xfailed"
+            if outcome == "xpassed":
                 state.xpassed.append(report.nodeid)
             else:
                 state.xfail_reasons[hook].add(report.wasxfail)
@@ -163,35 +205,64 @@ class _Summary:
             outcome = report.outcome
             if report.failed:
                 state.per_hook_failed_checks[hook].add(props.get("check", "?"))
+        if outcome != "skipped" and props.get("world_size") is not None:
+            state.ran_at[hook].add(int(props["world_size"]))
         state.per_hook[hook][outcome] += 1
+
+    def verdict(self, name: str) -> str:
+        state = self.state
+        counts = state.per_hook.get(name) or {}
+        xpassed = counts.get("xpassed", 0)
+        now_pass = f"; {xpassed} known failure(s) now pass" if xpassed else ""
+        if counts.get("failed"):
+            return "DOES NOT CONFORM (" + ", ".join(sorted(state.per_hook_failed_checks[name])) + ")"
+        if not (counts.get("passed") or counts.get("xfailed") or xpassed):
+            return "not run"
+        if max(state.ran_at.get(name) or {0}) < 2:
+            return "NOT CHECKED ACROSS RANKS (every case ran at world size 1)"
+        if counts.get("xfailed"):
+            return "known failures" + now_pass
+        return "CONFORMS" + now_pass
+
+    def unchecked_hooks(self) -> List[str]:
+        return [item.spec.name for item in self.state.specs
+                if self.verdict(item.spec.name).startswith("NOT CHECKED ACROSS RANKS")]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if exitstatus != 0:
+            return
+        state = self.state
+        if self.unchecked_hooks() or (state.settings.strict_known_failures and state.unused_entries):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         state = self.state
-        if not state.per_hook:
-            return
         tr = terminalreporter
-        tr.section("hook conformance")
+        if state.per_hook:
+            tr.section("hook conformance")
         for item in state.specs:
             name = item.spec.name
             counts = state.per_hook.get(name)
             if not counts:
                 continue
-            if counts.get("failed"):
-                verdict = "DOES NOT CONFORM (" + ", ".join(sorted(state.per_hook_failed_checks[name])) + ")"
-            elif counts.get("xfailed"):
-                verdict = "known failures"
-            elif counts.get("passed"):
-                verdict = "CONFORMS"
-            else:
-                verdict = "not run"
             detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-            tr.write_line(f"{name:<28} {verdict}  [{sum(counts.values())} cases: {detail}]")
+            tr.write_line(f"{name:<28} {self.verdict(name)}  [{sum(counts.values())} cases: {detail}]")
             for reason in sorted(state.xfail_reasons.get(name, ())):
                 tr.write_line(f"{'':<28}   expected: {reason}")
         if state.xpassed:
             tr.section("known failures that now pass")
             for nodeid in state.xpassed:
                 tr.write_line(f"XPASS {nodeid}: remove or narrow its entry in the known-failures file")
+        unchecked = self.unchecked_hooks()
+        if unchecked:
+            tr.write_line(f"exit status 1: {', '.join(unchecked)} ran only at world size 1, where a mean over one "
+                          "rank is the local gradient; run with --world-size 2 or more (or --extra-world-size 3)",
+                          red=True)
+        if state.settings.strict_known_failures and state.unused_entries:
+            tr.section("known-failures entries that match no test (--strict-known-failures)")
+            for entry in state.unused_entries:
+                tr.write_line(f"{entry.source}: test = {entry.test!r} ({entry.conditions()}): update or remove it")
         runner = state.runner
         if runner is not None and getattr(runner, "restarts", 0):
             tr.write_line(f"rank pools restarted {runner.restarts} time(s) after hung or broken cases")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 from conformance.spec import HookSpec, SpecError
 
@@ -138,7 +139,25 @@ def load_specs(targets: Sequence[str], *, builtins: bool, entry_points: bool) ->
     return loaded
 
 
-def ensure_importable_from_cwd() -> None:
-    """Make ``--hook my_module:SPEC`` work from the current directory, as ``python -m`` does."""
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")
+def user_paths_first() -> Tuple[str, ...]:
+    """Put the working directory, then each ``PYTHONPATH`` entry, at the front of ``sys.path``.
+
+    The controller calls this before it loads any spec and hands the result to
+    every rank (:attr:`conformance.pool.PoolConfig.sys_path`), so both resolve
+    ``--hook my_pkg.hooks:SPEC`` alike, as ``python -m`` would from here. The
+    suite's own modules all live under ``conformance``, so a user's ``models``,
+    ``fixtures`` or ``tests`` package is never shadowed by them, nor shadows them.
+    Paths are made absolute, so a rank started elsewhere finds the same files.
+
+    Returns:
+        the new ``sys.path``, as a tuple.
+    """
+    cwd = os.getcwd()
+    front = [cwd]
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and os.path.abspath(entry) not in front:
+            front.append(os.path.abspath(entry))
+    rest = [p for p in sys.path if (os.path.abspath(p) if p else cwd) not in front]
+    sys.path[:] = front + rest
+    importlib.invalidate_caches()
+    return tuple(sys.path)

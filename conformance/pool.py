@@ -25,11 +25,11 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
 
-__all__ = ["PoolConfig", "PoolStartError", "RankPool"]
+__all__ = ["PoolConfig", "PoolStartError", "RankPool", "SpecLoadError"]
 
 #: Seconds the other ranks get to finish after one rank raised or died. A rank
 #: blocked in a collective its peer never joined will not finish at all.
@@ -42,6 +42,13 @@ class PoolStartError(RuntimeError):
     """The pool's processes could not start or join their process group."""
 
 
+class SpecLoadError(PoolStartError):
+    """A hook spec that loaded on the controller could not be loaded inside a rank.
+
+    A usage error, not a hook failure: the message carries the rank's traceback.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class PoolConfig:
     """How to start a pool.
@@ -52,6 +59,11 @@ class PoolConfig:
         device: ``"cpu"`` or ``"cuda"`` (rank ``r`` uses ``cuda:r``).
         case_timeout_s: seconds a case may run before it is called hung.
         start_timeout_s: seconds the ranks get to import torch and rendezvous.
+        sys_path: the module search path of every rank, the controller's own
+            at the time it loaded the specs (empty: the controller's current one),
+            so that the controller and the ranks resolve every module alike.
+        specs: ``(module:ATTR target, spec name)`` pairs each rank loads while
+            it starts; one that fails is a :class:`SpecLoadError`.
     """
 
     world_size: int
@@ -59,6 +71,8 @@ class PoolConfig:
     device: str
     case_timeout_s: float = 60.0
     start_timeout_s: float = 180.0
+    sys_path: Tuple[str, ...] = ()
+    specs: Tuple[Tuple[str, str], ...] = ()
 
 
 class RankPool:
@@ -90,8 +104,18 @@ class RankPool:
         self.wait_ready()
 
     def launch(self) -> None:
-        """Spawn the ranks without waiting for them (several pools can start at once)."""
+        """Spawn the ranks without waiting for them (several pools can start at once).
+
+        An interruption (Ctrl-C) while spawning kills the ranks already started.
+        """
         self.close()
+        try:
+            self._spawn()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _spawn(self) -> None:
         self._logs = []
         cfg = self.config
         self.starts += 1
@@ -126,7 +150,8 @@ class RankPool:
                 "device": cfg.device,
                 "store_path": store_path,
                 "pg_timeout_s": cfg.case_timeout_s + 60.0,
-                "sys_path": list(sys.path),
+                "sys_path": list(cfg.sys_path or sys.path),
+                "specs": list(cfg.specs),
             }))
             self._procs.append(proc)
             self._conns.append(conn)
@@ -134,7 +159,20 @@ class RankPool:
         self._launched_at = time.monotonic()
 
     def wait_ready(self) -> None:
-        """Wait until every launched rank has joined the process group."""
+        """Wait until every launched rank has joined the process group.
+
+        Raises:
+            SpecLoadError: a rank could not load a hook spec.
+            PoolStartError: a rank failed or did not join in time.
+        An interruption (Ctrl-C) while waiting kills the ranks.
+        """
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_ready(self) -> None:
         cfg = self.config
         deadline = self._launched_at + cfg.start_timeout_s
         pending = dict(enumerate(self._conns))
@@ -151,6 +189,10 @@ class RankPool:
                 except EOFError:
                     self._fail_start(f"rank {rank} exited during start-up "
                                      f"(exit code {self._procs[rank].wait()})", [rank])
+                if kind == "spec_failed":
+                    self.kill()
+                    raise SpecLoadError(f"rank {rank} of the {cfg.backend}/{cfg.device} pool of world size "
+                                        f"{cfg.world_size} {payload}")
                 if kind == "failed":
                     self._fail_start(f"rank {rank} could not join the process group:\n{payload}", [rank])
                 pending.pop(rank)
@@ -177,12 +219,13 @@ class RankPool:
                 proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
                 pass
-        self._kill()
+        self.kill()
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def _kill(self) -> None:
+    def kill(self) -> None:
+        """SIGKILL every rank's process group at once (no polite shutdown). Idempotent."""
         for proc in self._procs:
             if proc.poll() is None:
                 try:
@@ -248,7 +291,7 @@ class RankPool:
             stacks = self._dump_stacks(unfinished, offsets)
             for r in unfinished:
                 outcomes[r] = RankOutcome(rank=r, phase=phases[r], stack=stacks.get(r, "(no stack written)"))
-            self._kill()
+            self.kill()
             rebuilt = True
         elif not all(o.ok for o in outcomes.values()):
             rebuilt = not self._still_in_step()
@@ -259,7 +302,7 @@ class RankPool:
     def _still_in_step(self) -> bool:
         """After a failed case: do the ranks still agree on the collective sequence?"""
         if not self.alive:
-            self._kill()
+            self.kill()
             return False
         self._seq += 1
         for conn in self._conns:
@@ -270,17 +313,17 @@ class RankPool:
         while replies < len(self._conns):
             ready = wait(self._conns, timeout=max(deadline - time.monotonic(), 0))
             if not ready:
-                self._kill()
+                self.kill()
                 return False
             for conn in ready:
                 try:
                     kind, payload = recv(conn)
                 except (EOFError, OSError):
-                    self._kill()
+                    self.kill()
                     return False
                 if kind == "pong":
                     if payload != expected:
-                        self._kill()
+                        self.kill()
                         return False
                     replies += 1
         return True
@@ -306,7 +349,3 @@ class RankPool:
                 return f.read().decode("utf-8", "replace")
         except (OSError, IndexError):
             return ""
-
-    def log_tail(self, rank: int, since: int = 0) -> str:
-        """Text the rank wrote to stdout/stderr since byte ``since`` of its log."""
-        return self._read_log(rank, since)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
+import pytest
 from conformance.compare import compare_bitwise
-from conformance.pool import PoolConfig, PoolStartError, RankPool
+from conformance.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 
 #: Findings listed in full in one failure message; the rest are counted.
@@ -40,10 +41,14 @@ class Runner:
         self.timings: List[tuple] = []
 
     def pool(self, world_size: int) -> RankPool:
+        """The pool of ``world_size`` ranks, placed by :meth:`Settings.placement` (made, not started)."""
         s = self.state.settings
         if world_size not in self.pools:
-            self.pools[world_size] = RankPool(PoolConfig(world_size=world_size, backend=s.backend, device=s.device,
-                                                         case_timeout_s=s.case_timeout_s))
+            backend, device = s.placement(world_size)
+            specs = tuple((item.target, item.spec.name) for item in self.state.specs)
+            self.pools[world_size] = RankPool(PoolConfig(
+                world_size=world_size, backend=backend, device=device, case_timeout_s=s.case_timeout_s,
+                sys_path=tuple(self.state.sys_path), specs=specs))
         return self.pools[world_size]
 
     def prestart(self, world_sizes: Sequence[int]) -> None:
@@ -51,18 +56,35 @@ class Runner:
 
         Start-up errors are not raised here: the first case on a pool that
         failed to start retries the start and reports the error as its failure.
+        A spec that a rank cannot load ends the session as a usage error (exit
+        4) before any case runs. An interruption kills every pool.
         """
         launched = []
-        for ws in world_sizes:
-            pool = self.pool(ws)
-            if not pool.alive:
-                pool.launch()
-                launched.append(pool)
-        for pool in launched:
-            try:
-                pool.wait_ready()
-            except PoolStartError:
-                pass
+        try:
+            for ws in world_sizes:
+                pool = self.pool(ws)
+                if not pool.alive:
+                    pool.launch()
+                    launched.append(pool)
+            for pool in launched:
+                try:
+                    pool.wait_ready()
+                except SpecLoadError as exc:
+                    self.usage_error(exc)
+                except PoolStartError:
+                    pass
+        except BaseException:
+            for pool in self.pools.values():
+                pool.kill()
+            raise
+
+    def usage_error(self, exc: SpecLoadError) -> None:
+        """End the session with exit code 4: a hook spec that loads on the controller fails inside a rank."""
+        self.close()
+        pytest.exit(f"usage error: a hook spec cannot be loaded inside the rank processes, so no case can run "
+                    f"(no hook is blamed): {exc}\nThe ranks import specs with the controller's sys.path "
+                    "(working directory, then PYTHONPATH); make the module importable there.",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
 
     def close(self) -> None:
         for pool in self.pools.values():
@@ -93,6 +115,8 @@ class Runner:
         pool = self.pool(world_size)
         try:
             result = pool.run(case)
+        except SpecLoadError as exc:
+            self.usage_error(exc)
         except PoolStartError as exc:
             raise ConformanceFailure(f"the rank pool could not start: {exc}") from None
         self.timings.append((result.wall_s, result.max_compute_s))
@@ -101,16 +125,17 @@ class Runner:
         header = self.header(hook, describe, world_size)
         problems = self._rank_problems(result)
         if problems:
-            self.fail(test_name, hook, header, problems)
+            self.fail(test_name, hook, header, problems, world_size)
         if findings:
             found = [f for o in result.outcomes for f in (o.value or [])]
             if found:
-                self.fail(test_name, hook, header, self.findings_text(found))
+                self.fail(test_name, hook, header, self.findings_text(found), world_size)
         return result
 
-    def fail(self, test_name: str, hook: Optional[str], header: str, body: str) -> None:
+    def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
+             world_size: Optional[int] = None) -> None:
         __tracebackhide__ = True
-        rerun = self.state.rerun_command(test_name, hook)
+        rerun = self.state.rerun_command(test_name, hook, world_size)
         raise ConformanceFailure(f"{header}\n{body}\nRe-run just this case:\n  {rerun}")
 
     @staticmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
 
@@ -19,6 +19,16 @@ __all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
 DEFAULT_CASE_TIMEOUT_S = 60.0
 #: Generated hard-input examples per case (on top of the named explicit ones).
 DEFAULT_HYPOTHESIS_EXAMPLES = 3
+#: Resident memory of one CPU rank, in bytes: a Python process with torch, FSDP and
+#: ``torch._dynamo`` imported and a reference model trained (measured with torch 2.13
+#: on this project's machine: about 300 MB each). Sets the bound on CPU world sizes.
+CPU_RANK_MEMORY_BYTES = 300 * 2**20
+#: CPU ranks per core beyond which a run is refused: every collective needs every rank
+#: scheduled, so far more ranks than cores turn each case into minutes of time slicing.
+MAX_CPU_RANKS_PER_CORE = 16
+#: World sizes the default run adds as gloo pools on the CPU when the machine's defaults
+#: give world size 1 (one GPU): averaging over one rank proves nothing.
+CROSS_RANK_WORLD_SIZE = 2
 
 
 class SettingsError(ValueError):
@@ -43,6 +53,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--device", "CONFORM_DEVICE", "device of each rank: cpu or cuda (default: cuda if available)", "conform_device"),
     Option("--case-timeout", "CONFORM_CASE_TIMEOUT", "seconds before a case is declared hung (default: 60)", "conform_case_timeout"),
     Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", "generated hard-input examples per case (default: 3)", "conform_hypothesis_examples"),
+    Option("--strict-known-failures", "CONFORM_STRICT_KNOWN_FAILURES", "for CI gates: fail the run when a known failure passes (XPASS) or a known-failures entry matches no test (env: 1 or 0)", "conform_strict_known_failures"),
     Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
 )
 
@@ -63,6 +74,11 @@ class Settings:
         hypothesis_examples: generated examples per hard-input case.
         known_failures: paths of known-failures files, the packaged one first.
         gpu_count: ``torch.cuda.device_count()`` (0 without CUDA).
+        strict_known_failures: a known failure that passes, or an entry that
+            matches no test, fails the run (for nightly gates).
+        cpu_pools: world sizes that run as gloo pools on the CPU although
+            ``device`` is ``"cuda"``: added when the defaults gave world size 1
+            (one GPU), where averaging proves nothing. Empty otherwise.
     """
 
     hooks: Tuple[str, ...]
@@ -76,28 +92,50 @@ class Settings:
     hypothesis_examples: int
     known_failures: Tuple[str, ...]
     gpu_count: int
+    strict_known_failures: bool = False
+    cpu_pools: Tuple[int, ...] = ()
 
     @property
     def world_sizes(self) -> Tuple[int, ...]:
-        if self.extra_world_size and self.extra_world_size != self.world_size:
-            return (self.world_size, self.extra_world_size)
-        return (self.world_size,)
+        """Every world size the run checks: the main one first, then the others."""
+        sizes = [self.world_size, *self.cpu_pools]
+        if self.extra_world_size and self.extra_world_size not in sizes:
+            sizes.append(self.extra_world_size)
+        return tuple(sizes)
+
+    def role(self, world_size: int) -> str:
+        """``"main"`` (the full case plan) or ``"extra"`` (the short plan of the extra world size)."""
+        if world_size == self.world_size or (world_size in self.cpu_pools and world_size != self.extra_world_size):
+            return "main"
+        return "extra"
+
+    def placement(self, world_size: int) -> Tuple[str, str]:
+        """``(backend, device)`` of the pool of ``world_size`` ranks."""
+        if world_size in self.cpu_pools:
+            return "gloo", "cpu"
+        return self.backend, self.device
 
     def world_size_unavailable(self, world_size: int) -> Optional[str]:
         """Why a pool of ``world_size`` cannot run here, or ``None`` if it can."""
-        if self.device == "cuda" and world_size > self.gpu_count:
+        if self.placement(world_size)[1] == "cuda" and world_size > self.gpu_count:
             return (f"world size {world_size} needs {world_size} GPUs (one rank per GPU), "
                     f"but this machine has {self.gpu_count}")
         return None
 
-    def rerun_args(self) -> List[str]:
+    def rerun_args(self, world_size: Optional[int] = None) -> List[str]:
         """Options that reproduce this run's machine settings, as ``[flag, value, ...]``.
 
         Values that change what a case does or where it runs are always
         spelled out, so the command does not depend on the caller's environment.
+        A case of world size ``world_size`` that ran on an added CPU pool
+        (:attr:`cpu_pools`) is re-run on a gloo CPU pool of that size.
         """
-        args = ["--world-size", str(self.world_size), "--extra-world-size", str(self.extra_world_size or 0),
-                "--backend", self.backend, "--device", self.device]
+        if world_size in self.cpu_pools:
+            args = ["--world-size", str(world_size), "--extra-world-size", "0", "--backend", "gloo",
+                    "--device", "cpu"]
+        else:
+            args = ["--world-size", str(self.world_size), "--extra-world-size", str(self.extra_world_size or 0),
+                    "--backend", self.backend, "--device", self.device]
         if self.case_timeout_s != DEFAULT_CASE_TIMEOUT_S:
             args += ["--case-timeout", f"{self.case_timeout_s:g}"]
         if self.hypothesis_examples != DEFAULT_HYPOTHESIS_EXAMPLES:
@@ -133,23 +171,108 @@ def _int(value: Any, source: str, *, minimum: int) -> int:
     return number
 
 
+def cpu_count() -> int:
+    """Cores this process may run on (``os.sched_getaffinity``, else ``os.cpu_count``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available to new processes (``MemAvailable`` of /proc/meminfo), or ``None``."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_cpu_capacity(sizes: Sequence[Tuple[int, str]], cores: int, memory: Optional[int]) -> None:
+    """Refuse CPU world sizes this machine cannot hold, before any rank is spawned.
+
+    ``sizes`` are ``(world_size, source)`` pairs of the CPU pools, which start
+    together, so their ranks add up. (FSDP2's 4-rank HSDP pool, started only
+    for FSDP2 hooks, is left out: the per-core bound leaves room for it.)
+
+    Raises:
+        SettingsError: more ranks than ``MAX_CPU_RANKS_PER_CORE`` per core, or
+            more than the available memory holds at ``CPU_RANK_MEMORY_BYTES`` each;
+            the message names the option and the largest world size that fits.
+    """
+    total = sum(ws for ws, _ in sizes)
+    if not total:
+        return
+    by_cores = MAX_CPU_RANKS_PER_CORE * cores
+    by_memory = None if memory is None else memory // CPU_RANK_MEMORY_BYTES
+    limit = by_cores if by_memory is None else min(by_cores, by_memory)
+    if total <= limit:
+        return
+    ws, source = max(sizes)
+    others = total - ws
+    fits = max(limit - others, 0)
+    why = []
+    if by_memory is not None and total > by_memory:
+        why.append(f"each CPU rank takes about {CPU_RANK_MEMORY_BYTES // 2**20} MB, so {total} ranks need about "
+                   f"{_gib(total * CPU_RANK_MEMORY_BYTES)}, but {_gib(memory)} is available")
+    if total > by_cores:
+        why.append(f"this machine has {cores} core(s), and more than {MAX_CPU_RANKS_PER_CORE} ranks per core "
+                   "leave every collective waiting on time slices")
+    pools = " + ".join(str(w) for w, _ in sizes)
+    raise SettingsError(
+        f"world size {ws} from {source} is more CPU ranks than this machine can hold ({pools} ranks in pools that "
+        f"start together): {'; and '.join(why)}. Nothing was started. Use a world size of at most {fits} here, "
+        "or --extra-world-size 0 to drop the second pool.")
+
+
+def _flag(value: Any, source: str) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"invalid value {value!r} from {source}: expected 1 or 0 (true/false)")
+
+
 def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = None,
-            gpu_count: Optional[int] = None) -> Settings:
+            gpu_count: Optional[int] = None, cores: Optional[int] = None,
+            memory: Optional[int] = -1) -> Settings:
     """Resolve every option from ``getoption(dest)``, then ``env``, then the machine.
+
+    ``gpu_count``, ``cores`` and ``memory`` (bytes available, ``None`` for
+    unknown) describe the machine; by default they are read from it.
 
     Raises:
         SettingsError: an invalid value, or a combination this machine cannot
-            run (CUDA without GPUs, NCCL on CPU, more ranks than GPUs).
+            run (CUDA without GPUs, NCCL on CPU, more ranks than GPUs, more CPU
+            ranks than the cores and memory hold).
     """
     env = dict(os.environ) if env is None else env
     if gpu_count is None:
         import torch
 
         gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cores = cpu_count() if cores is None else cores
+    memory = available_memory() if memory == -1 else memory
     by_dest = {o.dest: o for o in OPTIONS}
 
     def pick(dest: str) -> Tuple[Any, str]:
         return _pick(getoption(dest), by_dest[dest], env)
+
+    strict_value, strict_source = pick("conform_strict_known_failures")
+    strict = _flag(strict_value, strict_source)
 
     hooks_value, hooks_source = pick("conform_hooks")
     if isinstance(hooks_value, str):
@@ -187,6 +310,16 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
 
     extra_value, extra_source = pick("conform_extra_world_size")
     extra = 3 if extra_value is None else _int(extra_value, extra_source, minimum=0)
+    cpu_pools: Tuple[int, ...] = ()
+    if device == "cuda" and ws_value is None and world_size == 1:
+        # One GPU: averaging over one rank proves nothing, so the cross-rank checks
+        # run on gloo CPU pools, and the extra world size joins them there.
+        cpu_pools = tuple(sorted({CROSS_RANK_WORLD_SIZE, *([extra] if extra > 1 else [])}))
+    cpu_sizes = [(world_size, ws_source or "the default world size")] if device == "cpu" else []
+    cpu_sizes += [(ws, "the default one-GPU cross-rank pools") for ws in cpu_pools]
+    if extra and extra not in (world_size, *cpu_pools) and device == "cpu":
+        cpu_sizes.append((extra, extra_source or "the default extra world size"))
+    check_cpu_capacity(cpu_sizes, cores, memory)
 
     timeout_value, timeout_source = pick("conform_case_timeout")
     try:
@@ -221,4 +354,6 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         hypothesis_examples=examples,
         known_failures=known,
         gpu_count=gpu_count,
+        strict_known_failures=strict,
+        cpu_pools=cpu_pools,
     )

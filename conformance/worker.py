@@ -107,14 +107,42 @@ class _Worker:
         self.ctx = RankContext(self.rank, self.world_size, self.group, self.device, self.backend, self.conn)
         send(self.conn, ("ready", {"rank": self.rank, "pid": os.getpid(), "torch": torch.__version__}))
 
-    def load_spec(self, ref: Any) -> Any:
-        key = (ref.target, ref.name)
-        if key not in self._specs:
-            from conformance.plugins import load_target
+    def load_specs(self, wanted: Any) -> Optional[str]:
+        """Load every ``(target, name)`` spec the controller loaded; why one failed, or ``None``.
 
-            for spec in load_target(ref.target):
-                self._specs[(ref.target, spec.name)] = spec
-        return self._specs[key]
+        Runs before the rank joins the process group, so a module that imports
+        on the controller but not here is a usage error before the first case,
+        never a hook failure.
+        """
+        from conformance.plugins import load_target
+
+        for target, name in wanted:
+            if (target, name) in self._specs:
+                continue
+            try:
+                for spec in load_target(target):
+                    self._specs[(target, spec.name)] = spec
+            except BaseException as exc:  # noqa: BLE001 - reported to the controller as a usage error
+                # load_target's SpecError hides the import's own traceback (raise ... from None);
+                # the user needs it, so report the exception it was raised from.
+                cause = exc.__context__ if exc.__context__ is not None else exc
+                trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+                return (f"could not load hook target {target!r}, which loaded on the controller "
+                        f"(sys.path {sys.path[:3]}...):\n{trace.rstrip()}\n{exc}")
+            if (target, name) not in self._specs:
+                here = sorted(n for t, n in self._specs if t == target)
+                return (f"loaded hook target {target!r}, but it has no spec named {name!r} here; it defines "
+                        f"{', '.join(here) or 'none'}. On the controller it defined {name!r}: the module must build "
+                        "the same spec names in every process (no names from random numbers, time or the pid)")
+        return None
+
+    def load_spec(self, ref: Any) -> Any:
+        """The spec of ``ref`` (a :class:`~conformance.protocol.HookRef`), loaded on first use if the pool
+        was not told to load it at start-up."""
+        problem = self.load_specs([(ref.target, ref.name)])
+        if problem is not None:
+            raise RuntimeError(problem)
+        return self._specs[(ref.target, ref.name)]
 
     def run_case(self, case: Any) -> Any:
         from conformance.checks import get_rank_check
@@ -186,6 +214,10 @@ def main(argv: Optional[list] = None) -> int:
     sys.path[:] = hello["sys_path"]
     importlib.invalidate_caches()
     worker = _Worker(conn, hello)
+    problem = worker.load_specs(hello.get("specs", ()))
+    if problem is not None:
+        send(conn, ("spec_failed", problem))
+        return 1
     try:
         worker.start(hello)
     except BaseException:  # noqa: BLE001

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -46,13 +48,21 @@ class SuiteRun:
         return out
 
 
-def run_suite(args: Sequence[str], junit_path: str, *, timeout: float = 900) -> SuiteRun:
-    """``python -m conformance ARGS --junitxml JUNIT``, from the repository root."""
+def run_suite(args: Sequence[str], junit_path: str, *, timeout: float = 900, cwd: str = REPO) -> SuiteRun:
+    """``python -m conformance ARGS --junitxml JUNIT``, from ``cwd`` (default: the repository root).
+
+    From the repository root, the repository is put on ``PYTHONPATH`` (for
+    ``tests.zoo``); from anywhere else the run sees only what a user's shell
+    would: the installed package and the working directory.
+    """
     env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    if cwd == REPO:
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    else:
+        env.pop("PYTHONPATH", None)
     proc = subprocess.run(
         [sys.executable, "-m", "conformance", *args, f"--junitxml={junit_path}", "-p", "no:randomly"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
     )
     cases = read_junit(junit_path) if os.path.exists(junit_path) else []
     return SuiteRun(proc.returncode, proc.stdout, cases)
@@ -74,3 +84,19 @@ def read_junit(path: str) -> List[CaseReport]:
                 break
         out.append(CaseReport(tc.get("name"), outcome, props, message))
     return out
+
+
+#: The block every failure ends with: the heading line, then the command indented by two
+#: spaces. In pytest's long report each line may carry the "E   " prefix of an exception.
+_RERUN_BLOCK = re.compile(r"^(?:E +)?Re-run just this case:\n(?:E +)?  (conform [^\n]*)$", re.MULTILINE)
+
+
+def rerun_args(message: str) -> List[str]:
+    """The arguments of the ``Re-run just this case:`` command in a failure ``message``.
+
+    Parses that block exactly: the line after the heading. Every copy of the
+    block in the message (pytest repeats the exception text) must agree.
+    """
+    commands = set(_RERUN_BLOCK.findall(message))
+    assert len(commands) == 1, f"expected one re-run command, found {sorted(commands)} in:\n{message[-3000:]}"
+    return shlex.split(commands.pop())[1:]

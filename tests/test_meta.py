@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.meta_helpers import run_suite
+from tests.meta_helpers import rerun_args, run_suite
 from tests.zoo import fsdp_hooks as zoo
 
 #: The check that must catch each known-bad hook (see zoo.EXPECTED_CATCH for why).
@@ -93,11 +93,7 @@ def test_failure_names_everything_needed_to_act(zoo_run):
 
 def test_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
     case = next(c for c in zoo_run.by_hook()["bad_wrong_shard"] if c.outcome == "failed")
-    line = next(ln.strip() for ln in case.message.splitlines() if ln.strip().startswith("conform "))
-    import shlex
-
-    args = shlex.split(line)[1:]
-    rerun = run_suite(args, str(tmp_path / "rerun.xml"))
+    rerun = run_suite(rerun_args(case.message), str(tmp_path / "rerun.xml"))
     assert rerun.returncode == 1, rerun.output[-3000:]
     assert [c.name for c in rerun.cases] == [case.name]
     assert rerun.cases[0].outcome == "failed"

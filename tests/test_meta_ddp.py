@@ -10,11 +10,10 @@ real training loss); the default ``make conform`` run covers it for the built-in
 from __future__ import annotations
 
 import os
-import shlex
 
 import pytest
 
-from tests.meta_helpers import REPO, run_suite
+from tests.meta_helpers import REPO, rerun_args, run_suite
 from tests.zoo import ddp_hooks as zoo
 
 #: The checks that must catch each known-bad hook (zoo.EXPECTED_CATCH says why).
@@ -176,8 +175,7 @@ def test_ddp_failure_names_everything_needed_to_act(zoo_run):
 
 def test_ddp_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
     case = next(c for c in _cases(zoo_run, "bad_stale_second_step", "parity") if c.outcome == "failed")
-    line = next(ln.strip() for ln in case.message.splitlines() if ln.strip().startswith("conform "))
-    rerun = run_suite(shlex.split(line)[1:], str(tmp_path / "rerun.xml"))
+    rerun = run_suite(rerun_args(case.message), str(tmp_path / "rerun.xml"))
     assert rerun.returncode == 1, rerun.output[-3000:]
     assert [c.name for c in rerun.cases] == [case.name]
     assert rerun.cases[0].outcome == "failed"

@@ -11,13 +11,12 @@ without a pool, of the pieces the FSDP2 checks are built from.
 
 from __future__ import annotations
 
-import shlex
 
 import pytest
 import torch
 
 from conformance.checks import fsdp2 as checks
-from tests.meta_helpers import run_suite
+from tests.meta_helpers import rerun_args, run_suite
 from tests.zoo import fsdp2_comms as zoo
 
 #: The configs (``config`` property) that must catch each known-bad spec; see zoo.EXPECTED_CATCH.
@@ -131,8 +130,7 @@ def test_failure_names_everything_needed_to_act(zoo_run):
 def test_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
     case = next(c for c in zoo_run.by_hook()["bad_wrong_shard"]
                 if c.outcome == "failed" and c.properties.get("world_size") == "2")
-    line = next(ln.strip() for ln in case.message.splitlines() if ln.strip().startswith("conform "))
-    rerun = run_suite(shlex.split(line)[1:], str(tmp_path / "rerun.xml"))
+    rerun = run_suite(rerun_args(case.message), str(tmp_path / "rerun.xml"))
     assert rerun.returncode == 1, rerun.output[-3000:]
     assert [c.name for c in rerun.cases] == [case.name]
     assert rerun.cases[0].outcome == "failed"
@@ -184,7 +182,7 @@ def test_missing_api_names_the_method_and_torch_version():
                                   "transformer_shared", "gradient_probe"])
 def test_fully_shard_units_mirror_the_fsdp1_units(name):
     """The FSDP2 build shards the same submodules the FSDP1 build wraps (root included)."""
-    from models import get_model
+    from conformance.models import get_model
 
     cls = get_model(name)
     with torch.random.fork_rng(devices=[]):

@@ -19,7 +19,7 @@ from conformance.settings import DEFAULT_HYPOTHESIS_EXAMPLES, OPTIONS, Settings,
 REPO = Path(__file__).resolve().parents[1]
 DESTS = {o.dest for o in OPTIONS}
 UNSET = {"conform_hooks": [], "conform_known_failures": [], "conform_with_builtins": False,
-         "conform_no_entry_points": False}
+         "conform_no_entry_points": False, "conform_strict_known_failures": False}
 
 
 def getoption(**given):
@@ -285,3 +285,95 @@ def test_cli_world_size_zero_is_a_usage_error_naming_the_flag():
     assert proc.returncode == 4, output
     assert "--world-size" in output
     assert "'0'" in output
+
+
+# -- bounds: a world size this machine cannot hold is refused before anything spawns ----
+
+
+GIB = 2**30
+
+
+def test_a_cpu_world_size_beyond_the_memory_is_refused_with_the_largest_that_fits():
+    with pytest.raises(SettingsError) as info:
+        resolve(getoption(conform_world_size="1000"), {}, 0, cores=64, memory=20 * GIB)
+    msg = str(info.value)
+    assert "world size 1000 from --world-size" in msg
+    assert "300 MB" in msg and "20.0 GiB is available" in msg
+    # 20 GiB / 300 MiB = 68 ranks in all; the extra pool of 3 starts too.
+    assert "at most 65" in msg and "Nothing was started" in msg
+
+
+def test_a_cpu_world_size_beyond_the_cores_is_refused_and_names_the_environment_variable():
+    with pytest.raises(SettingsError) as info:
+        resolve(getoption(), {"CONFORM_WORLD_SIZE": "40"}, 0, cores=2, memory=None)
+    msg = str(info.value)
+    assert "from CONFORM_WORLD_SIZE" in msg and "2 core(s)" in msg and "at most 29" in msg
+
+
+def test_world_sizes_that_fit_are_accepted():
+    s = resolve(getoption(conform_world_size="8"), {}, 0, cores=2, memory=24 * GIB)
+    assert s.world_sizes == (8, 3)
+
+
+def test_gpu_world_sizes_are_bounded_by_the_gpus_not_the_cpu_memory():
+    s = resolve(getoption(), {}, 8, cores=2, memory=1 * GIB)
+    assert (s.device, s.world_size) == ("cuda", 8)
+
+
+def test_the_bound_is_measured_against_this_machine_by_default():
+    assert settings().world_size == 2  # the default run fits on the project's 2-core machine
+
+
+# -- one GPU: never a verdict from one rank -----------------------------------------------
+
+
+def test_one_gpu_default_adds_gloo_cpu_pools_at_two_and_three():
+    s = settings(gpus=1)
+    assert (s.backend, s.device, s.world_size) == ("nccl", "cuda", 1)
+    assert s.cpu_pools == (2, 3)
+    assert s.world_sizes == (1, 2, 3)
+    assert s.placement(1) == ("nccl", "cuda")
+    assert s.placement(2) == ("gloo", "cpu") and s.placement(3) == ("gloo", "cpu")
+    assert all(s.world_size_unavailable(ws) is None for ws in s.world_sizes)
+    # world size 2 gets the full plan (it is where averaging is checked); 3 the extra one
+    assert [s.role(ws) for ws in s.world_sizes] == ["main", "main", "extra"]
+
+
+def test_one_gpu_without_extra_world_size_still_checks_two_ranks():
+    s = settings(cli={"conform_extra_world_size": "0"}, gpus=1)
+    assert s.world_sizes == (1, 2) and s.cpu_pools == (2,)
+
+
+def test_an_explicit_world_size_one_adds_no_pools():
+    s = settings(cli={"conform_world_size": "1"}, gpus=1)
+    assert s.cpu_pools == () and s.world_sizes == (1, 3)
+    assert s.world_size_unavailable(3) is not None  # 3 ranks need 3 GPUs
+
+
+def test_several_gpus_add_no_cpu_pools():
+    s = settings(gpus=2)
+    assert s.cpu_pools == () and s.world_sizes == (2, 3)
+    assert s.placement(3) == ("nccl", "cuda")
+
+
+def test_rerun_of_a_case_on_an_added_cpu_pool_runs_it_on_gloo_cpu():
+    s = settings(gpus=1)
+    assert s.rerun_args(2)[:8] == ["--world-size", "2", "--extra-world-size", "0", "--backend", "gloo",
+                                   "--device", "cpu"]
+    assert s.rerun_args(1)[:8] == ["--world-size", "1", "--extra-world-size", "3", "--backend", "nccl",
+                                   "--device", "cuda"]
+
+
+# -- strict known failures (the nightly gate) ---------------------------------------------
+
+
+@pytest.mark.parametrize("env_value, expected", [("1", True), ("true", True), ("0", False), ("no", False)])
+def test_strict_known_failures_from_the_environment(env_value, expected):
+    assert settings(env={"CONFORM_STRICT_KNOWN_FAILURES": env_value}).strict_known_failures is expected
+
+
+def test_strict_known_failures_flag_and_a_bad_environment_value():
+    assert settings(cli={"conform_strict_known_failures": True}).strict_known_failures
+    assert not settings().strict_known_failures
+    msg = settings_error(env={"CONFORM_STRICT_KNOWN_FAILURES": "maybe"})
+    assert "'maybe' from CONFORM_STRICT_KNOWN_FAILURES" in msg

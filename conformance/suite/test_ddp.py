@@ -66,25 +66,30 @@ def _ddp_specs(config) -> List[Any]:
 
 
 def _cases(specs: Sequence[Any], sizes: Sequence[int], main: Sequence[Tuple[str, str]],
-           extra: Sequence[Tuple[str, str]] = ()) -> List[cases.CaseParams]:
+           extra: Sequence[Tuple[str, str]] = (), role: Any = None) -> List[cases.CaseParams]:
     out = []
     for spec in specs:
         for i, ws in enumerate(sizes):
-            for config, model in (main if i == 0 else extra):
+            is_main = i == 0 if role is None else role(ws) == "main"
+            for config, model in (main if is_main else extra):
                 out.append(cases.CaseParams(spec.name, config, ws, model=model))
     return out
 
 
-def case_table(specs: Sequence[Any], sizes: Sequence[int]) -> Dict[str, List[cases.CaseParams]]:
-    """Every DDP test function's cases for ``specs`` at world sizes ``sizes`` (main first)."""
+def case_table(specs: Sequence[Any], sizes: Sequence[int], role: Any = None) -> Dict[str, List[cases.CaseParams]]:
+    """Every DDP test function's cases for ``specs`` at world sizes ``sizes`` (main first).
+
+    ``role(world_size)`` says which sizes get the full plan (``"main"``); by
+    default only the first does.
+    """
     exact = [sp for sp in specs if sp.lossy is None]
     lossy = [sp for sp in specs if sp.lossy is not None]
     return {
         "test_ddp_averaging": _cases(exact, sizes, [("default", "analytic_linear")], [("default", "analytic_linear")]),
-        "test_ddp_parity": _cases(exact, sizes, PARITY_CASES, EXTRA_PARITY_CASES),
-        "test_ddp_rank_consistency": _cases(specs, sizes, CONSISTENCY_CASES, EXTRA_CONSISTENCY_CASES),
+        "test_ddp_parity": _cases(exact, sizes, PARITY_CASES, EXTRA_PARITY_CASES, role),
+        "test_ddp_rank_consistency": _cases(specs, sizes, CONSISTENCY_CASES, EXTRA_CONSISTENCY_CASES, role),
         "test_ddp_future_contract": _cases(specs, sizes[:1], FUTURE_CASES),
-        "test_ddp_lossy_error": _cases(lossy, sizes, LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES),
+        "test_ddp_lossy_error": _cases(lossy, sizes, LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES, role),
         "test_ddp_lossy_loss": _cases([sp for sp in lossy if sp.lossy.loss_margin is not None], sizes[:1],
                                       LOSSY_LOSS_CASES),
         "test_ddp_lossy_determinism": _cases([sp for sp in lossy if sp.lossy.deterministic], sizes[:1],
@@ -97,7 +102,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     s = state_of(metafunc.config).settings
     name = metafunc.function.__name__
-    params = case_table(_ddp_specs(metafunc.config), s.world_sizes).get(name)
+    params = case_table(_ddp_specs(metafunc.config), s.world_sizes, s.role).get(name)
     if params is None:
         return
     marks = []
@@ -137,7 +142,8 @@ def _run_exact(conform, request, case, check: str, rank_check: str, params: Dict
         never = any("never communicates" in f.message for f in found)
         if _spec(request, case).lossy is None and not never:
             body += "\n  " + DECLARE_LOSSY_HINT
-        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size), body)
+        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size), body,
+                     case.world_size)
 
 
 def test_ddp_averaging(conform, request, case):
@@ -162,7 +168,7 @@ def test_ddp_rank_consistency(conform, request, case):
         findings = compare_across_ranks([o.value["grads"] for o in result.outcomes])
     if findings:
         conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
-                     conform.findings_text(findings))
+                     conform.findings_text(findings), case.world_size)
 
 
 def test_ddp_future_contract(conform, request, case):
@@ -197,7 +203,7 @@ def test_ddp_lossy_error(conform, request, case):
     findings = [f for v in values for f in v["findings"]]
     if findings:
         conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
-                     conform.findings_text(findings) + "\n" + summary)
+                     conform.findings_text(findings) + "\n" + summary, case.world_size)
 
 
 def test_ddp_lossy_loss(conform, request, case):
@@ -217,7 +223,7 @@ def test_ddp_lossy_loss(conform, request, case):
                    f"(loss {value['loss_hook']!r} with the hook, {value['loss_exact']!r} without); declared "
                    f"loss_margin {_fmt(spec.lossy.loss_margin)}")
         conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
-                     conform.findings_text(findings) + "\n" + summary)
+                     conform.findings_text(findings) + "\n" + summary, case.world_size)
 
 
 def test_ddp_lossy_determinism(conform, request, case):

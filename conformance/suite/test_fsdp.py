@@ -36,12 +36,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if name == "test_averaging":
         params = cases.training_cases(specs, sizes)
     elif name == "test_parity":
-        models = {main: cases.PARITY_MODELS}
-        if len(sizes) > 1:
-            models[sizes[1]] = cases.EXTRA_PARITY_MODELS
+        models = {ws: cases.PARITY_MODELS if s.role(ws) == "main" else cases.EXTRA_PARITY_MODELS for ws in sizes}
         params = cases.training_cases(specs, sizes, models=models)
     elif name == "test_rank_consistency":
-        models = {ws: cases.CONSISTENCY_MODELS if ws == main else cases.CONSISTENCY_MODELS[:1] for ws in sizes}
+        models = {ws: cases.CONSISTENCY_MODELS if s.role(ws) == "main" else cases.CONSISTENCY_MODELS[:1]
+                  for ws in sizes}
         params = cases.training_cases(specs, sizes, models=models, strategies=("NO_SHARD",))
     elif name == "test_registration":
         params = cases.registration_cases(specs, main, REGISTRATION_RULES)
@@ -97,7 +96,7 @@ def test_rank_consistency(conform, request, case):
     findings = compare_across_ranks([o.value for o in result.outcomes])
     if findings:
         conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
-                     conform.findings_text(findings))
+                     conform.findings_text(findings), case.world_size)
 
 
 def test_registration(conform, request, case):

@@ -105,13 +105,18 @@ def hsdp_unavailable(sizes: List[int]) -> Optional[str]:
             "to run these cases")
 
 
-def parity_cases(specs: List[Any], main: int, sizes: List[int]) -> List[Fsdp2Case]:
-    """The comm cases of a run: per spec, :data:`PLAN` at each world size, then HSDP."""
+def parity_cases(specs: List[Any], main: Any, sizes: List[int]) -> List[Fsdp2Case]:
+    """The comm cases of a run: per spec, :data:`PLAN` at each world size, then HSDP.
+
+    ``main`` is the main world size, or a function that gives each world size's
+    role (``"main"`` or ``"extra"``, :meth:`Settings.role`).
+    """
+    role_of = main if callable(main) else (lambda ws: "main" if ws == main else "extra")
     known = _known_models()
     out = []
     for spec in specs:
         claim = "full" if spec.reduce_dtype is None else "low"
-        roles = [("main" if ws == main else "extra", ws) for ws in sizes] + [("hsdp", hsdp_world_size(sizes))]
+        roles = [(role_of(ws), ws) for ws in sizes] + [("hsdp", hsdp_world_size(sizes))]
         for role, ws in roles:
             out.extend(Fsdp2Case(spec.name, config, model, ws) for config, model in PLAN[(role, claim)])
     return [c for c in out if c.model in known]
@@ -152,7 +157,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if name == "test_fsdp2_parity":
         api = "fsdp2"
         specs = _specs(metafunc.config, api)
-        cases = parity_cases(specs, s.world_size, list(s.world_sizes))
+        cases = parity_cases(specs, s.role, list(s.world_sizes))
     elif name == "test_fsdp2_all_reduce_hook":
         api = "fsdp2_all_reduce"
         specs = _specs(metafunc.config, api)

@@ -53,3 +53,31 @@ def test_listed_test_that_passes_is_flagged(report):
 def test_entry_that_matches_nothing_is_warned_about(report):
     assert "matches no test in this run" in report.output
     assert "nosuchmodel" in report.output
+
+
+@pytest.fixture(scope="module")
+def strict_report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kf_strict")
+    extra = tmp / "extra.toml"
+    extra.write_text(EXTRA)
+    return run_suite(["--known-failures", str(extra), "--extra-world-size", "0", "--strict-known-failures",
+                      "-k", "test_averaging and (allreduce_hook or fp16_compress_hook) and NO_SHARD"],
+                     str(tmp / "kf.xml"), timeout=300)
+
+
+def test_strict_gate_fails_the_run_on_a_known_failure_that_passes(strict_report):
+    assert strict_report.returncode == 1, strict_report.output[-3000:]
+    (xpass,) = [c for c in strict_report.cases if c.hook == "allreduce_hook"]
+    assert xpass.outcome == "failed" and "XPASS(strict)" in xpass.message
+    line = next(ln for ln in strict_report.output.splitlines() if ln.startswith("allreduce_hook"))
+    assert "known failure(s) now pass" in line and "not run" not in line
+
+
+def test_strict_gate_lists_entries_that_match_nothing(strict_report):
+    assert "known-failures entries that match no test (--strict-known-failures)" in strict_report.output
+    assert "nosuchmodel" in strict_report.output
+
+
+def test_a_real_known_failure_still_xfails_under_the_strict_gate(strict_report):
+    (fp16,) = [c for c in strict_report.cases if c.hook == "fp16_compress_hook"]
+    assert fp16.outcome == "xfailed"

@@ -2,6 +2,8 @@
 #   make conform   run the conformance suite (PyTorch's built-in hooks, plus HOOKS)
 #   make test      run the project's own tests (what CI runs)
 #   make bench     print the rank pool's speed figures
+#   make compat TORCH=2.11.0   one row of README's torch compatibility table (a one-off:
+#                  installs that torch, several GB, into .compat/; never run in CI)
 #
 # PYTHON picks the interpreter (default: python3). Setup (scripts/setup_env.py)
 # installs only what is missing: torch==2.13.0 where no torch is importable (an
@@ -15,7 +17,11 @@ REPORTS ?= reports
 STAMP := .setup-$(shell $(PYTHON) -c 'import hashlib, sys; print(hashlib.sha1(sys.executable.encode()).hexdigest()[:10])' 2>/dev/null || echo none).stamp
 HOOK_ARGS := $(foreach h,$(HOOKS),--hook $(h)) $(if $(strip $(HOOKS)),--with-builtins)
 
-.PHONY: setup conform test bench clean
+TORCH ?=
+COMPAT_PYTHON ?= $(PYTHON)
+COMPAT_VENV ?=
+
+.PHONY: setup conform test bench compat clean
 
 setup: $(STAMP)
 
@@ -34,6 +40,10 @@ test: setup
 
 bench: setup
 	$(PYTHON) benchmarks/pool_overhead.py $(ARGS)
+
+compat:
+	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=2.11.0 [COMPAT_PYTHON=python3.9] [COMPAT_VENV=dir]" >&2; exit 2; }
+	$(COMPAT_PYTHON) scripts/compat_row.py --torch $(TORCH) $(if $(COMPAT_VENV),--venv $(COMPAT_VENV))
 
 clean:
 	rm -rf $(REPORTS) .setup-*.stamp .pytest_cache .hypothesis build *.egg-info

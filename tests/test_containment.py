@@ -49,3 +49,50 @@ def test_dead_rank_is_reported_with_its_exit_code(contained_run):
 def test_cases_after_the_broken_ones_still_pass(contained_run):
     assert _case(contained_run, "zoo_plain_allreduce").outcome == "passed"
     assert "rank pools restarted 2 time(s)" in contained_run.output
+
+
+def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
+    """Ctrl-C while a pool spawns its ranks leaves none of them running."""
+    import subprocess
+
+    from conformance import pool as pool_mod
+
+    spawned = []
+    real_popen = subprocess.Popen
+
+    def popen(args, **kw):
+        if spawned:
+            raise KeyboardInterrupt
+        proc = real_popen(["sleep", "60"], pass_fds=kw["pass_fds"], start_new_session=True, stdin=subprocess.DEVNULL)
+        spawned.append(proc)
+        return proc
+
+    monkeypatch.setattr(pool_mod.subprocess, "Popen", popen)
+    pool = pool_mod.RankPool(pool_mod.PoolConfig(world_size=3, backend="gloo", device="cpu"))
+    with pytest.raises(KeyboardInterrupt):
+        pool.launch()
+    assert len(spawned) == 1 and spawned[0].poll() is not None, "rank 0 outlived the interrupted start"
+    assert not pool.alive
+
+
+def test_each_world_size_gets_the_backend_and_device_of_its_placement():
+    """One GPU: world size 1 on NCCL/CUDA, the added cross-rank pools on gloo/CPU, all with one import path."""
+    from conformance.plugins import LoadedSpec
+    from conformance.runner import Runner
+    from conformance.settings import resolve
+    from conformance.spec import HookSpec
+
+    settings = resolve(lambda dest: [] if dest in ("conform_hooks", "conform_known_failures") else None,
+                       env={}, gpu_count=1)
+    spec = HookSpec(name="h", api="fsdp2_all_reduce", hook=lambda t: None)
+
+    class State:
+        specs = [LoadedSpec("pkg.mod:SPEC", spec)]
+        sys_path = ("/user/repo", "/site-packages")
+
+    State.settings = settings
+    runner = Runner(State())
+    configs = {ws: runner.pool(ws).config for ws in settings.world_sizes}
+    assert {ws: (c.backend, c.device) for ws, c in configs.items()} == {
+        1: ("nccl", "cuda"), 2: ("gloo", "cpu"), 3: ("gloo", "cpu")}
+    assert all(c.sys_path == State.sys_path and c.specs == (("pkg.mod:SPEC", "h"),) for c in configs.values())

@@ -10,9 +10,11 @@ the command that re-runs just that case.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
+from conformance.checks import REPLAYS_REFERENCE
 from conformance.compare import compare_bitwise
 from conformance.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError
 from conformance.protocol import Case, CaseResult, Finding, HookRef
@@ -125,12 +127,38 @@ class Runner:
         header = self.header(hook, describe, world_size)
         problems = self._rank_problems(result)
         if problems:
+            if _failed_in_reference(result) and check in REPLAYS_REFERENCE:
+                problems += self._replay_reference(pool, case, describe)
             self.fail(test_name, hook, header, problems, world_size)
         if findings:
             found = [f for o in result.outcomes for f in (o.value or [])]
             if found:
                 self.fail(test_name, hook, header, self.findings_text(found), world_size)
         return result
+
+    def _replay_reference(self, pool: RankPool, case: Case, describe: Dict[str, Any]) -> str:
+        """Train the reference alone; skip the case if it fails there too, else say the hook broke it.
+
+        The suite never blames a hook for its own reference: a reference that
+        PyTorch cannot run here (a bug of this torch version, say) makes the
+        case a skip with the reference's error as the reason.
+        """
+        __tracebackhide__ = True
+        import torch
+
+        replay = Case(check=case.check, hook=case.hook, params={**case.params, "reference_only": True},
+                      case_id=case.case_id)
+        result = pool.run(replay)
+        if result.pool_rebuilt:
+            self.restarts += 1
+        bad = [o for o in result.outcomes if not o.ok]
+        if bad:
+            what = " ".join(f"{k}={v}" for k, v in describe.items())
+            pytest.skip(f"the suite's reference ({what}, no hook under test) cannot run here with torch "
+                        f"{torch.__version__}: rank {bad[0].rank} {bad[0].summary().split(': ', 1)[-1]}: "
+                        f"{_last_line(bad[0].error or bad[0].stack or '')}")
+        return ("\n(the reference trained alone, with no hook, runs here: the failure above comes from "
+                "training it beside the hooked model)")
 
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
              world_size: Optional[int] = None) -> None:
@@ -175,6 +203,19 @@ class Runner:
                 lines.append(f"(rank {o.rank} printed during the case:)")
                 lines.append(o.output.rstrip())
         return "\n".join(lines)
+
+
+def _failed_in_reference(result: CaseResult) -> bool:
+    """Whether every rank that did not finish raised while building or training the reference model."""
+    bad = [o for o in result.outcomes if not o.ok]
+    return bool(bad) and all(o.error is not None and "reference" in o.phase for o in bad)
+
+
+def _last_line(text: str) -> str:
+    """The exception a traceback ends with (its ``Type: message`` line and what follows), on one line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    starts = [i for i, ln in enumerate(lines) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", ln)]
+    return " ".join(lines[starts[-1]:][:4]) if starts else (lines[-1] if lines else "(no message)")
 
 
 def compare_across_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Finding]:

@@ -14,10 +14,18 @@ from __future__ import annotations
 from typing import Callable, Dict
 
 _RANK_CHECKS: Dict[str, Callable] = {}
+#: Checks that accept ``reference_only=True``: train the reference model alone, no hook.
+REPLAYS_REFERENCE = frozenset({"fsdp.parity", "ddp.parity", "fsdp2.parity"})
 
 
 def rank_check(name: str) -> Callable[[Callable], Callable]:
-    """Register ``fn`` as the rank check called ``name`` (e.g. ``"fsdp.parity"``)."""
+    """Register ``fn`` as the rank check called ``name`` (e.g. ``"fsdp.parity"``).
+
+    A check in :data:`REPLAYS_REFERENCE` takes ``reference_only=True``: it then
+    builds and trains only its reference model (the native path, no hook), so
+    the controller can tell a reference that PyTorch cannot run here from a
+    hook that broke it (:meth:`conformance.runner.Runner.run`).
+    """
 
     def register(fn: Callable) -> Callable:
         if name in _RANK_CHECKS:

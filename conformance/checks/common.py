@@ -51,3 +51,18 @@ def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.o
     ctx.phase(f"step {step}: forward/backward of the {label} model")
     optim.zero_grad(set_to_none=True)
     loss_fn(inputs, model(*inputs)).backward()
+
+
+def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
+                loss_fn: Any, steps: int, train: Any = train_step) -> List[Any]:
+    """Train the reference model alone for ``steps`` steps, comparing nothing (``reference_only=True``).
+
+    ``train`` is the API's training step (DDP's runs ``no_sync`` micro-steps).
+    The same phases as in lock-step training, so a failure here reads the same.
+    Returns no findings: the controller only asks whether this raises.
+    """
+    for step in range(steps):
+        train(ctx, "reference", step, model, optim, inputs, loss_fn)
+        ctx.phase(f"step {step}: optimizer step of the reference model")
+        optim.step()
+    return []

@@ -57,7 +57,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import compare_named
+from conformance.checks.common import compare_named, train_alone
 from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
 
@@ -438,18 +438,21 @@ def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[F
 
 
 @rank_check("ddp.parity")
-def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: float = 0.01) -> List[Finding]:
+def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: float = 0.01,
+           reference_only: bool = False) -> List[Finding]:
     """Gradients and parameters bitwise equal to the reference DDP model after every step."""
     from conformance.models import get_model
 
     model_cls = get_model(model)
     ctx.phase("building the reference DDP model")
     ref = build_reference(spec, model, ctx, config)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
+    inputs = micro_inputs(model_cls, ctx, config)
+    if reference_only:
+        return train_alone(ctx, ref, opt_ref, inputs, model_cls.loss, steps, train=train_step)
     ctx.phase("building the hooked DDP model")
     hooked, recorder = build_hooked(spec, model, ctx, config)
-    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
     opt_hooked = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
-    inputs = micro_inputs(model_cls, ctx, config)
     against = reference_name(spec)
     for step in range(steps):
         train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)

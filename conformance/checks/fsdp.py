@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import compare_named, train_step
+from conformance.checks.common import compare_named, train_alone, train_step
 from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
 
@@ -177,18 +177,21 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
 
 
 @rank_check("fsdp.parity")
-def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr: float = 0.01) -> List[Finding]:
+def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr: float = 0.01,
+           reference_only: bool = False) -> List[Finding]:
     """Bitwise parity with the native path, gradients and parameters, every step."""
     from conformance.models import get_model
 
     model_cls = get_model(model)
     ctx.phase("building the reference model (no hook)")
     ref = _build(model, ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
+    inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
+    if reference_only:
+        return train_alone(ctx, ref, opt_ref, inputs, model_cls.loss, steps)
     ctx.phase("building the hooked model")
     hooked, recorder = _hooked(spec, model, ctx, strategy)
-    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
     opt_hooked = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
-    inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
     for step in range(steps):
         recorder.step = step
         train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import compare_named, train_step
+from conformance.checks.common import compare_named, train_alone, train_step
 from conformance.checks.fsdp import clean_fqn
 from conformance.protocol import Finding
 
@@ -424,7 +424,8 @@ def _train_and_compare(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Mod
 
 
 @rank_check("fsdp2.parity")
-def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: float = 0.01) -> List[Finding]:
+def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: float = 0.01,
+           reference_only: bool = False) -> List[Finding]:
     """The comm under ``fully_shard`` is bitwise equal to native ``fully_shard`` every step."""
     if config not in CONFIGS:
         raise ValueError(f"unknown FSDP2 config {config!r}; known: {', '.join(CONFIGS)}")
@@ -434,6 +435,12 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
     ctx.phase("building the reference model (native reduce-scatter)")
     ref = build_fsdp2(model, ctx, mesh, reduce_dtype=spec.reduce_dtype)
     apply_config(ref, config, ctx.world_size)
+    if reference_only:
+        from conformance.models import get_model
+
+        model_cls = get_model(model)
+        return train_alone(ctx, ref, torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9),
+                           model_cls.make_input(ctx.rank, ctx.world_size, ctx.device), model_cls.loss, steps)
     ctx.phase("building the hooked model")
     hooked = build_fsdp2(model, ctx, mesh, reduce_dtype=spec.reduce_dtype)
     apply_config(hooked, config, ctx.world_size)

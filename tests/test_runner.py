@@ -1,0 +1,101 @@
+"""Tests for conformance.runner: a reference that cannot run here is a skip, never the hook's failure.
+
+The pool is replaced by a scripted one, so these tests say exactly which rank
+outcomes lead to which verdict, without starting a process.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+
+from conformance.plugins import LoadedSpec
+from conformance.protocol import CaseResult, RankOutcome
+from conformance.runner import ConformanceFailure, Runner
+from conformance.settings import resolve
+from conformance.spec import HookSpec
+
+WRITEBACK = ("Traceback (most recent call last):\n  File \"_flat_param.py\", line 2351, in _writeback_tensor\n"
+             "RuntimeError: Cannot writeback when the parameter shape changes\n"
+             "Expects torch.Size([32]) but got torch.Size([4, 8])\n")
+
+
+class ScriptedPool:
+    """Answers each run with the next scripted list of rank outcomes, and records the cases."""
+
+    def __init__(self, script: List[List[RankOutcome]]):
+        self.script = list(script)
+        self.cases = []
+
+    def run(self, case):
+        self.cases.append(case)
+        outcomes = tuple(self.script.pop(0))
+        return CaseResult(case=case, world_size=len(outcomes), outcomes=outcomes)
+
+
+def raised(rank: int, phase: str) -> RankOutcome:
+    return RankOutcome(rank=rank, error=WRITEBACK, error_type="RuntimeError", phase=phase)
+
+
+def ok(rank: int) -> RankOutcome:
+    return RankOutcome(rank=rank, ok=True, value=[])
+
+
+@pytest.fixture
+def runner():
+    settings = resolve(lambda dest: [] if dest in ("conform_hooks", "conform_known_failures") else None,
+                       env={}, gpu_count=0)
+    hook_spec = HookSpec(name="h", api="fsdp2_all_reduce", hook=lambda t: None)
+
+    class State:
+        specs = [LoadedSpec("pkg.mod:SPEC", hook_spec)]
+        sys_path = ()
+
+        def spec(self, name):
+            return self.specs[0]
+
+        def rerun_command(self, test_name, hook, world_size=None):
+            return f"conform -k '{test_name}'"
+
+    State.settings = settings
+    return Runner(State())
+
+
+def run_case(runner, pool, check="fsdp.parity"):
+    runner.pools[2] = pool
+    return runner.run("test_parity[h-NO_SHARD-m-ws2]", check=check, hook="h", params={"model": "m"},
+                      world_size=2, describe={"check": "parity", "model": "m"})
+
+
+def test_a_reference_that_fails_alone_too_skips_the_case_with_its_error(runner):
+    phase = "step 1: forward/backward of the reference model"
+    pool = ScriptedPool([[raised(0, phase), raised(1, phase)], [raised(0, phase), ok(1)]])
+    with pytest.raises(pytest.skip.Exception) as info:
+        run_case(runner, pool)
+    reason = str(info.value)
+    assert "the suite's reference (check=parity model=m, no hook under test) cannot run here" in reason
+    assert "RuntimeError: Cannot writeback when the parameter shape changes" in reason
+    assert pool.cases[1].params == {"model": "m", "reference_only": True}
+
+
+def test_a_reference_that_trains_alone_means_the_hook_broke_it(runner):
+    phase = "step 1: forward/backward of the reference model"
+    pool = ScriptedPool([[raised(0, phase), raised(1, phase)], [ok(0), ok(1)]])
+    with pytest.raises(ConformanceFailure) as info:
+        run_case(runner, pool)
+    assert "the reference trained alone, with no hook, runs here" in str(info.value)
+
+
+def test_a_failure_in_the_hooked_model_is_the_hook_s_and_replays_nothing(runner):
+    pool = ScriptedPool([[raised(0, "step 0: forward/backward of the hooked model"), ok(1)]])
+    with pytest.raises(ConformanceFailure):
+        run_case(runner, pool)
+    assert len(pool.cases) == 1
+
+
+def test_checks_without_a_reference_replay_are_not_replayed(runner):
+    pool = ScriptedPool([[raised(0, "step 0: forward/backward of the reference model"), ok(1)]])
+    with pytest.raises(ConformanceFailure):
+        run_case(runner, pool, check="fsdp.averaging")
+    assert len(pool.cases) == 1

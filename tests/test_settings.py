@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.settings import DEFAULT_HYPOTHESIS_EXAMPLES, OPTIONS, Settings, SettingsError, resolve
+from conformance.settings import (CPU_RANK_MEMORY_BYTES, DEFAULT_HYPOTHESIS_EXAMPLES, OPTIONS, Settings,
+                                  SettingsError, resolve)
 
 REPO = Path(__file__).resolve().parents[1]
 DESTS = {o.dest for o in OPTIONS}
@@ -294,19 +295,23 @@ GIB = 2**30
 
 
 def test_a_cpu_world_size_beyond_the_memory_is_refused_with_the_largest_that_fits():
+    per_rank = CPU_RANK_MEMORY_BYTES
+    memory = 40 * per_rank + per_rank // 2  # room for 40 ranks in all
     with pytest.raises(SettingsError) as info:
-        resolve(getoption(conform_world_size="1000"), {}, 0, cores=64, memory=20 * GIB)
+        resolve(getoption(conform_world_size="1000"), {}, 0, cores=64, memory=memory)
     msg = str(info.value)
     assert "world size 1000 from --world-size" in msg
-    assert "300 MB" in msg and "20.0 GiB is available" in msg
-    # 20 GiB / 300 MiB = 68 ranks in all; the extra pool of 3 starts too.
-    assert "at most 65" in msg and "Nothing was started" in msg
+    assert f"about {per_rank // 2**20} MB" in msg and "is available" in msg
+    # 40 ranks in all, and the extra pool of 3 starts too: at most 37 in the main pool.
+    assert "at most 37" in msg and "Nothing was started" in msg
+    assert resolve(getoption(conform_world_size="37"), {}, 0, cores=64, memory=memory).world_size == 37
 
 
 def test_a_cpu_world_size_beyond_the_cores_is_refused_and_names_the_environment_variable():
     with pytest.raises(SettingsError) as info:
         resolve(getoption(), {"CONFORM_WORLD_SIZE": "40"}, 0, cores=2, memory=None)
     msg = str(info.value)
+    # 16 ranks per core on 2 cores, less the extra pool of 3
     assert "from CONFORM_WORLD_SIZE" in msg and "2 core(s)" in msg and "at most 29" in msg
 
 

@@ -106,6 +106,16 @@ def good_fp16_claim(process_group, bucket):
     return _round_trip_allreduce(process_group, bucket, torch.float16)
 
 
+def good_bf16_claim(process_group, bucket):
+    """Claims ``reduce_dtype=bfloat16``: bf16_compress_hook's arithmetic under a name DDP does not refuse.
+
+    DDP refuses hooks *named* bf16_compress_hook on a torch built without CUDA;
+    this correct hook must pass everywhere, and must never be blamed for the
+    suite's own reference being refused.
+    """
+    return _round_trip_allreduce(process_group, bucket, torch.bfloat16)
+
+
 def good_fp16_lossy_declared(process_group, bucket):
     """An fp16 round trip that claims nothing exact, only a generous lossy contract."""
     return _round_trip_allreduce(process_group, bucket, torch.float16)
@@ -254,6 +264,8 @@ KNOWN_GOOD: List[HookSpec] = [
              description="the same through a state object"),
     HookSpec(name="good_fp16_claim", api="ddp", hook=good_fp16_claim, state=process_group_state,
              reduce_dtype=torch.float16, description="fp16_compress_hook's arithmetic, result in the bucket dtype"),
+    HookSpec(name="good_bf16_claim", api="ddp", hook=good_bf16_claim, state=process_group_state,
+             reduce_dtype=torch.bfloat16),
     HookSpec(name="good_fp16_lossy_declared", api="ddp", hook=good_fp16_lossy_declared, state=process_group_state,
              lossy=GENEROUS_FP16, description="fp16 round trip declared lossy with a generous bound"),
 ]

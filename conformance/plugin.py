@@ -39,6 +39,8 @@ class SessionState:
     xfail_reasons: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
     xpassed: List[str] = dataclasses.field(default_factory=list)
     unused_entries: List[object] = dataclasses.field(default_factory=list)
+    #: Per hook, why its cases were skipped, with counts.
+    skip_reasons: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
     #: World sizes at which each hook's cases ran (skipped cases excluded).
     ran_at: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
 
@@ -191,9 +193,18 @@ class _Summary:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
         hook = props.get("hook")
+        state = self.state
+        if hook is None and report.when == "setup" and report.skipped:
+            # Skipped (or an unrun known failure) before the test body set its properties:
+            # the hook's name leads the case id.
+            hook = report.nodeid.rpartition("[")[2].split("-", 1)[0]
+            if hook not in {item.spec.name for item in state.specs}:
+                hook = None
+            elif not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
+                reason = report.longrepr[2].replace("Skipped: ", "", 1)
+                state.skip_reasons[hook][reason] = state.skip_reasons[hook].get(reason, 0) + 1
         if hook is None or not (report.when == "call" or (report.when == "setup" and not report.passed)):
             return
-        state = self.state
         strict_xpass = report.failed and str(report.longrepr).startswith("[XPASS(strict)]")
         if hasattr(report, "wasxfail") or strict_xpass:
             outcome = "xpassed" if report.passed or strict_xpass else "xfailed"
@@ -217,7 +228,7 @@ class _Summary:
         if counts.get("failed"):
             return "DOES NOT CONFORM (" + ", ".join(sorted(state.per_hook_failed_checks[name])) + ")"
         if not (counts.get("passed") or counts.get("xfailed") or xpassed):
-            return "not run"
+            return "NOT RUN: every case was skipped" if counts.get("skipped") else "not run"
         if max(state.ran_at.get(name) or {0}) < 2:
             return "NOT CHECKED ACROSS RANKS (every case ran at world size 1)"
         if counts.get("xfailed"):
@@ -250,6 +261,9 @@ class _Summary:
             tr.write_line(f"{name:<28} {self.verdict(name)}  [{sum(counts.values())} cases: {detail}]")
             for reason in sorted(state.xfail_reasons.get(name, ())):
                 tr.write_line(f"{'':<28}   expected: {reason}")
+            if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):
+                for reason, n in sorted(state.skip_reasons.get(name, {}).items()):
+                    tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
         if state.xpassed:
             tr.section("known failures that now pass")
             for nodeid in state.xpassed:

@@ -109,6 +109,9 @@ def test_a_hook_whose_package_is_missing_is_skipped_with_the_package_named(user_
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "skipped" for c in run.cases)
     assert all("no_such_package_for_conformance" in c.message and "pip install" in c.message for c in run.cases)
+    line = next(ln for ln in run.output.splitlines() if ln.startswith("user_repo_needs_a_package"))
+    assert "NOT RUN: every case was skipped" in line and "CONFORMS" not in line
+    assert "skipped (1): hook user_repo_needs_a_package needs no_such_package_for_conformance" in run.output
 
 
 def test_a_spec_that_fails_only_inside_the_ranks_is_a_usage_error_naming_the_rank(user_repo, tmp_path):

@@ -6,6 +6,32 @@ raises :class:`ConformanceFailure` (an ``AssertionError``, so pytest reports a
 plain failure) with a message that names the hook, check, strategy, model,
 world size, and per finding the rank, step and parameter FQN, and ends with
 the command that re-runs just that case.
+
+[How a case travels]
+1. Collection (controller). Each suite module's ``pytest_generate_tests`` turns
+   the loaded specs (``plugins.load_specs``) and the settings into case
+   parameters; the known-failures book marks expected failures and skips.
+2. Pools (controller). The ``conform`` fixture makes one :class:`RankPool` per
+   world size the collected cases need, placed by ``Settings.placement``
+   (backend and device), and starts them together. Each rank
+   (``python -m conformance.worker``) takes the controller's ``sys.path``,
+   loads every spec (a failure there ends the session with exit 4), then joins
+   its process group.
+3. Dispatch (controller). A test calls :meth:`Runner.run`, which wraps the
+   case as a picklable :class:`~conformance.protocol.Case` (check name, a
+   ``HookRef`` to re-load the spec, parameters) and sends it to every rank.
+4. The check (every rank). The worker looks the check up in
+   ``conformance.checks`` and runs it with a ``RankContext``; the check
+   announces its phases (shown if it hangs), agrees with the other ranks
+   before it stops early (``any_rank``), and returns findings.
+5. Outcomes (controller). Each rank answers with a ``RankOutcome``; a rank
+   that raises, hangs past ``--case-timeout`` (stacks via faulthandler) or
+   dies is reported per rank, and the pool is rebuilt when the ranks no
+   longer match up. A failure inside the suite's own reference is replayed
+   with the reference alone, and becomes a skip if that fails too.
+6. Verdict (controller). Findings become one ``ConformanceFailure`` message
+   with the re-run command; the plugin's summary turns every report into the
+   per-hook verdict.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ import torch.multiprocessing as tmp  # noqa: E402
 from conformance.protocol import Case, HookRef  # noqa: E402
 from conformance.worker import RankContext  # noqa: E402
 
-HOOK_TARGET = "conformance.builtin_hooks:FSDP_HOOKS"
+HOOK_TARGET = "conformance.builtin_hooks.fsdp:FSDP_HOOKS"
 HOOK_NAME = "allreduce_hook"
 #: Cases used as workloads; both are real suite cases for PyTorch's allreduce_hook.
 CASES: Dict[str, Case] = {
@@ -161,7 +161,7 @@ def _spawn_rank(rank: int, world_size: int, store_path: str, out_dir: str, case:
                                 timeout=timedelta(seconds=SPAWN_CASE_TIMEOUT_S))
         stamps["joined"] = time.time()
         import conformance.checks
-        from conformance.plugins import load_target
+        from conformance.spec_loading import load_target
 
         spec = next(s for s in load_target(case.hook.target) if s.name == case.hook.name)
         fn = conformance.checks.get_rank_check(case.check)

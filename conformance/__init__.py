@@ -3,12 +3,13 @@
 Start with :class:`HookSpec` (the plug-in contract, ``conformance/spec.py``).
 The rest of the package, by file:
 
-* ``plugins.py``: load specs from ``module:ATTR`` and the ``conformance.hooks`` entry points;
+* ``spec_loading.py``: load specs from ``module:ATTR`` and the ``conformance.hooks`` entry points;
+* ``builtin_hooks/``: PyTorch's own hooks as specs, one module per hook API;
 * ``pool.py`` / ``worker.py``: the persistent rank pool (controller and rank side);
 * ``checks/``: what runs on each rank, one module per hook API;
 * ``compare.py``: bitwise comparison, ULP distance, mismatch reports;
 * ``known_failures.py``: the expected-failure list in ``fixtures/``;
-* ``plugin.py``: the pytest plugin; ``cli.py``: the ``conform`` command.
+* ``pytest_plugin.py``: the pytest plugin; ``cli.py``: the ``conform`` command.
 """
 
 from conformance.spec import HookSpec, LossyContract, SpecError

@@ -10,7 +10,7 @@ so that ``-k my_hook`` and known-failure patterns such as
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from conformance.spec import HookSpec
 
@@ -124,11 +124,3 @@ def registration_cases(specs: Sequence[HookSpec], world_size: int, rules: Sequen
             for strategy in spec.strategies or ():
                 out.append(CaseParams(spec.name, strategy, world_size, rule=rule))
     return out
-
-
-def ids(cases: Sequence[CaseParams]) -> List[str]:
-    return [c.id for c in cases]
-
-
-def pairs(cases: Sequence[CaseParams]) -> List[Tuple[str, CaseParams]]:
-    return [(c.id, c) for c in cases]

@@ -23,7 +23,7 @@ def pytest_args(argv: List[str]) -> List[str]:
     as rootdir, so the caller's project configuration does not leak in.
     """
     return ["-c", os.path.join(SUITE_DIR, "pytest.ini"), "--rootdir", SUITE_DIR,
-            "-p", "conformance.plugin", *argv, SUITE_DIR]
+            "-p", "conformance.pytest_plugin", *argv, SUITE_DIR]
 
 
 def main(argv: Optional[List[str]] = None) -> int:

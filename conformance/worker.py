@@ -114,7 +114,7 @@ class _Worker:
         on the controller but not here is a usage error before the first case,
         never a hook failure.
         """
-        from conformance.plugins import load_target
+        from conformance.spec_loading import load_target
 
         for target, name in wanted:
             if (target, name) in self._specs:

@@ -77,7 +77,7 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
 
 def test_each_world_size_gets_the_backend_and_device_of_its_placement():
     """One GPU: world size 1 on NCCL/CUDA, the added cross-rank pools on gloo/CPU, all with one import path."""
-    from conformance.plugins import LoadedSpec
+    from conformance.spec_loading import LoadedSpec
     from conformance.runner import Runner
     from conformance.settings import resolve
     from conformance.spec import HookSpec

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.plugins import load_specs
-from conformance import builtin_hooks, cases
+from conformance.spec_loading import load_specs
+from conformance import cases
+from conformance.builtin_hooks import fsdp as builtin_fsdp
 from conformance.known_failures import (
     KnownFailure,
     KnownFailureBook,
@@ -305,7 +306,7 @@ def test_repo_file_entries_have_a_reason_and_a_hook(repo_entries):
 
 
 def test_repo_file_is_about_builtin_hooks_and_matches_their_cases(repo_entries):
-    specs = {s.name: s for s in builtin_hooks.FSDP_HOOKS}
+    specs = {s.name: s for s in builtin_fsdp.FSDP_HOOKS}
     builtin = {item.spec.name for item in load_specs([], builtins=True, entry_points=False)}
     for e in repo_entries:
         assert e.hook in builtin, e.source
@@ -318,20 +319,20 @@ def test_repo_file_is_about_builtin_hooks_and_matches_their_cases(repo_entries):
             test_name = pattern.split("[", 1)[0]
             assert any(single.matches(f"{test_name}[{i}]") for i in ids), (e.source, pattern)
             # ...and only the cases of the hook it is about.
-            other = next(s for s in builtin_hooks.FSDP_HOOKS if s.name != e.hook)
+            other = next(s for s in builtin_fsdp.FSDP_HOOKS if s.name != e.hook)
             other_ids = [c.id for c in cases.training_cases([other], [2], models={2: cases.PARITY_MODELS})]
             assert not any(single.matches(f"{test_name}[{i}]") for i in other_ids), (e.source, pattern)
 
 
 def test_repo_file_excuses_the_compress_hooks_on_cpu_but_never_the_reference_hooks(repo_entries):
     book = KnownFailureBook(repo_entries, CPU)
-    fsdp_names = {s.name for s in builtin_hooks.FSDP_HOOKS}
+    fsdp_names = {s.name for s in builtin_fsdp.FSDP_HOOKS}
     for e in repo_entries:
         if e.applies(CPU) and e.hook in fsdp_names:
             name = "test_parity[" + cases.case_id(e.hook, "FULL_SHARD", model="net_wrapped", world_size=2) + "]"
             assert book.lookup(name) is e
     # allreduce_hook and reduce_scatter_hook define "conforming": nothing may excuse them.
-    for spec in builtin_hooks.FSDP_HOOKS:
+    for spec in builtin_fsdp.FSDP_HOOKS:
         if spec.reduce_dtype is None:
             for c in cases.training_cases([spec], [2, 3], models={2: cases.PARITY_MODELS, 3: cases.PARITY_MODELS}):
                 for test in ("test_averaging", "test_parity", "test_rank_consistency", "test_hard_inputs"):

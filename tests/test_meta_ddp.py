@@ -184,7 +184,7 @@ def test_ddp_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
 # -- the DDP entries of the packaged known-failures file (no suite run) ----------------------
 
 def _ddp_entries():
-    from conformance.builtin_ddp import DDP_HOOKS
+    from conformance.builtin_hooks.ddp import DDP_HOOKS
     from conformance.known_failures import load_known_failures
 
     names = {s.name for s in DDP_HOOKS}

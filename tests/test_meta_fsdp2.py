@@ -197,7 +197,7 @@ def test_fully_shard_units_mirror_the_fsdp1_units(name):
 
 
 def test_plain_reduce_scatter_is_the_documented_example():
-    from conformance.builtin_fsdp2 import FSDP2_HOOKS, PlainReduceScatter
+    from conformance.builtin_hooks.fsdp2 import FSDP2_HOOKS, PlainReduceScatter
 
     assert [s.name for s in FSDP2_HOOKS] == ["plain_reduce_scatter", "plain_reduce_scatter_bf16",
                                              "plain_reduce_scatter_fp16"]

@@ -10,7 +10,7 @@ from typing import List
 
 import pytest
 
-from conformance.plugins import LoadedSpec
+from conformance.spec_loading import LoadedSpec
 from conformance.protocol import CaseResult, RankOutcome
 from conformance.runner import ConformanceFailure, Runner
 from conformance.settings import resolve

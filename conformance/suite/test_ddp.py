@@ -23,7 +23,7 @@ import pytest
 
 from conformance import cases
 from conformance.checks.ddp import DECLARE_LOSSY_HINT
-from conformance.plugin import state_of
+from conformance.pytest_plugin import state_of
 from conformance.runner import compare_across_ranks
 
 pytestmark = pytest.mark.conformance(api="ddp")

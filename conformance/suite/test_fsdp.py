@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from conformance import cases
 from conformance.checks.fsdp import REGISTRATION_RULES
-from conformance.plugin import state_of
+from conformance.pytest_plugin import state_of
 from conformance.runner import compare_across_ranks
-from conformance.strategies import explicit_examples, hard_gradients
+from conformance.hard_inputs import explicit_examples, hard_gradients
 
 pytestmark = pytest.mark.conformance(api="fsdp")
 

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from conformance.checks.fsdp2 import CONFIG_APIS, GLOO_PREMUL_SUM, HSDP_REPLICATE, missing_api, uses_premul_sum
-from conformance.plugin import state_of
+from conformance.pytest_plugin import state_of
 
 pytestmark = pytest.mark.conformance(api="fsdp2")
 

@@ -1,4 +1,4 @@
-"""Valid and invalid hook targets for ``tests/test_plugins.py``.
+"""Valid and invalid hook targets for ``tests/test_spec_loading.py``.
 
 Nothing here is ever called: the tests only load these objects as targets.
 """

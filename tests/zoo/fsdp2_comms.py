@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from conformance.builtin_fsdp2 import PlainReduceScatter
+from conformance.builtin_hooks.fsdp2 import PlainReduceScatter
 from conformance.spec import HookSpec
 
 __all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "NCCL_ONLY_BAD"]

@@ -1,4 +1,4 @@
-"""Tests for conformance.plugins: ``module:ATTR`` targets, entry points, and the CLI's usage errors.
+"""Tests for conformance.spec_loading: ``module:ATTR`` targets, entry points, and the CLI's usage errors.
 
 Spec modules are written to ``tmp_path`` (put on ``sys.path``) or come from
 ``tests/data/``. Entry points are real: a ``*.dist-info`` directory on ``sys.path``
@@ -19,8 +19,8 @@ from pathlib import Path
 import expecttest
 import pytest
 
-from conformance import builtin_hooks
-from conformance.plugins import BUILTIN_TARGETS, ENTRY_POINT_GROUP, entry_point_targets, load_specs, load_target
+from conformance.builtin_hooks import fsdp as builtin_fsdp
+from conformance.spec_loading import BUILTIN_TARGETS, ENTRY_POINT_GROUP, entry_point_targets, load_specs, load_target
 from conformance.spec import HookSpec, SpecError
 from tests.data import hooks as data_hooks
 
@@ -199,7 +199,7 @@ def test_user_spec_named_like_a_builtin_clashes_only_with_builtins_on(write_modu
 def test_builtins_on_come_first_and_are_pytorchs_hooks():
     loaded = load_specs(["tests.data.hooks:SPEC"], builtins=True, entry_points=False)
     builtin_names = [s.name for target in BUILTIN_TARGETS for s in load_target(target)]
-    assert set(s.name for s in builtin_hooks.FSDP_HOOKS) <= set(builtin_names)
+    assert set(s.name for s in builtin_fsdp.FSDP_HOOKS) <= set(builtin_names)
     assert [item.spec.name for item in loaded] == builtin_names + ["data_two"]
     assert {item.origin for item in loaded[:len(builtin_names)]} == {"built-in"}
     assert loaded[-1].origin == "--hook"

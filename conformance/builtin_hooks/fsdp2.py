@@ -76,7 +76,7 @@ class PlainReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
 
 FSDP2_HOOKS = [
     HookSpec(name="plain_reduce_scatter", api="fsdp2", hook=PlainReduceScatter,
-             description="conformance.builtin_fsdp2.PlainReduceScatter, full precision"),
+             description="conformance.builtin_hooks.fsdp2.PlainReduceScatter, full precision"),
     HookSpec(name="plain_reduce_scatter_bf16", api="fsdp2", hook=PlainReduceScatter, reduce_dtype=torch.bfloat16,
              description="PlainReduceScatter under MixedPrecisionPolicy(reduce_dtype=bfloat16)"),
     HookSpec(name="plain_reduce_scatter_fp16", api="fsdp2", hook=PlainReduceScatter, reduce_dtype=torch.float16,

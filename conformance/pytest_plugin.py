@@ -1,6 +1,6 @@
 """The pytest plugin: options, the hooks under test, the rank pools, known failures, the report.
 
-Loaded by ``conform`` (``-p conformance.plugin``) and by the repository's
+Loaded by ``conform`` (``-p conformance.pytest_plugin``) and by the repository's
 ``conftest.py``. The test modules in ``conformance/suite/`` ask for the
 ``conform`` fixture (a :class:`~conformance.runner.Runner`) and run their
 cases through it; everything heavy (the rank pools) starts lazily on the
@@ -20,7 +20,7 @@ import pytest
 
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
-from conformance.plugins import LoadedSpec, load_specs, user_paths_first
+from conformance.spec_loading import LoadedSpec, load_specs, user_paths_first
 from conformance.spec import SpecError
 
 #: The oldest torch the suite runs on (README's compatibility table).

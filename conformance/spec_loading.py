@@ -22,9 +22,9 @@ __all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "LoadedSpec", "load_specs", "
 ENTRY_POINT_GROUP = "conformance.hooks"
 #: PyTorch's own hooks, tested when no ``--hook`` is given (and with ``--with-builtins``).
 BUILTIN_TARGETS = (
-    "conformance.builtin_hooks:FSDP_HOOKS",
-    "conformance.builtin_ddp:DDP_HOOKS",
-    "conformance.builtin_fsdp2:FSDP2_HOOKS",
+    "conformance.builtin_hooks.fsdp:FSDP_HOOKS",
+    "conformance.builtin_hooks.ddp:DDP_HOOKS",
+    "conformance.builtin_hooks.fsdp2:FSDP2_HOOKS",
 )
 
 

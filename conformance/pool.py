@@ -15,6 +15,7 @@ a port already in use cannot break start-up.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
 
@@ -109,8 +110,14 @@ class RankPool:
         An interruption (Ctrl-C) while spawning kills the ranks already started.
         """
         self.close()
-        try:
+        with self._killed_on_error():
             self._spawn()
+
+    @contextlib.contextmanager
+    def _killed_on_error(self) -> Iterator[None]:
+        """Any exception, Ctrl-C included, kills the ranks before it propagates: none is left running."""
+        try:
+            yield
         except BaseException:
             self.kill()
             raise
@@ -166,11 +173,8 @@ class RankPool:
             PoolStartError: a rank failed or did not join in time.
         An interruption (Ctrl-C) while waiting kills the ranks.
         """
-        try:
+        with self._killed_on_error():
             self._wait_ready()
-        except BaseException:
-            self.kill()
-            raise
 
     def _wait_ready(self) -> None:
         cfg = self.config

@@ -73,26 +73,3 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
         pool.launch()
     assert len(spawned) == 1 and spawned[0].poll() is not None, "rank 0 outlived the interrupted start"
     assert not pool.alive
-
-
-def test_each_world_size_gets_the_backend_and_device_of_its_placement():
-    """One GPU: world size 1 on NCCL/CUDA, the added cross-rank pools on gloo/CPU, all with one import path."""
-    from conformance.spec_loading import LoadedSpec
-    from conformance.runner import Runner
-    from conformance.settings import resolve
-    from conformance.spec import HookSpec
-
-    settings = resolve(lambda dest: [] if dest in ("conform_hooks", "conform_known_failures") else None,
-                       env={}, gpu_count=1)
-    spec = HookSpec(name="h", api="fsdp2_all_reduce", hook=lambda t: None)
-
-    class State:
-        specs = [LoadedSpec("pkg.mod:SPEC", spec)]
-        sys_path = ("/user/repo", "/site-packages")
-
-    State.settings = settings
-    runner = Runner(State())
-    configs = {ws: runner.pool(ws).config for ws in settings.world_sizes}
-    assert {ws: (c.backend, c.device) for ws, c in configs.items()} == {
-        1: ("nccl", "cuda"), 2: ("gloo", "cpu"), 3: ("gloo", "cpu")}
-    assert all(c.sys_path == State.sys_path and c.specs == (("pkg.mod:SPEC", "h"),) for c in configs.values())

@@ -24,14 +24,19 @@ reason = "a stale entry that matches nothing"
 """
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def run_with_extra_file(tmp_path_factory, *options: str):
+    """The cheap cases of the built-in hooks, with EXTRA as an extra known-failures file."""
     tmp = tmp_path_factory.mktemp("kf")
     extra = tmp / "extra.toml"
     extra.write_text(EXTRA)
-    return run_suite(["--known-failures", str(extra), "--extra-world-size", "0", "-rfEX",
+    return run_suite(["--known-failures", str(extra), "--extra-world-size", "0", *options,
                       "-k", "test_averaging and (allreduce_hook or fp16_compress_hook) and NO_SHARD"],
                      str(tmp / "kf.xml"), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return run_with_extra_file(tmp_path_factory, "-rfEX")
 
 
 def test_known_failures_keep_the_run_green(report):
@@ -57,12 +62,7 @@ def test_entry_that_matches_nothing_is_warned_about(report):
 
 @pytest.fixture(scope="module")
 def strict_report(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("kf_strict")
-    extra = tmp / "extra.toml"
-    extra.write_text(EXTRA)
-    return run_suite(["--known-failures", str(extra), "--extra-world-size", "0", "--strict-known-failures",
-                      "-k", "test_averaging and (allreduce_hook or fp16_compress_hook) and NO_SHARD"],
-                     str(tmp / "kf.xml"), timeout=300)
+    return run_with_extra_file(tmp_path_factory, "--strict-known-failures")
 
 
 def test_strict_gate_fails_the_run_on_a_known_failure_that_passes(strict_report):

@@ -1,4 +1,4 @@
-"""Tests for conformance.runner: a reference that cannot run here is a skip, never the hook's failure.
+"""Tests for conformance.runner: where each pool runs, and a reference that cannot run here is a skip.
 
 The pool is replaced by a scripted one, so these tests say exactly which rank
 outcomes lead to which verdict, without starting a process.
@@ -42,15 +42,14 @@ def ok(rank: int) -> RankOutcome:
     return RankOutcome(rank=rank, ok=True, value=[])
 
 
-@pytest.fixture
-def runner():
+def make_runner(gpu_count: int = 0, sys_path=()) -> Runner:
+    """A Runner over the default settings of a machine with ``gpu_count`` GPUs and one spec."""
     settings = resolve(lambda dest: [] if dest in ("conform_hooks", "conform_known_failures") else None,
-                       env={}, gpu_count=0)
+                       env={}, gpu_count=gpu_count)
     hook_spec = HookSpec(name="h", api="fsdp2_all_reduce", hook=lambda t: None)
 
     class State:
         specs = [LoadedSpec("pkg.mod:SPEC", hook_spec)]
-        sys_path = ()
 
         def spec(self, name):
             return self.specs[0]
@@ -59,7 +58,13 @@ def runner():
             return f"conform -k '{test_name}'"
 
     State.settings = settings
+    State.sys_path = tuple(sys_path)
     return Runner(State())
+
+
+@pytest.fixture
+def runner():
+    return make_runner()
 
 
 def run_case(runner, pool, check="fsdp.parity"):
@@ -99,3 +104,13 @@ def test_checks_without_a_reference_replay_are_not_replayed(runner):
     with pytest.raises(ConformanceFailure):
         run_case(runner, pool, check="fsdp.averaging")
     assert len(pool.cases) == 1
+
+
+def test_each_world_size_gets_the_backend_and_device_of_its_placement():
+    """One GPU: world size 1 on NCCL/CUDA, the added cross-rank pools on gloo/CPU, all with one import path."""
+    runner = make_runner(gpu_count=1, sys_path=("/user/repo", "/site-packages"))
+    configs = {ws: runner.pool(ws).config for ws in runner.state.settings.world_sizes}
+    assert {ws: (c.backend, c.device) for ws, c in configs.items()} == {
+        1: ("nccl", "cuda"), 2: ("gloo", "cpu"), 3: ("gloo", "cpu")}
+    assert all(c.sys_path == ("/user/repo", "/site-packages") and c.specs == (("pkg.mod:SPEC", "h"),)
+               for c in configs.values())

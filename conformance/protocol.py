@@ -127,6 +127,10 @@ class Finding:
         step: the training step (0-based), when the check trains.
         fqn: the parameter's fully qualified name, when it concerns one.
         mismatch: bitwise diagnostics (:class:`conformance.compare.Mismatch`).
+        kind: what sort of finding, for code that reacts to it (never by its
+            message): ``"mismatch"`` (differs from the reference or expected
+            value), ``"local_gradient"`` (every rank kept its own gradient: the
+            hook never communicated).
     """
 
     rank: int
@@ -134,6 +138,7 @@ class Finding:
     step: Optional[int] = None
     fqn: Optional[str] = None
     mismatch: Any = None
+    kind: str = "mismatch"
 
     def describe(self) -> str:
         where = [f"rank {self.rank}"]

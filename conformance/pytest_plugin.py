@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
+from conformance import report
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
 from conformance.spec_loading import LoadedSpec, load_specs, user_paths_first
@@ -222,18 +223,8 @@ class _Summary:
 
     def verdict(self, name: str) -> str:
         state = self.state
-        counts = state.per_hook.get(name) or {}
-        xpassed = counts.get("xpassed", 0)
-        now_pass = f"; {xpassed} known failure(s) now pass" if xpassed else ""
-        if counts.get("failed"):
-            return "DOES NOT CONFORM (" + ", ".join(sorted(state.per_hook_failed_checks[name])) + ")"
-        if not (counts.get("passed") or counts.get("xfailed") or xpassed):
-            return "NOT RUN: every case was skipped" if counts.get("skipped") else "not run"
-        if max(state.ran_at.get(name) or {0}) < 2:
-            return "NOT CHECKED ACROSS RANKS (every case ran at world size 1)"
-        if counts.get("xfailed"):
-            return "known failures" + now_pass
-        return "CONFORMS" + now_pass
+        return report.hook_verdict(state.per_hook.get(name) or {}, state.per_hook_failed_checks.get(name, ()),
+                                   state.ran_at.get(name, ()))
 
     def unchecked_hooks(self) -> List[str]:
         return [item.spec.name for item in self.state.specs

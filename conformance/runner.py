@@ -36,17 +36,15 @@ the command that re-runs just that case.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
+from conformance import report
 from conformance.checks import REPLAYS_REFERENCE
 from conformance.compare import compare_bitwise
 from conformance.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 
-#: Findings listed in full in one failure message; the rest are counted.
-MAX_FINDINGS_SHOWN = 8
 
 
 class ConformanceFailure(AssertionError):
@@ -150,16 +148,14 @@ class Runner:
         self.timings.append((result.wall_s, result.max_compute_s))
         if result.pool_rebuilt:
             self.restarts += 1
-        header = self.header(hook, describe, world_size)
-        problems = self._rank_problems(result)
+        problems = report.rank_problems(result)
         if problems:
-            if _failed_in_reference(result) and check in REPLAYS_REFERENCE:
+            if report.failed_in_reference(result) and check in REPLAYS_REFERENCE:
                 problems += self._replay_reference(pool, case, describe)
-            self.fail(test_name, hook, header, problems, world_size)
+            self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size)
         if findings:
-            found = [f for o in result.outcomes for f in (o.value or [])]
-            if found:
-                self.fail(test_name, hook, header, self.findings_text(found), world_size)
+            self.fail_findings(test_name, hook, describe, world_size,
+                               [f for o in result.outcomes for f in (o.value or [])])
         return result
 
     def _replay_reference(self, pool: RankPool, case: Case, describe: Dict[str, Any]) -> str:
@@ -182,66 +178,24 @@ class Runner:
             what = " ".join(f"{k}={v}" for k, v in describe.items())
             pytest.skip(f"the suite's reference ({what}, no hook under test) cannot run here with torch "
                         f"{torch.__version__}: rank {bad[0].rank} {bad[0].summary().split(': ', 1)[-1]}: "
-                        f"{_last_line(bad[0].error or bad[0].stack or '')}")
+                        f"{report.exception_line(bad[0].error or bad[0].stack or '')}")
         return ("\n(the reference trained alone, with no hook, runs here: the failure above comes from "
                 "training it beside the hooked model)")
 
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
              world_size: Optional[int] = None) -> None:
+        """Raise the case's :class:`ConformanceFailure`: ``header``, ``body``, then the re-run command."""
         __tracebackhide__ = True
         rerun = self.state.rerun_command(test_name, hook, world_size)
-        raise ConformanceFailure(f"{header}\n{body}\nRe-run just this case:\n  {rerun}")
+        raise ConformanceFailure(report.failure_message(header, body, rerun))
 
-    @staticmethod
-    def header(hook: Optional[str], describe: Dict[str, Any], world_size: int) -> str:
-        what = " ".join(f"{k}={v}" for k, v in describe.items())
-        who = f"hook {hook}" if hook else "case"
-        return f"{who} does not conform: {what} world_size={world_size}"
-
-    @staticmethod
-    def findings_text(found: Sequence[Finding]) -> str:
-        ordered = sorted(found, key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
-        lines = [f"  {f.describe()}" for f in ordered[:MAX_FINDINGS_SHOWN]]
-        if len(ordered) > MAX_FINDINGS_SHOWN:
-            lines.append(f"  ... and {len(ordered) - MAX_FINDINGS_SHOWN} more findings")
-        return "\n".join(lines)
-
-    @staticmethod
-    def _rank_problems(result: CaseResult) -> str:
-        bad = [o for o in result.outcomes if not o.ok]
-        if not bad:
-            return ""
-        if result.timed_out:
-            intro = (f"the case did not finish within the case timeout on {len(bad)} of {result.world_size} ranks "
-                     f"(after {result.wall_s:.1f} s); the pool was restarted")
-        else:
-            intro = f"{len(bad)} of {result.world_size} ranks did not finish the case"
-            if result.pool_rebuilt:
-                intro += "; the pool was restarted"
-        lines = [intro]
-        for o in bad:
-            lines.append(f"--- {o.summary()} ---")
-            if o.error:
-                lines.append(o.error.rstrip())
-            if o.stack:
-                lines.append(o.stack.rstrip())
-            elif o.output.strip():
-                lines.append(f"(rank {o.rank} printed during the case:)")
-                lines.append(o.output.rstrip())
-        return "\n".join(lines)
-
-
-def _failed_in_reference(result: CaseResult) -> bool:
-    """Whether every rank that did not finish raised while building or training the reference model."""
-    bad = [o for o in result.outcomes if not o.ok]
-    return bool(bad) and all(o.error is not None and "reference" in o.phase for o in bad)
-
-
-def _last_line(text: str) -> str:
-    """The exception a traceback ends with (its ``Type: message`` line and what follows), on one line."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    starts = [i for i, ln in enumerate(lines) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", ln)]
-    return " ".join(lines[starts[-1]:][:4]) if starts else (lines[-1] if lines else "(no message)")
+    def fail_findings(self, test_name: str, hook: Optional[str], describe: Dict[str, Any], world_size: int,
+                      findings: Sequence[Finding], note: str = "") -> None:
+        """Fail the case with ``findings`` (and a closing ``note``), if there are any; else return."""
+        __tracebackhide__ = True
+        if findings:
+            body = report.findings_text(findings) + (f"\n{note}" if note else "")
+            self.fail(test_name, hook, report.header(hook, describe, world_size), body, world_size)
 
 
 def compare_across_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Finding]:

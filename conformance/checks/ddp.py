@@ -446,7 +446,7 @@ def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[F
             return [Finding(ctx.rank, f"the hook never communicates: after the hook every rank still holds its own "
                                       f"local gradient (rank {ctx.rank} holds {float(ctx.rank)!r} everywhere) "
                                       f"instead of the average over ranks, {mean!r}; ranks train apart",
-                            step=step)]
+                            step=step, kind="local_gradient")]
         if ctx.any_rank(bool(findings)):
             return findings
         optim.step()

@@ -137,13 +137,10 @@ def _run_exact(conform, request, case, check: str, rank_check: str, params: Dict
     result = conform.run(request.node.name, check=rank_check, hook=case.hook, world_size=case.world_size,
                          params=params, describe=describe, findings=False)
     found = [f for o in result.outcomes for f in (o.value or [])]
-    if found:
-        body = conform.findings_text(found)
-        never = any("never communicates" in f.message for f in found)
-        if _spec(request, case).lossy is None and not never:
-            body += "\n  " + DECLARE_LOSSY_HINT
-        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size), body,
-                     case.world_size)
+    # A lossy hook may declare a contract; a hook that never communicates is not lossy.
+    hint = _spec(request, case).lossy is None and not any(f.kind == "local_gradient" for f in found)
+    conform.fail_findings(request.node.name, case.hook, describe, case.world_size, found,
+                          note="  " + DECLARE_LOSSY_HINT if hint else "")
 
 
 def test_ddp_averaging(conform, request, case):
@@ -166,9 +163,7 @@ def test_ddp_rank_consistency(conform, request, case):
     findings = [f for o in result.outcomes for f in o.value["findings"]]
     if not findings:
         findings = compare_across_ranks([o.value["grads"] for o in result.outcomes])
-    if findings:
-        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
-                     conform.findings_text(findings), case.world_size)
+    conform.fail_findings(request.node.name, case.hook, describe, case.world_size, findings)
 
 
 def test_ddp_future_contract(conform, request, case):
@@ -200,10 +195,8 @@ def test_ddp_lossy_error(conform, request, case):
         where = f" (step {worst['at'][0]}, parameter {worst['at'][1]!r})"
     summary = (f"  observed max relative error {figure}{where}; declared rel_error_bound "
                f"{'none' if bound is None else _fmt(bound)}")
-    findings = [f for v in values for f in v["findings"]]
-    if findings:
-        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
-                     conform.findings_text(findings) + "\n" + summary, case.world_size)
+    conform.fail_findings(request.node.name, case.hook, describe, case.world_size,
+                          [f for v in values for f in v["findings"]], note=summary)
 
 
 def test_ddp_lossy_loss(conform, request, case):
@@ -222,8 +215,7 @@ def test_ddp_lossy_loss(conform, request, case):
         summary = (f"  observed relative loss difference {figure} after {spec.lossy.loss_steps} steps "
                    f"(loss {value['loss_hook']!r} with the hook, {value['loss_exact']!r} without); declared "
                    f"loss_margin {_fmt(spec.lossy.loss_margin)}")
-        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
-                     conform.findings_text(findings) + "\n" + summary, case.world_size)
+        conform.fail_findings(request.node.name, case.hook, describe, case.world_size, findings, note=summary)
 
 
 def test_ddp_lossy_determinism(conform, request, case):

@@ -93,10 +93,8 @@ def test_rank_consistency(conform, request, case):
     result = conform.run(request.node.name, check="fsdp.rank_grads", hook=case.hook, world_size=case.world_size,
                          params={"strategy": case.strategy, "model": case.model}, describe=describe,
                          findings=False)
-    findings = compare_across_ranks([o.value for o in result.outcomes])
-    if findings:
-        conform.fail(request.node.name, case.hook, conform.header(case.hook, describe, case.world_size),
-                     conform.findings_text(findings), case.world_size)
+    conform.fail_findings(request.node.name, case.hook, describe, case.world_size,
+                          compare_across_ranks([o.value for o in result.outcomes]))
 
 
 def test_registration(conform, request, case):

@@ -1,0 +1,104 @@
+"""Turning results into words: one place for the failure text and the per-hook verdict.
+
+The runner (:mod:`conformance.runner`) calls this for each failed case and the
+pytest plugin for the "hook conformance" summary, so a failure reads the same
+whichever API or check produced it: a header naming the hook, check, variant,
+model and world size; the findings (rank, step, FQN, bitwise figures) or what
+each rank did when it raised, hung or died; the command that re-runs the case.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Iterable, Optional, Sequence
+
+from conformance.protocol import CaseResult, Finding
+
+#: Findings listed in full in one failure message; the rest are counted.
+MAX_FINDINGS_SHOWN = 8
+
+
+def header(hook: Optional[str], describe: Dict[str, Any], world_size: int) -> str:
+    """The failure's first line: ``hook H does not conform: check=... world_size=N``."""
+    what = " ".join(f"{k}={v}" for k, v in describe.items())
+    who = f"hook {hook}" if hook else "case"
+    return f"{who} does not conform: {what} world_size={world_size}"
+
+
+def findings_text(found: Sequence[Finding]) -> str:
+    """The findings, step by step then rank by rank, one line each; past MAX_FINDINGS_SHOWN, a count."""
+    ordered = sorted(found, key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
+    lines = [f"  {f.describe()}" for f in ordered[:MAX_FINDINGS_SHOWN]]
+    if len(ordered) > MAX_FINDINGS_SHOWN:
+        lines.append(f"  ... and {len(ordered) - MAX_FINDINGS_SHOWN} more findings")
+    return "\n".join(lines)
+
+
+def failure_message(header: str, body: str, rerun: str) -> str:
+    """The whole failure: ``header``, ``body``, then the ``Re-run just this case:`` block."""
+    return f"{header}\n{body}\nRe-run just this case:\n  {rerun}"
+
+
+def rank_problems(result: CaseResult) -> str:
+    """What went wrong per rank when a rank raised, hung or died (empty when every rank finished)."""
+    bad = [o for o in result.outcomes if not o.ok]
+    if not bad:
+        return ""
+    if result.timed_out:
+        intro = (f"the case did not finish within the case timeout on {len(bad)} of {result.world_size} ranks "
+                 f"(after {result.wall_s:.1f} s); the pool was restarted")
+    else:
+        intro = f"{len(bad)} of {result.world_size} ranks did not finish the case"
+        if result.pool_rebuilt:
+            intro += "; the pool was restarted"
+    lines = [intro]
+    for o in bad:
+        lines.append(f"--- {o.summary()} ---")
+        if o.error:
+            lines.append(o.error.rstrip())
+        if o.stack:
+            lines.append(o.stack.rstrip())
+        elif o.output.strip():
+            lines.append(f"(rank {o.rank} printed during the case:)")
+            lines.append(o.output.rstrip())
+    return "\n".join(lines)
+
+
+def failed_in_reference(result: CaseResult) -> bool:
+    """Whether every rank that did not finish raised while building or training the reference model."""
+    bad = [o for o in result.outcomes if not o.ok]
+    return bool(bad) and all(o.error is not None and "reference" in o.phase for o in bad)
+
+
+def exception_line(text: str) -> str:
+    """The exception a traceback ends with (its ``Type: message`` line and what follows), on one line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    starts = [i for i, ln in enumerate(lines) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", ln)]
+    return " ".join(lines[starts[-1]:][:4]) if starts else (lines[-1] if lines else "(no message)")
+
+
+def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: Iterable[int]) -> str:
+    """One hook's verdict from its case outcomes.
+
+    Args:
+        counts: outcome -> number of cases (``passed``, ``failed``, ``xfailed``,
+            ``xpassed``, ``skipped``).
+        failed_checks: the checks of its failed cases.
+        ran_at: the world sizes at which its cases ran (skipped ones excluded).
+
+    ``DOES NOT CONFORM (checks)``; ``NOT RUN`` when every case was skipped;
+    ``NOT CHECKED ACROSS RANKS`` when every case ran at world size 1 (a mean
+    over one rank is the local gradient); ``known failures``; ``CONFORMS``.
+    Known failures that now pass are counted, never hidden.
+    """
+    xpassed = counts.get("xpassed", 0)
+    now_pass = f"; {xpassed} known failure(s) now pass" if xpassed else ""
+    if counts.get("failed"):
+        return "DOES NOT CONFORM (" + ", ".join(sorted(failed_checks)) + ")"
+    if not (counts.get("passed") or counts.get("xfailed") or xpassed):
+        return "NOT RUN: every case was skipped" if counts.get("skipped") else "not run"
+    if max(set(ran_at) or {0}) < 2:
+        return "NOT CHECKED ACROSS RANKS (every case ran at world size 1)"
+    if counts.get("xfailed"):
+        return "known failures" + now_pass
+    return "CONFORMS" + now_pass

@@ -1,0 +1,44 @@
+"""Tests for conformance.report: the per-hook verdict and the failure text's shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import report
+from conformance.protocol import Finding
+
+
+@pytest.mark.parametrize("counts, failed, ran_at, verdict", [
+    ({"passed": 9}, (), {2, 3}, "CONFORMS"),
+    ({"passed": 9, "xpassed": 2}, (), {2, 3}, "CONFORMS; 2 known failure(s) now pass"),
+    ({"passed": 3, "xfailed": 4}, (), {2}, "known failures"),
+    ({"xfailed": 4, "xpassed": 1}, (), {2}, "known failures; 1 known failure(s) now pass"),
+    ({"passed": 3, "failed": 1, "xfailed": 1}, ("parity", "averaging"), {2}, "DOES NOT CONFORM (averaging, parity)"),
+    ({"passed": 5}, (), {1}, "NOT CHECKED ACROSS RANKS (every case ran at world size 1)"),
+    ({"failed": 1}, ("parity",), {1}, "DOES NOT CONFORM (parity)"),  # a failure at one rank is still a failure
+    ({"skipped": 6}, (), set(), "NOT RUN: every case was skipped"),
+    ({}, (), set(), "not run"),
+])
+def test_hook_verdict(counts, failed, ran_at, verdict):
+    assert report.hook_verdict(counts, failed, ran_at) == verdict
+
+
+def test_failure_message_ends_with_the_rerun_block():
+    msg = report.failure_message(report.header("h", {"check": "parity", "model": "m"}, 3),
+                                 report.findings_text([Finding(1, "gradient differs", step=0, fqn="w")]),
+                                 "conform -k 'x'")
+    assert msg.splitlines() == ["hook h does not conform: check=parity model=m world_size=3",
+                                "  [rank 1, step 0, parameter 'w'] gradient differs",
+                                "Re-run just this case:", "  conform -k 'x'"]
+
+
+def test_findings_past_the_limit_are_counted():
+    found = [Finding(r, "differs", step=0) for r in range(report.MAX_FINDINGS_SHOWN + 3)]
+    lines = report.findings_text(found).splitlines()
+    assert len(lines) == report.MAX_FINDINGS_SHOWN + 1 and lines[-1] == "  ... and 3 more findings"
+
+
+def test_exception_line_keeps_the_error_and_its_continuation():
+    tb = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nRuntimeError: Cannot writeback\n"
+          "Expects torch.Size([32])\n")
+    assert report.exception_line(tb) == "RuntimeError: Cannot writeback Expects torch.Size([32])"

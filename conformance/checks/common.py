@@ -1,13 +1,16 @@
-"""What the rank checks of every API share: one training step, and comparing named tensors.
+"""What the rank checks of every API share: one training step, one lock-step loop, comparing named tensors.
 
 ``compare_named`` is the one place where "the hooked model's gradient (or
 parameter) for this FQN equals the reference's bit for bit" becomes findings,
-for FSDP, DDP and FSDP2 alike.
+and :func:`lockstep` the one loop that trains a reference model and a hooked
+model side by side and compares them after every step, for FSDP, DDP and FSDP2
+alike (modelled on ``_get_grads`` in PyTorch's ``test_ddp_hooks.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -65,4 +68,93 @@ def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs
         train(ctx, "reference", step, model, optim, inputs, loss_fn)
         ctx.phase(f"step {step}: optimizer step of the reference model")
         optim.step()
+    return []
+
+
+#: ``(what, named tensors of a model, phase to announce first or "")``: one comparison of the loop.
+View = Tuple[str, Callable[[nn.Module], Dict[str, Any]], str]
+
+
+@dataclasses.dataclass
+class Lockstep:
+    """A reference model and a hooked model, and how one API compares them.
+
+    Attributes:
+        ref, hooked: the two models, built alike but for the hook.
+        inputs: this rank's inputs, as the API's ``train`` takes them.
+        loss_fn: ``loss_fn(inputs, output)`` of the reference model class.
+        reference: the reference's name in messages (``"DDP with no hook"``).
+        grads: gradient views compared after each backward, in order; the ranks
+            agree to stop after each view that found something.
+        params: the parameter view compared after each optimizer step.
+        hook_findings: ``hook_findings(step)``: what the hook's recorder saw in
+            the step (wrong dtype, never called, a broken contract).
+        start_step: ``start_step(step)``, called before the step's backward
+            passes (the recorder learns the step).
+        train: the API's training step (DDP's runs ``no_sync`` micro-steps).
+        guard_hooked: wraps the hooked model's step; returns findings that end
+            the check when the hook broke the API's contract (DDP's future).
+        context: ``context(step)``, a note for gradient findings (what FSDP2
+            passed the comm).
+    """
+
+    ref: nn.Module
+    hooked: nn.Module
+    inputs: Sequence[Any]
+    loss_fn: Any
+    reference: str
+    grads: Sequence[View]
+    params: View
+    hook_findings: Callable[[int], List[Finding]]
+    start_step: Callable[[int], None] = lambda step: None
+    train: Callable[..., None] = train_step
+    guard_hooked: Optional[Callable[[int, Callable[[], None]], Optional[List[Finding]]]] = None
+    context: Optional[Callable[[int], str]] = None
+
+
+def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding]:
+    """Train ``plan.ref`` and ``plan.hooked`` side by side with SGD (momentum 0.9) for ``steps`` steps.
+
+    Per step: the reference's forward/backward, the hooked model's, the hook
+    recorder's findings and every gradient view compared bitwise; then both
+    optimizer steps and the parameters compared bitwise. Stops at the first
+    step with findings, once every rank agrees (``ctx.any_rank``), so no rank
+    is left waiting in a collective.
+
+    Returns:
+        this rank's findings (empty when the hook conforms).
+    """
+    opt_ref = torch.optim.SGD(plan.ref.parameters(), lr=lr, momentum=0.9)
+    opt_hooked = torch.optim.SGD(plan.hooked.parameters(), lr=lr, momentum=0.9)
+    for step in range(steps):
+        plan.start_step(step)
+        plan.train(ctx, "reference", step, plan.ref, opt_ref, plan.inputs, plan.loss_fn)
+
+        def hooked_step() -> None:
+            plan.train(ctx, "hooked", step, plan.hooked, opt_hooked, plan.inputs, plan.loss_fn)
+
+        if plan.guard_hooked is None:
+            hooked_step()
+        else:
+            broken = plan.guard_hooked(step, hooked_step)
+            if broken:
+                return broken
+        findings = plan.hook_findings(step)
+        note = plan.context(step) if plan.context else ""
+        against = f"{plan.reference} ({note})" if note else plan.reference
+        for what, named, phase in plan.grads:
+            if phase:
+                ctx.phase(f"step {step}: {phase}")
+            findings += compare_named(what, named(plan.hooked), named(plan.ref), rank=ctx.rank, step=step,
+                                      reference=against)
+            if ctx.any_rank(bool(findings)):
+                return findings
+        ctx.phase(f"step {step}: optimizer step")
+        opt_ref.step()
+        opt_hooked.step()
+        what, named, _ = plan.params
+        findings = compare_named(what, named(plan.hooked), named(plan.ref), rank=ctx.rank, step=step,
+                                 reference=plan.reference)
+        if ctx.any_rank(bool(findings)):
+            return findings
     return []

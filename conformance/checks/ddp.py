@@ -57,7 +57,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import compare_named, train_alone
+from conformance.checks.common import Lockstep, compare_named, lockstep, train_alone
 from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
 
@@ -464,33 +464,17 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
     model_cls = get_model(model)
     ctx.phase("building the reference DDP model")
     ref = build_reference(spec, model, ctx, config)
-    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
     inputs = micro_inputs(model_cls, ctx, config)
     if reference_only:
+        opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
         return train_alone(ctx, ref, opt_ref, inputs, model_cls.loss, steps, train=train_step)
     ctx.phase("building the hooked DDP model")
     hooked, recorder = build_hooked(spec, model, ctx, config)
-    opt_hooked = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
-    against = reference_name(spec)
-    for step in range(steps):
-        train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
-        broken = hooked_step(ctx, recorder, step,
-                             lambda: train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss))
-        if broken:
-            return broken
-        findings = _hook_called(ctx, recorder, step)
-        findings += compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step,
-                                   reference=against)
-        if ctx.any_rank(bool(findings)):
-            return findings
-        ctx.phase(f"step {step}: optimizer step")
-        opt_ref.step()
-        opt_hooked.step()
-        findings = compare_named("parameter after the optimizer step", _params(hooked), _params(ref),
-                                  rank=ctx.rank, step=step, reference=against)
-        if ctx.any_rank(bool(findings)):
-            return findings
-    return []
+    return lockstep(ctx, Lockstep(
+        ref=ref, hooked=hooked, inputs=inputs, loss_fn=model_cls.loss, reference=reference_name(spec),
+        grads=[("gradient", _grads, "")], params=("parameter after the optimizer step", _params, ""),
+        hook_findings=lambda step: _hook_called(ctx, recorder, step), train=train_step,
+        guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run)), steps=steps, lr=lr)
 
 
 @rank_check("ddp.rank_grads")

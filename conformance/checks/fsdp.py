@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import compare_named, train_alone, train_step
+from conformance.checks.common import Lockstep, compare_named, lockstep, train_alone, train_step
 from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
 
@@ -185,29 +185,21 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
     model_cls = get_model(model)
     ctx.phase("building the reference model (no hook)")
     ref = _build(model, ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
-    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
     inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
     if reference_only:
+        opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
         return train_alone(ctx, ref, opt_ref, inputs, model_cls.loss, steps)
     ctx.phase("building the hooked model")
     hooked, recorder = _hooked(spec, model, ctx, strategy)
-    opt_hooked = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
-    for step in range(steps):
+
+    def start_step(step: int) -> None:
         recorder.step = step
-        train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
-        train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
-        findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
-        findings += compare_named("gradient", _grads(hooked), _grads(ref), rank=ctx.rank, step=step)
-        if ctx.any_rank(bool(findings)):
-            return findings
-        ctx.phase(f"step {step}: optimizer step")
-        opt_ref.step()
-        opt_hooked.step()
-        findings = compare_named("parameter after the optimizer step", _params(hooked), _params(ref),
-                                  rank=ctx.rank, step=step)
-        if ctx.any_rank(bool(findings)):
-            return findings
-    return []
+
+    return lockstep(ctx, Lockstep(
+        ref=ref, hooked=hooked, inputs=inputs, loss_fn=model_cls.loss, reference="the native path",
+        grads=[("gradient", _grads, "")], params=("parameter after the optimizer step", _params, ""),
+        hook_findings=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step),
+        start_step=start_step), steps=steps, lr=lr)
 
 
 @rank_check("fsdp.rank_grads")

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import compare_named, train_alone, train_step
+from conformance.checks.common import Lockstep, lockstep, train_alone
 from conformance.checks.fsdp import clean_fqn
 from conformance.protocol import Finding
 
@@ -380,44 +380,24 @@ def _full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
 
 
 
-def _compare_with(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: int,
-                  reference: str, context: str = "") -> List[Finding]:
-    return compare_named(what, actual, expected, rank=rank, step=step,
-                         reference=f"{reference} ({context})" if context else reference)
-
-
-def _train_and_compare(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder: Any, *,
-                       steps: int, lr: float, reference: str, context: Any) -> List[Finding]:
+def _lockstep(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder: Any, *,
+              steps: int, lr: float, reference: str, context: Any) -> List[Finding]:
     """Train both models in lockstep; compare local/full gradients and local parameters every step."""
     from conformance.models import get_model
 
     model_cls = get_model(model_name)
-    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
-    opt_hooked = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
-    inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
-    for step in range(steps):
+
+    def start_step(step: int) -> None:
         recorder.step = step
-        train_step(ctx, "reference", step, ref, opt_ref, inputs, model_cls.loss)
-        train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss)
-        findings = recorder.findings(ctx.rank, step)
-        note = context(step)
-        findings += _compare_with("local gradient shard", _named_grads(hooked), _named_grads(ref),
-                             rank=ctx.rank, step=step, reference=reference, context=note)
-        if ctx.any_rank(bool(findings)):
-            return findings
-        ctx.phase(f"step {step}: full_tensor() of every gradient")
-        findings = _compare_with("full gradient", _full_grads(hooked), _full_grads(ref), rank=ctx.rank, step=step,
-                            reference=reference, context=note)
-        if ctx.any_rank(bool(findings)):
-            return findings
-        ctx.phase(f"step {step}: optimizer step")
-        opt_ref.step()
-        opt_hooked.step()
-        findings = _compare_with("local parameter shard after the optimizer step", _named_params(hooked),
-                            _named_params(ref), rank=ctx.rank, step=step, reference=reference)
-        if ctx.any_rank(bool(findings)):
-            return findings
-    return []
+
+    return lockstep(ctx, Lockstep(
+        ref=ref, hooked=hooked, inputs=model_cls.make_input(ctx.rank, ctx.world_size, ctx.device),
+        loss_fn=model_cls.loss, reference=reference,
+        grads=[("local gradient shard", _named_grads, ""),
+               ("full gradient", _full_grads, "full_tensor() of every gradient")],
+        params=("local parameter shard after the optimizer step", _named_params, ""),
+        hook_findings=lambda step: recorder.findings(ctx.rank, step), start_step=start_step, context=context),
+        steps=steps, lr=lr)
 
 
 # -- checks ----------------------------------------------------------------------------------
@@ -453,7 +433,7 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
 
     reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
                                         f" with reduce_dtype={_dtype_name(spec.reduce_dtype)}")
-    return _train_and_compare(ctx, model, ref, hooked, recorder, steps=steps, lr=lr, reference=reference,
+    return _lockstep(ctx, model, ref, hooked, recorder, steps=steps, lr=lr, reference=reference,
                               context=context)
 
 
@@ -475,5 +455,5 @@ def all_reduce_parity(ctx: Any, spec: Any, *, model: str, steps: int = 3, lr: fl
         seen = sorted({_dtype_name(c["dtype"]) for c in recorder.calls if c["step"] == step})
         return f"the hook got the all-reduced {'/'.join(seen) or '?'} gradients of a {shape[0]}x{shape[1]} HSDP mesh"
 
-    return _train_and_compare(ctx, model, ref, hooked, recorder, steps=steps, lr=lr,
+    return _lockstep(ctx, model, ref, hooked, recorder, steps=steps, lr=lr,
                               reference="native HSDP without the hook", context=context)

@@ -144,8 +144,8 @@ def compare_bitwise(
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"compare_bitwise: {name} is {type(t).__name__}, not a torch.Tensor")
     fields = dict(
-        actual_dtype=_dtype_name(actual.dtype),
-        expected_dtype=_dtype_name(expected.dtype),
+        actual_dtype=dtype_name(actual.dtype),
+        expected_dtype=dtype_name(expected.dtype),
         actual_shape=tuple(actual.shape),
         expected_shape=tuple(expected.shape),
         actual_device=str(actual.device),
@@ -232,7 +232,7 @@ def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """
     for t in (actual, expected):
         if isinstance(t, torch.Tensor) and t.dtype not in _ULP_DTYPES:
-            raise TypeError(f"ulp_distance: unsupported dtype {_dtype_name(t.dtype)}")
+            raise TypeError(f"ulp_distance: unsupported dtype {dtype_name(t.dtype)}")
     _check_pair(actual, expected, "ulp_distance")
     a, b = _prepare(actual, "ulp_distance"), _prepare(expected, "ulp_distance")
     nbits = 8 * a.element_size()
@@ -252,7 +252,8 @@ def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
 # --- helpers -----------------------------------------------------------------
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float16`` -> ``"float16"``: how every message names a dtype."""
     name = str(dtype)
     return name[len("torch."):] if name.startswith("torch.") else name
 
@@ -263,7 +264,7 @@ def _check_pair(actual: torch.Tensor, expected: torch.Tensor, fn: str) -> None:
             raise TypeError(f"{fn}: {name} is {type(t).__name__}, not a torch.Tensor")
     if actual.dtype != expected.dtype:
         raise ValueError(
-            f"{fn}: dtype {_dtype_name(actual.dtype)}, but expected {_dtype_name(expected.dtype)}"
+            f"{fn}: dtype {dtype_name(actual.dtype)}, but expected {dtype_name(expected.dtype)}"
         )
     if actual.shape != expected.shape:
         raise ValueError(f"{fn}: shape {tuple(actual.shape)}, but expected {tuple(expected.shape)}")

@@ -262,7 +262,9 @@ class HookSpec:
         """``"full"`` for the full-precision claim, else the dtype's short name."""
         if self.reduce_dtype is None:
             return "full"
-        return str(self.reduce_dtype).replace("torch.", "")
+        from conformance.compare import dtype_name
+
+        return dtype_name(self.reduce_dtype)
 
 
 def _strategies_from_signature(hook: Callable[..., Any]) -> Tuple[str, ...]:

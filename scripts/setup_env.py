@@ -29,7 +29,7 @@ import os
 import re
 import subprocess
 import sys
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 #: Installed where the interpreter has no torch: the CPU build on this project's machines.
 DEFAULT_TORCH = "torch==2.13.0"

@@ -12,11 +12,44 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import re
+
 import torch
 from torch import nn
 
 from conformance.compare import compare_bitwise
 from conformance.protocol import Finding
+
+#: Prefixes FSDP (and activation checkpointing, torch.compile) insert into parameter names.
+_WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.)")
+
+
+def fqn_without_wrappers(name: str) -> str:
+    """A parameter's FQN in the unwrapped model: FSDP's wrapper prefixes removed (FSDP1 and FSDP2)."""
+    return _WRAPPER_PREFIXES.sub("", name)
+
+
+def fqn_inside_ddp(name: str) -> str:
+    """A parameter's FQN in the model DDP wraps: DDP's own leading ``module.`` removed (once)."""
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """This rank's shard of a DTensor (``to_local()``, FSDP2), else the tensor itself."""
+    if t is None:
+        return None
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def named_grads(model: nn.Module, fqn: Callable[[str], str] = fqn_without_wrappers
+                ) -> Dict[str, Optional[torch.Tensor]]:
+    """``{fqn: gradient}`` of every parameter, ``None`` where it has none; an FSDP2 gradient as its local shard."""
+    return {fqn(n): None if p.grad is None else local(p.grad.detach()) for n, p in model.named_parameters()}
+
+
+def named_params(model: nn.Module, fqn: Callable[[str], str] = fqn_without_wrappers) -> Dict[str, torch.Tensor]:
+    """``{fqn: parameter}``; an FSDP2 parameter as its local shard."""
+    return {fqn(n): local(p.detach()) for n, p in model.named_parameters()}
 
 
 def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: int,

@@ -57,8 +57,9 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import Lockstep, compare_named, lockstep, train_alone
-from conformance.compare import compare_bitwise
+from conformance.checks.common import (Lockstep, compare_named, fqn_inside_ddp, lockstep, named_grads, named_params,
+                                       train_alone)
+from conformance.compare import compare_bitwise, dtype_name
 from conformance.protocol import Finding
 
 #: ``bucket_cap_mb`` of the ``small_buckets`` config: 512 bytes, so every
@@ -94,13 +95,9 @@ def _ddp_class():
     return DistributedDataParallel
 
 
-def _fmt_dtype(dtype: Any) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def _describe_value(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}, {_fmt_dtype(value.dtype)}, on {value.device}"
+        return f"a tensor of shape {tuple(value.shape)}, {dtype_name(value.dtype)}, on {value.device}"
     if isinstance(value, (list, tuple)):
         inner = ", ".join(_describe_value(v) for v in list(value)[:2])
         more = ", ..." if len(value) > 2 else ""
@@ -149,7 +146,7 @@ class _CastAllreduce:
 
     def __init__(self, dtype: torch.dtype):
         self.dtype = dtype
-        self.__qualname__ = f"cast_allreduce_{_fmt_dtype(dtype)}"
+        self.__qualname__ = f"cast_allreduce_{dtype_name(dtype)}"
 
     def __call__(self, state: Any, bucket: Any) -> Any:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -283,13 +280,13 @@ class DDPHookRecorder:
                     hint = ("; a collective's get_future() holds a list of tensors: take its first element "
                             "(.then(lambda f: f.value()[0]))")
                 self._note(f"{where}: the hook's future holds {_describe_value(value)}, but DDP needs one tensor "
-                           f"of shape {shape}, {_fmt_dtype(dtype)}, on {device}{hint}")
+                           f"of shape {shape}, {dtype_name(dtype)}, on {device}{hint}")
                 return value
             bad = []
             if tuple(value.shape) != shape:
                 bad.append(f"shape {tuple(value.shape)} instead of {shape}")
             if value.dtype != dtype:
-                bad.append(f"dtype {_fmt_dtype(value.dtype)} instead of {_fmt_dtype(dtype)}")
+                bad.append(f"dtype {dtype_name(value.dtype)} instead of {dtype_name(dtype)}")
             if value.device != device:
                 bad.append(f"device {value.device} instead of {device}")
             if bad:
@@ -302,12 +299,7 @@ class DDPHookRecorder:
 
 
 def _names(model: nn.Module) -> Dict[int, str]:
-    return {id(p): clean_fqn(n) for n, p in model.named_parameters()}
-
-
-def clean_fqn(name: str) -> str:
-    """The parameter's FQN in the unwrapped model (DDP's ``module.`` prefix removed)."""
-    return name[len("module."):] if name.startswith("module.") else name
+    return {id(p): fqn_inside_ddp(n) for n, p in model.named_parameters()}
 
 
 def build_hooked(spec: Any, model_name: str, ctx: Any, config: str) -> Tuple[nn.Module, DDPHookRecorder]:
@@ -345,11 +337,11 @@ def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.o
 
 
 def _grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
-    return {clean_fqn(n): (None if p.grad is None else p.grad.detach()) for n, p in model.named_parameters()}
+    return named_grads(model, fqn_inside_ddp)
 
 
 def _params(model: nn.Module) -> Dict[str, torch.Tensor]:
-    return {clean_fqn(n): p.detach() for n, p in model.named_parameters()}
+    return named_params(model, fqn_inside_ddp)
 
 
 
@@ -361,7 +353,7 @@ def reference_name(spec: Any) -> str:
         return "the documented equivalent, fp16_compress_wrapper(allreduce_hook)"
     if spec.reduce_dtype == torch.bfloat16:
         return "the documented equivalent, bf16_compress_wrapper(allreduce_hook)"
-    return f"allreduce_hook in {_fmt_dtype(spec.reduce_dtype)}"
+    return f"allreduce_hook in {dtype_name(spec.reduce_dtype)}"
 
 
 def hooked_step(ctx: Any, recorder: DDPHookRecorder, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
@@ -436,7 +428,7 @@ def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[F
                 want, what = torch.full_like(grad, mean), f"mean(0..{ctx.world_size - 1}) = {mean!r}"
             else:
                 want = expected[fqn]
-                what = f"the {_fmt_dtype(spec.reduce_dtype)} average as {reference_name(spec)} computes it"
+                what = f"the {dtype_name(spec.reduce_dtype)} average as {reference_name(spec)} computes it"
             mismatch = compare_bitwise(grad, want)
             if mismatch is not None:
                 findings.append(Finding(ctx.rank, f"gradient is not the average over ranks, {what}", step=step,

@@ -31,17 +31,10 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import Lockstep, compare_named, lockstep, train_alone, train_step
-from conformance.compare import compare_bitwise
+from conformance.checks.common import (Lockstep, compare_named, lockstep, named_grads, named_params, train_alone,
+                                       train_step)
+from conformance.compare import compare_bitwise, dtype_name
 from conformance.protocol import Finding
-
-_WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.)")
-
-
-def clean_fqn(name: str) -> str:
-    """The parameter's FQN in the unwrapped model (FSDP wrapper prefixes removed)."""
-    return _WRAPPER_PREFIXES.sub("", name)
-
 
 def _fsdp():
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
@@ -120,14 +113,6 @@ def _hooked(spec: Any, model_name: str, ctx: Any, strategy: str, **kw: Any):
     return model, recorder
 
 
-def _grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
-    return {clean_fqn(n): (None if p.grad is None else p.grad.detach()) for n, p in model.named_parameters()}
-
-
-def _params(model: nn.Module) -> Dict[str, torch.Tensor]:
-    return {clean_fqn(n): p.detach() for n, p in model.named_parameters()}
-
-
 def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, step: int) -> List[Finding]:
     param_dtype = next(model.parameters()).dtype
     findings = []
@@ -135,8 +120,8 @@ def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, s
         if call["step"] == step and call["dtype"] != param_dtype:
             findings.append(Finding(
                 rank,
-                f"the hook left its reduced gradient in {str(call['dtype']).replace('torch.', '')}, "
-                f"but the parameters are {str(param_dtype).replace('torch.', '')}: a reduced-precision "
+                f"the hook left its reduced gradient in {dtype_name(call['dtype'])}, "
+                f"but the parameters are {dtype_name(param_dtype)}: a reduced-precision "
                 "hook must cast back to the parameter dtype (as LowPrecisionState.parameter_type does); "
                 "FSDP only skips its own cast for its built-in fp16/bf16 hooks",
                 step=step))
@@ -161,7 +146,7 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
     for step in range(steps):
         recorder.step = step
         train_step(ctx, "hooked", step, model, optim, inputs, model_cls.loss)
-        for fqn, grad in _grads(model).items():
+        for fqn, grad in named_grads(model).items():
             if grad is None or grad.numel() == 0:
                 continue
             want = torch.full_like(grad, expected)
@@ -197,7 +182,7 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
 
     return lockstep(ctx, Lockstep(
         ref=ref, hooked=hooked, inputs=inputs, loss_fn=model_cls.loss, reference="the native path",
-        grads=[("gradient", _grads, "")], params=("parameter after the optimizer step", _params, ""),
+        grads=[("gradient", named_grads, "")], params=("parameter after the optimizer step", named_params, ""),
         hook_findings=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step),
         start_step=start_step), steps=steps, lr=lr)
 
@@ -217,7 +202,7 @@ def rank_grads(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3
     for step in range(steps):
         recorder.step = step
         train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss)
-        per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in _grads(hooked).items()})
+        per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in named_grads(hooked).items()})
         optim.step()
     return per_step
 
@@ -355,7 +340,7 @@ def hard_inputs(ctx: Any, spec: Any, *, strategy: str, examples: Sequence[Tuple[
         train_step(ctx, f"reference ({label} inputs)", step, ref, opt_ref, inputs, model_cls.loss)
         train_step(ctx, f"hooked ({label} inputs)", step, hooked, opt_hooked, inputs, model_cls.loss)
         findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
-        findings += compare_named(f"gradient for the {label!r} inputs", _grads(hooked), _grads(ref),
+        findings += compare_named(f"gradient for the {label!r} inputs", named_grads(hooked), named_grads(ref),
                                    rank=ctx.rank, step=step)
         if ctx.any_rank(bool(findings)):
             return findings

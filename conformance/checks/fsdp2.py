@@ -50,8 +50,8 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import Lockstep, lockstep, train_alone
-from conformance.checks.fsdp import clean_fqn
+from conformance.checks.common import Lockstep, fqn_without_wrappers, lockstep, named_grads, named_params, train_alone
+from conformance.compare import dtype_name
 from conformance.protocol import Finding
 
 #: Configurations of the FSDP modules a comm is checked under.
@@ -261,10 +261,6 @@ def op_name(op: Any) -> str:
     return str(op).split(".")[-1]
 
 
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 class CommRecorder:
     """Wraps the comm under test; forwards FSDP2's calls unchanged and records them.
 
@@ -290,7 +286,7 @@ class CommRecorder:
                                          "got": f"a {type(out).__name__}, not a tensor"})
         elif out.shape != want or out.dtype != dtype or out.device.type != torch.device(device).type:
             self.bad_allocations.append({"step": self.step, "size": tuple(want), "dtype": dtype,
-                                         "got": f"shape {tuple(out.shape)}, {_dtype_name(out.dtype)} on {out.device}"})
+                                         "got": f"shape {tuple(out.shape)}, {dtype_name(out.dtype)} on {out.device}"})
         return out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -306,14 +302,14 @@ class CommRecorder:
         return self.comm(*args, **kwargs)
 
     def summary(self, step: int) -> str:
-        seen = sorted({(c["op"], c["group_size"], _dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})
+        seen = sorted({(c["op"], c["group_size"], dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})
         return "; ".join(f"op={o} over a group of {g} in {d}" for o, g, d in seen) or "not called"
 
     def findings(self, rank: int, step: int) -> List[Finding]:
         out = []
         for bad in self.bad_allocations:
             if bad["step"] == step:
-                out.append(Finding(rank, f"comm.allocate(size={bad['size']}, dtype={_dtype_name(bad['dtype'])}) "
+                out.append(Finding(rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
                                          f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
                                          "exactly that buffer", step=step))
                 break
@@ -356,26 +352,12 @@ def make_comm(spec: Any) -> Any:
 # -- comparing -------------------------------------------------------------------------------
 
 
-def _local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    if t is None:
-        return None
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _named_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
-    return {clean_fqn(n): _local(p.grad) for n, p in model.named_parameters()}
-
-
-def _named_params(model: nn.Module) -> Dict[str, torch.Tensor]:
-    return {clean_fqn(n): _local(p.detach()) for n, p in model.named_parameters()}
-
-
 def _full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
     """``p.grad.full_tensor()`` per FQN: collective, so every rank walks the same parameters in order."""
     out: Dict[str, Optional[torch.Tensor]] = {}
     for n, p in model.named_parameters():
         g = p.grad
-        out[clean_fqn(n)] = None if g is None else (g.full_tensor() if hasattr(g, "full_tensor") else g)
+        out[fqn_without_wrappers(n)] = None if g is None else (g.full_tensor() if hasattr(g, "full_tensor") else g)
     return out
 
 
@@ -393,9 +375,9 @@ def _lockstep(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, reco
     return lockstep(ctx, Lockstep(
         ref=ref, hooked=hooked, inputs=model_cls.make_input(ctx.rank, ctx.world_size, ctx.device),
         loss_fn=model_cls.loss, reference=reference,
-        grads=[("local gradient shard", _named_grads, ""),
+        grads=[("local gradient shard", named_grads, ""),
                ("full gradient", _full_grads, "full_tensor() of every gradient")],
-        params=("local parameter shard after the optimizer step", _named_params, ""),
+        params=("local parameter shard after the optimizer step", named_params, ""),
         hook_findings=lambda step: recorder.findings(ctx.rank, step), start_step=start_step, context=context),
         steps=steps, lr=lr)
 
@@ -432,7 +414,7 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
         return f"FSDP2 called the comm with {recorder.summary(step)}"
 
     reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
-                                        f" with reduce_dtype={_dtype_name(spec.reduce_dtype)}")
+                                        f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
     return _lockstep(ctx, model, ref, hooked, recorder, steps=steps, lr=lr, reference=reference,
                               context=context)
 
@@ -452,7 +434,7 @@ def all_reduce_parity(ctx: Any, spec: Any, *, model: str, steps: int = 3, lr: fl
         module.set_all_reduce_hook(recorder)
 
     def context(step: int) -> str:
-        seen = sorted({_dtype_name(c["dtype"]) for c in recorder.calls if c["step"] == step})
+        seen = sorted({dtype_name(c["dtype"]) for c in recorder.calls if c["step"] == step})
         return f"the hook got the all-reduced {'/'.join(seen) or '?'} gradients of a {shape[0]}x{shape[1]} HSDP mesh"
 
     return _lockstep(ctx, model, ref, hooked, recorder, steps=steps, lr=lr,

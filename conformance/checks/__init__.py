@@ -47,3 +47,4 @@ def get_rank_check(name: str) -> Callable:
 from conformance.checks import fsdp  # noqa: E402,F401  (registers the fsdp checks)
 from conformance.checks import ddp  # noqa: E402,F401  (registers the ddp checks)
 from conformance.checks import fsdp2  # noqa: E402,F401  (registers the fsdp2 checks)
+from conformance.checks import lossy  # noqa: E402,F401  (registers the lossy-contract checks)

@@ -1,16 +1,19 @@
-"""Which cases exist for a hook, and what they are called.
+"""What a case is, what it is called, and FSDP1's case plans.
 
-A case id is the pytest parameter id, fields joined by ``-``:
-``{hook}-{strategy}-{model}-ws{world_size}`` for training checks,
-``{hook}-{strategy}-{rule}`` for registration rules. The hook name comes first
-so that ``-k my_hook`` and known-failure patterns such as
+Every suite test of every hook API is parametrized with one :class:`CaseParams`:
+the hook, its **variant** (what the API varies: a sharding strategy for
+``fsdp``, a training config for ``ddp`` and ``fsdp2``), the world size, and a
+model or a registration rule. A case id is the pytest parameter id, fields joined
+by ``-``: ``{hook}-{variant}-{model}-ws{world_size}`` for training checks,
+``{hook}-{variant}-{rule}`` for registration rules. The hook name comes first so
+that ``-k my_hook`` and known-failure patterns such as
 ``test_parity[fp16_compress_hook-*]`` select one hook's cases.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from conformance.spec import HookSpec
 
@@ -28,41 +31,71 @@ EXTRA_PARITY_MODELS = ("net_wrapped", "nested_wrapped")
 CONSISTENCY_MODELS = ("net_wrapped", "transformer_shared")
 
 
+#: The name of each hook API's variant, as it appears in messages and JUnit properties.
+VARIANT_FIELDS = {"fsdp": "strategy", "ddp": "config", "fsdp2": "config", "fsdp2_all_reduce": "config"}
+
+
 @dataclasses.dataclass(frozen=True)
 class CaseParams:
-    """One parametrization of a suite test.
+    """One parametrization of a suite test, for any hook API.
 
     Attributes:
         hook: the spec's name.
-        strategy: a ``ShardingStrategy`` member name, or ``"HYBRID"``.
+        variant: what the API varies: a ``ShardingStrategy`` member name or
+            ``"HYBRID"`` (``fsdp``), a DDP config (``ddp``), an FSDP2 config
+            (``fsdp2``, ``fsdp2_all_reduce``); named by :attr:`variant_field`.
         world_size: ranks in the pool that runs it.
         model: a reference model name, or ``None``.
         rule: a registration rule, or ``None``.
+        api: the hook API (``spec.api``).
     """
 
     hook: str
-    strategy: str
+    variant: str
     world_size: int
     model: Optional[str] = None
     rule: Optional[str] = None
+    api: str = "fsdp"
 
     @property
     def id(self) -> str:
-        return case_id(self.hook, self.strategy, model=self.model, world_size=self.world_size, rule=self.rule)
+        return case_id(self.hook, self.variant, model=self.model, world_size=self.world_size, rule=self.rule)
+
+    @property
+    def variant_field(self) -> str:
+        """``"strategy"`` (fsdp) or ``"config"`` (ddp, fsdp2)."""
+        return VARIANT_FIELDS[self.api]
 
     def describe(self, check: str) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"check": check, "strategy": self.strategy}
+        """What the case is, for the failure's header: check, API, variant, then model or rule."""
+        out: Dict[str, Any] = {"check": check, "api": self.api, self.variant_field: self.variant}
         if self.model:
             out["model"] = self.model
         if self.rule:
             out["rule"] = self.rule
         return out
 
+    def junit_properties(self, check: str) -> List[Tuple[str, Any]]:
+        """The JUnit properties of the case (the per-hook summary reads them too).
 
-def case_id(hook: str, strategy: str, *, model: Optional[str] = None, world_size: Optional[int] = None,
+        Every case carries ``hook``, ``api``, ``check``, ``variant``, its variant
+        under its own field name (``strategy`` or ``config``), ``world_size``, and
+        ``model`` or ``rule`` where it has one.
+        """
+        props: List[Tuple[str, Any]] = [("hook", self.hook), ("api", self.api), ("check", check),
+                                        ("variant", self.variant), (self.variant_field, self.variant),
+                                        ("world_size", self.world_size)]
+        if self.model:
+            props.append(("model", self.model))
+        if self.rule:
+            props.append(("rule", self.rule))
+        return props
+
+
+def case_id(hook: str, variant: str, *, model: Optional[str] = None, world_size: Optional[int] = None,
             rule: Optional[str] = None) -> str:
     """The test parameter id of a case; see the module docstring for the shape."""
-    parts = [hook, strategy]
+    parts = [hook, variant]
     if model:
         parts.append(model)
     if rule:
@@ -82,8 +115,8 @@ def parse_case_id(text: str) -> Dict[str, Any]:
         text = text[text.index("[") + 1: text.rindex("]")]
     parts = text.split("-")
     if len(parts) < 2:
-        raise ValueError(f"{text!r} is not a case id of the form hook-STRATEGY[-model][-wsN]")
-    out: Dict[str, Any] = {"hook": parts[0], "strategy": parts[1]}
+        raise ValueError(f"{text!r} is not a case id of the form hook-VARIANT[-model][-wsN]")
+    out: Dict[str, Any] = {"hook": parts[0], "variant": parts[1]}
     rest = parts[2:]
     if rest and rest[-1].startswith("ws") and rest[-1][2:].isdigit():
         out["world_size"] = int(rest.pop()[2:])

@@ -14,11 +14,12 @@ import shlex
 import sys
 import warnings
 from collections import defaultdict
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
 from conformance import report
+from conformance.cases import parse_case_id
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
 from conformance.spec_loading import LoadedSpec, load_specs, user_paths_first
@@ -173,6 +174,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             "the failure may be fixed or the pattern out of date: update or remove the entry"))
 
 
+def tag(request: pytest.FixtureRequest, case: Any, check: str) -> Dict[str, Any]:
+    """Give the test its case's JUnit properties (:meth:`CaseParams.junit_properties`); return the case's
+    ``describe(check)`` for failure headers. Every suite test calls this first."""
+    request.node.user_properties.extend(case.junit_properties(check))
+    return case.describe(check)
+
+
 def _case_hook(item: pytest.Item) -> Optional[str]:
     case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
     return getattr(case, "hook", None)
@@ -198,7 +206,10 @@ class _Summary:
         if hook is None and report.when == "setup" and report.skipped:
             # Skipped (or an unrun known failure) before the test body set its properties:
             # the hook's name leads the case id.
-            hook = report.nodeid.rpartition("[")[2].split("-", 1)[0]
+            try:
+                hook = parse_case_id(report.nodeid)["hook"]
+            except ValueError:
+                hook = None
             if hook not in {item.spec.name for item in state.specs}:
                 hook = None
             elif not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):

@@ -86,7 +86,8 @@ def test_case_params_id_is_case_id():
 
 
 def test_describe_reports_only_what_the_case_has():
-    assert CaseParams("h", "NO_SHARD", 2).describe("averaging") == {"check": "averaging", "strategy": "NO_SHARD"}
+    assert CaseParams("h", "NO_SHARD", 2).describe("averaging") == {"check": "averaging", "api": "fsdp",
+                                                                      "strategy": "NO_SHARD"}
     assert CaseParams("h", "NO_SHARD", 2, model="m").describe("parity")["model"] == "m"
     assert "model" not in CaseParams("h", "NO_SHARD", 2, rule="r").describe("registration")
 
@@ -96,17 +97,17 @@ def test_describe_reports_only_what_the_case_has():
 
 def test_parse_full_test_name():
     assert parse_case_id("test_parity[h-FULL_SHARD-net_wrapped-ws3]") == {
-        "hook": "h", "strategy": "FULL_SHARD", "detail": "net_wrapped", "world_size": 3}
+        "hook": "h", "variant": "FULL_SHARD", "detail": "net_wrapped", "world_size": 3}
 
 
 def test_parse_node_id_and_dotted_hook_name():
     fields = parse_case_id("conformance/suite/test_fsdp.py::test_averaging[pkg.mod.hook-NO_SHARD-ws2]")
-    assert fields == {"hook": "pkg.mod.hook", "strategy": "NO_SHARD", "world_size": 2}
+    assert fields == {"hook": "pkg.mod.hook", "variant": "NO_SHARD", "world_size": 2}
 
 
 def test_parse_registration_id():
     assert parse_case_id("test_registration[h-HYBRID-hybrid_strategy_raises]") == {
-        "hook": "h", "strategy": "HYBRID", "detail": "hybrid_strategy_raises"}
+        "hook": "h", "variant": "HYBRID", "detail": "hybrid_strategy_raises"}
 
 
 @pytest.mark.parametrize("text", ["", "just_a_hook", "test_parity[h]"])
@@ -116,7 +117,7 @@ def test_text_without_a_strategy_is_not_a_case_id(text):
 
 
 def test_ws_without_digits_is_detail_not_a_world_size():
-    assert parse_case_id("h-NO_SHARD-wsx") == {"hook": "h", "strategy": "NO_SHARD", "detail": "wsx"}
+    assert parse_case_id("h-NO_SHARD-wsx") == {"hook": "h", "variant": "NO_SHARD", "detail": "wsx"}
 
 
 @given(hook=HOOK_NAMES, strategy=STRATEGIES, model=MODELS, world_size=WORLD_SIZES)
@@ -124,7 +125,7 @@ def test_parse_inverts_case_id(hook, strategy, model, world_size):
     text = case_id(hook, strategy, model=model, world_size=world_size)
     fields = parse_case_id(text)
     assert fields["hook"] == hook
-    assert fields["strategy"] == strategy
+    assert fields["variant"] == strategy
     assert fields.get("detail") == (model or None)
     assert fields.get("world_size") == world_size
     # ...also inside a pytest test name.
@@ -135,7 +136,7 @@ def test_parse_inverts_case_id(hook, strategy, model, world_size):
        world_size=st.integers(1, 64))
 def test_parse_inverts_registration_ids(hook, strategy, rule, world_size):
     fields = parse_case_id(case_id(hook, strategy, rule=rule, world_size=world_size))
-    assert fields == {"hook": hook, "strategy": strategy, "detail": rule}
+    assert fields == {"hook": hook, "variant": strategy, "detail": rule}
 
 
 # -- which cases exist ------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def test_training_cases_are_every_served_strategy_at_every_world_size(world_size
     assert len(got) == served * len(world_sizes)
     assert len({c.id for c in got}) == len(got)
     for spec in SPECS:
-        mine = {(c.strategy, c.world_size) for c in got if c.hook == spec.name}
+        mine = {(c.variant, c.world_size) for c in got if c.hook == spec.name}
         assert mine == set(itertools.product(spec.strategies, world_sizes))
     assert all(c.model is None and c.rule is None for c in got)
 
@@ -170,7 +171,7 @@ def test_world_size_without_models_gets_no_cases():
 def test_strategy_filter_keeps_specs_that_serve_it():
     got = training_cases(SPECS, [2], models={2: CONSISTENCY_MODELS}, strategies=("NO_SHARD",))
     assert {c.hook for c in got} == {NO_SHARD_ONLY.name, EVERYWHERE.name}
-    assert {c.strategy for c in got} == {"NO_SHARD"}
+    assert {c.variant for c in got} == {"NO_SHARD"}
     assert len(got) == 2 * len(CONSISTENCY_MODELS)
 
 
@@ -186,9 +187,24 @@ def test_registration_cases_put_the_hybrid_rule_once_per_hook():
     for spec in SPECS:
         mine = [c for c in got if c.hook == spec.name]
         hybrid = [c for c in mine if c.rule == "hybrid_strategy_raises"]
-        assert len(hybrid) == 1 and hybrid[0].strategy == "HYBRID"
-        rest = {(c.rule, c.strategy) for c in mine if c.rule != "hybrid_strategy_raises"}
+        assert len(hybrid) == 1 and hybrid[0].variant == "HYBRID"
+        rest = {(c.rule, c.variant) for c in mine if c.rule != "hybrid_strategy_raises"}
         assert rest == set(itertools.product(other_rules, spec.strategies))
     assert len(got) == sum(1 + len(other_rules) * len(s.strategies) for s in SPECS)
     assert all(c.world_size == 2 for c in got)
     assert len({c.id for c in got}) == len(got)
+
+
+def test_every_api_names_its_variant_and_carries_the_same_properties():
+    fsdp = CaseParams("h", "FULL_SHARD", 3, model="net_flat")
+    ddp = CaseParams("h", "small_buckets", 2, model="nested_wrapped", api="ddp")
+    fsdp2 = CaseParams("h", "hsdp", 4, model="nested_wrapped", api="fsdp2")
+    assert (fsdp.variant_field, ddp.variant_field, fsdp2.variant_field) == ("strategy", "config", "config")
+    assert dict(ddp.junit_properties("parity")) == {
+        "hook": "h", "api": "ddp", "check": "parity", "variant": "small_buckets", "config": "small_buckets",
+        "world_size": 2, "model": "nested_wrapped"}
+    for case in (fsdp, ddp, fsdp2):
+        props = dict(case.junit_properties("parity"))
+        assert {"hook", "api", "check", "variant", case.variant_field, "world_size"} <= set(props)
+        assert case.describe("parity")[case.variant_field] == case.variant
+    assert fsdp2.id == "h-hsdp-nested_wrapped-ws4"

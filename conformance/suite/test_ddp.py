@@ -23,7 +23,7 @@ import pytest
 
 from conformance import cases
 from conformance.checks.ddp import DECLARE_LOSSY_HINT
-from conformance.pytest_plugin import state_of
+from conformance.pytest_plugin import state_of, tag
 from conformance.runner import compare_across_ranks
 
 pytestmark = pytest.mark.conformance(api="ddp")
@@ -72,7 +72,7 @@ def _cases(specs: Sequence[Any], sizes: Sequence[int], main: Sequence[Tuple[str,
         for i, ws in enumerate(sizes):
             is_main = i == 0 if role is None else role(ws) == "main"
             for config, model in (main if is_main else extra):
-                out.append(cases.CaseParams(spec.name, config, ws, model=model))
+                out.append(cases.CaseParams(spec.name, config, ws, model=model, api="ddp"))
     return out
 
 
@@ -114,26 +114,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("case", marks)
 
 
-def _tag(request: pytest.FixtureRequest, case: cases.CaseParams, check: str) -> Dict[str, Any]:
-    """JUnit properties for the per-hook summary and the meta-tests; returns the report's ``describe``."""
-    props = request.node.user_properties
-    props.append(("hook", case.hook))
-    props.append(("check", check))
-    props.append(("api", "ddp"))
-    props.append(("config", case.strategy))
-    props.append(("world_size", case.world_size))
-    if case.model:
-        props.append(("model", case.model))
-    return {"check": check, "api": "ddp", "config": case.strategy, "model": case.model}
-
-
 def _spec(request: pytest.FixtureRequest, case: cases.CaseParams) -> Any:
     return state_of(request.config).spec(case.hook).spec
 
 
 def _run_exact(conform, request, case, check: str, rank_check: str, params: Dict[str, Any]) -> None:
     """Run an exactness check; for a hook with no lossy contract, a failure says how to declare one."""
-    describe = _tag(request, case, check)
+    describe = tag(request, case, check)
     result = conform.run(request.node.name, check=rank_check, hook=case.hook, world_size=case.world_size,
                          params=params, describe=describe, findings=False)
     found = [f for o in result.outcomes for f in (o.value or [])]
@@ -151,14 +138,14 @@ def test_ddp_averaging(conform, request, case):
 def test_ddp_parity(conform, request, case):
     """Gradients and parameters bitwise equal to DDP with no hook (or the documented reduced-precision
     equivalent) after every step, per parameter."""
-    _run_exact(conform, request, case, "parity", "ddp.parity", {"config": case.strategy, "model": case.model})
+    _run_exact(conform, request, case, "parity", "ddp.parity", {"config": case.variant, "model": case.model})
 
 
 def test_ddp_rank_consistency(conform, request, case):
     """Every rank holds the identical gradient after each step."""
-    describe = _tag(request, case, "rank_consistency")
+    describe = tag(request, case, "rank_consistency")
     result = conform.run(request.node.name, check="ddp.rank_grads", hook=case.hook, world_size=case.world_size,
-                         params={"config": case.strategy, "model": case.model}, describe=describe,
+                         params={"config": case.variant, "model": case.model}, describe=describe,
                          findings=False)
     findings = [f for o in result.outcomes for f in o.value["findings"]]
     if not findings:
@@ -168,9 +155,9 @@ def test_ddp_rank_consistency(conform, request, case):
 
 def test_ddp_future_contract(conform, request, case):
     """DDP accepts the hook; each future holds one tensor with the bucket buffer's shape, dtype and device."""
-    describe = _tag(request, case, "future_contract")
+    describe = tag(request, case, "future_contract")
     conform.run(request.node.name, check="ddp.future_contract", hook=case.hook, world_size=case.world_size,
-                params={"config": case.strategy, "model": case.model}, describe=describe)
+                params={"config": case.variant, "model": case.model}, describe=describe)
 
 
 def _fmt(x: float) -> str:
@@ -180,10 +167,10 @@ def _fmt(x: float) -> str:
 def test_ddp_lossy_error(conform, request, case):
     """Per step and parameter: relative error against the exact mean within the declared bound (the
     observed maximum is reported as the ``observed_rel_error`` property), and no NaN/Inf introduced."""
-    describe = _tag(request, case, "lossy_error")
+    describe = tag(request, case, "lossy_error")
     spec = _spec(request, case)
     result = conform.run(request.node.name, check="ddp.lossy_error", hook=case.hook, world_size=case.world_size,
-                         params={"config": case.strategy, "model": case.model}, describe=describe,
+                         params={"config": case.variant, "model": case.model}, describe=describe,
                          findings=False)
     values = [o.value for o in result.outcomes]
     worst = max(values, key=lambda v: v["max_rel_error"])
@@ -202,10 +189,10 @@ def test_ddp_lossy_error(conform, request, case):
 def test_ddp_lossy_loss(conform, request, case):
     """After ``loss_steps`` SGD steps the training loss is within the declared margin of DDP with no hook
     (the observed relative difference is the ``observed_loss_rel_diff`` property)."""
-    describe = _tag(request, case, "lossy_loss")
+    describe = tag(request, case, "lossy_loss")
     spec = _spec(request, case)
     result = conform.run(request.node.name, check="ddp.lossy_loss", hook=case.hook, world_size=case.world_size,
-                         params={"config": case.strategy, "model": case.model}, describe=describe,
+                         params={"config": case.variant, "model": case.model}, describe=describe,
                          findings=False)
     value = result.outcomes[0].value
     figure = _fmt(value["rel_diff"])
@@ -220,6 +207,6 @@ def test_ddp_lossy_loss(conform, request, case):
 
 def test_ddp_lossy_determinism(conform, request, case):
     """Two trainings from the same seed give bitwise identical gradients (declared deterministic=True)."""
-    describe = _tag(request, case, "lossy_determinism")
+    describe = tag(request, case, "lossy_determinism")
     conform.run(request.node.name, check="ddp.lossy_determinism", hook=case.hook, world_size=case.world_size,
-                params={"config": case.strategy, "model": case.model}, describe=describe)
+                params={"config": case.variant, "model": case.model}, describe=describe)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conformance import cases
 from conformance.checks.fsdp import REGISTRATION_RULES
-from conformance.pytest_plugin import state_of
+from conformance.pytest_plugin import state_of, tag
 from conformance.runner import compare_across_ranks
 from conformance.hard_inputs import explicit_examples, hard_gradients
 
@@ -59,39 +59,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("case", marks)
 
 
-def _tag(request: pytest.FixtureRequest, case: cases.CaseParams, check: str) -> None:
-    """Properties that land in the JUnit XML and the per-hook summary."""
-    props = request.node.user_properties
-    props.append(("hook", case.hook))
-    props.append(("check", check))
-    props.append(("strategy", case.strategy))
-    props.append(("world_size", case.world_size))
-    if case.model:
-        props.append(("model", case.model))
-    if case.rule:
-        props.append(("rule", case.rule))
-
-
 def test_averaging(conform, request, case):
     """Default averaging: Linear(1, world_size), input = rank; every gradient element is mean(0..ws-1), 4 steps."""
-    _tag(request, case, "averaging")
+    tag(request, case, "averaging")
     conform.run(request.node.name, check="fsdp.averaging", hook=case.hook, world_size=case.world_size,
-                params={"strategy": case.strategy}, describe=case.describe("averaging"))
+                params={"strategy": case.variant}, describe=case.describe("averaging"))
 
 
 def test_parity(conform, request, case):
     """Gradients and parameters bitwise equal to the native path (no hook, or MixedPrecision(reduce_dtype))."""
-    _tag(request, case, "parity")
+    tag(request, case, "parity")
     conform.run(request.node.name, check="fsdp.parity", hook=case.hook, world_size=case.world_size,
-                params={"strategy": case.strategy, "model": case.model}, describe=case.describe("parity"))
+                params={"strategy": case.variant, "model": case.model}, describe=case.describe("parity"))
 
 
 def test_rank_consistency(conform, request, case):
     """Under NO_SHARD every rank holds the identical gradient after each step."""
-    _tag(request, case, "rank_consistency")
+    tag(request, case, "rank_consistency")
     describe = case.describe("rank_consistency")
     result = conform.run(request.node.name, check="fsdp.rank_grads", hook=case.hook, world_size=case.world_size,
-                         params={"strategy": case.strategy, "model": case.model}, describe=describe,
+                         params={"strategy": case.variant, "model": case.model}, describe=describe,
                          findings=False)
     conform.fail_findings(request.node.name, case.hook, describe, case.world_size,
                           compare_across_ranks([o.value for o in result.outcomes]))
@@ -99,8 +86,8 @@ def test_rank_consistency(conform, request, case):
 
 def test_registration(conform, request, case):
     """register_comm_hook's contract (PyTorch's test_fsdp_comm_hooks.py) with the hook under test."""
-    _tag(request, case, "registration")
-    strategy = "FULL_SHARD" if case.strategy == "HYBRID" else case.strategy
+    tag(request, case, "registration")
+    strategy = "FULL_SHARD" if case.variant == "HYBRID" else case.variant
     conform.run(request.node.name, check="fsdp.registration", hook=case.hook, world_size=case.world_size,
                 params={"strategy": strategy, "rule": case.rule}, describe=case.describe("registration"))
 
@@ -114,7 +101,7 @@ def test_hard_inputs(conform, request, case):
     """
     from conformance.models import get_model
 
-    _tag(request, case, "hard_inputs")
+    tag(request, case, "hard_inputs")
     state = state_of(request.config)
     spec = state.spec(case.hook).spec
     shapes = get_model("gradient_probe").input_shapes()
@@ -128,7 +115,7 @@ def test_hard_inputs(conform, request, case):
     def run(generated):
         examples = explicit + [(f"generated #{i}", grads) for i, grads in enumerate(generated)]
         conform.run(request.node.name, check="fsdp.hard_inputs", hook=case.hook, world_size=case.world_size,
-                    params={"strategy": case.strategy, "examples": examples},
+                    params={"strategy": case.variant, "examples": examples},
                     describe=case.describe("hard_inputs"))
 
     run()

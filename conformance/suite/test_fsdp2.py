@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from conformance.checks.fsdp2 import CONFIG_APIS, GLOO_PREMUL_SUM, HSDP_REPLICATE, missing_api, uses_premul_sum
-from conformance.pytest_plugin import state_of
+from conformance.cases import CaseParams
+from conformance.pytest_plugin import state_of, tag
 
 pytestmark = pytest.mark.conformance(api="fsdp2")
 
@@ -58,27 +59,6 @@ HSDP_WORLD_SIZE = 2 * HSDP_REPLICATE
 START_HSDP_POOL = True
 
 
-@dataclasses.dataclass(frozen=True)
-class Fsdp2Case:
-    """One FSDP2 case: ``{hook}-{config}-{model}-ws{world_size}``."""
-
-    hook: str
-    config: str
-    model: str
-    world_size: Optional[int]
-
-    @property
-    def id(self) -> str:
-        return f"{self.hook}-{self.config}-{self.model}-ws{self.world_size}"
-
-    @property
-    def strategy(self) -> str:
-        return "HSDP" if self.config == "hsdp" else "FULLY_SHARD"
-
-    def describe(self, check: str) -> Dict[str, Any]:
-        return {"check": check, "config": self.config, "model": self.model}
-
-
 def _specs(config: pytest.Config, api: str) -> list:
     return [item.spec for item in state_of(config).specs if item.spec.api == api]
 
@@ -105,7 +85,7 @@ def hsdp_unavailable(sizes: List[int]) -> Optional[str]:
             "to run these cases")
 
 
-def parity_cases(specs: List[Any], main: Any, sizes: List[int]) -> List[Fsdp2Case]:
+def parity_cases(specs: List[Any], main: Any, sizes: List[int]) -> List[CaseParams]:
     """The comm cases of a run: per spec, :data:`PLAN` at each world size, then HSDP.
 
     ``main`` is the main world size, or a function that gives each world size's
@@ -118,32 +98,32 @@ def parity_cases(specs: List[Any], main: Any, sizes: List[int]) -> List[Fsdp2Cas
         claim = "full" if spec.reduce_dtype is None else "low"
         roles = [(role_of(ws), ws) for ws in sizes] + [("hsdp", hsdp_world_size(sizes))]
         for role, ws in roles:
-            out.extend(Fsdp2Case(spec.name, config, model, ws) for config, model in PLAN[(role, claim)])
+            out.extend(CaseParams(spec.name, config, ws, model=model, api=spec.api) for config, model in PLAN[(role, claim)])
     return [c for c in out if c.model in known]
 
 
-def all_reduce_cases(specs: List[Any], sizes: List[int]) -> List[Fsdp2Case]:
+def all_reduce_cases(specs: List[Any], sizes: List[int]) -> List[CaseParams]:
     ws = hsdp_world_size(sizes)
-    return [Fsdp2Case(spec.name, "hsdp", model, ws) for spec in specs for model in ALL_REDUCE_MODELS]
+    return [CaseParams(spec.name, "hsdp", ws, model=model, api=spec.api) for spec in specs for model in ALL_REDUCE_MODELS]
 
 
-def skip_reason(case: Fsdp2Case, spec: Any, settings: Any, api: str) -> Optional[str]:
+def skip_reason(case: CaseParams, spec: Any, settings: Any, api: str) -> Optional[str]:
     """Why ``case`` cannot run here (``None``: it runs)."""
     why = settings.world_size_unavailable(case.world_size)
     if why is not None:
         return why
-    if case.config == "hsdp":
+    if case.variant == "hsdp":
         why = hsdp_unavailable(list(settings.world_sizes))
         if why is not None:
             return why
     if case.world_size < 2:
         return "FSDP2 calls no reduce-scatter over a single rank (it copies the gradient), so there is nothing to check"
     needed = ("set_all_reduce_hook",) if api == "fsdp2_all_reduce" else (
-        ("set_custom_reduce_scatter",) + CONFIG_APIS[case.config])
+        ("set_custom_reduce_scatter",) + CONFIG_APIS[case.variant])
     why = missing_api(needed)
     if why is not None:
         return why
-    if settings.backend == "gloo" and uses_premul_sum(case.config, spec.reduce_dtype):
+    if settings.backend == "gloo" and uses_premul_sum(case.variant, spec.reduce_dtype):
         return GLOO_PREMUL_SUM
     return None
 
@@ -176,26 +156,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("case", params)
 
 
-def _tag(request: pytest.FixtureRequest, case: Fsdp2Case, check: str) -> None:
-    """Properties that land in the JUnit XML and the per-hook summary."""
-    props = request.node.user_properties
-    props.append(("hook", case.hook))
-    props.append(("check", check))
-    props.append(("strategy", case.strategy))
-    props.append(("config", case.config))
-    props.append(("world_size", case.world_size))
-    props.append(("model", case.model))
-
-
 def test_fsdp2_parity(conform, request, case):
     """A custom reduce-scatter comm: local/full gradients and parameters bitwise equal to native fully_shard."""
-    _tag(request, case, "fsdp2_parity")
+    tag(request, case, "fsdp2_parity")
     conform.run(request.node.name, check="fsdp2.parity", hook=case.hook, world_size=case.world_size,
-                params={"config": case.config, "model": case.model}, describe=case.describe("fsdp2_parity"))
+                params={"config": case.variant, "model": case.model}, describe=case.describe("fsdp2_parity"))
 
 
 def test_fsdp2_all_reduce_hook(conform, request, case):
     """An all-reduce hook under native HSDP: gradients and parameters bitwise equal to HSDP without it."""
-    _tag(request, case, "fsdp2_all_reduce_hook")
+    tag(request, case, "fsdp2_all_reduce_hook")
     conform.run(request.node.name, check="fsdp2.all_reduce_parity", hook=case.hook, world_size=case.world_size,
                 params={"model": case.model}, describe=case.describe("fsdp2_all_reduce_hook"))

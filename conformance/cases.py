@@ -31,10 +31,6 @@ EXTRA_PARITY_MODELS = ("net_wrapped", "nested_wrapped")
 CONSISTENCY_MODELS = ("net_wrapped", "transformer_shared")
 
 
-#: The name of each hook API's variant, as it appears in messages and JUnit properties.
-VARIANT_FIELDS = {"fsdp": "strategy", "ddp": "config", "fsdp2": "config", "fsdp2_all_reduce": "config"}
-
-
 @dataclasses.dataclass(frozen=True)
 class CaseParams:
     """One parametrization of a suite test, for any hook API.
@@ -63,8 +59,10 @@ class CaseParams:
 
     @property
     def variant_field(self) -> str:
-        """``"strategy"`` (fsdp) or ``"config"`` (ddp, fsdp2)."""
-        return VARIANT_FIELDS[self.api]
+        """``"strategy"`` (fsdp) or ``"config"`` (ddp, fsdp2): :attr:`HookApi.variant_field`."""
+        from conformance.apis import HOOK_APIS
+
+        return HOOK_APIS[self.api].variant_field
 
     def describe(self, check: str) -> Dict[str, Any]:
         """What the case is, for the failure's header: check, API, variant, then model or rule."""

@@ -24,21 +24,11 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 
 __all__ = [
-    "APIS",
     "FSDP_STRATEGIES",
     "HookSpec",
     "LossyContract",
     "SpecError",
 ]
-
-#: Hook APIs the suite knows:
-#: ``fsdp``: ``FullyShardedDataParallel.register_comm_hook(state, hook)``;
-#: ``ddp``: ``DistributedDataParallel.register_comm_hook(state, hook)``;
-#: ``fsdp2``: ``FSDPModule.set_custom_reduce_scatter(comm)``;
-#: ``fsdp2_all_reduce``: ``FSDPModule.set_all_reduce_hook(hook)`` (HSDP).
-APIS = ("fsdp", "ddp", "fsdp2", "fsdp2_all_reduce")
-#: APIs whose hook takes a state built by ``state(process_group)``.
-_STATEFUL_APIS = ("fsdp", "ddp")
 
 #: FSDP sharding strategies the ``fsdp`` checks run under (names of
 #: ``torch.distributed.fsdp.ShardingStrategy`` members).
@@ -162,16 +152,19 @@ class HookSpec:
                 f"HookSpec name {self.name!r} is not usable in test ids: use letters, "
                 "digits, '_' and '.', not starting with a digit (e.g. 'my_fp16_hook')"
             )
-        if self.api not in APIS:
+        from conformance.apis import HOOK_APIS
+
+        api = HOOK_APIS.get(self.api)
+        if api is None:
             raise SpecError(
-                f"HookSpec {self.name!r}: unknown api {self.api!r}; expected one of {', '.join(APIS)}"
+                f"HookSpec {self.name!r}: unknown api {self.api!r}; expected one of {', '.join(HOOK_APIS)}"
             )
         if not callable(self.hook):
             raise SpecError(
                 f"HookSpec {self.name!r}: hook {self.hook!r} is not callable; pass the hook "
                 "function (or an object with __call__), not the result of calling it"
             )
-        if self.api in _STATEFUL_APIS and not callable(self.state):
+        if api.stateful and not callable(self.state):
             raise SpecError(
                 f"HookSpec {self.name!r}: state {self.state!r} is not callable; pass a factory "
                 "called as state(process_group), e.g. DefaultState"
@@ -186,62 +179,7 @@ class HookSpec:
                 f"HookSpec {self.name!r}: reduce_dtype {self.reduce_dtype!r} is not a floating "
                 "dtype FSDP can reduce in; use None, torch.float16, torch.bfloat16, torch.float32 or torch.float64"
             )
-        if self.api != "fsdp":
-            self._check_other_api()
-            return
-        supported = _strategies_from_signature(self.hook)
-        if not supported:
-            raise SpecError(
-                f"HookSpec {self.name!r}: hook {_qualname(self.hook)}{_signature_text(self.hook)} "
-                "accepts neither (state, grad) for NO_SHARD nor (state, grad, output) for "
-                "sharded strategies"
-            )
-        if self.strategies is None:
-            object.__setattr__(self, "strategies", supported)
-        else:
-            strategies = (self.strategies,) if isinstance(self.strategies, str) else tuple(self.strategies)
-            unknown = [s for s in strategies if s not in FSDP_STRATEGIES]
-            if unknown or not strategies:
-                raise SpecError(
-                    f"HookSpec {self.name!r}: unknown strategies {unknown or strategies!r}; "
-                    f"expected names from {', '.join(FSDP_STRATEGIES)}"
-                )
-            unfit = [s for s in strategies if s not in supported]
-            if unfit:
-                raise SpecError(
-                    f"HookSpec {self.name!r}: strategies {unfit} need a hook signature of "
-                    f"{'(state, grad)' if 'NO_SHARD' in unfit else '(state, grad, output)'}, but the "
-                    f"hook is {_qualname(self.hook)}{_signature_text(self.hook)}"
-                )
-            object.__setattr__(self, "strategies", strategies)
-
-    def _check_other_api(self) -> None:
-        if self.strategies is not None:
-            raise SpecError(f"HookSpec {self.name!r}: strategies apply to api='fsdp' only, not {self.api!r}")
-        object.__setattr__(self, "strategies", ())
-        if self.api == "ddp":
-            if not _binds_signature(self.hook, 2):
-                raise SpecError(
-                    f"HookSpec {self.name!r}: a DDP hook is called as hook(state, bucket) and returns a "
-                    f"torch.futures.Future, but {_qualname(self.hook)}{_signature_text(self.hook)} cannot take "
-                    "two arguments"
-                )
-        elif self.api == "fsdp2_all_reduce":
-            if not _binds_signature(self.hook, 1):
-                raise SpecError(
-                    f"HookSpec {self.name!r}: an FSDP2 all-reduce hook is called as hook(tensor), but "
-                    f"{_qualname(self.hook)}{_signature_text(self.hook)} cannot take one argument"
-                )
-        elif self.api == "fsdp2":
-            # A class is a factory (called with no arguments), even though it has an allocate attribute.
-            is_comm = not isinstance(self.hook, type) and callable(getattr(self.hook, "allocate", None))
-            if not is_comm and not _binds_signature(self.hook, 0):
-                raise SpecError(
-                    f"HookSpec {self.name!r}: for api='fsdp2' the hook is a ReduceScatter comm (an object "
-                    "with allocate() and __call__(output, input, group, op, async_op)) or a factory "
-                    f"called with no arguments that returns one; got {_qualname(self.hook)}"
-                    f"{_signature_text(self.hook)}"
-                )
+        object.__setattr__(self, "strategies", api.validate(self))
 
     def missing_requirements(self) -> Tuple[str, ...]:
         """The modules of :attr:`requires` that cannot be imported here."""
@@ -267,7 +205,7 @@ class HookSpec:
         return dtype_name(self.reduce_dtype)
 
 
-def _strategies_from_signature(hook: Callable[..., Any]) -> Tuple[str, ...]:
+def strategies_from_signature(hook: Callable[..., Any]) -> Tuple[str, ...]:
     """Which sharding strategies a hook's signature can serve.
 
     Mirrors how FSDP calls the hook: ``_reduce_grad_no_shard`` passes
@@ -286,7 +224,7 @@ def _strategies_from_signature(hook: Callable[..., Any]) -> Tuple[str, ...]:
     return tuple(out)
 
 
-def _binds_signature(fn: Any, nargs: int) -> bool:
+def binds_signature(fn: Any, nargs: int) -> bool:
     """Whether ``fn`` can be called with ``nargs`` positional arguments (True if not inspectable)."""
     try:
         sig = inspect.signature(fn)
@@ -303,13 +241,15 @@ def _binds(sig: inspect.Signature, nargs: int) -> bool:
     return True
 
 
-def _qualname(obj: Any) -> str:
+def qualname(obj: Any) -> str:
+    """``module.QualifiedName`` of a hook, for messages."""
     name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
     module = getattr(obj, "__module__", None) or type(obj).__module__
     return f"{module}.{name}"
 
 
-def _signature_text(obj: Any) -> str:
+def signature_text(obj: Any) -> str:
+    """The hook's signature as text, ``(...)`` where Python cannot inspect it."""
     try:
         return str(inspect.signature(obj))
     except (TypeError, ValueError):

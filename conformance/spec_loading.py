@@ -15,17 +15,15 @@ import os
 import sys
 from typing import Dict, Iterable, List, Sequence, Tuple
 
+from conformance.apis import HOOK_APIS
 from conformance.spec import HookSpec, SpecError
 
 __all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "LoadedSpec", "load_specs", "load_target"]
 
 ENTRY_POINT_GROUP = "conformance.hooks"
-#: PyTorch's own hooks, tested when no ``--hook`` is given (and with ``--with-builtins``).
-BUILTIN_TARGETS = (
-    "conformance.builtin_hooks.fsdp:FSDP_HOOKS",
-    "conformance.builtin_hooks.ddp:DDP_HOOKS",
-    "conformance.builtin_hooks.fsdp2:FSDP2_HOOKS",
-)
+#: PyTorch's own hooks, tested when no ``--hook`` is given (and with ``--with-builtins``):
+#: each hook API's built-in set (:data:`conformance.apis.HOOK_APIS`).
+BUILTIN_TARGETS = tuple(dict.fromkeys(api.builtin_hooks for api in HOOK_APIS.values() if api.builtin_hooks))
 
 
 @dataclasses.dataclass(frozen=True)

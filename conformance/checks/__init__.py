@@ -6,7 +6,9 @@ under a name with :func:`rank_check`. It runs in every rank process of a pool
 results: usually a list of :class:`conformance.protocol.Finding` (empty when
 the hook conforms), or CPU tensors the controller compares across ranks.
 
-One module per hook API: ``fsdp.py`` for ``FullyShardedDataParallel.register_comm_hook``.
+One module per hook API (``fsdp.py``, ``ddp.py``, ``fsdp2.py``, named in
+:data:`conformance.apis.HOOK_APIS`), plus what they share: ``common.py`` (the
+lock-step loop) and ``lossy.py`` (lossy contracts).
 """
 
 from __future__ import annotations
@@ -44,7 +46,15 @@ def get_rank_check(name: str) -> Callable:
         raise KeyError(f"no rank check {name!r}; known: {', '.join(sorted(_RANK_CHECKS))}") from None
 
 
-from conformance.checks import fsdp  # noqa: E402,F401  (registers the fsdp checks)
-from conformance.checks import ddp  # noqa: E402,F401  (registers the ddp checks)
-from conformance.checks import fsdp2  # noqa: E402,F401  (registers the fsdp2 checks)
-from conformance.checks import lossy  # noqa: E402,F401  (registers the lossy-contract checks)
+def _register_every_api() -> None:
+    """Import each hook API's checks module (:data:`conformance.apis.HOOK_APIS`), which registers its checks."""
+    import importlib
+
+    from conformance.apis import HOOK_APIS
+
+    for module in dict.fromkeys(api.checks_module for api in HOOK_APIS.values()):
+        importlib.import_module(module)
+    importlib.import_module("conformance.checks.lossy")  # the lossy-contract checks
+
+
+_register_every_api()

@@ -37,7 +37,8 @@ Checks (each registered with :func:`conformance.checks.rank_check`):
 * ``ddp.rank_grads``: the hooked model's gradients per step, returned for a
   cross-rank comparison on the controller;
 * ``ddp.future_contract``: DDP accepts the bare hook, and every future's value
-  is a tensor with the bucket buffer's shape, dtype and device;
+  is a tensor with the bucket buffer's shape, dtype and device (the contract and
+  its recorder are in ``conformance/checks/ddp_future.py``);
 * the lossy-contract checks (``ddp.lossy_error``, ``ddp.lossy_loss``,
   ``ddp.lossy_determinism``) live in ``conformance/checks/lossy.py``.
 """
@@ -52,6 +53,7 @@ from torch import nn
 from conformance.checks import rank_check
 from conformance.checks.common import (Lockstep, fqn_inside_ddp, lockstep, named_grads, named_params,
                                        train_alone)
+from conformance.checks.ddp_future import DDPHookRecorder, hook_called, hooked_step
 from conformance.compare import compare_bitwise, dtype_name
 from conformance.protocol import Finding
 
@@ -86,31 +88,6 @@ def _ddp_class():
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel
-
-
-def _describe_value(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}, {dtype_name(value.dtype)}, on {value.device}"
-    if isinstance(value, (list, tuple)):
-        inner = ", ".join(_describe_value(v) for v in list(value)[:2])
-        more = ", ..." if len(value) > 2 else ""
-        return f"a {type(value).__name__} of {len(value)} ({inner}{more})"
-    if value is None:
-        return "None"
-    return f"a {type(value).__name__} ({value!r:.60})"
-
-
-def _short_error(exc: BaseException) -> str:
-    """The innermost message of an exception that crossed DDP's C++ reducer and future callbacks."""
-    text = f"{type(exc).__name__}: {exc}".strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    first = lines[0] if lines else type(exc).__name__
-    marker = "Got the following error when running the callback: "
-    while marker in first:
-        first = first.split(marker, 1)[1]
-    if "tensor(" in first:  # DDP quotes the whole value it could not use
-        first = first[:first.index("tensor(")] + "tensor(...)"
-    return first[:300]
 
 
 # -- building ------------------------------------------------------------------------
@@ -197,100 +174,6 @@ def build_reference(spec: Any, model_name: str, ctx: Any, config: str) -> nn.Mod
     return model
 
 
-class DDPHookRecorder:
-    """Calls the hook under test for DDP and checks the future it returns.
-
-    The contract (``DistributedDataParallel.register_comm_hook``): the hook
-    returns a ``torch.futures.Future`` whose value is one tensor with the shape,
-    dtype and device of ``bucket.buffer()`` as DDP handed it to the hook. DDP
-    itself copies whatever it gets into the gradients, converting dtypes
-    silently, and fails deep inside its reducer on a wrong shape or a value
-    that is not a tensor; the recorder writes a :class:`Finding` first, so a
-    check can report that instead of the reducer's error.
-
-    Attributes:
-        step: the training step, set by the check before each backward.
-        calls: ``(step, bucket index)`` per hook call.
-        findings: contract violations seen so far.
-        fatal: the hook returned something that is not a Future. DDP would
-            crash the process on it (SIGSEGV with torch 2.13), so the recorder
-            hands DDP a completed Future holding the untouched bucket instead,
-            and the check stops with the finding.
-    """
-
-    def __init__(self, hook: Any, rank: int, names: Dict[int, str]):
-        self.hook = hook
-        self.rank = rank
-        self.names = names
-        self.step = 0
-        self.calls: List[Tuple[int, int]] = []
-        self.findings: List[Finding] = []
-        self.fatal = False
-        # DDP's register_comm_hook reads hook.__qualname__ (for its logger) and hook.__name__ (it refuses
-        # the bf16 hooks by name where NCCL is missing): answer as the hook would, so DDP treats the
-        # recorder as it treats the hook. Whether DDP accepts the bare hook is checked on its own.
-        self.__qualname__ = getattr(hook, "__qualname__", type(hook).__qualname__)
-        self.__name__ = getattr(hook, "__name__", type(hook).__name__)
-
-    def _bucket_text(self, bucket: Any, index: int) -> str:
-        try:
-            params = [self.names.get(id(p), "?") for p in bucket.parameters()]
-        except Exception:  # noqa: BLE001 - older GradBucket without parameters()
-            params = []
-        shown = ", ".join(params[:3]) + (f", ... ({len(params)} parameters)" if len(params) > 3 else "")
-        return f"bucket {index}" + (f" [{shown}]" if shown else "")
-
-    def _note(self, message: str) -> None:
-        if len(self.findings) < 20:
-            self.findings.append(Finding(self.rank, message, step=self.step))
-
-    # No annotations: DDP's _check_comm_hook compares them with dist.GradBucket, and under
-    # ``from __future__ import annotations`` they would be strings.
-    def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
-        buffer = bucket.buffer()
-        index = bucket.index()
-        shape, dtype, device = tuple(buffer.shape), buffer.dtype, buffer.device
-        where = self._bucket_text(bucket, index)
-        self.calls.append((self.step, index))
-        fut = self.hook(state, bucket)
-        if not isinstance(fut, torch._C.Future):
-            # Handing DDP anything but a Future kills the process (SIGSEGV with torch 2.13), and the
-            # finding with it: give DDP the untouched bucket instead and report the violation.
-            self.fatal = True
-            self._note(f"{where}: the hook returned {_describe_value(fut)}, not a torch.futures.Future; DDP needs "
-                       "a Future whose value is the bucket's new contents (e.g. "
-                       "dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])), and "
-                       "crashes the process without one")
-            substitute: Any = torch.futures.Future()
-            substitute.set_result(buffer)
-            return substitute
-
-        def check(f: Any) -> Any:
-            value = f.value()
-            if not isinstance(value, torch.Tensor):
-                hint = ""
-                if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-                    hint = ("; a collective's get_future() holds a list of tensors: take its first element "
-                            "(.then(lambda f: f.value()[0]))")
-                self._note(f"{where}: the hook's future holds {_describe_value(value)}, but DDP needs one tensor "
-                           f"of shape {shape}, {dtype_name(dtype)}, on {device}{hint}")
-                return value
-            bad = []
-            if tuple(value.shape) != shape:
-                bad.append(f"shape {tuple(value.shape)} instead of {shape}")
-            if value.dtype != dtype:
-                bad.append(f"dtype {dtype_name(value.dtype)} instead of {dtype_name(dtype)}")
-            if value.device != device:
-                bad.append(f"device {value.device} instead of {device}")
-            if bad:
-                self._note(f"{where}: the hook's future holds a tensor with {' and '.join(bad)}: its value must "
-                           "keep the bucket buffer's shape, dtype and device (DDP converts a wrong dtype "
-                           "silently and fails inside its reducer on a wrong shape)")
-            return value
-
-        return fut.then(check)
-
-
 def _names(model: nn.Module) -> Dict[int, str]:
     return {id(p): fqn_inside_ddp(n) for n, p in model.named_parameters()}
 
@@ -347,33 +230,6 @@ def reference_name(spec: Any) -> str:
     if spec.reduce_dtype == torch.bfloat16:
         return "the documented equivalent, bf16_compress_wrapper(allreduce_hook)"
     return f"allreduce_hook in {dtype_name(spec.reduce_dtype)}"
-
-
-def hooked_step(ctx: Any, recorder: DDPHookRecorder, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
-    """Run one training step of the hooked model; the contract findings if the hook broke DDP's contract
-    in a way that makes the step meaningless, else ``None``.
-
-    A DDP failure after a recorded contract violation (a list, a wrong shape)
-    becomes that violation plus one line with DDP's own error; a failure with
-    no violation recorded (the hook itself raised) propagates unchanged.
-    """
-    recorder.step = step
-    try:
-        run()
-    except Exception as exc:  # noqa: BLE001
-        if not recorder.findings:
-            raise
-        return list(recorder.findings) + [Finding(
-            ctx.rank, f"DDP then failed while using the hook's result: {_short_error(exc)}", step=step)]
-    if recorder.fatal:
-        return list(recorder.findings)
-    return None
-
-
-def _hook_called(ctx: Any, recorder: DDPHookRecorder, step: int) -> List[Finding]:
-    if any(s == step for s, _ in recorder.calls):
-        return []
-    return [Finding(ctx.rank, "DDP never called the hook in this synchronising step", step=step)]
 
 
 # -- checks -----------------------------------------------------------------------------
@@ -458,7 +314,7 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
     return lockstep(ctx, Lockstep(
         ref=ref, hooked=hooked, inputs=inputs, loss_fn=model_cls.loss, reference=reference_name(spec),
         grads=[("gradient", _grads, "")], params=("parameter after the optimizer step", _params, ""),
-        hook_findings=lambda step: _hook_called(ctx, recorder, step), train=train_step,
+        hook_findings=lambda step: hook_called(ctx, recorder, step), train=train_step,
         guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run)), steps=steps, lr=lr)
 
 
@@ -529,7 +385,7 @@ def future_contract(ctx: Any, spec: Any, *, config: str, model: str, steps: int 
                              lambda: train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss))
         if broken:
             return findings + broken
-        findings += _hook_called(ctx, recorder, step)
+        findings += hook_called(ctx, recorder, step)
         if ctx.any_rank(bool(findings) or bool(recorder.findings)):
             return findings + recorder.findings
         optim.step()

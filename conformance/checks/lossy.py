@@ -28,7 +28,8 @@ from torch import nn
 
 from conformance.checks import rank_check
 from conformance.checks.common import compare_named
-from conformance.checks.ddp import _grads, build_ddp, build_hooked, hooked_step, micro_inputs, train_step
+from conformance.checks.ddp import _grads, build_ddp, build_hooked, micro_inputs, train_step
+from conformance.checks.ddp_future import hooked_step
 from conformance.protocol import Finding
 
 

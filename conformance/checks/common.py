@@ -10,9 +10,8 @@ alike (modelled on ``_get_grads`` in PyTorch's ``test_ddp_hooks.py``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
 import re
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -191,3 +190,71 @@ def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding
         if ctx.any_rank(bool(findings)):
             return findings
     return []
+
+
+def averaging_findings(ctx: Any, grads: Dict[str, Optional[torch.Tensor]], step: int, *,
+                       expected: Optional[Dict[str, Any]] = None, what: str = "",
+                       skip_missing: bool = False) -> List[Finding]:
+    """One step of the analytic averaging check (``Linear(1, world_size)``, input = rank).
+
+    Every gradient must equal the mean over ranks of the local gradients,
+    ``mean(0..world_size-1)`` (or, when ``expected`` is given, ``expected[fqn]``,
+    described by ``what``). When every rank still holds exactly its own local
+    gradient (rank ``r`` holds ``r`` everywhere), the result is one finding of
+    kind ``"local_gradient"`` instead: the hook never communicated. That needs
+    an all-reduce, so every rank must call this at the same point.
+
+    ``skip_missing``: a gradient that is ``None`` or empty is not a finding
+    (FSDP's local shard of a small parameter can be empty).
+    """
+    mean = sum(range(ctx.world_size)) / ctx.world_size
+    findings: List[Finding] = []
+    kept_local = True
+    for fqn, grad in grads.items():
+        if grad is None or (skip_missing and grad.numel() == 0):
+            if not skip_missing:
+                findings.append(Finding(ctx.rank, "gradient is None after backward", step=step, fqn=fqn))
+                kept_local = False
+            continue
+        kept_local = kept_local and compare_bitwise(grad, torch.full_like(grad, float(ctx.rank))) is None
+        if expected is None:
+            want, desc = torch.full_like(grad, mean), f"mean(0..{ctx.world_size - 1}) = {mean!r}"
+        else:
+            want, desc = expected[fqn], what
+        mismatch = compare_bitwise(grad, want)
+        if mismatch is not None:
+            findings.append(Finding(ctx.rank, f"gradient is not the average over ranks, {desc}", step=step,
+                                    fqn=fqn, mismatch=mismatch))
+    if ctx.world_size > 1 and not ctx.any_rank(not kept_local):
+        return [Finding(ctx.rank, f"the hook never communicates: after the hook every rank still holds its own "
+                                  f"local gradient (rank {ctx.rank} holds {float(ctx.rank)!r} everywhere) "
+                                  f"instead of the average over ranks, {mean!r}; ranks train apart",
+                        step=step, kind="local_gradient")]
+    return findings
+
+
+def grads_per_step(ctx: Any, hooked: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any], loss_fn: Any,
+                   steps: int, *, named: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]],
+                   train: Callable[..., None] = train_step, start_step: Callable[[int], None] = lambda step: None,
+                   guard_hooked: Optional[Callable[[int, Callable[[], None]], Optional[List[Finding]]]] = None
+                   ) -> Dict[str, Any]:
+    """Train the hooked model alone and keep its gradients after every step, for a cross-rank comparison.
+
+    Returns:
+        ``{"grads": [{fqn: CPU tensor or None} per step], "findings": [...]}``;
+        the findings are what ``guard_hooked`` reported when the hook broke the
+        API's contract, which ends the training early.
+    """
+    per_step: List[Dict[str, Optional[torch.Tensor]]] = []
+    for step in range(steps):
+        start_step(step)
+
+        def run() -> None:
+            train(ctx, "hooked", step, hooked, optim, inputs, loss_fn)
+
+        broken = run() if guard_hooked is None else guard_hooked(step, run)
+        if broken:
+            return {"grads": per_step, "findings": broken}
+        per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in named(hooked).items()})
+        optim.step()
+    return {"grads": per_step, "findings": []}

@@ -51,10 +51,10 @@ import torch
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import (Lockstep, fqn_inside_ddp, lockstep, named_grads, named_params,
+from conformance.checks.common import (Lockstep, averaging_findings, fqn_inside_ddp, grads_per_step, lockstep, named_grads, named_params,
                                        train_alone)
 from conformance.checks.ddp_future import DDPHookRecorder, hook_called, hooked_step
-from conformance.compare import compare_bitwise, dtype_name
+from conformance.compare import dtype_name
 from conformance.protocol import Finding
 
 #: ``bucket_cap_mb`` of the ``small_buckets`` config: 512 bytes, so every
@@ -254,40 +254,20 @@ def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[F
         ref = build_reference(spec, "analytic_linear", ctx, "default")
         ref_optim = torch.optim.SGD(ref.parameters(), lr=lr)
     inputs = [model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)]
-    mean = sum(range(ctx.world_size)) / ctx.world_size
     for step in range(steps):
         broken = hooked_step(ctx, recorder, step,
                              lambda: train_step(ctx, "hooked", step, model, optim, inputs, model_cls.loss))
         if broken:
             return broken
-        expected: Dict[str, Any] = {}
+        expected = None
         if ref is not None:
             train_step(ctx, "reference", step, ref, ref_optim, inputs, model_cls.loss)
             expected = _grads(ref)
-        findings: List[Finding] = []
-        kept_local = True
-        for fqn, grad in _grads(model).items():
-            if grad is None:
-                findings.append(Finding(ctx.rank, "gradient is None after backward", step=step, fqn=fqn))
-                kept_local = False
-                continue
-            local = torch.full_like(grad, float(ctx.rank))
-            kept_local = kept_local and compare_bitwise(grad, local) is None
-            if ref is None:
-                want, what = torch.full_like(grad, mean), f"mean(0..{ctx.world_size - 1}) = {mean!r}"
-            else:
-                want = expected[fqn]
-                what = f"the {dtype_name(spec.reduce_dtype)} average as {reference_name(spec)} computes it"
-            mismatch = compare_bitwise(grad, want)
-            if mismatch is not None:
-                findings.append(Finding(ctx.rank, f"gradient is not the average over ranks, {what}", step=step,
-                                        fqn=fqn, mismatch=mismatch))
-        # Every rank kept exactly its own gradient (rank r holds r): nothing was exchanged.
-        if ctx.world_size > 1 and not ctx.any_rank(not kept_local):
-            return [Finding(ctx.rank, f"the hook never communicates: after the hook every rank still holds its own "
-                                      f"local gradient (rank {ctx.rank} holds {float(ctx.rank)!r} everywhere) "
-                                      f"instead of the average over ranks, {mean!r}; ranks train apart",
-                            step=step, kind="local_gradient")]
+        findings = averaging_findings(
+            ctx, _grads(model), step, expected=expected,
+            what=f"the {dtype_name(spec.reduce_dtype)} average as {reference_name(spec)} computes it")
+        if any(f.kind == "local_gradient" for f in findings):
+            return findings
         if ctx.any_rank(bool(findings)):
             return findings
         optim.step()
@@ -321,27 +301,16 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
 @rank_check("ddp.rank_grads")
 def rank_grads(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
                lr: float = 0.01) -> Dict[str, Any]:
-    """The hooked model's gradients after each step, on CPU, for a cross-rank comparison.
-
-    Returns ``{"grads": [{fqn: tensor or None} per step], "findings": [...]}``;
-    findings are contract violations that stopped the training.
-    """
+    """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`);
+    its findings are future-contract violations that stopped the training."""
     from conformance.models import get_model
 
     model_cls = get_model(model)
     ctx.phase("building the hooked DDP model")
     hooked, recorder = build_hooked(spec, model, ctx, config)
-    optim = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
-    inputs = micro_inputs(model_cls, ctx, config)
-    per_step = []
-    for step in range(steps):
-        broken = hooked_step(ctx, recorder, step,
-                             lambda: train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss))
-        if broken:
-            return {"grads": per_step, "findings": broken}
-        per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in _grads(hooked).items()})
-        optim.step()
-    return {"grads": per_step, "findings": []}
+    return grads_per_step(ctx, hooked, torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9),
+                          micro_inputs(model_cls, ctx, config), model_cls.loss, steps, named=_grads,
+                          train=train_step, guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run))
 
 
 def _bare_registration(ctx: Any, spec: Any) -> List[Finding]:

@@ -31,9 +31,9 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks import rank_check
-from conformance.checks.common import (Lockstep, compare_named, lockstep, named_grads, named_params, train_alone,
+from conformance.checks.common import (Lockstep, averaging_findings, compare_named, grads_per_step, lockstep, named_grads, named_params, train_alone,
                                        train_step)
-from conformance.compare import compare_bitwise, dtype_name
+from conformance.compare import dtype_name
 from conformance.protocol import Finding
 
 def _fsdp():
@@ -133,7 +133,11 @@ def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, s
 
 @rank_check("fsdp.averaging")
 def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float = 0.1) -> List[Finding]:
-    """Seed ``test_default_communication_hook_behavior``: grads equal mean(0..world_size-1)."""
+    """Seed ``test_default_communication_hook_behavior``: grads equal mean(0..world_size-1).
+
+    A hook whose result equals each rank's own local gradient on every rank is
+    reported as never communicating (:func:`~conformance.checks.common.averaging_findings`).
+    """
     from conformance.models import get_model
 
     model_cls = get_model("analytic_linear")
@@ -141,24 +145,14 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
     model, recorder = _hooked(spec, "analytic_linear", ctx, strategy)
     optim = torch.optim.SGD(model.parameters(), lr=lr)
     inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
-    expected = sum(range(ctx.world_size)) / ctx.world_size
-    findings: List[Finding] = []
     for step in range(steps):
         recorder.step = step
         train_step(ctx, "hooked", step, model, optim, inputs, model_cls.loss)
-        for fqn, grad in named_grads(model).items():
-            if grad is None or grad.numel() == 0:
-                continue
-            want = torch.full_like(grad, expected)
-            mismatch = compare_bitwise(grad, want)
-            if mismatch is not None:
-                findings.append(Finding(
-                    ctx.rank, f"gradient is not the average over ranks, mean(0..{ctx.world_size - 1}) = "
-                              f"{expected!r}", step=step, fqn=fqn, mismatch=mismatch))
+        findings = averaging_findings(ctx, named_grads(model), step, skip_missing=True)
         if ctx.any_rank(bool(findings)):
             return findings
         optim.step()
-    return findings
+    return []
 
 
 @rank_check("fsdp.parity")
@@ -189,22 +183,20 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
 
 @rank_check("fsdp.rank_grads")
 def rank_grads(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3,
-               lr: float = 0.01) -> List[Dict[str, Optional[torch.Tensor]]]:
-    """The hooked model's gradients after each step, on CPU, for a cross-rank comparison."""
+               lr: float = 0.01) -> Dict[str, Any]:
+    """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`)."""
     from conformance.models import get_model
 
     model_cls = get_model(model)
     ctx.phase("building the hooked model")
     hooked, recorder = _hooked(spec, model, ctx, strategy)
-    optim = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
-    inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
-    per_step = []
-    for step in range(steps):
+
+    def start_step(step: int) -> None:
         recorder.step = step
-        train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss)
-        per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in named_grads(hooked).items()})
-        optim.step()
-    return per_step
+
+    return grads_per_step(ctx, hooked, torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9),
+                          model_cls.make_input(ctx.rank, ctx.world_size, ctx.device), model_cls.loss, steps,
+                          named=named_grads, start_step=start_step)
 
 
 # -- registration contract ----------------------------------------------------------

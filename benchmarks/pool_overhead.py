@@ -140,9 +140,9 @@ def _checked_pool_run(pool: Any, case: Case) -> Any:
     if result.pool_rebuilt:
         raise RuntimeError(f"pool was rebuilt during {case.check}; timings would be meaningless")
     for o in result.outcomes:
-        if o.value:
+        if o.value.findings:
             raise RuntimeError(f"pool case {case.check} reported findings on rank {o.rank}: "
-                               f"{_findings_text(o.value)}")
+                               f"{_findings_text(o.value.findings)}")
     return result
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 from multiprocessing.connection import Connection
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def send(conn: Connection, message: Any) -> None:
@@ -56,13 +56,46 @@ class Case:
 
 
 @dataclasses.dataclass
+class CheckResult:
+    """What a rank check returns, the one shape every check's result takes on the controller.
+
+    A check may return a plain list of findings; the worker wraps it
+    (:func:`as_check_result`).
+
+    Attributes:
+        findings: how the hook failed on this rank (empty when it conforms).
+        figures: measured numbers a check reports even when it passes (a lossy
+            hook's ``max_rel_error``, ``rel_diff``, ...), by name.
+        grads: per step, ``{fqn: CPU tensor or None}`` of the hooked model, for
+            checks the controller judges across ranks; ``None`` otherwise.
+    """
+
+    findings: List["Finding"] = dataclasses.field(default_factory=list)
+    figures: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    grads: Optional[List[Dict[str, Any]]] = None
+
+
+def as_check_result(value: Any) -> CheckResult:
+    """A check's return value as a :class:`CheckResult` (a list is its findings).
+
+    Raises:
+        TypeError: the check returned something else (a bug in the check).
+    """
+    if isinstance(value, CheckResult):
+        return value
+    if value is None or isinstance(value, list):
+        return CheckResult(findings=list(value or []))
+    raise TypeError(f"a rank check returned {type(value).__name__}; expected a CheckResult or a list of Findings")
+
+
+@dataclasses.dataclass
 class RankOutcome:
     """What one rank reports for one case.
 
     Attributes:
         rank: the rank in the pool's process group.
         ok: the check function returned (its findings may still be failures).
-        value: the check function's return value (findings, tensors on CPU).
+        value: the check's :class:`CheckResult` (findings, figures, CPU tensors).
         error: formatted traceback when the check raised.
         error_type: the exception's class name when it raised.
         compute_s: seconds spent inside the check function on this rank.

@@ -155,7 +155,7 @@ class Runner:
             self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size)
         if findings:
             self.fail_findings(test_name, hook, describe, world_size,
-                               [f for o in result.outcomes for f in (o.value or [])])
+                               [f for o in result.outcomes for f in o.value.findings])
         return result
 
     def _replay_reference(self, pool: RankPool, case: Case, describe: Dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any, Dict, Optional
 
-from conformance.protocol import RankOutcome, recv, send
+from conformance.protocol import RankOutcome, as_check_result, recv, send
 
 
 class RankContext:
@@ -152,7 +152,7 @@ class _Worker:
         try:
             fn = get_rank_check(case.check)
             spec = self.load_spec(case.hook) if case.hook is not None else None
-            value = fn(self.ctx, spec, **case.params)
+            value = as_check_result(fn(self.ctx, spec, **case.params))
             return RankOutcome(
                 rank=self.rank, ok=True, value=value,
                 compute_s=time.perf_counter() - start, phase=self.ctx.current_phase,

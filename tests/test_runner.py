@@ -11,7 +11,7 @@ from typing import List
 import pytest
 
 from conformance.spec_loading import LoadedSpec
-from conformance.protocol import CaseResult, RankOutcome
+from conformance.protocol import CaseResult, CheckResult, RankOutcome
 from conformance.runner import ConformanceFailure, Runner
 from conformance.settings import resolve
 from conformance.spec import HookSpec
@@ -39,7 +39,7 @@ def raised(rank: int, phase: str) -> RankOutcome:
 
 
 def ok(rank: int) -> RankOutcome:
-    return RankOutcome(rank=rank, ok=True, value=[])
+    return RankOutcome(rank=rank, ok=True, value=CheckResult())
 
 
 def make_runner(gpu_count: int = 0, sys_path=()) -> Runner:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from conformance.compare import compare_bitwise
-from conformance.protocol import Finding
+from conformance.protocol import CheckResult, Finding
 
 #: Prefixes FSDP (and activation checkpointing, torch.compile) insert into parameter names.
 _WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.)")
@@ -237,13 +237,13 @@ def grads_per_step(ctx: Any, hooked: nn.Module, optim: torch.optim.Optimizer, in
                    steps: int, *, named: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]],
                    train: Callable[..., None] = train_step, start_step: Callable[[int], None] = lambda step: None,
                    guard_hooked: Optional[Callable[[int, Callable[[], None]], Optional[List[Finding]]]] = None
-                   ) -> Dict[str, Any]:
+                   ) -> CheckResult:
     """Train the hooked model alone and keep its gradients after every step, for a cross-rank comparison.
 
     Returns:
-        ``{"grads": [{fqn: CPU tensor or None} per step], "findings": [...]}``;
-        the findings are what ``guard_hooked`` reported when the hook broke the
-        API's contract, which ends the training early.
+        a :class:`CheckResult` whose ``grads`` are ``{fqn: CPU tensor or None}``
+        per step, and whose findings are what ``guard_hooked`` reported when the
+        hook broke the API's contract, which ends the training early.
     """
     per_step: List[Dict[str, Optional[torch.Tensor]]] = []
     for step in range(steps):
@@ -254,7 +254,7 @@ def grads_per_step(ctx: Any, hooked: nn.Module, optim: torch.optim.Optimizer, in
 
         broken = run() if guard_hooked is None else guard_hooked(step, run)
         if broken:
-            return {"grads": per_step, "findings": broken}
+            return CheckResult(findings=broken, grads=per_step)
         per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in named(hooked).items()})
         optim.step()
-    return {"grads": per_step, "findings": []}
+    return CheckResult(grads=per_step)

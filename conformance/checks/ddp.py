@@ -55,7 +55,7 @@ from conformance.checks.common import (Lockstep, averaging_findings, fqn_inside_
                                        train_alone)
 from conformance.checks.ddp_future import DDPHookRecorder, hook_called, hooked_step
 from conformance.compare import dtype_name
-from conformance.protocol import Finding
+from conformance.protocol import CheckResult, Finding
 
 #: ``bucket_cap_mb`` of the ``small_buckets`` config: 512 bytes, so every
 #: reference model spreads over several buckets once DDP rebuilds its buckets
@@ -300,7 +300,7 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
 
 @rank_check("ddp.rank_grads")
 def rank_grads(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
-               lr: float = 0.01) -> Dict[str, Any]:
+               lr: float = 0.01) -> CheckResult:
     """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`);
     its findings are future-contract violations that stopped the training."""
     from conformance.models import get_model

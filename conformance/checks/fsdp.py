@@ -34,7 +34,7 @@ from conformance.checks import rank_check
 from conformance.checks.common import (Lockstep, averaging_findings, compare_named, grads_per_step, lockstep, named_grads, named_params, train_alone,
                                        train_step)
 from conformance.compare import dtype_name
-from conformance.protocol import Finding
+from conformance.protocol import CheckResult, Finding
 
 def _fsdp():
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
@@ -183,7 +183,7 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
 
 @rank_check("fsdp.rank_grads")
 def rank_grads(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3,
-               lr: float = 0.01) -> Dict[str, Any]:
+               lr: float = 0.01) -> CheckResult:
     """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`)."""
     from conformance.models import get_model
 

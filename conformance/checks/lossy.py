@@ -30,7 +30,7 @@ from conformance.checks import rank_check
 from conformance.checks.common import compare_named
 from conformance.checks.ddp import _grads, build_ddp, build_hooked, micro_inputs, train_step
 from conformance.checks.ddp_future import hooked_step
-from conformance.protocol import Finding
+from conformance.protocol import CheckResult, Finding
 
 
 def _local_grads(shadow: nn.Module, source: nn.Module, inputs: Sequence[Tuple[torch.Tensor, ...]],
@@ -113,7 +113,7 @@ def lossy_error(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 6,
         broken = hooked_step(ctx, recorder, step,
                              lambda: train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss))
         if broken:
-            return {"findings": broken, "max_rel_error": worst, "at": at}
+            return CheckResult(findings=broken, figures={"max_rel_error": worst, "at": at})
         got = _grads(hooked)
         for fqn, e in exact.items():
             g = got.get(fqn)
@@ -143,7 +143,7 @@ def lossy_error(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 6,
         if ctx.any_rank(bool(findings)):
             break
         optim.step()
-    return {"findings": findings, "max_rel_error": worst, "at": at}
+    return CheckResult(findings=findings, figures={"max_rel_error": worst, "at": at})
 
 
 def _global_loss(ctx: Any, model: nn.Module, model_cls: Any, inputs: Sequence[Tuple[torch.Tensor, ...]]) -> float:
@@ -178,7 +178,8 @@ def lossy_loss(ctx: Any, spec: Any, *, config: str, model: str, lr: float = 0.01
         broken = hooked_step(ctx, recorder, step,
                              lambda: train_step(ctx, "hooked", step, hooked, opt_hooked, inputs, model_cls.loss))
         if broken:
-            return {"findings": broken, "loss_hook": math.nan, "loss_exact": math.nan, "rel_diff": math.inf}
+            return CheckResult(findings=broken,
+                               figures={"loss_hook": math.nan, "loss_exact": math.nan, "rel_diff": math.inf})
         opt_ref.step()
         opt_hooked.step()
     ctx.phase(f"evaluating the loss after {steps} steps")
@@ -195,8 +196,8 @@ def lossy_loss(ctx: Any, spec: Any, *, config: str, model: str, lr: float = 0.01
         findings.append(Finding(ctx.rank, f"after {steps} steps the training loss is {loss_hook!r} with the hook and "
                                           f"{loss_exact!r} without: relative difference {rel:.3e} exceeds the "
                                           f"declared loss_margin {contract.loss_margin:.3e}"))
-    return {"findings": findings if ctx.rank == 0 else [], "loss_hook": loss_hook, "loss_exact": loss_exact,
-            "rel_diff": rel}
+    return CheckResult(findings=findings if ctx.rank == 0 else [],
+                       figures={"loss_hook": loss_hook, "loss_exact": loss_exact, "rel_diff": rel})
 
 
 @rank_check("ddp.lossy_determinism")

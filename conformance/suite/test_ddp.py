@@ -123,7 +123,7 @@ def _run_exact(conform, request, case, check: str, rank_check: str, params: Dict
     describe = tag(request, case, check)
     result = conform.run(request.node.name, check=rank_check, hook=case.hook, world_size=case.world_size,
                          params=params, describe=describe, findings=False)
-    found = [f for o in result.outcomes for f in (o.value or [])]
+    found = [f for o in result.outcomes for f in o.value.findings]
     # A lossy hook may declare a contract; a hook that never communicates is not lossy.
     hint = _spec(request, case).lossy is None and not any(f.kind == "local_gradient" for f in found)
     conform.fail_findings(request.node.name, case.hook, describe, case.world_size, found,
@@ -147,9 +147,9 @@ def test_ddp_rank_consistency(conform, request, case):
     result = conform.run(request.node.name, check="ddp.rank_grads", hook=case.hook, world_size=case.world_size,
                          params={"config": case.variant, "model": case.model}, describe=describe,
                          findings=False)
-    findings = [f for o in result.outcomes for f in o.value["findings"]]
+    findings = [f for o in result.outcomes for f in o.value.findings]
     if not findings:
-        findings = compare_across_ranks([o.value["grads"] for o in result.outcomes])
+        findings = compare_across_ranks([o.value.grads for o in result.outcomes])
     conform.fail_findings(request.node.name, case.hook, describe, case.world_size, findings)
 
 
@@ -173,7 +173,7 @@ def test_ddp_lossy_error(conform, request, case):
                          params={"config": case.variant, "model": case.model}, describe=describe,
                          findings=False)
     values = [o.value for o in result.outcomes]
-    worst = max(values, key=lambda v: v["max_rel_error"])
+    worst = max(values, key=lambda v: v.figures["max_rel_error"]).figures
     figure = _fmt(worst["max_rel_error"])
     request.node.user_properties.append(("observed_rel_error", figure))
     bound = spec.lossy.rel_error_bound
@@ -183,7 +183,7 @@ def test_ddp_lossy_error(conform, request, case):
     summary = (f"  observed max relative error {figure}{where}; declared rel_error_bound "
                f"{'none' if bound is None else _fmt(bound)}")
     conform.fail_findings(request.node.name, case.hook, describe, case.world_size,
-                          [f for v in values for f in v["findings"]], note=summary)
+                          [f for v in values for f in v.findings], note=summary)
 
 
 def test_ddp_lossy_loss(conform, request, case):
@@ -194,10 +194,10 @@ def test_ddp_lossy_loss(conform, request, case):
     result = conform.run(request.node.name, check="ddp.lossy_loss", hook=case.hook, world_size=case.world_size,
                          params={"config": case.variant, "model": case.model}, describe=describe,
                          findings=False)
-    value = result.outcomes[0].value
+    value = result.outcomes[0].value.figures
     figure = _fmt(value["rel_diff"])
     request.node.user_properties.append(("observed_loss_rel_diff", figure))
-    findings = [f for o in result.outcomes for f in o.value["findings"]]
+    findings = [f for o in result.outcomes for f in o.value.findings]
     if findings:
         summary = (f"  observed relative loss difference {figure} after {spec.lossy.loss_steps} steps "
                    f"(loss {value['loss_hook']!r} with the hook, {value['loss_exact']!r} without); declared "

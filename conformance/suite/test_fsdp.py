@@ -80,9 +80,9 @@ def test_rank_consistency(conform, request, case):
     result = conform.run(request.node.name, check="fsdp.rank_grads", hook=case.hook, world_size=case.world_size,
                          params={"strategy": case.variant, "model": case.model}, describe=describe,
                          findings=False)
-    findings = [f for o in result.outcomes for f in o.value["findings"]]
+    findings = [f for o in result.outcomes for f in o.value.findings]
     conform.fail_findings(request.node.name, case.hook, describe, case.world_size,
-                          findings or compare_across_ranks([o.value["grads"] for o in result.outcomes]))
+                          findings or compare_across_ranks([o.value.grads for o in result.outcomes]))
 
 
 def test_registration(conform, request, case):

@@ -82,15 +82,18 @@ def _validate_fsdp(spec: Any) -> Tuple[str, ...]:
     return strategies
 
 
-def _validate_ddp(spec: Any) -> Tuple[str, ...]:
-    _no_strategies(spec)
-    if not binds_signature(spec.hook, 2):
-        raise SpecError(
-            f"HookSpec {spec.name!r}: a DDP hook is called as hook(state, bucket) and returns a "
-            f"torch.futures.Future, but {qualname(spec.hook)}{signature_text(spec.hook)} cannot take "
-            "two arguments"
-        )
-    return ()
+def _called_as(nargs: int, convention: str) -> Callable[[Any], Tuple[str, ...]]:
+    """A validator for an API that calls ``hook`` with ``nargs`` positional arguments, as ``convention`` says."""
+    count = {1: "one argument", 2: "two arguments"}[nargs]
+
+    def validate(spec: Any) -> Tuple[str, ...]:
+        _no_strategies(spec)
+        if not binds_signature(spec.hook, nargs):
+            raise SpecError(f"HookSpec {spec.name!r}: {convention}, but {qualname(spec.hook)}"
+                            f"{signature_text(spec.hook)} cannot take {count}")
+        return ()
+
+    return validate
 
 
 def _validate_fsdp2(spec: Any) -> Tuple[str, ...]:
@@ -107,24 +110,15 @@ def _validate_fsdp2(spec: Any) -> Tuple[str, ...]:
     return ()
 
 
-def _validate_fsdp2_all_reduce(spec: Any) -> Tuple[str, ...]:
-    _no_strategies(spec)
-    if not binds_signature(spec.hook, 1):
-        raise SpecError(
-            f"HookSpec {spec.name!r}: an FSDP2 all-reduce hook is called as hook(tensor), but "
-            f"{qualname(spec.hook)}{signature_text(spec.hook)} cannot take one argument"
-        )
-    return ()
-
-
 #: Every hook API, by ``HookSpec.api``, in the order the report lists them.
 HOOK_APIS: Dict[str, HookApi] = {api.name: api for api in (
     HookApi("fsdp", "FullyShardedDataParallel.register_comm_hook(state, hook)", "strategy", True,
             _validate_fsdp, "conformance.builtin_hooks.fsdp:FSDP_HOOKS", "conformance.checks.fsdp"),
     HookApi("ddp", "DistributedDataParallel.register_comm_hook(state, hook)", "config", True,
-            _validate_ddp, "conformance.builtin_hooks.ddp:DDP_HOOKS", "conformance.checks.ddp"),
+            _called_as(2, "a DDP hook is called as hook(state, bucket) and returns a torch.futures.Future"),
+            "conformance.builtin_hooks.ddp:DDP_HOOKS", "conformance.checks.ddp"),
     HookApi("fsdp2", "FSDPModule.set_custom_reduce_scatter(comm)", "config", False,
             _validate_fsdp2, "conformance.builtin_hooks.fsdp2:FSDP2_HOOKS", "conformance.checks.fsdp2"),
     HookApi("fsdp2_all_reduce", "FSDPModule.set_all_reduce_hook(hook) (HSDP)", "config", False,
-            _validate_fsdp2_all_reduce, None, "conformance.checks.fsdp2"),
+            _called_as(1, "an FSDP2 all-reduce hook is called as hook(tensor)"), None, "conformance.checks.fsdp2"),
 )}

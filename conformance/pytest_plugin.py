@@ -10,7 +10,6 @@ first case, so loading the plugin costs little.
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import sys
 import warnings
 from collections import defaultdict
@@ -51,16 +50,6 @@ class SessionState:
             if item.spec.name == name:
                 return item
         raise KeyError(name)
-
-    def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
-        s = self.settings
-        args = ["conform"]
-        item = self.spec(hook) if hook else None
-        if item is not None and item.origin == "--hook":
-            args += ["--hook", item.target]
-        args += s.rerun_args(world_size)
-        args += ["-k", test_name]
-        return " ".join(shlex.quote(a) for a in args)
 
 
 _STATE_KEY = pytest.StashKey[SessionState]()
@@ -291,7 +280,7 @@ def conform(request: pytest.FixtureRequest):
 
     state = state_of(request.config)
     if state.runner is None:
-        state.runner = Runner(state)
+        state.runner = Runner(state.settings, state.specs, state.sys_path)
         s = state.settings
         wanted = set()
         for item in request.session.items:

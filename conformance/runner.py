@@ -36,6 +36,7 @@ the command that re-runs just that case.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
@@ -54,27 +55,36 @@ class ConformanceFailure(AssertionError):
 class Runner:
     """Runs cases on the session's rank pools.
 
+    Args:
+        settings: the session's :class:`~conformance.settings.Settings`.
+        specs: the loaded specs (:class:`~conformance.spec_loading.LoadedSpec`);
+            every rank loads them all when its pool starts.
+        sys_path: the module search path the controller loaded them with; every
+            rank gets it (:func:`~conformance.spec_loading.user_paths_first`).
+
     Attributes:
         restarts: pools restarted after a case hung, killed a rank, or left the
             ranks out of step.
         timings: ``(wall_s, max_rank_compute_s)`` per case, for the benchmark.
     """
 
-    def __init__(self, state: Any):
-        self.state = state
+    def __init__(self, settings: Any, specs: Sequence[Any], sys_path: Sequence[str] = ()):
+        self.settings = settings
+        self.specs = {item.spec.name: item for item in specs}
+        self.sys_path = tuple(sys_path)
         self.pools: Dict[int, RankPool] = {}
         self.restarts = 0
         self.timings: List[tuple] = []
 
     def pool(self, world_size: int) -> RankPool:
         """The pool of ``world_size`` ranks, placed by :meth:`Settings.placement` (made, not started)."""
-        s = self.state.settings
+        s = self.settings
         if world_size not in self.pools:
             backend, device = s.placement(world_size)
-            specs = tuple((item.target, item.spec.name) for item in self.state.specs)
+            specs = tuple((item.target, name) for name, item in self.specs.items())
             self.pools[world_size] = RankPool(PoolConfig(
                 world_size=world_size, backend=backend, device=device, case_timeout_s=s.case_timeout_s,
-                sys_path=tuple(self.state.sys_path), specs=specs))
+                sys_path=self.sys_path, specs=specs))
         return self.pools[world_size]
 
     def prestart(self, world_sizes: Sequence[int]) -> None:
@@ -135,8 +145,7 @@ class Runner:
         __tracebackhide__ = True
         ref = None
         if hook is not None:
-            item = self.state.spec(hook)
-            ref = HookRef(target=item.target, name=hook)
+            ref = HookRef(target=self.specs[hook].target, name=hook)
         case = Case(check=check, hook=ref, params=params, case_id=test_name)
         pool = self.pool(world_size)
         try:
@@ -186,8 +195,19 @@ class Runner:
              world_size: Optional[int] = None) -> None:
         """Raise the case's :class:`ConformanceFailure`: ``header``, ``body``, then the re-run command."""
         __tracebackhide__ = True
-        rerun = self.state.rerun_command(test_name, hook, world_size)
+        rerun = self.rerun_command(test_name, hook, world_size)
         raise ConformanceFailure(report.failure_message(header, body, rerun))
+
+    def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
+        """The shell command that re-runs just ``test_name``: the hook's ``--hook`` target (a built-in or
+        entry-point hook needs none), the machine settings of the case's pool, ``-k test_name``."""
+        args = ["conform"]
+        item = self.specs.get(hook) if hook else None
+        if item is not None and item.origin == "--hook":
+            args += ["--hook", item.target]
+        args += self.settings.rerun_args(world_size)
+        args += ["-k", test_name]
+        return " ".join(shlex.quote(a) for a in args)
 
     def fail_findings(self, test_name: str, hook: Optional[str], describe: Dict[str, Any], world_size: int,
                       findings: Sequence[Finding], note: str = "") -> None:

@@ -47,19 +47,7 @@ def make_runner(gpu_count: int = 0, sys_path=()) -> Runner:
     settings = resolve(lambda dest: [] if dest in ("conform_hooks", "conform_known_failures") else None,
                        env={}, gpu_count=gpu_count)
     hook_spec = HookSpec(name="h", api="fsdp2_all_reduce", hook=lambda t: None)
-
-    class State:
-        specs = [LoadedSpec("pkg.mod:SPEC", hook_spec)]
-
-        def spec(self, name):
-            return self.specs[0]
-
-        def rerun_command(self, test_name, hook, world_size=None):
-            return f"conform -k '{test_name}'"
-
-    State.settings = settings
-    State.sys_path = tuple(sys_path)
-    return Runner(State())
+    return Runner(settings, [LoadedSpec("pkg.mod:SPEC", hook_spec)], sys_path)
 
 
 @pytest.fixture
@@ -109,7 +97,7 @@ def test_checks_without_a_reference_replay_are_not_replayed(runner):
 def test_each_world_size_gets_the_backend_and_device_of_its_placement():
     """One GPU: world size 1 on NCCL/CUDA, the added cross-rank pools on gloo/CPU, all with one import path."""
     runner = make_runner(gpu_count=1, sys_path=("/user/repo", "/site-packages"))
-    configs = {ws: runner.pool(ws).config for ws in runner.state.settings.world_sizes}
+    configs = {ws: runner.pool(ws).config for ws in runner.settings.world_sizes}
     assert {ws: (c.backend, c.device) for ws, c in configs.items()} == {
         1: ("nccl", "cuda"), 2: ("gloo", "cpu"), 3: ("gloo", "cpu")}
     assert all(c.sys_path == ("/user/repo", "/site-packages") and c.specs == (("pkg.mod:SPEC", "h"),)

@@ -193,8 +193,7 @@ class RankPool:
                 except EOFError:
                     self._fail_start(f"rank {rank} exited during start-up "
                                      f"(exit code {self._procs[rank].wait()})", [rank])
-                if kind == "spec_failed":
-                    self.kill()
+                if kind == "spec_failed":  # _killed_on_error stops the pool
                     raise SpecLoadError(f"rank {rank} of the {cfg.backend}/{cfg.device} pool of world size "
                                         f"{cfg.world_size} {payload}")
                 if kind == "failed":

@@ -20,7 +20,7 @@ Case ids: ``{hook}-{config}-{model}-ws{N}``; ``-k fsdp2`` selects this module.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -85,13 +85,11 @@ def hsdp_unavailable(sizes: List[int]) -> Optional[str]:
             "to run these cases")
 
 
-def parity_cases(specs: List[Any], main: Any, sizes: List[int]) -> List[CaseParams]:
+def parity_cases(specs: List[Any], role_of: Callable[[int], str], sizes: List[int]) -> List[CaseParams]:
     """The comm cases of a run: per spec, :data:`PLAN` at each world size, then HSDP.
 
-    ``main`` is the main world size, or a function that gives each world size's
-    role (``"main"`` or ``"extra"``, :meth:`Settings.role`).
+    ``role_of(world_size)`` is ``"main"`` or ``"extra"`` (:meth:`Settings.role`).
     """
-    role_of = main if callable(main) else (lambda ws: "main" if ws == main else "extra")
     known = _known_models()
     out = []
     for spec in specs:

@@ -1,4 +1,4 @@
-"""What a case is, what it is called, and FSDP1's case plans.
+"""What a case is and what it is called, for every hook API.
 
 Every suite test of every hook API is parametrized with one :class:`CaseParams`:
 the hook, its **variant** (what the API varies: a sharding strategy for
@@ -13,22 +13,7 @@ that ``-k my_hook`` and known-failure patterns such as
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
-
-from conformance.spec import HookSpec
-
-#: Reference models for parity at the main world size (``models.MODELS`` keys).
-#: ``mixture_of_experts`` is left out for FSDP1 on purpose: ``register_comm_hook``
-#: gives every FSDP unit the same hook and state, so a hook whose state holds the
-#: whole group also reduces the expert unit's gradients (which the native path
-#: keeps local to its one-rank group), and FSDP forces that unit to NO_SHARD, so
-#: a sharded-only hook is called with two arguments. No hook can conform there.
-PARITY_MODELS = ("net_wrapped", "net_flat", "nested_wrapped", "always_wrap_nested", "transformer_shared",
-                 "nonuniform_req_grad")
-#: Reference models for parity at the extra world size (kept short: it is a second pool).
-EXTRA_PARITY_MODELS = ("net_wrapped", "nested_wrapped")
-#: Models whose NO_SHARD gradients are compared across ranks.
-CONSISTENCY_MODELS = ("net_wrapped", "transformer_shared")
+from typing import Any, Dict, List, Optional, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +29,8 @@ class CaseParams:
         model: a reference model name, or ``None``.
         rule: a registration rule, or ``None``.
         api: the hook API (``spec.api``).
+        skip: why the case cannot run here, or ``None``; set by the API's case
+            plan (:attr:`conformance.adapters.HookApi.plans`), not part of the id.
     """
 
     hook: str
@@ -52,6 +39,7 @@ class CaseParams:
     model: Optional[str] = None
     rule: Optional[str] = None
     api: str = "fsdp"
+    skip: Optional[str] = dataclasses.field(default=None, compare=False)
 
     @property
     def id(self) -> str:
@@ -120,38 +108,4 @@ def parse_case_id(text: str) -> Dict[str, Any]:
         out["world_size"] = int(rest.pop()[2:])
     if rest:
         out["detail"] = "-".join(rest)
-    return out
-
-
-def training_cases(specs: Sequence[HookSpec], world_sizes: Sequence[int], *,
-                   models: Optional[Dict[int, Sequence[str]]] = None,
-                   strategies: Optional[Sequence[str]] = None) -> List[CaseParams]:
-    """Cases for every spec x strategy it serves x world size (x model when ``models`` is given).
-
-    ``models[world_size]`` lists the models used at that world size.
-    ``strategies`` restricts the strategies (e.g. ``("NO_SHARD",)``).
-    """
-    out = []
-    for spec in specs:
-        for strategy in spec.strategies or ():
-            if strategies is not None and strategy not in strategies:
-                continue
-            for ws in world_sizes:
-                if models is None:
-                    out.append(CaseParams(spec.name, strategy, ws))
-                else:
-                    out.extend(CaseParams(spec.name, strategy, ws, model=m) for m in models.get(ws, ()))
-    return out
-
-
-def registration_cases(specs: Sequence[HookSpec], world_size: int, rules: Sequence[str]) -> List[CaseParams]:
-    """Registration rules per spec and strategy; the hybrid rule once per spec."""
-    out = []
-    for spec in specs:
-        for rule in rules:
-            if rule == "hybrid_strategy_raises":
-                out.append(CaseParams(spec.name, "HYBRID", world_size, rule=rule))
-                continue
-            for strategy in spec.strategies or ():
-                out.append(CaseParams(spec.name, strategy, world_size, rule=rule))
     return out

@@ -163,6 +163,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             "the failure may be fixed or the pattern out of date: update or remove the entry"))
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize a suite test with its API's case plan (:attr:`conformance.adapters.HookApi.plans`).
+
+    A case that cannot run here is a skip with its reason: the world size's
+    availability first (:meth:`Settings.world_size_unavailable`), then the plan's.
+    """
+    state = metafunc.config.stash.get(_STATE_KEY, None)
+    if state is None or "case" not in metafunc.fixturenames or not metafunc.definition.get_closest_marker("conformance"):
+        return
+    from conformance.apis import api_of_test, planned_cases
+
+    if api_of_test(metafunc.function.__name__) is None:
+        return
+    params = [pytest.param(case, id=case.id, marks=[pytest.mark.skip(reason=case.skip)] if case.skip else [])
+              for case in planned_cases(metafunc.function.__name__, [item.spec for item in state.specs],
+                                        state.settings)]
+    metafunc.parametrize("case", params)
+
+
 def tag(request: pytest.FixtureRequest, case: Any, check: str) -> Dict[str, Any]:
     """Give the test its case's JUnit properties (:meth:`CaseParams.junit_properties`); return the case's
     ``describe(check)`` for failure headers. Every suite test calls this first."""
@@ -283,9 +302,9 @@ def conform(request: pytest.FixtureRequest):
         state.runner = Runner(state.settings, state.specs, state.sys_path)
         s = state.settings
         wanted = set()
-        for item in request.session.items:
+        for item in request.session.items:  # the pools that cases which run here need
             case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
-            if getattr(case, "world_size", None) is not None:
+            if getattr(case, "world_size", None) is not None and not item.get_closest_marker("skip"):
                 wanted.add(case.world_size)
         state.runner.prestart(sorted(ws for ws in wanted if s.world_size_unavailable(ws) is None))
     return state.runner

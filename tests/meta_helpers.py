@@ -100,3 +100,25 @@ def rerun_args(message: str) -> List[str]:
     commands = set(_RERUN_BLOCK.findall(message))
     assert len(commands) == 1, f"expected one re-run command, found {sorted(commands)} in:\n{message[-3000:]}"
     return shlex.split(commands.pop())[1:]
+
+
+# -- case plans without a run --------------------------------------------------------------
+
+
+def plan_settings(world_size: int = 2, extra_world_size: int = 3, *, backend: str = "gloo", device: str = "cpu",
+                  gpu_count: int = 0, cpu_pools: Sequence[int] = ()):
+    """The :class:`~conformance.settings.Settings` of a run, for planning its cases (nothing starts)."""
+    from conformance.settings import Settings
+
+    return Settings(hooks=(), builtins=True, entry_points=False, world_size=world_size,
+                    extra_world_size=extra_world_size, backend=backend, device=device, case_timeout_s=60.0,
+                    hypothesis_examples=3, known_failures=(), gpu_count=gpu_count, cpu_pools=tuple(cpu_pools))
+
+
+def planned_test_names(specs: Sequence, settings=None) -> List[str]:
+    """``test_x[case id]`` of every case the suite plans for ``specs`` (every API), skipped ones included."""
+    from conformance.apis import HOOK_APIS, planned_cases
+
+    settings = settings or plan_settings()
+    return [f"{test}[{case.id}]" for api in HOOK_APIS.values() for test in api.plans
+            for case in planned_cases(test, specs, settings)]

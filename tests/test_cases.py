@@ -9,21 +9,15 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.cases import (
-    CONSISTENCY_MODELS,
-    EXTRA_PARITY_MODELS,
-    PARITY_MODELS,
-    CaseParams,
-    case_id,
-    parse_case_id,
-    registration_cases,
-    training_cases,
-)
-from conformance.checks.fsdp import REGISTRATION_RULES
+from conformance.adapters.fsdp import CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, PARITY_MODELS, REGISTRATION_RULES
+from conformance.apis import HOOK_APIS, planned_cases
+from conformance.cases import CaseParams, case_id, parse_case_id
 from conformance.spec import FSDP_STRATEGIES, HookSpec
+from tests.meta_helpers import plan_settings
 
 
 def _no_shard(state, grad):
@@ -69,13 +63,13 @@ def test_registration_id_has_the_rule_and_no_world_size():
 
 
 def test_hook_name_comes_first_so_one_pattern_selects_one_hook():
-    ids = [c.id for c in training_cases(SPECS, [2, 3], models={2: PARITY_MODELS, 3: EXTRA_PARITY_MODELS})]
+    ids = [c.id for c in planned_cases("test_parity", SPECS, plan_settings(2, 3))]
     for spec in SPECS:
         mine = [i for i in ids if i.startswith(spec.name + "-")]
         assert mine and all(parse_case_id(i)["hook"] == spec.name for i in mine)
     # "ns_only-" cannot select another hook whose name merely starts with "ns_only".
     longer = make_spec("ns_only_v2", _no_shard)
-    assert not any(c.id.startswith("ns_only-") for c in training_cases([longer], [2]))
+    assert not any(c.id.startswith("ns_only-") for c in planned_cases("test_averaging", [longer], plan_settings(2)))
 
 
 def test_case_params_id_is_case_id():
@@ -142,9 +136,14 @@ def test_parse_inverts_registration_ids(hook, strategy, rule, world_size):
 # -- which cases exist ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("world_sizes", [[2], [2, 3], [4, 3, 1]])
-def test_training_cases_are_every_served_strategy_at_every_world_size(world_sizes):
-    got = training_cases(SPECS, world_sizes)
+def _settings(world_sizes):
+    return plan_settings(world_sizes[0], world_sizes[1] if len(world_sizes) > 1 else None)
+
+
+@pytest.mark.parametrize("world_sizes", [[2], [2, 3], [4, 1]])
+@pytest.mark.parametrize("test", ["test_averaging", "test_hard_inputs"])
+def test_training_cases_are_every_served_strategy_at_every_world_size(world_sizes, test):
+    got = planned_cases(test, SPECS, _settings(world_sizes))
     served = sum(len(spec.strategies) for spec in SPECS)  # 1 + 2 + 3
     assert served == 6
     assert len(got) == served * len(world_sizes)
@@ -152,36 +151,33 @@ def test_training_cases_are_every_served_strategy_at_every_world_size(world_size
     for spec in SPECS:
         mine = {(c.variant, c.world_size) for c in got if c.hook == spec.name}
         assert mine == set(itertools.product(spec.strategies, world_sizes))
-    assert all(c.model is None and c.rule is None for c in got)
+    assert all(c.model is None and c.rule is None and c.skip is None for c in got)
 
 
-def test_training_cases_with_models_per_world_size():
-    models = {2: PARITY_MODELS, 3: EXTRA_PARITY_MODELS}
-    got = training_cases([EVERYWHERE, NO_SHARD_ONLY], [2, 3], models=models)
+def test_parity_models_per_world_size_role():
+    got = planned_cases("test_parity", [EVERYWHERE, NO_SHARD_ONLY], _settings([2, 3]))
     assert len(got) == (3 + 1) * (len(PARITY_MODELS) + len(EXTRA_PARITY_MODELS))
-    at3 = {c.model for c in got if c.world_size == 3}
-    assert at3 == set(EXTRA_PARITY_MODELS)
+    assert {c.model for c in got if c.world_size == 2} == set(PARITY_MODELS)
+    assert {c.model for c in got if c.world_size == 3} == set(EXTRA_PARITY_MODELS)
 
 
-def test_world_size_without_models_gets_no_cases():
-    got = training_cases([EVERYWHERE], [2, 3], models={2: ("net_flat",)})
-    assert {c.world_size for c in got} == {2}
-
-
-def test_strategy_filter_keeps_specs_that_serve_it():
-    got = training_cases(SPECS, [2], models={2: CONSISTENCY_MODELS}, strategies=("NO_SHARD",))
+def test_rank_consistency_keeps_specs_that_serve_no_shard_and_skips_one_rank():
+    got = planned_cases("test_rank_consistency", SPECS, _settings([2, 1]))
     assert {c.hook for c in got} == {NO_SHARD_ONLY.name, EVERYWHERE.name}
     assert {c.variant for c in got} == {"NO_SHARD"}
-    assert len(got) == 2 * len(CONSISTENCY_MODELS)
+    assert len(got) == 2 * (len(CONSISTENCY_MODELS) + 1)
+    assert {c.world_size for c in got if c.skip} == {1}
+    assert all("at least 2 ranks" in c.skip for c in got if c.skip)
 
 
-def test_no_specs_no_cases():
-    assert training_cases([], [2, 3]) == []
-    assert registration_cases([], 2, REGISTRATION_RULES) == []
+def test_specs_of_other_apis_get_no_fsdp_cases():
+    ddp = HookSpec(name="d", api="ddp", hook=lambda state, bucket: None, state=lambda pg: pg)
+    for test in HOOK_APIS["fsdp"].plans:
+        assert planned_cases(test, [ddp], _settings([2, 3])) == []
 
 
 def test_registration_cases_put_the_hybrid_rule_once_per_hook():
-    got = registration_cases(SPECS, 2, REGISTRATION_RULES)
+    got = planned_cases("test_registration", SPECS, _settings([2, 3]))
     other_rules = [r for r in REGISTRATION_RULES if r != "hybrid_strategy_raises"]
     assert "hybrid_strategy_raises" in REGISTRATION_RULES
     for spec in SPECS:
@@ -191,8 +187,19 @@ def test_registration_cases_put_the_hybrid_rule_once_per_hook():
         rest = {(c.rule, c.variant) for c in mine if c.rule != "hybrid_strategy_raises"}
         assert rest == set(itertools.product(other_rules, spec.strategies))
     assert len(got) == sum(1 + len(other_rules) * len(s.strategies) for s in SPECS)
-    assert all(c.world_size == 2 for c in got)
+    assert all(c.world_size == 2 and c.skip is None for c in got)
     assert len({c.id for c in got}) == len(got)
+
+
+def test_hybrid_rule_is_skipped_at_one_rank():
+    got = planned_cases("test_registration", [EVERYWHERE], _settings([1, 2]))
+    assert [c.rule for c in got if c.skip] == ["hybrid_strategy_raises"]
+
+
+def test_a_world_size_beyond_the_gpus_is_a_skip_that_says_so():
+    settings = plan_settings(4, None, backend="nccl", device="cuda", gpu_count=2)
+    got = planned_cases("test_parity", [EVERYWHERE], settings)
+    assert got and all(c.skip and "needs 4 GPUs" in c.skip for c in got)
 
 
 def test_every_api_names_its_variant_and_carries_the_same_properties():
@@ -208,3 +215,84 @@ def test_every_api_names_its_variant_and_carries_the_same_properties():
         assert {"hook", "api", "check", "variant", case.variant_field, "world_size"} <= set(props)
         assert case.describe("parity")[case.variant_field] == case.variant
     assert fsdp2.id == "h-hsdp-nested_wrapped-ws4"
+
+
+# -- the DDP and FSDP2 plans ----------------------------------------------------------------------
+
+
+def _ddp(name, **lossy):
+    from conformance.spec import LossyContract
+
+    return HookSpec(name=name, api="ddp", hook=lambda state, bucket: None, state=lambda pg: pg,
+                    lossy=LossyContract(**lossy) if lossy else None)
+
+
+def _tests_of(specs, settings):
+    return {test: planned_cases(test, specs, settings) for api in HOOK_APIS.values() for test in api.plans}
+
+
+def test_ddp_exact_hooks_get_parity_and_lossy_hooks_their_contract():
+    exact, lossy = _ddp("exact"), _ddp("lossy", rel_error_bound=0.1, deterministic=False)
+    got = _tests_of([exact, lossy], _settings([2, 3]))
+    hooks = {test: {c.hook for c in cases} for test, cases in got.items()}
+    assert hooks["test_ddp_averaging"] == hooks["test_ddp_parity"] == {"exact"}
+    assert hooks["test_ddp_lossy_error"] == {"lossy"}
+    assert hooks["test_ddp_rank_consistency"] == hooks["test_ddp_future_contract"] == {"exact", "lossy"}
+    # Neither a loss margin nor determinism is declared: those checks plan nothing.
+    assert got["test_ddp_lossy_loss"] == got["test_ddp_lossy_determinism"] == []
+    assert {c.world_size for c in got["test_ddp_future_contract"]} == {2}
+    assert {c.world_size for c in got["test_ddp_parity"]} == {2, 3}
+    assert all(c.api == "ddp" and c.variant_field == "config" for cases in got.values() for c in cases)
+
+
+def test_ddp_declared_promises_get_their_checks():
+    spec = _ddp("lossy", rel_error_bound=0.1, loss_margin=0.05)
+    got = _tests_of([spec], _settings([2, 3]))
+    assert [c.world_size for c in got["test_ddp_lossy_loss"]] == [2]
+    assert [c.world_size for c in got["test_ddp_lossy_determinism"]] == [2]
+
+
+def test_ddp_cross_rank_checks_skip_one_rank():
+    got = _tests_of([_ddp("exact")], _settings([1, 2]))
+    for test in ("test_ddp_averaging", "test_ddp_rank_consistency"):
+        assert {c.world_size for c in got[test] if c.skip} == {1}, test
+    assert not any(c.skip for c in got["test_ddp_parity"])
+
+
+def _comm(name, reduce_dtype=None):
+    class Comm:
+        def allocate(self, size, *, dtype, device):
+            return None
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            return None
+
+    return HookSpec(name=name, api="fsdp2", hook=Comm(), reduce_dtype=reduce_dtype)
+
+
+def test_fsdp2_runs_hsdp_on_a_pool_of_its_own_when_no_world_size_fits():
+    from conformance.adapters.fsdp2 import HSDP_WORLD_SIZE
+
+    got = planned_cases("test_fsdp2_parity", [_comm("c")], _settings([2, 3]))
+    assert {c.world_size for c in got if c.variant == "hsdp"} == {HSDP_WORLD_SIZE}
+    assert {c.world_size for c in got} == {2, 3, HSDP_WORLD_SIZE}
+    got = planned_cases("test_fsdp2_parity", [_comm("c")], _settings([8, 3]))
+    assert {c.world_size for c in got if c.variant == "hsdp"} == {8}
+
+
+def test_fsdp2_skips_say_why():
+    from conformance.adapters.fsdp2 import GLOO_PREMUL_SUM
+    from conformance.adapters.fsdp2_build import missing_api
+
+    if missing_api(("set_custom_reduce_scatter", "set_gradient_divide_factor")) is not None:
+        pytest.skip("this torch has no FSDP2 custom comms")
+    gloo = planned_cases("test_fsdp2_parity", [_comm("c")], _settings([1, 2]))
+    assert all("single rank" in c.skip for c in gloo if c.world_size == 1)
+    premul = [c for c in gloo if c.world_size == 2 and c.variant == "divide_factor"]
+    assert premul and all(c.skip == GLOO_PREMUL_SUM for c in premul)
+    nccl = planned_cases("test_fsdp2_parity", [_comm("c")], plan_settings(2, None, backend="nccl", device="cuda",
+                                                                           gpu_count=2))
+    assert [c for c in nccl if c.variant == "divide_factor"] and not any(c.skip for c in nccl if c.world_size == 2)
+    # fp16 reduces with SUM, never PREMUL_SUM: it runs on gloo.
+    low = planned_cases("test_fsdp2_parity", [_comm("c16", torch.float16)], _settings([2, 3]))
+    assert not any(c.skip for c in low if c.world_size in (2, 3))

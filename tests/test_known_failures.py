@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conformance.spec_loading import load_specs
+from tests.meta_helpers import plan_settings, planned_test_names
 from conformance import cases
 from conformance.builtin_hooks import fsdp as builtin_fsdp
 from conformance.known_failures import (
@@ -312,16 +313,13 @@ def test_repo_file_is_about_builtin_hooks_and_matches_their_cases(repo_entries):
         assert e.hook in builtin, e.source
         if e.hook not in specs:
             continue  # DDP and FSDP2 entries are checked by tests/test_meta_ddp.py and friends
-        spec = specs[e.hook]
-        ids = [c.id for c in cases.training_cases([spec], [2, 3], models={2: cases.PARITY_MODELS})]
+        names = planned_test_names([specs[e.hook]])
         for pattern in e.test:
             single = KnownFailure(test=pattern, reason=e.reason, source=e.source)
-            test_name = pattern.split("[", 1)[0]
-            assert any(single.matches(f"{test_name}[{i}]") for i in ids), (e.source, pattern)
+            assert any(single.matches(n) for n in names), (e.source, pattern)
             # ...and only the cases of the hook it is about.
             other = next(s for s in builtin_fsdp.FSDP_HOOKS if s.name != e.hook)
-            other_ids = [c.id for c in cases.training_cases([other], [2], models={2: cases.PARITY_MODELS})]
-            assert not any(single.matches(f"{test_name}[{i}]") for i in other_ids), (e.source, pattern)
+            assert not any(single.matches(n) for n in planned_test_names([other])), (e.source, pattern)
 
 
 def test_repo_file_excuses_the_compress_hooks_on_cpu_but_never_the_reference_hooks(repo_entries):
@@ -334,9 +332,8 @@ def test_repo_file_excuses_the_compress_hooks_on_cpu_but_never_the_reference_hoo
     # allreduce_hook and reduce_scatter_hook define "conforming": nothing may excuse them.
     for spec in builtin_fsdp.FSDP_HOOKS:
         if spec.reduce_dtype is None:
-            for c in cases.training_cases([spec], [2, 3], models={2: cases.PARITY_MODELS, 3: cases.PARITY_MODELS}):
-                for test in ("test_averaging", "test_parity", "test_rank_consistency", "test_hard_inputs"):
-                    assert book.lookup(f"{test}[{c.id}]") is None
+            for name in planned_test_names([spec], plan_settings(2, 3)) + planned_test_names([spec], plan_settings(3, 2)):
+                assert book.lookup(name) is None, name
 
 
 # -- conditions on the build, encodings, how files are named --------------------------------------

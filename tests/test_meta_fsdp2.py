@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.checks import fsdp2 as checks
+from conformance.adapters import fsdp2 as checks
+from conformance.adapters import fsdp2_build as build
 from tests.meta_helpers import rerun_args, run_suite
 from tests.zoo import fsdp2_comms as zoo
 
@@ -146,7 +147,7 @@ def test_divide_factors_follow_fsdp2():
     assert not checks.uses_premul_sum("divide_factor", torch.float16)
     assert not checks.uses_premul_sum("divide_factor_force_sum", None)
     assert not checks.uses_premul_sum("default", None)
-    if checks.missing_api() is None:
+    if build.missing_api() is None:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import _get_gradient_divide_factors
 
         class _Group:
@@ -154,10 +155,10 @@ def test_divide_factors_follow_fsdp2():
                 return 2
 
         pre, post, rs_op, _ = _get_gradient_divide_factors(_Group(), None, torch.float32, "cpu",
-                                                           checks.divide_factor(2), False)
+                                                           build.divide_factor(2), False)
         assert (pre, post) == (None, None) and "PREMUL_SUM" in checks.op_name(rs_op)
         pre, post, rs_op, _ = _get_gradient_divide_factors(_Group(), None, torch.float16, "cpu",
-                                                           checks.divide_factor(2), False)
+                                                           build.divide_factor(2), False)
         assert (pre, post, checks.op_name(rs_op)) == (2, 2.0, "SUM")
 
 
@@ -170,8 +171,8 @@ def test_op_names():
 
 
 def test_missing_api_names_the_method_and_torch_version():
-    why = checks.missing_api(["set_something_from_the_future"])
-    if checks.fsdp2_api() is None:
+    why = build.missing_api(["set_something_from_the_future"])
+    if build.fsdp2_api() is None:
         assert "fully_shard" in why
     else:
         assert "FSDPModule.set_something_from_the_future" in why
@@ -188,7 +189,7 @@ def test_fully_shard_units_mirror_the_fsdp1_units(name):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = cls._construct(2)
-    units = checks._unit_modules(model)
+    units = build._unit_modules(model)
     assert len(units) + 1 == cls.fsdp_units
     order = list(model.modules())
     for i, unit in enumerate(units):  # innermost first: no unit contains a later one
@@ -205,7 +206,7 @@ def test_plain_reduce_scatter_is_the_documented_example():
     comm = PlainReduceScatter()
     buf = comm.allocate((6,), dtype=torch.bfloat16, device=torch.device("cpu"))
     assert buf.shape == (6,) and buf.dtype == torch.bfloat16
-    if checks.missing_api(["set_custom_reduce_scatter"]) is None:
+    if build.missing_api(["set_custom_reduce_scatter"]) is None:
         from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
         assert isinstance(comm, ReduceScatter)

@@ -3,12 +3,14 @@
 A rank check is a function ``check(ctx, spec, **params) -> value`` registered
 under a name with :func:`rank_check`. It runs in every rank process of a pool
 (``ctx`` is a :class:`conformance.worker.RankContext`) and returns picklable
-results: usually a list of :class:`conformance.protocol.Finding` (empty when
-the hook conforms), or CPU tensors the controller compares across ranks.
+results: a list of :class:`conformance.protocol.Finding` (empty when the hook
+conforms), or a :class:`conformance.protocol.CheckResult` with figures or the
+per-step gradients the controller compares across ranks.
 
-One module per hook API (``fsdp.py``, ``ddp.py``, ``fsdp2.py``, named in
-:data:`conformance.apis.HOOK_APIS`), plus what they share: ``common.py`` (the
-lock-step loop) and ``lossy.py`` (lossy contracts).
+Each hook API's checks live in its adapter module (``conformance/adapters/``,
+listed in :data:`conformance.apis.ADAPTERS`); here is what they share:
+``common.py`` (the lock-step loop, named gradients) and ``lossy.py`` (lossy
+contracts).
 """
 
 from __future__ import annotations
@@ -38,23 +40,24 @@ def rank_check(name: str) -> Callable[[Callable], Callable]:
     return register
 
 
+def register_every_check() -> None:
+    """Import every adapter module (:data:`conformance.apis.ADAPTERS`), which registers its API's
+    checks, and the lossy-contract checks. Idempotent."""
+    import importlib
+
+    from conformance.apis import ADAPTERS
+
+    for module in ADAPTERS + ("conformance.checks.lossy",):
+        importlib.import_module(module)
+
+
 def get_rank_check(name: str) -> Callable:
-    """The rank check called ``name``; ``KeyError`` names the known checks."""
+    """The rank check called ``name``; ``KeyError`` names the known checks.
+
+    The first call registers every check (:func:`register_every_check`).
+    """
+    register_every_check()
     try:
         return _RANK_CHECKS[name]
     except KeyError:
         raise KeyError(f"no rank check {name!r}; known: {', '.join(sorted(_RANK_CHECKS))}") from None
-
-
-def _register_every_api() -> None:
-    """Import each hook API's checks module (:data:`conformance.apis.HOOK_APIS`), which registers its checks."""
-    import importlib
-
-    from conformance.apis import HOOK_APIS
-
-    for module in dict.fromkeys(api.checks_module for api in HOOK_APIS.values()):
-        importlib.import_module(module)
-    importlib.import_module("conformance.checks.lossy")  # the lossy-contract checks
-
-
-_register_every_api()

@@ -113,7 +113,9 @@ class Lockstep:
 
     Attributes:
         ref, hooked: the two models, built alike but for the hook.
-        inputs: this rank's inputs, as the API's ``train`` takes them.
+        inputs: this rank's inputs, as the API's ``train`` takes them: the same
+            every step, or ``inputs(step)`` when callable (hard inputs: one
+            example per step).
         loss_fn: ``loss_fn(inputs, output)`` of the reference model class.
         reference: the reference's name in messages (``"DDP with no hook"``).
         grads: gradient views compared after each backward, in order; the ranks
@@ -132,7 +134,7 @@ class Lockstep:
 
     ref: nn.Module
     hooked: nn.Module
-    inputs: Sequence[Any]
+    inputs: Any
     loss_fn: Any
     reference: str
     grads: Sequence[View]
@@ -160,10 +162,11 @@ def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding
     opt_hooked = torch.optim.SGD(plan.hooked.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
         plan.start_step(step)
-        plan.train(ctx, "reference", step, plan.ref, opt_ref, plan.inputs, plan.loss_fn)
+        inputs = plan.inputs(step) if callable(plan.inputs) else plan.inputs
+        plan.train(ctx, "reference", step, plan.ref, opt_ref, inputs, plan.loss_fn)
 
         def hooked_step() -> None:
-            plan.train(ctx, "hooked", step, plan.hooked, opt_hooked, plan.inputs, plan.loss_fn)
+            plan.train(ctx, "hooked", step, plan.hooked, opt_hooked, inputs, plan.loss_fn)
 
         if plan.guard_hooked is None:
             hooked_step()

@@ -14,7 +14,7 @@ computed in float64, and held to what its contract declares:
 
 The contract and the arithmetic here (:func:`relative_error`,
 :func:`exact_mean`) are API-neutral; the checks drive DDP models today
-(``conformance.checks.ddp``), the only API whose specs declare contracts yet.
+(``conformance.adapters.ddp``), the only API whose specs declare contracts yet.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from torch import nn
 
 from conformance.checks import rank_check
 from conformance.checks.common import compare_named
-from conformance.checks.ddp import _grads, build_ddp, build_hooked, micro_inputs, train_step
-from conformance.checks.ddp_future import hooked_step
+from conformance.adapters.ddp import _grads, build_ddp, build_hooked, micro_inputs, train_step
+from conformance.adapters.ddp_future import hooked_step
 from conformance.protocol import CheckResult, Finding
 
 

@@ -1,10 +1,11 @@
 """Conformance of ``DistributedDataParallel.register_comm_hook`` hooks (``api="ddp"``).
 
 Every test here runs on the rank pool through the ``conform`` fixture and is
-parametrized over the DDP hooks under test, training configurations, reference
-models and world sizes. Test ids are ``test_ddp_<check>[{hook}-{config}-{model}-ws{N}]``
+parametrized by the DDP adapter's case plan (``conformance/adapters/ddp.py``):
+the DDP hooks under test, training configurations, reference models and world
+sizes. Test ids are ``test_ddp_<check>[{hook}-{config}-{model}-ws{N}]``
 with ``config`` one of ``default``, ``small_buckets``, ``bucket_view``,
-``static_graph``, ``find_unused``, ``no_sync`` (see ``conformance/checks/ddp.py``).
+``static_graph``, ``find_unused``, ``no_sync`` (see ``conformance/adapters/ddp.py``).
 
 A hook that claims exactness (``lossy=None``) gets the averaging and parity
 checks; a hook with a ``LossyContract`` gets the lossy-contract checks instead.
@@ -17,101 +18,16 @@ is reported as an expected failure without being run.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict
 
 import pytest
 
 from conformance import cases
-from conformance.checks.ddp import DECLARE_LOSSY_HINT
+from conformance.adapters.ddp import DECLARE_LOSSY_HINT
 from conformance.pytest_plugin import state_of, tag
 from conformance.runner import compare_across_ranks
 
 pytestmark = pytest.mark.conformance(api="ddp")
-
-
-# (config, model) per world size. The main world size gets the spread of real
-# training setups; the extra one (3, not a power of two) gets the essentials.
-#: Bitwise parity with the reference, for hooks that claim exactness.
-PARITY_CASES = (
-    ("default", "nested_wrapped"),
-    ("default", "transformer_shared"),
-    ("small_buckets", "transformer_shared"),
-    ("bucket_view", "nested_wrapped"),
-    ("static_graph", "net_flat"),
-    ("find_unused", "unused_param"),
-    ("no_sync", "net_flat"),
-)
-EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
-#: Cross-rank comparison of the gradients.
-CONSISTENCY_CASES = (("default", "net_flat"),)
-EXTRA_CONSISTENCY_CASES = (("default", "net_flat"),)
-#: The future's value against the bucket buffer (one bucket, and several).
-FUTURE_CASES = (("default", "net_flat"), ("small_buckets", "nested_wrapped"))
-#: Lossy contracts: relative error and NaN/Inf per step and parameter.
-LOSSY_ERROR_CASES = (
-    ("default", "transformer_shared"),
-    ("small_buckets", "nested_wrapped"),
-    ("bucket_view", "net_flat"),
-    ("find_unused", "unused_param"),
-    ("no_sync", "net_flat"),
-)
-EXTRA_LOSSY_ERROR_CASES = (("default", "nested_wrapped"),)
-#: The training loss needs a real loss (bounded below): the transformer's cross-entropy.
-LOSSY_LOSS_CASES = (("default", "transformer_shared"),)
-LOSSY_DETERMINISM_CASES = (("default", "net_flat"),)
-
-
-def _ddp_specs(config) -> List[Any]:
-    return [item.spec for item in state_of(config).specs if item.spec.api == "ddp"]
-
-
-def _cases(specs: Sequence[Any], sizes: Sequence[int], main: Sequence[Tuple[str, str]],
-           extra: Sequence[Tuple[str, str]] = (), role: Any = None) -> List[cases.CaseParams]:
-    out = []
-    for spec in specs:
-        for i, ws in enumerate(sizes):
-            is_main = i == 0 if role is None else role(ws) == "main"
-            for config, model in (main if is_main else extra):
-                out.append(cases.CaseParams(spec.name, config, ws, model=model, api="ddp"))
-    return out
-
-
-def case_table(specs: Sequence[Any], sizes: Sequence[int], role: Any = None) -> Dict[str, List[cases.CaseParams]]:
-    """Every DDP test function's cases for ``specs`` at world sizes ``sizes`` (main first).
-
-    ``role(world_size)`` says which sizes get the full plan (``"main"``); by
-    default only the first does.
-    """
-    exact = [sp for sp in specs if sp.lossy is None]
-    lossy = [sp for sp in specs if sp.lossy is not None]
-    return {
-        "test_ddp_averaging": _cases(exact, sizes, [("default", "analytic_linear")], [("default", "analytic_linear")]),
-        "test_ddp_parity": _cases(exact, sizes, PARITY_CASES, EXTRA_PARITY_CASES, role),
-        "test_ddp_rank_consistency": _cases(specs, sizes, CONSISTENCY_CASES, EXTRA_CONSISTENCY_CASES, role),
-        "test_ddp_future_contract": _cases(specs, sizes[:1], FUTURE_CASES),
-        "test_ddp_lossy_error": _cases(lossy, sizes, LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES, role),
-        "test_ddp_lossy_loss": _cases([sp for sp in lossy if sp.lossy.loss_margin is not None], sizes[:1],
-                                      LOSSY_LOSS_CASES),
-        "test_ddp_lossy_determinism": _cases([sp for sp in lossy if sp.lossy.deterministic], sizes[:1],
-                                             LOSSY_DETERMINISM_CASES),
-    }
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "case" not in metafunc.fixturenames:
-        return
-    s = state_of(metafunc.config).settings
-    name = metafunc.function.__name__
-    params = case_table(_ddp_specs(metafunc.config), s.world_sizes, s.role).get(name)
-    if params is None:
-        return
-    marks = []
-    for p in params:
-        why = s.world_size_unavailable(p.world_size)
-        if why is None and p.world_size < 2 and name in ("test_ddp_rank_consistency", "test_ddp_averaging"):
-            why = "needs at least 2 ranks with different inputs"
-        marks.append(pytest.param(p, id=p.id, marks=[pytest.mark.skip(reason=why)] if why else []))
-    metafunc.parametrize("case", marks)
 
 
 def _spec(request: pytest.FixtureRequest, case: cases.CaseParams) -> Any:

@@ -1,8 +1,9 @@
 """Conformance of ``FullyShardedDataParallel.register_comm_hook`` hooks (``api="fsdp"``).
 
 Every test here runs on the rank pool through the ``conform`` fixture and is
-parametrized over the hooks under test, the sharding strategies each serves,
-reference models and world sizes (see ``conformance/cases.py`` for the ids).
+parametrized by the FSDP adapter's case plan (``conformance/adapters/fsdp.py``):
+the hooks under test, the sharding strategies each serves, reference models
+and world sizes (``conformance/cases.py`` says how case ids read).
 The behaviour comes from PyTorch's ``test/distributed/fsdp/test_fsdp_comm_hooks.py``.
 """
 
@@ -12,51 +13,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from conformance import cases
-from conformance.checks.fsdp import REGISTRATION_RULES
+from conformance.hard_inputs import explicit_examples, hard_gradients
 from conformance.pytest_plugin import state_of, tag
 from conformance.runner import compare_across_ranks
-from conformance.hard_inputs import explicit_examples, hard_gradients
 
 pytestmark = pytest.mark.conformance(api="fsdp")
-
-
-def _fsdp_specs(config):
-    return [item.spec for item in state_of(config).specs if item.spec.api == "fsdp"]
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "case" not in metafunc.fixturenames:
-        return
-    state = state_of(metafunc.config)
-    s = state.settings
-    specs = _fsdp_specs(metafunc.config)
-    main, sizes = s.world_size, s.world_sizes
-    name = metafunc.function.__name__
-    if name == "test_averaging":
-        params = cases.training_cases(specs, sizes)
-    elif name == "test_parity":
-        models = {ws: cases.PARITY_MODELS if s.role(ws) == "main" else cases.EXTRA_PARITY_MODELS for ws in sizes}
-        params = cases.training_cases(specs, sizes, models=models)
-    elif name == "test_rank_consistency":
-        models = {ws: cases.CONSISTENCY_MODELS if s.role(ws) == "main" else cases.CONSISTENCY_MODELS[:1]
-                  for ws in sizes}
-        params = cases.training_cases(specs, sizes, models=models, strategies=("NO_SHARD",))
-    elif name == "test_registration":
-        params = cases.registration_cases(specs, main, REGISTRATION_RULES)
-    elif name == "test_hard_inputs":
-        params = cases.training_cases(specs, sizes)
-    else:
-        return
-    marks = []
-    for p in params:
-        why = s.world_size_unavailable(p.world_size)
-        if why is None and p.rule == "hybrid_strategy_raises" and p.world_size < 2:
-            why = "HYBRID_SHARD needs at least 2 ranks to shard over; with 1, FSDP falls back to NO_SHARD"
-        if why is None and p.world_size < 2 and name == "test_rank_consistency":
-            why = "rank consistency needs at least 2 ranks"
-        marks.append(pytest.param(p, id=p.id, marks=[pytest.mark.skip(reason=why)] if why else []))
-    metafunc.parametrize("case", marks)
 
 
 def test_averaging(conform, request, case):

@@ -1,4 +1,4 @@
-"""Rank-side checks for ``api="fsdp"``: ``FullyShardedDataParallel.register_comm_hook``.
+"""The ``fsdp`` adapter (``FullyShardedDataParallel.register_comm_hook``): validation, case plans, checks.
 
 Every check builds FSDP models on this rank's device in the pool's process
 group, trains them for a few SGD steps with rank-dependent inputs, and returns
@@ -23,20 +23,22 @@ Checks (each registered with :func:`conformance.checks.rank_check`):
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from conformance.adapters import HookApi
+from conformance.cases import CaseParams
 from conformance.checks import rank_check
-from conformance.checks.common import (Lockstep, averaging_findings, compare_named, grads_per_step, lockstep, named_grads, named_params, train_alone,
-                                       train_step)
+from conformance.checks.common import (Lockstep, averaging_findings, grads_per_step, lockstep,
+                                       named_grads, named_params, train_alone, train_step)
 from conformance.compare import dtype_name
 from conformance.protocol import CheckResult, Finding
+from conformance.spec import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
 
-def _fsdp():
+def fsdp_classes():
+    """``(FullyShardedDataParallel, MixedPrecision, ShardingStrategy)``, imported when a check runs."""
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
 
     return FullyShardedDataParallel, MixedPrecision, ShardingStrategy
@@ -52,7 +54,7 @@ def native_mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Any:
     """
     if reduce_dtype is None:
         return None
-    _, MixedPrecision, _ = _fsdp()
+    _, MixedPrecision, _ = fsdp_classes()
     mp = MixedPrecision(reduce_dtype=reduce_dtype)
     if hasattr(mp, "_module_classes_to_ignore"):
         mp = MixedPrecision(reduce_dtype=reduce_dtype, _module_classes_to_ignore=())
@@ -90,11 +92,11 @@ class HookRecorder:
         return hash(self.hook)
 
 
-def _build(model_name: str, ctx: Any, strategy: str, *, mixed_precision: Any = None,
-           use_orig_params: bool = True) -> nn.Module:
+def build_fsdp(model_name: str, ctx: Any, strategy: str, *, mixed_precision: Any = None,
+               use_orig_params: bool = True) -> nn.Module:
     from conformance.models import get_model
 
-    _, _, ShardingStrategy = _fsdp()
+    _, _, ShardingStrategy = fsdp_classes()
     return get_model(model_name).build(
         group=ctx.group,
         device=ctx.device,
@@ -107,7 +109,7 @@ def _build(model_name: str, ctx: Any, strategy: str, *, mixed_precision: Any = N
 
 
 def _hooked(spec: Any, model_name: str, ctx: Any, strategy: str, **kw: Any):
-    model = _build(model_name, ctx, strategy, **kw)
+    model = build_fsdp(model_name, ctx, strategy, **kw)
     recorder = HookRecorder(spec.hook)
     model.register_comm_hook(spec.state(ctx.group), recorder)
     return model, recorder
@@ -163,22 +165,31 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
 
     model_cls = get_model(model)
     ctx.phase("building the reference model (no hook)")
-    ref = _build(model, ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
+    ref = build_fsdp(model, ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
     inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
     if reference_only:
         opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
         return train_alone(ctx, ref, opt_ref, inputs, model_cls.loss, steps)
     ctx.phase("building the hooked model")
+    return lockstep(ctx, _against_native(ctx, spec, strategy, model, ref, inputs), steps=steps, lr=lr)
+
+
+def _against_native(ctx: Any, spec: Any, strategy: str, model: str, ref: nn.Module, inputs: Any,
+                    context: Optional[Any] = None) -> Lockstep:
+    """The lock-step plan of the hooked ``model`` against ``ref``, the native path: gradients after each
+    backward, parameters after each optimizer step, and what the recorder saw the hook do."""
+    from conformance.models import get_model
+
     hooked, recorder = _hooked(spec, model, ctx, strategy)
 
     def start_step(step: int) -> None:
         recorder.step = step
 
-    return lockstep(ctx, Lockstep(
-        ref=ref, hooked=hooked, inputs=inputs, loss_fn=model_cls.loss, reference="the native path",
+    return Lockstep(
+        ref=ref, hooked=hooked, inputs=inputs, loss_fn=get_model(model).loss, reference="the native path",
         grads=[("gradient", named_grads, "")], params=("parameter after the optimizer step", named_params, ""),
         hook_findings=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step),
-        start_step=start_step), steps=steps, lr=lr)
+        start_step=start_step, context=context)
 
 
 @rank_check("fsdp.rank_grads")
@@ -199,13 +210,44 @@ def rank_grads(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3
                           named=named_grads, start_step=start_step)
 
 
-# -- registration contract ----------------------------------------------------------
+# -- hard inputs ----------------------------------------------------------------------
 
-_ALREADY = r"^A communication hook is already registered$"
-_NON_ROOT = r"^register_comm_hook can only be called on a root instance.$"
-_HYBRID = r"Communication hook is not supported for hybrid strategies"
+@rank_check("fsdp.hard_inputs")
+def hard_inputs(ctx: Any, spec: Any, *, strategy: str, examples: Sequence[Tuple[str, Sequence[Sequence[torch.Tensor]]]],
+                lr: float = 0.01) -> List[Finding]:
+    """Caller-chosen gradients, bitwise vs native, one example per lock-step step; stops at the first that differs.
 
-#: The registration rules, from PyTorch's test_fsdp_comm_hooks.py.
+    ``examples`` is a list of ``(label, grads)``; ``grads[rank][i]`` is the
+    gradient of probe parameter ``i`` on ``rank`` (float32, CPU). One pair of
+    probes (hooked, reference) serves every example: the probe's gradients
+    depend only on its input, so each backward yields exactly ``grads``.
+    """
+    ctx.phase("building the reference probe (no hook)")
+    ref = build_fsdp("gradient_probe", ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
+    ctx.phase("building the hooked probe")
+    plan = _against_native(ctx, spec, strategy, "gradient_probe", ref,
+                           inputs=lambda step: tuple(g.to(ctx.device) for g in examples[step][1][ctx.rank]),
+                           context=lambda step: f"the {examples[step][0]!r} inputs")
+    return lockstep(ctx, plan, steps=len(examples), lr=lr)
+
+
+# -- the API: validation and case plans ----------------------------------------------
+
+#: Reference models for parity at the main world size (``models.MODELS`` keys).
+#: ``mixture_of_experts`` is left out on purpose: ``register_comm_hook`` gives
+#: every FSDP unit the same hook and state, so a hook whose state holds the whole
+#: group also reduces the expert unit's gradients (which the native path keeps
+#: local to its one-rank group), and FSDP forces that unit to NO_SHARD, so a
+#: sharded-only hook is called with two arguments. No hook can conform there.
+PARITY_MODELS = ("net_wrapped", "net_flat", "nested_wrapped", "always_wrap_nested", "transformer_shared",
+                 "nonuniform_req_grad")
+#: Reference models for parity at an extra world size (kept short: it is a second pool).
+EXTRA_PARITY_MODELS = ("net_wrapped", "nested_wrapped")
+#: Models whose NO_SHARD gradients are compared across ranks (the first only at an extra world size).
+CONSISTENCY_MODELS = ("net_wrapped", "transformer_shared")
+
+#: The registration rules (``conformance/adapters/fsdp_registration.py``), from PyTorch's
+#: test_fsdp_comm_hooks.py; ``hybrid_strategy_raises`` runs once per hook, as variant ``HYBRID``.
 REGISTRATION_RULES = (
     "unset_before_registration",
     "reaches_every_unit",
@@ -216,126 +258,90 @@ REGISTRATION_RULES = (
 )
 
 
-def _expect_raise(ctx: Any, fn: Any, pattern: str, what: str) -> List[Finding]:
-    try:
-        fn()
-    except AssertionError as exc:
-        if re.search(pattern, str(exc)):
-            return []
-        return [Finding(ctx.rank, f"{what} raised AssertionError({str(exc)!r}), expected a message "
-                                  f"matching {pattern!r}")]
-    except Exception as exc:  # noqa: BLE001
-        return [Finding(ctx.rank, f"{what} raised {type(exc).__name__}({exc}), expected AssertionError "
-                                  f"matching {pattern!r}")]
-    return [Finding(ctx.rank, f"{what} did not raise; expected AssertionError matching {pattern!r}")]
+def validate(spec: Any) -> Tuple[str, ...]:
+    """FSDP calls ``hook(state, grad)`` under NO_SHARD and ``hook(state, grad, output)`` when sharded.
 
-
-_HYBRID_GROUPS: Dict[int, Any] = {}
-
-
-def _hybrid_groups(ctx: Any) -> Any:
-    """(intra-node, inter-node) process groups for HYBRID_SHARD without one device per node.
-
-    Every rank shards over the whole pool and replicates over a group of its
-    own. With FSDP's default (``process_group=None``) a one-device-per-node
-    machine turns HYBRID_SHARD into NO_SHARD and the rule would go untested.
+    Returns the strategies the spec is checked under: ``spec.strategies``, or
+    every one its hook's signature serves. Raises :class:`SpecError` naming
+    the strategy and the signature that do not fit.
     """
-    key = id(ctx.group)
-    if key not in _HYBRID_GROUPS:
-        singles = [dist.new_group([r]) for r in range(ctx.world_size)]
-        _HYBRID_GROUPS[key] = (ctx.group, singles[ctx.rank])
-    return _HYBRID_GROUPS[key]
+    supported = strategies_from_signature(spec.hook)
+    if not supported:
+        raise SpecError(
+            f"HookSpec {spec.name!r}: hook {qualname(spec.hook)}{signature_text(spec.hook)} "
+            "accepts neither (state, grad) for NO_SHARD nor (state, grad, output) for "
+            "sharded strategies"
+        )
+    if spec.strategies is None:
+        return supported
+    strategies = (spec.strategies,) if isinstance(spec.strategies, str) else tuple(spec.strategies)
+    unknown = [s for s in strategies if s not in FSDP_STRATEGIES]
+    if unknown or not strategies:
+        raise SpecError(
+            f"HookSpec {spec.name!r}: unknown strategies {unknown or strategies!r}; "
+            f"expected names from {', '.join(FSDP_STRATEGIES)}"
+        )
+    unfit = [s for s in strategies if s not in supported]
+    if unfit:
+        raise SpecError(
+            f"HookSpec {spec.name!r}: strategies {unfit} need a hook signature of "
+            f"{'(state, grad)' if 'NO_SHARD' in unfit else '(state, grad, output)'}, but the "
+            f"hook is {qualname(spec.hook)}{signature_text(spec.hook)}"
+        )
+    return strategies
 
 
-@rank_check("fsdp.registration")
-def registration(ctx: Any, spec: Any, *, strategy: str, rule: str) -> List[Finding]:
-    """One rule of ``FullyShardedDataParallel.register_comm_hook``, with the hook under test."""
-    FSDP, _, ShardingStrategy = _fsdp()
-    hook = spec.hook
-    ctx.phase(f"registration rule {rule}")
-    if rule == "hybrid_strategy_raises":
-        from conformance.models import get_model
+def _training(specs: Sequence[Any], settings: Any, models: Optional[Dict[str, Sequence[str]]] = None, *,
+              strategies: Optional[Sequence[str]] = None, skip: Optional[str] = None) -> List[CaseParams]:
+    """Every spec x strategy it serves x world size (x model, ``models[role]``), in that order.
 
-        findings: List[Finding] = []
-        for name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
-            base = get_model("net_flat").build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-            model = FSDP(base, process_group=_hybrid_groups(ctx), device_id=ctx.device,
-                         sharding_strategy=ShardingStrategy[name],
-                         auto_wrap_policy=_linear_wrap_policy())
-            if model.sharding_strategy != ShardingStrategy[name]:
-                findings.append(Finding(ctx.rank, f"FSDP turned {name} into {model.sharding_strategy.name}; "
-                                                  "the hybrid rule could not be exercised"))
+    ``strategies`` restricts the strategies; ``skip`` is the reason a case at
+    world size 1 cannot run (``None``: it can).
+    """
+    out = []
+    for spec in specs:
+        for strategy in spec.strategies or ():
+            if strategies is not None and strategy not in strategies:
                 continue
-            findings += _expect_raise(ctx, lambda: model.register_comm_hook(spec.state(ctx.group), hook),
-                                      _HYBRID, f"register_comm_hook under {name}")
-        return findings
-
-    model = _build("net_wrapped", ctx, strategy, use_orig_params=False)
-    units = FSDP.fsdp_modules(model)
-    submodules = [m for m in units if not m.check_is_root()]
-    state = spec.state(ctx.group)
-    if rule == "unset_before_registration":
-        return [Finding(ctx.rank, f"FSDP unit {i} has _comm_hook={m._comm_hook!r} before registration")
-                for i, m in enumerate(units) if m._comm_hook is not None]
-    if rule == "reaches_every_unit":
-        model.register_comm_hook(state, hook)
-        out = []
-        for i, m in enumerate(units):
-            if m._comm_hook is not hook or m._comm_hook_state is not state:
-                out.append(Finding(ctx.rank, f"FSDP unit {i} of {len(units)} holds hook {m._comm_hook!r} and "
-                                             f"state {m._comm_hook_state!r} after registering on the root"))
-        return out
-    if rule == "second_registration_raises":
-        model.register_comm_hook(state, hook)
-        return _expect_raise(ctx, lambda: model.register_comm_hook(state, hook), _ALREADY,
-                             "a second register_comm_hook")
-    if rule == "non_root_raises":
-        return _expect_raise(ctx, lambda: submodules[-1].register_comm_hook(state, hook), _NON_ROOT,
-                             "register_comm_hook on a non-root FSDP unit")
-    if rule == "preset_submodule_raises":
-        submodules[-1]._comm_hook = hook
-        return _expect_raise(ctx, lambda: model.register_comm_hook(state, hook), _ALREADY,
-                             "register_comm_hook with a submodule's hook already set")
-    raise ValueError(f"unknown registration rule {rule!r}; known: {', '.join(REGISTRATION_RULES)}")
+            for ws in settings.world_sizes:
+                why = skip if ws < 2 else None
+                for model in (None,) if models is None else models[settings.role(ws)]:
+                    out.append(CaseParams(spec.name, strategy, ws, model=model, skip=why))
+    return out
 
 
-def _linear_wrap_policy() -> Any:
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+def _registration(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """Every rule per spec and strategy, at the main world size; the hybrid rule once per spec."""
+    ws = settings.world_size
+    out = []
+    for spec in specs:
+        for rule in REGISTRATION_RULES:
+            if rule == "hybrid_strategy_raises":
+                why = ("HYBRID_SHARD needs at least 2 ranks to shard over; with 1, FSDP falls back to NO_SHARD"
+                       if ws < 2 else None)
+                out.append(CaseParams(spec.name, "HYBRID", ws, rule=rule, skip=why))
+                continue
+            out.extend(CaseParams(spec.name, strategy, ws, rule=rule) for strategy in spec.strategies or ())
+    return out
 
-    return ModuleWrapPolicy({nn.Linear})
 
+API = HookApi(
+    name="fsdp",
+    installed_with="FullyShardedDataParallel.register_comm_hook(state, hook)",
+    variant_field="strategy",
+    stateful=True,
+    validate=validate,
+    builtin_hooks="conformance.builtin_hooks.fsdp:FSDP_HOOKS",
+    plans={
+        "test_averaging": lambda specs, s: _training(specs, s),
+        "test_parity": lambda specs, s: _training(specs, s, {"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS}),
+        "test_rank_consistency": lambda specs, s: _training(
+            specs, s, {"main": CONSISTENCY_MODELS, "extra": CONSISTENCY_MODELS[:1]}, strategies=("NO_SHARD",),
+            skip="rank consistency needs at least 2 ranks"),
+        "test_registration": _registration,
+        "test_hard_inputs": lambda specs, s: _training(specs, s),
+    },
+)
+APIS = (API,)
 
-# -- hard inputs ----------------------------------------------------------------------
-
-@rank_check("fsdp.hard_inputs")
-def hard_inputs(ctx: Any, spec: Any, *, strategy: str, examples: Sequence[Tuple[str, Sequence[Sequence[torch.Tensor]]]],
-                lr: float = 0.01) -> List[Finding]:
-    """Caller-chosen gradients, bitwise vs native; stops at the first example that differs.
-
-    ``examples`` is a list of ``(label, grads)``; ``grads[rank][i]`` is the
-    gradient of probe parameter ``i`` on ``rank`` (float32, CPU). One pair of
-    probes (hooked, reference) serves every example: the probe's gradients
-    depend only on its input, so each backward yields exactly ``grads``.
-    """
-    from conformance.models import get_model
-
-    model_cls = get_model("gradient_probe")
-    ctx.phase("building the reference probe (no hook)")
-    ref = _build("gradient_probe", ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
-    ctx.phase("building the hooked probe")
-    hooked, recorder = _hooked(spec, "gradient_probe", ctx, strategy)
-    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr)
-    opt_hooked = torch.optim.SGD(hooked.parameters(), lr=lr)
-    for step, (label, grads) in enumerate(examples):
-        recorder.step = step
-        inputs = tuple(g.to(ctx.device) for g in grads[ctx.rank])
-        train_step(ctx, f"reference ({label} inputs)", step, ref, opt_ref, inputs, model_cls.loss)
-        train_step(ctx, f"hooked ({label} inputs)", step, hooked, opt_hooked, inputs, model_cls.loss)
-        findings = _recorder_findings(recorder, hooked, rank=ctx.rank, step=step)
-        findings += compare_named(f"gradient for the {label!r} inputs", named_grads(hooked), named_grads(ref),
-                                   rank=ctx.rank, step=step)
-        if ctx.any_rank(bool(findings)):
-            return findings
-        opt_ref.step()
-        opt_hooked.step()
-    return []
+from conformance.adapters import fsdp_registration  # noqa: E402,F401  (registers fsdp.registration)

@@ -1,4 +1,4 @@
-"""Rank-side checks for FSDP2 (``fully_shard``): custom reduce-scatter comms and all-reduce hooks.
+"""The FSDP2 adapter (``fully_shard`` custom comms, HSDP all-reduce hooks): validation, case plans, checks.
 
 ``api="fsdp2"``: ``FSDPModule.set_custom_reduce_scatter(comm)``. FSDP2 hands the
 comm a flat buffer it allocated with ``comm.allocate`` (already in the reduce
@@ -43,16 +43,21 @@ a check runs, so this module imports on torch versions without FSDP2.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from conformance.adapters import HookApi, called_as, no_strategies
+from conformance.adapters.fsdp2_build import (HSDP_REPLICATE, apply_config, build_fsdp2, fsdp_modules, hsdp_shape,
+                                              mesh_for, missing_api)
+from conformance.cases import CaseParams
 from conformance.checks import rank_check
 from conformance.checks.common import Lockstep, fqn_without_wrappers, lockstep, named_grads, named_params, train_alone
 from conformance.compare import dtype_name
 from conformance.protocol import Finding
+from conformance.spec import SpecError, binds_signature, qualname, signature_text
 
 #: Configurations of the FSDP modules a comm is checked under.
 #: ``default``: nothing set; ``divide_factor``: ``set_gradient_divide_factor``;
@@ -69,56 +74,6 @@ CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
     "hsdp": (),
 }
 
-#: Size of the replicate dimension of the HSDP mesh; the shard dimension takes the rest.
-HSDP_REPLICATE = 2
-
-
-def divide_factor(world_size: int) -> float:
-    """The factor the ``divide_factor`` configs set: twice the data-parallel size.
-
-    Realistic (a loss summed over two micro-batches) and it keeps FSDP2's
-    float16 split non-trivial: pre-divide 2 and post-divide 2 at 2 ranks,
-    2 and 3 at 3 ranks.
-    """
-    return 2.0 * world_size
-
-
-# -- torch capabilities (controller and ranks) --------------------------------------------
-
-
-def fsdp2_api() -> Optional[Tuple[Any, Any, Any]]:
-    """``(fully_shard, MixedPrecisionPolicy, FSDPModule)``, or ``None`` on a torch without FSDP2.
-
-    ``torch.distributed.fsdp`` exports them from torch 2.6; 2.4 and 2.5 have
-    them under ``torch.distributed._composable.fsdp``.
-    """
-    for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
-        try:
-            module = __import__(where, fromlist=["fully_shard"])
-            return module.fully_shard, module.MixedPrecisionPolicy, module.FSDPModule
-        except (ImportError, AttributeError):
-            continue
-    return None
-
-
-def missing_api(methods: Sequence[str] = ()) -> Optional[str]:
-    """Why this torch cannot run an FSDP2 check needing ``FSDPModule.<methods>``, or ``None``."""
-    version = torch.__version__
-    if not dist.is_available():
-        return f"torch {version} was built without torch.distributed"
-    api = fsdp2_api()
-    if api is None:
-        return f"torch {version} has no FSDP2 fully_shard (torch.distributed.fsdp.fully_shard)"
-    try:
-        from torch.distributed.device_mesh import init_device_mesh  # noqa: F401
-    except ImportError:
-        return f"torch {version} has no torch.distributed.device_mesh.init_device_mesh"
-    missing = [m for m in methods if not hasattr(api[2], m)]
-    if missing:
-        return f"torch {version} has no FSDPModule.{', FSDPModule.'.join(missing)} (FSDP2 API added in a later torch)"
-    return None
-
-
 #: Why gloo cannot run the native reference of a ``divide_factor`` config in float32/bfloat16.
 GLOO_PREMUL_SUM = (
     "gloo has no ReduceOp.PREMUL_SUM (RuntimeError: Cannot use ReduceOp.PREMUL_SUM with Gloo): for a "
@@ -132,118 +87,6 @@ def uses_premul_sum(config: str, reduce_dtype: Optional[torch.dtype], param_dtyp
     """Whether FSDP2 reduces with ``PREMUL_SUM`` under ``config`` (see ``_get_gradient_divide_factors``)."""
     dtype = reduce_dtype or param_dtype
     return config == "divide_factor" and dtype in (torch.float32, torch.bfloat16)
-
-
-# -- meshes ----------------------------------------------------------------------------------
-
-_MESHES: Dict[Tuple[Any, ...], Any] = {}
-
-
-def mesh_for(ctx: Any, shape: Tuple[int, ...]) -> Any:
-    """A device mesh of ``shape`` over the pool's ranks, cached per process group and shape.
-
-    A 1-D mesh over the whole pool reuses the default process group (no new
-    group); a 2-D mesh creates one sub-group per row and column, which is
-    collective over the default group and costly, so it is built once per
-    pool. Every rank asks for the same meshes in the same order (cases run in
-    lockstep), so the collective creation matches up.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-
-    key = (id(ctx.group), ctx.world_size, ctx.device.type, tuple(shape))
-    if key not in _MESHES:
-        if len(shape) == 1:
-            _MESHES[key] = init_device_mesh(ctx.device.type, tuple(shape))
-        else:
-            _MESHES[key] = init_device_mesh(ctx.device.type, tuple(shape), mesh_dim_names=("replicate", "shard"))
-    return _MESHES[key]
-
-
-def hsdp_shape(world_size: int) -> Tuple[int, int]:
-    if world_size % HSDP_REPLICATE or world_size < 2 * HSDP_REPLICATE:
-        raise ValueError(f"HSDP needs a world size that is a multiple of {HSDP_REPLICATE} and at least "
-                         f"{2 * HSDP_REPLICATE}, got {world_size}")
-    return (HSDP_REPLICATE, world_size // HSDP_REPLICATE)
-
-
-# -- models ----------------------------------------------------------------------------------
-
-
-def _unit_modules(model: nn.Module) -> List[nn.Module]:
-    """The submodules that get their own ``fully_shard``, innermost first (root excluded).
-
-    The same units as the model's FSDP1 build: the submodules its
-    ``_wrap_nested`` wraps, plus those its root ``auto_wrap_policy`` would wrap
-    (``always_wrap_policy``: every submodule holding parameters;
-    ``ModuleWrapPolicy``: instances of its classes).
-    """
-    units: List[nn.Module] = []
-
-    def record(module: nn.Module) -> nn.Module:
-        units.append(module)
-        return module
-
-    model._wrap_nested(record)
-    policy = type(model)._root_fsdp_kwargs({}).get("auto_wrap_policy")
-    if policy is not None:
-        classes = getattr(policy, "_module_classes", None)
-        for module in _post_order(model):
-            if module is model or any(module is u for u in units):
-                continue
-            if classes is None:
-                if any(True for _ in module.parameters()):
-                    units.append(module)
-            elif isinstance(module, tuple(classes)):
-                units.append(module)
-    return units
-
-
-def _post_order(module: nn.Module) -> List[nn.Module]:
-    out: List[nn.Module] = []
-    for child in module.children():
-        out.extend(_post_order(child))
-    out.append(module)
-    return out
-
-
-def build_fsdp2(model_name: str, ctx: Any, mesh: Any, *, reduce_dtype: Optional[torch.dtype]) -> nn.Module:
-    """The reference model under ``fully_shard``: one call per FSDP1 unit, innermost first, then the root.
-
-    ``mesh`` is the data-parallel mesh (1-D, or 2-D for HSDP).
-    ``mixture_of_experts`` shards its expert over a 1-rank mesh of its own
-    (``MixtureOfExperts.apply_fully_shard``).
-    """
-    from conformance.models import get_model
-
-    fully_shard, MixedPrecisionPolicy, _ = fsdp2_api()
-    cls = get_model(model_name)
-    model = cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-    kwargs: Dict[str, Any] = {}
-    if reduce_dtype is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
-    if hasattr(cls, "apply_fully_shard"):
-        if mesh.ndim != 1:
-            raise ValueError(f"{model_name} builds its own 1-D meshes; it cannot run under HSDP")
-        return cls.apply_fully_shard(model, group=ctx.group, device=ctx.device, **kwargs)
-    for unit in _unit_modules(model):
-        fully_shard(unit, mesh=mesh, **kwargs)
-    fully_shard(model, mesh=mesh, **kwargs)
-    return model
-
-
-def fsdp_modules(model: nn.Module) -> List[nn.Module]:
-    """Every FSDP2 module of ``model`` (root included); settings are per module in FSDP2."""
-    _, _, FSDPModule = fsdp2_api()
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
-
-
-def apply_config(model: nn.Module, config: str, world_size: int) -> None:
-    """Set the config's divide factor / forced SUM on every FSDP module (neither recurses)."""
-    for module in fsdp_modules(model):
-        if config in ("divide_factor", "divide_factor_force_sum"):
-            module.set_gradient_divide_factor(divide_factor(world_size))
-        if config in ("force_sum", "divide_factor_force_sum"):
-            module.set_force_sum_reduction_for_comms(True)
 
 
 # -- recording what FSDP2 hands the comm -------------------------------------------------------
@@ -439,3 +282,121 @@ def all_reduce_parity(ctx: Any, spec: Any, *, model: str, steps: int = 3, lr: fl
 
     return _lockstep(ctx, model, ref, hooked, recorder, steps=steps, lr=lr,
                               reference="native HSDP without the hook", context=context)
+
+
+# -- the API: validation and case plans ------------------------------------------------
+
+#: ``(config, model)`` pairs per world-size role and claim. The full-precision claim runs
+#: every reference model at the main world size; a reduced-precision claim (its comm sees
+#: the same ops on bfloat16/float16 buffers) runs fewer. The divide-factor and forced-SUM
+#: configs run on one model: they change the op FSDP2 passes, not the model.
+FACTOR_CONFIGS = ("divide_factor", "force_sum", "divide_factor_force_sum")
+PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
+    ("main", "full"): tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested",
+                                                     "gradient_probe", "mixture_of_experts"))
+    + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS),
+    ("extra", "full"): (("default", "nested_wrapped"), ("default", "gradient_probe"),
+                        ("divide_factor", "nested_wrapped"), ("divide_factor_force_sum", "nested_wrapped")),
+    ("main", "low"): (("default", "nested_wrapped"), ("divide_factor", "nested_wrapped"),
+                      ("divide_factor_force_sum", "nested_wrapped")),
+    ("extra", "low"): (("default", "nested_wrapped"),),
+    ("hsdp", "full"): (("hsdp", "nested_wrapped"),),
+    ("hsdp", "low"): (("hsdp", "nested_wrapped"),),
+}
+#: Models an all-reduce hook runs under native HSDP.
+ALL_REDUCE_MODELS = ("nested_wrapped",)
+#: The smallest HSDP world size: a HSDP_REPLICATE x 2 (replicate x shard) mesh.
+HSDP_WORLD_SIZE = 2 * HSDP_REPLICATE
+#: Whether a run none of whose world sizes fits HSDP (the default CPU run: 2 and 3) starts an
+#: extra HSDP_WORLD_SIZE-rank pool for the HSDP cases (gloo on CPU runs HSDP). Measured on the
+#: project's 2-core machine: about +6 s (under load up to +13 s) for the pool's start-up and
+#: first FSDP2 use plus its cases. ``False`` skips HSDP in such runs, saying how to get it
+#: (``--extra-world-size 4``). Runs on 4+ GPUs use their main pool either way.
+START_HSDP_POOL = True
+
+
+def validate(spec: Any) -> Tuple[str, ...]:
+    """A ``ReduceScatter`` comm (``allocate`` and ``__call__``), or a zero-argument factory of one."""
+    no_strategies(spec)
+    # A class is a factory (called with no arguments), even though it has an allocate attribute.
+    is_comm = not isinstance(spec.hook, type) and callable(getattr(spec.hook, "allocate", None))
+    if not is_comm and not binds_signature(spec.hook, 0):
+        raise SpecError(
+            f"HookSpec {spec.name!r}: for api='fsdp2' the hook is a ReduceScatter comm (an object "
+            "with allocate() and __call__(output, input, group, op, async_op)) or a factory "
+            f"called with no arguments that returns one; got {qualname(spec.hook)}"
+            f"{signature_text(spec.hook)}"
+        )
+    return ()
+
+
+def hsdp_world_size(sizes: Sequence[int]) -> int:
+    """The HSDP cases' world size: the smallest of the run's that fits a 2-D mesh, else HSDP_WORLD_SIZE."""
+    fits = [ws for ws in sizes if ws >= HSDP_WORLD_SIZE and ws % HSDP_REPLICATE == 0]
+    return min(fits) if fits else HSDP_WORLD_SIZE
+
+
+def hsdp_unavailable(sizes: Sequence[int]) -> Optional[str]:
+    """Why this run leaves HSDP out (``None``: it runs), see :data:`START_HSDP_POOL`."""
+    if START_HSDP_POOL or hsdp_world_size(sizes) in sizes:
+        return None
+    return (f"HSDP needs a 2-D (replicate x shard) mesh of at least {HSDP_WORLD_SIZE} ranks and this run's world "
+            f"sizes are {' and '.join(map(str, sizes))}; gloo on CPU does run HSDP, but the default run leaves "
+            f"the extra {HSDP_WORLD_SIZE}-rank pool out to stay fast: add --extra-world-size {HSDP_WORLD_SIZE} "
+            "to run these cases")
+
+
+def skip_reason(case: CaseParams, spec: Any, settings: Any) -> Optional[str]:
+    """Why ``case`` cannot run here, after its world size's availability (``None``: it runs)."""
+    if case.variant == "hsdp":
+        why = hsdp_unavailable(settings.world_sizes)
+        if why is not None:
+            return why
+    if case.world_size < 2:
+        return "FSDP2 calls no reduce-scatter over a single rank (it copies the gradient), so there is nothing to check"
+    needed = ("set_all_reduce_hook",) if case.api == "fsdp2_all_reduce" else (
+        ("set_custom_reduce_scatter",) + CONFIG_APIS[case.variant])
+    why = missing_api(needed)
+    if why is not None:
+        return why
+    if settings.backend == "gloo" and uses_premul_sum(case.variant, spec.reduce_dtype):
+        return GLOO_PREMUL_SUM
+    return None
+
+
+def _with_skips(cases: List[CaseParams], specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    from conformance.models import MODELS
+
+    by_name = {spec.name: spec for spec in specs}
+    return [dataclasses.replace(c, skip=skip_reason(c, by_name[c.hook], settings)) for c in cases if c.model in MODELS]
+
+
+def parity_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """The comm cases of a run: per spec, :data:`PLAN` at each world size by its role, then HSDP."""
+    out = []
+    for spec in specs:
+        claim = "full" if spec.reduce_dtype is None else "low"
+        roles = [(settings.role(ws), ws) for ws in settings.world_sizes]
+        roles.append(("hsdp", hsdp_world_size(settings.world_sizes)))
+        for role, ws in roles:
+            out.extend(CaseParams(spec.name, config, ws, model=model, api=spec.api)
+                       for config, model in PLAN[(role, claim)])
+    return _with_skips(out, specs, settings)
+
+
+def all_reduce_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """An all-reduce hook's cases: each of :data:`ALL_REDUCE_MODELS` under HSDP."""
+    ws = hsdp_world_size(settings.world_sizes)
+    return _with_skips([CaseParams(spec.name, "hsdp", ws, model=model, api=spec.api)
+                        for spec in specs for model in ALL_REDUCE_MODELS], specs, settings)
+
+
+APIS = (
+    HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
+            stateful=False, validate=validate, builtin_hooks="conformance.builtin_hooks.fsdp2:FSDP2_HOOKS",
+            plans={"test_fsdp2_parity": parity_cases}),
+    HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP)",
+            variant_field="config", stateful=False,
+            validate=called_as(1, "an FSDP2 all-reduce hook is called as hook(tensor)"), builtin_hooks=None,
+            plans={"test_fsdp2_all_reduce_hook": all_reduce_cases}),
+)

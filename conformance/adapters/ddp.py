@@ -1,4 +1,4 @@
-"""Rank-side checks for ``api="ddp"``: ``DistributedDataParallel.register_comm_hook(state, hook)``.
+"""The ``ddp`` adapter (``DistributedDataParallel.register_comm_hook``): validation, case plans, checks.
 
 DDP calls ``hook(state, bucket)`` once per gradient bucket of a synchronising
 backward; the hook returns a ``torch.futures.Future`` whose value is the
@@ -38,7 +38,7 @@ Checks (each registered with :func:`conformance.checks.rank_check`):
   cross-rank comparison on the controller;
 * ``ddp.future_contract``: DDP accepts the bare hook, and every future's value
   is a tensor with the bucket buffer's shape, dtype and device (the contract and
-  its recorder are in ``conformance/checks/ddp_future.py``);
+  its recorder are in ``conformance/adapters/ddp_future.py``);
 * the lossy-contract checks (``ddp.lossy_error``, ``ddp.lossy_loss``,
   ``ddp.lossy_determinism``) live in ``conformance/checks/lossy.py``.
 """
@@ -50,10 +50,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from conformance.adapters import HookApi, called_as
+from conformance.cases import CaseParams
 from conformance.checks import rank_check
-from conformance.checks.common import (Lockstep, averaging_findings, fqn_inside_ddp, grads_per_step, lockstep, named_grads, named_params,
-                                       train_alone)
-from conformance.checks.ddp_future import DDPHookRecorder, hook_called, hooked_step
+from conformance.checks.common import (Lockstep, averaging_findings, fqn_inside_ddp, grads_per_step, lockstep,
+                                       named_grads, named_params, train_alone)
+from conformance.adapters.ddp_future import DDPHookRecorder, hook_called, hooked_step
+from conformance.adapters.ddp_reference import reference_hook, reference_name
 from conformance.compare import dtype_name
 from conformance.protocol import CheckResult, Finding
 
@@ -101,68 +104,6 @@ def build_ddp(model_name: str, ctx: Any, config: str) -> nn.Module:
     module = get_model(model_name).build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
     device_ids = [ctx.device] if ctx.device.type == "cuda" else None
     return _ddp_class()(module, device_ids=device_ids, process_group=ctx.group, **CONFIGS[config])
-
-
-def _identity_state(process_group: Any) -> Any:
-    return process_group
-
-
-class _CastAllreduce:
-    """Cast the bucket to ``dtype``, ``allreduce_hook``, cast back: the ``*_compress_wrapper`` shape.
-
-    Only for reduce dtypes PyTorch has no wrapper for (float32 / float64
-    claims on parameters of another dtype).
-    """
-
-    def __init__(self, dtype: torch.dtype):
-        self.dtype = dtype
-        self.__qualname__ = f"cast_allreduce_{dtype_name(dtype)}"
-
-    def __call__(self, state: Any, bucket: Any) -> Any:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        out = bucket.buffer()
-        bucket.set_buffer(out.to(self.dtype))
-        fut = allreduce_hook(state, bucket)
-        return fut.then(lambda f: out.copy_(f.value()))
-
-
-def reference_hook(reduce_dtype: Optional[torch.dtype], param_dtype: torch.dtype
-                   ) -> Optional[Tuple[Callable[[Any], Any], Any]]:
-    """``(state_factory, hook)`` of the reference for a claim; ``None`` = DDP with no hook.
-
-    ``fp16_compress_wrapper(allreduce_hook)`` / ``bf16_compress_wrapper(allreduce_hook)``
-    for float16 / bfloat16, which PyTorch's docstrings state equal
-    ``fp16_compress_hook`` / ``bf16_compress_hook``; ``allreduce_hook``'s
-    state is the process group.
-    """
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    if reduce_dtype is None or reduce_dtype == param_dtype:
-        return None
-    if reduce_dtype == torch.float16:
-        return _identity_state, default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)
-    if reduce_dtype == torch.bfloat16:
-        return _identity_state, _renamed(default_hooks.bf16_compress_wrapper(default_hooks.allreduce_hook),
-                                         "reference_bf16_compress_wrapper_allreduce")
-    return _identity_state, _CastAllreduce(reduce_dtype)
-
-
-def _renamed(hook: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """``hook`` under another ``__name__``.
-
-    ``DistributedDataParallel._check_comm_hook`` refuses any hook *named*
-    ``bf16_compress_hook`` or ``bf16_compress_wrapper_hook`` on a torch built
-    without CUDA/NCCL, although gloo reduces bfloat16. The suite's own reference
-    must run wherever the hook under test can, so it goes by another name; the
-    arithmetic is PyTorch's, unchanged.
-    """
-
-    def reference(state, bucket):  # unannotated: DDP checks any annotation against GradBucket/Future
-        return hook(state, bucket)
-
-    reference.__name__ = reference.__qualname__ = name
-    return reference
 
 
 def build_reference(spec: Any, model_name: str, ctx: Any, config: str) -> nn.Module:
@@ -219,17 +160,6 @@ def _grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
 def _params(model: nn.Module) -> Dict[str, torch.Tensor]:
     return named_params(model, fqn_inside_ddp)
 
-
-
-def reference_name(spec: Any) -> str:
-    """What the hook is compared against, for messages."""
-    if spec.reduce_dtype is None:
-        return "DDP with no hook"
-    if spec.reduce_dtype == torch.float16:
-        return "the documented equivalent, fp16_compress_wrapper(allreduce_hook)"
-    if spec.reduce_dtype == torch.bfloat16:
-        return "the documented equivalent, bf16_compress_wrapper(allreduce_hook)"
-    return f"allreduce_hook in {dtype_name(spec.reduce_dtype)}"
 
 
 # -- checks -----------------------------------------------------------------------------
@@ -364,3 +294,83 @@ def future_contract(ctx: Any, spec: Any, *, config: str, model: str, steps: int 
             raise RuntimeError(f"the small_buckets config gave {buckets} bucket(s) for model {model!r}; "
                                "the suite needs a smaller SMALL_BUCKET_CAP_MB or a larger model")
     return findings
+
+
+# -- the API: case plans ---------------------------------------------------------------
+
+# (config, model) pairs per world-size role: the main world size gets the spread of real
+# training setups; an extra one (3, not a power of two) gets the essentials.
+#: Bitwise parity with the reference, for hooks that claim exactness.
+PARITY_CASES = (
+    ("default", "nested_wrapped"),
+    ("default", "transformer_shared"),
+    ("small_buckets", "transformer_shared"),
+    ("bucket_view", "nested_wrapped"),
+    ("static_graph", "net_flat"),
+    ("find_unused", "unused_param"),
+    ("no_sync", "net_flat"),
+)
+EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
+#: Cross-rank comparison of the gradients.
+CONSISTENCY_CASES = (("default", "net_flat"),)
+#: The future's value against the bucket buffer (one bucket, and several); first world size only.
+FUTURE_CASES = (("default", "net_flat"), ("small_buckets", "nested_wrapped"))
+#: Lossy contracts: relative error and NaN/Inf per step and parameter.
+LOSSY_ERROR_CASES = (
+    ("default", "transformer_shared"),
+    ("small_buckets", "nested_wrapped"),
+    ("bucket_view", "net_flat"),
+    ("find_unused", "unused_param"),
+    ("no_sync", "net_flat"),
+)
+EXTRA_LOSSY_ERROR_CASES = (("default", "nested_wrapped"),)
+#: The training loss needs a real loss (bounded below): the transformer's cross-entropy.
+LOSSY_LOSS_CASES = (("default", "transformer_shared"),)
+LOSSY_DETERMINISM_CASES = (("default", "net_flat"),)
+_ACROSS_RANKS = "needs at least 2 ranks with different inputs"
+
+
+def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = (), *, first_only: bool = False,
+          keep: Callable[[Any], bool] = lambda spec: True, skip_one_rank: Optional[str] = None):
+    """A :data:`~conformance.adapters.CasePlan`: per kept spec and world size, the ``(config, model)`` pairs
+    of its role (``main`` or ``extra``); only the run's first world size when ``first_only``."""
+
+    def plan(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        sizes = settings.world_sizes[:1] if first_only else settings.world_sizes
+        out = []
+        for spec in filter(keep, specs):
+            for ws in sizes:
+                pairs = main if settings.role(ws) == "main" else extra
+                why = skip_one_rank if ws < 2 else None
+                out.extend(CaseParams(spec.name, config, ws, model=model, api="ddp", skip=why)
+                           for config, model in pairs)
+        return out
+
+    return plan
+
+
+def _exact(spec: Any) -> bool:
+    return spec.lossy is None
+
+
+API = HookApi(
+    name="ddp",
+    installed_with="DistributedDataParallel.register_comm_hook(state, hook)",
+    variant_field="config",
+    stateful=True,
+    validate=called_as(2, "a DDP hook is called as hook(state, bucket) and returns a torch.futures.Future"),
+    builtin_hooks="conformance.builtin_hooks.ddp:DDP_HOOKS",
+    plans={
+        "test_ddp_averaging": _plan([("default", "analytic_linear")], [("default", "analytic_linear")], keep=_exact,
+                                    skip_one_rank=_ACROSS_RANKS),
+        "test_ddp_parity": _plan(PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact),
+        "test_ddp_rank_consistency": _plan(CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS),
+        "test_ddp_future_contract": _plan(FUTURE_CASES, first_only=True),
+        "test_ddp_lossy_error": _plan(LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES, keep=lambda sp: not _exact(sp)),
+        "test_ddp_lossy_loss": _plan(LOSSY_LOSS_CASES, first_only=True,
+                                     keep=lambda sp: sp.lossy is not None and sp.lossy.loss_margin is not None),
+        "test_ddp_lossy_determinism": _plan(LOSSY_DETERMINISM_CASES, first_only=True,
+                                            keep=lambda sp: sp.lossy is not None and sp.lossy.deterministic),
+    },
+)
+APIS = (API,)

@@ -9,6 +9,7 @@ each rank did when it raised, hung or died; the command that re-runs the case.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Dict, Iterable, Optional, Sequence
 
@@ -102,3 +103,26 @@ def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: I
     if counts.get("xfailed"):
         return "known failures" + now_pass
     return "CONFORMS" + now_pass
+
+
+def figure(x: float) -> str:
+    """A lossy-contract figure for messages and JUnit properties: ``1.234e-03`` or ``inf``."""
+    return "inf" if math.isinf(x) else f"{x:.3e}"
+
+
+def lossy_error_note(worst: Dict[str, Any], bound: Optional[float]) -> str:
+    """The closing line of a ``lossy_error`` case: the observed maximum relative error, where, and the bound.
+
+    ``worst`` is the rank's figures with the largest ``max_rel_error``; ``at``
+    is ``(step, fqn)`` of it, or ``None``.
+    """
+    where = "" if worst["at"] is None else f" (step {worst['at'][0]}, parameter {worst['at'][1]!r})"
+    return (f"  observed max relative error {figure(worst['max_rel_error'])}{where}; declared rel_error_bound "
+            f"{'none' if bound is None else figure(bound)}")
+
+
+def lossy_loss_note(figures: Dict[str, Any], steps: int, margin: float) -> str:
+    """The closing line of a failed ``lossy_loss`` case: both losses and the relative difference against the margin."""
+    return (f"  observed relative loss difference {figure(figures['rel_diff'])} after {steps} steps "
+            f"(loss {figures['loss_hook']!r} with the hook, {figures['loss_exact']!r} without); declared "
+            f"loss_margin {figure(margin)}")

@@ -8,22 +8,25 @@ world size, and per finding the rank, step and parameter FQN, and ends with
 the command that re-runs just that case.
 
 [How a case travels]
-1. Collection (controller). Each suite module's ``pytest_generate_tests`` turns
-   the loaded specs (``plugins.load_specs``) and the settings into case
-   parameters; the known-failures book marks expected failures and skips.
+1. Collection (controller). The plugin's ``pytest_generate_tests`` asks the
+   hook API that owns each suite test (``apis.planned_cases``, the adapter's
+   case plan) for its cases over the loaded specs (``spec_loading.load_specs``)
+   and the settings; a case that cannot run here is a skip with its reason,
+   and the known-failures book marks expected failures.
 2. Pools (controller). The ``conform`` fixture makes one :class:`RankPool` per
    world size the collected cases need, placed by ``Settings.placement``
    (backend and device), and starts them together. Each rank
    (``python -m conformance.worker``) takes the controller's ``sys.path``,
    loads every spec (a failure there ends the session with exit 4), then joins
    its process group.
-3. Dispatch (controller). A test calls :meth:`Runner.run`, which wraps the
+3. Dispatch (controller). A test calls :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
    case as a picklable :class:`~conformance.protocol.Case` (check name, a
    ``HookRef`` to re-load the spec, parameters) and sends it to every rank.
 4. The check (every rank). The worker looks the check up in
-   ``conformance.checks`` and runs it with a ``RankContext``; the check
-   announces its phases (shown if it hangs), agrees with the other ranks
-   before it stops early (``any_rank``), and returns findings.
+   ``conformance.checks`` (registered by the API's adapter module) and runs it
+   with a ``RankContext``; the check announces its phases (shown if it hangs),
+   agrees with the other ranks before it stops early (``any_rank``), and
+   returns findings (a ``CheckResult``).
 5. Outcomes (controller). Each rank answers with a ``RankOutcome``; a rank
    that raises, hangs past ``--case-timeout`` (stacks via faulthandler) or
    dies is reported per rank, and the pool is rebuilt when the ranks no
@@ -37,7 +40,7 @@ the command that re-runs just that case.
 from __future__ import annotations
 
 import shlex
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import pytest
 from conformance import report
@@ -165,6 +168,35 @@ class Runner:
         if findings:
             self.fail_findings(test_name, hook, describe, world_size,
                                [f for o in result.outcomes for f in o.value.findings])
+        return result
+
+    def check(self, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any], *,
+              across_ranks: bool = False, note: Optional[Callable[[CaseResult, List[Finding]], str]] = None
+              ) -> CaseResult:
+        """Run one suite case end to end: what every suite test function calls.
+
+        Gives the test its case's JUnit properties (``case.junit_properties(check)``),
+        runs ``rank_check`` with ``params`` on every rank of the case's pool
+        (:meth:`run`), and fails the case with every rank's findings. With
+        ``across_ranks``, a case without findings compares each rank's per-step
+        gradients (``CheckResult.grads``) with rank 0's (:func:`compare_across_ranks`).
+        ``note(result, findings)`` closes the failure text (it runs on success
+        too, with no findings, and may add JUnit properties of figures).
+
+        Raises:
+            ConformanceFailure: a rank raised, hung or died, or there are findings.
+        """
+        __tracebackhide__ = True
+        request.node.user_properties.extend(case.junit_properties(check))
+        describe = case.describe(check)
+        name = request.node.name
+        result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
+                          describe=describe, findings=False)
+        found = [f for o in result.outcomes for f in o.value.findings]
+        if not found and across_ranks:
+            found = compare_across_ranks([o.value.grads for o in result.outcomes])
+        closing = note(result, found) if note is not None else ""
+        self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
         return result
 
     def _replay_reference(self, pool: RankPool, case: Case, describe: Dict[str, Any]) -> str:

@@ -15,43 +15,30 @@ from hypothesis import strategies as st
 
 from conformance.hard_inputs import explicit_examples, hard_gradients
 from conformance.pytest_plugin import state_of, tag
-from conformance.runner import compare_across_ranks
 
 pytestmark = pytest.mark.conformance(api="fsdp")
 
 
 def test_averaging(conform, request, case):
     """Default averaging: Linear(1, world_size), input = rank; every gradient element is mean(0..ws-1), 4 steps."""
-    tag(request, case, "averaging")
-    conform.run(request.node.name, check="fsdp.averaging", hook=case.hook, world_size=case.world_size,
-                params={"strategy": case.variant}, describe=case.describe("averaging"))
+    conform.check(request, case, "averaging", "fsdp.averaging", {"strategy": case.variant})
 
 
 def test_parity(conform, request, case):
     """Gradients and parameters bitwise equal to the native path (no hook, or MixedPrecision(reduce_dtype))."""
-    tag(request, case, "parity")
-    conform.run(request.node.name, check="fsdp.parity", hook=case.hook, world_size=case.world_size,
-                params={"strategy": case.variant, "model": case.model}, describe=case.describe("parity"))
+    conform.check(request, case, "parity", "fsdp.parity", {"strategy": case.variant, "model": case.model})
 
 
 def test_rank_consistency(conform, request, case):
     """Under NO_SHARD every rank holds the identical gradient after each step."""
-    tag(request, case, "rank_consistency")
-    describe = case.describe("rank_consistency")
-    result = conform.run(request.node.name, check="fsdp.rank_grads", hook=case.hook, world_size=case.world_size,
-                         params={"strategy": case.variant, "model": case.model}, describe=describe,
-                         findings=False)
-    findings = [f for o in result.outcomes for f in o.value.findings]
-    conform.fail_findings(request.node.name, case.hook, describe, case.world_size,
-                          findings or compare_across_ranks([o.value.grads for o in result.outcomes]))
+    conform.check(request, case, "rank_consistency", "fsdp.rank_grads",
+                  {"strategy": case.variant, "model": case.model}, across_ranks=True)
 
 
 def test_registration(conform, request, case):
     """register_comm_hook's contract (PyTorch's test_fsdp_comm_hooks.py) with the hook under test."""
-    tag(request, case, "registration")
     strategy = "FULL_SHARD" if case.variant == "HYBRID" else case.variant
-    conform.run(request.node.name, check="fsdp.registration", hook=case.hook, world_size=case.world_size,
-                params={"strategy": strategy, "rule": case.rule}, describe=case.describe("registration"))
+    conform.check(request, case, "registration", "fsdp.registration", {"strategy": strategy, "rule": case.rule})
 
 
 def test_hard_inputs(conform, request, case):

@@ -22,20 +22,14 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.pytest_plugin import tag
-
 pytestmark = pytest.mark.conformance(api="fsdp2")
 
 
 def test_fsdp2_parity(conform, request, case):
     """A custom reduce-scatter comm: local/full gradients and parameters bitwise equal to native fully_shard."""
-    tag(request, case, "fsdp2_parity")
-    conform.run(request.node.name, check="fsdp2.parity", hook=case.hook, world_size=case.world_size,
-                params={"config": case.variant, "model": case.model}, describe=case.describe("fsdp2_parity"))
+    conform.check(request, case, "fsdp2_parity", "fsdp2.parity", {"config": case.variant, "model": case.model})
 
 
 def test_fsdp2_all_reduce_hook(conform, request, case):
     """An all-reduce hook under native HSDP: gradients and parameters bitwise equal to HSDP without it."""
-    tag(request, case, "fsdp2_all_reduce_hook")
-    conform.run(request.node.name, check="fsdp2.all_reduce_parity", hook=case.hook, world_size=case.world_size,
-                params={"model": case.model}, describe=case.describe("fsdp2_all_reduce_hook"))
+    conform.check(request, case, "fsdp2_all_reduce_hook", "fsdp2.all_reduce_parity", {"model": case.model})

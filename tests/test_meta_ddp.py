@@ -25,6 +25,7 @@ MUST_CATCH = {
     "bad_returns_list": {"future_contract", "averaging", "parity", "rank_consistency"},
     "bad_returns_none": {"future_contract", "averaging", "parity", "rank_consistency"},
     "bad_wrong_shape": {"future_contract"},
+    "bad_padded_future": {"future_contract", "parity"},
     "bad_param_not_named_bucket": {"future_contract"},
     "bad_noop_hook": {"averaging", "parity", "rank_consistency"},
     "bad_lossy_undeclared": {"parity"},

@@ -189,6 +189,16 @@ def bad_wrong_shape(process_group, bucket):
     return _mean_allreduce(process_group, bucket.buffer()).then(lambda f: f.value()[:-1].clone())
 
 
+def bad_padded_future(process_group, bucket):
+    """Pads the bucket to a multiple of the world size (as a reduce-scatter based hook must) and returns
+    the padded average: right values, but a future longer than the bucket wherever its length does not
+    divide evenly. DDP quietly reads the leading elements."""
+    buffer = bucket.buffer()
+    pad = (-buffer.numel()) % process_group.size()
+    padded = torch.cat([buffer, buffer.new_zeros(pad)]) if pad else buffer.clone()
+    return _mean_allreduce(process_group, padded)
+
+
 def bad_param_not_named_bucket(process_group, grads):
     """Correct averaging, but DDP's register_comm_hook looks the parameter up by the name ``bucket``."""
     return _mean_allreduce(process_group, grads.buffer())
@@ -279,6 +289,7 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_returns_list", api="ddp", hook=bad_returns_list, state=process_group_state),
     HookSpec(name="bad_returns_none", api="ddp", hook=bad_returns_none, state=process_group_state),
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
+    HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
     HookSpec(name="bad_param_not_named_bucket", api="ddp", hook=bad_param_not_named_bucket,
              state=process_group_state),
     HookSpec(name="bad_noop_hook", api="ddp", hook=noop_hook, state=no_state,
@@ -322,6 +333,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_wrong_shape": (
         "future_contract: one element short; DDP reads the missing element from the storage behind the "
         "view without complaint, so parity alone could pass it"
+    ),
+    "bad_padded_future": (
+        "future_contract and parity: a bucket whose length does not divide by the world size comes back "
+        "padded; the values DDP reads are right, so only the recorded contract shows it"
     ),
     "bad_param_not_named_bucket": (
         "future_contract: DistributedDataParallel.register_comm_hook raises KeyError('bucket') for the "

@@ -21,7 +21,8 @@ The reference for each claim:
   the promises of its contract instead of bit-for-bit equality.
 
 Training configurations (``config``, see :data:`CONFIGS`): ``default``,
-``small_buckets`` (a bucket cap that forces several buckets), ``bucket_view``
+``small_buckets`` (a bucket cap that forces several buckets), ``bucket_per_param``
+(a bucket per parameter, of uneven lengths), ``bucket_view``
 (``gradient_as_bucket_view=True``), ``static_graph``, ``find_unused``
 (``find_unused_parameters=True`` on a model that leaves parameters unused) and
 ``no_sync`` (gradient accumulation under ``no_sync()`` before a synchronising
@@ -64,6 +65,11 @@ from conformance.protocol import CheckResult, Finding
 #: reference model spreads over several buckets once DDP rebuilds its buckets
 #: after the first iteration (the first iteration always uses one bucket).
 SMALL_BUCKET_CAP_MB = 512 / (1024 * 1024)
+#: ``bucket_cap_mb`` of the ``bucket_per_param`` config: one byte, so from the
+#: second iteration on every parameter is a bucket of its own, and the buckets
+#: of ``gradient_probe`` (numels 3, 1, 5, 21, 64) have lengths that divide by
+#: neither 2 nor 3 ranks (a hook that pads a bucket must not hand the padding back).
+BUCKET_PER_PARAM_CAP_MB = 1 / (1024 * 1024)
 #: Backward passes per step in the ``no_sync`` config: all but the last run
 #: under ``no_sync()`` (no hook call), the last one synchronises.
 NO_SYNC_MICRO_STEPS = 3
@@ -72,6 +78,7 @@ NO_SYNC_MICRO_STEPS = 3
 CONFIGS: Dict[str, Dict[str, Any]] = {
     "default": {},
     "small_buckets": {"bucket_cap_mb": SMALL_BUCKET_CAP_MB},
+    "bucket_per_param": {"bucket_cap_mb": BUCKET_PER_PARAM_CAP_MB},
     "bucket_view": {"gradient_as_bucket_view": True},
     "static_graph": {"static_graph": True},
     "find_unused": {"find_unused_parameters": True},
@@ -224,7 +231,7 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
     return lockstep(ctx, Lockstep(
         ref=ref, hooked=hooked, inputs=inputs, loss_fn=model_cls.loss, reference=reference_name(spec),
         grads=[("gradient", _grads, "")], params=("parameter after the optimizer step", _params, ""),
-        hook_findings=lambda step: hook_called(ctx, recorder, step), train=train_step,
+        hook_findings=lambda step: hook_called(ctx, recorder, step) + recorder.findings_of(step), train=train_step,
         guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run)), steps=steps, lr=lr)
 
 
@@ -288,11 +295,11 @@ def future_contract(ctx: Any, spec: Any, *, config: str, model: str, steps: int 
         if ctx.any_rank(bool(findings) or bool(recorder.findings)):
             return findings + recorder.findings
         optim.step()
-    if config == "small_buckets":
+    if config in ("small_buckets", "bucket_per_param"):
         buckets = max((len({i for s, i in recorder.calls if s == step}) for step in range(steps)), default=0)
         if buckets < 2:
-            raise RuntimeError(f"the small_buckets config gave {buckets} bucket(s) for model {model!r}; "
-                               "the suite needs a smaller SMALL_BUCKET_CAP_MB or a larger model")
+            raise RuntimeError(f"the {config} config gave {buckets} bucket(s) for model {model!r}; "
+                               "the suite needs a smaller bucket cap or a larger model")
     return findings
 
 
@@ -313,8 +320,18 @@ PARITY_CASES = (
 EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
 #: Cross-rank comparison of the gradients.
 CONSISTENCY_CASES = (("default", "net_flat"),)
-#: The future's value against the bucket buffer (one bucket, and several); first world size only.
-FUTURE_CASES = (("default", "net_flat"), ("small_buckets", "nested_wrapped"))
+#: The future's value against the bucket buffer: every config, at every world size. The
+#: ``gradient_probe`` cases have buckets whose lengths divide by neither 2 nor 3 (94 elements
+#: in one bucket, or 3, 1, 5, 21 and 64 in a bucket each), where a padded result shows.
+FUTURE_CASES = (
+    ("default", "net_flat"),
+    ("small_buckets", "nested_wrapped"),
+    ("bucket_per_param", "gradient_probe"),
+    ("bucket_view", "gradient_probe"),
+    ("static_graph", "net_flat"),
+    ("find_unused", "unused_param"),
+    ("no_sync", "gradient_probe"),
+)
 #: Lossy contracts: relative error and NaN/Inf per step and parameter.
 LOSSY_ERROR_CASES = (
     ("default", "transformer_shared"),
@@ -365,7 +382,7 @@ API = HookApi(
                                     skip_one_rank=_ACROSS_RANKS),
         "test_ddp_parity": _plan(PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact),
         "test_ddp_rank_consistency": _plan(CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS),
-        "test_ddp_future_contract": _plan(FUTURE_CASES, first_only=True),
+        "test_ddp_future_contract": _plan(FUTURE_CASES, FUTURE_CASES),
         "test_ddp_lossy_error": _plan(LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES, keep=lambda sp: not _exact(sp)),
         "test_ddp_lossy_loss": _plan(LOSSY_LOSS_CASES, first_only=True,
                                      keep=lambda sp: sp.lossy is not None and sp.lossy.loss_margin is not None),

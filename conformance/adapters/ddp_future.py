@@ -81,6 +81,11 @@ class DDPHookRecorder:
         self.__qualname__ = getattr(hook, "__qualname__", type(hook).__qualname__)
         self.__name__ = getattr(hook, "__name__", type(hook).__name__)
 
+    def findings_of(self, step: int) -> List[Finding]:
+        """The contract violations recorded in ``step``: reported even where DDP went on without an error
+        (a future longer than the bucket, whose leading elements DDP reads)."""
+        return [f for f in self.findings if f.step == step]
+
     def _bucket_text(self, bucket: Any, index: int) -> str:
         try:
             params = [self.names.get(id(p), "?") for p in bucket.parameters()]

@@ -24,6 +24,7 @@ MUST_CATCH = {
     "bad_local_only": {"averaging", "parity", "rank_consistency"},
     "bad_power_of_two_divisor": {"averaging", "parity"},
     "bad_rank0_only_noise": {"parity", "rank_consistency"},
+    "bad_nan_to_zero": {"hard_inputs"},
 }
 
 

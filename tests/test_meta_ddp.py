@@ -26,6 +26,8 @@ MUST_CATCH = {
     "bad_returns_none": {"future_contract", "averaging", "parity", "rank_consistency"},
     "bad_wrong_shape": {"future_contract"},
     "bad_padded_future": {"future_contract", "parity"},
+    "bad_nan_to_zero": {"hard_inputs"},
+    "bad_fp16_divide_after": {"hard_inputs"},
     "bad_param_not_named_bucket": {"future_contract"},
     "bad_noop_hook": {"averaging", "parity", "rank_consistency"},
     "bad_lossy_undeclared": {"parity"},
@@ -35,7 +37,7 @@ MUST_CATCH = {
     "bad_lossy_nondeterministic": {"lossy_determinism"},
     "bad_lossy_diverges": {"lossy_loss"},
 }
-EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract"}
+EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract", "hard_inputs"}
 LOSSY_CHECKS = {"lossy_error", "lossy_loss", "lossy_determinism", "rank_consistency", "future_contract"}
 
 

@@ -35,6 +35,9 @@ MUST_CATCH = {
     "bad_world_average_hook": {"hsdp"},
     "bad_replica_divide_hook": {"hsdp"},
 }
+#: Caught only by hard inputs (NaN, Inf): the check, not the config, is what matters.
+MUST_CATCH_BY_CHECK = {"bad_nan_to_zero": {"fsdp2_hard_inputs"},
+                       "bad_nan_to_zero_hook": {"fsdp2_all_reduce_hard_inputs"}}
 #: Caught only where ReduceOp.PREMUL_SUM runs natively (NCCL); skipped with the reason on gloo.
 MUST_CATCH_WITH_PREMUL_SUM = {"bad_premul_as_avg": {"divide_factor"}}
 
@@ -43,14 +46,15 @@ MUST_CATCH_WITH_PREMUL_SUM = {"bad_premul_as_avg": {"divide_factor"}}
 def zoo_run(tmp_path_factory):
     junit = str(tmp_path_factory.mktemp("zoo2") / "zoo2.xml")
     run = run_suite(["--hook", "tests.zoo.fsdp2_comms:ALL", "--extra-world-size", "4", "-q",
-                     "-k", "fsdp2 and nested_wrapped and (ws2 or hsdp)"], junit)
+                     "-k", "fsdp2 and (nested_wrapped or hard_inputs) and (ws2 or hsdp)"], junit)
     assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
     return run
 
 
 def test_every_bad_spec_has_an_expected_catch():
     bad = {s.name for s in zoo.KNOWN_BAD} | {s.name for s in zoo.NCCL_ONLY_BAD}
-    assert bad == set(MUST_CATCH) | set(MUST_CATCH_WITH_PREMUL_SUM) == set(zoo.EXPECTED_CATCH)
+    assert bad == set(MUST_CATCH) | set(MUST_CATCH_BY_CHECK) | set(MUST_CATCH_WITH_PREMUL_SUM) == \
+        set(zoo.EXPECTED_CATCH)
 
 
 def test_run_fails_because_of_bad_specs(zoo_run):
@@ -82,6 +86,15 @@ def test_known_bad_is_caught(zoo_run, name):
     assert not missing, f"{name} was not caught under {sorted(missing)} (caught under: {sorted(caught)})"
     errors = [c.name for c in cases if c.outcome == "error"]
     assert not errors, f"{name} produced setup/teardown errors instead of verdicts: {errors}"
+
+
+@pytest.mark.parametrize("name", sorted(MUST_CATCH_BY_CHECK))
+def test_known_bad_is_caught_by_its_check(zoo_run, name):
+    cases = zoo_run.by_hook()[name]
+    caught = {c.check for c in cases if c.outcome == "failed"}
+    assert MUST_CATCH_BY_CHECK[name] <= caught, f"{name} was caught only by {sorted(caught)}"
+    # Every other check passes it: the class is invisible without hard inputs.
+    assert caught == MUST_CATCH_BY_CHECK[name], sorted(caught)
 
 
 def test_premul_sum_gap_is_reported_not_hidden(zoo_run):

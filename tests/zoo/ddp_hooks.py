@@ -199,6 +199,27 @@ def bad_padded_future(process_group, bucket):
     return _mean_allreduce(process_group, padded)
 
 
+def bad_nan_to_zero(process_group, bucket):
+    """DDP's averaging, then NaN and +/-Inf replaced by zero (a "sanitizing" hook that hides a
+    diverging step); equal to DDP on every finite input."""
+    return _mean_allreduce(process_group, bucket.buffer()).then(
+        lambda f: torch.nan_to_num_(f.value(), nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def bad_fp16_divide_after(process_group, bucket):
+    """Claims float16: casts to float16, SUM all-reduce, then divides by the world size, where
+    fp16_compress_hook divides first. Bitwise equal to it on ordinary values at 2 ranks (a
+    division by 2 is exact), but the undivided float16 sum overflows near 65504."""
+    buffer = bucket.buffer()
+    half = buffer.to(torch.float16)
+
+    def back(f: Any) -> torch.Tensor:
+        buffer.copy_(f.value()[0].div_(process_group.size()))
+        return buffer
+
+    return dist.all_reduce(half, group=process_group, async_op=True).get_future().then(back)
+
+
 def bad_param_not_named_bucket(process_group, grads):
     """Correct averaging, but DDP's register_comm_hook looks the parameter up by the name ``bucket``."""
     return _mean_allreduce(process_group, grads.buffer())
@@ -290,6 +311,9 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_returns_none", api="ddp", hook=bad_returns_none, state=process_group_state),
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
     HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
+    HookSpec(name="bad_nan_to_zero", api="ddp", hook=bad_nan_to_zero, state=process_group_state),
+    HookSpec(name="bad_fp16_divide_after", api="ddp", hook=bad_fp16_divide_after, state=process_group_state,
+             reduce_dtype=torch.float16),
     HookSpec(name="bad_param_not_named_bucket", api="ddp", hook=bad_param_not_named_bucket,
              state=process_group_state),
     HookSpec(name="bad_noop_hook", api="ddp", hook=noop_hook, state=no_state,
@@ -333,6 +357,11 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_wrong_shape": (
         "future_contract: one element short; DDP reads the missing element from the storage behind the "
         "view without complaint, so parity alone could pass it"
+    ),
+    "bad_nan_to_zero": "hard_inputs: NaN on one rank and +Inf against -Inf come back as zeros",
+    "bad_fp16_divide_after": (
+        "hard_inputs: near 65504 the undivided float16 sum overflows to inf where fp16_compress_hook's "
+        "divided one stays finite; on the models' ordinary values it passes at 2 ranks"
     ),
     "bad_padded_future": (
         "future_contract and parity: a bucket whose length does not divide by the world size comes back "

@@ -242,6 +242,19 @@ class Rank0NoiseComm(PlainReduceScatter):
         return None
 
 
+class NanToZeroComm(PlainReduceScatter):
+    """Wrong: after the native reduction, replaces NaN and +/-Inf by zero.
+
+    Realistic: a "sanitizing" comm that hides a diverging step. Equal to native on every finite
+    input, so only hard inputs show it.
+    """
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        super().__call__(output_tensor, input_tensor, group, op)
+        torch.nan_to_num_(output_tensor, nan=0.0, posinf=0.0, neginf=0.0)
+        return None
+
+
 # ---------------------------------------------------------------------------
 # All-reduce hooks (native HSDP: called with the replicate-all-reduced gradient)
 # ---------------------------------------------------------------------------
@@ -268,6 +281,11 @@ def world_average_hook(tensor: torch.Tensor) -> None:
     the default group instead of the replicate group.
     """
     dist.all_reduce(tensor, op=ReduceOp.AVG)
+
+
+def nan_to_zero_hook(tensor: torch.Tensor) -> None:
+    """Wrong: replaces NaN and +/-Inf in the reduced gradient by zero (a "sanitizing" hook)."""
+    torch.nan_to_num_(tensor, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def replica_divide_hook(tensor: torch.Tensor) -> None:
@@ -331,6 +349,13 @@ NCCL_ONLY_BAD: List[HookSpec] = [
              description="maps PREMUL_SUM(1/factor) to AVG: ignores set_gradient_divide_factor"),
 ]
 
+KNOWN_BAD += [
+    HookSpec(name="bad_nan_to_zero", api="fsdp2", hook=NanToZeroComm,
+             description="native reduce-scatter, then NaN and +/-Inf replaced by zero"),
+    HookSpec(name="bad_nan_to_zero_hook", api="fsdp2_all_reduce", hook=nan_to_zero_hook,
+             description="replaces NaN and +/-Inf in the HSDP-reduced gradient by zero"),
+]
+
 ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD + NCCL_ONLY_BAD
 
 #: For each known-bad spec, the config that must catch it and why.
@@ -356,6 +381,8 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_rank0_noise": "default: rank 0's shards are one ULP above native",
     "bad_world_average_hook": "hsdp all-reduce hook: averaging across shard ranks mixes different shards",
     "bad_replica_divide_hook": "hsdp all-reduce hook: gradients are half the native value",
+    "bad_nan_to_zero": "default, hard inputs only: NaN on one rank and +Inf against -Inf come back as zeros",
+    "bad_nan_to_zero_hook": "hsdp all-reduce hook, hard inputs only: NaN and Inf come back as zeros",
     "bad_premul_as_avg": (
         "divide_factor on NCCL: FSDP2 passes PREMUL_SUM(1/factor) and the comm averages instead; "
         "gloo has no PREMUL_SUM, so those cases are skipped there with the reason"

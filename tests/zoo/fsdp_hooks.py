@@ -365,6 +365,18 @@ def power_of_two_divisor_hook(state: DefaultState, grad: torch.Tensor, output: O
         _div_if_needed(output, postdivide)
 
 
+def nan_to_zero_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: after the native reduction, replaces NaN and +/-Inf by zero.
+
+    Realistic: a "sanitizing" hook that hides a diverging step instead of letting the loss
+    scaler or the user see it. Equal to native on every finite input, so only hard inputs
+    (NaN on one rank, +Inf against -Inf) show it.
+    """
+    NativeAveragingHook()(state, grad, output)
+    target = grad if output is None else output
+    torch.nan_to_num_(target, nan=0.0, posinf=0.0, neginf=0.0)
+
+
 def rank0_noise_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
     """Wrong: after the native reduction, rank 0 moves every element one ULP towards +inf.
 
@@ -484,10 +496,14 @@ KNOWN_BAD: List[HookSpec] = [
     ),
 ]
 
+KNOWN_BAD.append(HookSpec(name="bad_nan_to_zero", api="fsdp", hook=nan_to_zero_hook, state=DefaultState,
+                          description="native average, then NaN and +/-Inf replaced by zero"))
+
 ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
 
 #: For each known-bad spec, the check that must catch it and why.
 EXPECTED_CATCH: Dict[str, str] = {
+    "bad_nan_to_zero": "hard_inputs: NaN on one rank and +Inf against -Inf come back as zeros",
     "bad_sum_no_average": (
         "averaging: every element is sum(0..ws-1), ws times the mean; parity fails too"
     ),

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for hard gradient inputs.
+"""Hard gradient inputs: the named examples, the hypothesis strategy, and one case on the controller.
 
 Gradients are drawn per rank (so ranks differ) from a mix that stresses a
 reduction: values near the reduce dtype's overflow threshold (where FSDP's
@@ -10,7 +10,9 @@ reduce dtype itself.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import math
+import zlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from hypothesis import strategies as st
@@ -23,6 +25,10 @@ def _numel(shape: Tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+#: float32 subnormals (the parameter dtype's): the smallest one and one near the normal range.
+FLOAT32_SUBNORMALS = [float(torch.tensor(2.0 ** -149)), float(torch.tensor(-(2.0 ** -130)))]
 
 
 def special_values(reduce_dtype: Optional[torch.dtype]) -> Dict[str, List[float]]:
@@ -38,7 +44,7 @@ def special_values(reduce_dtype: Optional[torch.dtype]) -> Dict[str, List[float]
     return {
         "near_overflow": [float(torch.tensor(v, dtype=torch.float32)) for v in near_max],
         "zero": [0.0, -0.0],
-        "subnormal": [float(info.smallest_normal), subnormal, -subnormal],
+        "subnormal": [float(info.smallest_normal), subnormal, -subnormal] + FLOAT32_SUBNORMALS,
         "nonfinite": [float("nan"), float("inf"), float("-inf")],
     }
 
@@ -47,39 +53,47 @@ def _tensor(values: Sequence[float], shape: Tuple[int, ...]) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.float32).reshape(shape)
 
 
-#: How one generated gradient tensor is filled; "mixed" draws each element from every group.
-FILLS = ("ordinary", "near_overflow", "zero", "subnormal", "nonfinite", "mixed")
+class Drawn:
+    """One generated example: ``grads[rank][i]`` (float32 tensors) for the probe's parameters.
 
-
-def fill_tensor(fill: str, seed: int, shape: Tuple[int, ...], reduce_dtype: Optional[torch.dtype]) -> torch.Tensor:
-    """A float32 tensor of ``shape`` filled the way ``fill`` says, reproducibly from ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    n = _numel(shape)
-    ordinary = torch.rand(n, generator=gen, dtype=torch.float64).mul(8).sub(4).to(torch.float32)
-    if fill == "ordinary":
-        return ordinary.reshape(shape)
-    groups = special_values(reduce_dtype)
-    pool = [v for name, vs in groups.items() for v in vs if fill == "mixed" or name == fill]
-    picks = torch.tensor(pool, dtype=torch.float32)[torch.randint(len(pool), (n,), generator=gen)]
-    if fill == "mixed":
-        use_special = torch.rand(n, generator=gen) < 0.5
-        picks = torch.where(use_special, picks, ordinary)
-    return picks.reshape(shape)
-
-
-def hard_gradients(world_size: int, shapes: Shapes, reduce_dtype: Optional[torch.dtype]) -> st.SearchStrategy:
-    """Per-rank gradient lists: ``result[rank][i]`` has shape ``shapes[i]``, dtype float32.
-
-    Hypothesis chooses, per rank and parameter, how the tensor is filled
-    (:data:`FILLS`) and a seed; the values follow from those, so an example is
-    a handful of choices and stays cheap to draw and to shrink.
+    Its ``repr`` (what hypothesis prints as the falsifying example) lists only
+    the elements that are not ``0.0``, by rank, parameter FQN and index, so a
+    shrunk example reads as "rank 0: leaves.1.weight[3] = inf".
     """
-    def one(shape: Tuple[int, ...]) -> st.SearchStrategy:
-        return st.builds(lambda fill, seed: fill_tensor(fill, seed, shape, reduce_dtype),
-                         st.sampled_from(FILLS), st.integers(0, 2**31 - 1))
 
-    one_rank = st.tuples(*[one(s) for s in shapes]).map(list)
-    return st.lists(one_rank, min_size=world_size, max_size=world_size)
+    def __init__(self, values: Sequence[Sequence[Sequence[float]]], shapes: Shapes, names: Sequence[str]):
+        self.values = values
+        self.shapes = list(shapes)
+        self.names = list(names)
+
+    def grads(self) -> List[List[torch.Tensor]]:
+        return [[_tensor(v, s) for v, s in zip(rank, self.shapes)] for rank in self.values]
+
+    def __repr__(self) -> str:
+        parts = []
+        for r, rank in enumerate(self.values):
+            for name, vs in zip(self.names, rank):
+                parts += [f"rank {r}: {name}[{k}] = {v!r}" for k, v in enumerate(vs)
+                          if not (v == 0.0 and math.copysign(1.0, v) > 0)]
+        shown = "; ".join(parts[:12]) + (f"; ... ({len(parts)} in all)" if len(parts) > 12 else "")
+        return f"<every element 0.0 except: {shown or 'none'}>"
+
+
+def hard_gradients(world_size: int, shapes: Shapes, names: Sequence[str],
+                   reduce_dtype: Optional[torch.dtype]) -> st.SearchStrategy:
+    """Per-rank probe gradients, drawn element by element (a :class:`Drawn`).
+
+    Each element is ``0.0`` (what shrinking moves towards), one of the hard
+    values of :func:`special_values` for the claim's reduce dtype, or an
+    ordinary float32 in [-4, 4]; so a failure shrinks to the few elements, on
+    the few ranks, that still make the hook differ from the reference.
+    """
+    specials = [v for vs in special_values(reduce_dtype).values() for v in vs]
+    element = st.one_of(st.just(0.0), st.sampled_from(specials),
+                        st.floats(-4.0, 4.0, width=32, allow_subnormal=False))
+    one_rank = st.tuples(*[st.lists(element, min_size=_numel(s), max_size=_numel(s)) for s in shapes])
+    return st.lists(one_rank, min_size=world_size, max_size=world_size).map(
+        lambda values: Drawn(values, shapes, names))
 
 
 def explicit_examples(world_size: int, shapes: Shapes, reduce_dtype: Optional[torch.dtype]) -> Dict[str, list]:
@@ -91,6 +105,7 @@ def explicit_examples(world_size: int, shapes: Shapes, reduce_dtype: Optional[to
     * ``nan_one_rank``: NaN on rank 0 only, ordinary values elsewhere.
     * ``opposite_infinities``: +Inf on rank 0 and -Inf on rank 1 (NaN after the sum).
     * ``subnormals``: the reduce dtype's subnormals and smallest normal.
+    * ``float32_subnormals``: subnormals of float32, the parameter dtype.
     """
     groups = special_values(reduce_dtype)
     big = groups["near_overflow"][0]
@@ -110,4 +125,80 @@ def explicit_examples(world_size: int, shapes: Shapes, reduce_dtype: Optional[to
         "opposite_infinities": fill(lambda r, i, k: (float("inf") if r == 0 else float("-inf") if r == 1
                                                      else ordinary(r, i, k)) if k % 2 == 0 else ordinary(r, i, k)),
         "subnormals": fill(lambda r, i, k: tiny[(r + k) % len(tiny)]),
+        "float32_subnormals": fill(lambda r, i, k: FLOAT32_SUBNORMALS[(r + k) % 2] * (k % 5 + 1)),
     }
+
+
+# -- one hard-input case, on the controller ----------------------------------------------------
+
+
+def probe_layout() -> Tuple[List[Tuple[int, ...]], List[str]]:
+    """``(shapes, FQNs)`` of ``gradient_probe``'s parameters, in ``named_parameters()`` order."""
+    from conformance.models import get_model
+
+    probe = get_model("gradient_probe")
+    return probe.input_shapes(), [name for name, _ in probe._construct(1).named_parameters()]
+
+
+def case_seed(case_id: str, seed: str = "") -> int:
+    """The hypothesis seed of one case: the case id and hypothesis's ``--hypothesis-seed`` (if given), CRC-32."""
+    return zlib.crc32(f"{case_id}\0{seed}".encode())
+
+
+def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
+    """Run one hard-input case: the named examples of :func:`explicit_examples`, then ``--hypothesis-examples``
+    drawn by hypothesis (:func:`hard_gradients`), one dispatch each; a failure is shrunk to a minimal example.
+
+    The ranks keep the case's probes between dispatches
+    (:func:`conformance.checks.probe.run_examples`), so an example costs one
+    forward/backward. Generation is seeded (:func:`case_seed`), so the re-run
+    command draws the same examples. A known failure is not shrunk (its
+    cause is known), and after a dispatch that hung or killed a rank nothing
+    more is sent: that example is the one reported.
+
+    Raises:
+        ConformanceFailure: with the findings of the first differing example;
+            for a generated one, shrunk, with its elements listed.
+    """
+    from hypothesis import HealthCheck, Phase, given
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import settings as hypothesis_settings
+
+    from conformance.pytest_plugin import state_of
+    from conformance.runner import ConformanceFailure
+
+    __tracebackhide__ = True
+    state = state_of(request.config)
+    reduce_dtype = state.spec(case.hook).spec.reduce_dtype
+    examples, seed = state.settings.hypothesis_examples, state.settings.hypothesis_seed
+    request.node.user_properties.extend(case.junit_properties(check))
+    describe = case.describe(check)
+    name = request.node.name
+    shapes, names = probe_layout()
+
+    def dispatch(batch: List[Tuple[str, Any]], fresh: bool) -> None:
+        conform.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, describe=describe,
+                    params={**params, "examples": batch, "case_id": name, "fresh": fresh})
+
+    dispatch(list(explicit_examples(case.world_size, shapes, reduce_dtype).items()), fresh=True)
+    if examples <= 0:
+        return
+    restarts = conform.restarts
+    known_failure = request.node.get_closest_marker("xfail") is not None
+
+    @hypothesis_settings(max_examples=examples, deadline=None, database=None, print_blob=False,
+                         phases=(Phase.generate,) if known_failure else (Phase.generate, Phase.shrink),
+                         suppress_health_check=list(HealthCheck))
+    @hypothesis_seed(case_seed(name, seed))
+    @given(drawn=hard_gradients(case.world_size, shapes, names, reduce_dtype))
+    def search(drawn: Drawn) -> None:
+        if conform.restarts != restarts:
+            return  # a dispatch hung or killed a rank: send nothing more, report that one
+        try:
+            dispatch([("generated", drawn.grads())], fresh=False)
+        except ConformanceFailure as exc:
+            text, sep, rerun = str(exc).partition("\nRe-run just this case:")
+            raise ConformanceFailure(f"{text}\n  generated example (hypothesis, seed {case_seed(name, seed)}, "
+                                     f"shrunk to the fewest nonzero elements): {drawn!r}{sep}{rerun}") from None
+
+    search()

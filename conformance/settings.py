@@ -19,6 +19,8 @@ __all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
 DEFAULT_CASE_TIMEOUT_S = 60.0
 #: Generated hard-input examples per case (on top of the named explicit ones).
 DEFAULT_HYPOTHESIS_EXAMPLES = 3
+#: The dest of hypothesis's own ``--hypothesis-seed`` option (its pytest plugin).
+HYPOTHESIS_SEED_DEST = "hypothesis_seed"
 #: Resident memory of one CPU rank, in bytes: a Python process with torch, FSDP and
 #: ``torch._dynamo`` imported and the reference models trained. Measured during the
 #: default run with torch 2.13 (CPU build) on this project's machine: 267 to 333 MB
@@ -53,7 +55,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--backend", "CONFORM_BACKEND", "process group backend: gloo or nccl (default: nccl with CUDA, else gloo)", "conform_backend"),
     Option("--device", "CONFORM_DEVICE", "device of each rank: cpu or cuda (default: cuda if available)", "conform_device"),
     Option("--case-timeout", "CONFORM_CASE_TIMEOUT", "seconds before a case is declared hung (default: 60)", "conform_case_timeout"),
-    Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", "generated hard-input examples per case (default: 3)", "conform_hypothesis_examples"),
+    Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", f"generated hard-input examples per case before shrinking (default: {DEFAULT_HYPOTHESIS_EXAMPLES}; nightly: 200 or more)", "conform_hypothesis_examples"),
     Option("--strict-known-failures", "CONFORM_STRICT_KNOWN_FAILURES", "for CI gates: fail the run when a known failure passes (XPASS) or a known-failures entry matches no test (env: 1 or 0)", "conform_strict_known_failures"),
     Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
 )
@@ -72,7 +74,9 @@ class Settings:
         backend: ``"gloo"`` or ``"nccl"``.
         device: ``"cpu"`` or ``"cuda"``.
         case_timeout_s: seconds per case before it counts as hung.
-        hypothesis_examples: generated examples per hard-input case.
+        hypothesis_examples: generated examples per hard-input case (before shrinking).
+        hypothesis_seed: hypothesis's own ``--hypothesis-seed`` (its pytest plugin's
+            option), mixed with each case id; ``""`` when not given.
         known_failures: paths of known-failures files, the packaged one first.
         gpu_count: ``torch.cuda.device_count()`` (0 without CUDA).
         strict_known_failures: a known failure that passes, or an entry that
@@ -95,6 +99,7 @@ class Settings:
     gpu_count: int
     strict_known_failures: bool = False
     cpu_pools: Tuple[int, ...] = ()
+    hypothesis_seed: str = ""
 
     @property
     def world_sizes(self) -> Tuple[int, ...]:
@@ -141,6 +146,8 @@ class Settings:
             args += ["--case-timeout", f"{self.case_timeout_s:g}"]
         if self.hypothesis_examples != DEFAULT_HYPOTHESIS_EXAMPLES:
             args += ["--hypothesis-examples", str(self.hypothesis_examples)]
+        if self.hypothesis_seed:
+            args += ["--hypothesis-seed", str(self.hypothesis_seed)]
         default_kf = os.path.abspath(_default_known_failures())
         for path in self.known_failures:
             if os.path.abspath(path) != default_kf:
@@ -332,6 +339,11 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
 
     ex_value, ex_source = pick("conform_hypothesis_examples")
     examples = DEFAULT_HYPOTHESIS_EXAMPLES if ex_value is None else _int(ex_value, ex_source, minimum=0)
+    try:  # hypothesis's pytest plugin defines the option; it may be disabled (-p no:hypothesispytest)
+        hypothesis_seed = getoption(HYPOTHESIS_SEED_DEST)
+    except (ValueError, KeyError):
+        hypothesis_seed = None
+    hypothesis_seed = "" if hypothesis_seed is None else str(hypothesis_seed)
 
     kf_value, _ = pick("conform_known_failures")
     if isinstance(kf_value, str):
@@ -357,4 +369,5 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         gpu_count=gpu_count,
         strict_known_failures=strict,
         cpu_pools=cpu_pools,
+        hypothesis_seed=hypothesis_seed,
     )

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.adapters.ddp import CONFIGS as DDP_CONFIGS
 from conformance.adapters.fsdp import CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, PARITY_MODELS, REGISTRATION_RULES
 from conformance.apis import HOOK_APIS, planned_cases
 from conformance.cases import CaseParams, case_id, parse_case_id
@@ -240,8 +241,10 @@ def test_ddp_exact_hooks_get_parity_and_lossy_hooks_their_contract():
     assert hooks["test_ddp_rank_consistency"] == hooks["test_ddp_future_contract"] == {"exact", "lossy"}
     # Neither a loss margin nor determinism is declared: those checks plan nothing.
     assert got["test_ddp_lossy_loss"] == got["test_ddp_lossy_determinism"] == []
-    assert {c.world_size for c in got["test_ddp_future_contract"]} == {2}
+    assert {c.world_size for c in got["test_ddp_future_contract"]} == {2, 3}
     assert {c.world_size for c in got["test_ddp_parity"]} == {2, 3}
+    assert hooks["test_ddp_hard_inputs"] == {"exact"}
+    assert {c.variant for c in got["test_ddp_future_contract"]} == set(DDP_CONFIGS)
     assert all(c.api == "ddp" and c.variant_field == "config" for cases in got.values() for c in cases)
 
 

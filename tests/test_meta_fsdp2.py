@@ -17,6 +17,7 @@ import torch
 
 from conformance.adapters import fsdp2 as checks
 from conformance.adapters import fsdp2_build as build
+from conformance.adapters import fsdp2_recorders as recorders
 from tests.meta_helpers import rerun_args, run_suite
 from tests.zoo import fsdp2_comms as zoo
 
@@ -169,18 +170,18 @@ def test_divide_factors_follow_fsdp2():
 
         pre, post, rs_op, _ = _get_gradient_divide_factors(_Group(), None, torch.float32, "cpu",
                                                            build.divide_factor(2), False)
-        assert (pre, post) == (None, None) and "PREMUL_SUM" in checks.op_name(rs_op)
+        assert (pre, post) == (None, None) and "PREMUL_SUM" in recorders.op_name(rs_op)
         pre, post, rs_op, _ = _get_gradient_divide_factors(_Group(), None, torch.float16, "cpu",
                                                            build.divide_factor(2), False)
-        assert (pre, post, checks.op_name(rs_op)) == (2, 2.0, "SUM")
+        assert (pre, post, recorders.op_name(rs_op)) == (2, 2.0, "SUM")
 
 
 def test_op_names():
     from torch.distributed import ReduceOp
 
-    assert checks.op_name(ReduceOp.AVG) == "AVG"
-    assert checks.op_name(ReduceOp.SUM) == "SUM"
-    assert checks.op_name(ReduceOp.PREMUL_SUM(0.25)) == "PREMUL_SUM(0.25)"
+    assert recorders.op_name(ReduceOp.AVG) == "AVG"
+    assert recorders.op_name(ReduceOp.SUM) == "SUM"
+    assert recorders.op_name(ReduceOp.PREMUL_SUM(0.25)) == "PREMUL_SUM(0.25)"
 
 
 def test_missing_api_names_the_method_and_torch_version():

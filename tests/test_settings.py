@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.settings import (CPU_RANK_MEMORY_BYTES, DEFAULT_HYPOTHESIS_EXAMPLES, OPTIONS, Settings,
+from conformance.settings import (CPU_RANK_MEMORY_BYTES, DEFAULT_HYPOTHESIS_EXAMPLES, HYPOTHESIS_SEED_DEST, OPTIONS, Settings,
                                   SettingsError, resolve)
 
 REPO = Path(__file__).resolve().parents[1]
-DESTS = {o.dest for o in OPTIONS}
+DESTS = {o.dest for o in OPTIONS} | {HYPOTHESIS_SEED_DEST}
 UNSET = {"conform_hooks": [], "conform_known_failures": [], "conform_with_builtins": False,
          "conform_no_entry_points": False, "conform_strict_known_failures": False}
 
@@ -46,7 +46,7 @@ def settings_error(cli=None, env=None, gpus=0) -> str:
 
 def test_every_option_has_a_flag_and_a_distinct_destination():
     assert all(o.flag.startswith("--") for o in OPTIONS)
-    assert len(DESTS) == len(OPTIONS)
+    assert len(DESTS - {HYPOTHESIS_SEED_DEST}) == len(OPTIONS)
     envs = [o.env for o in OPTIONS if o.env]
     assert all(e.startswith("CONFORM_") for e in envs) and len(set(envs)) == len(envs)
 
@@ -382,3 +382,20 @@ def test_strict_known_failures_flag_and_a_bad_environment_value():
     assert not settings().strict_known_failures
     msg = settings_error(env={"CONFORM_STRICT_KNOWN_FAILURES": "maybe"})
     assert "'maybe' from CONFORM_STRICT_KNOWN_FAILURES" in msg
+
+
+def test_hypothesis_seed_is_hypothesis_own_option_and_the_rerun_command_carries_it():
+    s = resolve(getoption(**{HYPOTHESIS_SEED_DEST: "7"}), {}, 0)
+    assert s.hypothesis_seed == "7"
+    args = s.rerun_args()
+    assert args[args.index("--hypothesis-seed") + 1] == "7"
+    assert "--hypothesis-seed" not in resolve(getoption(), {}, 0).rerun_args()
+
+
+def test_a_disabled_hypothesis_plugin_leaves_the_seed_unset():
+    def no_hypothesis(dest):
+        if dest == HYPOTHESIS_SEED_DEST:
+            raise ValueError("no option named 'hypothesis_seed'")
+        return getoption()(dest)
+
+    assert resolve(no_hypothesis, {}, 0).hypothesis_seed == ""

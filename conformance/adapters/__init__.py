@@ -20,7 +20,8 @@ Adapters: ``fsdp`` (FSDP1 ``register_comm_hook``), ``ddp`` (DDP
 ``register_comm_hook``), ``fsdp2`` (``set_custom_reduce_scatter`` and HSDP
 ``set_all_reduce_hook``). API-specific extras live beside them: ``fsdp_registration``
 (``register_comm_hook``'s rules), ``ddp_reference`` (DDP's reference per claim),
-``ddp_future`` (DDP's future contract), ``fsdp2_build`` (meshes and ``fully_shard``).
+``ddp_future`` (DDP's future contract), ``fsdp2_build`` (meshes and ``fully_shard``),
+``fsdp2_recorders`` (what FSDP2 hands a comm or a hook).
 """
 
 from __future__ import annotations

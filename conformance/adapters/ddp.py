@@ -46,6 +46,7 @@ Checks (each registered with :func:`conformance.checks.rank_check`):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -58,6 +59,7 @@ from conformance.checks.common import (Lockstep, averaging_findings, fqn_inside_
                                        named_grads, named_params, train_alone)
 from conformance.adapters.ddp_future import DDPHookRecorder, hook_called, hooked_step
 from conformance.adapters.ddp_reference import reference_hook, reference_name
+from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
 from conformance.protocol import CheckResult, Finding
 
@@ -226,13 +228,39 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
     if reference_only:
         opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
         return train_alone(ctx, ref, opt_ref, inputs, model_cls.loss, steps, train=train_step)
+    return lockstep(ctx, _against_reference(ctx, spec, config, model, ref, inputs), steps=steps, lr=lr)
+
+
+def _against_reference(ctx: Any, spec: Any, config: str, model: str, ref: nn.Module, inputs: Any,
+                       context: Any = None) -> Lockstep:
+    """The lock-step plan of the hooked DDP ``model`` against ``ref``: gradients, parameters, and the future
+    contract as the recorder saw it (reported even where DDP went on without an error)."""
+    from conformance.models import get_model
+
     ctx.phase("building the hooked DDP model")
     hooked, recorder = build_hooked(spec, model, ctx, config)
-    return lockstep(ctx, Lockstep(
-        ref=ref, hooked=hooked, inputs=inputs, loss_fn=model_cls.loss, reference=reference_name(spec),
+    return Lockstep(
+        ref=ref, hooked=hooked, inputs=inputs, loss_fn=get_model(model).loss, reference=reference_name(spec),
         grads=[("gradient", _grads, "")], params=("parameter after the optimizer step", _params, ""),
         hook_findings=lambda step: hook_called(ctx, recorder, step) + recorder.findings_of(step), train=train_step,
-        guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run)), steps=steps, lr=lr)
+        guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run), context=context)
+
+
+@rank_check("ddp.hard_inputs")
+def hard_inputs(ctx: Any, spec: Any, *, config: str, examples: Sequence[Example], case_id: str,
+                fresh: bool = True) -> List[Finding]:
+    """Chosen gradients through the probe (:func:`conformance.checks.probe.run_examples`), bitwise vs the
+    reference, in ``config`` (one bucket, bucket views, a bucket per parameter)."""
+    if config == "no_sync":
+        raise ValueError("hard inputs feed one backward per step; the no_sync config accumulates several")
+
+    def make_plan(inputs: Any, context: Any) -> Lockstep:
+        ctx.phase("building the reference DDP probe")
+        ref = build_reference(spec, "gradient_probe", ctx, config)
+        plan = _against_reference(ctx, spec, config, "gradient_probe", ref, lambda step: [inputs(step)], context)
+        return dataclasses.replace(plan, params=None)
+
+    return run_examples(ctx, case_id, examples, fresh, make_plan)
 
 
 @rank_check("ddp.rank_grads")
@@ -248,59 +276,6 @@ def rank_grads(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
     return grads_per_step(ctx, hooked, torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9),
                           micro_inputs(model_cls, ctx, config), model_cls.loss, steps, named=_grads,
                           train=train_step, guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run))
-
-
-def _bare_registration(ctx: Any, spec: Any) -> List[Finding]:
-    """DDP must accept the hook itself: ``register_comm_hook`` inspects its signature and name."""
-    model = build_ddp("analytic_linear", ctx, "default")
-    try:
-        model.register_comm_hook(spec.state(ctx.group), spec.hook)
-    except Exception as exc:  # noqa: BLE001
-        text = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, KeyError) and "bucket" in str(exc):
-            hint = ("DDP looks the second parameter up by name: call it 'bucket', as in "
-                    "hook(state, bucket: dist.GradBucket)")
-        elif isinstance(exc, AttributeError) and ("__qualname__" in str(exc) or "__name__" in str(exc)):
-            hint = ("DDP reads hook.__name__ and hook.__qualname__, which instances of a class do not have: "
-                    "set them, e.g. self.__name__ = self.__qualname__ = type(self).__qualname__ in __init__")
-        else:
-            hint = "see DistributedDataParallel.register_comm_hook for what it accepts"
-        return [Finding(ctx.rank, f"DistributedDataParallel.register_comm_hook rejects the hook: {text}; {hint}")]
-    return []
-
-
-@rank_check("ddp.future_contract")
-def future_contract(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
-                    lr: float = 0.01) -> List[Finding]:
-    """DDP accepts the bare hook; each future holds one tensor like the bucket buffer; every step calls it.
-
-    In the ``small_buckets`` config the model must span several buckets from
-    the second step on (else the config tests nothing and the check raises).
-    """
-    from conformance.models import get_model
-
-    ctx.phase("registering the bare hook on a DDP model")
-    findings = _bare_registration(ctx, spec)
-    model_cls = get_model(model)
-    ctx.phase("building the hooked DDP model")
-    hooked, recorder = build_hooked(spec, model, ctx, config)
-    optim = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
-    inputs = micro_inputs(model_cls, ctx, config)
-    for step in range(steps):
-        broken = hooked_step(ctx, recorder, step,
-                             lambda: train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss))
-        if broken:
-            return findings + broken
-        findings += hook_called(ctx, recorder, step)
-        if ctx.any_rank(bool(findings) or bool(recorder.findings)):
-            return findings + recorder.findings
-        optim.step()
-    if config in ("small_buckets", "bucket_per_param"):
-        buckets = max((len({i for s, i in recorder.calls if s == step}) for step in range(steps)), default=0)
-        if buckets < 2:
-            raise RuntimeError(f"the {config} config gave {buckets} bucket(s) for model {model!r}; "
-                               "the suite needs a smaller bucket cap or a larger model")
-    return findings
 
 
 # -- the API: case plans ---------------------------------------------------------------
@@ -332,6 +307,10 @@ FUTURE_CASES = (
     ("find_unused", "unused_param"),
     ("no_sync", "gradient_probe"),
 )
+#: Hard inputs through the probe (exact claims): one bucket, bucket views, a bucket per parameter.
+HARD_INPUT_CASES = (("default", "gradient_probe"), ("bucket_view", "gradient_probe"),
+                    ("bucket_per_param", "gradient_probe"))
+EXTRA_HARD_INPUT_CASES = (("default", "gradient_probe"), ("bucket_per_param", "gradient_probe"))
 #: Lossy contracts: relative error and NaN/Inf per step and parameter.
 LOSSY_ERROR_CASES = (
     ("default", "transformer_shared"),
@@ -383,6 +362,7 @@ API = HookApi(
         "test_ddp_parity": _plan(PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact),
         "test_ddp_rank_consistency": _plan(CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS),
         "test_ddp_future_contract": _plan(FUTURE_CASES, FUTURE_CASES),
+        "test_ddp_hard_inputs": _plan(HARD_INPUT_CASES, EXTRA_HARD_INPUT_CASES, keep=_exact),
         "test_ddp_lossy_error": _plan(LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES, keep=lambda sp: not _exact(sp)),
         "test_ddp_lossy_loss": _plan(LOSSY_LOSS_CASES, first_only=True,
                                      keep=lambda sp: sp.lossy is not None and sp.lossy.loss_margin is not None),

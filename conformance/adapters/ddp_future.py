@@ -8,7 +8,9 @@ into the gradients, converting dtypes silently, and fails deep inside its
 reducer on a wrong shape or a value that is not a tensor. :class:`DDPHookRecorder`
 stands between DDP and the hook under test and writes a finding first;
 :func:`hooked_step` turns DDP's later failure into that finding;
-:func:`hook_called` says when DDP never called the hook.
+:func:`hook_called` says when DDP never called the hook. The rank check
+``ddp.future_contract`` (:func:`future_contract`) trains with the recorder and
+also registers the bare hook, as DDP's own checks see it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from conformance.checks import rank_check
 from conformance.compare import dtype_name
 from conformance.protocol import Finding
 
@@ -170,3 +173,61 @@ def hook_called(ctx: Any, recorder: DDPHookRecorder, step: int) -> List[Finding]
     if any(s == step for s, _ in recorder.calls):
         return []
     return [Finding(ctx.rank, "DDP never called the hook in this synchronising step", step=step)]
+
+
+# -- the check -------------------------------------------------------------------------
+
+def _bare_registration(ctx: Any, spec: Any) -> List[Finding]:
+    """DDP must accept the hook itself: ``register_comm_hook`` inspects its signature and name."""
+    from conformance.adapters.ddp import build_ddp
+
+    model = build_ddp("analytic_linear", ctx, "default")
+    try:
+        model.register_comm_hook(spec.state(ctx.group), spec.hook)
+    except Exception as exc:  # noqa: BLE001
+        text = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, KeyError) and "bucket" in str(exc):
+            hint = ("DDP looks the second parameter up by name: call it 'bucket', as in "
+                    "hook(state, bucket: dist.GradBucket)")
+        elif isinstance(exc, AttributeError) and ("__qualname__" in str(exc) or "__name__" in str(exc)):
+            hint = ("DDP reads hook.__name__ and hook.__qualname__, which instances of a class do not have: "
+                    "set them, e.g. self.__name__ = self.__qualname__ = type(self).__qualname__ in __init__")
+        else:
+            hint = "see DistributedDataParallel.register_comm_hook for what it accepts"
+        return [Finding(ctx.rank, f"DistributedDataParallel.register_comm_hook rejects the hook: {text}; {hint}")]
+    return []
+
+
+@rank_check("ddp.future_contract")
+def future_contract(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
+                    lr: float = 0.01) -> List[Finding]:
+    """DDP accepts the bare hook; each future holds one tensor like the bucket buffer; every step calls it.
+
+    In the ``small_buckets`` config the model must span several buckets from
+    the second step on (else the config tests nothing and the check raises).
+    """
+    from conformance.adapters.ddp import build_hooked, micro_inputs, train_step
+    from conformance.models import get_model
+
+    ctx.phase("registering the bare hook on a DDP model")
+    findings = _bare_registration(ctx, spec)
+    model_cls = get_model(model)
+    ctx.phase("building the hooked DDP model")
+    hooked, recorder = build_hooked(spec, model, ctx, config)
+    optim = torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9)
+    inputs = micro_inputs(model_cls, ctx, config)
+    for step in range(steps):
+        broken = hooked_step(ctx, recorder, step,
+                             lambda: train_step(ctx, "hooked", step, hooked, optim, inputs, model_cls.loss))
+        if broken:
+            return findings + broken
+        findings += hook_called(ctx, recorder, step)
+        if ctx.any_rank(bool(findings) or bool(recorder.findings)):
+            return findings + recorder.findings
+        optim.step()
+    if config in ("small_buckets", "bucket_per_param"):
+        buckets = max((len({i for s, i in recorder.calls if s == step}) for step in range(steps)), default=0)
+        if buckets < 2:
+            raise RuntimeError(f"the {config} config gave {buckets} bucket(s) for model {model!r}; "
+                               "the suite needs a smaller bucket cap or a larger model")
+    return findings

@@ -23,6 +23,7 @@ Checks (each registered with :func:`conformance.checks.rank_check`):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -33,6 +34,7 @@ from conformance.cases import CaseParams
 from conformance.checks import rank_check
 from conformance.checks.common import (Lockstep, averaging_findings, grads_per_step, lockstep,
                                        named_grads, named_params, train_alone, train_step)
+from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
 from conformance.protocol import CheckResult, Finding
 from conformance.spec import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
@@ -213,22 +215,17 @@ def rank_grads(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3
 # -- hard inputs ----------------------------------------------------------------------
 
 @rank_check("fsdp.hard_inputs")
-def hard_inputs(ctx: Any, spec: Any, *, strategy: str, examples: Sequence[Tuple[str, Sequence[Sequence[torch.Tensor]]]],
-                lr: float = 0.01) -> List[Finding]:
-    """Caller-chosen gradients, bitwise vs native, one example per lock-step step; stops at the first that differs.
+def hard_inputs(ctx: Any, spec: Any, *, strategy: str, examples: Sequence[Example], case_id: str,
+                fresh: bool = True) -> List[Finding]:
+    """Chosen gradients through the probe (:func:`conformance.checks.probe.run_examples`), bitwise vs native."""
+    def make_plan(inputs: Any, context: Any) -> Lockstep:
+        ctx.phase("building the reference probe (no hook)")
+        ref = build_fsdp("gradient_probe", ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
+        ctx.phase("building the hooked probe")
+        plan = _against_native(ctx, spec, strategy, "gradient_probe", ref, inputs, context)
+        return dataclasses.replace(plan, params=None)
 
-    ``examples`` is a list of ``(label, grads)``; ``grads[rank][i]`` is the
-    gradient of probe parameter ``i`` on ``rank`` (float32, CPU). One pair of
-    probes (hooked, reference) serves every example: the probe's gradients
-    depend only on its input, so each backward yields exactly ``grads``.
-    """
-    ctx.phase("building the reference probe (no hook)")
-    ref = build_fsdp("gradient_probe", ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
-    ctx.phase("building the hooked probe")
-    plan = _against_native(ctx, spec, strategy, "gradient_probe", ref,
-                           inputs=lambda step: tuple(g.to(ctx.device) for g in examples[step][1][ctx.rank]),
-                           context=lambda step: f"the {examples[step][0]!r} inputs")
-    return lockstep(ctx, plan, steps=len(examples), lr=lr)
+    return run_examples(ctx, case_id, examples, fresh, make_plan)
 
 
 # -- the API: validation and case plans ----------------------------------------------

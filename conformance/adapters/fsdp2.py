@@ -52,9 +52,11 @@ from torch import nn
 from conformance.adapters import HookApi, called_as, no_strategies
 from conformance.adapters.fsdp2_build import (HSDP_REPLICATE, apply_config, build_fsdp2, fsdp_modules, hsdp_shape,
                                               mesh_for, missing_api)
+from conformance.adapters.fsdp2_recorders import CommRecorder, HookRecorder, make_comm
 from conformance.cases import CaseParams
 from conformance.checks import rank_check
 from conformance.checks.common import Lockstep, fqn_without_wrappers, lockstep, named_grads, named_params, train_alone
+from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
 from conformance.protocol import Finding
 from conformance.spec import SpecError, binds_signature, qualname, signature_text
@@ -89,109 +91,6 @@ def uses_premul_sum(config: str, reduce_dtype: Optional[torch.dtype], param_dtyp
     return config == "divide_factor" and dtype in (torch.float32, torch.bfloat16)
 
 
-# -- recording what FSDP2 hands the comm -------------------------------------------------------
-
-
-def op_name(op: Any) -> str:
-    """``AVG``, ``SUM``, ``PREMUL_SUM(0.25)``, ... for a ``ReduceOp`` or ``RedOpType``."""
-    inner = getattr(op, "op", None)
-    if inner is not None:
-        factor = getattr(op, "factor", None)
-        if isinstance(factor, torch.Tensor):
-            factor = factor.item()
-        name = str(inner).split(".")[-1]
-        return f"{name}({factor!r})" if factor is not None else name
-    return str(op).split(".")[-1]
-
-
-class CommRecorder:
-    """Wraps the comm under test; forwards FSDP2's calls unchanged and records them.
-
-    ``allocate`` and ``__call__`` are forwarded with exactly the arguments FSDP2
-    passed (FSDP2 calls the comm with keywords ``output_tensor``,
-    ``input_tensor``, ``group``, ``op``), so a comm whose parameter names differ
-    fails here as it would in training. ``allocate`` results are checked against
-    the request: FSDP2 views them as ``(world_size, -1)`` and writes the cast
-    gradients into them, so a wrong size, dtype or device changes the result.
-    """
-
-    def __init__(self, comm: Any):
-        self.comm = comm
-        self.step = 0
-        self.calls: List[Dict[str, Any]] = []
-        self.bad_allocations: List[Dict[str, Any]] = []
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        out = self.comm.allocate(size, dtype=dtype, device=device)
-        want = torch.Size([int(s) for s in size])
-        if not isinstance(out, torch.Tensor):
-            self.bad_allocations.append({"step": self.step, "size": tuple(want), "dtype": dtype,
-                                         "got": f"a {type(out).__name__}, not a tensor"})
-        elif out.shape != want or out.dtype != dtype or out.device.type != torch.device(device).type:
-            self.bad_allocations.append({"step": self.step, "size": tuple(want), "dtype": dtype,
-                                         "got": f"shape {tuple(out.shape)}, {dtype_name(out.dtype)} on {out.device}"})
-        return out
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        group = kwargs.get("group", args[2] if len(args) > 2 else None)
-        op = kwargs.get("op", args[3] if len(args) > 3 else None)
-        inp = kwargs.get("input_tensor", args[1] if len(args) > 1 else None)
-        self.calls.append({
-            "step": self.step,
-            "op": op_name(op),
-            "group_size": None if group is None else group.size(),
-            "dtype": None if inp is None else inp.dtype,
-        })
-        return self.comm(*args, **kwargs)
-
-    def summary(self, step: int) -> str:
-        seen = sorted({(c["op"], c["group_size"], dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})
-        return "; ".join(f"op={o} over a group of {g} in {d}" for o, g, d in seen) or "not called"
-
-    def findings(self, rank: int, step: int) -> List[Finding]:
-        out = []
-        for bad in self.bad_allocations:
-            if bad["step"] == step:
-                out.append(Finding(rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
-                                         f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
-                                         "exactly that buffer", step=step))
-                break
-        if not any(c["step"] == step for c in self.calls):
-            out.append(Finding(rank, "FSDP2 never called the comm in this step (set_custom_reduce_scatter did "
-                                     "not take effect)", step=step))
-        return out
-
-
-class HookRecorder:
-    """Wraps an all-reduce hook; records each call's dtype and size."""
-
-    def __init__(self, hook: Any):
-        self.hook = hook
-        self.step = 0
-        self.calls: List[Dict[str, Any]] = []
-
-    def __call__(self, tensor: torch.Tensor) -> Any:
-        self.calls.append({"step": self.step, "dtype": tensor.dtype, "numel": tensor.numel()})
-        return self.hook(tensor)
-
-    def findings(self, rank: int, step: int) -> List[Finding]:
-        if not any(c["step"] == step for c in self.calls):
-            return [Finding(rank, "FSDP2 never called the all-reduce hook in this step", step=step)]
-        return []
-
-
-def make_comm(spec: Any) -> Any:
-    """The spec's comm: the object itself, or what its zero-argument factory returns."""
-    hook = spec.hook
-    if not isinstance(hook, type) and callable(getattr(hook, "allocate", None)):
-        return hook
-    comm = hook()  # a factory; a comm class is one too
-    if not callable(getattr(comm, "allocate", None)) or not callable(comm):
-        raise TypeError(f"the factory of hook {spec.name!r} returned {comm!r}, not a ReduceScatter comm "
-                        "(an object with allocate() and __call__(output_tensor, input_tensor, group, op, async_op))")
-    return comm
-
-
 # -- comparing -------------------------------------------------------------------------------
 
 
@@ -205,9 +104,10 @@ def _full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
 
 
 
-def _lockstep(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder: Any, *,
-              steps: int, lr: float, reference: str, context: Any) -> List[Finding]:
-    """Train both models in lockstep; compare local/full gradients and local parameters every step."""
+def _plan(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder: Any, *, reference: str,
+          context: Any, inputs: Any = None) -> Lockstep:
+    """Both models in lockstep: local and full gradients after each backward, local parameters after each
+    optimizer step; ``inputs`` defaults to the model's own rank-dependent inputs."""
     from conformance.models import get_model
 
     model_cls = get_model(model_name)
@@ -215,14 +115,13 @@ def _lockstep(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, reco
     def start_step(step: int) -> None:
         recorder.step = step
 
-    return lockstep(ctx, Lockstep(
-        ref=ref, hooked=hooked, inputs=model_cls.make_input(ctx.rank, ctx.world_size, ctx.device),
-        loss_fn=model_cls.loss, reference=reference,
+    return Lockstep(
+        ref=ref, hooked=hooked, loss_fn=model_cls.loss, reference=reference,
+        inputs=model_cls.make_input(ctx.rank, ctx.world_size, ctx.device) if inputs is None else inputs,
         grads=[("local gradient shard", named_grads, ""),
                ("full gradient", _full_grads, "full_tensor() of every gradient")],
         params=("local parameter shard after the optimizer step", named_params, ""),
-        hook_findings=lambda step: recorder.findings(ctx.rank, step), start_step=start_step, context=context),
-        steps=steps, lr=lr)
+        hook_findings=lambda step: recorder.findings(ctx.rank, step), start_step=start_step, context=context)
 
 
 # -- checks ----------------------------------------------------------------------------------
@@ -232,6 +131,18 @@ def _lockstep(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, reco
 def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: float = 0.01,
            reference_only: bool = False) -> List[Finding]:
     """The comm under ``fully_shard`` is bitwise equal to native ``fully_shard`` every step."""
+    if reference_only:
+        from conformance.models import get_model
+
+        ref, _ = _native(ctx, spec, config, model)
+        model_cls = get_model(model)
+        return train_alone(ctx, ref, torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9),
+                           model_cls.make_input(ctx.rank, ctx.world_size, ctx.device), model_cls.loss, steps)
+    return lockstep(ctx, _comm_plan(ctx, spec, config, model), steps=steps, lr=lr)
+
+
+def _native(ctx: Any, spec: Any, config: str, model: str) -> Tuple[nn.Module, Any]:
+    """The reference, ``model`` under native ``fully_shard`` in ``config``, and the config's mesh."""
     if config not in CONFIGS:
         raise ValueError(f"unknown FSDP2 config {config!r}; known: {', '.join(CONFIGS)}")
     shape = hsdp_shape(ctx.world_size) if config == "hsdp" else (ctx.world_size,)
@@ -240,12 +151,12 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
     ctx.phase("building the reference model (native reduce-scatter)")
     ref = build_fsdp2(model, ctx, mesh, reduce_dtype=spec.reduce_dtype)
     apply_config(ref, config, ctx.world_size)
-    if reference_only:
-        from conformance.models import get_model
+    return ref, mesh
 
-        model_cls = get_model(model)
-        return train_alone(ctx, ref, torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9),
-                           model_cls.make_input(ctx.rank, ctx.world_size, ctx.device), model_cls.loss, steps)
+
+def _comm_plan(ctx: Any, spec: Any, config: str, model: str, inputs: Any = None, label: Any = None) -> Lockstep:
+    """The hooked model (the comm on every FSDP module, through a :class:`CommRecorder`) against native."""
+    ref, mesh = _native(ctx, spec, config, model)
     ctx.phase("building the hooked model")
     hooked = build_fsdp2(model, ctx, mesh, reduce_dtype=spec.reduce_dtype)
     apply_config(hooked, config, ctx.world_size)
@@ -254,17 +165,23 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
         module.set_custom_reduce_scatter(recorder)
 
     def context(step: int) -> str:
-        return f"FSDP2 called the comm with {recorder.summary(step)}"
+        called = f"FSDP2 called the comm with {recorder.summary(step)}"
+        return called if label is None else f"{label(step)}; {called}"
 
     reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
                                         f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
-    return _lockstep(ctx, model, ref, hooked, recorder, steps=steps, lr=lr, reference=reference,
-                              context=context)
+    return _plan(ctx, model, ref, hooked, recorder, reference=reference, context=context, inputs=inputs)
 
 
 @rank_check("fsdp2.all_reduce_parity")
 def all_reduce_parity(ctx: Any, spec: Any, *, model: str, steps: int = 3, lr: float = 0.01) -> List[Finding]:
     """An all-reduce hook under native HSDP leaves every gradient bitwise as native HSDP without it."""
+    return lockstep(ctx, _all_reduce_plan(ctx, spec, model), steps=steps, lr=lr)
+
+
+def _all_reduce_plan(ctx: Any, spec: Any, model: str, inputs: Any = None, label: Any = None) -> Lockstep:
+    """The hook on every FSDP module of a native HSDP model (through a :class:`HookRecorder`) against
+    the same model without it."""
     shape = hsdp_shape(ctx.world_size)
     ctx.phase(f"building the {'x'.join(map(str, shape))} device mesh")
     mesh = mesh_for(ctx, shape)
@@ -278,10 +195,39 @@ def all_reduce_parity(ctx: Any, spec: Any, *, model: str, steps: int = 3, lr: fl
 
     def context(step: int) -> str:
         seen = sorted({dtype_name(c["dtype"]) for c in recorder.calls if c["step"] == step})
-        return f"the hook got the all-reduced {'/'.join(seen) or '?'} gradients of a {shape[0]}x{shape[1]} HSDP mesh"
+        got = f"the hook got the all-reduced {'/'.join(seen) or '?'} gradients of a {shape[0]}x{shape[1]} HSDP mesh"
+        return got if label is None else f"{label(step)}; {got}"
 
-    return _lockstep(ctx, model, ref, hooked, recorder, steps=steps, lr=lr,
-                              reference="native HSDP without the hook", context=context)
+    return _plan(ctx, model, ref, hooked, recorder, reference="native HSDP without the hook", context=context,
+                 inputs=inputs)
+
+
+def _local_only(plan: Lockstep) -> Lockstep:
+    """``plan`` for hard inputs: every rank's local gradient shard (together, every element), no
+    ``full_tensor()`` all-gathers, no optimizer step."""
+    return dataclasses.replace(plan, grads=plan.grads[:1], params=None)
+
+
+@rank_check("fsdp2.hard_inputs")
+def hard_inputs(ctx: Any, spec: Any, *, config: str, examples: Sequence[Example], case_id: str,
+                fresh: bool = True) -> List[Finding]:
+    """Chosen gradients through the probe (:func:`conformance.checks.probe.run_examples`), bitwise vs native
+    ``fully_shard``, the comm installed."""
+    def make_plan(inputs: Any, context: Any) -> Lockstep:
+        return _local_only(_comm_plan(ctx, spec, config, "gradient_probe", inputs, context))
+
+    return run_examples(ctx, case_id, examples, fresh, make_plan)
+
+
+@rank_check("fsdp2.all_reduce_hard_inputs")
+def all_reduce_hard_inputs(ctx: Any, spec: Any, *, examples: Sequence[Example], case_id: str,
+                           fresh: bool = True) -> List[Finding]:
+    """Chosen gradients through the probe under native HSDP, the all-reduce hook installed, bitwise vs
+    native HSDP without it."""
+    def make_plan(inputs: Any, context: Any) -> Lockstep:
+        return _local_only(_all_reduce_plan(ctx, spec, "gradient_probe", inputs, context))
+
+    return run_examples(ctx, case_id, examples, fresh, make_plan)
 
 
 # -- the API: validation and case plans ------------------------------------------------
@@ -302,6 +248,14 @@ PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
     ("extra", "low"): (("default", "nested_wrapped"),),
     ("hsdp", "full"): (("hsdp", "nested_wrapped"),),
     ("hsdp", "low"): (("hsdp", "nested_wrapped"),),
+}
+#: Hard inputs through the probe, per world-size role: the plain op, and FSDP2's own
+#: pre/post-divide around a SUM (where an undivided sum overflows first). Not under HSDP:
+#: the comm sees the same ops there, on a smaller group, and the default run's budget is
+#: better spent at 2 and 3 ranks (an all-reduce hook's hard inputs run under HSDP, its only setting).
+HARD_INPUT_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    "main": (("default", "gradient_probe"), ("divide_factor_force_sum", "gradient_probe")),
+    "extra": (("default", "gradient_probe"),),
 }
 #: Models an all-reduce hook runs under native HSDP.
 ALL_REDUCE_MODELS = ("nested_wrapped",)
@@ -384,19 +338,31 @@ def parity_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     return _with_skips(out, specs, settings)
 
 
-def all_reduce_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
-    """An all-reduce hook's cases: each of :data:`ALL_REDUCE_MODELS` under HSDP."""
+def hard_input_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """The comm's hard-input cases: :data:`HARD_INPUT_PLAN` at each world size by its role."""
+    out = []
+    for spec in specs:
+        for role, ws in [(settings.role(ws), ws) for ws in settings.world_sizes]:
+            out.extend(CaseParams(spec.name, config, ws, model=model, api=spec.api)
+                       for config, model in HARD_INPUT_PLAN[role])
+    return _with_skips(out, specs, settings)
+
+
+def all_reduce_cases(specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS
+                     ) -> List[CaseParams]:
+    """An all-reduce hook's cases: each of ``models`` under HSDP."""
     ws = hsdp_world_size(settings.world_sizes)
     return _with_skips([CaseParams(spec.name, "hsdp", ws, model=model, api=spec.api)
-                        for spec in specs for model in ALL_REDUCE_MODELS], specs, settings)
+                        for spec in specs for model in models], specs, settings)
 
 
 APIS = (
     HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
             stateful=False, validate=validate, builtin_hooks="conformance.builtin_hooks.fsdp2:FSDP2_HOOKS",
-            plans={"test_fsdp2_parity": parity_cases}),
+            plans={"test_fsdp2_parity": parity_cases, "test_fsdp2_hard_inputs": hard_input_cases}),
     HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP)",
             variant_field="config", stateful=False,
             validate=called_as(1, "an FSDP2 all-reduce hook is called as hook(tensor)"), builtin_hooks=None,
-            plans={"test_fsdp2_all_reduce_hook": all_reduce_cases}),
+            plans={"test_fsdp2_all_reduce_hook": all_reduce_cases,
+                   "test_fsdp2_all_reduce_hard_inputs": lambda specs, s: all_reduce_cases(specs, s, ("gradient_probe",))}),
 )

@@ -120,7 +120,9 @@ class Lockstep:
         reference: the reference's name in messages (``"DDP with no hook"``).
         grads: gradient views compared after each backward, in order; the ranks
             agree to stop after each view that found something.
-        params: the parameter view compared after each optimizer step.
+        params: the parameter view compared after each optimizer step, or
+            ``None``: no optimizer step (hard inputs, where only the reduction
+            of the gradients matters).
         hook_findings: ``hook_findings(step)``: what the hook's recorder saw in
             the step (wrong dtype, never called, a broken contract).
         start_step: ``start_step(step)``, called before the step's backward
@@ -138,7 +140,7 @@ class Lockstep:
     loss_fn: Any
     reference: str
     grads: Sequence[View]
-    params: View
+    params: Optional[View]
     hook_findings: Callable[[int], List[Finding]]
     start_step: Callable[[int], None] = lambda step: None
     train: Callable[..., None] = train_step
@@ -146,34 +148,46 @@ class Lockstep:
     context: Optional[Callable[[int], str]] = None
 
 
-def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding]:
-    """Train ``plan.ref`` and ``plan.hooked`` side by side with SGD (momentum 0.9) for ``steps`` steps.
+class LockstepRun:
+    """One lock-step training of ``plan``: its optimizers and step count, kept between calls.
 
-    Per step: the reference's forward/backward, the hooked model's, the hook
-    recorder's findings and every gradient view compared bitwise; then both
-    optimizer steps and the parameters compared bitwise. Stops at the first
-    step with findings, once every rank agrees (``ctx.any_rank``), so no rank
-    is left waiting in a collective.
-
-    Returns:
-        this rank's findings (empty when the hook conforms).
+    :func:`lockstep` runs one from scratch; hard inputs keep one per case on
+    the rank (:mod:`conformance.checks.hard_inputs`), so each further example
+    costs one forward/backward, not a rebuild. Steps are numbered from 0 across
+    calls; ``plan.inputs(step)`` and ``plan.context(step)`` see that number.
     """
-    opt_ref = torch.optim.SGD(plan.ref.parameters(), lr=lr, momentum=0.9)
-    opt_hooked = torch.optim.SGD(plan.hooked.parameters(), lr=lr, momentum=0.9)
-    for step in range(steps):
+
+    def __init__(self, plan: Lockstep, lr: float):
+        self.plan = plan
+        self.step = 0
+        self.opt_ref = torch.optim.SGD(plan.ref.parameters(), lr=lr, momentum=0.9)
+        self.opt_hooked = torch.optim.SGD(plan.hooked.parameters(), lr=lr, momentum=0.9)
+
+    def run(self, ctx: Any, steps: int) -> List[Finding]:
+        """Train ``steps`` more steps; stop at the first with findings, once every rank agrees."""
+        for _ in range(steps):
+            stop, findings = self._one_step(ctx, self.step)
+            self.step += 1
+            if stop:
+                return findings
+        return []
+
+    def _one_step(self, ctx: Any, step: int) -> Tuple[bool, List[Finding]]:
+        """One step; ``(stop, findings)``: ``stop`` when any rank found something (the same on every rank)."""
+        plan = self.plan
         plan.start_step(step)
         inputs = plan.inputs(step) if callable(plan.inputs) else plan.inputs
-        plan.train(ctx, "reference", step, plan.ref, opt_ref, inputs, plan.loss_fn)
+        plan.train(ctx, "reference", step, plan.ref, self.opt_ref, inputs, plan.loss_fn)
 
         def hooked_step() -> None:
-            plan.train(ctx, "hooked", step, plan.hooked, opt_hooked, inputs, plan.loss_fn)
+            plan.train(ctx, "hooked", step, plan.hooked, self.opt_hooked, inputs, plan.loss_fn)
 
         if plan.guard_hooked is None:
             hooked_step()
         else:
             broken = plan.guard_hooked(step, hooked_step)
             if broken:
-                return broken
+                return True, broken
         findings = plan.hook_findings(step)
         note = plan.context(step) if plan.context else ""
         against = f"{plan.reference} ({note})" if note else plan.reference
@@ -183,16 +197,31 @@ def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding
             findings += compare_named(what, named(plan.hooked), named(plan.ref), rank=ctx.rank, step=step,
                                       reference=against)
             if ctx.any_rank(bool(findings)):
-                return findings
+                return True, findings
+        if plan.params is None:
+            return False, []
         ctx.phase(f"step {step}: optimizer step")
-        opt_ref.step()
-        opt_hooked.step()
+        self.opt_ref.step()
+        self.opt_hooked.step()
         what, named, _ = plan.params
         findings = compare_named(what, named(plan.hooked), named(plan.ref), rank=ctx.rank, step=step,
                                  reference=plan.reference)
-        if ctx.any_rank(bool(findings)):
-            return findings
-    return []
+        return ctx.any_rank(bool(findings)), findings
+
+
+def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding]:
+    """Train ``plan.ref`` and ``plan.hooked`` side by side with SGD (momentum 0.9) for ``steps`` steps.
+
+    Per step: the reference's forward/backward, the hooked model's, the hook
+    recorder's findings and every gradient view compared bitwise; then both
+    optimizer steps and the parameters compared bitwise (unless ``plan.params``
+    is ``None``). Stops at the first step with findings, once every rank agrees
+    (``ctx.any_rank``), so no rank is left waiting in a collective.
+
+    Returns:
+        this rank's findings (empty when the hook conforms).
+    """
+    return LockstepRun(plan, lr).run(ctx, steps)
 
 
 def averaging_findings(ctx: Any, grads: Dict[str, Optional[torch.Tensor]], step: int, *,

@@ -23,6 +23,7 @@ import pytest
 
 from conformance import report
 from conformance.adapters.ddp import DECLARE_LOSSY_HINT
+from conformance.hard_inputs import check_case
 from conformance.pytest_plugin import state_of
 
 pytestmark = pytest.mark.conformance(api="ddp")
@@ -63,6 +64,12 @@ def test_ddp_future_contract(conform, request, case):
     """DDP accepts the hook; each future holds one tensor with the bucket buffer's shape, dtype and device."""
     conform.check(request, case, "future_contract", "ddp.future_contract",
                   {"config": case.variant, "model": case.model})
+
+
+def test_ddp_hard_inputs(conform, request, case):
+    """Near-overflow, zero, subnormal, NaN and Inf gradients through the probe, bitwise equal to the reference
+    in each config; generated examples shrink to a minimal one on failure."""
+    check_case(conform, request, case, "hard_inputs", "ddp.hard_inputs", {"config": case.variant})
 
 
 def test_ddp_lossy_error(conform, request, case):

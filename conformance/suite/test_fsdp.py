@@ -10,11 +10,8 @@ The behaviour comes from PyTorch's ``test/distributed/fsdp/test_fsdp_comm_hooks.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 
-from conformance.hard_inputs import explicit_examples, hard_gradients
-from conformance.pytest_plugin import state_of, tag
+from conformance.hard_inputs import check_case
 
 pytestmark = pytest.mark.conformance(api="fsdp")
 
@@ -44,27 +41,7 @@ def test_registration(conform, request, case):
 def test_hard_inputs(conform, request, case):
     """Near-overflow, zero, subnormal, NaN and Inf gradients reduce bit for bit like the native path.
 
-    One case carries the named explicit inputs and ``--hypothesis-examples``
-    generated ones (drawn deterministically, ``derandomize=True``), so a
-    failure re-runs identically from its command line.
+    The named examples first, then ``--hypothesis-examples`` generated ones,
+    shrunk to a minimal example on failure (``conformance.hard_inputs.check_case``).
     """
-    from conformance.models import get_model
-
-    tag(request, case, "hard_inputs")
-    state = state_of(request.config)
-    spec = state.spec(case.hook).spec
-    shapes = get_model("gradient_probe").input_shapes()
-    explicit = list(explicit_examples(case.world_size, shapes, spec.reduce_dtype).items())
-    count = state.settings.hypothesis_examples
-
-    @settings(max_examples=1, deadline=None, derandomize=True, database=None,
-              phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
-    @given(generated=st.lists(hard_gradients(case.world_size, shapes, spec.reduce_dtype),
-                              min_size=count, max_size=count))
-    def run(generated):
-        examples = explicit + [(f"generated #{i}", grads) for i, grads in enumerate(generated)]
-        conform.run(request.node.name, check="fsdp.hard_inputs", hook=case.hook, world_size=case.world_size,
-                    params={"strategy": case.variant, "examples": examples},
-                    describe=case.describe("hard_inputs"))
-
-    run()
+    check_case(conform, request, case, "hard_inputs", "fsdp.hard_inputs", {"strategy": case.variant})

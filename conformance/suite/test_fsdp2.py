@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.hard_inputs import check_case
+
 pytestmark = pytest.mark.conformance(api="fsdp2")
 
 
@@ -33,3 +35,14 @@ def test_fsdp2_parity(conform, request, case):
 def test_fsdp2_all_reduce_hook(conform, request, case):
     """An all-reduce hook under native HSDP: gradients and parameters bitwise equal to HSDP without it."""
     conform.check(request, case, "fsdp2_all_reduce_hook", "fsdp2.all_reduce_parity", {"model": case.model})
+
+
+def test_fsdp2_hard_inputs(conform, request, case):
+    """Near-overflow, zero, subnormal, NaN and Inf gradients through the probe, the comm installed: bitwise
+    equal to native fully_shard; generated examples shrink to a minimal one on failure."""
+    check_case(conform, request, case, "fsdp2_hard_inputs", "fsdp2.hard_inputs", {"config": case.variant})
+
+
+def test_fsdp2_all_reduce_hard_inputs(conform, request, case):
+    """The same hard inputs under native HSDP with the all-reduce hook: bitwise equal to HSDP without it."""
+    check_case(conform, request, case, "fsdp2_all_reduce_hard_inputs", "fsdp2.all_reduce_hard_inputs", {})

@@ -206,6 +206,17 @@ def bad_nan_to_zero(process_group, bucket):
         lambda f: torch.nan_to_num_(f.value(), nan=0.0, posinf=0.0, neginf=0.0))
 
 
+def bad_saturates_inf_off_rank0(process_group, bucket):
+    """DDP's averaging, but ranks other than 0 first saturate +Inf to float32's max (as if only rank 0,
+    which holds a loss scaler, were meant to see overflow). No named hard input has +Inf off rank 0,
+    so only generated examples find it: this hook exists to show that a generated failure is shrunk
+    to its minimal example (one +Inf on one rank other than 0)."""
+    buffer = bucket.buffer()
+    if dist.get_rank(process_group) != 0:
+        buffer.clamp_(max=torch.finfo(buffer.dtype).max)
+    return _mean_allreduce(process_group, buffer)
+
+
 def bad_fp16_divide_after(process_group, bucket):
     """Claims float16: casts to float16, SUM all-reduce, then divides by the world size, where
     fp16_compress_hook divides first. Bitwise equal to it on ordinary values at 2 ranks (a
@@ -312,6 +323,8 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
     HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
     HookSpec(name="bad_nan_to_zero", api="ddp", hook=bad_nan_to_zero, state=process_group_state),
+    HookSpec(name="bad_saturates_inf_off_rank0", api="ddp", hook=bad_saturates_inf_off_rank0,
+             state=process_group_state),
     HookSpec(name="bad_fp16_divide_after", api="ddp", hook=bad_fp16_divide_after, state=process_group_state,
              reduce_dtype=torch.float16),
     HookSpec(name="bad_param_not_named_bucket", api="ddp", hook=bad_param_not_named_bucket,
@@ -359,6 +372,10 @@ EXPECTED_CATCH: Dict[str, str] = {
         "view without complaint, so parity alone could pass it"
     ),
     "bad_nan_to_zero": "hard_inputs: NaN on one rank and +Inf against -Inf come back as zeros",
+    "bad_saturates_inf_off_rank0": (
+        "hard_inputs, generated examples only: +Inf on a rank other than 0 comes back finite; the failure "
+        "is shrunk to that one element"
+    ),
     "bad_fp16_divide_after": (
         "hard_inputs: near 65504 the undivided float16 sum overflows to inf where fp16_compress_hook's "
         "divided one stays finite; on the models' ordinary values it passes at 2 ranks"

@@ -25,6 +25,7 @@ MUST_CATCH = {
     "bad_power_of_two_divisor": {"averaging", "parity"},
     "bad_rank0_only_noise": {"parity", "rank_consistency"},
     "bad_nan_to_zero": {"hard_inputs"},
+    "bad_default_group": {"subgroup_parity"},
 }
 
 

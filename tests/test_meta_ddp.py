@@ -27,6 +27,7 @@ MUST_CATCH = {
     "bad_wrong_shape": {"future_contract"},
     "bad_padded_future": {"future_contract", "parity"},
     "bad_nan_to_zero": {"hard_inputs"},
+    "bad_default_group": {"parity"},
     "bad_saturates_inf_off_rank0": {"hard_inputs"},
     "bad_fp16_divide_after": {"hard_inputs"},
     "bad_param_not_named_bucket": {"future_contract"},

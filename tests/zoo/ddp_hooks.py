@@ -206,6 +206,13 @@ def bad_nan_to_zero(process_group, bucket):
         lambda f: torch.nan_to_num_(f.value(), nan=0.0, posinf=0.0, neginf=0.0))
 
 
+def bad_default_group(process_group, bucket):
+    """DDP's averaging over the default group instead of the state's process group (the group argument
+    forgotten): right wherever DDP runs on WORLD, which every case but the subgroup one does."""
+    tensor = bucket.buffer().mul_(1.0 / process_group.size())
+    return dist.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
 def bad_saturates_inf_off_rank0(process_group, bucket):
     """DDP's averaging, but ranks other than 0 first saturate +Inf to float32's max (as if only rank 0,
     which holds a loss scaler, were meant to see overflow). No named hard input has +Inf off rank 0,
@@ -323,6 +330,7 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
     HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
     HookSpec(name="bad_nan_to_zero", api="ddp", hook=bad_nan_to_zero, state=process_group_state),
+    HookSpec(name="bad_default_group", api="ddp", hook=bad_default_group, state=process_group_state),
     HookSpec(name="bad_saturates_inf_off_rank0", api="ddp", hook=bad_saturates_inf_off_rank0,
              state=process_group_state),
     HookSpec(name="bad_fp16_divide_after", api="ddp", hook=bad_fp16_divide_after, state=process_group_state,
@@ -372,6 +380,7 @@ EXPECTED_CATCH: Dict[str, str] = {
         "view without complaint, so parity alone could pass it"
     ),
     "bad_nan_to_zero": "hard_inputs: NaN on one rank and +Inf against -Inf come back as zeros",
+    "bad_default_group": "parity in the subgroup config only: every other case trains on WORLD",
     "bad_saturates_inf_off_rank0": (
         "hard_inputs, generated examples only: +Inf on a rank other than 0 comes back finite; the failure "
         "is shrunk to that one element"

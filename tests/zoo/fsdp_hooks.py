@@ -377,6 +377,22 @@ def nan_to_zero_hook(state: DefaultState, grad: torch.Tensor, output: Optional[t
     torch.nan_to_num_(target, nan=0.0, posinf=0.0, neginf=0.0)
 
 
+def default_group_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: FSDP's averaging, but over the default group instead of ``state.process_group``.
+
+    Realistic: ``dist.all_reduce(grad)`` with the group argument forgotten. Right whenever FSDP
+    runs on WORLD, which every other case does; on a data-parallel subgroup it mixes the
+    groups' gradients (``NO_SHARD``) or reduce-scatters over the wrong ranks (sharded).
+    """
+    _div_if_needed(grad, state.gradient_predivide_factor)
+    if output is None:
+        dist.all_reduce(grad)
+        _div_if_needed(grad, state.gradient_postdivide_factor)
+    else:
+        _reduce_scatter(output, grad, None)
+        _div_if_needed(output, state.gradient_postdivide_factor)
+
+
 def rank0_noise_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
     """Wrong: after the native reduction, rank 0 moves every element one ULP towards +inf.
 
@@ -496,6 +512,8 @@ KNOWN_BAD: List[HookSpec] = [
     ),
 ]
 
+KNOWN_BAD.append(HookSpec(name="bad_default_group", api="fsdp", hook=default_group_hook, state=DefaultState,
+                          description="native averaging over the default group, not the state's process group"))
 KNOWN_BAD.append(HookSpec(name="bad_nan_to_zero", api="fsdp", hook=nan_to_zero_hook, state=DefaultState,
                           description="native average, then NaN and +/-Inf replaced by zero"))
 
@@ -504,6 +522,9 @@ ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
 #: For each known-bad spec, the check that must catch it and why.
 EXPECTED_CATCH: Dict[str, str] = {
     "bad_nan_to_zero": "hard_inputs: NaN on one rank and +Inf against -Inf come back as zeros",
+    "bad_default_group": (
+        "subgroup_parity only: every other case trains on WORLD, where the default group is the right one"
+    ),
     "bad_sum_no_average": (
         "averaging: every element is sum(0..ws-1), ws times the mean; parity fails too"
     ),

@@ -242,9 +242,10 @@ def test_ddp_exact_hooks_get_parity_and_lossy_hooks_their_contract():
     # Neither a loss margin nor determinism is declared: those checks plan nothing.
     assert got["test_ddp_lossy_loss"] == got["test_ddp_lossy_determinism"] == []
     assert {c.world_size for c in got["test_ddp_future_contract"]} == {2, 3}
-    assert {c.world_size for c in got["test_ddp_parity"]} == {2, 3}
+    assert {c.world_size for c in got["test_ddp_parity"]} == {2, 3, 4}  # 4: the subgroup case
+    assert [c.variant for c in got["test_ddp_parity"] if c.world_size == 4] == ["subgroup"]
     assert hooks["test_ddp_hard_inputs"] == {"exact"}
-    assert {c.variant for c in got["test_ddp_future_contract"]} == set(DDP_CONFIGS)
+    assert {c.variant for c in got["test_ddp_future_contract"]} == set(DDP_CONFIGS) - {"subgroup"}
     assert all(c.api == "ddp" and c.variant_field == "config" for cases in got.values() for c in cases)
 
 

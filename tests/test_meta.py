@@ -49,7 +49,8 @@ def test_run_fails_because_of_bad_hooks(zoo_run):
 @pytest.mark.parametrize("name", [s.name for s in zoo.KNOWN_GOOD])
 def test_known_good_hook_passes_every_check(zoo_run, name):
     cases = zoo_run.by_hook()[name]
-    assert {c.check for c in cases} == {"averaging", "parity", "rank_consistency", "registration", "hard_inputs"}
+    assert {c.check for c in cases} == {"averaging", "parity", "rank_consistency", "registration", "hard_inputs",
+                                        "subgroup_parity"}
     bad = [f"{c.name}: {c.outcome}\n{c.message[:2000]}" for c in cases if c.outcome != "passed"]
     assert not bad, "\n".join(bad)
 

@@ -27,7 +27,7 @@ MUST_CATCH = {
     "bad_self_average": {"force_sum", "divide_factor_force_sum"},
     "bad_self_average_fp16": {"default", "divide_factor", "hsdp"},
     "bad_wrong_shard": {"default", "force_sum", "divide_factor_force_sum", "hsdp"},
-    "bad_default_group": {"hsdp"},
+    "bad_default_group": {"hsdp", "subgroup"},
     "bad_fp32_alloc_bf16": {"default", "hsdp"},
     "bad_bf16_wire": {"default", "hsdp"},
     "bad_staging_buffer": {"default", "hsdp"},
@@ -47,7 +47,7 @@ MUST_CATCH_WITH_PREMUL_SUM = {"bad_premul_as_avg": {"divide_factor"}}
 def zoo_run(tmp_path_factory):
     junit = str(tmp_path_factory.mktemp("zoo2") / "zoo2.xml")
     run = run_suite(["--hook", "tests.zoo.fsdp2_comms:ALL", "--extra-world-size", "4", "-q",
-                     "-k", "fsdp2 and (nested_wrapped or hard_inputs) and (ws2 or hsdp)"], junit)
+                     "-k", "fsdp2 and (nested_wrapped or hard_inputs) and (ws2 or hsdp or subgroup)"], junit)
     assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
     return run
 
@@ -111,10 +111,11 @@ def test_premul_sum_gap_is_reported_not_hidden(zoo_run):
             MUST_CATCH_WITH_PREMUL_SUM["bad_premul_as_avg"]
 
 
-def test_default_group_is_caught_only_by_hsdp(zoo_run):
-    """On a 1-D mesh the shard group is the default group; only HSDP hands the comm a sub-group."""
+def test_default_group_is_caught_only_where_the_group_is_not_world(zoo_run):
+    """On a 1-D mesh over the pool the shard group is the default group; HSDP and the subgroup config
+    hand the comm another group of more than one rank."""
     cases = zoo_run.by_hook()["bad_default_group"]
-    assert {c.properties.get("config") for c in cases if c.outcome == "failed"} == {"hsdp"}
+    assert {c.properties.get("config") for c in cases if c.outcome == "failed"} == {"hsdp", "subgroup"}
     assert any(c.outcome == "passed" for c in cases)
 
 

@@ -22,7 +22,8 @@ The reference for each claim:
 
 Training configurations (``config``, see :data:`CONFIGS`): ``default``,
 ``small_buckets`` (a bucket cap that forces several buckets), ``bucket_per_param``
-(a bucket per parameter, of uneven lengths), ``bucket_view``
+(a bucket per parameter, of uneven lengths), ``subgroup`` (DDP, and the hook's
+state, on a data-parallel subgroup of the pool, not WORLD), ``bucket_view``
 (``gradient_as_bucket_view=True``), ``static_graph``, ``find_unused``
 (``find_unused_parameters=True`` on a model that leaves parameters unused) and
 ``no_sync`` (gradient accumulation under ``no_sync()`` before a synchronising
@@ -59,6 +60,7 @@ from conformance.checks.common import (Lockstep, averaging_findings, fqn_inside_
                                        named_grads, named_params, train_alone)
 from conformance.adapters.ddp_future import DDPHookRecorder, hook_called, hooked_step
 from conformance.adapters.ddp_reference import reference_hook, reference_name
+from conformance.checks.groups import on_subgroup, subgroup_world_size
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
 from conformance.protocol import CheckResult, Finding
@@ -85,6 +87,7 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     "static_graph": {"static_graph": True},
     "find_unused": {"find_unused_parameters": True},
     "no_sync": {},
+    "subgroup": {},
 }
 
 #: Shown under a failed exactness check of a hook that declares no lossy contract.
@@ -221,6 +224,8 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
     """Gradients and parameters bitwise equal to the reference DDP model after every step."""
     from conformance.models import get_model
 
+    if config == "subgroup":
+        ctx = on_subgroup(ctx)
     model_cls = get_model(model)
     ctx.phase("building the reference DDP model")
     ref = build_reference(spec, model, ctx, config)
@@ -345,6 +350,17 @@ def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = ()
     return plan
 
 
+def _with_subgroup(plan: Callable[[Sequence[Any], Any], List[CaseParams]]):
+    """``plan``, plus per kept spec one ``subgroup`` case (``nested_wrapped``) on the smallest even pool of
+    at least four ranks: the run's, else the extra pool FSDP2's HSDP starts."""
+    def with_subgroup(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        ws = subgroup_world_size(settings.world_sizes)
+        return plan(specs, settings) + [CaseParams(spec.name, "subgroup", ws, model="nested_wrapped", api="ddp")
+                                        for spec in specs if _exact(spec)]
+
+    return with_subgroup
+
+
 def _exact(spec: Any) -> bool:
     return spec.lossy is None
 
@@ -359,7 +375,7 @@ API = HookApi(
     plans={
         "test_ddp_averaging": _plan([("default", "analytic_linear")], [("default", "analytic_linear")], keep=_exact,
                                     skip_one_rank=_ACROSS_RANKS),
-        "test_ddp_parity": _plan(PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact),
+        "test_ddp_parity": _with_subgroup(_plan(PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact)),
         "test_ddp_rank_consistency": _plan(CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS),
         "test_ddp_future_contract": _plan(FUTURE_CASES, FUTURE_CASES),
         "test_ddp_hard_inputs": _plan(HARD_INPUT_CASES, EXTRA_HARD_INPUT_CASES, keep=_exact),

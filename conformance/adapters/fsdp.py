@@ -34,6 +34,7 @@ from conformance.cases import CaseParams
 from conformance.checks import rank_check
 from conformance.checks.common import (Lockstep, averaging_findings, grads_per_step, lockstep,
                                        named_grads, named_params, train_alone, train_step)
+from conformance.checks.groups import on_subgroup, subgroup_world_size
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
 from conformance.protocol import CheckResult, Finding
@@ -161,10 +162,13 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
 
 @rank_check("fsdp.parity")
 def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr: float = 0.01,
-           reference_only: bool = False) -> List[Finding]:
-    """Bitwise parity with the native path, gradients and parameters, every step."""
+           reference_only: bool = False, subgroup: bool = False) -> List[Finding]:
+    """Bitwise parity with the native path, gradients and parameters, every step; with ``subgroup``, both
+    models (and the hook's state) on this rank's data-parallel subgroup (:func:`on_subgroup`), not WORLD."""
     from conformance.models import get_model
 
+    if subgroup:
+        ctx = on_subgroup(ctx)
     model_cls = get_model(model)
     ctx.phase("building the reference model (no hook)")
     ref = build_fsdp(model, ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
@@ -240,6 +244,8 @@ PARITY_MODELS = ("net_wrapped", "net_flat", "nested_wrapped", "always_wrap_neste
                  "nonuniform_req_grad")
 #: Reference models for parity at an extra world size (kept short: it is a second pool).
 EXTRA_PARITY_MODELS = ("net_wrapped", "nested_wrapped")
+#: The model of the subgroup cases: several FSDP units, shards that need padding.
+SUBGROUP_MODEL = "nested_wrapped"
 #: Models whose NO_SHARD gradients are compared across ranks (the first only at an extra world size).
 CONSISTENCY_MODELS = ("net_wrapped", "transformer_shared")
 
@@ -322,6 +328,14 @@ def _registration(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     return out
 
 
+def _subgroup(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """Parity on data-parallel subgroups (``conformance.checks.groups``): every strategy a spec serves, on
+    the smallest even pool of at least four ranks (the run's, else the extra pool FSDP2's HSDP starts)."""
+    ws = subgroup_world_size(settings.world_sizes)
+    return [CaseParams(spec.name, strategy, ws, model=SUBGROUP_MODEL) for spec in specs
+            for strategy in spec.strategies or ()]
+
+
 API = HookApi(
     name="fsdp",
     installed_with="FullyShardedDataParallel.register_comm_hook(state, hook)",
@@ -337,6 +351,7 @@ API = HookApi(
             skip="rank consistency needs at least 2 ranks"),
         "test_registration": _registration,
         "test_hard_inputs": lambda specs, s: _training(specs, s),
+        "test_subgroup_parity": _subgroup,
     },
 )
 APIS = (API,)

@@ -56,6 +56,7 @@ from conformance.adapters.fsdp2_recorders import CommRecorder, HookRecorder, mak
 from conformance.cases import CaseParams
 from conformance.checks import rank_check
 from conformance.checks.common import Lockstep, fqn_without_wrappers, lockstep, named_grads, named_params, train_alone
+from conformance.checks.groups import on_subgroup
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
 from conformance.protocol import Finding
@@ -64,8 +65,9 @@ from conformance.spec import SpecError, binds_signature, qualname, signature_tex
 #: Configurations of the FSDP modules a comm is checked under.
 #: ``default``: nothing set; ``divide_factor``: ``set_gradient_divide_factor``;
 #: ``force_sum``: ``set_force_sum_reduction_for_comms(True)``;
-#: ``divide_factor_force_sum``: both; ``hsdp``: a 2-D (replicate, shard) mesh.
-CONFIGS = ("default", "divide_factor", "force_sum", "divide_factor_force_sum", "hsdp")
+#: ``divide_factor_force_sum``: both; ``hsdp``: a 2-D (replicate, shard) mesh; ``subgroup``: a
+#: 1-D mesh over this rank's data-parallel subgroup (``conformance.checks.groups``), not WORLD.
+CONFIGS = ("default", "divide_factor", "force_sum", "divide_factor_force_sum", "hsdp", "subgroup")
 
 #: FSDPModule methods each config needs (besides ``set_custom_reduce_scatter``).
 CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
@@ -74,6 +76,7 @@ CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
     "force_sum": ("set_force_sum_reduction_for_comms",),
     "divide_factor_force_sum": ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms"),
     "hsdp": (),
+    "subgroup": (),
 }
 
 #: Why gloo cannot run the native reference of a ``divide_factor`` config in float32/bfloat16.
@@ -134,10 +137,13 @@ def parity(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 3, lr: 
     if reference_only:
         from conformance.models import get_model
 
+        ctx = on_subgroup(ctx) if config == "subgroup" else ctx
         ref, _ = _native(ctx, spec, config, model)
         model_cls = get_model(model)
         return train_alone(ctx, ref, torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9),
                            model_cls.make_input(ctx.rank, ctx.world_size, ctx.device), model_cls.loss, steps)
+    if config == "subgroup":
+        ctx = on_subgroup(ctx)
     return lockstep(ctx, _comm_plan(ctx, spec, config, model), steps=steps, lr=lr)
 
 
@@ -246,8 +252,8 @@ PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
     ("main", "low"): (("default", "nested_wrapped"), ("divide_factor", "nested_wrapped"),
                       ("divide_factor_force_sum", "nested_wrapped")),
     ("extra", "low"): (("default", "nested_wrapped"),),
-    ("hsdp", "full"): (("hsdp", "nested_wrapped"),),
-    ("hsdp", "low"): (("hsdp", "nested_wrapped"),),
+    ("hsdp", "full"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
+    ("hsdp", "low"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
 }
 #: Hard inputs through the probe, per world-size role: the plain op, and FSDP2's own
 #: pre/post-divide around a SUM (where an undivided sum overflows first). Not under HSDP:
@@ -302,7 +308,7 @@ def hsdp_unavailable(sizes: Sequence[int]) -> Optional[str]:
 
 def skip_reason(case: CaseParams, spec: Any, settings: Any) -> Optional[str]:
     """Why ``case`` cannot run here, after its world size's availability (``None``: it runs)."""
-    if case.variant == "hsdp":
+    if case.variant in ("hsdp", "subgroup"):
         why = hsdp_unavailable(settings.world_sizes)
         if why is not None:
             return why

@@ -78,16 +78,21 @@ def mesh_for(ctx: Any, shape: Tuple[int, ...]) -> Any:
     """A device mesh of ``shape`` over the pool's ranks, cached per process group and shape.
 
     A 1-D mesh over the whole pool reuses the default process group (no new
-    group); a 2-D mesh creates one sub-group per row and column, which is
+    group), one over a subgroup (``ctx.group`` is not WORLD) wraps it; a 2-D mesh creates one sub-group per row and column, which is
     collective over the default group and costly, so it is built once per
     pool. Every rank asks for the same meshes in the same order (cases run in
     lockstep), so the collective creation matches up.
     """
-    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     key = (id(ctx.group), ctx.world_size, ctx.device.type, tuple(shape))
     if key not in _MESHES:
-        if len(shape) == 1:
+        if ctx.group is not dist.group.WORLD:  # a subgroup (conformance.checks.groups): a 1-D mesh over it
+            if len(shape) != 1:
+                raise ValueError(f"a mesh over a subgroup is 1-D, not {shape}")
+            _MESHES[key] = DeviceMesh.from_group(ctx.group, ctx.device.type)
+        elif len(shape) == 1:
             _MESHES[key] = init_device_mesh(ctx.device.type, tuple(shape))
         else:
             _MESHES[key] = init_device_mesh(ctx.device.type, tuple(shape), mesh_dim_names=("replicate", "shard"))

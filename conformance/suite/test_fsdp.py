@@ -26,6 +26,13 @@ def test_parity(conform, request, case):
     conform.check(request, case, "parity", "fsdp.parity", {"strategy": case.variant, "model": case.model})
 
 
+def test_subgroup_parity(conform, request, case):
+    """Parity with both models, and the hook's state, on a data-parallel subgroup of the pool, not WORLD:
+    a hook that reduces over the default group instead of its state's process group mixes the groups."""
+    conform.check(request, case, "subgroup_parity", "fsdp.parity",
+                  {"strategy": case.variant, "model": case.model, "subgroup": True})
+
+
 def test_rank_consistency(conform, request, case):
     """Under NO_SHARD every rank holds the identical gradient after each step."""
     conform.check(request, case, "rank_consistency", "fsdp.rank_grads",

@@ -368,8 +368,8 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_self_average_fp16": "default: float16 always reduces with SUM and FSDP2 divides before and after",
     "bad_wrong_shard": "default: every rank's gradient shard holds its neighbour's values",
     "bad_default_group": (
-        "hsdp only: on 1-D meshes the shard group is the default group; under HSDP reduce-scattering "
-        "over all 4 ranks into a 2-rank-sized buffer raises"
+        "hsdp and subgroup: on a 1-D mesh over the pool the shard group is the default group; under HSDP "
+        "and on a data-parallel subgroup, reduce-scattering over all 4 ranks into a 2-rank-sized buffer raises"
     ),
     "bad_fp32_alloc_bf16": (
         "default: the gradients are reduced in float32 instead of bfloat16 (and the allocation check "

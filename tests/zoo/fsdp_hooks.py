@@ -393,6 +393,21 @@ def default_group_hook(state: DefaultState, grad: torch.Tensor, output: Optional
         _div_if_needed(output, state.gradient_postdivide_factor)
 
 
+def sum_then_divide_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: SUM, then divides by the world size once, where FSDP pre-divides and post-divides.
+
+    Realistic: the textbook "average = sum / n". At 2 and 4 ranks every division is by a power
+    of two and exact, so it equals FSDP bit for bit on ordinary values; at 3 ranks FSDP divides
+    by 2 before and by 1.5 after the SUM, and the last bit differs.
+    """
+    if output is None:
+        dist.all_reduce(grad, group=state.process_group)
+        grad.div_(state.world_size)
+    else:
+        _reduce_scatter(output, grad, state.process_group)
+        output.div_(state.world_size)
+
+
 def rank0_noise_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
     """Wrong: after the native reduction, rank 0 moves every element one ULP towards +inf.
 
@@ -512,6 +527,8 @@ KNOWN_BAD: List[HookSpec] = [
     ),
 ]
 
+KNOWN_BAD.append(HookSpec(name="bad_sum_then_divide", api="fsdp", hook=sum_then_divide_hook, state=DefaultState,
+                          description="SUM then / world_size, where FSDP divides before and after"))
 KNOWN_BAD.append(HookSpec(name="bad_default_group", api="fsdp", hook=default_group_hook, state=DefaultState,
                           description="native averaging over the default group, not the state's process group"))
 KNOWN_BAD.append(HookSpec(name="bad_nan_to_zero", api="fsdp", hook=nan_to_zero_hook, state=DefaultState,
@@ -522,6 +539,10 @@ ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
 #: For each known-bad spec, the check that must catch it and why.
 EXPECTED_CATCH: Dict[str, str] = {
     "bad_nan_to_zero": "hard_inputs: NaN on one rank and +Inf against -Inf come back as zeros",
+    "bad_sum_then_divide": (
+        "parity and hard_inputs at world size 3 only: FSDP's pre-divide 2 and post-divide 1.5 round "
+        "differently from one division by 3; at 2 and 4 ranks every division is exact"
+    ),
     "bad_default_group": (
         "subgroup_parity only: every other case trains on WORLD, where the default group is the right one"
     ),

@@ -26,10 +26,19 @@ def pytest_args(argv: List[str]) -> List[str]:
             "-p", "conformance.pytest_plugin", *argv, SUITE_DIR]
 
 
+#: Arguments after which no case runs, so no rank is needed.
+_NO_CASES = {"-h", "--help", "--version", "--co", "--collect-only", "--fixtures", "--markers"}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not _NO_CASES.intersection(argv):
+        # The zygote imports torch for the ranks while this process imports it for itself.
+        from conformance.pool import start_zygote
+
+        start_zygote()
     import pytest
 
-    argv = sys.argv[1:] if argv is None else list(argv)
     return int(pytest.main(pytest_args(argv)))
 
 

@@ -26,11 +26,11 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
 
-__all__ = ["PoolConfig", "PoolStartError", "RankPool", "SpecLoadError"]
+__all__ = ["PoolConfig", "PoolStartError", "RankPool", "SpecLoadError", "close_zygote", "start_zygote"]
 
 #: Seconds the other ranks get to finish after one rank raised or died. A rank
 #: blocked in a collective its peer never joined will not finish at all.
@@ -48,6 +48,101 @@ class SpecLoadError(PoolStartError):
 
     A usage error, not a hook failure: the message carries the rank's traceback.
     """
+
+
+class _Zygote:
+    """The controller's handle on the template process that forks ranks (:mod:`conformance.zygote`)."""
+
+    def __init__(self) -> None:
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.zygote", str(child.fileno())],
+                                     pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        child.close()
+        self.conn = Connection(parent.detach())
+
+    def spawn(self, sock: socket.socket, log_path: str, env: Dict[str, str]) -> "_ForkedRank":
+        """Fork a rank that runs ``conformance.worker`` on (a copy of) ``sock``, its output in ``log_path``."""
+        from multiprocessing.reduction import send_handle
+
+        send(self.conn, ("spawn", {"log_path": log_path, "env": env}))
+        send_handle(self.conn, sock.fileno(), self.proc.pid)
+        kind, pid = recv(self.conn)
+        return _ForkedRank(self, pid)
+
+    def status(self, pids: List[int]) -> Dict[int, Optional[int]]:
+        send(self.conn, ("status", pids))
+        return recv(self.conn)[1]
+
+    def close(self) -> None:
+        self.conn.close()
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _ForkedRank:
+    """A rank forked by the zygote, with the part of ``subprocess.Popen``'s interface the pool uses."""
+
+    def __init__(self, zygote: _Zygote, pid: int):
+        self.zygote = zygote
+        self.pid = pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                self.returncode = self.zygote.status([self.pid])[self.pid]
+            except (EOFError, OSError):  # the zygote is gone, and reaped its children with it
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+_ZYGOTE: Optional[_Zygote] = None
+
+
+def _zygote() -> Optional[_Zygote]:
+    """The session's zygote, started on first use; ``None`` when ranks start as fresh interpreters
+    (``CONFORM_FORK_RANKS=0``, or no ``fork`` on this platform)."""
+    global _ZYGOTE
+    if os.environ.get("CONFORM_FORK_RANKS", "1") == "0" or not hasattr(os, "fork"):
+        return None
+    if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
+        _ZYGOTE = _Zygote()
+    return _ZYGOTE
+
+
+def start_zygote() -> None:
+    """Start the session's zygote now, so its imports overlap the controller's (``conform`` does this
+    before pytest starts). A no-op where ranks start as fresh interpreters."""
+    _zygote()
+
+
+def close_zygote() -> None:
+    """Stop the session's zygote (its ranks are the pools' to stop). Idempotent."""
+    global _ZYGOTE
+    if _ZYGOTE is not None:
+        _ZYGOTE.close()
+        _ZYGOTE = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +182,7 @@ class RankPool:
     def __init__(self, config: PoolConfig):
         self.config = config
         self.starts = 0
-        self._procs: List[subprocess.Popen] = []
+        self._procs: List[Any] = []  # subprocess.Popen, or _ForkedRank from the zygote
         self._conns: List[Connection] = []
         self._logs: List[str] = []
         self._dir: Optional[str] = None
@@ -134,21 +229,31 @@ class RankPool:
             # Keep gloo's connections on loopback: the pool never leaves the machine.
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env["PYTHONUNBUFFERED"] = "1"
+        zygote = _zygote()
         for rank in range(cfg.world_size):
             parent, child = socket.socketpair()
             log_path = os.path.join(self._dir, f"rank{rank}.log")
-            log = open(log_path, "wb")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "conformance.worker", str(child.fileno())],
-                pass_fds=(child.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-            log.close()
-            child.close()
+            proc: Any = None
+            env = dict(env, CONFORM_RANK=str(rank))  # tells code that it runs in a rank (and which)
+            if zygote is not None:
+                try:
+                    proc = zygote.spawn(child, log_path, env)
+                    child.close()
+                except (EOFError, OSError):  # the zygote died: start this rank and the rest afresh
+                    zygote = None
+            if proc is None:
+                log = open(log_path, "wb")
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "conformance.worker", str(child.fileno())],
+                    pass_fds=(child.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+                log.close()
+                child.close()
             conn = Connection(parent.detach())
             send(conn, ("hello", {
                 "rank": rank,

@@ -46,13 +46,21 @@ import pytest
 from conformance import report
 from conformance.checks import REPLAYS_REFERENCE
 from conformance.compare import compare_bitwise
-from conformance.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError
+from conformance.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError, close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 
 
 
 class ConformanceFailure(AssertionError):
-    """A hook failed a check; the message is the whole report of that case."""
+    """A hook failed a check; the message is the whole report of that case.
+
+    Attributes:
+        findings: the findings behind it; empty when a rank raised, hung or died.
+    """
+
+    def __init__(self, message: str, findings: Sequence[Finding] = ()):
+        super().__init__(message)
+        self.findings = tuple(findings)
 
 
 class Runner:
@@ -129,6 +137,7 @@ class Runner:
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
+        close_zygote()
 
     def run(self, test_name: str, *, check: str, hook: Optional[str], params: Dict[str, Any], world_size: int,
             describe: Dict[str, Any], findings: bool = True) -> CaseResult:
@@ -224,11 +233,11 @@ class Runner:
                 "training it beside the hooked model)")
 
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
-             world_size: Optional[int] = None) -> None:
+             world_size: Optional[int] = None, findings: Sequence[Finding] = ()) -> None:
         """Raise the case's :class:`ConformanceFailure`: ``header``, ``body``, then the re-run command."""
         __tracebackhide__ = True
         rerun = self.rerun_command(test_name, hook, world_size)
-        raise ConformanceFailure(report.failure_message(header, body, rerun))
+        raise ConformanceFailure(report.failure_message(header, body, rerun), findings)
 
     def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
         """The shell command that re-runs just ``test_name``: the hook's ``--hook`` target (a built-in or
@@ -247,7 +256,7 @@ class Runner:
         __tracebackhide__ = True
         if findings:
             body = report.findings_text(findings) + (f"\n{note}" if note else "")
-            self.fail(test_name, hook, report.header(hook, describe, world_size), body, world_size)
+            self.fail(test_name, hook, report.header(hook, describe, world_size), body, world_size, findings)
 
 
 def compare_across_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Finding]:

@@ -52,10 +52,12 @@ def test_cases_after_the_broken_ones_still_pass(contained_run):
 
 
 def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
-    """Ctrl-C while a pool spawns its ranks leaves none of them running."""
+    """Ctrl-C while a pool spawns its ranks (as fresh interpreters) leaves none of them running."""
     import subprocess
 
     from conformance import pool as pool_mod
+
+    monkeypatch.setenv("CONFORM_FORK_RANKS", "0")
 
     spawned = []
     real_popen = subprocess.Popen
@@ -73,3 +75,29 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
         pool.launch()
     assert len(spawned) == 1 and spawned[0].poll() is not None, "rank 0 outlived the interrupted start"
     assert not pool.alive
+
+
+def test_an_interrupted_start_kills_the_forked_ranks_already_spawned(monkeypatch):
+    """The same with ranks forked by the zygote: Ctrl-C after the first rank leaves none running."""
+    from conformance import pool as pool_mod
+
+    pool_mod.close_zygote()
+    spawned = []
+    real_spawn = pool_mod._Zygote.spawn
+
+    def spawn(self, sock, log_path, env):
+        if spawned:
+            raise KeyboardInterrupt
+        proc = real_spawn(self, sock, log_path, env)
+        spawned.append(proc)
+        return proc
+
+    monkeypatch.setattr(pool_mod._Zygote, "spawn", spawn)
+    pool = pool_mod.RankPool(pool_mod.PoolConfig(world_size=3, backend="gloo", device="cpu"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.launch()
+        assert len(spawned) == 1 and spawned[0].wait(timeout=10) is not None, "rank 0 outlived the start"
+        assert not pool.alive
+    finally:
+        pool_mod.close_zygote()

@@ -1,0 +1,133 @@
+"""A template for rank processes: imports torch and the suite once, then forks every rank from itself.
+
+A rank started as a fresh interpreter spends about 3 s of CPU importing torch,
+its FSDP and DDP modules and the suite's adapters before it can join its
+process group; a run that starts pools of 2, 3 and 4 ranks on a 2-core machine
+spent 13 s on that alone. The zygote imports them once (:data:`PRELOAD`), then
+``fork()``s each rank: the child starts its own session (so ``killpg`` reaches
+it and a terminal's Ctrl-C does not), sends its output to the rank's log,
+takes the pool's environment and runs :func:`conformance.worker.main` on the
+socket the controller passed it. Nothing in the zygote starts threads or
+initialises CUDA before it forks.
+
+Protocol (a ``multiprocessing.connection.Connection`` over a socketpair):
+
+* ``("spawn", {"log_path", "env"})`` followed by the rank's socket (passed with
+  ``multiprocessing.reduction.send_handle``) -> ``("pid", pid)``;
+* ``("status", [pid, ...])`` -> ``("status", {pid: exit code or None})``, the
+  exit code as ``subprocess.Popen.returncode`` gives it (``-N`` for signal N);
+  the zygote reaps its children only here.
+
+The zygote exits when the controller closes its end (or dies). The pool falls
+back to starting each rank as a fresh interpreter when the zygote cannot start,
+and ``CONFORM_FORK_RANKS=0`` makes it do so always.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import socket
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
+from typing import Dict, List, Optional
+
+from conformance.protocol import recv, send
+
+#: Modules every rank imports anyway, imported once here before any fork.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.distributed.fsdp",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
+    "conformance.worker",
+    "conformance.apis",
+    "conformance.checks.lossy",
+    "conformance.builtin_hooks.fsdp",
+    "conformance.builtin_hooks.ddp",
+    "conformance.builtin_hooks.fsdp2",
+    "conformance.models",
+)
+
+
+def _preload() -> None:
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a rank that needs it will raise with its own traceback
+            pass
+
+
+def _child(conn: Connection, fd: int, log_path: str, env: Dict[str, str]) -> None:
+    """In the forked rank: own session, output to the log, the pool's environment, then the worker."""
+    code = 1
+    try:
+        conn.close()
+        os.setsid()
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        os.environ.clear()
+        os.environ.update(env)
+        from conformance import worker
+
+        code = worker.main([str(fd)])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _reap(exits: Dict[int, int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exits[pid] = os.waitstatus_to_exitcode(status)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    conn = Connection(socket.socket(fileno=int(argv[0])).detach())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when ranks stop
+    _preload()
+    exits: Dict[int, int] = {}
+    while True:
+        try:
+            kind, payload = recv(conn)
+        except (EOFError, OSError):
+            return 0
+        if kind == "spawn":
+            fd = recv_handle(conn)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                _child(conn, fd, payload["log_path"], payload["env"])
+            os.close(fd)
+            send(conn, ("pid", pid))
+        elif kind == "status":
+            _reap(exits)
+            send(conn, ("status", {pid: exits.get(pid) for pid in payload}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

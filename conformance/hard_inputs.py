@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from hypothesis import strategies as st
@@ -115,18 +115,43 @@ def explicit_examples(world_size: int, shapes: Shapes, reduce_dtype: Optional[to
         return [[_tensor([fn(r, i, k) for k in range(_numel(s))], s) for i, s in enumerate(shapes)]
                 for r in range(world_size)]
 
+    return {name: fill(fn) for name, fn in _patterns(big, tiny).items()}
+
+
+def _patterns(big: float, tiny: Sequence[float]) -> Dict[str, Callable[[int, int, int], float]]:
+    """``pattern(rank, parameter index, element index) -> value`` of each named example."""
     def ordinary(r: int, i: int, k: int) -> float:
         return float((r + 1) * 0.25 + (i + k) * 0.125)
 
     return {
-        "near_overflow": fill(lambda r, i, k: big if (k + r) % 3 else -big),
-        "zeros": fill(lambda r, i, k: 0.0 if r == 0 else -0.0),
-        "nan_one_rank": fill(lambda r, i, k: float("nan") if r == 0 and k % 2 == 0 else ordinary(r, i, k)),
-        "opposite_infinities": fill(lambda r, i, k: (float("inf") if r == 0 else float("-inf") if r == 1
-                                                     else ordinary(r, i, k)) if k % 2 == 0 else ordinary(r, i, k)),
-        "subnormals": fill(lambda r, i, k: tiny[(r + k) % len(tiny)]),
-        "float32_subnormals": fill(lambda r, i, k: FLOAT32_SUBNORMALS[(r + k) % 2] * (k % 5 + 1)),
+        "near_overflow": lambda r, i, k: big if (k + r) % 3 else -big,
+        "zeros": lambda r, i, k: 0.0 if r == 0 else -0.0,
+        "nan_one_rank": lambda r, i, k: float("nan") if r == 0 and k % 2 == 0 else ordinary(r, i, k),
+        "opposite_infinities": lambda r, i, k: ((float("inf") if r == 0 else float("-inf") if r == 1
+                                                 else ordinary(r, i, k)) if k % 2 == 0 else ordinary(r, i, k)),
+        "subnormals": lambda r, i, k: tiny[(r + k) % len(tiny)],
+        "float32_subnormals": lambda r, i, k: FLOAT32_SUBNORMALS[(r + k) % 2] * (k % 5 + 1),
     }
+
+
+#: The label of the packed named example (:func:`named_hard_values`) in failure messages.
+NAMED_LABEL = "named hard values"
+
+
+def named_hard_values(world_size: int, shapes: Shapes, reduce_dtype: Optional[torch.dtype]) -> list:
+    """Every pattern of :func:`explicit_examples` packed into one example, so it costs one step.
+
+    Element ``k`` of parameter ``i`` holds pattern ``(k + i) mod 6`` (in the
+    order of :func:`explicit_examples`), at that pattern's own element
+    ``k // 6``; so every pattern reaches the large parameters and the small FSDP
+    units get different ones. A reduction is elementwise, so packing changes
+    nothing for a hook that reduces correctly, and a hook that looks at a whole
+    bucket (a NaN check) still sees every pattern. ``grads[rank][i]`` as there.
+    """
+    groups = special_values(reduce_dtype)
+    fns = list(_patterns(groups["near_overflow"][0], groups["subnormal"]).values())
+    return [[_tensor([fns[(k + i) % len(fns)](r, i, k // len(fns)) for k in range(_numel(s))], s)
+             for i, s in enumerate(shapes)] for r in range(world_size)]
 
 
 # -- one hard-input case, on the controller ----------------------------------------------------
@@ -145,8 +170,14 @@ def case_seed(case_id: str, seed: str = "") -> int:
     return zlib.crc32(f"{case_id}\0{seed}".encode())
 
 
+def _failed_step(exc: Any) -> Optional[int]:
+    """The step (example index) of a failure's first finding, or ``None`` (a rank raised, hung or died)."""
+    steps = [f.step for f in getattr(exc, "findings", ()) if f.step is not None]
+    return min(steps) if steps else None
+
+
 def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
-    """Run one hard-input case: the named examples of :func:`explicit_examples`, then ``--hypothesis-examples``
+    """Run one hard-input case: the named examples (packed, :func:`named_hard_values`), then ``--hypothesis-examples``
     drawn by hypothesis (:func:`hard_gradients`), one dispatch each; a failure is shrunk to a minimal example.
 
     The ranks keep the case's probes between dispatches
@@ -180,17 +211,39 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
         conform.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, describe=describe,
                     params={**params, "examples": batch, "case_id": name, "fresh": fresh})
 
-    dispatch(list(explicit_examples(case.world_size, shapes, reduce_dtype).items()), fresh=True)
+    explicit = [(NAMED_LABEL, named_hard_values(case.world_size, shapes, reduce_dtype))]
     if examples <= 0:
+        dispatch(explicit, fresh=True)
         return
-    restarts = conform.restarts
-    known_failure = request.node.get_closest_marker("xfail") is not None
-
-    @hypothesis_settings(max_examples=examples, deadline=None, database=None, print_blob=False,
-                         phases=(Phase.generate,) if known_failure else (Phase.generate, Phase.shrink),
+    strategy = hard_gradients(case.world_size, shapes, names, reduce_dtype)
+    case_settings = dict(max_examples=examples, deadline=None, database=None, print_blob=False,
                          suppress_health_check=list(HealthCheck))
+
+    # Draw the examples first, without running them: the same seed draws the same sequence below.
+    drawn_first: List[Drawn] = []
+
+    @hypothesis_settings(phases=(Phase.generate,), **case_settings)
     @hypothesis_seed(case_seed(name, seed))
-    @given(drawn=hard_gradients(case.world_size, shapes, names, reduce_dtype))
+    @given(drawn=strategy)
+    def draw(drawn: Drawn) -> None:
+        drawn_first.append(drawn)
+
+    draw()
+    # One dispatch for the named and the drawn examples: what a passing case costs.
+    try:
+        dispatch(explicit + [("generated", d.grads()) for d in drawn_first], fresh=True)
+        return
+    except ConformanceFailure as exc:
+        failed_at = _failed_step(exc)
+        if failed_at is None or failed_at < len(explicit) or request.node.get_closest_marker("xfail"):
+            raise  # a named example, a rank that raised or hung, or a known failure: no search
+        batch_failure = exc
+    restarts = conform.restarts
+
+    # A drawn example failed: search again, one example per dispatch, and shrink the failure.
+    @hypothesis_settings(phases=(Phase.generate, Phase.shrink), **case_settings)
+    @hypothesis_seed(case_seed(name, seed))
+    @given(drawn=strategy)
     def search(drawn: Drawn) -> None:
         if conform.restarts != restarts:
             return  # a dispatch hung or killed a rank: send nothing more, report that one
@@ -202,3 +255,4 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
                                      f"shrunk to the fewest nonzero elements): {drawn!r}{sep}{rerun}") from None
 
     search()
+    raise batch_failure  # not reproduced one example at a time (a hook that keeps state between examples)

@@ -1,7 +1,7 @@
 # commhook-conformance
 #   make conform   run the conformance suite (PyTorch's built-in hooks, plus HOOKS)
 #   make test      run the project's own tests (what CI runs)
-#   make bench     print the rank pool's speed figures
+#   make bench     print the rank pool's speed figures and the default run's wall time
 #   make compat TORCH=2.11.0   one row of README's torch compatibility table (a one-off:
 #                  installs that torch, several GB, into .compat/; never run in CI)
 #
@@ -40,6 +40,7 @@ test: setup
 
 bench: setup
 	$(PYTHON) benchmarks/pool_overhead.py $(ARGS)
+	$(PYTHON) benchmarks/default_run.py
 
 compat:
 	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=2.11.0 [COMPAT_PYTHON=python3.9] [COMPAT_VENV=dir]" >&2; exit 2; }

@@ -396,9 +396,10 @@ def default_group_hook(state: DefaultState, grad: torch.Tensor, output: Optional
 def sum_then_divide_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
     """Wrong: SUM, then divides by the world size once, where FSDP pre-divides and post-divides.
 
-    Realistic: the textbook "average = sum / n". At 2 and 4 ranks every division is by a power
-    of two and exact, so it equals FSDP bit for bit on ordinary values; at 3 ranks FSDP divides
-    by 2 before and by 1.5 after the SUM, and the last bit differs.
+    Realistic: the textbook "average = sum / n". Its rounding is FSDP's: FSDP's pre-divide
+    (2 at 2 and 3 ranks) is exact, and (S / 2) / 1.5 rounds exactly as S / 3. But the undivided
+    SUM overflows to inf near float32's max, where FSDP's pre-divided one stays finite; only
+    hard inputs get there.
     """
     if output is None:
         dist.all_reduce(grad, group=state.process_group)
@@ -528,7 +529,7 @@ KNOWN_BAD: List[HookSpec] = [
 ]
 
 KNOWN_BAD.append(HookSpec(name="bad_sum_then_divide", api="fsdp", hook=sum_then_divide_hook, state=DefaultState,
-                          description="SUM then / world_size, where FSDP divides before and after"))
+                          description="SUM then / world_size: FSDP's rounding, but overflows where FSDP pre-divides"))
 KNOWN_BAD.append(HookSpec(name="bad_default_group", api="fsdp", hook=default_group_hook, state=DefaultState,
                           description="native averaging over the default group, not the state's process group"))
 KNOWN_BAD.append(HookSpec(name="bad_nan_to_zero", api="fsdp", hook=nan_to_zero_hook, state=DefaultState,
@@ -540,8 +541,8 @@ ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
 EXPECTED_CATCH: Dict[str, str] = {
     "bad_nan_to_zero": "hard_inputs: NaN on one rank and +Inf against -Inf come back as zeros",
     "bad_sum_then_divide": (
-        "parity and hard_inputs at world size 3 only: FSDP's pre-divide 2 and post-divide 1.5 round "
-        "differently from one division by 3; at 2 and 4 ranks every division is exact"
+        "hard_inputs: near float32's max the undivided SUM overflows to inf where FSDP's pre-divided one "
+        "stays finite; elsewhere it rounds exactly as FSDP, so averaging and parity pass"
     ),
     "bad_default_group": (
         "subgroup_parity only: every other case trains on WORLD, where the default group is the right one"

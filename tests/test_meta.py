@@ -16,7 +16,7 @@ from tests.zoo import fsdp_hooks as zoo
 
 #: The check that must catch each known-bad hook (see zoo.EXPECTED_CATCH for why).
 MUST_CATCH = {
-    "bad_sum_no_average": {"averaging", "parity"},
+    "bad_sum_no_average": {"averaging", "parity", "clip_grad_norm"},
     "bad_divide_after": {"hard_inputs"},
     "bad_wrong_shard": {"parity"},
     "bad_stale_after_first_step": {"parity"},
@@ -51,7 +51,7 @@ def test_run_fails_because_of_bad_hooks(zoo_run):
 def test_known_good_hook_passes_every_check(zoo_run, name):
     cases = zoo_run.by_hook()[name]
     assert {c.check for c in cases} == {"averaging", "parity", "rank_consistency", "registration", "hard_inputs",
-                                        "subgroup_parity"}
+                                        "subgroup_parity", "clip_grad_norm"}
     bad = [f"{c.name}: {c.outcome}\n{c.message[:2000]}" for c in cases if c.outcome != "passed"]
     assert not bad, "\n".join(bad)
 

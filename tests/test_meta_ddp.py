@@ -18,7 +18,7 @@ from tests.zoo import ddp_hooks as zoo
 
 #: The checks that must catch each known-bad hook (zoo.EXPECTED_CATCH says why).
 MUST_CATCH = {
-    "bad_sum_no_average": {"averaging", "parity"},
+    "bad_sum_no_average": {"averaging", "parity", "clip_grad_norm"},
     "bad_wrong_dtype": {"future_contract"},
     "bad_stale_second_step": {"parity"},
     "bad_divides_by_world_size": {"parity"},
@@ -39,7 +39,7 @@ MUST_CATCH = {
     "bad_lossy_nondeterministic": {"lossy_determinism"},
     "bad_lossy_diverges": {"lossy_loss"},
 }
-EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract", "hard_inputs"}
+EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract", "hard_inputs", "clip_grad_norm"}
 LOSSY_CHECKS = {"lossy_error", "lossy_loss", "lossy_determinism", "rank_consistency", "future_contract"}
 
 

@@ -56,6 +56,7 @@ from torch import nn
 from conformance.adapters import HookApi, called_as
 from conformance.cases import CaseParams
 from conformance.checks import rank_check
+from conformance.checks.common import (CLIP_MAX_NORM, CLIP_NORM_TYPES, clipped)
 from conformance.checks.common import (Lockstep, averaging_findings, fqn_inside_ddp, grads_per_step, lockstep,
                                        named_grads, named_params, train_alone)
 from conformance.adapters.ddp_future import DDPHookRecorder, hook_called, hooked_step
@@ -251,6 +252,25 @@ def _against_reference(ctx: Any, spec: Any, config: str, model: str, ref: nn.Mod
         guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run), context=context)
 
 
+@rank_check("ddp.clip_grad_norm")
+def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 2,
+                   lr: float = 0.01) -> List[Finding]:
+    """``torch.nn.utils.clip_grad_norm_`` on the DDP model with the hook registered, for norm types 2 and inf:
+    the total norm and the clipped gradients bitwise equal to the reference's, the parameters too."""
+    from conformance.models import get_model
+
+    model_cls = get_model(model)
+    for norm_type in CLIP_NORM_TYPES:
+        ctx.phase(f"building the reference DDP model, norm_type={norm_type}")
+        ref = build_reference(spec, model, ctx, config)
+        plan = _against_reference(ctx, spec, config, model, ref, micro_inputs(model_cls, ctx, config))
+        clip = lambda m, t=norm_type: torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP_MAX_NORM, t)  # noqa: E731
+        findings = lockstep(ctx, clipped(plan, clip, norm_type), steps=steps, lr=lr)
+        if ctx.any_rank(bool(findings)):  # every rank stops together
+            return findings
+    return []
+
+
 @rank_check("ddp.hard_inputs")
 def hard_inputs(ctx: Any, spec: Any, *, config: str, examples: Sequence[Example], case_id: str,
                 fresh: bool = True) -> List[Finding]:
@@ -316,6 +336,9 @@ FUTURE_CASES = (
 HARD_INPUT_CASES = (("default", "gradient_probe"), ("bucket_view", "gradient_probe"),
                     ("bucket_per_param", "gradient_probe"))
 EXTRA_HARD_INPUT_CASES = (("default", "gradient_probe"), ("bucket_per_param", "gradient_probe"))
+#: clip_grad_norm_ with the hook registered (main world size): one bucket, and a model whose unused
+#: parameters have no gradient (find_unused_parameters), as in PyTorch's test_fsdp_clip_grad_norm.py.
+CLIP_CASES = (("default", "nested_wrapped"), ("find_unused", "unused_param"))
 #: Lossy contracts: relative error and NaN/Inf per step and parameter.
 LOSSY_ERROR_CASES = (
     ("default", "transformer_shared"),
@@ -379,6 +402,7 @@ API = HookApi(
         "test_ddp_rank_consistency": _plan(CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS),
         "test_ddp_future_contract": _plan(FUTURE_CASES, FUTURE_CASES),
         "test_ddp_hard_inputs": _plan(HARD_INPUT_CASES, EXTRA_HARD_INPUT_CASES, keep=_exact),
+        "test_ddp_clip_grad_norm": _plan(CLIP_CASES, keep=_exact),
         "test_ddp_lossy_error": _plan(LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES, keep=lambda sp: not _exact(sp)),
         "test_ddp_lossy_loss": _plan(LOSSY_LOSS_CASES, first_only=True,
                                      keep=lambda sp: sp.lossy is not None and sp.lossy.loss_margin is not None),

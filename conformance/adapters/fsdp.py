@@ -32,8 +32,9 @@ from torch import nn
 from conformance.adapters import HookApi
 from conformance.cases import CaseParams
 from conformance.checks import rank_check
-from conformance.checks.common import (Lockstep, averaging_findings, grads_per_step, lockstep,
-                                       named_grads, named_params, train_alone, train_step)
+from conformance.checks.common import (CLIP_MAX_NORM, CLIP_NORM_TYPES, Lockstep, averaging_findings, clipped,
+                                       grads_per_step, lockstep, named_grads, named_params, train_alone,
+                                       train_step)
 from conformance.checks.groups import on_subgroup, subgroup_world_size
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
@@ -180,6 +181,27 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
     return lockstep(ctx, _against_native(ctx, spec, strategy, model, ref, inputs), steps=steps, lr=lr)
 
 
+@rank_check("fsdp.clip_grad_norm")
+def clip_grad_norm(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 2,
+                   lr: float = 0.01) -> List[Finding]:
+    """``FullyShardedDataParallel.clip_grad_norm_`` with the hook registered, for norm types 2 and inf: the
+    total norm and the clipped gradients bitwise equal to the native path's (PyTorch's
+    test_fsdp_clip_grad_norm.py), the parameters after each step too."""
+    from conformance.models import get_model
+
+    for norm_type in CLIP_NORM_TYPES:
+        ctx.phase(f"building the reference model (no hook), norm_type={norm_type}")
+        ref = build_fsdp(model, ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
+        ctx.phase("building the hooked model")
+        plan = _against_native(ctx, spec, strategy, model, ref,
+                               get_model(model).make_input(ctx.rank, ctx.world_size, ctx.device))
+        findings = lockstep(ctx, clipped(plan, lambda m, t=norm_type: m.clip_grad_norm_(CLIP_MAX_NORM, t), norm_type),
+                            steps=steps, lr=lr)
+        if ctx.any_rank(bool(findings)):  # every rank stops together
+            return findings
+    return []
+
+
 def _against_native(ctx: Any, spec: Any, strategy: str, model: str, ref: nn.Module, inputs: Any,
                     context: Optional[Any] = None) -> Lockstep:
     """The lock-step plan of the hooked ``model`` against ``ref``, the native path: gradients after each
@@ -244,6 +266,10 @@ PARITY_MODELS = ("net_wrapped", "net_flat", "nested_wrapped", "always_wrap_neste
                  "nonuniform_req_grad")
 #: Reference models for parity at an extra world size (kept short: it is a second pool).
 EXTRA_PARITY_MODELS = ("net_wrapped", "nested_wrapped")
+#: Models of the clip_grad_norm_ cases (main world size): several FSDP units, and parameters without
+#: gradients on some ranks' units (``nonuniform_req_grad``: frozen parameters), as in PyTorch's
+#: test_fsdp_clip_grad_norm.py.
+CLIP_MODELS = ("nested_wrapped", "nonuniform_req_grad")
 #: The model of the subgroup cases: several FSDP units, shards that need padding.
 SUBGROUP_MODEL = "nested_wrapped"
 #: Models whose NO_SHARD gradients are compared across ranks (the first only at an extra world size).
@@ -352,6 +378,7 @@ API = HookApi(
         "test_registration": _registration,
         "test_hard_inputs": lambda specs, s: _training(specs, s),
         "test_subgroup_parity": _subgroup,
+        "test_clip_grad_norm": lambda specs, s: _training(specs, s, {"main": CLIP_MODELS, "extra": ()}),
     },
 )
 APIS = (API,)

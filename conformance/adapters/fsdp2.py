@@ -55,7 +55,8 @@ from conformance.adapters.fsdp2_build import (HSDP_REPLICATE, apply_config, buil
 from conformance.adapters.fsdp2_recorders import CommRecorder, HookRecorder, make_comm
 from conformance.cases import CaseParams
 from conformance.checks import rank_check
-from conformance.checks.common import Lockstep, fqn_without_wrappers, lockstep, named_grads, named_params, train_alone
+from conformance.checks.common import (CLIP_MAX_NORM, CLIP_NORM_TYPES, Lockstep, clipped, fqn_without_wrappers,
+                                       lockstep, named_grads, named_params, train_alone)
 from conformance.checks.groups import on_subgroup
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
@@ -177,6 +178,23 @@ def _comm_plan(ctx: Any, spec: Any, config: str, model: str, inputs: Any = None,
     reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
                                         f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
     return _plan(ctx, model, ref, hooked, recorder, reference=reference, context=context, inputs=inputs)
+
+
+@rank_check("fsdp2.clip_grad_norm")
+def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 2,
+                   lr: float = 0.01) -> List[Finding]:
+    """``torch.nn.utils.clip_grad_norm_`` over the DTensor gradients with the comm installed, for norm types 2
+    and inf: the total norm (its ``full_tensor()``) and the clipped gradients bitwise equal to native."""
+    def clip(m: nn.Module, norm_type: float) -> torch.Tensor:
+        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP_MAX_NORM, norm_type)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    for norm_type in CLIP_NORM_TYPES:
+        plan = _comm_plan(ctx, spec, config, model)
+        findings = lockstep(ctx, clipped(plan, lambda m, t=norm_type: clip(m, t), norm_type), steps=steps, lr=lr)
+        if ctx.any_rank(bool(findings)):  # every rank stops together
+            return findings
+    return []
 
 
 @rank_check("fsdp2.all_reduce_parity")
@@ -356,6 +374,13 @@ def hard_input_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     return _with_skips(out, specs, settings)
 
 
+def clip_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """clip_grad_norm_ with the comm installed: ``nested_wrapped``, default config, main world size."""
+    ws = settings.world_sizes[0]
+    return _with_skips([CaseParams(spec.name, "default", ws, model="nested_wrapped", api=spec.api) for spec in specs],
+                       specs, settings)
+
+
 def all_reduce_cases(specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS
                      ) -> List[CaseParams]:
     """An all-reduce hook's cases: each of ``models`` under HSDP."""
@@ -367,7 +392,8 @@ def all_reduce_cases(specs: Sequence[Any], settings: Any, models: Sequence[str] 
 APIS = (
     HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
             stateful=False, validate=validate, builtin_hooks="conformance.builtin_hooks.fsdp2:FSDP2_HOOKS",
-            plans={"test_fsdp2_parity": parity_cases, "test_fsdp2_hard_inputs": hard_input_cases}),
+            plans={"test_fsdp2_parity": parity_cases, "test_fsdp2_hard_inputs": hard_input_cases,
+                   "test_fsdp2_clip_grad_norm": clip_cases}),
     HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP)",
             variant_field="config", stateful=False,
             validate=called_as(1, "an FSDP2 all-reduce hook is called as hook(tensor)"), builtin_hooks=None,

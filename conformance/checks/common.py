@@ -209,6 +209,39 @@ class LockstepRun:
         return ctx.any_rank(bool(findings)), findings
 
 
+#: ``max_norm`` of the clip_grad_norm_ cases: small enough that every reference model's gradients
+#: are scaled down (so the clipped gradients, not only the norm, carry the result).
+CLIP_MAX_NORM = 1e-2
+#: The norm types of the clip_grad_norm_ cases (PyTorch's test_fsdp_clip_grad_norm.py uses 2 and inf).
+CLIP_NORM_TYPES = (2.0, float("inf"))
+
+
+def clipped(plan: Lockstep, clip: Callable[[nn.Module], torch.Tensor], norm_type: float) -> Lockstep:
+    """``plan`` with ``clip(model)`` (the API's ``clip_grad_norm_``) after every backward of both models.
+
+    The total norm each returns is compared bitwise first (the view ``"total gradient norm"``),
+    then the clipped gradients as ``plan`` compares them. ``clip`` returns the total norm as a
+    plain tensor (an FSDP2 ``DTensor`` norm as its ``full_tensor()``).
+    """
+    norms: Dict[int, torch.Tensor] = {}
+    base = plan.train
+
+    def train(ctx: Any, label: str, step: int, model: nn.Module, optim: Any, inputs: Any, loss_fn: Any) -> None:
+        base(ctx, label, step, model, optim, inputs, loss_fn)
+        ctx.phase(f"step {step}: clip_grad_norm_(max_norm={CLIP_MAX_NORM}, norm_type={norm_type}) of the "
+                  f"{label} model")
+        norms[id(model)] = clip(model).detach().reshape(-1)
+
+    def total_norm(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+        return {f"total norm (norm_type={norm_type})": norms.get(id(model))}
+
+    note = plan.context
+    return dataclasses.replace(
+        plan, train=train, grads=[("total gradient norm", total_norm, "")] + [
+            (f"clipped {what}", named, phase) for what, named, phase in plan.grads],
+        context=lambda step: f"clip_grad_norm_ norm_type={norm_type}" + (f"; {note(step)}" if note else ""))
+
+
 def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding]:
     """Train ``plan.ref`` and ``plan.hooked`` side by side with SGD (momentum 0.9) for ``steps`` steps.
 

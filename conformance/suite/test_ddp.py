@@ -72,6 +72,12 @@ def test_ddp_hard_inputs(conform, request, case):
     check_case(conform, request, case, "hard_inputs", "ddp.hard_inputs", {"config": case.variant})
 
 
+def test_ddp_clip_grad_norm(conform, request, case):
+    """torch.nn.utils.clip_grad_norm_ (norm types 2 and inf) on the DDP model with the hook registered: the
+    total norm and the clipped gradients bitwise equal to the reference's."""
+    conform.check(request, case, "clip_grad_norm", "ddp.clip_grad_norm", {"config": case.variant, "model": case.model})
+
+
 def test_ddp_lossy_error(conform, request, case):
     """Per step and parameter: relative error against the exact mean within the declared bound (the
     observed maximum is reported as the ``observed_rel_error`` property), and no NaN/Inf introduced."""

@@ -33,6 +33,13 @@ def test_subgroup_parity(conform, request, case):
                   {"strategy": case.variant, "model": case.model, "subgroup": True})
 
 
+def test_clip_grad_norm(conform, request, case):
+    """FullyShardedDataParallel.clip_grad_norm_ (norm types 2 and inf) with the hook registered: the total norm
+    and the clipped gradients bitwise equal to the native path's (PyTorch's test_fsdp_clip_grad_norm.py)."""
+    conform.check(request, case, "clip_grad_norm", "fsdp.clip_grad_norm",
+                  {"strategy": case.variant, "model": case.model})
+
+
 def test_rank_consistency(conform, request, case):
     """Under NO_SHARD every rank holds the identical gradient after each step."""
     conform.check(request, case, "rank_consistency", "fsdp.rank_grads",

@@ -46,3 +46,10 @@ def test_fsdp2_hard_inputs(conform, request, case):
 def test_fsdp2_all_reduce_hard_inputs(conform, request, case):
     """The same hard inputs under native HSDP with the all-reduce hook: bitwise equal to HSDP without it."""
     check_case(conform, request, case, "fsdp2_all_reduce_hard_inputs", "fsdp2.all_reduce_hard_inputs", {})
+
+
+def test_fsdp2_clip_grad_norm(conform, request, case):
+    """torch.nn.utils.clip_grad_norm_ (norm types 2 and inf) over the DTensor gradients with the comm installed:
+    the total norm and the clipped gradients bitwise equal to native fully_shard."""
+    conform.check(request, case, "fsdp2_clip_grad_norm", "fsdp2.clip_grad_norm",
+                  {"config": case.variant, "model": case.model})

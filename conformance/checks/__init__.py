@@ -9,9 +9,8 @@ per-step gradients the controller compares across ranks.
 
 Each hook API's checks live in its adapter module (``conformance/adapters/``,
 listed in :data:`conformance.apis.ADAPTERS`); here is what they share:
-``common.py`` (the lock-step loop, named gradients), ``probe.py``
-(hard inputs) and ``lossy.py`` (lossy
-contracts).
+``common.py`` (the lock-step loop, named gradients, ``clipped``), ``groups.py``
+(data-parallel subgroups), ``probe.py`` (hard inputs) and ``lossy.py`` (lossy contracts).
 """
 
 from __future__ import annotations

@@ -202,8 +202,7 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
     state = state_of(request.config)
     reduce_dtype = state.spec(case.hook).spec.reduce_dtype
     examples, seed = state.settings.hypothesis_examples, state.settings.hypothesis_seed
-    request.node.user_properties.extend(case.junit_properties(check))
-    describe = case.describe(check)
+    describe = conform.tag(request, case, check)
     name = request.node.name
     shapes, names = probe_layout()
 

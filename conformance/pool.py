@@ -50,14 +50,21 @@ class SpecLoadError(PoolStartError):
     """
 
 
+def _rank_env() -> dict:
+    """The environment of a rank process (and of the zygote, which imports torch for them): the
+    controller's, with one OpenMP thread unless set, and unbuffered output for the rank logs."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 class _Zygote:
     """The controller's handle on the template process that forks ranks (:mod:`conformance.zygote`)."""
 
     def __init__(self) -> None:
         parent, child = socket.socketpair()
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env["PYTHONUNBUFFERED"] = "1"
+        env = _rank_env()
         self.proc = subprocess.Popen([sys.executable, "-m", "conformance.zygote", str(child.fileno())],
                                      pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
@@ -223,12 +230,10 @@ class RankPool:
         self.starts += 1
         self._dir = tempfile.mkdtemp(prefix="commhook-pool-")
         store_path = os.path.join(self._dir, "store")
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env = _rank_env()
         if cfg.backend == "gloo" and sys.platform.startswith("linux"):
             # Keep gloo's connections on loopback: the pool never leaves the machine.
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env["PYTHONUNBUFFERED"] = "1"
         zygote = _zygote()
         for rank in range(cfg.world_size):
             parent, child = socket.socketpair()

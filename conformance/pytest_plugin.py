@@ -13,7 +13,7 @@ import dataclasses
 import sys
 import warnings
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -180,13 +180,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
               for case in planned_cases(metafunc.function.__name__, [item.spec for item in state.specs],
                                         state.settings)]
     metafunc.parametrize("case", params)
-
-
-def tag(request: pytest.FixtureRequest, case: Any, check: str) -> Dict[str, Any]:
-    """Give the test its case's JUnit properties (:meth:`CaseParams.junit_properties`); return the case's
-    ``describe(check)`` for failure headers. Every suite test calls this first."""
-    request.node.user_properties.extend(case.junit_properties(check))
-    return case.describe(check)
 
 
 def _case_hook(item: pytest.Item) -> Optional[str]:

@@ -179,6 +179,13 @@ class Runner:
                                [f for o in result.outcomes for f in o.value.findings])
         return result
 
+    @staticmethod
+    def tag(request: Any, case: Any, check: str) -> Dict[str, Any]:
+        """Give the test its case's JUnit properties (:meth:`CaseParams.junit_properties`, which the
+        per-hook summary reads); return ``case.describe(check)`` for failure headers."""
+        request.node.user_properties.extend(case.junit_properties(check))
+        return case.describe(check)
+
     def check(self, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any], *,
               across_ranks: bool = False, note: Optional[Callable[[CaseResult, List[Finding]], str]] = None
               ) -> CaseResult:
@@ -196,8 +203,7 @@ class Runner:
             ConformanceFailure: a rank raised, hung or died, or there are findings.
         """
         __tracebackhide__ = True
-        request.node.user_properties.extend(case.junit_properties(check))
-        describe = case.describe(check)
+        describe = self.tag(request, case, check)
         name = request.node.name
         result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
                           describe=describe, findings=False)

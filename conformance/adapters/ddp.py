@@ -56,9 +56,8 @@ from torch import nn
 from conformance.adapters import HookApi, called_as
 from conformance.cases import CaseParams
 from conformance.checks import rank_check
-from conformance.checks.common import (CLIP_MAX_NORM, CLIP_NORM_TYPES, clipped)
-from conformance.checks.common import (Lockstep, averaging_findings, fqn_inside_ddp, grads_per_step, lockstep,
-                                       named_grads, named_params, train_alone)
+from conformance.checks.common import (Lockstep, averaging_findings, clip_grad_norm_parity, fqn_inside_ddp,
+                                       grads_per_step, lockstep, named_grads, named_params, train_alone)
 from conformance.adapters.ddp_future import DDPHookRecorder, hook_called, hooked_step
 from conformance.adapters.ddp_reference import reference_hook, reference_name
 from conformance.checks.groups import on_subgroup, subgroup_world_size
@@ -259,16 +258,12 @@ def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int =
     the total norm and the clipped gradients bitwise equal to the reference's, the parameters too."""
     from conformance.models import get_model
 
-    model_cls = get_model(model)
-    for norm_type in CLIP_NORM_TYPES:
-        ctx.phase(f"building the reference DDP model, norm_type={norm_type}")
+    def make_plan() -> Lockstep:
+        ctx.phase("building the reference DDP model")
         ref = build_reference(spec, model, ctx, config)
-        plan = _against_reference(ctx, spec, config, model, ref, micro_inputs(model_cls, ctx, config))
-        clip = lambda m, t=norm_type: torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP_MAX_NORM, t)  # noqa: E731
-        findings = lockstep(ctx, clipped(plan, clip, norm_type), steps=steps, lr=lr)
-        if ctx.any_rank(bool(findings)):  # every rank stops together
-            return findings
-    return []
+        return _against_reference(ctx, spec, config, model, ref, micro_inputs(get_model(model), ctx, config))
+
+    return clip_grad_norm_parity(ctx, make_plan, steps=steps, lr=lr)
 
 
 @rank_check("ddp.hard_inputs")

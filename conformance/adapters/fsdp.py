@@ -32,9 +32,8 @@ from torch import nn
 from conformance.adapters import HookApi
 from conformance.cases import CaseParams
 from conformance.checks import rank_check
-from conformance.checks.common import (CLIP_MAX_NORM, CLIP_NORM_TYPES, Lockstep, averaging_findings, clipped,
-                                       grads_per_step, lockstep, named_grads, named_params, train_alone,
-                                       train_step)
+from conformance.checks.common import (Lockstep, averaging_findings, clip_grad_norm_parity, grads_per_step,
+                                       lockstep, named_grads, named_params, train_alone, train_step)
 from conformance.checks.groups import on_subgroup, subgroup_world_size
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
@@ -189,17 +188,15 @@ def clip_grad_norm(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int
     test_fsdp_clip_grad_norm.py), the parameters after each step too."""
     from conformance.models import get_model
 
-    for norm_type in CLIP_NORM_TYPES:
-        ctx.phase(f"building the reference model (no hook), norm_type={norm_type}")
+    def make_plan() -> Lockstep:
+        ctx.phase("building the reference model (no hook)")
         ref = build_fsdp(model, ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
         ctx.phase("building the hooked model")
-        plan = _against_native(ctx, spec, strategy, model, ref,
+        return _against_native(ctx, spec, strategy, model, ref,
                                get_model(model).make_input(ctx.rank, ctx.world_size, ctx.device))
-        findings = lockstep(ctx, clipped(plan, lambda m, t=norm_type: m.clip_grad_norm_(CLIP_MAX_NORM, t), norm_type),
-                            steps=steps, lr=lr)
-        if ctx.any_rank(bool(findings)):  # every rank stops together
-            return findings
-    return []
+
+    return clip_grad_norm_parity(ctx, make_plan, steps=steps, lr=lr,
+                                 clip=lambda m, max_norm, norm_type: m.clip_grad_norm_(max_norm, norm_type))
 
 
 def _against_native(ctx: Any, spec: Any, strategy: str, model: str, ref: nn.Module, inputs: Any,

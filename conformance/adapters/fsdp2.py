@@ -55,8 +55,8 @@ from conformance.adapters.fsdp2_build import (HSDP_REPLICATE, apply_config, buil
 from conformance.adapters.fsdp2_recorders import CommRecorder, HookRecorder, make_comm
 from conformance.cases import CaseParams
 from conformance.checks import rank_check
-from conformance.checks.common import (CLIP_MAX_NORM, CLIP_NORM_TYPES, Lockstep, clipped, fqn_without_wrappers,
-                                       lockstep, named_grads, named_params, train_alone)
+from conformance.checks.common import (Lockstep, clip_grad_norm_parity, fqn_without_wrappers, lockstep,
+                                       named_grads, named_params, train_alone)
 from conformance.checks.groups import on_subgroup
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
@@ -185,16 +185,7 @@ def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int =
                    lr: float = 0.01) -> List[Finding]:
     """``torch.nn.utils.clip_grad_norm_`` over the DTensor gradients with the comm installed, for norm types 2
     and inf: the total norm (its ``full_tensor()``) and the clipped gradients bitwise equal to native."""
-    def clip(m: nn.Module, norm_type: float) -> torch.Tensor:
-        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP_MAX_NORM, norm_type)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
-    for norm_type in CLIP_NORM_TYPES:
-        plan = _comm_plan(ctx, spec, config, model)
-        findings = lockstep(ctx, clipped(plan, lambda m, t=norm_type: clip(m, t), norm_type), steps=steps, lr=lr)
-        if ctx.any_rank(bool(findings)):  # every rank stops together
-            return findings
-    return []
+    return clip_grad_norm_parity(ctx, lambda: _comm_plan(ctx, spec, config, model), steps=steps, lr=lr)
 
 
 @rank_check("fsdp2.all_reduce_parity")

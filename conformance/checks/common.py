@@ -242,6 +242,27 @@ def clipped(plan: Lockstep, clip: Callable[[nn.Module], torch.Tensor], norm_type
         context=lambda step: f"clip_grad_norm_ norm_type={norm_type}" + (f"; {note(step)}" if note else ""))
 
 
+def clip_with_torch(model: nn.Module, max_norm: float, norm_type: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` over ``model``'s parameters (DDP, FSDP2); a ``DTensor`` total norm
+    (FSDP2) as its ``full_tensor()``."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def clip_grad_norm_parity(ctx: Any, make_plan: Callable[[], Lockstep], *, steps: int, lr: float,
+                          clip: Callable[[nn.Module, float, float], torch.Tensor] = clip_with_torch
+                          ) -> List[Finding]:
+    """The clip_grad_norm_ check of every API: for each of :data:`CLIP_NORM_TYPES`, a fresh plan from
+    ``make_plan()`` trained in lock step with ``clip(model, CLIP_MAX_NORM, norm_type)`` after every backward
+    (:func:`clipped`); the findings of the first norm type that differs, every rank stopping together."""
+    for norm_type in CLIP_NORM_TYPES:
+        plan = clipped(make_plan(), lambda m, t=norm_type: clip(m, CLIP_MAX_NORM, t), norm_type)
+        findings = lockstep(ctx, plan, steps=steps, lr=lr)
+        if ctx.any_rank(bool(findings)):
+            return findings
+    return []
+
+
 def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding]:
     """Train ``plan.ref`` and ``plan.hooked`` side by side with SGD (momentum 0.9) for ``steps`` steps.
 

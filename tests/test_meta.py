@@ -10,6 +10,7 @@ quick; those models are exercised by the default ``make conform`` run.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.meta_helpers import rerun_args, run_suite
 from tests.zoo import fsdp_hooks as zoo
@@ -27,6 +28,7 @@ MUST_CATCH = {
     "bad_nan_to_zero": {"hard_inputs"},
     "bad_default_group": {"subgroup_parity"},
     "bad_sum_then_divide": {"hard_inputs"},
+    "bad_fp32_accumulate": {"clip_grad_norm_low_precision"},
 }
 
 
@@ -50,8 +52,11 @@ def test_run_fails_because_of_bad_hooks(zoo_run):
 @pytest.mark.parametrize("name", [s.name for s in zoo.KNOWN_GOOD])
 def test_known_good_hook_passes_every_check(zoo_run, name):
     cases = zoo_run.by_hook()[name]
+    spec = next(s for s in zoo.KNOWN_GOOD if s.name == name)
+    # The float16-gradient clip case is planned, and skipped with its reason, for other claims.
+    low_precision = {"clip_grad_norm_low_precision"} if spec.reduce_dtype in (None, torch.float16) else set()
     assert {c.check for c in cases} == {"averaging", "parity", "rank_consistency", "registration", "hard_inputs",
-                                        "subgroup_parity", "clip_grad_norm"}
+                                        "subgroup_parity", "clip_grad_norm"} | low_precision
     bad = [f"{c.name}: {c.outcome}\n{c.message[:2000]}" for c in cases if c.outcome != "passed"]
     assert not bad, "\n".join(bad)
 

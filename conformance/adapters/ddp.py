@@ -252,18 +252,24 @@ def _against_reference(ctx: Any, spec: Any, config: str, model: str, ref: nn.Mod
 
 
 @rank_check("ddp.clip_grad_norm")
-def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 2,
-                   lr: float = 0.01) -> List[Finding]:
+def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 2, lr: float = 0.01,
+                   reference_only: bool = False) -> List[Finding]:
     """``torch.nn.utils.clip_grad_norm_`` on the DDP model with the hook registered, for norm types 2 and inf:
     the total norm and the clipped gradients bitwise equal to the reference's, the parameters too."""
     from conformance.models import get_model
 
-    def make_plan() -> Lockstep:
-        ctx.phase("building the reference DDP model")
-        ref = build_reference(spec, model, ctx, config)
-        return _against_reference(ctx, spec, config, model, ref, micro_inputs(get_model(model), ctx, config))
+    model_cls = get_model(model)
 
-    return clip_grad_norm_parity(ctx, make_plan, steps=steps, lr=lr)
+    def make_reference() -> Tuple[nn.Module, Any, Any]:
+        ctx.phase("building the reference DDP model")
+        return build_reference(spec, model, ctx, config), micro_inputs(model_cls, ctx, config), model_cls.loss
+
+    def make_plan() -> Lockstep:
+        ref, inputs, _ = make_reference()
+        return _against_reference(ctx, spec, config, model, ref, inputs)
+
+    return clip_grad_norm_parity(ctx, make_plan, steps=steps, lr=lr, train=train_step,
+                                 make_reference=make_reference if reference_only else None)
 
 
 @rank_check("ddp.hard_inputs")

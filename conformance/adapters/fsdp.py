@@ -118,8 +118,11 @@ def _hooked(spec: Any, model_name: str, ctx: Any, strategy: str, **kw: Any):
     return model, recorder
 
 
-def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, step: int) -> List[Finding]:
-    param_dtype = next(model.parameters()).dtype
+def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, step: int,
+                       param_dtype: Optional[torch.dtype] = None) -> List[Finding]:
+    """What the recorder saw in ``step``: the hook never called, or its output left in a dtype other than
+    ``param_dtype`` (the parameters' by default; ``MixedPrecision.param_dtype`` under mixed precision)."""
+    param_dtype = param_dtype or next(model.parameters()).dtype
     findings = []
     for call in recorder.calls:
         if call["step"] == step and call["dtype"] != param_dtype:
@@ -181,31 +184,63 @@ def parity(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3, lr
 
 
 @rank_check("fsdp.clip_grad_norm")
-def clip_grad_norm(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 2,
-                   lr: float = 0.01) -> List[Finding]:
+def clip_grad_norm(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 2, lr: float = 0.01,
+                   low_precision_grads: bool = False, reference_only: bool = False) -> List[Finding]:
     """``FullyShardedDataParallel.clip_grad_norm_`` with the hook registered, for norm types 2 and inf: the
     total norm and the clipped gradients bitwise equal to the native path's (PyTorch's
-    test_fsdp_clip_grad_norm.py), the parameters after each step too."""
+    test_fsdp_clip_grad_norm.py), the parameters after each step too; then, as its ``test_no_gradients``,
+    a forward with no backward: the same total norm (a float32 zero) and the same warning.
+
+    ``low_precision_grads``: both models under :func:`low_precision_grads_mixed_precision` (its
+    ``test_low_precision_grads``: float16 gradients kept, so the total norm is float16 too).
+    """
     from conformance.models import get_model
 
-    def make_plan() -> Lockstep:
+    model_cls = get_model(model)
+    mixed = low_precision_grads_mixed_precision() if low_precision_grads else native_mixed_precision(spec.reduce_dtype)
+
+    def make_reference() -> Tuple[nn.Module, Any, Any]:
         ctx.phase("building the reference model (no hook)")
-        ref = build_fsdp(model, ctx, strategy, mixed_precision=native_mixed_precision(spec.reduce_dtype))
+        ref = build_fsdp(model, ctx, strategy, mixed_precision=mixed)
+        return ref, model_cls.make_input(ctx.rank, ctx.world_size, ctx.device), model_cls.loss
+
+    def make_plan() -> Lockstep:
+        ref, inputs, _ = make_reference()
         ctx.phase("building the hooked model")
-        return _against_native(ctx, spec, strategy, model, ref,
-                               get_model(model).make_input(ctx.rank, ctx.world_size, ctx.device))
+        return _against_native(ctx, spec, strategy, model, ref, inputs,
+                               mixed_precision=mixed if low_precision_grads else None)
 
     return clip_grad_norm_parity(ctx, make_plan, steps=steps, lr=lr,
-                                 clip=lambda m, max_norm, norm_type: m.clip_grad_norm_(max_norm, norm_type))
+                                 clip=lambda m, max_norm, norm_type: m.clip_grad_norm_(max_norm, norm_type),
+                                 without_backward=lambda plan: plan.inputs,
+                                 make_reference=make_reference if reference_only else None)
+
+
+def low_precision_grads_mixed_precision() -> Any:
+    """``MixedPrecision(param_dtype=float16, reduce_dtype=float16, keep_low_precision_grads=True)``, the setting of
+    ``test_low_precision_grads`` in PyTorch's test_fsdp_clip_grad_norm.py: forward and backward in float16,
+    the gradients kept in float16 after the reduction.
+
+    ``reduce_dtype`` is float16, as there (the plan skips hooks that claim another); the reduction of a hook
+    that claims none, which keeps its input's dtype, is float16 too. The reference and the hooked model get
+    the same setting: FSDP casts the gradient to ``reduce_dtype`` before it calls a hook.
+    """
+    _, MixedPrecision, _ = fsdp_classes()
+    kw: Dict[str, Any] = dict(param_dtype=torch.float16, keep_low_precision_grads=True, reduce_dtype=torch.float16)
+    try:
+        return MixedPrecision(**kw, _module_classes_to_ignore=())
+    except TypeError:
+        return MixedPrecision(**kw)
 
 
 def _against_native(ctx: Any, spec: Any, strategy: str, model: str, ref: nn.Module, inputs: Any,
-                    context: Optional[Any] = None) -> Lockstep:
-    """The lock-step plan of the hooked ``model`` against ``ref``, the native path: gradients after each
-    backward, parameters after each optimizer step, and what the recorder saw the hook do."""
+                    context: Optional[Any] = None, mixed_precision: Any = None) -> Lockstep:
+    """The lock-step plan of the hooked ``model`` (under ``mixed_precision``, none by default) against
+    ``ref``, the native path: gradients after each backward, parameters after each optimizer step, and what
+    the recorder saw the hook do."""
     from conformance.models import get_model
 
-    hooked, recorder = _hooked(spec, model, ctx, strategy)
+    hooked, recorder = _hooked(spec, model, ctx, strategy, mixed_precision=mixed_precision)
 
     def start_step(step: int) -> None:
         recorder.step = step
@@ -213,7 +248,8 @@ def _against_native(ctx: Any, spec: Any, strategy: str, model: str, ref: nn.Modu
     return Lockstep(
         ref=ref, hooked=hooked, inputs=inputs, loss_fn=get_model(model).loss, reference="the native path",
         grads=[("gradient", named_grads, "")], params=("parameter after the optimizer step", named_params, ""),
-        hook_findings=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step),
+        hook_findings=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step,
+                                                      param_dtype=getattr(mixed_precision, "param_dtype", None)),
         start_step=start_step, context=context)
 
 
@@ -267,6 +303,9 @@ EXTRA_PARITY_MODELS = ("net_wrapped", "nested_wrapped")
 #: gradients on some ranks' units (``nonuniform_req_grad``: frozen parameters), as in PyTorch's
 #: test_fsdp_clip_grad_norm.py.
 CLIP_MODELS = ("nested_wrapped", "nonuniform_req_grad")
+#: The strategies and model of the low-precision-gradient clip cases (``test_low_precision_grads`` of
+#: test_fsdp_clip_grad_norm.py: FULL_SHARD and NO_SHARD, NestedWrappedModule).
+LOW_PRECISION_CLIP = (("FULL_SHARD", "NO_SHARD"), "nested_wrapped")
 #: The model of the subgroup cases: several FSDP units, shards that need padding.
 SUBGROUP_MODEL = "nested_wrapped"
 #: Models whose NO_SHARD gradients are compared across ranks (the first only at an extra world size).
@@ -359,6 +398,24 @@ def _subgroup(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
             for strategy in spec.strategies or ()]
 
 
+def _low_precision_clip(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """:data:`LOW_PRECISION_CLIP` at every world size (a float16 sum of three rounds where one of two is
+    exact); skipped for a hook that claims a reduce dtype
+    other than float16, the one ``test_low_precision_grads`` pins."""
+    out = []
+    for case in _training(specs, settings, {"main": LOW_PRECISION_CLIP[1:], "extra": LOW_PRECISION_CLIP[1:]},
+                          strategies=LOW_PRECISION_CLIP[0]):
+        claim = next(spec.reduce_dtype for spec in specs if spec.name == case.hook)
+        if claim not in (None, torch.float16) and case.skip is None:
+            case = dataclasses.replace(case, skip=(
+                f"float16 gradients kept (keep_low_precision_grads) are checked for hooks that claim no reduce "
+                f"dtype or float16, as PyTorch's test_low_precision_grads pins; under NO_SHARD native FSDP "
+                f"leaves a {dtype_name(claim)} reduction's gradient in {dtype_name(claim)}, which FSDP, not "
+                f"the hook, decides"))
+        out.append(case)
+    return out
+
+
 API = HookApi(
     name="fsdp",
     installed_with="FullyShardedDataParallel.register_comm_hook(state, hook)",
@@ -376,6 +433,7 @@ API = HookApi(
         "test_hard_inputs": lambda specs, s: _training(specs, s),
         "test_subgroup_parity": _subgroup,
         "test_clip_grad_norm": lambda specs, s: _training(specs, s, {"main": CLIP_MODELS, "extra": ()}),
+        "test_clip_grad_norm_low_precision": _low_precision_clip,
     },
 )
 APIS = (API,)

@@ -181,11 +181,19 @@ def _comm_plan(ctx: Any, spec: Any, config: str, model: str, inputs: Any = None,
 
 
 @rank_check("fsdp2.clip_grad_norm")
-def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 2,
-                   lr: float = 0.01) -> List[Finding]:
+def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 2, lr: float = 0.01,
+                   reference_only: bool = False) -> List[Finding]:
     """``torch.nn.utils.clip_grad_norm_`` over the DTensor gradients with the comm installed, for norm types 2
     and inf: the total norm (its ``full_tensor()``) and the clipped gradients bitwise equal to native."""
-    return clip_grad_norm_parity(ctx, lambda: _comm_plan(ctx, spec, config, model), steps=steps, lr=lr)
+    from conformance.models import get_model
+
+    def make_reference() -> Tuple[nn.Module, Any, Any]:
+        model_cls = get_model(model)
+        return _native(ctx, spec, config, model)[0], model_cls.make_input(ctx.rank, ctx.world_size,
+                                                                          ctx.device), model_cls.loss
+
+    return clip_grad_norm_parity(ctx, lambda: _comm_plan(ctx, spec, config, model), steps=steps, lr=lr,
+                                 make_reference=make_reference if reference_only else None)
 
 
 @rank_check("fsdp2.all_reduce_parity")

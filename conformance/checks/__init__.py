@@ -19,7 +19,8 @@ from typing import Callable, Dict
 
 _RANK_CHECKS: Dict[str, Callable] = {}
 #: Checks that accept ``reference_only=True``: train the reference model alone, no hook.
-REPLAYS_REFERENCE = frozenset({"fsdp.parity", "ddp.parity", "fsdp2.parity"})
+REPLAYS_REFERENCE = frozenset({"fsdp.parity", "ddp.parity", "fsdp2.parity", "fsdp.clip_grad_norm",
+                               "ddp.clip_grad_norm", "fsdp2.clip_grad_norm"})
 
 
 def rank_check(name: str) -> Callable[[Callable], Callable]:

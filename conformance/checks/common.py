@@ -51,7 +51,7 @@ def named_params(model: nn.Module, fqn: Callable[[str], str] = fqn_without_wrapp
     return {fqn(n): local(p.detach()) for n, p in model.named_parameters()}
 
 
-def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: int,
+def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: Optional[int],
                   reference: str = "the native path") -> List[Finding]:
     """Findings for every FQN of ``expected`` whose tensor in ``actual`` is not bitwise equal.
 
@@ -59,7 +59,7 @@ def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
         what: what the tensors are, e.g. ``"gradient"``; starts each message.
         actual: FQN -> tensor (or ``None``) of the hooked model on this rank.
         expected: FQN -> tensor (or ``None``) of the reference model on this rank.
-        rank, step: where the comparison happened, for the findings.
+        rank, step: where the comparison happened, for the findings (``step=None``: after training).
         reference: the reference's name in messages, e.g. ``"DDP with no hook"``.
 
     A tensor present on one side and ``None`` on the other is a finding too.
@@ -216,6 +216,20 @@ CLIP_MAX_NORM = 1e-2
 CLIP_NORM_TYPES = (2.0, float("inf"))
 
 
+def clipping(train: Callable[..., None], clip: Callable[[nn.Module], torch.Tensor], norm_type: float,
+             norms: Dict[int, torch.Tensor]) -> Callable[..., None]:
+    """The API's training step ``train`` followed by ``clip(model)``, announced as a phase; the total norm
+    each model's ``clip`` returns is kept in ``norms[id(model)]`` (flattened, detached)."""
+    def train_and_clip(ctx: Any, label: str, step: int, model: nn.Module, optim: Any, inputs: Any,
+                       loss_fn: Any) -> None:
+        train(ctx, label, step, model, optim, inputs, loss_fn)
+        ctx.phase(f"step {step}: clip_grad_norm_(max_norm={CLIP_MAX_NORM}, norm_type={norm_type}) of the "
+                  f"{label} model")
+        norms[id(model)] = clip(model).detach().reshape(-1)
+
+    return train_and_clip
+
+
 def clipped(plan: Lockstep, clip: Callable[[nn.Module], torch.Tensor], norm_type: float) -> Lockstep:
     """``plan`` with ``clip(model)`` (the API's ``clip_grad_norm_``) after every backward of both models.
 
@@ -224,20 +238,13 @@ def clipped(plan: Lockstep, clip: Callable[[nn.Module], torch.Tensor], norm_type
     plain tensor (an FSDP2 ``DTensor`` norm as its ``full_tensor()``).
     """
     norms: Dict[int, torch.Tensor] = {}
-    base = plan.train
-
-    def train(ctx: Any, label: str, step: int, model: nn.Module, optim: Any, inputs: Any, loss_fn: Any) -> None:
-        base(ctx, label, step, model, optim, inputs, loss_fn)
-        ctx.phase(f"step {step}: clip_grad_norm_(max_norm={CLIP_MAX_NORM}, norm_type={norm_type}) of the "
-                  f"{label} model")
-        norms[id(model)] = clip(model).detach().reshape(-1)
 
     def total_norm(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
         return {f"total norm (norm_type={norm_type})": norms.get(id(model))}
 
     note = plan.context
     return dataclasses.replace(
-        plan, train=train, grads=[("total gradient norm", total_norm, "")] + [
+        plan, train=clipping(plan.train, clip, norm_type, norms), grads=[("total gradient norm", total_norm, "")] + [
             (f"clipped {what}", named, phase) for what, named, phase in plan.grads],
         context=lambda step: f"clip_grad_norm_ norm_type={norm_type}" + (f"; {note(step)}" if note else ""))
 
@@ -249,15 +256,64 @@ def clip_with_torch(model: nn.Module, max_norm: float, norm_type: float) -> torc
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
+def clip_without_backward(ctx: Any, model: nn.Module, label: str, inputs: Any,
+                          clip: Callable[[nn.Module], torch.Tensor]) -> Tuple[torch.Tensor, List[str]]:
+    """``zero_grad(set_to_none=True)``, one forward of ``model`` on ``inputs`` with no backward, then
+    ``clip(model)``: the total norm and the warnings ``clip`` gave (PyTorch's ``test_no_gradients`` in
+    test_fsdp_clip_grad_norm.py: FSDP's ``clip_grad_norm_`` returns a float32 zero and warns that the rank
+    has no gradients)."""
+    import warnings
+
+    ctx.phase(f"after training: a forward of the {label} model with no backward, then clip_grad_norm_")
+    model.zero_grad(set_to_none=True)
+    model(*inputs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        norm = clip(model).detach().reshape(-1)
+    return norm, sorted({str(w.message) for w in caught})
+
+
+def _without_backward_findings(ctx: Any, plan: Lockstep, inputs: Any, clip: Callable[[nn.Module], torch.Tensor],
+                               norm_type: float) -> List[Finding]:
+    """Both models of ``plan`` through :func:`clip_without_backward`: the total norms bitwise (dtype too), and
+    the same warnings, with the hook registered as without it."""
+    ref_norm, ref_warned = clip_without_backward(ctx, plan.ref, "reference", inputs, clip)
+    norm, warned = clip_without_backward(ctx, plan.hooked, "hooked", inputs, clip)
+    where = f"{plan.reference} (a forward with no backward, then clip_grad_norm_ norm_type={norm_type})"
+    findings = compare_named("total gradient norm", {"total norm": norm}, {"total norm": ref_norm}, rank=ctx.rank,
+                             step=None, reference=where)
+    if warned != ref_warned:
+        findings.append(Finding(ctx.rank, f"clip_grad_norm_ warned {warned or 'nothing'} with the hook, but "
+                                          f"{ref_warned or 'nothing'} on {where}"))
+    return findings
+
+
 def clip_grad_norm_parity(ctx: Any, make_plan: Callable[[], Lockstep], *, steps: int, lr: float,
-                          clip: Callable[[nn.Module, float, float], torch.Tensor] = clip_with_torch
-                          ) -> List[Finding]:
+                          clip: Callable[[nn.Module, float, float], torch.Tensor] = clip_with_torch,
+                          without_backward: Optional[Callable[[Lockstep], Any]] = None,
+                          make_reference: Optional[Callable[[], Tuple[nn.Module, Any, Any]]] = None,
+                          train: Callable[..., None] = train_step) -> List[Finding]:
     """The clip_grad_norm_ check of every API: for each of :data:`CLIP_NORM_TYPES`, a fresh plan from
     ``make_plan()`` trained in lock step with ``clip(model, CLIP_MAX_NORM, norm_type)`` after every backward
-    (:func:`clipped`); the findings of the first norm type that differs, every rank stopping together."""
+    (:func:`clipped`); the findings of the first norm type that differs, every rank stopping together.
+
+    ``without_backward(plan)``: the inputs of a last forward with no backward after training, on both
+    models, whose ``clip`` must give the same total norm and warnings (:func:`clip_without_backward`);
+    ``None`` leaves it out. ``make_reference()``: the reference alone, ``(model, inputs, loss_fn)``, trained
+    with ``train`` and clipped the same way, with no hooked model built (the runner's ``reference_only``
+    replay, :data:`conformance.checks.REPLAYS_REFERENCE`); returns no findings.
+    """
     for norm_type in CLIP_NORM_TYPES:
-        plan = clipped(make_plan(), lambda m, t=norm_type: clip(m, CLIP_MAX_NORM, t), norm_type)
+        clip_one = lambda m, t=norm_type: clip(m, CLIP_MAX_NORM, t)  # noqa: E731
+        if make_reference is not None:
+            ref, inputs, loss_fn = make_reference()
+            train_alone(ctx, ref, torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9), inputs, loss_fn, steps,
+                        train=clipping(train, clip_one, norm_type, {}))
+            continue
+        plan = clipped(make_plan(), clip_one, norm_type)
         findings = lockstep(ctx, plan, steps=steps, lr=lr)
+        if not ctx.any_rank(bool(findings)) and without_backward is not None:
+            findings = _without_backward_findings(ctx, plan, without_backward(plan), clip_one, norm_type)
         if ctx.any_rank(bool(findings)):
             return findings
     return []

@@ -40,6 +40,14 @@ def test_clip_grad_norm(conform, request, case):
                   {"strategy": case.variant, "model": case.model})
 
 
+def test_clip_grad_norm_low_precision(conform, request, case):
+    """clip_grad_norm_ as above with float16 gradients kept (MixedPrecision(param_dtype=float16,
+    keep_low_precision_grads=True), PyTorch's test_low_precision_grads): the float16 total norm and clipped
+    gradients bitwise equal to the native path reducing in the hook's reduce dtype (float16 when it claims none)."""
+    conform.check(request, case, "clip_grad_norm_low_precision", "fsdp.clip_grad_norm",
+                  {"strategy": case.variant, "model": case.model, "low_precision_grads": True})
+
+
 def test_rank_consistency(conform, request, case):
     """Under NO_SHARD every rank holds the identical gradient after each step."""
     conform.check(request, case, "rank_consistency", "fsdp.rank_grads",

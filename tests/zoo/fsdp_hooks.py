@@ -409,6 +409,28 @@ def sum_then_divide_hook(state: DefaultState, grad: torch.Tensor, output: Option
         output.div_(state.world_size)
 
 
+def fp32_accumulate_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Wrong: FSDP's averaging, but always in float32, whatever dtype the gradient arrives in.
+
+    Realistic: "accumulate in fp32 for safety", ``grad.float()`` before the collective and a
+    copy back after. On float32 gradients that is FSDP's own arithmetic, so every case without
+    mixed precision passes. Under ``MixedPrecision(param_dtype=float16, reduce_dtype=float16)``
+    FSDP hands it float16 gradients and reduces them in float16 itself; this hook rounds once
+    instead, so the kept float16 gradients (and their total norm) differ from native.
+    """
+    src = grad.float()
+    _div_if_needed(src, state.gradient_predivide_factor)
+    if output is None:
+        dist.all_reduce(src, group=state.process_group)
+        _div_if_needed(src, state.gradient_postdivide_factor)
+        grad.copy_(src)
+    else:
+        out = output.float()
+        _reduce_scatter(out, src, state.process_group)
+        _div_if_needed(out, state.gradient_postdivide_factor)
+        output.copy_(out)
+
+
 def rank0_noise_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
     """Wrong: after the native reduction, rank 0 moves every element one ULP towards +inf.
 
@@ -534,6 +556,8 @@ KNOWN_BAD.append(HookSpec(name="bad_default_group", api="fsdp", hook=default_gro
                           description="native averaging over the default group, not the state's process group"))
 KNOWN_BAD.append(HookSpec(name="bad_nan_to_zero", api="fsdp", hook=nan_to_zero_hook, state=DefaultState,
                           description="native average, then NaN and +/-Inf replaced by zero"))
+KNOWN_BAD.append(HookSpec(name="bad_fp32_accumulate", api="fsdp", hook=fp32_accumulate_hook, state=DefaultState,
+                          description="FSDP's averaging always in float32, even on float16 gradients"))
 
 ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
 
@@ -543,6 +567,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_sum_then_divide": (
         "hard_inputs: near float32's max the undivided SUM overflows to inf where FSDP's pre-divided one "
         "stays finite; elsewhere it rounds exactly as FSDP, so averaging and parity pass"
+    ),
+    "bad_fp32_accumulate": (
+        "clip_grad_norm_low_precision at 3 ranks only: the one case with float16 gradients (MixedPrecision(param_dtype="
+        "float16, reduce_dtype=float16), kept low precision), which FSDP reduces in float16 and the hook in float32 (at 2 ranks the float16 sum of two pre-divided values is exact, so both agree)"
     ),
     "bad_default_group": (
         "subgroup_parity only: every other case trains on WORLD, where the default group is the right one"

@@ -1,0 +1,106 @@
+"""Every check the runner replays with ``reference_only=True`` trains its reference alone, hook untouched.
+
+The runner tells "PyTorch cannot run the suite's reference here" (a skip) from
+"the hook broke it" (a failure) by replaying a failed case with
+``reference_only=True`` (``conformance.runner.Runner._replay_reference``). That
+replay must never build the hooked model or call anything of the hook's: if it
+did, a hook that raises would turn its own failure into a skip. Each check of
+``conformance.checks.REPLAYS_REFERENCE`` runs here on a one-rank gloo group with
+a spec whose hook, state and comm all raise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conformance.checks import REPLAYS_REFERENCE, get_rank_check
+from conformance.spec import HookSpec
+from conformance.worker import RankContext
+
+
+class HookTouched(AssertionError):
+    pass
+
+
+def _raises(*args, **kwargs):
+    raise HookTouched("the reference-only replay called the hook under test")
+
+
+def _fsdp_hook(state, grad, output=None):
+    _raises()
+
+
+#: check -> (the spec's API, the check's parameters).
+CASES = {
+    "fsdp.parity": ("fsdp", {"strategy": "FULL_SHARD", "model": "nested_wrapped"}),
+    "fsdp.clip_grad_norm": ("fsdp", {"strategy": "FULL_SHARD", "model": "nested_wrapped"}),
+    "ddp.parity": ("ddp", {"config": "default", "model": "nested_wrapped"}),
+    "ddp.clip_grad_norm": ("ddp", {"config": "default", "model": "nested_wrapped"}),
+    "fsdp2.parity": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
+    "fsdp2.clip_grad_norm": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
+}
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    if dist.is_initialized():
+        pytest.skip("a default process group is already initialized")
+    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_every_replayed_check_is_covered():
+    assert set(CASES) == set(REPLAYS_REFERENCE)
+
+
+@pytest.mark.parametrize("low_precision_grads", [False, True])
+def test_fsdp_low_precision_clip_replays_too(group, low_precision_grads):
+    """The float16 clip case (MixedPrecision(param_dtype=float16)) replays its own reference."""
+    phases = _replay(group, "fsdp.clip_grad_norm", "fsdp", {**CASES["fsdp.clip_grad_norm"][1],
+                                                            "low_precision_grads": low_precision_grads})
+    assert any("clip_grad_norm_" in p for p in phases), phases
+
+
+@pytest.mark.parametrize("check", sorted(CASES))
+def test_reference_only_trains_the_reference_alone(group, check):
+    api, params = CASES[check]
+    phases = _replay(group, check, api, params)
+    assert any("reference" in p for p in phases), phases
+    assert not [p for p in phases if "hooked" in p], phases
+
+
+def _replay(group, check, api, params):
+    hook = _fsdp_hook if api == "fsdp" else _raises
+    spec = HookSpec(name="raises", api=api, hook=hook, state=_raises if api in ("fsdp", "ddp") else None)
+    phases = []
+
+    class Recording(RankContext):
+        def phase(self, text):
+            phases.append(text)
+            super().phase(text)
+
+    ctx = Recording(0, 1, group, torch.device("cpu"), "gloo")
+    result = get_rank_check(check)(ctx, spec, reference_only=True, **params)
+    assert result == [], result
+    return phases
+
+
+def test_clip_without_backward_is_a_float32_zero(group):
+    """The no-gradient step of the FSDP clip check sees what PyTorch's test_no_gradients asserts: a float32
+    zero. (At one rank FSDP falls back to NO_SHARD and to torch.nn.utils.clip_grad_norm_, which does not
+    warn; the sharded path's "with no gradients" warning is compared between the models at 2 ranks.)"""
+    from conformance.adapters.fsdp import build_fsdp, low_precision_grads_mixed_precision
+    from conformance.checks.common import clip_without_backward
+    from conformance.models import get_model
+
+    ctx = RankContext(0, 1, group, torch.device("cpu"), "gloo")
+    model = build_fsdp("nested_wrapped", ctx, "FULL_SHARD", mixed_precision=low_precision_grads_mixed_precision())
+    inputs = get_model("nested_wrapped").make_input(0, 1, ctx.device)
+    norm, warned = clip_without_backward(ctx, model, "reference", inputs, lambda m: m.clip_grad_norm_(1.0))
+    assert norm.dtype == torch.float32 and norm.tolist() == [0.0]
+    assert all(p.grad is None for p in model.parameters())
+    assert warned == []

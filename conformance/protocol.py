@@ -163,7 +163,9 @@ class Finding:
         kind: what sort of finding, for code that reacts to it (never by its
             message): ``"mismatch"`` (differs from the reference or expected
             value), ``"local_gradient"`` (every rank kept its own gradient: the
-            hook never communicated).
+            hook never communicated), ``"diagnosis"`` (a named cause that
+            reproduces the hook's result, :mod:`conformance.diagnosis`),
+            ``"no_known_cause"`` (a difference that no named cause explains).
     """
 
     rank: int

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from conformance.protocol import CaseResult, Finding
 
@@ -26,13 +26,42 @@ def header(hook: Optional[str], describe: Dict[str, Any], world_size: int) -> st
     return f"{who} does not conform: {what} world_size={world_size}"
 
 
+#: Finding kinds that explain other findings (:mod:`conformance.diagnosis`), listed after them.
+DIAGNOSIS_KINDS = ("diagnosis", "no_known_cause")
+
+
 def findings_text(found: Sequence[Finding]) -> str:
-    """The findings, step by step then rank by rank, one line each; past MAX_FINDINGS_SHOWN, a count."""
-    ordered = sorted(found, key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
+    """The findings, step by step then rank by rank, one line each; past MAX_FINDINGS_SHOWN, a count.
+
+    Then the diagnosis (findings of :data:`DIAGNOSIS_KINDS`), every line once, with the ranks that gave it.
+    """
+    observed = [f for f in found if f.kind not in DIAGNOSIS_KINDS]
+    ordered = sorted(observed, key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
     lines = [f"  {f.describe()}" for f in ordered[:MAX_FINDINGS_SHOWN]]
     if len(ordered) > MAX_FINDINGS_SHOWN:
         lines.append(f"  ... and {len(ordered) - MAX_FINDINGS_SHOWN} more findings")
-    return "\n".join(lines)
+    return "\n".join(lines + diagnosis_lines(found))
+
+
+def diagnosis_lines(found: Sequence[Finding]) -> List[str]:
+    """``Diagnosis:`` and one line per distinct explanation, naming the ranks (and step) that gave it."""
+    ranks: Dict[Tuple[Optional[int], str], List[int]] = {}
+    for f in found:
+        if f.kind in DIAGNOSIS_KINDS:
+            ranks.setdefault((f.step, f.message), []).append(f.rank)
+    if not ranks:
+        return []
+    lines = ["  Diagnosis (each named cause recomputed with the same collectives from the hook's own inputs):"]
+    for (step, message), who in sorted(ranks.items(), key=lambda kv: (kv[0][0] or -1, min(kv[1]))):
+        who = sorted(set(who))
+        label = f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}"
+        lines.append(f"    [{label}{'' if step is None else f', step {step}'}] {message}")
+    return lines
+
+
+def explained(found: Sequence[Finding]) -> bool:
+    """Whether a diagnosis named a cause for these findings (a named cause is not a lossy design)."""
+    return any(f.kind == "diagnosis" for f in found)
 
 
 def failure_message(header: str, body: str, rerun: str) -> str:

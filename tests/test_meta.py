@@ -100,6 +100,35 @@ def test_failure_names_everything_needed_to_act(zoo_run):
         assert needle in msg, f"{needle!r} missing from:\n{msg}"
 
 
+#: hook -> (check, the diagnosis its failures must carry).
+DIAGNOSED = {
+    "bad_sum_no_average": ("parity", "SUM without averaging"),
+    "bad_wrong_shard": ("parity", "the reduced shard of rank"),
+    "bad_stale_after_first_step": ("parity", "the result of step 0 (stale)"),
+    "bad_local_only": ("parity", "the hook never communicated"),
+    "bad_nan_to_zero": ("hard_inputs", "NaN or Inf replaced"),
+    "bad_power_of_two_divisor": ("parity", "divided as for 4 ranks"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIAGNOSED))
+def test_failures_carry_the_named_cause(zoo_run, name):
+    check, cause = DIAGNOSED[name]
+    failed = [c for c in zoo_run.by_hook()[name] if c.check == check and c.outcome == "failed"]
+    assert failed, f"{name} did not fail {check}"
+    missing = [c.name for c in failed if cause not in c.message]
+    assert not missing, f"{cause!r} missing from {missing}:\n{failed[0].message[-2000:]}"
+
+
+def test_an_unexplained_difference_gets_no_invented_cause(zoo_run):
+    """One ULP added on rank 0 matches no named cause: rank 0 says so; the other ranks' own results are
+    native's, which the diagnosis says instead of naming a cause."""
+    for case in [c for c in zoo_run.by_hook()["bad_rank0_only_noise"] if c.check == "parity" and c.outcome == "failed"]:
+        diagnosis = case.message.split("Diagnosis", 1)[-1]
+        assert "no known cause explains the hook's result" in diagnosis, case.message[-1500:]
+        assert "explained, bit for bit, by" not in diagnosis, case.message[-1500:]
+
+
 def test_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
     case = next(c for c in zoo_run.by_hook()["bad_wrong_shard"] if c.outcome == "failed")
     rerun = run_suite(rerun_args(case.message), str(tmp_path / "rerun.xml"))

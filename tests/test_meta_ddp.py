@@ -22,6 +22,8 @@ MUST_CATCH = {
     "bad_wrong_dtype": {"future_contract"},
     "bad_stale_second_step": {"parity"},
     "bad_divides_by_world_size": {"parity"},
+    "bad_averages_param_grads": {"averaging", "parity"},
+    "bad_sum_then_divide": {"parity"},
     "bad_returns_list": {"future_contract", "averaging", "parity", "rank_consistency"},
     "bad_returns_none": {"future_contract", "averaging", "parity", "rank_consistency"},
     "bad_wrong_shape": {"future_contract"},
@@ -131,7 +133,42 @@ def test_ddp_stale_data_is_caught_from_the_second_step(zoo_run):
 
 def test_ddp_noop_report_says_it_never_communicates(zoo_run):
     messages = [c.message for c in _cases(zoo_run, "bad_noop_hook", "averaging")]
-    assert messages and all("the hook never communicates" in m for m in messages)
+    assert messages and all("the hook never communicated (no torch.distributed collective was seen" in m
+                            for m in messages)
+
+
+def test_ddp_hook_that_communicates_but_returns_the_bucket_unreduced_is_told_apart(zoo_run):
+    """The climate-model pattern: averaging p.grad, then returning bucket.buffer(): the report says the hook
+    communicated and DDP copied the unreduced result over it, and only bucket_view passes."""
+    cases = _cases(zoo_run, "bad_averages_param_grads")
+    for case in [c for c in cases if c.check in ("averaging", "parity") and c.outcome == "failed"]:
+        assert "collective(s), but its result is the local gradient it received" in case.message, case.name
+        assert "never communicated" not in case.message, case.name
+    passed = {c.properties.get("config") for c in cases if c.check == "parity" and c.outcome == "passed"}
+    failed = {c.properties.get("config") for c in cases if c.check == "parity" and c.outcome == "failed"}
+    assert passed == {"bucket_view"} and "default" in failed, (passed, failed)
+
+
+def test_ddp_rounding_order_is_named(zoo_run):
+    """Sum-then-divide and divide-before-SUM, 1-2 ULP off at 3 ranks, get their arithmetic named and no
+    lossy hint; the same failures at 2 ranks do not exist."""
+    for hook, cause in (("bad_sum_then_divide", "SUM, then divided by 3, where DDP with no hook multiplies by 1/3"),
+                        ("bad_divides_by_world_size", "divided by 3 before the SUM, where DDP with no hook "
+                                                      "multiplies by 1/3")):
+        failed = [c for c in _cases(zoo_run, hook, "parity") if c.outcome == "failed"]
+        assert failed, hook
+        for case in failed:
+            assert cause in case.message, case.message[-1500:]
+            assert "LossyContract" not in case.message, case.name
+
+
+def test_ddp_diagnosis_names_sum_stale_and_nan_replacement(zoo_run):
+    for hook, check, cause in (
+            ("bad_sum_no_average", "parity", "SUM without averaging"),
+            ("bad_stale_second_step", "parity", "the result of step 0 (stale)"),
+            ("bad_nan_to_zero", "hard_inputs", "NaN or Inf replaced")):
+        failed = [c for c in _cases(zoo_run, hook, check) if c.outcome == "failed"]
+        assert failed and all(cause in c.message for c in failed), (hook, [c.message[-800:] for c in failed][:1])
 
 
 def test_ddp_undeclared_lossy_hook_is_told_how_to_declare_it(zoo_run):

@@ -42,3 +42,18 @@ def test_exception_line_keeps_the_error_and_its_continuation():
     tb = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nRuntimeError: Cannot writeback\n"
           "Expects torch.Size([32])\n")
     assert report.exception_line(tb) == "RuntimeError: Cannot writeback Expects torch.Size([32])"
+
+
+def test_diagnosis_follows_the_findings_once_per_explanation_with_its_ranks():
+    """Every rank diagnoses itself; the report lists each explanation once, naming the ranks, after all
+    observed findings (never cut by the findings limit)."""
+    from conformance.report import MAX_FINDINGS_SHOWN, explained, findings_text
+
+    observed = [Finding(r, "gradient differs", step=0, fqn=f"p{i}") for r in (0, 1) for i in range(MAX_FINDINGS_SHOWN)]
+    diag = [Finding(r, "explained by: SUM without averaging", step=0, kind="diagnosis") for r in (0, 1)]
+    text = findings_text(diag + observed)
+    lines = text.splitlines()
+    assert lines[-1] == "    [ranks 0, 1, step 0] explained by: SUM without averaging"
+    assert lines[-2].startswith("  Diagnosis")
+    assert "more findings" in lines[-3]
+    assert explained(diag) and not explained([Finding(0, "no known cause", step=0, kind="no_known_cause")])

@@ -63,6 +63,7 @@ from conformance.adapters.ddp_reference import reference_hook, reference_name
 from conformance.checks.groups import on_subgroup, subgroup_world_size
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
+from conformance.diagnosis import Arithmetic, diagnose
 from conformance.protocol import CheckResult, Finding
 
 #: ``bucket_cap_mb`` of the ``small_buckets`` config: 512 bytes, so every
@@ -182,7 +183,8 @@ def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[F
 
     For a reduced-precision claim the expected value is what the documented
     equivalent computes on the same model. A hook whose result equals each
-    rank's own local gradient on every rank is reported as never communicating.
+    rank's own local gradient on every rank is reported as such; the diagnosis
+    (:func:`conformance.diagnosis.diagnose`) says whether it communicated at all.
     """
     from conformance.models import get_model
 
@@ -208,10 +210,9 @@ def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[F
         findings = averaging_findings(
             ctx, _grads(model), step, expected=expected,
             what=f"the {dtype_name(spec.reduce_dtype)} average as {reference_name(spec)} computes it")
-        if any(f.kind == "local_gradient" for f in findings):
-            return findings
-        if ctx.any_rank(bool(findings)):
-            return findings
+        if ctx.any_rank(bool(findings)):  # a "local_gradient" finding is on every rank
+            ctx.phase(f"step {step}: diagnosing the difference")
+            return findings + diagnose(ctx, arithmetic(ctx, spec), recorder.log, step)
         optim.step()
         if ref_optim is not None:
             ref_optim.step()
@@ -248,7 +249,15 @@ def _against_reference(ctx: Any, spec: Any, config: str, model: str, ref: nn.Mod
         ref=ref, hooked=hooked, inputs=inputs, loss_fn=get_model(model).loss, reference=reference_name(spec),
         grads=[("gradient", _grads, "")], params=("parameter after the optimizer step", _params, ""),
         hook_findings=lambda step: hook_called(ctx, recorder, step) + recorder.findings_of(step), train=train_step,
-        guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run), context=context)
+        guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run), context=context,
+        diagnose=lambda step: diagnose(ctx, arithmetic(ctx, spec), recorder.log, step))
+
+
+def arithmetic(ctx: Any, spec: Any) -> Arithmetic:
+    """DDP's native arithmetic for the hook's claim (:class:`conformance.diagnosis.Arithmetic`): the
+    reference of :func:`conformance.adapters.ddp_reference.reference_hook` (float32 parameters)."""
+    claim = None if spec.reduce_dtype in (None, torch.float32) else spec.reduce_dtype
+    return Arithmetic("ddp", ctx.world_size, claim)
 
 
 @rank_check("ddp.clip_grad_norm")

@@ -21,6 +21,7 @@ import torch
 
 from conformance.checks import rank_check
 from conformance.compare import dtype_name
+from conformance.diagnosis import CallLog, HookCall, counting_collectives
 from conformance.protocol import Finding
 
 
@@ -78,6 +79,7 @@ class DDPHookRecorder:
         self.calls: List[Tuple[int, int]] = []
         self.findings: List[Finding] = []
         self.fatal = False
+        self.log = CallLog()
         # DDP's register_comm_hook reads hook.__qualname__ (for its logger) and hook.__name__ (it refuses
         # the bf16 hooks by name where NCCL is missing): answer as the hook would, so DDP treats the
         # recorder as it treats the hook. Whether DDP accepts the bare hook is checked on its own.
@@ -109,7 +111,10 @@ class DDPHookRecorder:
         shape, dtype, device = tuple(buffer.shape), buffer.dtype, buffer.device
         where = self._bucket_text(bucket, index)
         self.calls.append((self.step, index))
-        fut = self.hook(state, bucket)
+        call = self.log.add(HookCall(self.step, index, where, buffer.detach().reshape(-1).clone()))
+        with counting_collectives() as count:
+            fut = self.hook(state, bucket)
+        call.collectives = count[0]
         if not isinstance(fut, torch._C.Future):
             # Handing DDP anything but a Future kills the process (SIGSEGV with torch 2.13), and the
             # finding with it: give DDP the untouched bucket instead and report the violation.
@@ -143,6 +148,8 @@ class DDPHookRecorder:
                 self._note(f"{where}: the hook's future holds a tensor with {' and '.join(bad)}: its value must "
                            "keep the bucket buffer's shape, dtype and device (DDP converts a wrong dtype "
                            "silently and fails inside its reducer on a wrong shape)")
+            else:
+                call.output = value.detach().reshape(-1).clone()
             return value
 
         return fut.then(check)

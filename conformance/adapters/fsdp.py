@@ -37,6 +37,7 @@ from conformance.checks.common import (Lockstep, averaging_findings, clip_grad_n
 from conformance.checks.groups import on_subgroup, subgroup_world_size
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
+from conformance.diagnosis import Arithmetic, CallLog, HookCall, counting_collectives, diagnose
 from conformance.protocol import CheckResult, Finding
 from conformance.spec import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
 
@@ -81,10 +82,16 @@ class HookRecorder:
         self.hook = hook
         self.step = 0
         self.calls: List[Dict[str, Any]] = []
+        self.log = CallLog()
 
     def __call__(self, state: Any, grad: torch.Tensor, *rest: Any) -> Any:
-        result = self.hook(state, grad, *rest)
+        index = sum(1 for c in self.calls if c["step"] == self.step)
+        call = self.log.add(HookCall(self.step, index, f"call {index} ({grad.numel()} elements)",
+                                     grad.detach().reshape(-1).clone(), sharded=bool(rest)))
+        with counting_collectives() as count:
+            result = self.hook(state, grad, *rest)
         out = rest[0] if rest else grad
+        call.output, call.collectives = out.detach().reshape(-1).clone(), count[0]
         self.calls.append({"step": self.step, "dtype": out.dtype, "shape": tuple(out.shape)})
         return result
 
@@ -144,7 +151,8 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
     """Seed ``test_default_communication_hook_behavior``: grads equal mean(0..world_size-1).
 
     A hook whose result equals each rank's own local gradient on every rank is
-    reported as never communicating (:func:`~conformance.checks.common.averaging_findings`).
+    reported as such (:func:`~conformance.checks.common.averaging_findings`); the
+    diagnosis (:func:`conformance.diagnosis.diagnose`) says whether it communicated.
     """
     from conformance.models import get_model
 
@@ -158,7 +166,8 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
         train_step(ctx, "hooked", step, model, optim, inputs, model_cls.loss)
         findings = averaging_findings(ctx, named_grads(model), step, skip_missing=True)
         if ctx.any_rank(bool(findings)):
-            return findings
+            ctx.phase(f"step {step}: diagnosing the difference")
+            return findings + diagnose(ctx, Arithmetic("fsdp", ctx.world_size, spec.reduce_dtype), recorder.log, step)
         optim.step()
     return []
 
@@ -250,7 +259,8 @@ def _against_native(ctx: Any, spec: Any, strategy: str, model: str, ref: nn.Modu
         grads=[("gradient", named_grads, "")], params=("parameter after the optimizer step", named_params, ""),
         hook_findings=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step,
                                                       param_dtype=getattr(mixed_precision, "param_dtype", None)),
-        start_step=start_step, context=context)
+        start_step=start_step, context=context,
+        diagnose=lambda step: diagnose(ctx, Arithmetic("fsdp", ctx.world_size, spec.reduce_dtype), recorder.log, step))
 
 
 @rank_check("fsdp.rank_grads")

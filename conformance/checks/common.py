@@ -132,6 +132,9 @@ class Lockstep:
             the check when the hook broke the API's contract (DDP's future).
         context: ``context(step)``, a note for gradient findings (what FSDP2
             passed the comm).
+        diagnose: ``diagnose(step)``, run on every rank once any rank found a
+            difference in ``step``: findings of kind ``"diagnosis"`` naming the
+            causes that reproduce the hook's result (:mod:`conformance.diagnosis`).
     """
 
     ref: nn.Module
@@ -146,6 +149,7 @@ class Lockstep:
     train: Callable[..., None] = train_step
     guard_hooked: Optional[Callable[[int, Callable[[], None]], Optional[List[Finding]]]] = None
     context: Optional[Callable[[int], str]] = None
+    diagnose: Optional[Callable[[int], List[Finding]]] = None
 
 
 class LockstepRun:
@@ -197,6 +201,9 @@ class LockstepRun:
             findings += compare_named(what, named(plan.hooked), named(plan.ref), rank=ctx.rank, step=step,
                                       reference=against)
             if ctx.any_rank(bool(findings)):
+                if plan.diagnose is not None:
+                    ctx.phase(f"step {step}: diagnosing the difference")
+                    findings += plan.diagnose(step)
                 return True, findings
         if plan.params is None:
             return False, []
@@ -368,9 +375,9 @@ def averaging_findings(ctx: Any, grads: Dict[str, Optional[torch.Tensor]], step:
             findings.append(Finding(ctx.rank, f"gradient is not the average over ranks, {desc}", step=step,
                                     fqn=fqn, mismatch=mismatch))
     if ctx.world_size > 1 and not ctx.any_rank(not kept_local):
-        return [Finding(ctx.rank, f"the hook never communicates: after the hook every rank still holds its own "
-                                  f"local gradient (rank {ctx.rank} holds {float(ctx.rank)!r} everywhere) "
-                                  f"instead of the average over ranks, {mean!r}; ranks train apart",
+        return [Finding(ctx.rank, f"the hook's reduction never reached the gradients: after the hook every rank "
+                                  f"still holds its own local gradient (rank {ctx.rank} holds {float(ctx.rank)!r} "
+                                  f"everywhere) instead of the average over ranks, {mean!r}; ranks train apart",
                         step=step, kind="local_gradient")]
     return findings
 

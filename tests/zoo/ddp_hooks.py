@@ -169,6 +169,29 @@ def bad_divides_by_world_size(process_group, bucket):
     return dist.all_reduce(buffer, group=process_group, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
+def bad_averages_param_grads(process_group, bucket):
+    """Averages each parameter's ``p.grad`` in place, then returns the bucket's buffer, unreduced.
+
+    Seen in a public climate-model codebase. It communicates, but DDP copies
+    the future's value (the unreduced bucket) over the gradients afterwards;
+    only with ``gradient_as_bucket_view=True`` is ``p.grad`` a view of the
+    bucket, so only the ``bucket_view`` config trains right.
+    """
+    for p in bucket.parameters():
+        if p.grad is not None:
+            p.grad.mul_(1.0 / process_group.size())
+            dist.all_reduce(p.grad, group=process_group)
+    fut: Any = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def bad_sum_then_divide(process_group, bucket):
+    """SUM, then divides by the world size: the textbook average, 1-2 ULP off DDP's x * (1/N) at 3 ranks."""
+    return dist.all_reduce(bucket.buffer(), group=process_group, async_op=True).get_future().then(
+        lambda f: f.value()[0].div_(process_group.size()))
+
+
 def bad_returns_list(process_group, bucket):
     """Returns the collective's own future, whose value is a list holding the tensor."""
     buffer = bucket.buffer()
@@ -326,6 +349,8 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_divides_by_world_size", api="ddp", hook=bad_divides_by_world_size,
              state=process_group_state),
     HookSpec(name="bad_returns_list", api="ddp", hook=bad_returns_list, state=process_group_state),
+    HookSpec(name="bad_averages_param_grads", api="ddp", hook=bad_averages_param_grads, state=process_group_state),
+    HookSpec(name="bad_sum_then_divide", api="ddp", hook=bad_sum_then_divide, state=process_group_state),
     HookSpec(name="bad_returns_none", api="ddp", hook=bad_returns_none, state=process_group_state),
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
     HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
@@ -367,6 +392,15 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_divides_by_world_size": (
         "parity at world size 3 only: x / 3 and x * (1/3) differ in the last bit; at 2 ranks both are exact"
     ),
+    "bad_averages_param_grads": (
+        "averaging and parity in every config but bucket_view: DDP copies the unreduced bucket the future "
+        "holds over the gradients the hook averaged; the diagnosis says it communicated but returned the "
+        "local gradient"
+    ),
+    "bad_sum_then_divide": (
+        "parity at world size 3 only: (a + b + c) / 3 rounds unlike DDP's a/3 + b/3 + c/3 computed as x * (1/3); "
+        "the diagnosis names the rounding order"
+    ),
     "bad_returns_list": (
         "future_contract: the future holds [tensor]; every check reports that instead of DDP's "
         "'Unable to cast' error"
@@ -398,7 +432,7 @@ EXPECTED_CATCH: Dict[str, str] = {
         "bare hook (the other checks go through the suite's recorder and pass)"
     ),
     "bad_noop_hook": (
-        "averaging, in plain words ('the hook never communicates'), parity and rank_consistency: PyTorch's "
+        "averaging, in plain words ('the hook never communicated', from the diagnosis), parity and rank_consistency: PyTorch's "
         "noop_hook hands every rank its own gradient back"
     ),
     "bad_lossy_undeclared": "parity, with the hint on how to declare a LossyContract",

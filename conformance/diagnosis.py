@@ -63,6 +63,11 @@ class HookCall:
         sharded: ``output`` is this rank's shard of a reduce-scatter over ``input``
             (``input.numel() == world_size * output.numel()``), else an all-reduce.
         collectives: ``torch.distributed`` collectives the hook issued during the call.
+        group: the process group the API passed the hook (FSDP2), else ``None``
+            (the rank check's group).
+        op: the ``ReduceOp`` the API asked for (FSDP2), else ``None``.
+        pending: the API's output buffer, read (cloned into ``output``) once the
+            call has completed (FSDP2 may wait on a comm after it returns).
     """
 
     step: int
@@ -72,6 +77,14 @@ class HookCall:
     output: Optional[torch.Tensor] = None
     sharded: bool = False
     collectives: int = 0
+    group: Any = None
+    op: Any = None
+    pending: Optional[torch.Tensor] = None
+
+    def settle(self) -> None:
+        """Clone the pending output buffer into ``output`` (the call has completed)."""
+        if self.pending is not None:
+            self.output, self.pending = self.pending.detach().reshape(-1).clone(), None
 
 
 class CallLog:
@@ -81,10 +94,17 @@ class CallLog:
         self.calls: List[HookCall] = []
 
     def add(self, call: HookCall) -> HookCall:
+        for old in self.calls:
+            if old.step < call.step:
+                old.settle()  # a call of an earlier step has completed; its buffer may be reused now
         self.calls = [c for c in self.calls if c.step > call.step - KEEP_STEPS] + [call]
         return call
 
     def of_step(self, step: int) -> List[HookCall]:
+        """The completed calls of ``step`` with a result, by index (pending buffers read now)."""
+        for call in self.calls:
+            if call.step == step:
+                call.settle()
         return sorted((c for c in self.calls if c.step == step and c.output is not None), key=lambda c: c.index)
 
 
@@ -129,11 +149,16 @@ class Arithmetic:
     * ``"fsdp"``: cast to the reduce dtype, divide by the pre-divide factor,
       SUM (all-reduce, or reduce-scatter when sharded), divide by the
       post-divide factor, cast back (``_reduce_grad`` with ``_div_if_needed``).
+    * ``"fsdp2"``: a custom reduce-scatter comm performs exactly the collective
+      FSDP2 asks for, ``reduce_scatter_tensor(output, input, op=op, group=group)``
+      on the reduce-dtype buffer FSDP2 filled (``foreach_reduce``); FSDP2 does
+      any pre- and post-division itself.
     """
 
     api: str
     world_size: int
     reduce_dtype: Optional[torch.dtype]
+    op: Any = None
 
     @property
     def factors(self) -> Tuple[float, float]:
@@ -149,6 +174,10 @@ class Arithmetic:
 
     def describe(self) -> str:
         ws = self.world_size
+        if self.api == "fsdp2":
+            from conformance.adapters.fsdp2_recorders import op_name
+
+            return f"FSDP2 asked the comm for op={op_name(self.op)} over {ws} ranks"
         if self.api == "ddp":
             if self.reduce_dtype is None:
                 return f"DDP with no hook multiplies by 1/{ws} before the SUM"
@@ -157,19 +186,21 @@ class Arithmetic:
         return f"FSDP pre-divides by {pre:g} and post-divides by {post:g}"
 
 
-def _reduced(x: torch.Tensor, call: HookCall, group: Any, world_size: int, shift: int = 0) -> torch.Tensor:
-    """SUM of ``x`` over the group: an all-reduce, or (``call.sharded``) a reduce-scatter giving this rank the
-    shard of rank ``rank - shift`` (every rank rotates its chunks by ``shift`` first)."""
+def _reduced(x: torch.Tensor, call: HookCall, group: Any, world_size: int, shift: int = 0,
+             op: Any = None) -> torch.Tensor:
+    """SUM (or ``op``) of ``x`` over the group: an all-reduce, or (``call.sharded``) a reduce-scatter giving
+    this rank the shard of rank ``rank - shift`` (every rank rotates its chunks by ``shift`` first)."""
     import torch.distributed as dist
 
+    op = dist.ReduceOp.SUM if op is None else op
     if not call.sharded:
         t = x.clone()
-        dist.all_reduce(t, group=group)
+        dist.all_reduce(t, op=op, group=group)
         return t
     chunks = list(x.chunk(world_size))
     rotated = torch.cat([chunks[(j - shift) % world_size] for j in range(world_size)])
     out = torch.empty_like(chunks[0])
-    dist.reduce_scatter_tensor(out, rotated, group=group)
+    dist.reduce_scatter_tensor(out, rotated, op=op, group=group)
     return out
 
 
@@ -181,7 +212,9 @@ def _native(arith: Arithmetic, x: torch.Tensor, call: HookCall, group: Any, dtyp
     """
     ws, size = arith.world_size, group_size or arith.world_size
     t = x.to(dtype) if dtype is not None else x.clone()
-    if arith.api == "ddp":
+    if arith.api == "fsdp2":
+        s = _reduced(t, call, group, size, shift, op=arith.op)
+    elif arith.api == "ddp":
         t = t.mul(1.0 / ws) if dtype is None or dtype == x.dtype else t.div(ws)
         s = _reduced(t, call, group, size, shift)
     else:
@@ -211,7 +244,7 @@ def _candidates(arith: Arithmetic, call: HookCall, group: Any, rank: int) -> Lis
     out.append((f"averaged twice: native's average divided by {ws} again",
                 _native(arith, x, call, group, claim).to(reduce_in).div(ws).to(call.output.dtype)))
     out.append((f"SUM, then divided by {ws}, where {arith.describe()}", summed.div(ws).to(call.output.dtype)))
-    if arith.api == "ddp" or arith.factors[0] != ws:
+    if arith.api != "fsdp" or arith.factors[0] != ws:
         out.append((f"divided by {ws} before the SUM, where {arith.describe()}",
                     _reduced(x.to(reduce_in).div(ws), call, group, ws).to(call.output.dtype)))
     for other in (torch.float32, torch.bfloat16, torch.float16):
@@ -219,7 +252,7 @@ def _candidates(arith: Arithmetic, call: HookCall, group: Any, rank: int) -> Lis
             claimed = "no reduce dtype (the gradient's own)" if claim is None else dtype_name(claim)
             out.append((f"reduced in {dtype_name(other)}, where the hook claims {claimed}",
                         _native(arith, x, call, group, other)))
-    for wrong in sorted({1 << (ws - 1).bit_length(), ws - 1, ws + 1} - {ws, 0, 1}):
+    for wrong in sorted({1 << (ws - 1).bit_length(), ws - 1, ws + 1} - {ws, 0, 1}) if arith.api != "fsdp2" else ():
         out.append((f"divided as for {wrong} ranks ({arith.dividing_as(wrong).describe().split(' ', 1)[1]}), "
                     f"where the group has {ws}",
                     _native(arith.dividing_as(wrong), x, call, group, claim, group_size=ws)))
@@ -318,7 +351,13 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     groups: Dict[Tuple[str, ...], List[HookCall]] = {}
     native_ok: List[HookCall] = []
     for call in calls:
-        causes = explain(arith, call, previous.get(call.index), ctx.group, ctx.rank)
+        group, rank, arith_call = ctx.group, ctx.rank, arith
+        if call.group is not None:  # FSDP2: the group and op it passed the comm
+            import torch.distributed as dist
+
+            group, rank = call.group, dist.get_rank(call.group)
+            arith_call = dataclasses.replace(arith, world_size=call.group.size(), op=call.op)
+        causes = explain(arith_call, call, previous.get(call.index), group, rank)
         if causes and causes[0] == "native":
             native_ok.append(call)
             continue

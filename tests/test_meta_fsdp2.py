@@ -225,3 +225,32 @@ def test_plain_reduce_scatter_is_the_documented_example():
         from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
         assert isinstance(comm, ReduceScatter)
+
+
+#: comm -> (check, the diagnosis its failures must carry).
+DIAGNOSED = {
+    "bad_always_sum": ("fsdp2_parity", "SUM without averaging"),
+    "bad_bf16_wire": ("fsdp2_parity", "reduced in bfloat16, where the hook claims no reduce dtype"),
+    "bad_stale_replay": ("fsdp2_parity", "the result of step 0 (stale)"),
+    "bad_wrong_shard": ("fsdp2_parity", "the reduced shard of rank"),
+    "bad_self_average_fp16": ("fsdp2_parity", "SUM, then divided by 2, where FSDP2 asked the comm for op=SUM"),
+    "bad_nan_to_zero": ("fsdp2_hard_inputs", "NaN or Inf replaced"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIAGNOSED))
+def test_comm_failures_carry_the_named_cause(zoo_run, name):
+    """The diagnosis recomputes each cause with the op and group FSDP2 passed the comm."""
+    check, cause = DIAGNOSED[name]
+    failed = [c for c in zoo_run.by_hook()[name] if c.check == check and c.outcome == "failed"
+              and c.properties.get("world_size") == "2" and c.properties.get("config") == "default"]
+    assert failed, f"{name} did not fail {check} at 2 ranks"
+    missing = [c.name for c in failed if cause not in c.message]
+    assert not missing, f"{cause!r} missing from {missing}:\n{failed[0].message[-2000:]}"
+
+
+def test_a_comm_whose_buffer_is_clobbered_later_is_told_the_difference_arose_after_it(zoo_run):
+    """The staging-buffer comm reduces right; FSDP2's next module overwrites its output afterwards."""
+    failed = [c for c in zoo_run.by_hook()["bad_staging_buffer"] if c.outcome == "failed"
+              and c.check == "fsdp2_parity"]
+    assert failed and all("what differs arose after the hook returned" in c.message for c in failed)

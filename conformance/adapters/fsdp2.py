@@ -60,6 +60,7 @@ from conformance.checks.common import (Lockstep, clip_grad_norm_parity, fqn_with
 from conformance.checks.groups import on_subgroup
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
+from conformance.diagnosis import Arithmetic, CallLog, diagnose
 from conformance.protocol import Finding
 from conformance.spec import SpecError, binds_signature, qualname, signature_text
 
@@ -125,7 +126,9 @@ def _plan(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder
         grads=[("local gradient shard", named_grads, ""),
                ("full gradient", _full_grads, "full_tensor() of every gradient")],
         params=("local parameter shard after the optimizer step", named_params, ""),
-        hook_findings=lambda step: recorder.findings(ctx.rank, step), start_step=start_step, context=context)
+        hook_findings=lambda step: recorder.findings(ctx.rank, step), start_step=start_step, context=context,
+        diagnose=(lambda step: diagnose(ctx, Arithmetic("fsdp2", ctx.world_size, None), recorder.log, step))
+        if isinstance(getattr(recorder, "log", None), CallLog) else None)
 
 
 # -- checks ----------------------------------------------------------------------------------

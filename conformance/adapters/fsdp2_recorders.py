@@ -15,6 +15,7 @@ from typing import Any, Dict, List
 import torch
 
 from conformance.compare import dtype_name
+from conformance.diagnosis import CallLog, HookCall, counting_collectives
 from conformance.protocol import Finding
 
 
@@ -46,6 +47,7 @@ class CommRecorder:
         self.step = 0
         self.calls: List[Dict[str, Any]] = []
         self.bad_allocations: List[Dict[str, Any]] = []
+        self.log = CallLog()
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         out = self.comm.allocate(size, dtype=dtype, device=device)
@@ -62,13 +64,28 @@ class CommRecorder:
         group = kwargs.get("group", args[2] if len(args) > 2 else None)
         op = kwargs.get("op", args[3] if len(args) > 3 else None)
         inp = kwargs.get("input_tensor", args[1] if len(args) > 1 else None)
+        out = kwargs.get("output_tensor", args[0] if args else None)
+        index = sum(1 for c in self.calls if c["step"] == self.step)
         self.calls.append({
             "step": self.step,
             "op": op_name(op),
             "group_size": None if group is None else group.size(),
             "dtype": None if inp is None else inp.dtype,
         })
-        return self.comm(*args, **kwargs)
+        call = None
+        if isinstance(inp, torch.Tensor) and isinstance(out, torch.Tensor) and group is not None:
+            call = self.log.add(HookCall(self.step, index, f"call {index} ({inp.numel()} elements)",
+                                         inp.detach().reshape(-1).clone(), sharded=True, group=group, op=op))
+        with counting_collectives() as count:
+            result = self.comm(*args, **kwargs)
+        if call is not None:
+            # Read the result now, before FSDP2 post-divides the output buffer in place; a comm that
+            # returned unfinished work is read when the diagnosis needs it (CallLog.of_step).
+            call.pending, call.collectives = out, count[0]
+            done = getattr(result, "is_completed", None)
+            if not callable(done) or done():
+                call.settle()
+        return result
 
     def summary(self, step: int) -> str:
         seen = sorted({(c["op"], c["group_size"], dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})

@@ -1,7 +1,8 @@
 # commhook-conformance
 #   make conform   run the conformance suite (PyTorch's built-in hooks, plus HOOKS)
 #   make test      run the project's own tests (what CI runs)
-#   make bench     print the rank pool's speed figures and the default run's wall time
+#   make bench     per-case time of the rank pool vs spawn-per-case on a sample of the default
+#                  run's cases (ARGS go to benchmarks/pool_overhead.py), then the default run's wall time
 #   make compat TORCH=2.11.0   one row of README's torch compatibility table (a one-off:
 #                  installs that torch, several GB, into .compat/; never run in CI)
 #

@@ -1,28 +1,45 @@
-"""Per-case cost of the rank pool versus spawning fresh processes for every case.
+"""Per-case time of the rank pool versus spawn-per-case, on a sample of the default run's own cases.
 
-Two ways to run the same conformance case (same rank check, same hook, same
-parameters, same machine, one invocation of this script):
+One invocation, one machine, the same cases both ways:
 
-* **pool**: one :class:`conformance.pool.RankPool` started once; every case is
-  sent to the persistent ranks over their socket pairs. Per-case overhead is the
-  controller's wall time for ``pool.run(case)`` minus the case's own compute
-  (the slowest rank's ``RankOutcome.compute_s``). Pool start-up is reported
-  separately: a session pays it once per world size.
+* **the sample**: pytest collects the default run (``python -m conformance``:
+  PyTorch's built-in hooks, this machine's world sizes) exactly as ``make
+  conform`` does. Of its cases that run to a pass, ``--sample`` (20) are drawn
+  with a fixed ``--seed``, stratified by hook API and world size
+  (``case_sample.py``). Skips and known failures are left out: a skip never
+  reaches a rank, and a known failure stops at its first error (here mostly
+  PyTorch's fp16/bf16 hooks, which raise or are refused on a CPU build), so
+  timing them would shorten the pool's cases and flatter the ratio.
+* **pool**: the sample runs as the suite runs it, in one pytest session, through
+  the ``conform`` fixture's ``Runner`` and its rank pools (started before the
+  first case, ranks forked from the zygote). One warm-up pass, then
+  ``--repeat`` (3) timed passes. A case's pool time is the wall time of its test
+  call (``Runner.check`` end to end: dispatch, every rank's check, the verdict),
+  its median over the timed passes.
 * **spawn-per-case**: what PyTorch's ``MultiProcessTestCase`` does for every
-  test. ``torch.multiprocessing.start_processes(start_method="spawn")`` starts
-  ``world_size`` fresh interpreters; each imports torch, joins a gloo process
-  group through a ``FileStore`` in a fresh temporary file, runs the same rank
-  check function, destroys the group and exits.
+  test. Right after a case's last pool pass,
+  ``torch.multiprocessing.start_processes(start_method="spawn")`` starts
+  ``world_size`` fresh interpreters. Each imports torch, joins a gloo group
+  through a ``FileStore`` in a fresh temporary directory, runs the very
+  ``Case`` messages the pool ran for that test (same rank check, same params,
+  captured at ``RankPool.run``), destroys the group and exits. Its time runs
+  from starting the processes until every one is joined.
+
+Printed: the sample's case ids with both times, the median per case each way
+over the sample, their ratio, and the same for the per-case overhead (wall time
+minus the check's own compute: the slowest rank's time inside the check
+function, summed over the case's dispatches). A fresh process runs the check
+cold, so spawn's compute is larger than the pool's.
 
 Usage::
 
-    python benchmarks/pool_overhead.py [--world-size 2] [--cases 40] [--spawn-cases 5]
-                                       [--check averaging|parity|both] [--json]
+    python benchmarks/pool_overhead.py [--sample 20] [--seed 10] [--repeat 3] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import pickle
@@ -31,149 +48,74 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from datetime import timedelta
 from multiprocessing.connection import wait as mp_wait
 from typing import Any, Dict, List, Optional, Sequence
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(_HERE)
+for _path in (_REPO, _HERE):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
-import torch  # noqa: E402  (a MultiProcessTestCase module imports torch too)
+# A spawned rank re-imports this module (as __mp_main__), as it would a MultiProcessTestCase
+# test module: keep its top level to what such a module imports, torch and the suite's messages.
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as tmp  # noqa: E402
 
-from conformance.protocol import Case, HookRef  # noqa: E402
+from conformance.protocol import Case, as_check_result  # noqa: E402
 from conformance.worker import RankContext  # noqa: E402
 
-HOOK_TARGET = "conformance.builtin_hooks.fsdp:FSDP_HOOKS"
-HOOK_NAME = "allreduce_hook"
-#: Cases used as workloads; both are real suite cases for PyTorch's allreduce_hook.
-CASES: Dict[str, Case] = {
-    "averaging": Case(check="fsdp.averaging", hook=HookRef(HOOK_TARGET, HOOK_NAME),
-                      params={"strategy": "NO_SHARD"},
-                      case_id="allreduce_hook-NO_SHARD-analytic_linear"),
-    "parity": Case(check="fsdp.parity", hook=HookRef(HOOK_TARGET, HOOK_NAME),
-                   params={"strategy": "NO_SHARD", "model": "net_wrapped"},
-                   case_id="allreduce_hook-NO_SHARD-net_wrapped"),
-}
-#: Short labels for the table.
-LABELS = {"averaging": "averaging (analytic_linear)", "parity": "parity (net_wrapped)"}
-WARMUP_CASES = 2
-SPAWN_CASE_TIMEOUT_S = 180.0
-#: Spawned cases that may crash (and be retried) before the benchmark gives up.
+SAMPLE_SIZE = 20
+SEED = 10
+TIMED_PASSES = 3
+#: Issue 10's goal for the pool: at least this many times faster per case than spawn-per-case.
+GOAL_RATIO = 20.0
+SPAWN_CASE_TIMEOUT_S = 300.0
+#: Spawned cases that may crash (and be re-run) before the benchmark gives up.
 MAX_SPAWN_CRASHES = 3
 
 
-# -- statistics ------------------------------------------------------------------------
+# -- spawn-per-case ----------------------------------------------------------------------
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (``q`` in 0..100) of a non-empty sequence."""
-    xs = sorted(values)
-    if len(xs) == 1:
-        return xs[0]
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def summarize(values: Sequence[float]) -> Dict[str, float]:
-    return {
-        "n": len(values),
-        "median": statistics.median(values),
-        "p90": percentile(values, 90),
-        "min": min(values),
-        "max": max(values),
-    }
-
-
-def _findings_text(value: Any) -> str:
-    if isinstance(value, list) and value:
-        first = value[0]
-        return f"{len(value)} finding(s), first: {getattr(first, 'describe', lambda: repr(first))()}"
-    return repr(value)
-
-
-# -- pool mode ---------------------------------------------------------------------------
-
-def bench_pool(names: Sequence[str], world_size: int, n_cases: int) -> Dict[str, Any]:
-    from conformance.pool import PoolConfig, RankPool
-
-    pool = RankPool(PoolConfig(world_size=world_size, backend="gloo", device="cpu"))
-    out: Dict[str, Any] = {"cases": {}}
-    try:
-        t0 = time.perf_counter()
-        pool.start()
-        out["startup_s"] = time.perf_counter() - t0
-        for name in names:
-            case = CASES[name]
-            warm = []
-            for _ in range(WARMUP_CASES):
-                t = time.perf_counter()
-                result = _checked_pool_run(pool, case)
-                warm.append((time.perf_counter() - t, result.max_compute_s))
-            walls, computes, overheads, inner = [], [], [], []
-            for _ in range(n_cases):
-                t = time.perf_counter()
-                result = _checked_pool_run(pool, case)
-                wall = time.perf_counter() - t
-                walls.append(wall)
-                computes.append(result.max_compute_s)
-                overheads.append(wall - result.max_compute_s)
-                inner.append(result.wall_s)
-            out["cases"][name] = {"wall_s": walls, "compute_s": computes, "overhead_s": overheads,
-                                  "pool_wall_s": inner, "first_wall_s": warm[0][0],
-                                  "first_compute_s": warm[0][1]}
-        out["pool_starts"] = pool.starts
-    finally:
-        pool.close()
-    return out
-
-
-def _checked_pool_run(pool: Any, case: Case) -> Any:
-    result = pool.run(case)
-    if not result.all_ok:
-        details = "\n".join(o.summary() + ("\n" + o.error if o.error else "") for o in result.outcomes)
-        raise RuntimeError(f"pool case {case.check} failed:\n{details}")
-    if result.pool_rebuilt:
-        raise RuntimeError(f"pool was rebuilt during {case.check}; timings would be meaningless")
-    for o in result.outcomes:
-        if o.value.findings:
-            raise RuntimeError(f"pool case {case.check} reported findings on rank {o.rank}: "
-                               f"{_findings_text(o.value.findings)}")
-    return result
-
-
-# -- spawn-per-case mode -----------------------------------------------------------------
-
-def _spawn_rank(rank: int, world_size: int, store_path: str, out_dir: str, case: Case) -> None:
-    """Entry point of one freshly spawned rank (module level so spawn can pickle it)."""
+def _spawn_rank(rank: int, world_size: int, store_path: str, out_dir: str, cases: List[Case]) -> None:
+    """Entry point of one freshly spawned rank (module level, so spawn can pickle it)."""
     stamps = {"entered": time.time()}
-    record: Dict[str, Any] = {"rank": rank}
-    # The pool's ranks write this deprecation warning to their log files; keep it off the table.
-    warnings.filterwarnings("ignore", message=r".*NO_SHARD.*deprecated", category=FutureWarning)
+    record: Dict[str, Any] = {"rank": rank, "findings": [], "compute_s": 0.0}
+    # Like a pool rank: output to its own log, its rank in the environment, one torch thread.
+    log = os.open(os.path.join(out_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.environ["CONFORM_RANK"] = str(rank)
+    warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
     try:
         torch.set_num_threads(1)
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=SPAWN_CASE_TIMEOUT_S))
         stamps["joined"] = time.time()
-        import conformance.checks
+        from conformance.checks import get_rank_check
         from conformance.spec_loading import load_target
 
-        spec = next(s for s in load_target(case.hook.target) if s.name == case.hook.name)
-        fn = conformance.checks.get_rank_check(case.check)
         ctx = RankContext(rank, world_size, dist.group.WORLD, torch.device("cpu"), "gloo")
+        specs = {case.hook: next(s for s in load_target(case.hook.target) if s.name == case.hook.name)
+                 for case in cases if case.hook is not None}
+        checks = {case.check: get_rank_check(case.check) for case in cases}
         stamps["loaded"] = time.time()
-        start = time.perf_counter()
-        value = fn(ctx, spec, **case.params)
-        record["compute_s"] = time.perf_counter() - start
+        for case in cases:
+            start = time.perf_counter()
+            value = as_check_result(checks[case.check](ctx, specs.get(case.hook), **case.params))
+            record["compute_s"] += time.perf_counter() - start
+            record["findings"] += [f.describe() for f in value.findings]
         stamps["computed"] = time.time()
-        record["findings"] = _findings_text(value) if value else ""
         dist.destroy_process_group()
         stamps["destroyed"] = time.time()
+    except BaseException:
+        record["error"] = traceback.format_exc()
+        raise
     finally:
         record["stamps"] = stamps
         with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
@@ -181,10 +123,15 @@ def _spawn_rank(rank: int, world_size: int, store_path: str, out_dir: str, case:
 
 
 class SpawnCaseCrashed(RuntimeError):
-    """A spawned rank died or hung before finishing its case (the case is retried)."""
+    """A spawned rank died, raised or hung before finishing its case (the case is re-run)."""
 
 
-def _spawn_one(case: Case, world_size: int) -> Dict[str, Any]:
+def spawn_case(cases: List[Case], world_size: int) -> Dict[str, Any]:
+    """Run one test's ``cases`` on ``world_size`` fresh spawned processes; its wall time and phases.
+
+    Raises:
+        SpawnCaseCrashed: a rank did not finish; the message has its error or log.
+    """
     with tempfile.TemporaryDirectory(prefix="commhook-spawn-") as tmpdir:
         store_path = os.path.join(tmpdir, "store")
 
@@ -199,11 +146,21 @@ def _spawn_one(case: Case, world_size: int) -> Dict[str, Any]:
             rec = record(rank)
             return rec is not None and "destroyed" in rec["stamps"]
 
+        def why(rank: int) -> str:
+            rec = record(rank) or {}
+            if rec.get("error"):
+                return rec["error"].strip().splitlines()[-1]
+            try:
+                with open(os.path.join(tmpdir, f"rank{rank}.log")) as f:
+                    return f.read()[-1500:] or "(no output)"
+            except OSError:
+                return "(no log)"
+
         launched = time.time()
         t0 = time.perf_counter()
-        pc = tmp.start_processes(_spawn_rank, args=(world_size, store_path, tmpdir, case), nprocs=world_size,
-                                 join=False, start_method="spawn")
-        procs = pc.processes
+        context = tmp.start_processes(_spawn_rank, args=(world_size, store_path, tmpdir, cases),
+                                      nprocs=world_size, join=False, start_method="spawn")
+        procs = context.processes
         deadline = time.monotonic() + SPAWN_CASE_TIMEOUT_S
         try:
             # Wait on the processes directly: ProcessContext.join would SIGTERM the
@@ -219,7 +176,7 @@ def _spawn_one(case: Case, world_size: int) -> Dict[str, Any]:
                     proc.join()
                     if proc.exitcode != 0 and not finished(rank):
                         raise SpawnCaseCrashed(f"rank {rank} exited with code {proc.exitcode} before "
-                                               "finishing the case")
+                                               f"finishing the case: {why(rank)}")
         finally:
             for proc in procs:
                 if proc.is_alive():
@@ -230,10 +187,6 @@ def _spawn_one(case: Case, world_size: int) -> Dict[str, Any]:
     exit_codes = [p.exitcode for p in procs]
     if not all(rec is not None and "destroyed" in rec["stamps"] for rec in records):
         raise SpawnCaseCrashed(f"a rank did not finish the case (exit codes {exit_codes})")
-    for rec in records:
-        if rec.get("findings"):
-            raise RuntimeError(f"spawn case {case.check} reported findings on rank {rec['rank']}: "
-                               f"{rec['findings']}")
     compute = max(rec["compute_s"] for rec in records)
 
     def latest(key: str) -> float:
@@ -246,142 +199,148 @@ def _spawn_one(case: Case, world_size: int) -> Dict[str, Any]:
         # Phases, from the launch to the slowest rank reaching each point.
         "start_import_s": latest("entered") - launched,
         "rendezvous_s": latest("joined") - latest("entered"),
+        "load_checks_s": latest("loaded") - latest("joined"),
         "destroy_s": latest("destroyed") - latest("computed"),
         "exit_s": (launched + wall) - latest("destroyed"),
+        "findings": [f for rec in records for f in rec["findings"]],
         # Ranks that finished the case, then died on the way out (non-zero exit code).
         "bad_exits": sum(code != 0 for code in exit_codes),
     }
 
 
-def bench_spawn(names: Sequence[str], world_size: int, m_cases: int) -> Dict[str, Any]:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the pool does for its ranks
-    if sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    out: Dict[str, Any] = {"cases": {}, "crashes": []}
-    for name in names:
-        runs: List[Dict[str, Any]] = []
-        while len(runs) < m_cases:
+class SpawnRunner:
+    """Spawn-per-case for one sampled case at a time, re-running a crashed one (:data:`MAX_SPAWN_CRASHES` in all)."""
+
+    def __init__(self) -> None:
+        self.crashes: List[str] = []
+        self.done = 0
+
+    def __call__(self, row: Any) -> Optional[Dict[str, Any]]:
+        while len(self.crashes) <= MAX_SPAWN_CRASHES:
             try:
-                runs.append(_spawn_one(CASES[name], world_size))
+                figures = spawn_case(row.cases, row.world_size)
             except SpawnCaseCrashed as exc:
-                out["crashes"].append(f"{CASES[name].check}: {exc}")
-                if len(out["crashes"]) > MAX_SPAWN_CRASHES:
-                    raise RuntimeError("too many spawn-per-case crashes:\n" + "\n".join(out["crashes"])) from exc
-        out["cases"][name] = {key: [r[key] for r in runs] for key in runs[0]}
-    return out
+                self.crashes.append(f"{row.name}: {exc}")
+                continue
+            self.done += 1
+            print(f"  {self.done:>3}  pool {row.pool_wall_s * 1e3:8.1f} ms  spawn {figures['wall_s'] * 1e3:8.0f} ms"
+                  f"  {row.name}", file=sys.stderr, flush=True)
+            return figures
+        return None
 
 
 # -- report ------------------------------------------------------------------------------
 
-def _ms(x: float) -> str:
-    return f"{x * 1e3:9.1f}"
+def report(session: Any, spawner: SpawnRunner, args: argparse.Namespace, total_s: float,
+           load: Sequence[float]) -> Dict[str, Any]:
+    rows = [r for r in session.sample if r.spawn is not None]
+    pool_med = statistics.median([r.pool_wall_s for r in rows])
+    spawn_med = statistics.median([r.spawn["wall_s"] for r in rows])
+    pool_ovh = statistics.median([r.pool_overhead_s for r in rows])
+    spawn_ovh = statistics.median([r.spawn["overhead_s"] for r in rows])
+    pool_compute = statistics.median([r.pool_compute_s for r in rows])
+    ratio, ovh_ratio = spawn_med / pool_med, spawn_ovh / pool_ovh
+    per_case_ratios = [r.spawn["wall_s"] / r.pool_wall_s for r in rows]
+    phases = ("start_import_s", "rendezvous_s", "load_checks_s", "compute_s", "destroy_s", "exit_s")
+    phase_meds = {k: statistics.median([r.spawn[k] for r in rows]) for k in phases}
 
-
-def report(args: argparse.Namespace, names: Sequence[str], pool: Dict[str, Any], spawn: Dict[str, Any],
-           total_s: float) -> Dict[str, Any]:
-    summary: Dict[str, Any] = {
-        "world_size": args.world_size,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "pool_startup_s": pool["startup_s"],
-        "cases": {},
-    }
-    print(f"commhook-conformance: per-case cost, rank pool vs spawn-per-case "
-          f"(torch {torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
-          f"gloo/cpu, world size {args.world_size})")
-    print(f"hook: {HOOK_TARGET} [{HOOK_NAME}], strategy NO_SHARD; pool: {WARMUP_CASES} warm-up + "
-          f"{args.cases} timed cases per check; spawn-per-case: {args.spawn_cases} cases per check")
     print()
-    print(f"pool start-up (paid once per session and world size): {pool['startup_s'] * 1e3:.0f} ms")
+    print(f"sample: {len(session.sample)} of the default run's {sum(session.population.values())} passing cases "
+          f"({sum(session.collected.values())} collected; "
+          + ", ".join(f"{n} {k}" for k, n in sorted(session.collected.items()) if k != "passing")
+          + f" left out), seed {args.seed}, stratified by API and world size:")
+    drawn: Dict[tuple, int] = {}
+    for r in session.sample:
+        drawn[(r.api, r.world_size)] = drawn.get((r.api, r.world_size), 0) + 1
+    print("  " + ", ".join(f"{api} ws{ws}: {drawn.get((api, ws), 0)} of {n}"
+                           for (api, ws), n in sorted(session.population.items())))
     print()
-    header = (f"{'case':<28} {'mode':<16} {'n':>3} {'wall med':>9} {'wall p90':>9} {'compute':>9} "
-              f"{'overhead':>9} {'overhead':>9}")
-    print(header)
-    print(f"{'':<28} {'':<16} {'':>3} {'(ms)':>9} {'(ms)':>9} {'med (ms)':>9} {'med (ms)':>9} {'p90 (ms)':>9}")
-    print("-" * len(header))
-    for name in names:
-        case = CASES[name]
-        p, s = pool["cases"][name], spawn["cases"][name]
-        pw, pc, po = summarize(p["wall_s"]), summarize(p["compute_s"]), summarize(p["overhead_s"])
-        sw, sc, so = summarize(s["wall_s"]), summarize(s["compute_s"]), summarize(s["overhead_s"])
-        label = LABELS[name]
-        for mode, w, c, o in (("pool", pw, pc, po), ("spawn-per-case", sw, sc, so)):
-            print(f"{label:<28} {mode:<16} {w['n']:>3} {_ms(w['median'])} {_ms(w['p90'])} "
-                  f"{_ms(c['median'])} {_ms(o['median'])} {_ms(o['p90'])}")
-            label = ""
-        fw, fc = p["first_wall_s"], p["first_compute_s"]
-        print(f"{'':<28} {'pool, 1st case':<16} {1:>3} {_ms(fw)} {'':>9} {_ms(fc)} {_ms(fw - fc)} {'':>9}")
-        ratio = sw["median"] / pw["median"]
-        summary["cases"][name] = {
-            "check": case.check,
-            "case_id": case.case_id,
-            "params": case.params,
-            "pool": {"wall_s": pw, "compute_s": pc, "overhead_s": po,
-                     "pool_run_wall_s": summarize(p["pool_wall_s"]),
-                     "first_case_wall_s": fw, "first_case_compute_s": fc},
-            "spawn": {"wall_s": sw, "compute_s": sc, "overhead_s": so,
-                      "start_import_s": summarize(s["start_import_s"]),
-                      "rendezvous_s": summarize(s["rendezvous_s"]),
-                      "destroy_s": summarize(s["destroy_s"]),
-                      "exit_s": summarize(s["exit_s"])},
-            "ratio_wall_spawn_over_pool": ratio,
-        }
+    print(f"{'pool (ms)':>10} {'spawn (ms)':>11} {'ratio':>6}  case (pool: median of {args.repeat} warm passes; "
+          "spawn: one run)")
+    for r in rows:
+        print(f"{r.pool_wall_s * 1e3:10.1f} {r.spawn['wall_s'] * 1e3:11.0f} {r.spawn['wall_s'] / r.pool_wall_s:5.0f}x"
+              f"  {r.name}")
     print()
-    for name in names:
-        c = summary["cases"][name]
-        pl, sp = c["pool"], c["spawn"]
-        print(f"{c['check']}: pool overhead per case median {pl['overhead_s']['median'] * 1e3:.2f} ms, "
-              f"p90 {pl['overhead_s']['p90'] * 1e3:.2f} ms; median wall per case "
-              f"{pl['wall_s']['median'] * 1e3:.1f} ms (pool) vs {sp['wall_s']['median'] * 1e3:.0f} ms "
-              f"(spawn-per-case) = {c['ratio_wall_spawn_over_pool']:.0f}x")
-        print(f"    spawn-per-case, medians: start + import {sp['start_import_s']['median'] * 1e3:.0f} ms, "
-              f"rendezvous {sp['rendezvous_s']['median'] * 1e3:.0f} ms, check (cold) "
-              f"{sp['compute_s']['median'] * 1e3:.0f} ms, destroy group {sp['destroy_s']['median'] * 1e3:.0f} ms, "
-              f"exit + join {sp['exit_s']['median'] * 1e3:.0f} ms")
-    bad_exits = sum(sum(spawn["cases"][n]["bad_exits"]) for n in names)
-    if spawn["crashes"] or bad_exits:
-        print(f"spawn-per-case: {len(spawn['crashes'])} case(s) crashed before finishing and were re-run; "
+    met = "met" if ratio >= GOAL_RATIO else "NOT met"
+    print(f"median per case, pool:           {pool_med * 1e3:8.1f} ms")
+    print(f"median per case, spawn-per-case: {spawn_med * 1e3:8.1f} ms")
+    print(f"ratio, spawn-per-case / pool:    {ratio:8.1f}x   (goal: at least {GOAL_RATIO:.0f}x: {met})")
+    print(f"  per-case ratios: median {statistics.median(per_case_ratios):.0f}x, min {min(per_case_ratios):.0f}x, "
+          f"max {max(per_case_ratios):.0f}x")
+    print(f"overhead per case (wall minus the check's own compute), medians: pool {pool_ovh * 1e3:.1f} ms, "
+          f"spawn-per-case {spawn_ovh * 1e3:.0f} ms: {ovh_ratio:.0f}x")
+    print("spawn-per-case, medians: " + ", ".join(
+        f"{label} {phase_meds[k] * 1e3:.0f} ms" for label, k in (
+            ("start + import torch", "start_import_s"), ("rendezvous", "rendezvous_s"),
+            ("import checks and hooks", "load_checks_s"), ("check (cold)", "compute_s"),
+            ("destroy group", "destroy_s"), ("exit + join", "exit_s"))))
+    if ratio < GOAL_RATIO:
+        print(f"below the {GOAL_RATIO:.0f}x goal: the pool removes the per-case start-up, but the checks' own "
+              f"compute is {pool_compute * 1e3:.0f} ms of the pool's {pool_med * 1e3:.0f} ms median case here, "
+              f"and that compute is paid both ways; excluding it, the pool's overhead is {ovh_ratio:.0f}x smaller")
+    found = [(r.name, f) for r in rows for f in r.spawn["findings"]]
+    if found:
+        print(f"note: {len(found)} finding(s) in spawn-per-case runs of cases that passed on the pool, "
+              f"first: {found[0][0]}: {found[0][1]}")
+    bad_exits = sum(r.spawn["bad_exits"] for r in rows)
+    if spawner.crashes or bad_exits:
+        print(f"spawn-per-case: {len(spawner.crashes)} case run(s) crashed and were re-run; "
               f"{bad_exits} rank(s) finished their case, then exited non-zero")
-        for text in spawn["crashes"]:
+        for text in spawner.crashes:
             print(f"    {text}")
-    summary["spawn_crashes"] = spawn["crashes"]
-    summary["spawn_bad_exits"] = bad_exits
-    print()
-    print("wall: controller time per case (pool: around pool.run(case); spawn: start_processes until joined).")
-    print("compute: slowest rank's time inside the check function; overhead = wall - compute.")
-    print("A fresh process runs the check cold (first FSDP import and first-call set-up happen inside it),")
-    print("so spawn-per-case compute is larger than the pool's; 'pool, 1st case' is that cold case on the pool.")
-    print(f"total benchmark time: {total_s:.1f} s (pool started {pool['pool_starts']} time(s))")
-    summary["total_s"] = total_s
-    return summary
+    print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, Python {platform.python_version()}, "
+          f"gloo on CPU; 1-min load average {load[0]:.2f} at start, {load[1]:.2f} at end; "
+          f"benchmark took {total_s:.0f} s")
+    return {
+        "sample": [{"id": r.nodeid, "api": r.api, "world_size": r.world_size,
+                    "pool_wall_s": [w for w, _ in r.timed], "pool_compute_s": [c for _, c in r.timed],
+                    "spawn": {k: v for k, v in r.spawn.items() if k != "findings"}} for r in rows],
+        "seed": args.seed, "repeat": args.repeat, "collected": session.collected,
+        "population": {f"{api} ws{ws}": n for (api, ws), n in session.population.items()},
+        "median_pool_s": pool_med, "median_spawn_s": spawn_med, "ratio": ratio, "goal_ratio": GOAL_RATIO,
+        "median_overhead_pool_s": pool_ovh, "median_overhead_spawn_s": spawn_ovh, "overhead_ratio": ovh_ratio,
+        "spawn_phase_medians_s": phase_meds, "spawn_crashes": spawner.crashes,
+        "torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
+        "loadavg_1min": list(load), "total_s": total_s,
+    }
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world-size", type=int, default=2, help="ranks per case (default 2)")
-    parser.add_argument("--cases", type=int, default=40, help="timed pool cases per check (default 40)")
-    parser.add_argument("--spawn-cases", type=int, default=5, help="spawn-per-case cases per check (default 5)")
-    parser.add_argument("--check", choices=("averaging", "parity", "both"), default="both",
-                        help="fsdp.averaging (NO_SHARD, analytic_linear), fsdp.parity (NO_SHARD, "
-                             "net_wrapped), or both (default)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sample", type=int, default=SAMPLE_SIZE, help=f"cases in the sample (default {SAMPLE_SIZE})")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"the sample's seed (default {SEED})")
+    parser.add_argument("--repeat", type=int, default=TIMED_PASSES,
+                        help=f"timed pool passes over the sample, after a warm-up pass (default {TIMED_PASSES})")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = parser.parse_args(argv)
-    if args.world_size < 1 or args.cases < 1 or args.spawn_cases < 1:
-        parser.error("--world-size, --cases and --spawn-cases must be at least 1")
-    names = list(CASES) if args.check == "both" else [args.check]
+    if args.sample < 1 or args.repeat < 1:
+        parser.error("--sample and --repeat must be at least 1")
+    # Both ways alike, as the pool's ranks have them: one OpenMP thread, gloo on loopback.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    from pool_sample import WARMUP_PASSES, SampleSession, run_sample
+
+    print(f"commhook-conformance: per-case time, rank pool vs spawn-per-case, on {args.sample} of the default "
+          f"run's cases (pool: {WARMUP_PASSES} warm-up + {args.repeat} timed passes; spawn: once per case)", flush=True)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     t0 = time.perf_counter()
-    pool = bench_pool(names, args.world_size, args.cases)
-    spawn = bench_spawn(names, args.world_size, args.spawn_cases)
-    summary = report(args, names, pool, spawn, time.perf_counter() - t0)
-    if load_before is not None:
-        load_after = os.getloadavg()[0]
-        summary["loadavg_1min"] = [load_before, load_after]
-        print(f"1-min load average: {load_before:.2f} at start, {load_after:.2f} at end "
-              "(other work on the machine inflates both modes)")
+    spawner = SpawnRunner()
+    session = SampleSession(args.sample, args.seed, args.repeat, spawn=spawner)
+    pytest_output = io.StringIO()
+    code = run_sample(session, pytest_output)
+    total = time.perf_counter() - t0
+    load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    if code != 0 or session.failures:
+        print(f"the sample did not run to a pass on the pool (pytest exit code {code}); no figures:", file=sys.stderr)
+        for text in session.failures or [pytest_output.getvalue()[-5000:]]:
+            print(text, file=sys.stderr)
+        return 1
+    if len(spawner.crashes) > MAX_SPAWN_CRASHES:
+        print("too many spawn-per-case crashes; no figures:\n" + "\n".join(spawner.crashes), file=sys.stderr)
+        return 1
+    summary = report(session, spawner, args, total, (load_before, load_after))
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     return 0

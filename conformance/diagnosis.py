@@ -81,6 +81,11 @@ class HookCall:
     op: Any = None
     pending: Optional[torch.Tensor] = None
 
+    def settle_from(self, tensor: torch.Tensor) -> None:
+        """Read the call's result from ``tensor`` now."""
+        self.pending = tensor
+        self.settle()
+
     def settle(self) -> None:
         """Clone the pending output buffer into ``output`` (the call has completed)."""
         if self.pending is not None:
@@ -149,6 +154,10 @@ class Arithmetic:
     * ``"fsdp"``: cast to the reduce dtype, divide by the pre-divide factor,
       SUM (all-reduce, or reduce-scatter when sharded), divide by the
       post-divide factor, cast back (``_reduce_grad`` with ``_div_if_needed``).
+    * ``"fsdp2_all_reduce"``: an all-reduce hook runs after native HSDP has
+      reduced the gradient (``foreach_reduce`` calls it on the result), so native
+      is the tensor unchanged; ``divisors`` are the mesh's sizes (replicate,
+      shard, world) a hook might wrongly divide by.
     * ``"fsdp2"``: a custom reduce-scatter comm performs exactly the collective
       FSDP2 asks for, ``reduce_scatter_tensor(output, input, op=op, group=group)``
       on the reduce-dtype buffer FSDP2 filled (``foreach_reduce``); FSDP2 does
@@ -159,6 +168,7 @@ class Arithmetic:
     world_size: int
     reduce_dtype: Optional[torch.dtype]
     op: Any = None
+    divisors: Tuple[int, ...] = ()
 
     @property
     def factors(self) -> Tuple[float, float]:
@@ -233,9 +243,27 @@ def _local(call: HookCall, rank: int, world_size: int) -> torch.Tensor:
     return x.to(call.output.dtype)
 
 
+def _all_reduce_hook_candidates(arith: Arithmetic, call: HookCall, group: Any) -> List[Tuple[str, torch.Tensor]]:
+    """The causes of an FSDP2 all-reduce hook: native leaves the reduced tensor as it is."""
+    import torch.distributed as dist
+
+    x = call.input.to(call.output.dtype)
+    out: List[Tuple[str, torch.Tensor]] = [("native", x.clone())]
+    for d in sorted(set(arith.divisors)):
+        out.append((f"divided by {d} after native HSDP had already averaged it", x.div(d)))
+    summed = x.clone()
+    dist.all_reduce(summed, group=group)
+    out.append(("all-reduced (SUM) again over the default group, mixing the shards of different ranks", summed))
+    out.append(("averaged again over the default group, mixing the shards of different ranks",
+                summed.div(arith.world_size)))
+    return out
+
+
 def _candidates(arith: Arithmetic, call: HookCall, group: Any, rank: int) -> List[Tuple[str, torch.Tensor]]:
     """``(cause, the result it would give)`` for ``call``; the same collectives, in the same order, on every
     rank (the list depends only on the API, the claim, the world size and the call's shape)."""
+    if arith.api == "fsdp2_all_reduce":
+        return _all_reduce_hook_candidates(arith, call, group)
     ws, x, claim = arith.world_size, call.input, arith.reduce_dtype
     reduce_in = claim or x.dtype
     out: List[Tuple[str, torch.Tensor]] = [("native", _native(arith, x, call, group, claim))]
@@ -312,7 +340,7 @@ def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], gro
     out = call.output
     causes = [name for name, value in candidates if _same(out, value)]
     native = candidates[0][1]
-    local = _local(call, rank, arith.world_size)
+    local = _local(call, rank, arith.world_size) if arith.api != "fsdp2_all_reduce" else native
     if _same(out, local) and not _same(native, local):
         causes.append("the local, unreduced gradient: " + (
             f"the hook issued {call.collectives} collective(s), but its result is the local gradient it "

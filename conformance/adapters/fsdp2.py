@@ -60,7 +60,7 @@ from conformance.checks.common import (Lockstep, clip_grad_norm_parity, fqn_with
 from conformance.checks.groups import on_subgroup
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
-from conformance.diagnosis import Arithmetic, CallLog, diagnose
+from conformance.diagnosis import Arithmetic, diagnose
 from conformance.protocol import Finding
 from conformance.spec import SpecError, binds_signature, qualname, signature_text
 
@@ -110,9 +110,10 @@ def _full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
 
 
 def _plan(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder: Any, *, reference: str,
-          context: Any, inputs: Any = None) -> Lockstep:
+          context: Any, arithmetic: Arithmetic, inputs: Any = None) -> Lockstep:
     """Both models in lockstep: local and full gradients after each backward, local parameters after each
-    optimizer step; ``inputs`` defaults to the model's own rank-dependent inputs."""
+    optimizer step; ``inputs`` defaults to the model's own rank-dependent inputs. A failure is diagnosed
+    from the recorder's calls against ``arithmetic`` (:mod:`conformance.diagnosis`)."""
     from conformance.models import get_model
 
     model_cls = get_model(model_name)
@@ -127,8 +128,7 @@ def _plan(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder
                ("full gradient", _full_grads, "full_tensor() of every gradient")],
         params=("local parameter shard after the optimizer step", named_params, ""),
         hook_findings=lambda step: recorder.findings(ctx.rank, step), start_step=start_step, context=context,
-        diagnose=(lambda step: diagnose(ctx, Arithmetic("fsdp2", ctx.world_size, None), recorder.log, step))
-        if isinstance(getattr(recorder, "log", None), CallLog) else None)
+        diagnose=lambda step: diagnose(ctx, arithmetic, recorder.log, step))
 
 
 # -- checks ----------------------------------------------------------------------------------
@@ -180,7 +180,8 @@ def _comm_plan(ctx: Any, spec: Any, config: str, model: str, inputs: Any = None,
 
     reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
                                         f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
-    return _plan(ctx, model, ref, hooked, recorder, reference=reference, context=context, inputs=inputs)
+    return _plan(ctx, model, ref, hooked, recorder, reference=reference, context=context, inputs=inputs,
+                 arithmetic=Arithmetic("fsdp2", ctx.world_size, None))
 
 
 @rank_check("fsdp2.clip_grad_norm")
@@ -225,7 +226,8 @@ def _all_reduce_plan(ctx: Any, spec: Any, model: str, inputs: Any = None, label:
         return got if label is None else f"{label(step)}; {got}"
 
     return _plan(ctx, model, ref, hooked, recorder, reference="native HSDP without the hook", context=context,
-                 inputs=inputs)
+                 inputs=inputs, arithmetic=Arithmetic("fsdp2_all_reduce", ctx.world_size, None,
+                                                      divisors=(shape[0], shape[1], ctx.world_size)))
 
 
 def _local_only(plan: Lockstep) -> Lockstep:

@@ -112,10 +112,18 @@ class HookRecorder:
         self.hook = hook
         self.step = 0
         self.calls: List[Dict[str, Any]] = []
+        self.log = CallLog()
 
     def __call__(self, tensor: torch.Tensor) -> Any:
+        index = sum(1 for c in self.calls if c["step"] == self.step)
         self.calls.append({"step": self.step, "dtype": tensor.dtype, "numel": tensor.numel()})
-        return self.hook(tensor)
+        call = self.log.add(HookCall(self.step, index, f"call {index} ({tensor.numel()} elements)",
+                                     tensor.detach().reshape(-1).clone()))
+        with counting_collectives() as count:
+            result = self.hook(tensor)
+        call.collectives = count[0]
+        call.settle_from(tensor)
+        return result
 
     def findings(self, rank: int, step: int) -> List[Finding]:
         if not any(c["step"] == step for c in self.calls):

@@ -65,7 +65,7 @@ class _Zygote:
     def __init__(self) -> None:
         parent, child = socket.socketpair()
         env = _rank_env()
-        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.zygote", str(child.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.zygote", str(child.fileno()), str(os.getpid())],
                                      pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
         child.close()
@@ -249,7 +249,7 @@ class RankPool:
             if proc is None:
                 log = open(log_path, "wb")
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "conformance.worker", str(child.fileno())],
+                    [sys.executable, "-m", "conformance.worker", str(child.fileno()), str(os.getpid())],
                     pass_fds=(child.fileno(),),
                     stdin=subprocess.DEVNULL,
                     stdout=log,

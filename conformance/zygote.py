@@ -18,7 +18,10 @@ Protocol (a ``multiprocessing.connection.Connection`` over a socketpair):
   exit code as ``subprocess.Popen.returncode`` gives it (``-N`` for signal N);
   the zygote reaps its children only here.
 
-The zygote exits when the controller closes its end (or dies). The pool falls
+The zygote exits when the controller closes its end, and the kernel kills it
+when the controller dies (:func:`conformance.lifeline.die_with_parent`, against
+the controller pid given as the second argument). Each forked rank arms the
+same signal against the zygote, so no rank outlives the pair. The pool falls
 back to starting each rank as a fresh interpreter when the zygote cannot start,
 and ``CONFORM_FORK_RANKS=0`` makes it do so always.
 """
@@ -35,6 +38,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from typing import Dict, List, Optional
 
+from conformance import lifeline
 from conformance.protocol import recv, send
 
 #: Modules every rank imports anyway, imported once here before any fork.
@@ -62,11 +66,12 @@ def _preload() -> None:
             pass
 
 
-def _child(conn: Connection, fd: int, log_path: str, env: Dict[str, str]) -> None:
+def _child(conn: Connection, fd: int, log_path: str, env: Dict[str, str], zygote_pid: int) -> None:
     """In the forked rank: own session, output to the log, the pool's environment, then the worker."""
     code = 1
     try:
         conn.close()
+        lifeline.die_with_parent(zygote_pid)
         os.setsid()
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -79,7 +84,7 @@ def _child(conn: Connection, fd: int, log_path: str, env: Dict[str, str]) -> Non
         os.environ.update(env)
         from conformance import worker
 
-        code = worker.main([str(fd)])
+        code = worker.main([str(fd), str(zygote_pid)])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001
@@ -106,6 +111,8 @@ def _reap(exits: Dict[int, int]) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     conn = Connection(socket.socket(fileno=int(argv[0])).detach())
+    if len(argv) > 1:
+        lifeline.die_with_parent(int(argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when ranks stop
     _preload()
     exits: Dict[int, int] = {}
@@ -118,10 +125,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             fd = recv_handle(conn)
             sys.stdout.flush()
             sys.stderr.flush()
+            zygote_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-                _child(conn, fd, payload["log_path"], payload["env"])
+                _child(conn, fd, payload["log_path"], payload["env"], zygote_pid)
             os.close(fd)
             send(conn, ("pid", pid))
         elif kind == "status":

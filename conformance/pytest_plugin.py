@@ -20,6 +20,7 @@ import pytest
 from conformance import report
 from conformance.cases import parse_case_id
 from conformance.interruption import StopSignals
+from conformance.report_files import JUnitReportGuard
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
 from conformance.spec_loading import LoadedSpec, load_specs, user_paths_first
@@ -93,6 +94,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE_KEY] = state
     config.pluginmanager.register(_Summary(state), "conformance-summary")
     config.pluginmanager.register(_Stopping(state), "conformance-stopping")
+    # Before any case: an unwritable or busy --junitxml path is a usage error; an old report is marked stale.
+    config.pluginmanager.register(JUnitReportGuard(config), "conformance-junit-report")
 
 
 def _release(version: str) -> Tuple[int, ...]:

@@ -153,8 +153,30 @@ def test_a_stopped_run_writes_its_report_says_interrupted_and_leaves_no_rank(tmp
         assert "INTERRUPTED after 1 of 2 cases" in out, out[-3000:]
         assert "CONFORMS" not in out
         assert "zoo_plain_allreduce          INTERRUPTED: no verdict  [1 of 1 cases: 1 passed]" in out
-        # The report is valid XML and holds the case that finished.
+        # The report is valid XML and holds the case that finished; nothing of it is left beside it.
         assert _junit_cases(run.junit) == ["test_averaging[zoo_plain_allreduce-NO_SHARD-ws2]"]
+        assert not [n for n in os.listdir(tmp_path) if n.startswith(".report.xml")]
+    finally:
+        _cleanup(run)
+
+
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked-ranks", "fresh-ranks"])
+def test_a_killed_controller_leaves_no_rank_and_no_stale_report(tmp_path, fork):
+    stale = tmp_path / "report.xml"
+    stale.write_text('<?xml version="1.0"?><testsuites><testsuite tests="1" failures="0" errors="0">'
+                     '<testcase name="from_an_earlier_run"/></testsuite></testsuites>')
+    run = _start(tmp_path, {"CONFORM_FORK_RANKS": fork})
+    try:
+        before = _run_processes(run, minimum=2 if fork == "0" else 3)
+        _stop(run, [signal.SIGKILL])
+        assert run.proc.returncode == -signal.SIGKILL
+        _assert_no_process_left(run, before)
+        # The earlier run's passing report is not left looking current: a placeholder that fails says why.
+        root = ET.parse(run.junit).getroot()
+        assert _junit_cases(run.junit) != ["from_an_earlier_run"]
+        errors = list(root.iter("error"))
+        assert errors and f"(pid {run.proc.pid} on " in errors[0].get("message", "") and "has not finished" in \
+            errors[0].get("message", ""), ET.tostring(root)[:2000]
     finally:
         _cleanup(run)
 

@@ -327,6 +327,8 @@ class _Summary:
         runner = state.runner
         if runner is not None and getattr(runner, "restarts", 0):
             tr.write_line(f"rank pools restarted {runner.restarts} time(s) after hung or broken cases")
+        for line in getattr(runner, "memory_restarts", ()):
+            tr.write_line(f"rank memory: {line}", yellow=True)
 
 
 @pytest.fixture(scope="session")

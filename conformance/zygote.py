@@ -5,15 +5,16 @@ its FSDP and DDP modules and the suite's adapters before it can join its
 process group; a run that starts pools of 2, 3 and 4 ranks on a 2-core machine
 spent 13 s on that alone. The zygote imports them once (:data:`PRELOAD`), then
 ``fork()``s each rank: the child starts its own session (so ``killpg`` reaches
-it and a terminal's Ctrl-C does not), sends its output to the rank's log,
+it and a terminal's Ctrl-C does not), sends its output to the rank's log (a pipe the controller reads),
 takes the pool's environment and runs :func:`conformance.worker.main` on the
 socket the controller passed it. Nothing in the zygote starts threads or
 initialises CUDA before it forks.
 
 Protocol (a ``multiprocessing.connection.Connection`` over a socketpair):
 
-* ``("spawn", {"log_path", "env"})`` followed by the rank's socket (passed with
-  ``multiprocessing.reduction.send_handle``) -> ``("pid", pid)``;
+* ``("spawn", {"env"})`` followed by the rank's socket and the write end of its
+  output pipe (each passed with ``multiprocessing.reduction.send_handle``)
+  -> ``("pid", pid)``;
 * ``("status", [pid, ...])`` -> ``("status", {pid: exit code or None})``, the
   exit code as ``subprocess.Popen.returncode`` gives it (``-N`` for signal N);
   the zygote reaps its children only here.
@@ -66,19 +67,18 @@ def _preload() -> None:
             pass
 
 
-def _child(conn: Connection, fd: int, log_path: str, env: Dict[str, str], zygote_pid: int) -> None:
-    """In the forked rank: own session, output to the log, the pool's environment, then the worker."""
+def _child(conn: Connection, fd: int, out_fd: int, env: Dict[str, str], zygote_pid: int) -> None:
+    """In the forked rank: own session, output to the controller's pipe, the pool's environment, then the worker."""
     code = 1
     try:
         conn.close()
         lifeline.die_with_parent(zygote_pid)
         os.setsid()
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
         os.close(null)
         os.environ.clear()
         os.environ.update(env)
@@ -126,14 +126,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             os._exit(0)
         if kind == "spawn":
             fd = recv_handle(conn)
+            out_fd = recv_handle(conn)
             sys.stdout.flush()
             sys.stderr.flush()
             zygote_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-                _child(conn, fd, payload["log_path"], payload["env"], zygote_pid)
+                _child(conn, fd, out_fd, payload["env"], zygote_pid)
             os.close(fd)
+            os.close(out_fd)
             send(conn, ("pid", pid))
         elif kind == "status":
             _reap(exits)

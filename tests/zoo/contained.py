@@ -6,6 +6,7 @@ Both are NO_SHARD-only and misbehave on rank 1 only, as a real bug usually
 does: rank 0 is then left blocked in the collective its peer never joins.
 ``INTERRUPTIBLE`` is for the tests that stop the controller mid-case
 (tests/test_interrupt.py): a passing hook, then one that never returns.
+``UNRULY`` is for the rank output and memory limits (tests/test_rank_limits.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,24 @@ def hang_in_hook(state, grad):
     torch.futures.Future().wait()
 
 
+def noisy_then_raise(state, grad):
+    """Prints 3 MB on every rank, then raises: the failure must say how much output it leaves out."""
+    print("noisy hook starts", flush=True)
+    for _ in range(48):
+        print("x" * 65535, flush=True)
+    raise RuntimeError("noisy hook gives up")
+
+
+_LEAKED = []
+
+
+def leak_once(state, grad):
+    """Rank 1 keeps 200 MiB (touched, so resident) at its first call, then reduces correctly."""
+    if dist.get_rank(state.process_group) == 1 and not _LEAKED:
+        _LEAKED.append(b"\x01" * (200 * 2**20))
+    allreduce_hook(state, grad)
+
+
 HANG = HookSpec(name="zoo_hang_rank1", api="fsdp", hook=hang_on_rank1, state=DefaultState,
                 description="rank 1 never joins the all-reduce")
 CRASH = HookSpec(name="zoo_crash_rank1", api="fsdp", hook=crash_on_rank1, state=DefaultState,
@@ -56,5 +75,10 @@ GOOD = HookSpec(name="zoo_plain_allreduce", api="fsdp", hook=allreduce_hook, sta
                 description="PyTorch's allreduce_hook, to show the run goes on")
 HANG_IN_HOOK = HookSpec(name="zoo_hang_in_hook", api="fsdp", hook=hang_in_hook, state=DefaultState,
                         description="never returns from the hook, rank 1 holding the GIL")
+NOISY = HookSpec(name="zoo_noisy", api="fsdp", hook=noisy_then_raise, state=DefaultState,
+                 description="prints 3 MB, then raises")
+LEAKY = HookSpec(name="zoo_leak_once", api="fsdp", hook=leak_once, state=DefaultState,
+                 description="rank 1 keeps 200 MiB, then reduces correctly")
 ALL = [HANG, CRASH, GOOD]
+UNRULY = [NOISY, LEAKY, GOOD]
 INTERRUPTIBLE = [GOOD, HANG_IN_HOOK]

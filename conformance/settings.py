@@ -29,6 +29,16 @@ CPU_RANK_MEMORY_BYTES = 333 * 2**20
 #: CPU ranks per core beyond which a run is refused: every collective needs every rank
 #: scheduled, so far more ranks than cores turn each case into minutes of time slicing.
 MAX_CPU_RANKS_PER_CORE = 16
+#: Output of one rank kept per case, in MiB (the first half and the last half; the rest is
+#: counted and dropped). A failure shows a few thousand characters of it, and a hook that
+#: prints 10 MB per call filled 1.2 GB of logs in 7 cases before there was a limit; 4 MiB per
+#: rank keeps any traceback or stack whole and bounds the controller's memory to 4 MiB a rank.
+DEFAULT_RANK_LOG_LIMIT_MIB = 4.0
+#: Growth of a rank's resident memory (RSS) during one case, in MiB, beyond which the pool is
+#: restarted after the case and the case is named. A CPU rank holds about 333 MB after the
+#: default run (CPU_RANK_MEMORY_BYTES) and grows by tens of MB in its first cases, as models
+#: are built; 1 GiB in one case is a leak (a hook that keeps 2 GB per call was seen).
+DEFAULT_RANK_MEMORY_GROWTH_MIB = 1024.0
 #: World sizes the default run adds as gloo pools on the CPU when the machine's defaults
 #: give world size 1 (one GPU): averaging over one rank proves nothing.
 CROSS_RANK_WORLD_SIZE = 2
@@ -57,6 +67,8 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--case-timeout", "CONFORM_CASE_TIMEOUT", "seconds before a case is declared hung (default: 60)", "conform_case_timeout"),
     Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", f"generated hard-input examples per case before shrinking (default: {DEFAULT_HYPOTHESIS_EXAMPLES}; nightly: 200 or more)", "conform_hypothesis_examples"),
     Option("--strict-known-failures", "CONFORM_STRICT_KNOWN_FAILURES", "for CI gates: fail the run when a known failure passes (XPASS) or a known-failures entry matches no test (env: 1 or 0)", "conform_strict_known_failures"),
+    Option("--rank-log-limit", "CONFORM_RANK_LOG_LIMIT", f"MiB of each rank's output kept per case: the first and last halves; a failure says how many bytes were cut (default: {DEFAULT_RANK_LOG_LIMIT_MIB:g})", "conform_rank_log_limit"),
+    Option("--rank-memory-growth", "CONFORM_RANK_MEMORY_GROWTH", f"MiB a rank's resident memory may grow during one case before its pool is restarted after it, naming the case; 0 for no check (default: {DEFAULT_RANK_MEMORY_GROWTH_MIB:g})", "conform_rank_memory_growth"),
     Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
 )
 
@@ -81,6 +93,9 @@ class Settings:
         gpu_count: ``torch.cuda.device_count()`` (0 without CUDA).
         strict_known_failures: a known failure that passes, or an entry that
             matches no test, fails the run (for nightly gates).
+        rank_log_limit_bytes: bytes of each rank's output kept per case (``--rank-log-limit``).
+        rank_memory_growth_bytes: bytes a rank's RSS may grow during one case before its pool is
+            restarted (``--rank-memory-growth``); 0 for no check.
         cpu_pools: world sizes that run as gloo pools on the CPU although
             ``device`` is ``"cuda"``: added when the defaults gave world size 1
             (one GPU), where averaging proves nothing. Empty otherwise.
@@ -100,6 +115,8 @@ class Settings:
     strict_known_failures: bool = False
     cpu_pools: Tuple[int, ...] = ()
     hypothesis_seed: str = ""
+    rank_log_limit_bytes: int = int(DEFAULT_RANK_LOG_LIMIT_MIB * 2**20)
+    rank_memory_growth_bytes: int = int(DEFAULT_RANK_MEMORY_GROWTH_MIB * 2**20)
 
     @property
     def world_sizes(self) -> Tuple[int, ...]:
@@ -177,6 +194,20 @@ def _int(value: Any, source: str, *, minimum: int) -> int:
     if number < minimum:
         raise SettingsError(f"invalid value {value!r} from {source}: must be at least {minimum}")
     return number
+
+
+def _mib(value: Any, source: str, default: float, *, minimum: float) -> int:
+    """``value`` MiB (``default`` when ``None``) in bytes; at least ``minimum`` MiB unless 0 is allowed."""
+    if value is None:
+        return int(default * 2**20)
+    try:
+        mib = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"invalid value {value!r} from {source}: expected a number of MiB") from None
+    if not math.isfinite(mib) or mib < minimum:
+        raise SettingsError(f"invalid value {value!r} from {source}: must be a finite number of MiB, "
+                            f"at least {minimum:g}")
+    return int(mib * 2**20)
 
 
 def cpu_count() -> int:
@@ -345,6 +376,11 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         hypothesis_seed = None
     hypothesis_seed = "" if hypothesis_seed is None else str(hypothesis_seed)
 
+    log_value, log_source = pick("conform_rank_log_limit")
+    rank_log_limit = _mib(log_value, log_source, DEFAULT_RANK_LOG_LIMIT_MIB, minimum=0.01)
+    growth_value, growth_source = pick("conform_rank_memory_growth")
+    rank_memory_growth = _mib(growth_value, growth_source, DEFAULT_RANK_MEMORY_GROWTH_MIB, minimum=0)
+
     kf_value, _ = pick("conform_known_failures")
     if isinstance(kf_value, str):
         extra_files = tuple(kf_value.split(os.pathsep))
@@ -370,4 +406,6 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         strict_known_failures=strict,
         cpu_pools=cpu_pools,
         hypothesis_seed=hypothesis_seed,
+        rank_log_limit_bytes=rank_log_limit,
+        rank_memory_growth_bytes=rank_memory_growth,
     )

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from conformance import report
+from conformance import report, results_plugin
 from conformance.cases import parse_case_id
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
@@ -91,6 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state = SessionState(settings=settings, specs=specs, book=KnownFailureBook(entries, env), sys_path=sys_path)
     config.stash[_STATE_KEY] = state
     config.pluginmanager.register(_Summary(state), "conformance-summary")
+    results_plugin.register(config, state)  # --json, --markdown, --baseline; the per-hook grids
 
 
 def _release(version: str) -> Tuple[int, ...]:
@@ -267,6 +268,8 @@ class _Summary:
             if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):
                 for reason, n in sorted(state.skip_reasons.get(name, {}).items()):
                     tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
+            for line in results_plugin.hook_matrix_lines(tr.config, name, self.verdict(name), indent=" " * 31):
+                tr.write_line(line)
         if state.xpassed:
             tr.section("known failures that now pass")
             for nodeid in state.xpassed:

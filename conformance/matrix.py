@@ -151,7 +151,8 @@ def _ws(ws: Optional[int]) -> str:
 
 
 def matrix_text(m: HookMatrix, indent: str = "  ") -> List[str]:
-    """The grid for the terminal: the pattern, then a row per check and world size, a column per variant."""
+    """The grid for the terminal: the pattern (where there is one), then a header, then a row per check and
+    world size, a column per variant."""
     rows = m.rows()
     if not rows:
         return []
@@ -159,10 +160,8 @@ def matrix_text(m: HookMatrix, indent: str = "  ") -> List[str]:
     ws_w = max(len("ws"), *(len(_ws(ws)) for _, ws in rows))
     widths = [max(len(v), *(len(m.cells[(c, v, ws)].text()) for c, ws in rows if (c, v, ws) in m.cells))
               for v in m.variants]
-    lines = []
     what = pattern(m)
-    lines.append(f"{indent}{what}: check x {m.variant_field} x world size" if what
-                 else f"{indent}check x {m.variant_field} x world size")
+    lines = [f"{indent}{what}:"] if what else []
     lines.append(indent + f"{'check':<{check_w}}  {'ws':>{ws_w}}  " + "  ".join(
         f"{v:<{w}}" for v, w in zip(m.variants, widths)).rstrip())
     for check, ws in rows:

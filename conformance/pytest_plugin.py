@@ -268,7 +268,7 @@ class _Summary:
             if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):
                 for reason, n in sorted(state.skip_reasons.get(name, {}).items()):
                     tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
-            for line in results_plugin.hook_matrix_lines(tr.config, name, self.verdict(name), indent=" " * 31):
+            for line in results_plugin.hook_matrix_lines(tr.config, name, self.verdict(name), indent=" " * 4):
                 tr.write_line(line)
         if state.xpassed:
             tr.section("known failures that now pass")

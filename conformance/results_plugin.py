@@ -101,6 +101,7 @@ class ResultsRecorder:
         written: the paths written at the end.
         errors: why a results file could not be written at the end.
         fail_on_applied: the exit status was set by ``--fail-on regressions``.
+        suite_items: conformance cases collected (0 in a run of the project's own tests).
     """
 
     def __init__(self, config: pytest.Config, state: Any):
@@ -112,6 +113,7 @@ class ResultsRecorder:
         self.written: List[str] = []
         self.errors: List[str] = []
         self.fail_on_applied = False
+        self.suite_items = 0
         self._cases: Dict[str, Any] = {}
         self._failures: Dict[str, Dict[str, Any]] = {}
         self._started = time.time()
@@ -170,6 +172,9 @@ class ResultsRecorder:
                 "header": report.head_line or rec.name, "findings": [],
                 "message": str(report.longreprtext)[-results.MAX_MESSAGE_CHARS:], "rerun": None}
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.suite_items = sum(1 for item in session.items if item.get_closest_marker("conformance"))
+
     # -- the end of the session ----------------------------------------------------------------
 
     def finish_records(self) -> List[CaseRecord]:
@@ -195,7 +200,9 @@ class ResultsRecorder:
                 session.exitstatus = (pytest.ExitCode.TESTS_FAILED if self.diff.regressions
                                       else pytest.ExitCode.OK)
                 self.fail_on_applied = True
-        summary_path = os.environ.get(GITHUB_STEP_SUMMARY, "").strip()
+        # The project's own tests load this plugin too (conftest.py): only a run that collected
+        # conformance cases adds to the CI job's summary.
+        summary_path = os.environ.get(GITHUB_STEP_SUMMARY, "").strip() if self.suite_items else ""
         if not (s.json_path or s.markdown_path or summary_path):
             return
         doc = self.document(int(session.exitstatus), records)

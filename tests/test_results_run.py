@@ -199,3 +199,17 @@ def test_baseline_round_trip_lists_the_changes_and_gates_on_regressions_only(tmp
     diff = json.load(open(c))["baseline"]
     assert diff["new_failures"] == [] and _ids(diff["disappeared"]) == rank_consistency
     assert "--fail-on regressions: exit status 0, no new failure against the baseline" in run_c.output
+
+
+def test_the_projects_own_tests_leave_the_github_step_summary_alone(tmp_path):
+    """conftest.py loads the plugin for tests/ too; a run without conformance cases writes no summary."""
+    import subprocess
+    import sys
+
+    summary = tmp_path / "step_summary.md"
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/test_cases.py"],
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert not summary.exists()

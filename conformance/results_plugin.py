@@ -122,7 +122,8 @@ class ResultsRecorder:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> None:
-        """Before pytest builds the report: a failed case's figures join its JUnit properties."""
+        """Before pytest builds the report: a failed case's figures join its JUnit properties, and its
+        failure text, first findings and re-run command are kept for its record."""
         if not item.get_closest_marker("conformance"):
             return None
         self._cases.setdefault(item.nodeid, getattr(getattr(item, "callspec", None), "params", {}).get("case"))
@@ -133,18 +134,12 @@ class ResultsRecorder:
         if call.when == "call":
             for name, value in failure_figures(getattr(exc, "findings", ())).items():
                 item.user_properties.append((name, str(figure_value(value))))
-        message = str(exc)
-        findings = getattr(exc, "findings", ())
-        if findings:
-            ordered = sorted(findings, key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
-            lines = [f.describe() for f in ordered[:MAX_FINDINGS_KEPT]]
-        else:
-            lines = []
-        if not message.strip():
-            message = f"{type(exc).__name__}"
+        findings = sorted(getattr(exc, "findings", ()),  # as report.findings_text orders them
+                          key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
+        message = str(exc).strip() or type(exc).__name__
         self._failures[item.nodeid] = {
-            "header": message.splitlines()[0] if message.strip() else type(exc).__name__,
-            "findings": lines, "message": message[:results.MAX_MESSAGE_CHARS], "rerun": self._rerun(item)}
+            "header": message.splitlines()[0], "findings": [f.describe() for f in findings[:MAX_FINDINGS_KEPT]],
+            "message": message[:results.MAX_MESSAGE_CHARS], "rerun": self._rerun(item)}
         return None
 
     def _rerun(self, item: pytest.Item) -> Optional[str]:

@@ -302,3 +302,20 @@ def test_markdown_has_the_verdicts_the_grid_the_findings_and_the_rerun_commands(
     assert "conform -k 'parity-default-ws2'" in text
     assert "First findings (3 of 8 failed cases)" in text
     assert "Against `nightly.json`: 2 new failures, 0 fixed, 6 appeared" in text
+
+
+def test_failure_figures_take_the_largest_value_mismatch_and_ignore_others():
+    import torch
+
+    from conformance.compare import compare_bitwise
+    from conformance.protocol import Finding
+    from conformance.results_plugin import failure_figures
+
+    one_ulp = compare_bitwise(torch.tensor([1.0]).nextafter(torch.tensor([2.0])), torch.tensor([1.0]))
+    big = compare_bitwise(torch.tensor([1.5, 1.0]), torch.tensor([1.0, 1.0]))
+    dtype = compare_bitwise(torch.tensor([1.0], dtype=torch.float16), torch.tensor([1.0]))
+    found = [Finding(0, "x", mismatch=one_ulp), Finding(1, "y", mismatch=big), Finding(1, "z", mismatch=dtype),
+             Finding(0, "no tensor")]
+    assert failure_figures(found) == {"max_ulp_diff": big.max_ulp_diff, "max_abs_diff": 0.5}
+    assert big.max_ulp_diff > one_ulp.max_ulp_diff == 1
+    assert failure_figures(found[2:]) == {}

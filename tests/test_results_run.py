@@ -1,7 +1,7 @@
 """Meta-tests of the results files: the suite run as a user runs it, with --json, --markdown, --baseline.
 
 One run over a DDP hook that is right only with ``gradient_as_bucket_view``
-(``tests/zoo/ddp_overwritten.py``) and a known-good hook: the JSON validates
+(``bad_averages_param_grads`` in ``tests/zoo/ddp_hooks.py``) and a known-good hook: the JSON validates
 against the schema, agrees with the JUnit XML case by case, and its grid, the
 terminal's and the Markdown's show the pattern "fails in every config except
 bucket_view". Then a nightly round trip: a hook that changes between runs under
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 
 import jsonschema
@@ -20,7 +21,7 @@ import pytest
 from conformance import results
 from tests.meta_helpers import run_suite
 
-BAD = "bad_reduces_grads_returns_bucket"
+BAD = "bad_averages_param_grads"
 GOOD = "good_mean_allreduce"
 OLD_STEP_SUMMARY = "## an earlier step's summary\n"
 
@@ -33,7 +34,7 @@ def overwritten_run(tmp_path_factory):
         f.write(OLD_STEP_SUMMARY)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GITHUB_STEP_SUMMARY", paths["step_summary.md"])
-        run = run_suite(["--hook", "tests.zoo.ddp_overwritten:SPECS", "--hook", "tests.zoo.ddp_hooks:KNOWN_GOOD",
+        run = run_suite(["--hook", "tests.zoo.ddp_hooks:ALL",
                          "-q", "-k", f"{BAD} or ({GOOD}- and test_ddp_parity)",
                          "--json", paths["zoo.json"], "--markdown", paths["zoo.md"]], paths["zoo.xml"])
     assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
@@ -85,7 +86,7 @@ def test_environment_and_hooks_are_recorded(overwritten_run):
     assert env["torch_build"] == ("cuda" if torch.version.cuda else "cpu") and env["backend"] == "gloo"
     assert env["world_sizes"] == [2, 3]
     hooks = {h["name"]: h for h in doc["hooks"]}
-    assert hooks[BAD]["source"] == {"kind": "--hook", "target": "tests.zoo.ddp_overwritten:SPECS"}
+    assert hooks[BAD]["source"] == {"kind": "--hook", "target": "tests.zoo.ddp_hooks:ALL"}
     assert hooks[BAD]["status"] == "does_not_conform" and hooks[BAD]["verdict"].startswith("DOES NOT CONFORM (")
     assert hooks[GOOD]["status"] == "conforms" and hooks[GOOD]["counts"] == {
         "passed": sum(c["hook"] == GOOD for c in doc["cases"])}
@@ -109,7 +110,7 @@ def test_the_grid_shows_failing_everywhere_except_bucket_view(overwritten_run):
     assert {v for v, o in parity_ws2.items() if o == "fail"} == set(parity_ws2) - {"bucket_view"}
     # The terminal prints the same grid under the hook's verdict line, and none for a conforming hook.
     lines = run.output.splitlines()
-    verdict_at = next(i for i, line in enumerate(lines) if line.startswith(f"{BAD} DOES NOT CONFORM"))
+    verdict_at = next(i for i, line in enumerate(lines) if re.match(rf"{BAD} +DOES NOT CONFORM", line))
     assert "fails in every config except bucket_view" in lines[verdict_at + 1]
     header = lines[verdict_at + 2].split()
     assert header[:2] == ["check", "ws"] and set(header[2:]) == set(matrix["variants"])

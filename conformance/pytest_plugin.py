@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from conformance import report
+from conformance import report, results_plugin
 from conformance.cases import parse_case_id
 from conformance.interruption import StopSignals
 from conformance.report_files import JUnitReportGuard
@@ -96,6 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Stopping(state), "conformance-stopping")
     # Before any case: an unwritable or busy --junitxml path is a usage error; an old report is marked stale.
     config.pluginmanager.register(JUnitReportGuard(config), "conformance-junit-report")
+    results_plugin.register(config, state)  # --json, --markdown, --baseline; the per-hook grids
 
 
 def _release(version: str) -> Tuple[int, ...]:
@@ -311,6 +312,8 @@ class _Summary:
             if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):
                 for reason, n in sorted(state.skip_reasons.get(name, {}).items()):
                     tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
+            for line in results_plugin.hook_matrix_lines(tr.config, name, self.verdict(name), indent=" " * 4):
+                tr.write_line(line)
         if state.xpassed:
             tr.section("known failures that now pass")
             for nodeid in state.xpassed:

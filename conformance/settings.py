@@ -70,6 +70,10 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--rank-log-limit", "CONFORM_RANK_LOG_LIMIT", f"MiB of each rank's output kept per case: the first and last halves; a failure says how many bytes were cut (default: {DEFAULT_RANK_LOG_LIMIT_MIB:g})", "conform_rank_log_limit"),
     Option("--rank-memory-growth", "CONFORM_RANK_MEMORY_GROWTH", f"MiB a rank's resident memory may grow during one case before its pool is restarted after it, naming the case; 0 for no check (default: {DEFAULT_RANK_MEMORY_GROWTH_MIB:g})", "conform_rank_memory_growth"),
     Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
+    Option("--json", "CONFORM_JSON", "write the results (environment, every case, per-hook verdicts) as JSON to this path, atomically (schema: docs/results.md)", "conform_json"),
+    Option("--markdown", "CONFORM_MARKDOWN", "write a Markdown summary to this path (it is also appended to $GITHUB_STEP_SUMMARY when that is set)", "conform_markdown"),
+    Option("--baseline", "CONFORM_BASELINE", "the --json results of an earlier run: report new failures, fixed cases, cases that appeared or disappeared, changed figures", "conform_baseline"),
+    Option("--fail-on", "CONFORM_FAIL_ON", "failures (default: any failure fails the run) or regressions (only new failures against --baseline do)", "conform_fail_on"),
 )
 
 
@@ -99,6 +103,10 @@ class Settings:
         cpu_pools: world sizes that run as gloo pools on the CPU although
             ``device`` is ``"cuda"``: added when the defaults gave world size 1
             (one GPU), where averaging proves nothing. Empty otherwise.
+        json_path, markdown_path: absolute paths of the results files to write, or ``None``.
+        baseline_path: absolute path of an earlier run's JSON results, or ``None``.
+        fail_on: ``"failures"`` (any failure fails the run) or ``"regressions"`` (only new
+            failures against the baseline do).
     """
 
     hooks: Tuple[str, ...]
@@ -117,6 +125,10 @@ class Settings:
     hypothesis_seed: str = ""
     rank_log_limit_bytes: int = int(DEFAULT_RANK_LOG_LIMIT_MIB * 2**20)
     rank_memory_growth_bytes: int = int(DEFAULT_RANK_MEMORY_GROWTH_MIB * 2**20)
+    json_path: Optional[str] = None
+    markdown_path: Optional[str] = None
+    baseline_path: Optional[str] = None
+    fail_on: str = "failures"
 
     @property
     def world_sizes(self) -> Tuple[int, ...]:
@@ -390,6 +402,7 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     # user's file (for their hooks) should not have to repeat.
     default_file = _default_known_failures()
     known = (default_file,) + tuple(f for f in extra_files if os.path.abspath(f) != os.path.abspath(default_file))
+    report_paths = _results_paths(pick)
 
     return Settings(
         hooks=hooks,
@@ -408,4 +421,44 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         hypothesis_seed=hypothesis_seed,
         rank_log_limit_bytes=rank_log_limit,
         rank_memory_growth_bytes=rank_memory_growth,
+        **report_paths,
     )
+
+
+#: ``--fail-on`` values.
+FAIL_ON = ("failures", "regressions")
+
+
+def _results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
+    """``json_path``, ``markdown_path``, ``baseline_path`` and ``fail_on``, checked before any case runs.
+
+    Raises:
+        SettingsError: a report path that cannot be written (a directory, a directory
+            that cannot be created or written), a baseline that is not a file, an unknown
+            ``--fail-on``, or ``--fail-on regressions`` without a baseline.
+    """
+    from conformance.results import unwritable_reason
+
+    out: Dict[str, Any] = {}
+    for dest, key in (("conform_json", "json_path"), ("conform_markdown", "markdown_path")):
+        value, source = pick(dest)
+        if value:
+            reason = unwritable_reason(str(value))
+            if reason:
+                raise SettingsError(f"cannot write the report {value!r} from {source}: {reason}. Nothing was run.")
+            out[key] = os.path.abspath(str(value))
+    value, source = pick("conform_baseline")
+    if value:
+        if not os.path.isfile(str(value)):
+            raise SettingsError(f"baseline {value!r} from {source} is not a file: give the --json results of an "
+                                "earlier run")
+        out["baseline_path"] = os.path.abspath(str(value))
+    value, source = pick("conform_fail_on")
+    fail_on = str(value).strip().lower() if value else "failures"
+    if fail_on not in FAIL_ON:
+        raise SettingsError(f"invalid value {value!r} from {source}: expected failures or regressions")
+    if fail_on == "regressions" and "baseline_path" not in out:
+        raise SettingsError(f"--fail-on regressions (from {source}) needs a baseline to compare with: add "
+                            "--baseline PREVIOUS.json (or CONFORM_BASELINE)")
+    out["fail_on"] = fail_on
+    return out

@@ -186,8 +186,8 @@ _STOPPING_CHILD = textwrap.dedent("""
     from conformance.interruption import StopSignals
     signals = StopSignals()
     signals.install()
-    print("ready", flush=True)
-    try:
+    try:  # "ready" inside the try: the signal may land while print() is still returning
+        print("ready", flush=True)
         time.sleep(60)
     except KeyboardInterrupt as exc:
         print(f"interrupted: {exc}", flush=True)
@@ -201,17 +201,26 @@ _STOPPING_CHILD = textwrap.dedent("""
     (3, 128 + signal.SIGTERM, "interrupted: SIGTERM received"),  # the third stops at once
 ])
 def test_stop_signals(count, code, last_line):
+    """Each signal is sent once the child has reacted to the one before (Python coalesces a signal that
+    arrives before its handler ran, and a busy machine can delay the handler past a fixed sleep)."""
     child = subprocess.Popen([sys.executable, "-c", _STOPPING_CHILD], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        for _ in range(count):
+        child.send_signal(signal.SIGTERM)
+        assert child.stdout.readline().strip() == "interrupted: SIGTERM received"
+        child.send_signal(signal.SIGTERM)
+        acknowledged = ""
+        while "already stopping, the report is being written" not in acknowledged:
+            line = child.stderr.readline()
+            assert line, f"the child's stderr ended before it acknowledged the second signal: {acknowledged!r}"
+            acknowledged += line
+        if count == 3:
             child.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
         out, err = child.communicate(timeout=10)
-        assert child.returncode == code, err
-        assert out.strip().splitlines()[-1] == last_line
-        assert "already stopping, the report is being written" in err
+        assert child.returncode == code, acknowledged + err
+        lines = ["interrupted: SIGTERM received"] + out.strip().splitlines()
+        assert lines[-1] == last_line
     finally:
         child.kill()
         child.wait()

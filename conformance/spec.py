@@ -50,10 +50,14 @@ class SpecError(ValueError):
 class LossyContract:
     """What a lossy hook (PowerSGD, 8-bit quantization, ...) promises instead of exactness.
 
-    A spec with ``lossy=LossyContract(...)`` is not held to bitwise parity.
-    The suite checks, always: every rank receives the identical result; the
-    result keeps the input's shape, dtype and device; no NaN/Inf appears where
-    the exact mean had none. And, where declared here:
+    A spec with ``lossy=LossyContract(...)`` (api ``ddp``, ``fsdp`` or ``fsdp2``) is
+    not held to bitwise parity: its exact checks are replaced by the contract's
+    (``conformance/checks/lossy.py``). The suite checks, always: no NaN/Inf
+    appears where the exact mean had none, and the API's structural rules still
+    hold (DDP: the future's shape, dtype and device, rank consistency; FSDP1: the
+    registration rules, the hook's output in the parameter dtype, rank
+    consistency under ``NO_SHARD``; FSDP2: ``allocate``'s buffers). And, where
+    declared here:
 
     Attributes:
         rel_error_bound: per step and per parameter,
@@ -66,11 +70,13 @@ class LossyContract:
             seed give bitwise-identical gradients at every step.
         loss_margin: after ``loss_steps`` SGD steps,
             ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|``, the loss
-            being the mean over ranks of each rank's loss. ``None``: not claimed.
+            being the mean over ranks of each rank's loss and ``loss_exact`` that
+            of the same model under the API with no hook, in full precision.
+            ``None``: not claimed.
         loss_steps: training steps for the loss-margin check.
 
-    Shape, dtype and device are compared with the bucket buffer as DDP handed
-    it to the hook.
+    Sharded gradients (FSDP1 sharded strategies, FSDP2) are compared whole,
+    gathered over the ranks, so the bound is per parameter, not per shard.
 
     Raises:
         SpecError: a bound that is negative or not finite, or ``loss_steps < 1``.
@@ -118,7 +124,9 @@ class HookSpec:
             ``NO_SHARD``, one that accepts ``(state, grad, output)`` under the
             sharded strategies.
         description: one line shown in the report header.
-        lossy: what a lossy hook promises instead of exactness.
+        lossy: what a lossy hook promises instead of exactness (api ``ddp``,
+            ``fsdp`` and ``fsdp2``; an ``fsdp2_all_reduce`` hook cannot declare
+            one and raises :class:`SpecError`).
         requires: modules the hook imports when it runs (PowerSGD's state
             imports ``numpy``). Where one is not installed, the hook's cases are
             skipped with a reason that names it: the suite never reports a

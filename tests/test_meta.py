@@ -135,3 +135,14 @@ def test_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
     assert rerun.returncode == 1, rerun.output[-3000:]
     assert [c.name for c in rerun.cases] == [case.name]
     assert rerun.cases[0].outcome == "failed"
+
+
+def test_lossy_hint_only_where_no_named_cause_explains(zoo_run):
+    """A sum without averaging is a named exact cause, not a lossy design: no LossyContract hint. (The
+    hint where nothing explains the difference: tests/test_meta_lossy.py, bad_int8_undeclared.)"""
+    failed = [c for c in zoo_run.by_hook()["bad_sum_no_average"]
+              if c.check in ("averaging", "parity") and c.outcome == "failed"]
+    assert failed
+    for case in failed:
+        assert "explained, bit for bit, by" in case.message, case.message[-1500:]
+        assert "LossyContract" not in case.message, case.message[-1500:]

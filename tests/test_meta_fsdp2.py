@@ -256,3 +256,14 @@ def test_a_comm_whose_buffer_is_clobbered_later_is_told_the_difference_arose_aft
     failed = [c for c in zoo_run.by_hook()["bad_staging_buffer"] if c.outcome == "failed"
               and c.check == "fsdp2_parity"]
     assert failed and all("what differs arose after the hook returned" in c.message for c in failed)
+
+
+def test_lossy_hint_only_where_no_named_cause_explains(zoo_run):
+    """An always-SUM comm and a bfloat16 wire are named exact causes, not lossy designs: no LossyContract
+    hint. (The hint where nothing explains the difference: tests/test_meta_lossy.py, bad_int8_comm_undeclared.)"""
+    for hook in ("bad_always_sum", "bad_bf16_wire"):
+        failed = [c for c in zoo_run.by_hook()[hook] if c.check == "fsdp2_parity" and c.outcome == "failed"]
+        assert failed, hook
+        for case in failed:
+            assert "explained, bit for bit, by" in case.message, case.message[-1500:]
+            assert "LossyContract" not in case.message, case.message[-1500:]

@@ -42,7 +42,8 @@ Checks (each registered with :func:`conformance.checks.rank_check`):
   is a tensor with the bucket buffer's shape, dtype and device (the contract and
   its recorder are in ``conformance/adapters/ddp_future.py``);
 * the lossy-contract checks (``ddp.lossy_error``, ``ddp.lossy_loss``,
-  ``ddp.lossy_determinism``) live in ``conformance/checks/lossy.py``.
+  ``ddp.lossy_determinism``) are ``conformance/checks/lossy.py``'s, driving the
+  DDP models of :func:`lossy_models`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from conformance.checks.common import (Lockstep, averaging_findings, clip_grad_n
                                        grads_per_step, lockstep, named_grads, named_params, train_alone)
 from conformance.adapters.ddp_future import DDPHookRecorder, hook_called, hooked_step
 from conformance.adapters.ddp_reference import reference_hook, reference_name
+from conformance.checks import lossy
 from conformance.checks.groups import on_subgroup, subgroup_world_size
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
@@ -90,15 +92,6 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     "no_sync": {},
     "subgroup": {},
 }
-
-#: Shown under a failed exactness check of a hook that declares no lossy contract.
-DECLARE_LOSSY_HINT = (
-    "If this hook is lossy by design (compression, quantization, low-rank), declare what it promises "
-    "instead of exactness: HookSpec(..., lossy=LossyContract(rel_error_bound=..., loss_margin=...)); "
-    "the suite then checks rank consistency, shape/dtype/device, no NaN/Inf introduced, the declared "
-    "error bound and the training-loss margin instead of bitwise parity"
-)
-
 
 def _ddp_class():
     from torch.nn.parallel import DistributedDataParallel
@@ -311,6 +304,29 @@ def rank_grads(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
     return grads_per_step(ctx, hooked, torch.optim.SGD(hooked.parameters(), lr=lr, momentum=0.9),
                           micro_inputs(model_cls, ctx, config), model_cls.loss, steps, named=_grads,
                           train=train_step, guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run))
+
+
+def lossy_models(ctx: Any, spec: Any, *, config: str, model: str) -> lossy.LossyModels:
+    """The DDP models of the lossy-contract checks (:class:`conformance.checks.lossy.LossyModels`) in ``config``:
+    the hook through its future-contract recorder (a broken contract ends the check, as
+    :func:`~conformance.adapters.ddp_future.hooked_step` decides), DDP with no hook as the loss reference,
+    the gradients of DDP's replicas as they are (DDP does not shard)."""
+    from conformance.models import get_model
+
+    model_cls = get_model(model)
+
+    def hooked_model() -> lossy.HookedModel:
+        hooked, recorder = build_hooked(spec, model, ctx, config)
+        return lossy.HookedModel(hooked, lambda step, run: hooked_step(ctx, recorder, step, run))
+
+    inputs = micro_inputs(model_cls, ctx, config)
+    return lossy.LossyModels(
+        model_cls=model_cls, build_hooked=hooked_model, build_native=lambda: build_ddp(model, ctx, config),
+        inputs=inputs, micro_inputs=inputs, train=train_step, full_grads=_grads, full_params=_params,
+        local_grads=_grads, forward=lambda m: m.module)
+
+
+lossy.register("ddp", lossy_models)
 
 
 # -- the API: case plans ---------------------------------------------------------------

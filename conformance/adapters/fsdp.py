@@ -19,21 +19,27 @@ Checks (each registered with :func:`conformance.checks.rank_check`):
 * ``fsdp.registration``: ``register_comm_hook``'s contract with the hook under test.
 * ``fsdp.hard_inputs``: caller-supplied gradients (overflow threshold, zeros,
   NaN/Inf, subnormals), bitwise against the native path.
+* the lossy-contract checks (``fsdp.lossy_error``, ``fsdp.lossy_loss``,
+  ``fsdp.lossy_determinism``) are ``conformance/checks/lossy.py``'s, driving the
+  FSDP models of :func:`lossy_models`. A spec with ``lossy=LossyContract(...)``
+  gets those instead of the exact checks (averaging, parity, subgroup parity,
+  clip_grad_norm_, hard inputs), and keeps the structural ones: the
+  registration rules and rank consistency under ``NO_SHARD``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from conformance.adapters import HookApi
 from conformance.cases import CaseParams
-from conformance.checks import rank_check
-from conformance.checks.common import (Lockstep, averaging_findings, clip_grad_norm_parity, grads_per_step,
-                                       lockstep, named_grads, named_params, train_alone, train_step)
+from conformance.checks import lossy, rank_check
+from conformance.checks.common import (Lockstep, averaging_findings, clip_grad_norm_parity, fqn_without_wrappers,
+                                       grads_per_step, lockstep, named_grads, named_params, train_alone, train_step)
 from conformance.checks.groups import on_subgroup, subgroup_world_size
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
@@ -281,6 +287,65 @@ def rank_grads(ctx: Any, spec: Any, *, strategy: str, model: str, steps: int = 3
                           named=named_grads, start_step=start_step)
 
 
+# -- lossy contracts ------------------------------------------------------------------
+
+
+def _summoned(model: nn.Module, with_grads: bool) -> Dict[str, Optional[torch.Tensor]]:
+    """Every parameter (``with_grads``: its gradient) unsharded, by FQN, copied out of
+    ``FullyShardedDataParallel.summon_full_params(model, writeback=False, with_grads=...)``.
+
+    Collective (all-gathers over each FSDP unit's process group), so every rank calls it at the same point.
+    ``with_grads`` needs ``use_orig_params=True``, which :func:`build_fsdp` sets; under ``NO_SHARD`` it
+    gathers nothing. A gradient FSDP leaves as ``None`` on every rank stays ``None``.
+    """
+    FSDP, _, _ = fsdp_classes()
+    with FSDP.summon_full_params(model, writeback=False, with_grads=with_grads):
+        out: Dict[str, Optional[torch.Tensor]] = {}
+        for name, p in model.named_parameters():
+            t = p.grad if with_grads else p
+            out[fqn_without_wrappers(name)] = None if t is None else t.detach().clone()
+        return out
+
+
+def lossy_models(ctx: Any, spec: Any, *, strategy: str, model: str) -> lossy.LossyModels:
+    """The FSDP models of the lossy-contract checks (:class:`conformance.checks.lossy.LossyModels`) under
+    ``strategy``, with ``use_orig_params=True``.
+
+    The hook is registered through its :class:`HookRecorder`, whose findings (never called, its output left
+    in another dtype than the parameters') join the lossy error's. Under the sharded strategies the full
+    gradients are gathered with ``summon_full_params(with_grads=True)`` (:func:`_summoned`): the contract
+    bounds each parameter's relative error, and a shard's (or a flat parameter's) relative error is another
+    number; under ``NO_SHARD`` every rank holds them whole already. The loss
+    reference is the native path in full precision (no hook, no ``MixedPrecision``).
+    """
+    from conformance.models import get_model
+
+    model_cls = get_model(model)
+
+    def hooked_model() -> lossy.HookedModel:
+        hooked, recorder = _hooked(spec, model, ctx, strategy)
+
+        def run_step(step: int, run: Any) -> None:
+            recorder.step = step
+            run()
+
+        return lossy.HookedModel(hooked, run_step,
+                                 lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step))
+
+    inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
+    if strategy == "NO_SHARD":
+        # Already unsharded: every rank holds whole parameters and gradients, no all-gather needed.
+        full_grads, full_params = named_grads, named_params
+    else:
+        full_grads, full_params = (lambda m: _summoned(m, with_grads=True)), (lambda m: _summoned(m, with_grads=False))
+    return lossy.LossyModels(
+        model_cls=model_cls, build_hooked=hooked_model, build_native=lambda: build_fsdp(model, ctx, strategy),
+        inputs=inputs, micro_inputs=[inputs], train=train_step, full_grads=full_grads, full_params=full_params)
+
+
+lossy.register("fsdp", lossy_models)
+
+
 # -- hard inputs ----------------------------------------------------------------------
 
 @rank_check("fsdp.hard_inputs")
@@ -426,6 +491,30 @@ def _low_precision_clip(specs: Sequence[Any], settings: Any) -> List[CaseParams]
     return out
 
 
+#: Lossy contracts, every strategy a hook serves: the relative error per step and parameter on several FSDP
+#: units of uneven sizes whose shards need padding (``nested_wrapped``), and on units whose parameters are
+#: partly frozen, so FSDP leaves some gradients None (``nonuniform_req_grad``); at an extra world size, the first.
+LOSSY_ERROR_MODELS = {"main": ("nested_wrapped", "nonuniform_req_grad"), "extra": ("nested_wrapped",)}
+#: The training loss needs a real loss (bounded below): the transformer's cross-entropy (first world size only).
+LOSSY_LOSS_MODELS = {"main": ("transformer_shared",), "extra": ()}
+#: Two runs from the same seed (first world size only).
+LOSSY_DETERMINISM_MODELS = {"main": ("net_flat",), "extra": ()}
+
+
+def _exact(spec: Any) -> bool:
+    return spec.lossy is None
+
+
+def _of(keep: Callable[[Any], bool], plan: Callable[[Sequence[Any], Any], List[CaseParams]]):
+    """``plan`` over the specs ``keep`` selects: exact claims get the exact checks, lossy contracts theirs."""
+    return lambda specs, settings: plan([spec for spec in specs if keep(spec)], settings)
+
+
+def _first_world_size(plan: Callable[[Sequence[Any], Any], List[CaseParams]]):
+    """``plan`` at the run's first world size only (a training-loss or determinism case: not about rounding)."""
+    return lambda specs, settings: [c for c in plan(specs, settings) if c.world_size == settings.world_sizes[0]]
+
+
 API = HookApi(
     name="fsdp",
     installed_with="FullyShardedDataParallel.register_comm_hook(state, hook)",
@@ -434,16 +523,24 @@ API = HookApi(
     validate=validate,
     builtin_hooks="conformance.builtin_hooks.fsdp:FSDP_HOOKS",
     plans={
-        "test_averaging": lambda specs, s: _training(specs, s),
-        "test_parity": lambda specs, s: _training(specs, s, {"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS}),
+        "test_averaging": _of(_exact, lambda specs, s: _training(specs, s)),
+        "test_parity": _of(_exact, lambda specs, s: _training(
+            specs, s, {"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})),
         "test_rank_consistency": lambda specs, s: _training(
             specs, s, {"main": CONSISTENCY_MODELS, "extra": CONSISTENCY_MODELS[:1]}, strategies=("NO_SHARD",),
             skip="rank consistency needs at least 2 ranks"),
         "test_registration": _registration,
-        "test_hard_inputs": lambda specs, s: _training(specs, s),
-        "test_subgroup_parity": _subgroup,
-        "test_clip_grad_norm": lambda specs, s: _training(specs, s, {"main": CLIP_MODELS, "extra": ()}),
-        "test_clip_grad_norm_low_precision": _low_precision_clip,
+        "test_hard_inputs": _of(_exact, lambda specs, s: _training(specs, s)),
+        "test_subgroup_parity": _of(_exact, _subgroup),
+        "test_clip_grad_norm": _of(_exact, lambda specs, s: _training(specs, s, {"main": CLIP_MODELS, "extra": ()})),
+        "test_clip_grad_norm_low_precision": _of(_exact, _low_precision_clip),
+        "test_lossy_error": _of(lambda spec: not _exact(spec), lambda specs, s: _training(
+            specs, s, LOSSY_ERROR_MODELS, skip="the mean over one rank is its local gradient: nothing to bound")),
+        "test_lossy_loss": _of(lambda spec: spec.lossy is not None and spec.lossy.loss_margin is not None,
+                               _first_world_size(lambda specs, s: _training(specs, s, LOSSY_LOSS_MODELS))),
+        "test_lossy_determinism": _of(lambda spec: spec.lossy is not None and spec.lossy.deterministic,
+                                      _first_world_size(lambda specs, s: _training(specs, s,
+                                                                                   LOSSY_DETERMINISM_MODELS))),
     },
 )
 APIS = (API,)

@@ -35,7 +35,12 @@ Checks (each registered with :func:`conformance.checks.rank_check`):
 * ``fsdp2.parity``: a custom reduce-scatter comm against native ``fully_shard``,
   under a config (``CONFIGS``): plain, a gradient divide factor, forced SUM
   reductions, both, or HSDP;
-* ``fsdp2.all_reduce_parity``: an all-reduce hook under native HSDP.
+* ``fsdp2.all_reduce_parity``: an all-reduce hook under native HSDP;
+* the lossy-contract checks (``fsdp2.lossy_error``, ``fsdp2.lossy_loss``,
+  ``fsdp2.lossy_determinism``) are ``conformance/checks/lossy.py``'s, driving the
+  FSDP2 models of :func:`lossy_models`. A comm with ``lossy=LossyContract(...)``
+  gets those instead of parity, hard inputs and clip_grad_norm_. An
+  ``fsdp2_all_reduce`` hook cannot declare a contract (:func:`validate_all_reduce_hook`).
 
 Only ``torch`` is imported at module level: everything FSDP2 is looked up when
 a check runs, so this module imports on torch versions without FSDP2.
@@ -54,9 +59,9 @@ from conformance.adapters.fsdp2_build import (HSDP_REPLICATE, apply_config, buil
                                               mesh_for, missing_api)
 from conformance.adapters.fsdp2_recorders import CommRecorder, HookRecorder, make_comm
 from conformance.cases import CaseParams
-from conformance.checks import rank_check
+from conformance.checks import lossy, rank_check
 from conformance.checks.common import (Lockstep, clip_grad_norm_parity, fqn_without_wrappers, lockstep,
-                                       named_grads, named_params, train_alone)
+                                       named_grads, named_params, train_alone, train_step)
 from conformance.checks.groups import on_subgroup
 from conformance.checks.probe import Example, run_examples
 from conformance.compare import dtype_name
@@ -258,6 +263,62 @@ def all_reduce_hard_inputs(ctx: Any, spec: Any, *, examples: Sequence[Example], 
     return run_examples(ctx, case_id, examples, fresh, make_plan)
 
 
+# -- lossy contracts ----------------------------------------------------------------------
+
+
+def _full_params(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """``p.full_tensor()`` per FQN (collective, in the same order on every rank)."""
+    with torch.no_grad():
+        return {fqn_without_wrappers(n): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+                for n, p in model.named_parameters()}
+
+
+def lossy_models(ctx: Any, spec: Any, *, config: str, model: str) -> lossy.LossyModels:
+    """The FSDP2 models of the lossy-contract checks (:class:`conformance.checks.lossy.LossyModels`) in
+    ``config`` (``default``, ``force_sum`` or ``hsdp``: the configs whose native reference gloo runs).
+
+    The comm is installed on every FSDP module of a model under
+    ``MixedPrecisionPolicy(reduce_dtype=spec.reduce_dtype)`` (the dtype of the buffers FSDP2 hands it),
+    through a :class:`CommRecorder` whose findings (``allocate``'s buffer, never called) join the lossy
+    error's. Gradients are compared as full tensors (``DTensor.full_tensor()``): the contract bounds each
+    parameter's relative error, which a shard's is not. The loss reference is native ``fully_shard`` in
+    full precision (no custom comm, no reduce dtype).
+    """
+    from conformance.models import get_model
+
+    if config not in ("default", "force_sum", "hsdp"):
+        raise ValueError(f"the lossy checks run FSDP2 configs default, force_sum and hsdp, not {config!r}")
+    model_cls = get_model(model)
+    shape = hsdp_shape(ctx.world_size) if config == "hsdp" else (ctx.world_size,)
+    ctx.phase(f"building the {'x'.join(map(str, shape))} device mesh")
+    mesh = mesh_for(ctx, shape)
+
+    def build(reduce_dtype: Optional[torch.dtype]) -> nn.Module:
+        built = build_fsdp2(model, ctx, mesh, reduce_dtype=reduce_dtype)
+        apply_config(built, config, ctx.world_size)
+        return built
+
+    def hooked_model() -> lossy.HookedModel:
+        hooked = build(spec.reduce_dtype)
+        recorder = CommRecorder(make_comm(spec))
+        for module in fsdp_modules(hooked):
+            module.set_custom_reduce_scatter(recorder)
+
+        def run_step(step: int, run: Any) -> None:
+            recorder.step = step
+            run()
+
+        return lossy.HookedModel(hooked, run_step, lambda step: recorder.findings(ctx.rank, step))
+
+    inputs = model_cls.make_input(ctx.rank, ctx.world_size, ctx.device)
+    return lossy.LossyModels(
+        model_cls=model_cls, build_hooked=hooked_model, build_native=lambda: build(None), inputs=inputs,
+        micro_inputs=[inputs], train=train_step, full_grads=_full_grads, full_params=_full_params)
+
+
+lossy.register("fsdp2", lossy_models)
+
+
 # -- the API: validation and case plans ------------------------------------------------
 
 #: ``(config, model)`` pairs per world-size role and claim. The full-precision claim runs
@@ -287,6 +348,19 @@ HARD_INPUT_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
     "main": (("default", "gradient_probe"),),
     "extra": (("default", "gradient_probe"),),
 }
+#: Lossy contracts: the relative error per step and parameter, per world-size role, in the configs whose
+#: native reference gloo runs: ``default`` (FSDP2 passes AVG for float32/bfloat16, SUM with its own divides
+#: for float16), ``force_sum`` (SUM, FSDP2 divides) and ``hsdp`` (the comm over the shard group, then
+#: FSDP2's own replicate all-reduce). Not ``divide_factor``: PREMUL_SUM, which gloo cannot run.
+LOSSY_ERROR_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    "main": (("default", "nested_wrapped"), ("default", "always_wrap_nested"), ("force_sum", "nested_wrapped")),
+    "extra": (("default", "nested_wrapped"),),
+    "hsdp": (("hsdp", "nested_wrapped"),),
+}
+#: The training loss needs a real loss (bounded below): the transformer's cross-entropy (first world size).
+LOSSY_LOSS_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {"main": (("default", "transformer_shared"),)}
+#: Two runs from the same seed (first world size).
+LOSSY_DETERMINISM_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {"main": (("default", "nested_wrapped"),)}
 #: Models an all-reduce hook runs under native HSDP.
 ALL_REDUCE_MODELS = ("nested_wrapped",)
 #: The smallest HSDP world size: a HSDP_REPLICATE x 2 (replicate x shard) mesh.
@@ -312,6 +386,26 @@ def validate(spec: Any) -> Tuple[str, ...]:
             f"{signature_text(spec.hook)}"
         )
     return ()
+
+
+_validate_hook_call = called_as(1, "an FSDP2 all-reduce hook is called as hook(tensor)")
+
+
+def validate_all_reduce_hook(spec: Any) -> Tuple[str, ...]:
+    """An all-reduce hook is called as ``hook(tensor)``, and claims exactness.
+
+    Raises :class:`SpecError` for a ``lossy=`` contract: under native HSDP, FSDP2 calls the hook after its
+    own replicate all-reduce and before the post-divide (``foreach_reduce``), so the hook carries out no
+    data-parallel reduction whose error a contract could bound; lossy communication belongs in the
+    reduce-scatter comm (``api="fsdp2"``), which may declare one.
+    """
+    if spec.lossy is not None:
+        raise SpecError(
+            f"HookSpec {spec.name!r}: api='fsdp2_all_reduce' takes no lossy contract: FSDP2 calls an all-reduce "
+            "hook under HSDP after its own native replicate all-reduce and before the post-divide, so the hook "
+            "does no data-parallel reduction for a LossyContract to bound; put lossy communication in a "
+            "reduce-scatter comm (api='fsdp2'), which may declare lossy=LossyContract(...)")
+    return _validate_hook_call(spec)
 
 
 def hsdp_world_size(sizes: Sequence[int]) -> int:
@@ -355,10 +449,15 @@ def _with_skips(cases: List[CaseParams], specs: Sequence[Any], settings: Any) ->
     return [dataclasses.replace(c, skip=skip_reason(c, by_name[c.hook], settings)) for c in cases if c.model in MODELS]
 
 
+def _exact(spec: Any) -> bool:
+    return spec.lossy is None
+
+
 def parity_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
-    """The comm cases of a run: per spec, :data:`PLAN` at each world size by its role, then HSDP."""
+    """The comm cases of a run: per spec that claims exactness, :data:`PLAN` at each world size by its
+    role, then HSDP."""
     out = []
-    for spec in specs:
+    for spec in filter(_exact, specs):
         claim = "full" if spec.reduce_dtype is None else "low"
         roles = [(settings.role(ws), ws) for ws in settings.world_sizes]
         roles.append(("hsdp", hsdp_world_size(settings.world_sizes)))
@@ -369,9 +468,9 @@ def parity_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
 
 
 def hard_input_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
-    """The comm's hard-input cases: :data:`HARD_INPUT_PLAN` at each world size by its role."""
+    """The comm's hard-input cases (exact claims): :data:`HARD_INPUT_PLAN` at each world size by its role."""
     out = []
-    for spec in specs:
+    for spec in filter(_exact, specs):
         for role, ws in [(settings.role(ws), ws) for ws in settings.world_sizes]:
             out.extend(CaseParams(spec.name, config, ws, model=model, api=spec.api)
                        for config, model in HARD_INPUT_PLAN[role])
@@ -379,10 +478,27 @@ def hard_input_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
 
 
 def clip_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
-    """clip_grad_norm_ with the comm installed: ``nested_wrapped``, default config, main world size."""
+    """clip_grad_norm_ with the comm installed (exact claims): ``nested_wrapped``, default config, main world
+    size."""
     ws = settings.world_sizes[0]
-    return _with_skips([CaseParams(spec.name, "default", ws, model="nested_wrapped", api=spec.api) for spec in specs],
-                       specs, settings)
+    return _with_skips([CaseParams(spec.name, "default", ws, model="nested_wrapped", api=spec.api)
+                        for spec in filter(_exact, specs)], specs, settings)
+
+
+def lossy_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_only: bool = False):
+    """A case plan of a lossy-contract check: per kept spec, ``plan[role]`` at each world size by its role
+    (only the run's first with ``first_only``), then ``plan["hsdp"]`` at the HSDP world size."""
+    def cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        out = []
+        for spec in filter(keep, specs):
+            sizes = settings.world_sizes[:1] if first_only else settings.world_sizes
+            roles = [(settings.role(ws), ws) for ws in sizes] + [("hsdp", hsdp_world_size(settings.world_sizes))]
+            for role, ws in roles:
+                out.extend(CaseParams(spec.name, config, ws, model=model, api=spec.api)
+                           for config, model in plan.get(role, ()))
+        return _with_skips(out, specs, settings)
+
+    return cases
 
 
 def all_reduce_cases(specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS
@@ -397,10 +513,17 @@ APIS = (
     HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
             stateful=False, validate=validate, builtin_hooks="conformance.builtin_hooks.fsdp2:FSDP2_HOOKS",
             plans={"test_fsdp2_parity": parity_cases, "test_fsdp2_hard_inputs": hard_input_cases,
-                   "test_fsdp2_clip_grad_norm": clip_cases}),
+                   "test_fsdp2_clip_grad_norm": clip_cases,
+                   "test_fsdp2_lossy_error": lossy_plan(LOSSY_ERROR_PLAN, lambda spec: not _exact(spec)),
+                   "test_fsdp2_lossy_loss": lossy_plan(
+                       LOSSY_LOSS_PLAN, lambda spec: spec.lossy is not None and spec.lossy.loss_margin is not None,
+                       first_only=True),
+                   "test_fsdp2_lossy_determinism": lossy_plan(
+                       LOSSY_DETERMINISM_PLAN, lambda spec: spec.lossy is not None and spec.lossy.deterministic,
+                       first_only=True)}),
     HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP)",
             variant_field="config", stateful=False,
-            validate=called_as(1, "an FSDP2 all-reduce hook is called as hook(tensor)"), builtin_hooks=None,
+            validate=validate_all_reduce_hook, builtin_hooks=None,
             plans={"test_fsdp2_all_reduce_hook": all_reduce_cases,
                    "test_fsdp2_all_reduce_hard_inputs": lambda specs, s: all_reduce_cases(specs, s, ("gradient_probe",))}),
 )

@@ -17,43 +17,24 @@ is reported as an expected failure without being run.
 
 from __future__ import annotations
 
-from typing import Any, Dict
-
 import pytest
 
-from conformance import report
-from conformance.adapters.ddp import DECLARE_LOSSY_HINT
+from conformance import lossy_cases
 from conformance.hard_inputs import check_case
-from conformance.pytest_plugin import state_of
 
 pytestmark = pytest.mark.conformance(api="ddp")
 
 
-def _spec(request: pytest.FixtureRequest, case: Any) -> Any:
-    return state_of(request.config).spec(case.hook).spec
-
-
-def _exact(conform, request, case, check: str, rank_check: str, params: Dict[str, Any]) -> None:
-    """An exactness check; for a hook with no lossy contract, a failure says how to declare one."""
-    def hint(result, found) -> str:
-        # A lossy hook may declare a contract; a hook that never communicates, or whose result a named
-        # exact cause explains (report.explained), is not lossy.
-        fits = (_spec(request, case).lossy is None and not any(f.kind == "local_gradient" for f in found)
-                and not report.explained(found))
-        return "  " + DECLARE_LOSSY_HINT if fits else ""
-
-    conform.check(request, case, check, rank_check, params, note=hint)
-
-
 def test_ddp_averaging(conform, request, case):
     """Linear(1, world_size), input = rank: every gradient element is mean(0..ws-1), exactly, for 4 steps."""
-    _exact(conform, request, case, "averaging", "ddp.averaging", {})
+    lossy_cases.exact_case(conform, request, case, "averaging", "ddp.averaging", {})
 
 
 def test_ddp_parity(conform, request, case):
     """Gradients and parameters bitwise equal to DDP with no hook (or the documented reduced-precision
     equivalent) after every step, per parameter."""
-    _exact(conform, request, case, "parity", "ddp.parity", {"config": case.variant, "model": case.model})
+    lossy_cases.exact_case(conform, request, case, "parity", "ddp.parity",
+                           {"config": case.variant, "model": case.model})
 
 
 def test_ddp_rank_consistency(conform, request, case):
@@ -83,29 +64,15 @@ def test_ddp_clip_grad_norm(conform, request, case):
 def test_ddp_lossy_error(conform, request, case):
     """Per step and parameter: relative error against the exact mean within the declared bound (the
     observed maximum is reported as the ``observed_rel_error`` property), and no NaN/Inf introduced."""
-    def observed(result, found) -> str:
-        worst = max((o.value.figures for o in result.outcomes), key=lambda f: f["max_rel_error"])
-        request.node.user_properties.append(("observed_rel_error", report.figure(worst["max_rel_error"])))
-        return report.lossy_error_note(worst, _spec(request, case).lossy.rel_error_bound)
-
-    conform.check(request, case, "lossy_error", "ddp.lossy_error", {"config": case.variant, "model": case.model},
-                  note=observed)
+    lossy_cases.error_case(conform, request, case, "lossy_error", "ddp", "config")
 
 
 def test_ddp_lossy_loss(conform, request, case):
     """After ``loss_steps`` SGD steps the training loss is within the declared margin of DDP with no hook
     (the observed relative difference is the ``observed_loss_rel_diff`` property)."""
-    def observed(result, found) -> str:
-        figures = result.outcomes[0].value.figures
-        request.node.user_properties.append(("observed_loss_rel_diff", report.figure(figures["rel_diff"])))
-        lossy = _spec(request, case).lossy
-        return report.lossy_loss_note(figures, lossy.loss_steps, lossy.loss_margin) if found else ""
-
-    conform.check(request, case, "lossy_loss", "ddp.lossy_loss", {"config": case.variant, "model": case.model},
-                  note=observed)
+    lossy_cases.loss_case(conform, request, case, "lossy_loss", "ddp", "config")
 
 
 def test_ddp_lossy_determinism(conform, request, case):
     """Two trainings from the same seed give bitwise identical gradients (declared deterministic=True)."""
-    conform.check(request, case, "lossy_determinism", "ddp.lossy_determinism",
-                  {"config": case.variant, "model": case.model})
+    lossy_cases.determinism_case(conform, request, case, "lossy_determinism", "ddp", "config")

@@ -24,6 +24,11 @@ strategies, except ``bad_wrong_shard``, which has no ``NO_SHARD`` form.
 PyTorch's own ``fp16_compress_hook``/``bf16_compress_hook`` raise on CPU (``_decompress``
 calls ``record_stream``), so the low-precision good hooks here cast back without it.
 
+``LOSSY`` holds hooks that are lossy by design and declare a ``LossyContract`` (run by
+``tests/test_meta_lossy.py``, not by the exact zoo run): a bfloat16 compression hook with a
+generous bound, which passes with its figure, and an 8-bit quantizing hook whose declared
+bound is too tight.
+
 Only ``torch`` and ``torch.distributed`` are imported at module level: the zoo is imported
 by the controller and by every rank process.
 """
@@ -39,9 +44,9 @@ from torch.distributed.algorithms._comm_hooks.default_hooks import (
     LowPrecisionState,
 )
 
-from conformance.spec import HookSpec
+from conformance.spec import HookSpec, LossyContract
 
-__all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "make_state"]
+__all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "LOSSY", "LOSSY_EXPECTED", "make_state"]
 
 _SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP")
 
@@ -445,6 +450,45 @@ def rank0_noise_hook(state: DefaultState, grad: torch.Tensor, output: Optional[t
 
 
 # ---------------------------------------------------------------------------
+# Lossy by design (declared with a LossyContract)
+# ---------------------------------------------------------------------------
+
+
+def bf16_compress_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Lossy: bfloat16 compression of a float32 model, as ``bf16_compress_hook`` does, CPU-portable.
+
+    FSDP's averaging (pre-divide, SUM, post-divide) in bfloat16, the result written back in the
+    parameter dtype. Claims no reduce dtype: the float32 model's gradients lose 16 mantissa bits on
+    the wire. Realistic: bandwidth saved on purpose, with the precision given up declared.
+    """
+    _reduce_in(torch.bfloat16, state, grad, output)
+
+
+def int8_quantize_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Lossy: 8-bit quantization with one scale per FSDP unit (its flat gradient).
+
+    The scale is the largest magnitude over every rank's flat gradient / 127; each rank rounds its
+    gradient to integers in [-127, 127], the integers are summed exactly in int32 (all-reduce, or
+    reduce-scatter into this rank's shard), then scaled back and divided by the world size.
+    Parameters whose gradients are small beside the unit's largest lose most of their digits.
+    Realistic: per-tensor int8 gradient compression (as PyTorch's ``quantization_pertensor_hook``).
+    """
+    group = state.process_group
+    amax = grad.detach().abs().max().reshape(1).to(torch.float32)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    scale = float(amax) / 127 if float(amax) > 0 else 1.0
+    q = torch.round(grad.detach() / scale).to(torch.int32)
+    world_size = dist.get_world_size(group)
+    if output is None:
+        dist.all_reduce(q, group=group)
+        grad.copy_(q.to(grad.dtype) * scale / world_size)
+    else:
+        q_out = torch.empty(output.shape, dtype=torch.int32, device=output.device)
+        _reduce_scatter(q_out, q, group)
+        output.copy_(q_out.to(output.dtype) * scale / world_size)
+
+
+# ---------------------------------------------------------------------------
 # Specs
 # ---------------------------------------------------------------------------
 
@@ -560,6 +604,37 @@ KNOWN_BAD.append(HookSpec(name="bad_fp32_accumulate", api="fsdp", hook=fp32_accu
                           description="FSDP's averaging always in float32, even on float16 gradients"))
 
 ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
+
+#: A generous contract for bfloat16 compression: 1e-2 relative error per step and parameter (bfloat16
+#: rounds each value to 2**-9 relative, before the SUM, after it and after each divide), the training loss
+#: within 5% of native full precision after 10 steps, the same bits from the same seed. Observed (gloo,
+#: CPU, torch 2.13, the 6 steps of test_lossy_error): 2.8e-3 at 2 ranks, 5.5e-3 at 3 (FSDP's pre-divide
+#: by 2 and post-divide by 1.5 round once more); loss 1.5e-4 relative after 10 steps.
+GENEROUS_BF16 = LossyContract(rel_error_bound=1e-2, deterministic=True, loss_margin=0.05, loss_steps=10)
+
+#: The lossy-contract story (``tests/test_meta_lossy.py``).
+LOSSY_GOOD: List[HookSpec] = [
+    HookSpec(name="good_bf16_compress_lossy", api="fsdp", hook=bf16_compress_hook, state=DefaultState,
+             lossy=GENEROUS_BF16, description="bfloat16 compression of a float32 model, declared lossy"),
+]
+LOSSY_BAD: List[HookSpec] = [
+    HookSpec(name="bad_int8_exceeds_bound", api="fsdp", hook=int8_quantize_hook, state=DefaultState,
+             lossy=LossyContract(rel_error_bound=1e-2, deterministic=True),
+             description="8-bit quantization, one scale per FSDP unit, declared within a bfloat16-like 1e-2"),
+    HookSpec(name="bad_int8_undeclared", api="fsdp", hook=int8_quantize_hook, state=DefaultState,
+             description="the same 8-bit quantization claiming FSDP's full-precision averaging"),
+]
+LOSSY: List[HookSpec] = LOSSY_GOOD + LOSSY_BAD
+
+#: For each lossy-story bad spec, the check that must catch it and why.
+LOSSY_EXPECTED: Dict[str, str] = {
+    "bad_int8_exceeds_bound": (
+        "lossy_error: one 8-bit scale per FSDP unit leaves the parameters with small gradients (biases) a "
+        "relative error far above the declared 1e-2"),
+    "bad_int8_undeclared": (
+        "averaging and parity, with the hint to declare a LossyContract: no exact cause (a divisor, a dtype, "
+        "a stale step) reproduces 8-bit rounding"),
+}
 
 #: For each known-bad spec, the check that must catch it and why.
 EXPECTED_CATCH: Dict[str, str] = {

@@ -32,6 +32,10 @@ MAX_CPU_RANKS_PER_CORE = 16
 #: World sizes the default run adds as gloo pools on the CPU when the machine's defaults
 #: give world size 1 (one GPU): averaging over one rank proves nothing.
 CROSS_RANK_WORLD_SIZE = 2
+#: Seconds to wait for torchrun's ranks to connect (``--listen``), at the start and after each
+#: restart: long enough to start torchrun on every node by hand, and for a restarted worker
+#: group to import torch and meet again; past it, torchrun's restarts count as exhausted.
+DEFAULT_LISTEN_TIMEOUT_S = 300.0
 
 
 class SettingsError(ValueError):
@@ -58,6 +62,8 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", f"generated hard-input examples per case before shrinking (default: {DEFAULT_HYPOTHESIS_EXAMPLES}; nightly: 200 or more)", "conform_hypothesis_examples"),
     Option("--strict-known-failures", "CONFORM_STRICT_KNOWN_FAILURES", "for CI gates: fail the run when a known failure passes (XPASS) or a known-failures entry matches no test (env: 1 or 0)", "conform_strict_known_failures"),
     Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
+    Option("--listen", "CONFORM_LISTEN", "HOST:PORT: start no ranks here; accept the ranks that 'torchrun ... -m conformance.worker --controller HOST:PORT' starts on every node (secret: CONFORM_AUTHKEY_FILE or CONFORM_AUTHKEY); needs --world-size", "conform_listen"),
+    Option("--listen-timeout", "CONFORM_LISTEN_TIMEOUT", f"with --listen: seconds to wait for torchrun's ranks to connect, at the start and after each restart (default: {DEFAULT_LISTEN_TIMEOUT_S:g})", "conform_listen_timeout"),
 )
 
 
@@ -84,6 +90,9 @@ class Settings:
         cpu_pools: world sizes that run as gloo pools on the CPU although
             ``device`` is ``"cuda"``: added when the defaults gave world size 1
             (one GPU), where averaging proves nothing. Empty otherwise.
+        listen: ``(host, port)`` where torchrun's ranks connect (``--listen``;
+            :mod:`conformance.remote`), or ``None`` for the local pools.
+        listen_timeout_s: seconds to wait for them, at the start and after a restart.
     """
 
     hooks: Tuple[str, ...]
@@ -100,6 +109,8 @@ class Settings:
     strict_known_failures: bool = False
     cpu_pools: Tuple[int, ...] = ()
     hypothesis_seed: str = ""
+    listen: Optional[Tuple[str, int]] = None
+    listen_timeout_s: float = DEFAULT_LISTEN_TIMEOUT_S
 
     @property
     def world_sizes(self) -> Tuple[int, ...]:
@@ -123,6 +134,10 @@ class Settings:
 
     def world_size_unavailable(self, world_size: int) -> Optional[str]:
         """Why a pool of ``world_size`` cannot run here, or ``None`` if it can."""
+        if self.listen is not None:
+            return None if world_size == self.world_size else (
+                f"world size {world_size}: the ranks are torchrun's (--listen), one group of --world-size "
+                f"{self.world_size}; run torchrun with {world_size} ranks and --world-size {world_size} for it")
         if self.placement(world_size)[1] == "cuda" and world_size > self.gpu_count:
             return (f"world size {world_size} needs {world_size} GPUs (one rank per GPU), "
                     f"but this machine has {self.gpu_count}")
@@ -289,11 +304,13 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         hooks = tuple(hooks_value or ())
     with_builtins = bool(getoption("conform_with_builtins"))
 
+    listen_value, listen_source = pick("conform_listen")
+    listen = _listen(listen_value, listen_source, env, pick)  # the nodes' GPUs are not counted here
     device, device_source = pick("conform_device")
     device = device or ("cuda" if gpu_count else "cpu")
     if device not in ("cpu", "cuda"):
         raise SettingsError(f"invalid device {device!r} from {device_source}: expected cpu or cuda")
-    if device == "cuda" and not gpu_count:
+    if device == "cuda" and not gpu_count and listen is None:
         raise SettingsError(f"device cuda from {device_source} but no CUDA GPU is visible "
                             "(torch.cuda.is_available() is False); use --device cpu --backend gloo")
 
@@ -310,14 +327,14 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         world_size = gpu_count if device == "cuda" else 2
     else:
         world_size = _int(ws_value, ws_source, minimum=1)
-        if device == "cuda" and world_size > gpu_count:
+        if device == "cuda" and world_size > gpu_count and listen is None:
             raise SettingsError(
                 f"--world-size {world_size} (from {ws_source}) is larger than the GPU count: this machine has "
                 f"{gpu_count} GPU(s) (torch.cuda.device_count()), and each rank needs its own GPU. Use "
                 f"--world-size {gpu_count}, or --device cpu --backend gloo for CPU ranks.")
 
     extra_value, extra_source = pick("conform_extra_world_size")
-    extra = 3 if extra_value is None else _int(extra_value, extra_source, minimum=0)
+    extra = (0 if listen else 3) if extra_value is None else _int(extra_value, extra_source, minimum=0)
     cpu_pools: Tuple[int, ...] = ()
     if device == "cuda" and ws_value is None and world_size == 1:
         # One GPU: averaging over one rank proves nothing, so the cross-rank checks
@@ -327,7 +344,7 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     cpu_sizes += [(ws, "the default one-GPU cross-rank pools") for ws in cpu_pools]
     if extra and extra not in (world_size, *cpu_pools) and device == "cpu":
         cpu_sizes.append((extra, extra_source or "the default extra world size"))
-    check_cpu_capacity(cpu_sizes, cores, memory)
+    check_cpu_capacity(cpu_sizes if listen is None else [], cores, memory)
 
     timeout_value, timeout_source = pick("conform_case_timeout")
     try:
@@ -370,4 +387,36 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         strict_known_failures=strict,
         cpu_pools=cpu_pools,
         hypothesis_seed=hypothesis_seed,
+        listen=listen,
+        listen_timeout_s=_listen_timeout(pick) if listen else DEFAULT_LISTEN_TIMEOUT_S,
     )
+
+
+def _listen(value: Any, source: str, env: Dict[str, str], pick: Callable[[str], Tuple[Any, str]]) -> Optional[Tuple[str, int]]:
+    """``--listen HOST:PORT`` as ``(host, port)``, or ``None``; the run's world size and secret must be given too."""
+    if value is None:
+        return None
+    from conformance.remote_link import LinkError, parse_address, read_authkey
+
+    try:
+        address = parse_address(value, source)
+        read_authkey(env)
+    except LinkError as exc:
+        raise SettingsError(str(exc)) from None
+    if pick("conform_world_size")[0] is None:
+        raise SettingsError(f"{source} needs --world-size N, the WORLD_SIZE of the torchrun job (--nnodes times "
+                            "--nproc-per-node): the cases are planned before the ranks connect")
+    return address
+
+
+def _listen_timeout(pick: Callable[[str], Tuple[Any, str]]) -> float:
+    value, source = pick("conform_listen_timeout")
+    if value is None:
+        return DEFAULT_LISTEN_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise SettingsError(f"invalid value {value!r} from {source}: expected a positive number of seconds")
+    return seconds

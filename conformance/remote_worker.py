@@ -220,6 +220,24 @@ def torchrun_env(env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     }
 
 
+def _warm_up() -> None:
+    """Import what every case needs before the rank says it is ready, as the local pool's zygote does.
+
+    A case's timeout should measure the hook, not a fresh interpreter importing
+    FSDP and ``torch._dynamo`` (which the first ``torch.optim`` optimizer pulls
+    in): several seconds on a busy node, longer than a short ``--case-timeout``.
+    """
+    import importlib
+
+    from conformance.zygote import PRELOAD
+
+    for name in (*PRELOAD, "torch._dynamo"):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a case that needs it raises with its own traceback
+            pass
+
+
 def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any], local_rank: int) -> None:
     """Join torchrun's process group and make ``worker`` ready for cases (as ``_Worker.start`` does locally)."""
     import torch
@@ -228,6 +246,7 @@ def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any], local_rank
     from conformance.checks import register_every_check
     from conformance.worker import RankContext
 
+    _warm_up()
     if worker.device_type == "cpu":
         torch.set_num_threads(1)
         worker.device = torch.device("cpu")

@@ -56,14 +56,18 @@ class RankListener:
     (``multiprocessing.connection``'s challenge/response) before reading any
     message; then reads the rank's ``("join", info)``.
 
+    ``handshake_timeout_s`` (seconds) bounds how long a connecting peer may
+    take to authenticate and say who it is.
+
     Raises:
         OSError: from the constructor, when ``address`` cannot be bound (not an
             address of this node, or the port is in use).
     """
 
-    def __init__(self, address: Address, authkey: bytes):
+    def __init__(self, address: Address, authkey: bytes, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S):
         self.address = address
         self._authkey = authkey
+        self._handshake_timeout_s = handshake_timeout_s
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self._server = socket.create_server(address, family=family, backlog=64)
         self._joins: "queue.Queue[Any]" = queue.Queue()
@@ -91,7 +95,7 @@ class RankListener:
 
     def _admit(self, sock: socket.socket, peer: Any) -> None:
         try:
-            conn = accept_authenticated(sock, self._authkey)
+            conn = accept_authenticated(sock, self._authkey, self._handshake_timeout_s)
         except AuthenticationError:
             self._refuse(peer, "it does not know the shared secret (authentication failed); nothing it sent was read")
             return
@@ -99,7 +103,7 @@ class RankListener:
             self._refuse(peer, f"it did not complete authentication ({type(exc).__name__}: {exc})")
             return
         try:
-            if not conn.poll(HANDSHAKE_TIMEOUT_S):
+            if not conn.poll(self._handshake_timeout_s):
                 raise EOFError("no join message")
             kind, info = recv(conn)
             if kind != "join" or not isinstance(info, dict):
@@ -192,6 +196,8 @@ class RemotePool:
                 (restarts exhausted), or one failed to join the process group.
             SpecLoadError: a rank cannot load a hook spec.
         """
+        if self._gone is None:
+            self._gone = self._restarts_used_up()
         if self._gone is not None:
             raise PoolStartError(self._gone)
         try:
@@ -255,6 +261,21 @@ class RemotePool:
                     raise PoolStartError(f"rank {rank} ({self._where(rank)}) could not join the process group:\n"
                                          f"{payload}")
                 pending.pop(rank)
+
+    def _restarts_used_up(self) -> Optional[str]:
+        """Why torchrun will not restart the stopped group, known from what its ranks reported; else ``None``.
+
+        An agent whose workers failed with no restart left
+        (``TORCHELASTIC_RESTART_COUNT`` equal to ``TORCHELASTIC_MAX_RESTARTS``)
+        ends, and the group cannot meet again without it: no need to wait.
+        """
+        spent = [info for info in self._info if info["restart_count"] >= info["max_restarts"]]
+        if self.starts == 0 or not spent:
+            return None
+        info = spent[0]
+        return (f"torchrun's --max-restarts {info['max_restarts']} are used up (rank {info['rank']} on {info['host']} "
+                f"ran as TORCHELASTIC_RESTART_COUNT={info['restart_count']}), so torchrun does not restart the ranks "
+                f"after the pool was stopped; this case and the rest did not run. Give torchrun more --max-restarts")
 
     def _not_back(self, missing: List[int]) -> str:
         where = format_address(self.listener.address)

@@ -260,3 +260,20 @@ def test_spent_restarts_are_known_without_waiting(listener):
                                              r"TORCHELASTIC_RESTART_COUNT=2\).*Give torchrun more --max-restarts"):
         pool.start()
     assert time.monotonic() - started < 1.0
+
+
+def test_a_world_size_that_disagrees_with_the_flags_is_a_usage_error(listener):
+    """torchrun started 4 ranks, the run planned 2: exit 4 naming both, and the rank is told why."""
+    from conformance.pool import PoolConfig
+    from conformance.remote import RemotePool
+
+    rank = Client(listener.address, authkey=KEY)
+    send(rank, ("join", {"rank": 3, "world_size": 4, "host": "node1"}))
+    pool = RemotePool(PoolConfig(world_size=2, backend="gloo", device="cpu", start_timeout_s=10.0), listener)
+    with pytest.raises(pytest.exit.Exception, match=r"usage error: torchrun started WORLD_SIZE=4 ranks \(rank 3 on "
+                                                    r"node1 says so\), but this run plans cases at --world-size 2") as e:
+        pool.start()
+    assert e.value.returncode == pytest.ExitCode.USAGE_ERROR
+    kind, reason = recv(rank)
+    assert kind == "refused" and "run the controller with --world-size 4" in reason
+    rank.close()

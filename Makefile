@@ -1,5 +1,6 @@
 # commhook-conformance
-#   make conform   run the conformance suite (PyTorch's built-in hooks, plus HOOKS)
+#   make conform   run the conformance suite (PyTorch's built-in hooks, plus HOOKS); reports/
+#                  gets conformance.xml (JUnit), conformance.json (docs/results.md), conformance.md
 #   make test      run the project's own tests (what CI runs)
 #   make bench     per-case time of the rank pool vs spawn-per-case on a sample of the default
 #                  run's cases (ARGS go to benchmarks/pool_overhead.py), then the default run's wall time
@@ -33,10 +34,11 @@ $(STAMP): pyproject.toml scripts/setup_env.py
 
 conform: setup
 	@mkdir -p $(REPORTS)
-	$(PYTHON) -m conformance -v --junitxml=$(REPORTS)/conformance.xml $(HOOK_ARGS) $(ARGS)
+	$(PYTHON) -m conformance -v --junitxml=$(REPORTS)/conformance.xml --json=$(REPORTS)/conformance.json \
+		--markdown=$(REPORTS)/conformance.md $(HOOK_ARGS) $(ARGS)
 
 test: setup
-	@$(PYTHON) -c 'import expecttest, pytest_timeout' || { echo "make test needs expecttest and pytest-timeout" >&2; exit 2; }
+	@$(PYTHON) -c 'import expecttest, pytest_timeout, jsonschema' || { echo "make test needs expecttest, pytest-timeout and jsonschema" >&2; exit 2; }
 	$(PYTHON) -m pytest tests $(ARGS)
 
 bench: setup

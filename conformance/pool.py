@@ -11,6 +11,12 @@ Python stack (``SIGUSR1`` -> ``faulthandler``), kills the pool, reports what eac
 rank was doing and starts a fresh pool for the next case. Rendezvous uses a
 ``FileStore`` in a private temporary directory, so no TCP port is reserved and
 a port already in use cannot break start-up.
+
+Each rank's stdout and stderr go through a pipe to a :class:`~conformance.rank_log.RankLog`
+in the controller, which keeps a bounded part of each case's output. A rank whose
+resident memory grew by more than ``PoolConfig.memory_growth_bytes`` during a
+case is restarted after it (with its pool), and the result names the growth,
+so a leaking hook is blamed for its own case, not the cases after it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
+from conformance.rank_log import RankLog
+from conformance.settings import DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB
 
 __all__ = ["PoolConfig", "PoolStartError", "RankPool", "SpecLoadError", "close_zygote", "start_zygote"]
 
@@ -65,18 +73,19 @@ class _Zygote:
     def __init__(self) -> None:
         parent, child = socket.socketpair()
         env = _rank_env()
-        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.zygote", str(child.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.zygote", str(child.fileno()), str(os.getpid())],
                                      pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
         child.close()
         self.conn = Connection(parent.detach())
 
-    def spawn(self, sock: socket.socket, log_path: str, env: Dict[str, str]) -> "_ForkedRank":
-        """Fork a rank that runs ``conformance.worker`` on (a copy of) ``sock``, its output in ``log_path``."""
+    def spawn(self, sock: socket.socket, out_fd: int, env: Dict[str, str]) -> "_ForkedRank":
+        """Fork a rank that runs ``conformance.worker`` on (a copy of) ``sock``, its output to (a copy of) ``out_fd``."""
         from multiprocessing.reduction import send_handle
 
-        send(self.conn, ("spawn", {"log_path": log_path, "env": env}))
+        send(self.conn, ("spawn", {"env": env}))
         send_handle(self.conn, sock.fileno(), self.proc.pid)
+        send_handle(self.conn, out_fd, self.proc.pid)
         kind, pid = recv(self.conn)
         return _ForkedRank(self, pid)
 
@@ -167,6 +176,9 @@ class PoolConfig:
             so that the controller and the ranks resolve every module alike.
         specs: ``(module:ATTR target, spec name)`` pairs each rank loads while
             it starts; one that fails is a :class:`SpecLoadError`.
+        log_limit_bytes: bytes of each rank's output kept per case (:class:`RankLog`).
+        memory_growth_bytes: bytes a rank's resident memory may grow during one
+            case before the pool is restarted after it; 0 for no check.
     """
 
     world_size: int
@@ -176,6 +188,8 @@ class PoolConfig:
     start_timeout_s: float = 180.0
     sys_path: Tuple[str, ...] = ()
     specs: Tuple[Tuple[str, str], ...] = ()
+    log_limit_bytes: int = int(DEFAULT_RANK_LOG_LIMIT_MIB * 2**20)
+    memory_growth_bytes: int = int(DEFAULT_RANK_MEMORY_GROWTH_MIB * 2**20)
 
 
 class RankPool:
@@ -191,7 +205,7 @@ class RankPool:
         self.starts = 0
         self._procs: List[Any] = []  # subprocess.Popen, or _ForkedRank from the zygote
         self._conns: List[Connection] = []
-        self._logs: List[str] = []
+        self._logs: List[RankLog] = []
         self._dir: Optional[str] = None
         self._seq = 0
         self._launched_at = 0.0
@@ -237,27 +251,28 @@ class RankPool:
         zygote = _zygote()
         for rank in range(cfg.world_size):
             parent, child = socket.socketpair()
-            log_path = os.path.join(self._dir, f"rank{rank}.log")
+            out_r, out_w = os.pipe()
+            self._logs.append(RankLog(out_r, cfg.log_limit_bytes))
             proc: Any = None
             env = dict(env, CONFORM_RANK=str(rank))  # tells code that it runs in a rank (and which)
-            if zygote is not None:
-                try:
-                    proc = zygote.spawn(child, log_path, env)
-                    child.close()
-                except (EOFError, OSError):  # the zygote died: start this rank and the rest afresh
-                    zygote = None
-            if proc is None:
-                log = open(log_path, "wb")
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "conformance.worker", str(child.fileno())],
-                    pass_fds=(child.fileno(),),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-                log.close()
+            try:
+                if zygote is not None:
+                    try:
+                        proc = zygote.spawn(child, out_w, env)
+                    except (EOFError, OSError):  # the zygote died: start this rank and the rest afresh
+                        zygote = None
+                if proc is None:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "conformance.worker", str(child.fileno()), str(os.getpid())],
+                        pass_fds=(child.fileno(),),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out_w,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+            finally:  # the rank holds its own copies; the log sees end of file when the rank is gone
+                os.close(out_w)
                 child.close()
             conn = Connection(parent.detach())
             send(conn, ("hello", {
@@ -272,7 +287,6 @@ class RankPool:
             }))
             self._procs.append(proc)
             self._conns.append(conn)
-            self._logs.append(log_path)
         self._launched_at = time.monotonic()
 
     def wait_ready(self) -> None:
@@ -311,7 +325,7 @@ class RankPool:
                 pending.pop(rank)
 
     def _fail_start(self, message: str, ranks: List[int]) -> None:
-        logs = "\n".join(f"--- rank {r} log ---\n{self._read_log(r, 0)[-4000:]}" for r in ranks)
+        logs = "\n".join(f"--- rank {r} log ---\n{self._logs[r].excerpt(1000, 3000)}" for r in ranks)
         cfg = self.config
         self.close()
         raise PoolStartError(
@@ -348,6 +362,8 @@ class RankPool:
                 proc.wait()
         for conn in self._conns:
             conn.close()
+        for log in self._logs:
+            log.close()
         self._procs, self._conns = [], []
 
     # -- running cases -------------------------------------------------------------
@@ -362,7 +378,9 @@ class RankPool:
             self.start()
         timeout_s = self.config.case_timeout_s if timeout_s is None else timeout_s
         n = self.config.world_size
-        offsets = [self._log_size(r) for r in range(n)]
+        for log in self._logs:
+            log.mark()
+        rss_before = [rank_rss(p.pid) for p in self._procs]
         started = time.perf_counter()
         for conn in self._conns:
             send(conn, ("case", case))
@@ -399,18 +417,32 @@ class RankPool:
         rebuilt = False
         for r, outcome in outcomes.items():
             if not outcome.ok:
-                outcome.output = self._read_log(r, offsets[r])[-3000:]
+                outcome.output = self._logs[r].excerpt(1000, 2000)
+        grown: Tuple[Tuple[int, int, int], ...] = ()
         if unfinished:
-            stacks = self._dump_stacks(unfinished, offsets)
+            stacks = self._dump_stacks(unfinished)
             for r in unfinished:
                 outcomes[r] = RankOutcome(rank=r, phase=phases[r], stack=stacks.get(r, "(no stack written)"))
             self.kill()
             rebuilt = True
         elif not all(o.ok for o in outcomes.values()):
             rebuilt = not self._still_in_step()
+        if not rebuilt and self.config.memory_growth_bytes:
+            grown = self._grown(rss_before)
+            if grown:  # the next case gets fresh ranks; this one is named for it
+                self.kill()
         ordered = tuple(outcomes[r] for r in range(n))
         return CaseResult(case=case, world_size=n, outcomes=ordered, timed_out=timed_out,
-                          wall_s=wall, pool_rebuilt=rebuilt)
+                          wall_s=wall, pool_rebuilt=rebuilt, memory_grown=grown)
+
+    def _grown(self, rss_before: List[Optional[int]]) -> Tuple[Tuple[int, int, int], ...]:
+        """``(rank, bytes grown, RSS now)`` of each rank whose RSS grew beyond the bound since ``rss_before``."""
+        grown = []
+        for r, (proc, before) in enumerate(zip(self._procs, rss_before)):
+            now = rank_rss(proc.pid)
+            if before is not None and now is not None and now - before > self.config.memory_growth_bytes:
+                grown.append((r, now - before, now))
+        return tuple(grown)
 
     def _still_in_step(self) -> bool:
         """After a failed case: do the ranks still agree on the collective sequence?"""
@@ -441,24 +473,19 @@ class RankPool:
                     replies += 1
         return True
 
-    def _dump_stacks(self, ranks: List[int], offsets: List[int]) -> Dict[int, str]:
+    def _dump_stacks(self, ranks: List[int]) -> Dict[int, str]:
         for r in ranks:
             proc = self._procs[r]
             if proc.poll() is None and hasattr(signal, "SIGUSR1"):
                 os.kill(proc.pid, signal.SIGUSR1)
         time.sleep(STACK_DUMP_WAIT_S)
-        return {r: self._read_log(r, offsets[r])[-6000:] or "(no stack written)" for r in ranks}
+        return {r: self._logs[r].excerpt(0, 6000) or "(no stack written)" for r in ranks}
 
-    def _log_size(self, rank: int) -> int:
-        try:
-            return os.path.getsize(self._logs[rank])
-        except (OSError, IndexError):
-            return 0
 
-    def _read_log(self, rank: int, offset: int) -> str:
-        try:
-            with open(self._logs[rank], "rb") as f:
-                f.seek(offset)
-                return f.read().decode("utf-8", "replace")
-        except (OSError, IndexError):
-            return ""
+def rank_rss(pid: int) -> Optional[int]:
+    """Resident memory of process ``pid`` in bytes (``/proc/<pid>/statm``), or ``None`` where unknown."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

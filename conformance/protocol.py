@@ -137,7 +137,12 @@ class RankOutcome:
 
 @dataclasses.dataclass
 class CaseResult:
-    """The outcomes of one case on every rank, as gathered by the controller."""
+    """The outcomes of one case on every rank, as gathered by the controller.
+
+    ``memory_grown`` holds ``(rank, bytes grown, resident bytes after)`` for each rank
+    whose resident memory grew beyond the pool's bound during the case; the pool was
+    then restarted after it (:class:`~conformance.pool.PoolConfig`).
+    """
 
     case: Case
     world_size: int
@@ -145,6 +150,7 @@ class CaseResult:
     timed_out: bool = False
     wall_s: float = 0.0
     pool_rebuilt: bool = False
+    memory_grown: Tuple[Tuple[int, int, int], ...] = ()
 
     @property
     def all_ok(self) -> bool:

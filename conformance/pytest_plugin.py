@@ -17,8 +17,10 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from conformance import report
+from conformance import report, results_plugin
 from conformance.cases import parse_case_id
+from conformance.interruption import StopSignals
+from conformance.report_files import JUnitReportGuard
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
 from conformance.spec_loading import LoadedSpec, load_specs, user_paths_first
@@ -91,6 +93,10 @@ def pytest_configure(config: pytest.Config) -> None:
     state = SessionState(settings=settings, specs=specs, book=KnownFailureBook(entries, env), sys_path=sys_path)
     config.stash[_STATE_KEY] = state
     config.pluginmanager.register(_Summary(state), "conformance-summary")
+    config.pluginmanager.register(_Stopping(state), "conformance-stopping")
+    # Before any case: an unwritable or busy --junitxml path is a usage error; an old report is marked stale.
+    config.pluginmanager.register(JUnitReportGuard(config), "conformance-junit-report")
+    results_plugin.register(config, state)  # --json, --markdown, --baseline; the per-hook grids
 
 
 def _release(version: str) -> Tuple[int, ...]:
@@ -193,6 +199,24 @@ def _case_hook(item: pytest.Item) -> Optional[str]:
     return getattr(case, "hook", None)
 
 
+class _Stopping:
+    """SIGTERM is handled as Ctrl-C (:class:`~conformance.interruption.StopSignals`), and an interrupted
+    session kills its pools at once: their ranks are mid-case, so a polite shutdown would only wait."""
+
+    def __init__(self, state: SessionState):
+        self.state = state
+        self.signals = StopSignals()
+        self.signals.install()
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        runner = self.state.runner
+        for pool in getattr(runner, "pools", {}).values():
+            pool.kill()
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.signals.restore()
+
+
 class _Summary:
     """Collects per-hook outcomes, writes the "hook conformance" section, and sets the exit status.
 
@@ -200,11 +224,26 @@ class _Summary:
     (each reason listed); ``CONFORMS``; ``NOT CHECKED ACROSS RANKS`` when every case
     of it that ran had world size 1 (a mean over one rank is the local gradient, so
     such a run proves nothing); ``not run``. Known failures that now pass (XPASS) are
-    counted in the verdict and listed, never hidden behind "not run".
+    counted in the verdict and listed, never hidden behind "not run". An interrupted
+    session (Ctrl-C, SIGTERM) gives no hook ``CONFORMS``: the section opens with
+    ``INTERRUPTED after N of M cases``, and a hook without a failure is ``INTERRUPTED``.
     """
 
     def __init__(self, state: SessionState):
         self.state = state
+        self.interrupted = False
+        self.cases_run = 0
+        self.cases_planned: Dict[Optional[str], int] = defaultdict(int)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        for item in session.items:
+            self.cases_planned[_case_hook(item)] += 1
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self.cases_run += 1
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        self.interrupted = True
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
@@ -242,7 +281,7 @@ class _Summary:
     def verdict(self, name: str) -> str:
         state = self.state
         return report.hook_verdict(state.per_hook.get(name) or {}, state.per_hook_failed_checks.get(name, ()),
-                                   state.ran_at.get(name, ()))
+                                   state.ran_at.get(name, ()), interrupted=self.interrupted)
 
     def unchecked_hooks(self) -> List[str]:
         return [item.spec.name for item in self.state.specs
@@ -259,20 +298,28 @@ class _Summary:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         state = self.state
         tr = terminalreporter
-        if state.per_hook:
+        if state.per_hook or self.interrupted:
             tr.section("hook conformance")
+        if self.interrupted:
+            tr.write_line(f"INTERRUPTED after {self.cases_run} of {sum(self.cases_planned.values())} cases: "
+                          "a hook without a failure gets no verdict, since not every case ran", red=True)
         for item in state.specs:
             name = item.spec.name
             counts = state.per_hook.get(name)
+            planned = f" of {self.cases_planned[name]}" if self.interrupted else ""
             if not counts:
+                if self.interrupted and self.cases_planned.get(name):
+                    tr.write_line(f"{name:<28} {self.verdict(name)}  [0{planned} cases]")
                 continue
             detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-            tr.write_line(f"{name:<28} {self.verdict(name)}  [{sum(counts.values())} cases: {detail}]")
+            tr.write_line(f"{name:<28} {self.verdict(name)}  [{sum(counts.values())}{planned} cases: {detail}]")
             for reason in sorted(state.xfail_reasons.get(name, ())):
                 tr.write_line(f"{'':<28}   expected: {reason}")
             if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):
                 for reason, n in sorted(state.skip_reasons.get(name, {}).items()):
                     tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
+            for line in results_plugin.hook_matrix_lines(tr.config, name, self.verdict(name), indent=" " * 4):
+                tr.write_line(line)
         if state.xpassed:
             tr.section("known failures that now pass")
             for nodeid in state.xpassed:
@@ -289,6 +336,8 @@ class _Summary:
         runner = state.runner
         if runner is not None and getattr(runner, "restarts", 0):
             tr.write_line(f"rank pools restarted {runner.restarts} time(s) after hung or broken cases")
+        for line in getattr(runner, "memory_restarts", ()):
+            tr.write_line(f"rank memory: {line}", yellow=True)
         if state.settings.listen is not None:  # connections refused for want of the shared secret
             from conformance.remote import summary_lines
 

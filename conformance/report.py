@@ -107,7 +107,8 @@ def exception_line(text: str) -> str:
     return " ".join(lines[starts[-1]:][:4]) if starts else (lines[-1] if lines else "(no message)")
 
 
-def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: Iterable[int]) -> str:
+def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: Iterable[int],
+                 interrupted: bool = False) -> str:
     """One hook's verdict from its case outcomes.
 
     Args:
@@ -115,16 +116,21 @@ def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: I
             ``xpassed``, ``skipped``).
         failed_checks: the checks of its failed cases.
         ran_at: the world sizes at which its cases ran (skipped ones excluded).
+        interrupted: the run was stopped (Ctrl-C, SIGTERM) before every case ran.
 
     ``DOES NOT CONFORM (checks)``; ``NOT RUN`` when every case was skipped;
     ``NOT CHECKED ACROSS RANKS`` when every case ran at world size 1 (a mean
     over one rank is the local gradient); ``known failures``; ``CONFORMS``.
-    Known failures that now pass are counted, never hidden.
+    Known failures that now pass are counted, never hidden. An interrupted run
+    keeps a failure's verdict (the failure is real) and says ``INTERRUPTED``
+    instead of any other: what did not run may fail.
     """
     xpassed = counts.get("xpassed", 0)
     now_pass = f"; {xpassed} known failure(s) now pass" if xpassed else ""
     if counts.get("failed"):
         return "DOES NOT CONFORM (" + ", ".join(sorted(failed_checks)) + ")"
+    if interrupted:
+        return "INTERRUPTED: no verdict" + now_pass
     if not (counts.get("passed") or counts.get("xfailed") or xpassed):
         return "NOT RUN: every case was skipped" if counts.get("skipped") else "not run"
     if max(set(ran_at) or {0}) < 2:

@@ -40,6 +40,7 @@ the command that re-runs just that case.
 from __future__ import annotations
 
 import shlex
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import pytest
@@ -77,6 +78,8 @@ class Runner:
         restarts: pools restarted after a case hung, killed a rank, or left the
             ranks out of step.
         timings: ``(wall_s, max_rank_compute_s)`` per case, for the benchmark.
+        memory_restarts: one line per case after which a pool was restarted because a
+            rank's resident memory grew beyond ``--rank-memory-growth``, naming the case.
     """
 
     def __init__(self, settings: Any, specs: Sequence[Any], sys_path: Sequence[str] = ()):
@@ -86,6 +89,7 @@ class Runner:
         self.pools: Dict[int, RankPool] = {}
         self.restarts = 0
         self.timings: List[tuple] = []
+        self.memory_restarts: List[str] = []
 
     def pool(self, world_size: int) -> RankPool:
         """The pool of ``world_size`` ranks, placed by :meth:`Settings.placement` (made, not started)."""
@@ -94,7 +98,9 @@ class Runner:
             backend, device = s.placement(world_size)
             specs = tuple((item.target, name) for name, item in self.specs.items())
             config = PoolConfig(world_size=world_size, backend=backend, device=device,
-                                case_timeout_s=s.case_timeout_s, sys_path=self.sys_path, specs=specs)
+                                case_timeout_s=s.case_timeout_s, sys_path=self.sys_path, specs=specs,
+                                log_limit_bytes=s.rank_log_limit_bytes,
+                                memory_growth_bytes=s.rank_memory_growth_bytes)
             if getattr(s, "listen", None) is not None:  # torchrun's ranks, on any node (conformance.remote)
                 from conformance.remote import remote_pool
 
@@ -174,6 +180,8 @@ class Runner:
         self.timings.append((result.wall_s, result.max_compute_s))
         if result.pool_rebuilt:
             self.restarts += 1
+        if result.memory_grown:
+            self._memory_grown(test_name, result)
         problems = report.rank_problems(result)
         if problems:
             if report.failed_in_reference(result) and check in REPLAYS_REFERENCE:
@@ -183,6 +191,15 @@ class Runner:
             self.fail_findings(test_name, hook, describe, world_size,
                                [f for o in result.outcomes for f in o.value.findings])
         return result
+
+    def _memory_grown(self, test_name: str, result: CaseResult) -> None:
+        """Name the case after which the pool was restarted for memory: a warning on the case, a summary line."""
+        ranks = ", ".join(f"rank {r} by {grew / 2**20:.0f} MiB (to {now / 2**20:.0f} MiB)"
+                          for r, grew, now in result.memory_grown)
+        line = (f"{test_name}: resident memory grew during the case on {ranks}, beyond --rank-memory-growth "
+                f"{self.settings.rank_memory_growth_bytes / 2**20:g} MiB; the pool was restarted after it")
+        self.memory_restarts.append(line)
+        warnings.warn(pytest.PytestWarning(line))
 
     @staticmethod
     def tag(request: Any, case: Any, check: str) -> Dict[str, Any]:

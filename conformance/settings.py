@@ -29,6 +29,16 @@ CPU_RANK_MEMORY_BYTES = 333 * 2**20
 #: CPU ranks per core beyond which a run is refused: every collective needs every rank
 #: scheduled, so far more ranks than cores turn each case into minutes of time slicing.
 MAX_CPU_RANKS_PER_CORE = 16
+#: Output of one rank kept per case, in MiB (the first half and the last half; the rest is
+#: counted and dropped). A failure shows a few thousand characters of it, and a hook that
+#: prints 10 MB per call filled 1.2 GB of logs in 7 cases before there was a limit; 4 MiB per
+#: rank keeps any traceback or stack whole and bounds the controller's memory to 4 MiB a rank.
+DEFAULT_RANK_LOG_LIMIT_MIB = 4.0
+#: Growth of a rank's resident memory (RSS) during one case, in MiB, beyond which the pool is
+#: restarted after the case and the case is named. A CPU rank holds about 333 MB after the
+#: default run (CPU_RANK_MEMORY_BYTES) and grows by tens of MB in its first cases, as models
+#: are built; 1 GiB in one case is a leak (a hook that keeps 2 GB per call was seen).
+DEFAULT_RANK_MEMORY_GROWTH_MIB = 1024.0
 #: World sizes the default run adds as gloo pools on the CPU when the machine's defaults
 #: give world size 1 (one GPU): averaging over one rank proves nothing.
 CROSS_RANK_WORLD_SIZE = 2
@@ -61,7 +71,13 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--case-timeout", "CONFORM_CASE_TIMEOUT", "seconds before a case is declared hung (default: 60)", "conform_case_timeout"),
     Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", f"generated hard-input examples per case before shrinking (default: {DEFAULT_HYPOTHESIS_EXAMPLES}; nightly: 200 or more)", "conform_hypothesis_examples"),
     Option("--strict-known-failures", "CONFORM_STRICT_KNOWN_FAILURES", "for CI gates: fail the run when a known failure passes (XPASS) or a known-failures entry matches no test (env: 1 or 0)", "conform_strict_known_failures"),
+    Option("--rank-log-limit", "CONFORM_RANK_LOG_LIMIT", f"MiB of each rank's output kept per case: the first and last halves; a failure says how many bytes were cut (default: {DEFAULT_RANK_LOG_LIMIT_MIB:g})", "conform_rank_log_limit"),
+    Option("--rank-memory-growth", "CONFORM_RANK_MEMORY_GROWTH", f"MiB a rank's resident memory may grow during one case before its pool is restarted after it, naming the case; 0 for no check (default: {DEFAULT_RANK_MEMORY_GROWTH_MIB:g})", "conform_rank_memory_growth"),
     Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
+    Option("--json", "CONFORM_JSON", "write the results (environment, every case, per-hook verdicts) as JSON to this path, atomically (schema: docs/results.md)", "conform_json"),
+    Option("--markdown", "CONFORM_MARKDOWN", "write a Markdown summary to this path (it is also appended to $GITHUB_STEP_SUMMARY when that is set)", "conform_markdown"),
+    Option("--baseline", "CONFORM_BASELINE", "the --json results of an earlier run: report new failures, fixed cases, cases that appeared or disappeared, changed figures", "conform_baseline"),
+    Option("--fail-on", "CONFORM_FAIL_ON", "failures (default: any failure fails the run) or regressions (only new failures against --baseline do)", "conform_fail_on"),
     Option("--listen", "CONFORM_LISTEN", "HOST:PORT: start no ranks here; accept the ranks that 'torchrun ... -m conformance.worker --controller HOST:PORT' starts on every node (secret: CONFORM_AUTHKEY_FILE or CONFORM_AUTHKEY); needs --world-size", "conform_listen"),
     Option("--listen-timeout", "CONFORM_LISTEN_TIMEOUT", f"with --listen: seconds to wait for torchrun's ranks to connect, at the start and after each restart (default: {DEFAULT_LISTEN_TIMEOUT_S:g})", "conform_listen_timeout"),
 )
@@ -87,9 +103,16 @@ class Settings:
         gpu_count: ``torch.cuda.device_count()`` (0 without CUDA).
         strict_known_failures: a known failure that passes, or an entry that
             matches no test, fails the run (for nightly gates).
+        rank_log_limit_bytes: bytes of each rank's output kept per case (``--rank-log-limit``).
+        rank_memory_growth_bytes: bytes a rank's RSS may grow during one case before its pool is
+            restarted (``--rank-memory-growth``); 0 for no check.
         cpu_pools: world sizes that run as gloo pools on the CPU although
             ``device`` is ``"cuda"``: added when the defaults gave world size 1
             (one GPU), where averaging proves nothing. Empty otherwise.
+        json_path, markdown_path: absolute paths of the results files to write, or ``None``.
+        baseline_path: absolute path of an earlier run's JSON results, or ``None``.
+        fail_on: ``"failures"`` (any failure fails the run) or ``"regressions"`` (only new
+            failures against the baseline do).
         listen: ``(host, port)`` where torchrun's ranks connect (``--listen``;
             :mod:`conformance.remote`), or ``None`` for the local pools.
         listen_timeout_s: seconds to wait for them, at the start and after a restart.
@@ -109,6 +132,12 @@ class Settings:
     strict_known_failures: bool = False
     cpu_pools: Tuple[int, ...] = ()
     hypothesis_seed: str = ""
+    rank_log_limit_bytes: int = int(DEFAULT_RANK_LOG_LIMIT_MIB * 2**20)
+    rank_memory_growth_bytes: int = int(DEFAULT_RANK_MEMORY_GROWTH_MIB * 2**20)
+    json_path: Optional[str] = None
+    markdown_path: Optional[str] = None
+    baseline_path: Optional[str] = None
+    fail_on: str = "failures"
     listen: Optional[Tuple[str, int]] = None
     listen_timeout_s: float = DEFAULT_LISTEN_TIMEOUT_S
 
@@ -192,6 +221,20 @@ def _int(value: Any, source: str, *, minimum: int) -> int:
     if number < minimum:
         raise SettingsError(f"invalid value {value!r} from {source}: must be at least {minimum}")
     return number
+
+
+def _mib(value: Any, source: str, default: float, *, minimum: float) -> int:
+    """``value`` MiB (``default`` when ``None``) in bytes; at least ``minimum`` MiB unless 0 is allowed."""
+    if value is None:
+        return int(default * 2**20)
+    try:
+        mib = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"invalid value {value!r} from {source}: expected a number of MiB") from None
+    if not math.isfinite(mib) or mib < minimum:
+        raise SettingsError(f"invalid value {value!r} from {source}: must be a finite number of MiB, "
+                            f"at least {minimum:g}")
+    return int(mib * 2**20)
 
 
 def cpu_count() -> int:
@@ -362,6 +405,11 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         hypothesis_seed = None
     hypothesis_seed = "" if hypothesis_seed is None else str(hypothesis_seed)
 
+    log_value, log_source = pick("conform_rank_log_limit")
+    rank_log_limit = _mib(log_value, log_source, DEFAULT_RANK_LOG_LIMIT_MIB, minimum=0.01)
+    growth_value, growth_source = pick("conform_rank_memory_growth")
+    rank_memory_growth = _mib(growth_value, growth_source, DEFAULT_RANK_MEMORY_GROWTH_MIB, minimum=0)
+
     kf_value, _ = pick("conform_known_failures")
     if isinstance(kf_value, str):
         extra_files = tuple(kf_value.split(os.pathsep))
@@ -371,6 +419,7 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     # user's file (for their hooks) should not have to repeat.
     default_file = _default_known_failures()
     known = (default_file,) + tuple(f for f in extra_files if os.path.abspath(f) != os.path.abspath(default_file))
+    report_paths = _results_paths(pick)
 
     return Settings(
         hooks=hooks,
@@ -387,9 +436,51 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         strict_known_failures=strict,
         cpu_pools=cpu_pools,
         hypothesis_seed=hypothesis_seed,
+        rank_log_limit_bytes=rank_log_limit,
+        rank_memory_growth_bytes=rank_memory_growth,
+        **report_paths,
         listen=listen,
         listen_timeout_s=_listen_timeout(pick) if listen else DEFAULT_LISTEN_TIMEOUT_S,
     )
+
+
+#: ``--fail-on`` values.
+FAIL_ON = ("failures", "regressions")
+
+
+def _results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
+    """``json_path``, ``markdown_path``, ``baseline_path`` and ``fail_on``, checked before any case runs.
+
+    Raises:
+        SettingsError: a report path that cannot be written (a directory, a directory
+            that cannot be created or written), a baseline that is not a file, an unknown
+            ``--fail-on``, or ``--fail-on regressions`` without a baseline.
+    """
+    from conformance.results import unwritable_reason
+
+    out: Dict[str, Any] = {}
+    for dest, key in (("conform_json", "json_path"), ("conform_markdown", "markdown_path")):
+        value, source = pick(dest)
+        if value:
+            reason = unwritable_reason(str(value))
+            if reason:
+                raise SettingsError(f"cannot write the report {value!r} from {source}: {reason}. Nothing was run.")
+            out[key] = os.path.abspath(str(value))
+    value, source = pick("conform_baseline")
+    if value:
+        if not os.path.isfile(str(value)):
+            raise SettingsError(f"baseline {value!r} from {source} is not a file: give the --json results of an "
+                                "earlier run")
+        out["baseline_path"] = os.path.abspath(str(value))
+    value, source = pick("conform_fail_on")
+    fail_on = str(value).strip().lower() if value else "failures"
+    if fail_on not in FAIL_ON:
+        raise SettingsError(f"invalid value {value!r} from {source}: expected failures or regressions")
+    if fail_on == "regressions" and "baseline_path" not in out:
+        raise SettingsError(f"--fail-on regressions (from {source}) needs a baseline to compare with: add "
+                            "--baseline PREVIOUS.json (or CONFORM_BASELINE)")
+    out["fail_on"] = fail_on
+    return out
 
 
 def _listen(value: Any, source: str, env: Dict[str, str], pick: Callable[[str], Tuple[Any, str]]) -> Optional[Tuple[str, int]]:

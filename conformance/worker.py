@@ -8,6 +8,9 @@ The worker joins the pool's process group once, then loops: receive a
 :class:`~conformance.protocol.Case`, run the registered rank check, send back a
 :class:`~conformance.protocol.RankOutcome`. ``SIGUSR1`` makes it dump every
 thread's stack to its log (the controller asks for that when a case hangs).
+An optional second argument is the parent's pid (the controller, or the
+zygote that forked this rank): the rank then ends by itself when its parent or
+the controller's socket is gone (:mod:`conformance.lifeline`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any, Dict, Optional
 
+from conformance import lifeline
 from conformance.protocol import RankOutcome, as_check_result, recv, send
 
 
@@ -212,6 +216,9 @@ def main(argv: Optional[list] = None) -> int:
         return remote_main(argv)
     sock = socket.socket(fileno=int(argv[0]))
     conn = Connection(sock.detach())
+    if len(argv) > 1:  # ends this rank when the controller is gone, even mid-hook
+        lifeline.die_with_parent(int(argv[1]))
+        lifeline.exit_when_closed(conn.fileno(), int(argv[1]))
     faulthandler.enable(all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)

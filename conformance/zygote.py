@@ -5,20 +5,24 @@ its FSDP and DDP modules and the suite's adapters before it can join its
 process group; a run that starts pools of 2, 3 and 4 ranks on a 2-core machine
 spent 13 s on that alone. The zygote imports them once (:data:`PRELOAD`), then
 ``fork()``s each rank: the child starts its own session (so ``killpg`` reaches
-it and a terminal's Ctrl-C does not), sends its output to the rank's log,
+it and a terminal's Ctrl-C does not), sends its output to the rank's log (a pipe the controller reads),
 takes the pool's environment and runs :func:`conformance.worker.main` on the
 socket the controller passed it. Nothing in the zygote starts threads or
 initialises CUDA before it forks.
 
 Protocol (a ``multiprocessing.connection.Connection`` over a socketpair):
 
-* ``("spawn", {"log_path", "env"})`` followed by the rank's socket (passed with
-  ``multiprocessing.reduction.send_handle``) -> ``("pid", pid)``;
+* ``("spawn", {"env"})`` followed by the rank's socket and the write end of its
+  output pipe (each passed with ``multiprocessing.reduction.send_handle``)
+  -> ``("pid", pid)``;
 * ``("status", [pid, ...])`` -> ``("status", {pid: exit code or None})``, the
   exit code as ``subprocess.Popen.returncode`` gives it (``-N`` for signal N);
   the zygote reaps its children only here.
 
-The zygote exits when the controller closes its end (or dies). The pool falls
+The zygote exits when the controller closes its end, and the kernel kills it
+when the controller dies (:func:`conformance.lifeline.die_with_parent`, against
+the controller pid given as the second argument). Each forked rank arms the
+same signal against the zygote, so no rank outlives the pair. The pool falls
 back to starting each rank as a fresh interpreter when the zygote cannot start,
 and ``CONFORM_FORK_RANKS=0`` makes it do so always.
 """
@@ -35,6 +39,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from typing import Dict, List, Optional
 
+from conformance import lifeline
 from conformance.protocol import recv, send
 
 #: Modules every rank imports anyway, imported once here before any fork.
@@ -62,24 +67,24 @@ def _preload() -> None:
             pass
 
 
-def _child(conn: Connection, fd: int, log_path: str, env: Dict[str, str]) -> None:
-    """In the forked rank: own session, output to the log, the pool's environment, then the worker."""
+def _child(conn: Connection, fd: int, out_fd: int, env: Dict[str, str], zygote_pid: int) -> None:
+    """In the forked rank: own session, output to the controller's pipe, the pool's environment, then the worker."""
     code = 1
     try:
         conn.close()
+        lifeline.die_with_parent(zygote_pid)
         os.setsid()
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
         os.close(null)
         os.environ.clear()
         os.environ.update(env)
         from conformance import worker
 
-        code = worker.main([str(fd)])
+        code = worker.main([str(fd), str(zygote_pid)])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001
@@ -106,6 +111,8 @@ def _reap(exits: Dict[int, int]) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     conn = Connection(socket.socket(fileno=int(argv[0])).detach())
+    if len(argv) > 1:
+        lifeline.die_with_parent(int(argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when ranks stop
     _preload()
     exits: Dict[int, int] = {}
@@ -113,16 +120,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             kind, payload = recv(conn)
         except (EOFError, OSError):
-            return 0
-        if kind == "spawn":
-            fd = recv_handle(conn)
+            # Nothing to clean up: skip the interpreter's teardown of torch (most of a second).
             sys.stdout.flush()
             sys.stderr.flush()
+            os._exit(0)
+        if kind == "spawn":
+            fd = recv_handle(conn)
+            out_fd = recv_handle(conn)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            zygote_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-                _child(conn, fd, payload["log_path"], payload["env"])
+                _child(conn, fd, out_fd, payload["env"], zygote_pid)
             os.close(fd)
+            os.close(out_fd)
             send(conn, ("pid", pid))
         elif kind == "status":
             _reap(exits)

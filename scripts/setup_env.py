@@ -39,7 +39,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: What the suite imports at run time (distribution name, import name).
 SMALL_DEPENDENCIES = (("numpy", "numpy"), ("pytest", "pytest"), ("hypothesis", "hypothesis"),
                       ("pytest-timeout", "pytest_timeout"), ("expecttest", "expecttest"),
-                      ("packaging", "packaging")) + ((("tomli", "tomli"),) if sys.version_info < (3, 11) else ())
+                      ("packaging", "packaging"), ("jsonschema", "jsonschema")
+                      ) + ((("tomli", "tomli"),) if sys.version_info < (3, 11) else ())
 
 
 def say(message: str) -> None:

@@ -35,6 +35,7 @@ MUST_CATCH = {
     "bad_param_not_named_bucket": {"future_contract"},
     "bad_noop_hook": {"averaging", "parity", "rank_consistency"},
     "bad_lossy_undeclared": {"parity"},
+    "bad_bf16_undeclared": {"parity"},
     "bad_lossy_exceeds_bound": {"lossy_error"},
     "bad_lossy_nan": {"lossy_error"},
     "bad_lossy_rank_dependent": {"rank_consistency"},
@@ -128,7 +129,9 @@ def test_ddp_divide_instead_of_multiply_is_only_caught_at_world_size_three(zoo_r
 
 def test_ddp_stale_data_is_caught_from_the_second_step(zoo_run):
     messages = [c.message for c in _cases(zoo_run, "bad_stale_second_step", "parity") if c.outcome == "failed"]
-    assert messages and all("[rank 0, step 1," in m and "step 0" not in m.split("Re-run")[0] for m in messages)
+    findings = [m.split("Diagnosis")[0].split("Re-run")[0] for m in messages]
+    assert messages and all("[rank 0, step 1," in f and "step 0" not in f for f in findings)
+    assert all("the result of step 0 (stale)" in m for m in messages)
 
 
 def test_ddp_noop_report_says_it_never_communicates(zoo_run):
@@ -176,6 +179,10 @@ def test_ddp_undeclared_lossy_hook_is_told_how_to_declare_it(zoo_run):
     assert messages and all("lossy=LossyContract(rel_error_bound=..., loss_margin=...)" in m for m in messages)
     # A hook that never communicates is not told to declare itself lossy.
     assert all("LossyContract" not in c.message for c in _cases(zoo_run, "bad_noop_hook", "averaging"))
+    # Nor is one whose failure an exact cause explains: it is told the cause instead.
+    bf16 = [c.message for c in _cases(zoo_run, "bad_bf16_undeclared", "parity") if c.outcome == "failed"]
+    assert bf16 and all("reduced in bfloat16, where the hook claims no reduce dtype" in m and "LossyContract" not in m
+                        for m in bf16)
 
 
 def test_ddp_observed_error_is_reported_as_a_figure(zoo_run):

@@ -23,6 +23,15 @@ def test_hook_verdict(counts, failed, ran_at, verdict):
     assert report.hook_verdict(counts, failed, ran_at) == verdict
 
 
+@pytest.mark.parametrize("counts, failed, verdict", [
+    ({"passed": 9}, (), "INTERRUPTED: no verdict"),            # what did not run may fail
+    ({"xfailed": 2, "xpassed": 1}, (), "INTERRUPTED: no verdict; 1 known failure(s) now pass"),
+    ({"passed": 3, "failed": 1}, ("parity",), "DOES NOT CONFORM (parity)"),  # a failure found is real
+])
+def test_an_interrupted_run_gives_no_hook_a_conforming_verdict(counts, failed, verdict):
+    assert report.hook_verdict(counts, failed, {2, 3}, interrupted=True) == verdict
+
+
 def test_failure_message_ends_with_the_rerun_block():
     msg = report.failure_message(report.header("h", {"check": "parity", "model": "m"}, 3),
                                  report.findings_text([Finding(1, "gradient differs", step=0, fqn="w")]),

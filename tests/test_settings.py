@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.settings import (CPU_RANK_MEMORY_BYTES, DEFAULT_HYPOTHESIS_EXAMPLES, HYPOTHESIS_SEED_DEST, OPTIONS, Settings,
+from conformance.settings import (CPU_RANK_MEMORY_BYTES, DEFAULT_HYPOTHESIS_EXAMPLES, DEFAULT_RANK_LOG_LIMIT_MIB,
+                                  DEFAULT_RANK_MEMORY_GROWTH_MIB, HYPOTHESIS_SEED_DEST, OPTIONS, Settings,
                                   SettingsError, resolve)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -399,3 +400,32 @@ def test_a_disabled_hypothesis_plugin_leaves_the_seed_unset():
         return getoption()(dest)
 
     assert resolve(no_hypothesis, {}, 0).hypothesis_seed == ""
+
+
+# -- rank output and rank memory --------------------------------------------------------
+
+
+@pytest.mark.parametrize("dest, env_name, attr, default_mib", [
+    ("conform_rank_log_limit", "CONFORM_RANK_LOG_LIMIT", "rank_log_limit_bytes", DEFAULT_RANK_LOG_LIMIT_MIB),
+    ("conform_rank_memory_growth", "CONFORM_RANK_MEMORY_GROWTH", "rank_memory_growth_bytes",
+     DEFAULT_RANK_MEMORY_GROWTH_MIB),
+])
+def test_rank_limits_are_mib_from_the_command_line_then_the_environment(dest, env_name, attr, default_mib):
+    assert getattr(settings(cli={dest: "0.5"}, env={env_name: "3"}), attr) == 2**19
+    assert getattr(settings(env={env_name: "3"}), attr) == 3 * 2**20
+    assert getattr(settings(), attr) == int(default_mib * 2**20)
+
+
+@pytest.mark.parametrize("cli, env, source", [
+    ({"conform_rank_log_limit": "0"}, {}, "--rank-log-limit"),       # nothing kept would hide every traceback
+    ({}, {"CONFORM_RANK_LOG_LIMIT": "lots"}, "CONFORM_RANK_LOG_LIMIT"),
+    ({"conform_rank_memory_growth": "-1"}, {}, "--rank-memory-growth"),
+    ({}, {"CONFORM_RANK_MEMORY_GROWTH": "inf"}, "CONFORM_RANK_MEMORY_GROWTH"),
+])
+def test_invalid_rank_limits_name_their_source(cli, env, source):
+    message = settings_error(cli, env)
+    assert source in message and "MiB" in message
+
+
+def test_rank_memory_growth_zero_turns_the_check_off():
+    assert settings(cli={"conform_rank_memory_growth": "0"}).rank_memory_growth_bytes == 0

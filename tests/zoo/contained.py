@@ -4,13 +4,18 @@ They break the pool on purpose: the suite must time the case out (or notice
 the dead rank), report what every rank was doing, restart the pool and go on.
 Both are NO_SHARD-only and misbehave on rank 1 only, as a real bug usually
 does: rank 0 is then left blocked in the collective its peer never joins.
+``INTERRUPTIBLE`` is for the tests that stop the controller mid-case
+(tests/test_interrupt.py): a passing hook, then one that never returns.
+``UNRULY`` is for the rank output and memory limits (tests/test_rank_limits.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
+import torch
 import torch.distributed as dist
 from torch.distributed.algorithms._comm_hooks.default_hooks import DefaultState, allreduce_hook
 
@@ -31,10 +36,49 @@ def crash_on_rank1(state, grad):
     allreduce_hook(state, grad)
 
 
+def hang_in_hook(state, grad):
+    """Never returns: rank 0 waits on a future nobody completes; rank 1 sleeps in C holding the GIL,
+    so only the kernel's parent-death signal can end it. Entering the hook creates the file
+    ``$CONFORM_TEST_HOOK_ENTERED.rank<r>`` when that variable is set (tests wait for it)."""
+    rank = dist.get_rank(state.process_group)
+    marker = os.environ.get("CONFORM_TEST_HOOK_ENTERED")
+    if marker:
+        open(f"{marker}.rank{rank}", "w").close()
+    if rank == 1:
+        ctypes.PyDLL(None).sleep(3600)  # PyDLL: the GIL stays held
+    torch.futures.Future().wait()
+
+
+def noisy_then_raise(state, grad):
+    """Prints 3 MB on every rank, then raises: the failure must say how much output it leaves out."""
+    print("noisy hook starts", flush=True)
+    for _ in range(48):
+        print("x" * 65535, flush=True)
+    raise RuntimeError("noisy hook gives up")
+
+
+_LEAKED = []
+
+
+def leak_once(state, grad):
+    """Rank 1 keeps 200 MiB (touched, so resident) at its first call, then reduces correctly."""
+    if dist.get_rank(state.process_group) == 1 and not _LEAKED:
+        _LEAKED.append(b"\x01" * (200 * 2**20))
+    allreduce_hook(state, grad)
+
+
 HANG = HookSpec(name="zoo_hang_rank1", api="fsdp", hook=hang_on_rank1, state=DefaultState,
                 description="rank 1 never joins the all-reduce")
 CRASH = HookSpec(name="zoo_crash_rank1", api="fsdp", hook=crash_on_rank1, state=DefaultState,
                  description="rank 1 exits during backward")
 GOOD = HookSpec(name="zoo_plain_allreduce", api="fsdp", hook=allreduce_hook, state=DefaultState,
                 description="PyTorch's allreduce_hook, to show the run goes on")
+HANG_IN_HOOK = HookSpec(name="zoo_hang_in_hook", api="fsdp", hook=hang_in_hook, state=DefaultState,
+                        description="never returns from the hook, rank 1 holding the GIL")
+NOISY = HookSpec(name="zoo_noisy", api="fsdp", hook=noisy_then_raise, state=DefaultState,
+                 description="prints 3 MB, then raises")
+LEAKY = HookSpec(name="zoo_leak_once", api="fsdp", hook=leak_once, state=DefaultState,
+                 description="rank 1 keeps 200 MiB, then reduces correctly")
 ALL = [HANG, CRASH, GOOD]
+UNRULY = [NOISY, LEAKY, GOOD]
+INTERRUPTIBLE = [GOOD, HANG_IN_HOOK]

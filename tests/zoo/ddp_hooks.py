@@ -267,7 +267,21 @@ def bad_param_not_named_bucket(process_group, grads):
 
 
 def bad_lossy_undeclared(process_group, bucket):
-    """A bfloat16 round trip that claims full precision (no ``lossy`` contract)."""
+    """An 8-bit quantizing round trip (one scale per bucket) that claims full precision (no ``lossy``
+    contract): no exact cause explains it, so the failure offers the LossyContract hint."""
+    buffer = bucket.buffer()
+    scale = buffer.abs().max().clamp(min=1e-30) / 127
+    low = (buffer / scale).round_().clamp_(-127, 127).mul_(scale).div_(process_group.size())
+
+    def back(fut: Any) -> torch.Tensor:
+        return buffer.copy_(fut.value()[0])
+
+    return dist.all_reduce(low, group=process_group, async_op=True).get_future().then(back)
+
+
+def bad_bf16_undeclared(process_group, bucket):
+    """A bfloat16 round trip that claims full precision: an exact cause ("reduced in bfloat16") explains it,
+    so the failure says so and offers no LossyContract (claiming reduce_dtype=bfloat16 is the fix)."""
     return _round_trip_allreduce(process_group, bucket, torch.bfloat16)
 
 
@@ -365,6 +379,7 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_noop_hook", api="ddp", hook=noop_hook, state=no_state,
              description="PyTorch's debugging_hooks.noop_hook: returns each rank's own bucket"),
     HookSpec(name="bad_lossy_undeclared", api="ddp", hook=bad_lossy_undeclared, state=process_group_state),
+    HookSpec(name="bad_bf16_undeclared", api="ddp", hook=bad_bf16_undeclared, state=process_group_state),
     HookSpec(name="bad_lossy_exceeds_bound", api="ddp", hook=bad_lossy_exceeds_bound, state=process_group_state,
              lossy=LossyContract(rel_error_bound=1e-5, loss_margin=0.05, loss_steps=4)),
     HookSpec(name="bad_lossy_nan", api="ddp", hook=bad_lossy_nan, state=process_group_state, lossy=_LOSSY_FINE),
@@ -435,7 +450,10 @@ EXPECTED_CATCH: Dict[str, str] = {
         "averaging, in plain words ('the hook never communicated', from the diagnosis), parity and rank_consistency: PyTorch's "
         "noop_hook hands every rank its own gradient back"
     ),
-    "bad_lossy_undeclared": "parity, with the hint on how to declare a LossyContract",
+    "bad_lossy_undeclared": "parity, with the hint on how to declare a LossyContract (no named cause explains it)",
+    "bad_bf16_undeclared": (
+        "parity, diagnosed as reduced in bfloat16 where it claims no reduce dtype, and no LossyContract hint"
+    ),
     "bad_lossy_exceeds_bound": "lossy_error: bf16 error ~2e-3 against a declared 1e-5, with the observed figure",
     "bad_lossy_nan": "lossy_error: NaN where the exact mean is finite",
     "bad_lossy_rank_dependent": "rank_consistency: ranks differ by 1e-4 * rank after the reduction",

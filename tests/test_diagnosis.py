@@ -1,0 +1,106 @@
+"""conformance.diagnosis on three real gloo ranks: each named cause is found, and a right result gets none.
+
+Every rank builds the same :class:`HookCall` s a recorder would: random local
+gradients (seeded per rank), and a result computed the right way or one of the
+wrong ways, with real collectives. ``explain`` must name the cause that produced
+it, and for the right result report only "native". Three ranks, because at two
+most rounding orders coincide.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conformance.diagnosis import Arithmetic, HookCall, explain
+
+WORLD_SIZE = 3
+
+
+def _sum(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+
+
+def _shard(t: torch.Tensor, rank: int) -> torch.Tensor:
+    out = torch.empty(t.numel() // WORLD_SIZE)
+    dist.reduce_scatter_tensor(out, t.clone())
+    return out
+
+
+def _results(api: str, x: torch.Tensor, rank: int):
+    """``{name: (result, sharded)}``: the right result and the wrong ones, as a hook would produce them."""
+    ws = WORLD_SIZE
+    out = {}
+    if api == "ddp":
+        out["native"] = (_sum(x * (1.0 / ws)), False)
+        out["SUM without averaging"] = (_sum(x), False)
+        out["SUM, then divided by 3, where DDP with no hook multiplies by 1/3"] = (_sum(x).div(ws), False)
+        out["divided by 3 before the SUM, where DDP with no hook multiplies by 1/3"] = (_sum(x.div(ws)), False)
+        out["reduced in bfloat16"] = (_sum(x.bfloat16().div(ws)).float(), False)
+        out["the hook never communicated"] = (x.clone(), False)
+        tail = _sum(x * (1.0 / ws))
+        tail[40:] = x[40:]
+        out["the tail from element 40"] = (tail, False)
+        nan = _sum(x * (1.0 / ws))
+        out["averaged twice"] = (nan.div(ws), False)
+    else:
+        pre, post = 2.0, 1.5  # FSDP's _get_gradient_predivide_factor(3) and its complement
+        out["native"] = (_shard(x.div(pre), rank).div(post), True)
+        out["SUM without averaging"] = (_shard(x, rank), True)
+        # (SUM then / 3 is not listed: FSDP's (S / 2) / 1.5 rounds exactly as S / 3.)
+        full = _sum(x.div(pre)).div(post)
+        out[f"rank {(rank + 1) % ws}'s chunk: the reduced shard of rank {(rank + 1) % ws}"] = (
+            full.chunk(ws)[(rank + 1) % ws].clone(), True)
+        out["divided as for 4 ranks"] = (_shard(x.div(2.0), rank).div(2.0), True)
+    return out
+
+
+def _run(rank: int, store_path: str) -> None:
+    store = dist.FileStore(store_path, WORLD_SIZE)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE)
+    try:
+        for api in ("ddp", "fsdp"):
+            arith = Arithmetic(api, WORLD_SIZE, None)
+            gen = torch.Generator().manual_seed(1234 + rank)
+            x = torch.randn(96, generator=gen) * (rank + 1)
+            for name, (result, sharded) in _results(api, x, rank).items():
+                call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=result, sharded=sharded)
+                causes = explain(arith, call, None, dist.group.WORLD, rank)
+                if name == "native":
+                    assert causes and causes[0] == "native", (api, causes)
+                else:
+                    assert causes and causes[0] != "native", (api, name, causes)
+                    assert any(name in c for c in causes), (api, name, causes)
+            # A previous step's result handed back again: stale.
+            prev = HookCall(step=0, index=0, where="call 0", input=x.clone(),
+                            output=_sum(x * (1.0 / WORLD_SIZE)) if api == "ddp" else None)
+            if api == "ddp":
+                y = x.flip(0)
+                stale = HookCall(step=1, index=0, where="call 0", input=y, output=prev.output.clone())
+                causes = explain(arith, stale, prev, dist.group.WORLD, rank)
+                assert any("the result of step 0 (stale)" in c for c in causes), causes
+                # NaN on one rank replaced by zero.
+                z = x.clone()
+                if rank == 1:
+                    z[3] = float("nan")
+                good = _sum(z * (1.0 / WORLD_SIZE))
+                cleaned = torch.nan_to_num(good, nan=0.0)
+                call = HookCall(step=0, index=0, where="call 0", input=z, output=cleaned)
+                causes = explain(arith, call, None, dist.group.WORLD, rank)
+                assert any("NaN or Inf replaced" in c for c in causes), causes
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+def test_each_cause_is_named_and_a_right_result_gets_only_native(tmp_path):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_run, args=(str(tmp_path / "store"),), nprocs=WORLD_SIZE, join=True)

@@ -238,7 +238,8 @@ class RemotePool:
         self._conns = [joined[r][0] for r in range(n)]
         self._info = [joined[r][1] for r in range(n)]
         hello = {"backend": cfg.backend, "device": cfg.device, "pg_timeout_s": cfg.case_timeout_s + 60.0,
-                 "specs": list(cfg.specs), "generation": f"{self.listener.token}/{self.starts}"}
+                 "specs": list(cfg.specs), "generation": f"{self.listener.token}/{self.starts}",
+                 "log_limit_bytes": cfg.log_limit_bytes}
         for conn in self._conns:
             send(conn, ("hello", hello))
         pending = dict(enumerate(self._conns))
@@ -355,11 +356,11 @@ class RemotePool:
         unfinished = [r for r in range(n) if r not in outcomes]
         for r, outcome in outcomes.items():
             if not outcome.ok and r not in lost:
-                outcome.output = self._ask(r, "output")[-3000:]
+                outcome.output = self._ask(r, "output")
         rebuilt = False
         if unfinished:
             for r in unfinished:
-                stack = self._ask(r, "stacks")[-6000:] or "(no stack written)"
+                stack = self._ask(r, "stacks") or "(no stack written)"
                 outcomes[r] = RankOutcome(rank=r, phase=phases[r], stack=stack)
             self.kill()
             rebuilt = True

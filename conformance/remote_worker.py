@@ -39,12 +39,13 @@ import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
+from conformance import lifeline
 from conformance.protocol import recv, send
 from conformance.remote_link import AuthenticationError, LinkError, connect, parse_address, read_authkey
 
-#: Exit code when the controller closes the connection: EX_TEMPFAIL ("try again"). Any
+#: Exit code when the controller closes the connection (the local ranks' code for it). Any
 #: non-zero code makes torchrun's agent restart the worker group while restarts remain.
-EXIT_CONTROLLER_CLOSED = 75
+EXIT_CONTROLLER_CLOSED = lifeline.LOST_CONTROLLER_EXIT_CODE
 #: Exit code for a usage error (not under torchrun, no secret, a bad address, a refused join).
 EXIT_USAGE = 2
 #: Seconds a first start retries connecting (torchrun may start before the controller).
@@ -53,8 +54,6 @@ DEFAULT_CONNECT_TIMEOUT_S = 300.0
 #: means it ended the run, and the rank exits 0 (its work is done) instead of making
 #: torchrun restart it again.
 RESTART_CONNECT_TIMEOUT_S = 15.0
-#: Bytes of recent output each rank keeps for failure reports (the local pool keeps a log file).
-KEPT_OUTPUT_BYTES = 256 * 1024
 #: Seconds the copying thread gets to pass a faulthandler dump into the kept output.
 STACK_FLUSH_S = 0.3
 
@@ -63,16 +62,21 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"
 
 
 class _KeptOutput:
-    """Copies this process's file descriptors 1 and 2 to where they went before, keeping the recent bytes.
+    """Copies this process's file descriptors 1 and 2 to where they went before, and into a :class:`RankLog`.
 
-    Offsets count every byte written since the start, so "output since the
-    case began" survives trimming to :data:`KEPT_OUTPUT_BYTES`.
+    The local pool's controller reads each rank's output through a
+    :class:`conformance.rank_log.RankLog`; a rank on another node keeps its own
+    the same way, so a failure shows the same excerpt (head, tail, and the
+    ``... N bytes of rank output cut ...`` note) whichever launcher started it,
+    while torchrun still gets every byte.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit_bytes: int) -> None:
+        from conformance.rank_log import RankLog
+
+        log_read, self._log_write = os.pipe()
+        self.log = RankLog(log_read, limit_bytes)
         self._lock = threading.Lock()
-        self._buf = bytearray()
-        self._total = 0
         for fd in (1, 2):
             original = os.dup(fd)
             read_end, write_end = os.pipe()
@@ -91,19 +95,9 @@ class _KeptOutput:
             except OSError:
                 pass
             with self._lock:
-                self._buf += data
-                self._total += len(data)
-                del self._buf[:-KEPT_OUTPUT_BYTES]
-
-    @property
-    def size(self) -> int:
-        with self._lock:
-            return self._total
-
-    def since(self, offset: int) -> str:
-        with self._lock:
-            start = max(offset - (self._total - len(self._buf)), 0)
-            return bytes(self._buf[start:]).decode("utf-8", "replace")
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._log_write, view):]
 
 
 class _ControllerLink:
@@ -114,12 +108,12 @@ class _ControllerLink:
     itself, and queues every other message for the main thread.
     """
 
-    def __init__(self, conn: Any, output: _KeptOutput):
+    def __init__(self, conn: Any):
         self._conn = conn
-        self._output = output
+        #: This rank's output (a RankLog), set once the controller's hello gave the log limit.
+        self.output: Any = None
         self._send_lock = threading.Lock()
         self._inbox: "queue.Queue[bytes]" = queue.Queue()
-        self._case_offset = 0
         self._finished = False  # the controller said "shutdown": a closed connection is then the normal end
         threading.Thread(target=self._watch, daemon=True, name="conformance-controller-watchdog").start()
 
@@ -146,15 +140,16 @@ class _ControllerLink:
             if kind == "refused":
                 print(f"error: the controller refused this rank: {payload}", file=sys.stderr, flush=True)
                 os._exit(EXIT_USAGE)
+            # The same excerpts as the local pool takes from its RankLog (pool.RankPool.run, _dump_stacks).
             if kind == "stacks":
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 time.sleep(STACK_FLUSH_S)
-                send(self, ("stack", without_own_threads(self._output.since(self._case_offset))))
+                send(self, ("stack", without_own_threads(self.output.excerpt(0, 6000) if self.output else "")))
             elif kind == "output":
-                send(self, ("output", self._output.since(self._case_offset)))
+                send(self, ("output", self.output.excerpt(1000, 2000) if self.output else ""))
             else:
-                if kind == "case":
-                    self._case_offset = self._output.size
+                if kind == "case" and self.output is not None:
+                    self.output.mark()
                 elif kind == "shutdown":
                     self._finished = True
                 self._inbox.put(data)
@@ -274,26 +269,6 @@ def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any], local_rank
     send(link, ("ready", {"rank": worker.rank, "pid": os.getpid(), "torch": torch.__version__}))
 
 
-def _die_with_agent() -> None:
-    """Ask Linux to SIGKILL this rank when its torchrun agent dies (``prctl(PR_SET_PDEATHSIG)``).
-
-    An agent stopped with SIGTERM stops its workers itself; one killed with
-    SIGKILL cannot, and its ranks would otherwise linger until the controller
-    closes their connections. Elsewhere a no-op.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the agent died before the request took effect
-        os._exit(EXIT_CONTROLLER_CLOSED)
-
-
 def main(argv: Optional[list] = None) -> int:
     """Serve cases for the controller at ``--controller HOST:PORT`` until it says ``shutdown``.
 
@@ -336,18 +311,19 @@ def main(argv: Optional[list] = None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
 
-    _die_with_agent()
+    lifeline.die_with_parent(os.getppid())  # a torchrun agent killed with SIGKILL cannot stop its workers
     faulthandler.enable(all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
     sys.stdout.reconfigure(write_through=True)  # type: ignore[union-attr]
-    link = _ControllerLink(conn, _KeptOutput())
+    link = _ControllerLink(conn)
     send(link, ("join", info))
     kind, hello = recv(link)
     if kind == "shutdown":
         send(link, ("bye", None))
         return 0
+    link.output = _KeptOutput(hello["log_limit_bytes"]).log
 
     from conformance.worker import _Worker
 

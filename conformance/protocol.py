@@ -103,6 +103,8 @@ class RankOutcome:
         exit_code: the process exit code when the rank died during the case.
         stack: the Python stack dumped by faulthandler when the rank hung.
         output: what the rank printed during the case, kept when it did not finish.
+        lost: why the controller lost this rank's connection during the case, when
+            its exit code cannot be known (a rank that torchrun started on another node).
     """
 
     rank: int
@@ -115,6 +117,7 @@ class RankOutcome:
     exit_code: Optional[int] = None
     stack: Optional[str] = None
     output: str = ""
+    lost: str = ""
 
     @property
     def hung(self) -> bool:
@@ -125,6 +128,8 @@ class RankOutcome:
             return f"rank {self.rank}: finished"
         if self.exit_code is not None:
             return f"rank {self.rank}: died with exit code {self.exit_code} during {self.phase or 'start-up'!r}"
+        if self.lost:
+            return f"rank {self.rank}: {self.lost} during {self.phase or 'start-up'!r}"
         if self.error is not None:
             return f"rank {self.rank}: raised {self.error_type} during {self.phase!r}"
         return f"rank {self.rank}: did not finish; last phase {self.phase or 'none'!r}"

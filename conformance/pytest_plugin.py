@@ -123,6 +123,12 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
     build = "CUDA build" if env.cuda_build else "CPU build"
     lines = [f"conformance: torch {torch.__version__} ({build}), backend {s.backend}, device {s.device}, "
              f"world sizes {sizes}, case timeout {s.case_timeout_s:g} s"]
+    if s.listen is not None:
+        from conformance.remote_link import format_address
+
+        lines.append(f"  ranks: torchrun's, connecting to --listen {format_address(s.listen)} (waiting up to "
+                     f"{s.listen_timeout_s:g} s): on every node, torchrun ... -m conformance.worker --controller "
+                     f"{format_address(s.listen)}")
     if s.cpu_pools:
         lines.append(f"  one GPU: world size {s.world_size} alone proves nothing about averaging, so world sizes "
                      f"{' and '.join(map(str, s.cpu_pools))} run as gloo pools on the CPU")
@@ -332,6 +338,11 @@ class _Summary:
             tr.write_line(f"rank pools restarted {runner.restarts} time(s) after hung or broken cases")
         for line in getattr(runner, "memory_restarts", ()):
             tr.write_line(f"rank memory: {line}", yellow=True)
+        if state.settings.listen is not None:  # connections refused for want of the shared secret
+            from conformance.remote import summary_lines
+
+            for line in summary_lines():
+                tr.write_line(line, yellow=True)
 
 
 @pytest.fixture(scope="session")

@@ -97,10 +97,16 @@ class Runner:
         if world_size not in self.pools:
             backend, device = s.placement(world_size)
             specs = tuple((item.target, name) for name, item in self.specs.items())
-            self.pools[world_size] = RankPool(PoolConfig(
-                world_size=world_size, backend=backend, device=device, case_timeout_s=s.case_timeout_s,
-                sys_path=self.sys_path, specs=specs, log_limit_bytes=s.rank_log_limit_bytes,
-                memory_growth_bytes=s.rank_memory_growth_bytes))
+            config = PoolConfig(world_size=world_size, backend=backend, device=device,
+                                case_timeout_s=s.case_timeout_s, sys_path=self.sys_path, specs=specs,
+                                log_limit_bytes=s.rank_log_limit_bytes,
+                                memory_growth_bytes=s.rank_memory_growth_bytes)
+            if getattr(s, "listen", None) is not None:  # torchrun's ranks, on any node (conformance.remote)
+                from conformance.remote import remote_pool
+
+                self.pools[world_size] = remote_pool(config, s.listen, s.listen_timeout_s)
+            else:
+                self.pools[world_size] = RankPool(config)
         return self.pools[world_size]
 
     def prestart(self, world_sizes: Sequence[int]) -> None:

@@ -42,6 +42,10 @@ DEFAULT_RANK_MEMORY_GROWTH_MIB = 1024.0
 #: World sizes the default run adds as gloo pools on the CPU when the machine's defaults
 #: give world size 1 (one GPU): averaging over one rank proves nothing.
 CROSS_RANK_WORLD_SIZE = 2
+#: Seconds to wait for torchrun's ranks to connect (``--listen``), at the start and after each
+#: restart: long enough to start torchrun on every node by hand, and for a restarted worker
+#: group to import torch and meet again; past it, torchrun's restarts count as exhausted.
+DEFAULT_LISTEN_TIMEOUT_S = 300.0
 
 
 class SettingsError(ValueError):
@@ -74,6 +78,8 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--markdown", "CONFORM_MARKDOWN", "write a Markdown summary to this path (it is also appended to $GITHUB_STEP_SUMMARY when that is set)", "conform_markdown"),
     Option("--baseline", "CONFORM_BASELINE", "the --json results of an earlier run: report new failures, fixed cases, cases that appeared or disappeared, changed figures", "conform_baseline"),
     Option("--fail-on", "CONFORM_FAIL_ON", "failures (default: any failure fails the run) or regressions (only new failures against --baseline do)", "conform_fail_on"),
+    Option("--listen", "CONFORM_LISTEN", "HOST:PORT: start no ranks here; accept the ranks that 'torchrun ... -m conformance.worker --controller HOST:PORT' starts on every node (secret: CONFORM_AUTHKEY_FILE or CONFORM_AUTHKEY); needs --world-size", "conform_listen"),
+    Option("--listen-timeout", "CONFORM_LISTEN_TIMEOUT", f"with --listen: seconds to wait for torchrun's ranks to connect, at the start and after each restart (default: {DEFAULT_LISTEN_TIMEOUT_S:g})", "conform_listen_timeout"),
 )
 
 
@@ -107,6 +113,9 @@ class Settings:
         baseline_path: absolute path of an earlier run's JSON results, or ``None``.
         fail_on: ``"failures"`` (any failure fails the run) or ``"regressions"`` (only new
             failures against the baseline do).
+        listen: ``(host, port)`` where torchrun's ranks connect (``--listen``;
+            :mod:`conformance.remote`), or ``None`` for the local pools.
+        listen_timeout_s: seconds to wait for them, at the start and after a restart.
     """
 
     hooks: Tuple[str, ...]
@@ -129,6 +138,8 @@ class Settings:
     markdown_path: Optional[str] = None
     baseline_path: Optional[str] = None
     fail_on: str = "failures"
+    listen: Optional[Tuple[str, int]] = None
+    listen_timeout_s: float = DEFAULT_LISTEN_TIMEOUT_S
 
     @property
     def world_sizes(self) -> Tuple[int, ...]:
@@ -152,6 +163,10 @@ class Settings:
 
     def world_size_unavailable(self, world_size: int) -> Optional[str]:
         """Why a pool of ``world_size`` cannot run here, or ``None`` if it can."""
+        if self.listen is not None:
+            return None if world_size == self.world_size else (
+                f"world size {world_size}: the ranks are torchrun's (--listen), one group of --world-size "
+                f"{self.world_size}; run torchrun with {world_size} ranks and --world-size {world_size} for it")
         if self.placement(world_size)[1] == "cuda" and world_size > self.gpu_count:
             return (f"world size {world_size} needs {world_size} GPUs (one rank per GPU), "
                     f"but this machine has {self.gpu_count}")
@@ -332,11 +347,13 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         hooks = tuple(hooks_value or ())
     with_builtins = bool(getoption("conform_with_builtins"))
 
+    listen_value, listen_source = pick("conform_listen")
+    listen = _listen(listen_value, listen_source, env, pick)  # the nodes' GPUs are not counted here
     device, device_source = pick("conform_device")
     device = device or ("cuda" if gpu_count else "cpu")
     if device not in ("cpu", "cuda"):
         raise SettingsError(f"invalid device {device!r} from {device_source}: expected cpu or cuda")
-    if device == "cuda" and not gpu_count:
+    if device == "cuda" and not gpu_count and listen is None:
         raise SettingsError(f"device cuda from {device_source} but no CUDA GPU is visible "
                             "(torch.cuda.is_available() is False); use --device cpu --backend gloo")
 
@@ -353,14 +370,14 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         world_size = gpu_count if device == "cuda" else 2
     else:
         world_size = _int(ws_value, ws_source, minimum=1)
-        if device == "cuda" and world_size > gpu_count:
+        if device == "cuda" and world_size > gpu_count and listen is None:
             raise SettingsError(
                 f"--world-size {world_size} (from {ws_source}) is larger than the GPU count: this machine has "
                 f"{gpu_count} GPU(s) (torch.cuda.device_count()), and each rank needs its own GPU. Use "
                 f"--world-size {gpu_count}, or --device cpu --backend gloo for CPU ranks.")
 
     extra_value, extra_source = pick("conform_extra_world_size")
-    extra = 3 if extra_value is None else _int(extra_value, extra_source, minimum=0)
+    extra = (0 if listen else 3) if extra_value is None else _int(extra_value, extra_source, minimum=0)
     cpu_pools: Tuple[int, ...] = ()
     if device == "cuda" and ws_value is None and world_size == 1:
         # One GPU: averaging over one rank proves nothing, so the cross-rank checks
@@ -370,7 +387,7 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     cpu_sizes += [(ws, "the default one-GPU cross-rank pools") for ws in cpu_pools]
     if extra and extra not in (world_size, *cpu_pools) and device == "cpu":
         cpu_sizes.append((extra, extra_source or "the default extra world size"))
-    check_cpu_capacity(cpu_sizes, cores, memory)
+    check_cpu_capacity(cpu_sizes if listen is None else [], cores, memory)
 
     timeout_value, timeout_source = pick("conform_case_timeout")
     try:
@@ -422,6 +439,8 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         rank_log_limit_bytes=rank_log_limit,
         rank_memory_growth_bytes=rank_memory_growth,
         **report_paths,
+        listen=listen,
+        listen_timeout_s=_listen_timeout(pick) if listen else DEFAULT_LISTEN_TIMEOUT_S,
     )
 
 
@@ -462,3 +481,33 @@ def _results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
                             "--baseline PREVIOUS.json (or CONFORM_BASELINE)")
     out["fail_on"] = fail_on
     return out
+
+
+def _listen(value: Any, source: str, env: Dict[str, str], pick: Callable[[str], Tuple[Any, str]]) -> Optional[Tuple[str, int]]:
+    """``--listen HOST:PORT`` as ``(host, port)``, or ``None``; the run's world size and secret must be given too."""
+    if value is None:
+        return None
+    from conformance.remote_link import LinkError, parse_address, read_authkey
+
+    try:
+        address = parse_address(value, source)
+        read_authkey(env)
+    except LinkError as exc:
+        raise SettingsError(str(exc)) from None
+    if pick("conform_world_size")[0] is None:
+        raise SettingsError(f"{source} needs --world-size N, the WORLD_SIZE of the torchrun job (--nnodes times "
+                            "--nproc-per-node): the cases are planned before the ranks connect")
+    return address
+
+
+def _listen_timeout(pick: Callable[[str], Tuple[Any, str]]) -> float:
+    value, source = pick("conform_listen_timeout")
+    if value is None:
+        return DEFAULT_LISTEN_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise SettingsError(f"invalid value {value!r} from {source}: expected a positive number of seconds")
+    return seconds

@@ -1,7 +1,9 @@
 """The rank side of the pool: one process per rank, alive for the whole session.
 
 Started by :class:`conformance.pool.RankPool` as ``python -m conformance.worker
-FD`` where ``FD`` is this process's end of a socket pair to the controller.
+FD`` where ``FD`` is this process's end of a socket pair to the controller
+(torchrun starts it as ``... -m conformance.worker --controller HOST:PORT``
+instead: see :mod:`conformance.remote_worker`).
 The worker joins the pool's process group once, then loops: receive a
 :class:`~conformance.protocol.Case`, run the registered rank check, send back a
 :class:`~conformance.protocol.RankOutcome`. ``SIGUSR1`` makes it dump every
@@ -208,6 +210,10 @@ class _Worker:
 
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0].startswith("--"):  # torchrun ... -m conformance.worker --controller HOST:PORT
+        from conformance.remote_worker import main as remote_main
+
+        return remote_main(argv)
     sock = socket.socket(fileno=int(argv[0]))
     conn = Connection(sock.detach())
     if len(argv) > 1:  # ends this rank when the controller is gone, even mid-hook

@@ -1,0 +1,461 @@
+"""The controller side of a run whose ranks torchrun started, on one node or many (``conform --listen HOST:PORT``).
+
+With ``--listen`` the controller starts no rank itself. torchrun
+(``torch.distributed.elastic``) starts them on every node as
+``torchrun ... -m conformance.worker --controller HOST:PORT``; each connects
+here, proves it knows the shared secret (:mod:`conformance.remote_link`) and
+joins one process group from torchrun's environment
+(:mod:`conformance.remote_worker`). :class:`RemotePool` then runs cases on
+them exactly as :class:`conformance.pool.RankPool` does on local ranks: same
+messages, same outcomes, same verdicts.
+
+* :class:`RankListener` accepts connections in a background thread, only on
+  the address the user named. A peer that fails authentication is refused and
+  logged with its address (logger ``conformance.remote``, and the terminal
+  summary); nothing it sent is read, and the run goes on.
+* Containment through the elastic agent: when a case hangs or a rank's
+  connection drops, the pool asks the live ranks for their stacks, then closes
+  every connection. Each rank's watchdog ends its process, torchrun's agents
+  restart the worker group (``--max-restarts``), and the next case waits for
+  the new ranks to connect (``--listen-timeout``). When none come back in
+  time (restarts exhausted, or torchrun gone), that case and every later one
+  fails with that reason, without waiting again, and the report is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+import uuid
+from multiprocessing.connection import Connection, wait
+from typing import Any, Dict, List, Optional
+
+from conformance.pool import STRAGGLER_GRACE_S, PoolConfig, PoolStartError, SpecLoadError
+from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
+from conformance.remote_link import (HANDSHAKE_TIMEOUT_S, Address, AuthenticationError, accept_authenticated,
+                                     format_address, read_authkey)
+
+__all__ = ["RankListener", "RemotePool", "close_listener", "remote_pool", "summary_lines"]
+
+log = logging.getLogger("conformance.remote")
+
+#: Seconds a rank gets to send its stack (faulthandler) or its recent output when asked.
+ASK_TIMEOUT_S = 5.0
+#: What a case says of a rank whose connection dropped: its exit code stays on its node.
+LOST = "lost its connection to the controller (the process died or was killed; its exit code is in the output " \
+       "of the torchrun agent on {host})"
+
+
+class RankListener:
+    """Accepts torchrun's ranks on ``address`` (this address only), authenticating each, in background threads.
+
+    Uses :func:`conformance.remote_link.accept_authenticated`
+    (``multiprocessing.connection``'s challenge/response) before reading any
+    message; then reads the rank's ``("join", info)``.
+
+    ``handshake_timeout_s`` (seconds) bounds how long a connecting peer may
+    take to authenticate and say who it is.
+
+    Raises:
+        OSError: from the constructor, when ``address`` cannot be bound (not an
+            address of this node, or the port is in use).
+    """
+
+    def __init__(self, address: Address, authkey: bytes, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S):
+        self.address = address
+        self._authkey = authkey
+        self._handshake_timeout_s = handshake_timeout_s
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._server = socket.create_server(address, family=family, backlog=64)
+        self._joins: "queue.Queue[Any]" = queue.Queue()
+        #: Names this controller's run in the ranks' store keys (with the pool's start number).
+        self.token = uuid.uuid4().hex[:12]
+        self.refused: List[str] = []
+        self._closed = False
+        threading.Thread(target=self._accept_loop, daemon=True, name="conformance-listener").start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, peer = self._server.accept()
+            except OSError:
+                if self._closed:
+                    return
+                continue
+            threading.Thread(target=self._admit, args=(sock, peer), daemon=True,
+                             name=f"conformance-admit-{peer[0]}").start()
+
+    def _refuse(self, peer: Any, why: str) -> None:
+        line = f"refused a connection from {format_address(peer[:2])} at {time.strftime('%H:%M:%S')}: {why}"
+        self.refused.append(line)
+        log.warning("conformance --listen %s: %s", format_address(self.address), line)
+
+    def _admit(self, sock: socket.socket, peer: Any) -> None:
+        try:
+            conn = accept_authenticated(sock, self._authkey, self._handshake_timeout_s)
+        except AuthenticationError:
+            self._refuse(peer, "it does not know the shared secret (authentication failed); nothing it sent was read")
+            return
+        except (OSError, EOFError) as exc:
+            self._refuse(peer, f"it did not complete authentication ({type(exc).__name__}: {exc})")
+            return
+        try:
+            if not conn.poll(self._handshake_timeout_s):
+                raise EOFError("no join message")
+            kind, info = recv(conn)
+            if kind != "join" or not isinstance(info, dict):
+                raise EOFError(f"sent {kind!r} instead of join")
+        except Exception as exc:  # noqa: BLE001 - an authenticated peer that is no rank
+            conn.close()
+            self._refuse(peer, f"it authenticated but is no conformance rank ({exc})")
+            return
+        info["peer"] = format_address(peer[:2])
+        self._joins.put((conn, info))
+
+    def next_join(self, timeout_s: float) -> Optional[tuple]:
+        """The next authenticated rank as ``(Connection, join info)``, or ``None`` after ``timeout_s`` seconds."""
+        try:
+            return self._joins.get(timeout=max(timeout_s, 0.0))
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        """Stop listening; ranks that joined but were never used are told to shut down (exit 0). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        except OSError:
+            pass
+        self._server.close()
+        while True:
+            try:
+                conn, _ = self._joins.get_nowait()
+            except queue.Empty:
+                return
+            _shutdown(conn)
+
+
+def _shutdown(conn: Connection) -> None:
+    try:
+        send(conn, ("shutdown", None))
+        if conn.poll(2.0):
+            recv(conn)
+    except (OSError, EOFError):
+        pass
+    conn.close()
+
+
+class RemotePool:
+    """The ranks torchrun started, with :class:`conformance.pool.RankPool`'s interface.
+
+    Args:
+        config: as for a local pool; ``world_size`` must equal torchrun's
+            ``WORLD_SIZE``, ``start_timeout_s`` bounds the wait for the ranks
+            to connect (at the start and after each restart) and join.
+        listener: where the ranks connect.
+
+    Raises:
+        PoolStartError: from :meth:`start` (and :meth:`run`) when the ranks do
+            not connect in time; from then on at once, without waiting again.
+        SpecLoadError: a rank cannot load a hook spec (a usage error).
+    """
+
+    def __init__(self, config: PoolConfig, listener: RankListener):
+        self.config = config
+        self.listener = listener
+        self.starts = 0
+        self._conns: List[Connection] = []
+        self._info: List[Dict[str, Any]] = []
+        self._gone: Optional[str] = None
+        self._seq = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._conns) and not any(c.closed for c in self._conns)
+
+    def start(self) -> None:
+        """Wait until torchrun's ranks have connected and joined their process group."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Nothing to spawn: torchrun starts the ranks (a restart is torchrun's, after :meth:`kill`)."""
+        self.kill()
+
+    def wait_ready(self) -> None:
+        """Wait for ``world_size`` ranks to connect, send each the run's hello, wait until all are ready.
+
+        Raises:
+            PoolStartError: not every rank connected within ``start_timeout_s``
+                (restarts exhausted), or one failed to join the process group.
+            SpecLoadError: a rank cannot load a hook spec.
+        """
+        if self._gone is None:
+            self._gone = self._restarts_used_up()
+        if self._gone is not None:
+            raise PoolStartError(self._gone)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_ready(self) -> None:
+        cfg = self.config
+        n = cfg.world_size
+        deadline = time.monotonic() + cfg.start_timeout_s
+        joined: Dict[int, tuple] = {}
+        while len(joined) < n:
+            got = self.listener.next_join(deadline - time.monotonic())
+            if got is None:
+                self._gone = self._not_back(sorted(set(range(n)) - set(joined)))
+                for conn, _ in joined.values():
+                    conn.close()
+                raise PoolStartError(self._gone)
+            conn, info = got
+            if info["world_size"] != n:
+                reason = (f"torchrun started WORLD_SIZE={info['world_size']} ranks (rank {info['rank']} on "
+                          f"{info['host']} says so), but this run plans cases at --world-size {n}: run the "
+                          f"controller with --world-size {info['world_size']}, or torchrun with --nnodes and "
+                          f"--nproc-per-node that multiply to {n}")
+                _refuse_join(conn, reason)
+                for other, _ in joined.values():
+                    _refuse_join(other, reason)
+                import pytest
+
+                pytest.exit(f"usage error: {reason}", returncode=pytest.ExitCode.USAGE_ERROR)
+            old = joined.pop(info["rank"], None)
+            if old is not None:  # a rank of an earlier worker group that had not gone yet
+                old[0].close()
+            joined[info["rank"]] = (conn, info)
+        self.starts += 1
+        self._conns = [joined[r][0] for r in range(n)]
+        self._info = [joined[r][1] for r in range(n)]
+        hello = {"backend": cfg.backend, "device": cfg.device, "pg_timeout_s": cfg.case_timeout_s + 60.0,
+                 "specs": list(cfg.specs), "generation": f"{self.listener.token}/{self.starts}",
+                 "log_limit_bytes": cfg.log_limit_bytes}
+        for conn in self._conns:
+            send(conn, ("hello", hello))
+        pending = dict(enumerate(self._conns))
+        while pending:
+            ready = wait(list(pending.values()), timeout=max(deadline - time.monotonic(), 0))
+            if not ready:
+                raise PoolStartError(f"ranks {sorted(pending)} of torchrun's worker group did not join the process "
+                                     f"group within {cfg.start_timeout_s:.0f} s; see the torchrun agents' output")
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    kind, payload = recv(conn)
+                except (EOFError, OSError):
+                    raise PoolStartError(f"rank {rank} ({self._where(rank)}) exited while joining the process "
+                                         "group; see the torchrun agent's output there") from None
+                if kind == "spec_failed":
+                    raise SpecLoadError(f"rank {rank} ({self._where(rank)}) of torchrun's worker group of world size "
+                                        f"{n} {payload}")
+                if kind == "failed":
+                    raise PoolStartError(f"rank {rank} ({self._where(rank)}) could not join the process group:\n"
+                                         f"{payload}")
+                pending.pop(rank)
+
+    def _restarts_used_up(self) -> Optional[str]:
+        """Why torchrun will not restart the stopped group, known from what its ranks reported; else ``None``.
+
+        An agent whose workers failed with no restart left
+        (``TORCHELASTIC_RESTART_COUNT`` equal to ``TORCHELASTIC_MAX_RESTARTS``)
+        ends, and the group cannot meet again without it: no need to wait.
+        """
+        spent = [info for info in self._info if info["restart_count"] >= info["max_restarts"]]
+        if self.starts == 0 or not spent:
+            return None
+        info = spent[0]
+        return (f"torchrun's --max-restarts {info['max_restarts']} are used up (rank {info['rank']} on {info['host']} "
+                f"ran as TORCHELASTIC_RESTART_COUNT={info['restart_count']}), so torchrun does not restart the ranks "
+                f"after the pool was stopped; this case and the rest did not run. Give torchrun more --max-restarts")
+
+    def _not_back(self, missing: List[int]) -> str:
+        where = format_address(self.listener.address)
+        wait_s = f"{self.config.start_timeout_s:g} s"
+        if self.starts == 0:
+            return (f"torchrun's ranks {missing} did not connect to {where} within {wait_s} (--listen-timeout): start "
+                    f"'torchrun --nnodes N --nproc-per-node G ... -m conformance.worker --controller {where}' on "
+                    "every node, with the same shared secret; no case ran on them")
+        return (f"torchrun's ranks {missing} did not reconnect to {where} within {wait_s} (--listen-timeout) after "
+                f"the pool was stopped ({self.starts} start(s) so far): torchrun's --max-restarts are exhausted, or "
+                "its agents ended (see their output); this case and the rest did not run")
+
+    def _where(self, rank: int) -> str:
+        info = self._info[rank] if rank < len(self._info) else {}
+        return f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
+
+    def close(self) -> None:
+        """Tell every rank to shut down (they exit 0, so torchrun ends), then stop listening. Idempotent."""
+        for conn in self._conns:
+            _shutdown(conn)
+        self._conns = []
+        self.listener.close()
+
+    def kill(self) -> None:
+        """Close every rank's connection: their watchdogs exit, and torchrun restarts the group. Idempotent."""
+        for conn in self._conns:
+            conn.close()
+        self._conns = []
+
+    # -- running cases -------------------------------------------------------------
+    def run(self, case: Case, timeout_s: Optional[float] = None) -> CaseResult:
+        """Send ``case`` to every rank and gather one outcome per rank (see :meth:`RankPool.run`).
+
+        Waits for torchrun's ranks first when the pool is down. A case that
+        hangs or loses a rank stops the pool (torchrun restarts it), and the
+        result says that the pool was restarted.
+        """
+        if not self.alive:
+            self.start()
+        timeout_s = self.config.case_timeout_s if timeout_s is None else timeout_s
+        n = self.config.world_size
+        started = time.perf_counter()
+        outcomes: Dict[int, RankOutcome] = {}
+        phases = {r: "" for r in range(n)}
+        lost: set = set()
+        for r, conn in enumerate(self._conns):
+            try:
+                send(conn, ("case", case))
+            except OSError:
+                lost.add(r)
+                outcomes[r] = RankOutcome(rank=r, lost=LOST.format(host=self._info[r]["host"]))
+        deadline = time.monotonic() + timeout_s
+        grace_deadline: Optional[float] = None
+        while len(outcomes) < n:
+            limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+            waiting = [c for r, c in enumerate(self._conns) if r not in outcomes]
+            ready = wait(waiting, timeout=max(limit - time.monotonic(), 0))
+            if not ready:
+                break
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    kind, payload = recv(conn)
+                except (EOFError, OSError):
+                    lost.add(rank)
+                    outcomes[rank] = RankOutcome(rank=rank, phase=phases[rank],
+                                                 lost=LOST.format(host=self._info[rank]["host"]))
+                    continue
+                if kind == "phase":
+                    phases[rank] = payload
+                elif kind == "outcome":
+                    outcomes[rank] = payload
+            if grace_deadline is None and any(not o.ok for o in outcomes.values()):
+                grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
+        wall = time.perf_counter() - started
+        timed_out = len(outcomes) < n and not any(not o.ok for o in outcomes.values())
+        unfinished = [r for r in range(n) if r not in outcomes]
+        for r, outcome in outcomes.items():
+            if not outcome.ok and r not in lost:
+                outcome.output = self._ask(r, "output")
+        rebuilt = False
+        if unfinished:
+            for r in unfinished:
+                stack = self._ask(r, "stacks") or "(no stack written)"
+                outcomes[r] = RankOutcome(rank=r, phase=phases[r], stack=stack)
+            self.kill()
+            rebuilt = True
+        elif lost:
+            self.kill()
+            rebuilt = True
+        elif not all(o.ok for o in outcomes.values()):
+            rebuilt = not self._still_in_step()
+        ordered = tuple(outcomes[r] for r in range(n))
+        return CaseResult(case=case, world_size=n, outcomes=ordered, timed_out=timed_out,
+                          wall_s=wall, pool_rebuilt=rebuilt)
+
+    def _ask(self, rank: int, what: str) -> str:
+        """Rank ``rank``'s reply to ``("stacks" | "output", None)``, answered by its watchdog thread; ``""`` if none."""
+        conn = self._conns[rank]
+        reply = {"stacks": "stack", "output": "output"}[what]
+        try:
+            send(conn, (what, None))
+            deadline = time.monotonic() + ASK_TIMEOUT_S
+            while conn.poll(max(deadline - time.monotonic(), 0)):
+                kind, payload = recv(conn)
+                if kind == reply:
+                    return payload
+        except (EOFError, OSError):
+            pass
+        return ""
+
+    def _still_in_step(self) -> bool:
+        """After a failed case: do the ranks still agree on the collective sequence? (as the local pool checks)"""
+        self._seq += 1
+        expected = self._seq * self.config.world_size
+        try:
+            for conn in self._conns:
+                send(conn, ("ping", self._seq))
+            deadline = time.monotonic() + STRAGGLER_GRACE_S
+            replies = 0
+            while replies < len(self._conns):
+                ready = wait(self._conns, timeout=max(deadline - time.monotonic(), 0))
+                if not ready:
+                    raise EOFError("a rank did not answer the ping")
+                for conn in ready:
+                    kind, payload = recv(conn)
+                    if kind == "pong":
+                        if payload != expected:
+                            raise EOFError(f"the ranks are out of step ({payload!r}, expected {expected})")
+                        replies += 1
+            return True
+        except (EOFError, OSError):
+            pass
+        self.kill()
+        return False
+
+
+def _refuse_join(conn: Connection, reason: str) -> None:
+    try:
+        send(conn, ("refused", reason))
+    except OSError:
+        pass
+    conn.close()
+
+
+_LISTENER: Optional[RankListener] = None
+
+
+def remote_pool(config: PoolConfig, address: Address, listen_timeout_s: float) -> RemotePool:
+    """The pool of torchrun's ranks for ``config``, on the session's listener at ``address`` (made on first use).
+
+    Ends the session with a usage error (exit 4) when the shared secret is
+    missing or exposed, or ``address`` cannot be listened on.
+    """
+    global _LISTENER
+    import dataclasses
+
+    import pytest
+
+    if _LISTENER is None or _LISTENER._closed:
+        where = format_address(address)
+        try:
+            _LISTENER = RankListener(address, read_authkey())
+        except OSError as exc:
+            pytest.exit(f"usage error: cannot listen on {where} (--listen): {exc.strerror or exc}. Use an address of "
+                        "this node that the other nodes can reach, and a free port", returncode=4)
+        except ValueError as exc:  # LinkError: no secret, or a file others can read
+            pytest.exit(f"usage error: {exc}", returncode=4)
+    return RemotePool(dataclasses.replace(config, start_timeout_s=listen_timeout_s), _LISTENER)
+
+
+def close_listener() -> None:
+    """Stop the session's listener, if any. Idempotent."""
+    if _LISTENER is not None:
+        _LISTENER.close()
+
+
+def summary_lines() -> List[str]:
+    """Lines for the terminal summary: every connection the listener refused, with the peer's address."""
+    if _LISTENER is None or not _LISTENER.refused:
+        return []
+    return [f"--listen {format_address(_LISTENER.address)}: {line}" for line in _LISTENER.refused]

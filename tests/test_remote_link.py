@@ -1,0 +1,279 @@
+"""The controller link for torchrun's ranks: the secret, the address, and who gets in.
+
+Unit tests, no torchrun and no torch.distributed: :mod:`conformance.remote_link`
+(where the secret may come from, address parsing) and
+:class:`conformance.remote.RankListener` (a peer without the key is refused and
+logged with its address, nothing it sent is unpickled, the listener goes on).
+The two-agent runs are in ``tests/test_torchrun.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pickle
+import socket
+import struct
+import time
+from multiprocessing.connection import AuthenticationError, Client
+
+import pytest
+
+from conformance.protocol import recv, send
+from conformance.remote import RankListener
+from conformance.remote_link import LinkError, parse_address, read_authkey
+from conformance.remote_worker import without_own_threads
+from conformance.settings import OPTIONS, SettingsError, resolve
+
+KEY = b"0123456789abcdef0123456789abcdef"
+
+
+# -- the secret ----------------------------------------------------------------------------
+
+
+def test_secret_from_a_private_file(tmp_path):
+    path = tmp_path / "key"
+    path.write_bytes(KEY + b"\n")
+    path.chmod(0o600)
+    assert read_authkey({"CONFORM_AUTHKEY_FILE": str(path)}) == KEY
+
+
+def test_a_file_others_can_read_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / "key"
+    path.write_bytes(KEY)
+    path.chmod(0o644)
+    with pytest.raises(LinkError, match=r"readable by others \(mode -rw-r--r--\).*chmod 600 " + str(path)):
+        read_authkey({"CONFORM_AUTHKEY_FILE": str(path)})
+
+
+def test_secret_from_the_environment():
+    assert read_authkey({"CONFORM_AUTHKEY": KEY.decode()}) == KEY
+
+
+def test_no_secret_says_where_to_put_one():
+    with pytest.raises(LinkError, match="set CONFORM_AUTHKEY_FILE to a file only you can read.*never on the command line"):
+        read_authkey({})
+
+
+def test_a_short_secret_is_refused():
+    with pytest.raises(LinkError, match="has 5 bytes; use at least 16"):
+        read_authkey({"CONFORM_AUTHKEY": "short"})
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(LinkError, match="cannot read the shared secret from the file .*nope"):
+        read_authkey({"CONFORM_AUTHKEY_FILE": str(tmp_path / "nope")})
+
+
+# -- the address ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, expected", [("10.0.0.1:29600", ("10.0.0.1", 29600)),
+                                            ("node-1.cluster:80", ("node-1.cluster", 80)),
+                                            ("[::1]:5000", ("::1", 5000))])
+def test_address(text, expected):
+    assert parse_address(text, "--listen") == expected
+
+
+@pytest.mark.parametrize("text, message", [("10.0.0.1", "expected HOST:PORT"), (":29600", "expected HOST:PORT"),
+                                           ("h:0", "invalid port '0'"), ("h:http", "invalid port 'http'")])
+def test_bad_address_names_its_source(text, message):
+    with pytest.raises(LinkError, match=message) as err:
+        parse_address(text, "--listen")
+    assert "from --listen" in str(err.value)
+
+
+# -- settings ------------------------------------------------------------------------------
+
+
+def _resolve(env, **given):
+    unset = {"conform_hooks": [], "conform_known_failures": []}
+
+    def get(dest):
+        assert dest in {o.dest for o in OPTIONS} | {"hypothesis_seed"}, dest
+        return given.get(dest, unset.get(dest, None))
+
+    return resolve(get, env, gpu_count=0, cores=2, memory=None)
+
+
+def test_listen_needs_the_world_size():
+    with pytest.raises(SettingsError, match="--listen needs --world-size N, the WORLD_SIZE of the torchrun job"):
+        _resolve({"CONFORM_AUTHKEY": KEY.decode()}, conform_listen="127.0.0.1:29600")
+
+
+def test_listen_needs_a_secret_before_anything_starts():
+    with pytest.raises(SettingsError, match="no shared secret"):
+        _resolve({}, conform_listen="127.0.0.1:29600", conform_world_size="2")
+
+
+def test_listen_skips_other_world_sizes_with_the_reason():
+    s = _resolve({"CONFORM_AUTHKEY": KEY.decode()}, conform_listen="127.0.0.1:29600", conform_world_size="16",
+                 conform_device="cuda", conform_extra_world_size="3")
+    assert s.listen == ("127.0.0.1", 29600) and s.world_size == 16 and s.device == "cuda", \
+        "the nodes' GPUs are not this machine's: --listen must not check them here"
+    assert s.world_size_unavailable(16) is None
+    assert "the ranks are torchrun's (--listen), one group of --world-size 16" in s.world_size_unavailable(3)
+
+
+def test_listen_drops_the_default_extra_world_size():
+    s = _resolve({"CONFORM_AUTHKEY": KEY.decode()}, conform_listen="127.0.0.1:29600", conform_world_size="2")
+    assert s.world_sizes == (2,)
+
+
+# -- the listener --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listener():
+    lis = RankListener(("127.0.0.1", 0), KEY, handshake_timeout_s=0.5)
+    lis.address = lis._server.getsockname()[:2]
+    yield lis
+    lis.close()
+
+
+class _Marker:
+    """Creates a file when unpickled: proof of whether the controller ran a pickle."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_an_unauthenticated_pickle_is_never_read(listener, tmp_path, caplog):
+    marker = tmp_path / "ran"
+    payload = pickle.dumps(("join", _Marker(str(marker))))
+    with socket.create_connection(listener.address) as raw, caplog.at_level(logging.WARNING, "conformance.remote"):
+        port = raw.getsockname()[1]
+        raw.sendall(struct.pack("!i", len(payload)) + payload)  # what Connection.send_bytes would frame
+        _wait_for(lambda: listener.refused)
+    assert not marker.exists(), "the controller unpickled a message from a peer that never authenticated"
+    assert listener.next_join(0.1) is None
+    assert f"refused a connection from 127.0.0.1:{port}" in listener.refused[0]
+    assert f"127.0.0.1:{port}" in caplog.text
+
+
+def test_a_wrong_key_is_refused_and_logged_and_the_listener_goes_on(listener):
+    with pytest.raises(AuthenticationError):
+        Client(listener.address, authkey=b"not the key, but long enough")
+    _wait_for(lambda: listener.refused)
+    assert "it does not know the shared secret (authentication failed)" in listener.refused[0]
+    conn = Client(listener.address, authkey=KEY)
+    send(conn, ("join", {"rank": 0, "world_size": 1}))
+    got = listener.next_join(10.0)
+    assert got is not None and got[1]["rank"] == 0
+    send(got[0], ("hello", "both ends authenticated"))
+    assert recv(conn) == ("hello", "both ends authenticated")
+    conn.close()
+    got[0].close()
+
+
+def test_a_silent_peer_does_not_block_the_others(listener):
+    silent = socket.create_connection(listener.address)
+    try:
+        conn = Client(listener.address, authkey=KEY)  # accepted while the silent peer is still connected
+        send(conn, ("join", {"rank": 1, "world_size": 2}))
+        assert listener.next_join(10.0)[1]["rank"] == 1
+        _wait_for(lambda: listener.refused)
+        assert "did not complete authentication" in listener.refused[0]
+        conn.close()
+    finally:
+        silent.close()
+
+
+def test_the_listener_binds_only_the_named_address(listener):
+    assert listener._server.getsockname()[0] == "127.0.0.1"
+
+
+# -- what a hung rank reports --------------------------------------------------------------
+
+
+def test_stacks_leave_out_the_ranks_own_helper_threads():
+    dump = ('printed by the hook\n'
+            'Current thread 0x00007fab9d7276c0 (most recent call first):\n'
+            '  File "/x/conformance/remote_worker.py", line 149 in _watch\n'
+            '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
+            '\n'
+            'Thread 0x00007fab9df286c0 (most recent call first):\n'
+            '  File "/x/conformance/remote_worker.py", line 85 in _copy\n'
+            '\n'
+            'Thread 0x00007fabc0637b80 (most recent call first):\n'
+            '  File "/x/tests/zoo/contained.py", line 23 in hang_on_rank1\n')
+    assert without_own_threads(dump) == ('printed by the hook\n'
+                                         'Thread 0x00007fabc0637b80 (most recent call first):\n'
+                                         '  File "/x/tests/zoo/contained.py", line 23 in hang_on_rank1\n')
+
+
+def test_a_rank_outside_torchrun_says_how_to_start_it(capsys, monkeypatch):
+    from conformance.remote_worker import EXIT_USAGE, main
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CONFORM_AUTHKEY", KEY.decode())
+    assert main(["--controller", "127.0.0.1:29600"]) == EXIT_USAGE
+    assert "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set" in capsys.readouterr().err
+
+
+# -- when torchrun's ranks do not come back ------------------------------------------------
+
+
+def _stopped_pool(listener, restart_count, max_restarts):
+    """A pool whose ranks (as they reported when they joined) were just stopped after a broken case."""
+    from conformance.pool import PoolConfig
+    from conformance.remote import RemotePool
+
+    pool = RemotePool(PoolConfig(world_size=2, backend="gloo", device="cpu", start_timeout_s=0.3), listener)
+    pool.starts = 1
+    pool._info = [{"rank": r, "host": "node0", "restart_count": restart_count, "max_restarts": max_restarts}
+                  for r in range(2)]
+    return pool
+
+
+def test_no_rank_back_within_the_timeout_fails_this_start_and_every_later_one_at_once(listener):
+    from conformance.pool import PoolStartError
+
+    pool = _stopped_pool(listener, restart_count=0, max_restarts=3)
+    with pytest.raises(PoolStartError, match=r"ranks \[0, 1\] did not reconnect to 127.0.0.1:\d+ within 0.3 s "
+                                             r"\(--listen-timeout\).*--max-restarts are exhausted"):
+        pool.start()
+    started = time.monotonic()
+    with pytest.raises(PoolStartError, match="did not reconnect"):
+        pool.start()
+    assert time.monotonic() - started < 0.2, "a pool whose ranks are gone must not wait again for every later case"
+
+
+def test_spent_restarts_are_known_without_waiting(listener):
+    from conformance.pool import PoolStartError
+
+    pool = _stopped_pool(listener, restart_count=2, max_restarts=2)
+    pool.config = dataclasses.replace(pool.config, start_timeout_s=60.0)
+    started = time.monotonic()
+    with pytest.raises(PoolStartError, match=r"--max-restarts 2 are used up \(rank 0 on node0 ran as "
+                                             r"TORCHELASTIC_RESTART_COUNT=2\).*Give torchrun more --max-restarts"):
+        pool.start()
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_world_size_that_disagrees_with_the_flags_is_a_usage_error(listener):
+    """torchrun started 4 ranks, the run planned 2: exit 4 naming both, and the rank is told why."""
+    from conformance.pool import PoolConfig
+    from conformance.remote import RemotePool
+
+    rank = Client(listener.address, authkey=KEY)
+    send(rank, ("join", {"rank": 3, "world_size": 4, "host": "node1"}))
+    pool = RemotePool(PoolConfig(world_size=2, backend="gloo", device="cpu", start_timeout_s=10.0), listener)
+    with pytest.raises(pytest.exit.Exception, match=r"usage error: torchrun started WORLD_SIZE=4 ranks \(rank 3 on "
+                                                    r"node1 says so\), but this run plans cases at --world-size 2") as e:
+        pool.start()
+    assert e.value.returncode == pytest.ExitCode.USAGE_ERROR
+    kind, reason = recv(rank)
+    assert kind == "refused" and "run the controller with --world-size 4" in reason
+    rank.close()

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from conformance.results import FAILING, CaseRecord, figure_value, records_from_json
+from conformance.results import CaseRecord, figure_value, records_from_json
 
 __all__ = ["BaselineDiff", "Change", "FigureChange", "diff_markdown", "diff_runs", "diff_text"]
 

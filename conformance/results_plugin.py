@@ -273,7 +273,6 @@ class ResultsRecorder:
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
-        s = self.state.settings
         if self.diff is not None:
             tr.section("against the baseline")
             new = bool(self.diff.new_failures)

@@ -359,7 +359,8 @@ def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], gro
 
 def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Finding]:
     """The diagnosis of ``step`` on this rank: one finding per group of calls with the same explanation, of
-    kind ``"diagnosis"`` (named causes) or ``"no_known_cause"``.
+    kind ``"diagnosis"`` (named causes), ``"diagnosis_wider_dtype"`` (only a reduction in a wider dtype
+    than claimed explains it: more accurate than native) or ``"no_known_cause"``.
 
     Collective: every rank of ``ctx.group`` must call it at the same point.
     Returns a single "cannot diagnose" finding when the ranks recorded
@@ -396,8 +397,9 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
             f"{len(which)} of {len(calls)} hook calls ({_names(which)})"
         if causes:
             text = "; or ".join(causes)
+            kind = "diagnosis_wider_dtype" if _only_wider_dtype(causes, arith.reduce_dtype) else "diagnosis"
             findings.append(Finding(ctx.rank, f"in {where}, the hook's result is explained, bit for bit, by: {text}",
-                                    step=step, kind="diagnosis"))
+                                    step=step, kind=kind))
         else:
             findings.append(Finding(ctx.rank, f"no known cause explains the hook's result in {where}",
                                     step=step, kind="no_known_cause"))
@@ -406,6 +408,16 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
                                           "call; what differs arose after the hook returned", step=step,
                                 kind="diagnosis"))
     return findings
+
+
+def _only_wider_dtype(causes: Sequence[str], claim: Optional[torch.dtype]) -> bool:
+    """Whether one of the causes is a reduction in a more precise dtype than the claimed one (finer ``eps``):
+    more accurate than native, which may be a lossy design worth a contract rather than a bug. Such a
+    diagnosis has kind ``"diagnosis_wider_dtype"``."""
+    claimed = torch.finfo(claim or torch.float32).eps
+    finer = [f"reduced in {dtype_name(d)}," for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+             if torch.finfo(d).eps < claimed]
+    return any(c.startswith(w) for c in causes for w in finer)
 
 
 def _names(calls: Sequence[HookCall]) -> str:

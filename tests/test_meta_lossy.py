@@ -90,8 +90,11 @@ def test_the_hint_is_offered_only_where_no_named_cause_explains():
     named = Finding(0, "the hook's result is explained, bit for bit, by: SUM without averaging", step=0,
                     kind="diagnosis")
     local = Finding(0, "every rank still holds its own local gradient", step=0, kind="local_gradient")
+    wider = Finding(0, "the hook's result is explained, bit for bit, by: reduced in float32, where the hook claims "
+                       "bfloat16", step=0, kind="diagnosis_wider_dtype")
     assert lossy_hint(exact, [differs, unknown]) == "  " + DECLARE_LOSSY_HINT
     assert lossy_hint(exact, [differs, unknown, named]) == ""
+    assert lossy_hint(exact, [differs, wider]) == "  " + DECLARE_LOSSY_HINT  # more accurate than native
     assert lossy_hint(exact, [local]) == ""
     assert lossy_hint(declared, [differs, unknown]) == ""
 
@@ -137,16 +140,17 @@ def test_a_bound_exceeded_is_caught_with_its_figure(lossy_run, name):
 
 def test_the_more_accurate_comm_without_a_contract_fails_parity_at_three_ranks(lossy_run):
     """Float32 accumulation rounded once equals native bfloat16 bit for bit at 2 ranks (both round the exact
-    sum once) and differs at 3, by one bfloat16 ULP; the diagnosis names the float32 reduction, an exact
-    cause, so no lossy hint is offered. Declared (good_fp32_accumulate_bf16), the same comm passes."""
+    sum once) and differs at 3, by one bfloat16 ULP; the diagnosis names the float32 reduction (wider than
+    the bfloat16 claim: more accurate than native), and the hint says how to declare it lossy. Declared
+    (good_fp32_accumulate_bf16), the same comm passes."""
     cases = _cases(lossy_run, "bad_fp32_accumulate_bf16_undeclared", "fsdp2_parity")
     failed = {c.properties.get("world_size") for c in cases if c.outcome == "failed"}
     passed = {(c.properties.get("config"), c.properties.get("world_size")) for c in cases if c.outcome == "passed"}
     assert failed == {"3"} and ("default", "2") in passed, (failed, passed)
     for case in [c for c in cases if c.outcome == "failed"]:
         assert "max ULP diff 65536" in case.message, case.message[:2000]
-        assert "reduced in float32" in case.message, case.message[-1500:]
-        assert "LossyContract" not in case.message, case.message[-1500:]
+        assert "reduced in float32, where the hook claims bfloat16" in case.message, case.message[-1500:]
+        assert _HINT in case.message, case.message[-1500:]
 
 
 @pytest.mark.parametrize("name", sorted(UNDECLARED_UNEXPLAINED))

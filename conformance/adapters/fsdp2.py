@@ -186,7 +186,7 @@ def _comm_plan(ctx: Any, spec: Any, config: str, model: str, inputs: Any = None,
     reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
                                         f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
     return _plan(ctx, model, ref, hooked, recorder, reference=reference, context=context, inputs=inputs,
-                 arithmetic=Arithmetic("fsdp2", ctx.world_size, None))
+                 arithmetic=Arithmetic("fsdp2", ctx.world_size, spec.reduce_dtype))
 
 
 @rank_check("fsdp2.clip_grad_norm")

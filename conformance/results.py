@@ -26,7 +26,7 @@ __all__ = ["CaseRecord", "FAILING", "OUTCOMES", "ResultsError", "SCHEMA_FILE", "
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 #: The JSON Schema of the document (draft 2020-12).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
 
@@ -134,12 +134,14 @@ def hook_status(verdict: str) -> str:
     """The machine-readable status of a verdict string (:func:`conformance.report.hook_verdict`).
 
     ``conforms``, ``known_failures``, ``does_not_conform``, ``not_checked_across_ranks``,
-    ``not_run``, ``interrupted``; ``other`` for a verdict this version does not know.
+    ``not_run``, ``interrupted``, ``running`` (a file written while the run goes on); ``other`` for a
+    verdict this version does not know.
     """
     for prefix, status in (("CONFORMS", "conforms"), ("known failures", "known_failures"),
                            ("DOES NOT CONFORM", "does_not_conform"),
                            ("NOT CHECKED ACROSS RANKS", "not_checked_across_ranks"),
-                           ("NOT RUN", "not_run"), ("not run", "not_run"), ("INTERRUPTED", "interrupted")):
+                           ("NOT RUN", "not_run"), ("not run", "not_run"), ("INTERRUPTED", "interrupted"),
+                           ("RUNNING", "running")):
         if verdict.startswith(prefix):
             return status
     return "other"

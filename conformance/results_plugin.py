@@ -38,6 +38,10 @@ MAX_FINDINGS_KEPT = 8
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
+#: Seconds between progress writes of ``--json`` while cases run.
+PROGRESS_WRITE_S = 2.0
+
+
 def register(config: pytest.Config, state: Any) -> "ResultsRecorder":
     """Add the session's :class:`ResultsRecorder`.
 
@@ -117,6 +121,7 @@ class ResultsRecorder:
         self._cases: Dict[str, Any] = {}
         self._failures: Dict[str, Dict[str, Any]] = {}
         self._started = time.time()
+        self._last_progress = 0.0
 
     # -- building records from pytest's reports ------------------------------------------------
 
@@ -166,6 +171,23 @@ class ResultsRecorder:
             rec.failure = self._failures.get(report.nodeid) or {
                 "header": report.head_line or rec.name, "findings": [],
                 "message": str(report.longreprtext)[-results.MAX_MESSAGE_CHARS:], "rerun": None}
+        if report.when == "teardown":
+            self._write_progress()
+
+    def _write_progress(self) -> None:
+        """Rewrite ``--json`` with the cases so far (``run.complete`` false, every verdict ``RUNNING``), at
+        most every :data:`PROGRESS_WRITE_S` seconds, atomically: a run killed mid-way leaves its results up
+        to then, marked as incomplete, never a finished-looking file. Never fails the run."""
+        path = self.state.settings.json_path
+        now = time.monotonic()
+        if not path or now - self._last_progress < PROGRESS_WRITE_S:
+            return
+        self._last_progress = now
+        try:
+            records = self.finish_records()
+            results.write_json(path, self.document(int(pytest.ExitCode.INTERRUPTED), records, complete=False))
+        except Exception as exc:  # noqa: BLE001 - progress is a convenience; the final write reports errors
+            self.errors.append(f"could not write progress to {path}: {exc}")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.suite_items = sum(1 for item in session.items if item.get_closest_marker("conformance"))
@@ -221,19 +243,23 @@ class ResultsRecorder:
         except (OSError, ValueError) as exc:
             self.errors.append(f"could not write {path}: {exc}")
 
-    def document(self, exit_status: int, records: List[CaseRecord]) -> Dict[str, Any]:
-        """The results document of this session (:func:`conformance.results.build_document`)."""
+    def document(self, exit_status: int, records: List[CaseRecord], complete: bool = True) -> Dict[str, Any]:
+        """The results document of this session (:func:`conformance.results.build_document`).
+
+        ``complete=False``: a progress write while cases still run (exit status 2, as for a run stopped
+        there; every hook's verdict ``RUNNING``).
+        """
         import conformance
 
         finished = time.time()
         run = {"started_at": _utc(self._started), "finished_at": _utc(finished),
                "duration_s": round(finished - self._started, 3), "exit_status": exit_status,
-               "interrupted": exit_status == int(pytest.ExitCode.INTERRUPTED),
+               "interrupted": exit_status == int(pytest.ExitCode.INTERRUPTED), "complete": complete,
                "fail_on": self.state.settings.fail_on,
                "args": [str(a) for a in self.config.invocation_params.args]}
         return results.build_document(
             suite_version=conformance.__version__, run=run, environment=self.environment(),
-            hooks=[self.hook_entry(item, records) for item in self.state.specs], cases=records,
+            hooks=[self.hook_entry(item, records, running=not complete) for item in self.state.specs], cases=records,
             baseline=None if self.diff is None else self.diff.to_json())
 
     def environment(self) -> Dict[str, Any]:
@@ -249,11 +275,13 @@ class ResultsRecorder:
                 "cpu_pools": list(s.cpu_pools), "gpu_count": s.gpu_count, "case_timeout_s": s.case_timeout_s,
                 "hypothesis_examples": s.hypothesis_examples, "known_failures_files": list(s.known_failures)}
 
-    def hook_entry(self, item: Any, records: List[CaseRecord]) -> Dict[str, Any]:
+    def hook_entry(self, item: Any, records: List[CaseRecord], running: bool = False) -> Dict[str, Any]:
         """One hook of the JSON ``hooks`` array: its claims, source, verdict, outcome counts, grid."""
         spec = item.spec
         summary = self.config.pluginmanager.get_plugin("conformance-summary")
         verdict = summary.verdict(spec.name) if summary is not None else ""
+        if running:
+            verdict = f"RUNNING: {sum(1 for r in records if r.hook == spec.name)} case(s) so far"
         counts: Dict[str, int] = {}
         for rec in records:
             if rec.hook == spec.name:

@@ -11,6 +11,7 @@ the zygote and every rank inherit) is gone.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -80,7 +81,7 @@ def _start(tmp_path, env_extra: Optional[dict] = None) -> Run:
         proc = subprocess.Popen(
             [sys.executable, "-m", "conformance", "--hook", "tests.zoo.contained:INTERRUPTIBLE",
              "--extra-world-size", "0", "--case-timeout", str(CASE_TIMEOUT_S), "-k", "test_averaging",
-             f"--junitxml={junit}", "-p", "no:randomly"],
+             f"--junitxml={junit}", "--json", str(tmp_path / "results.json"), "-p", "no:randomly"],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     run = Run(proc, marker, junit, out_path)
     deadline = time.monotonic() + 180
@@ -177,6 +178,12 @@ def test_a_killed_controller_leaves_no_rank_and_no_stale_report(tmp_path, fork):
         errors = list(root.iter("error"))
         assert errors and f"(pid {run.proc.pid} on " in errors[0].get("message", "") and "has not finished" in \
             errors[0].get("message", ""), ET.tostring(root)[:2000]
+        # --json was written as cases finished: the killed run left its results so far, marked incomplete.
+        with open(tmp_path / "results.json") as f:
+            doc = json.load(f)
+        assert doc["run"]["complete"] is False and doc["run"]["exit_status"] == 2
+        assert [c["outcome"] for c in doc["cases"]][:1] == ["passed"], doc["cases"]
+        assert all(h["status"] == "running" for h in doc["hooks"]), doc["hooks"]
     finally:
         _cleanup(run)
 

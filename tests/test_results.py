@@ -108,7 +108,8 @@ def test_a_case_record_survives_the_json_round_trip():
     ("CONFORMS", "conforms"), ("CONFORMS; 1 known failure(s) now pass", "conforms"),
     ("known failures", "known_failures"), ("DOES NOT CONFORM (parity)", "does_not_conform"),
     ("NOT CHECKED ACROSS RANKS (every case ran at world size 1)", "not_checked_across_ranks"),
-    ("NOT RUN: every case was skipped", "not_run"), ("not run", "not_run"), ("something new", "other")])
+    ("NOT RUN: every case was skipped", "not_run"), ("not run", "not_run"),
+    ("RUNNING: 3 case(s) so far", "running"), ("something new", "other")])
 def test_hook_status_names_each_verdict(verdict, status):
     assert results.hook_status(verdict) == status
 

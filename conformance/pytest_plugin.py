@@ -225,13 +225,15 @@ class _Summary:
     of it that ran had world size 1 (a mean over one rank is the local gradient, so
     such a run proves nothing); ``not run``. Known failures that now pass (XPASS) are
     counted in the verdict and listed, never hidden behind "not run". An interrupted
-    session (Ctrl-C, SIGTERM) gives no hook ``CONFORMS``: the section opens with
-    ``INTERRUPTED after N of M cases``, and a hook without a failure is ``INTERRUPTED``.
+    session (Ctrl-C, SIGTERM, or ``-x``/``--maxfail`` stopping before every case ran) gives
+    no hook ``CONFORMS``: the section opens with ``INTERRUPTED after N of M cases``, and a
+    hook without a failure is ``INTERRUPTED``.
     """
 
     def __init__(self, state: SessionState):
         self.state = state
         self.interrupted = False
+        self.stopped_by = ""
         self.cases_run = 0
         self.cases_planned: Dict[Optional[str], int] = defaultdict(int)
 
@@ -279,6 +281,8 @@ class _Summary:
         state.per_hook[hook][outcome] += 1
 
     def verdict(self, name: str) -> str:
+        """The hook's verdict (:func:`conformance.report.hook_verdict`); never ``CONFORMS`` in a run that
+        stopped before every case ran (the issue's rule: an interrupted run never says CONFORMS)."""
         state = self.state
         return report.hook_verdict(state.per_hook.get(name) or {}, state.per_hook_failed_checks.get(name, ()),
                                    state.ran_at.get(name, ()), interrupted=self.interrupted)
@@ -289,6 +293,11 @@ class _Summary:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        stopped = session.shouldfail or session.shouldstop
+        if stopped and self.cases_run < sum(self.cases_planned.values()):
+            # -x / --maxfail stopped the run: the cases not run might fail, as after Ctrl-C.
+            self.interrupted = True
+            self.stopped_by = str(stopped)
         if exitstatus != 0:
             return
         state = self.state
@@ -301,7 +310,8 @@ class _Summary:
         if state.per_hook or self.interrupted:
             tr.section("hook conformance")
         if self.interrupted:
-            tr.write_line(f"INTERRUPTED after {self.cases_run} of {sum(self.cases_planned.values())} cases: "
+            why = f" ({self.stopped_by})" if self.stopped_by else ""
+            tr.write_line(f"INTERRUPTED after {self.cases_run} of {sum(self.cases_planned.values())} cases{why}: "
                           "a hook without a failure gets no verdict, since not every case ran", red=True)
         for item in state.specs:
             name = item.spec.name

@@ -48,24 +48,35 @@ class SuiteRun:
         return out
 
 
-def run_suite(args: Sequence[str], junit_path: str, *, timeout: float = 900, cwd: str = REPO) -> SuiteRun:
+def run_suite(args: Sequence[str], junit_path: str, *, timeout: float = 900, cwd: str = REPO,
+              pythonpath: Sequence[str] = ()) -> SuiteRun:
     """``python -m conformance ARGS --junitxml JUNIT``, from ``cwd`` (default: the repository root).
 
     From the repository root, the repository is put on ``PYTHONPATH`` (for
     ``tests.zoo``); from anywhere else the run sees only what a user's shell
-    would: the installed package and the working directory.
+    would: the installed package, the working directory and ``pythonpath``
+    (which leads ``PYTHONPATH`` in both cases).
     """
     env = dict(os.environ)
     if cwd == REPO:
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     else:
         env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run(
         [sys.executable, "-m", "conformance", *args, f"--junitxml={junit_path}", "-p", "no:randomly"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
     )
     cases = read_junit(junit_path) if os.path.exists(junit_path) else []
     return SuiteRun(proc.returncode, proc.stdout, cases)
+
+
+def failures_section(output: str) -> str:
+    """The ``FAILURES`` section of pytest's terminal output: the text printed for each failed case."""
+    match = re.search(r"^=+ FAILURES =+$(.*?)^=+ [^=\n]+ =+$", output, re.MULTILINE | re.DOTALL)
+    assert match, f"no FAILURES section in:\n{output[-3000:]}"
+    return match.group(1)
 
 
 def read_junit(path: str) -> List[CaseReport]:

@@ -98,19 +98,28 @@ def read_junit(path: str) -> List[CaseReport]:
 
 
 #: The block every failure ends with: the heading line, then the command indented by two
-#: spaces. In pytest's long report each line may carry the "E   " prefix of an exception.
-_RERUN_BLOCK = re.compile(r"^(?:E +)?Re-run just this case:\n(?:E +)?  (conform [^\n]*)$", re.MULTILINE)
+#: spaces, which may start with a ``PYTHONPATH=...`` assignment. In pytest's long report each
+#: line may carry the "E   " prefix of an exception.
+_RERUN_BLOCK = re.compile(
+    r"^(?:E +)?Re-run just this case:\n(?:E +)?  ((?:PYTHONPATH=(?:'[^']*'|\S+) )?conform [^\n]*)$", re.MULTILINE)
 
 
-def rerun_args(message: str) -> List[str]:
-    """The arguments of the ``Re-run just this case:`` command in a failure ``message``.
+def rerun_command(message: str) -> str:
+    """The shell command of the ``Re-run just this case:`` block in a failure ``message``.
 
     Parses that block exactly: the line after the heading. Every copy of the
     block in the message (pytest repeats the exception text) must agree.
     """
     commands = set(_RERUN_BLOCK.findall(message))
     assert len(commands) == 1, f"expected one re-run command, found {sorted(commands)} in:\n{message[-3000:]}"
-    return shlex.split(commands.pop())[1:]
+    return commands.pop()
+
+
+def rerun_args(message: str) -> List[str]:
+    """The arguments of ``conform`` in the re-run command of a failure ``message`` (an assignment
+    such as ``PYTHONPATH=...`` before it is left out)."""
+    words = shlex.split(rerun_command(message))
+    return words[words.index("conform") + 1:]
 
 
 # -- case plans without a run --------------------------------------------------------------

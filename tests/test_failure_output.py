@@ -9,12 +9,15 @@ report).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.meta_helpers import failures_section, run_suite
+from tests.meta_helpers import failures_section, read_junit, rerun_command, run_suite
 
 HOOKS = '''
     import torch.distributed as dist
@@ -54,16 +57,25 @@ def hooks_dir(tmp_path_factory) -> Path:
     return root
 
 
-def run_from_elsewhere(hooks_dir: Path, tmp_path: Path, *args: str):
-    work = tmp_path / "work"
-    work.mkdir()
-    return run_suite([*args, "--hook", TARGET, *SELECT], str(tmp_path / "report.xml"), cwd=str(work),
-                     pythonpath=[str(hooks_dir)], timeout=300)
+@pytest.fixture(scope="module")
+def run_with_tb(hooks_dir, tmp_path_factory):
+    """``run_with_tb(style)``: the suite over the hooks with ``--tb=style``, run once per style from a
+    directory of its own, the hooks' directory on ``PYTHONPATH``."""
+    runs = {}
+
+    def run(tb: str):
+        if tb not in runs:
+            work = tmp_path_factory.mktemp(f"work_tb_{tb}")
+            runs[tb] = run_suite([f"--tb={tb}", "--hook", TARGET, *SELECT], str(work / "report.xml"), cwd=str(work),
+                                 pythonpath=[str(hooks_dir)], timeout=300)
+        return runs[tb]
+
+    return run
 
 
 @pytest.mark.parametrize("tb", ["long", "short", "auto"])
-def test_a_failure_shows_the_suite_message_alone_whatever_the_traceback_style(hooks_dir, tmp_path, tb):
-    run = run_from_elsewhere(hooks_dir, tmp_path, f"--tb={tb}")
+def test_a_failure_shows_the_suite_message_alone_whatever_the_traceback_style(run_with_tb, tb):
+    run = run_with_tb(tb)
     assert run.returncode == 1, run.output[-4000:]
     shown = failures_section(run.output)
     # Nothing of pytest's own traceback through the suite's test function and the runner.
@@ -86,3 +98,25 @@ def test_a_failure_shows_the_suite_message_alone_whatever_the_traceback_style(ho
         assert f"hook {hook} does not conform" in message and "Re-run just this case:" in message
         assert "conformance/suite/" not in message
     assert "in compress_or_raise" in failed["mine_raises"]
+
+
+def test_the_rerun_command_reproduces_the_case_from_a_fresh_shell(run_with_tb, hooks_dir, tmp_path):
+    case = next(c for c in run_with_tb("short").cases if c.hook == "mine_sum_without_average")
+    command = rerun_command(case.message)
+    assert command.startswith(f"PYTHONPATH={hooks_dir} conform --hook {TARGET} "), command
+    # A fresh shell: the venv's scripts on PATH, no PYTHONPATH, another working directory.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+
+    def shell(line: str, junit: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f"{line} --junitxml={junit} -p no:randomly"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+
+    proc = shell(command, tmp_path / "rerun.xml")
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    again = read_junit(str(tmp_path / "rerun.xml"))
+    assert [(c.name, c.outcome) for c in again] == [(case.name, "failed")], proc.stdout[-4000:]
+    assert again[0].message.splitlines()[:2] == case.message.splitlines()[:2]  # the header and first finding
+    # Without the PYTHONPATH it carries, the same command cannot import the hook (usage error, exit 4).
+    bare = shell(command.split(" ", 1)[1], tmp_path / "bare.xml")
+    assert bare.returncode == 4 and "cannot import module 'my_comm_hooks.ddp'" in bare.stdout, bare.stdout[-3000:]

@@ -29,6 +29,7 @@ MUST_CATCH = {
     "bad_wrong_shard": {"default", "force_sum", "divide_factor_force_sum", "hsdp"},
     "bad_default_group": {"hsdp", "subgroup"},
     "bad_fp32_alloc_bf16": {"default", "hsdp"},
+    "bad_padded_alloc": {"default", "hsdp"},
     "bad_bf16_wire": {"default", "hsdp"},
     "bad_staging_buffer": {"default", "hsdp"},
     "bad_stale_replay": {"default", "hsdp"},

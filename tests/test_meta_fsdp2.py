@@ -11,6 +11,7 @@ without a pool, of the pieces the FSDP2 checks are built from.
 
 from __future__ import annotations
 
+import re
 
 import pytest
 import torch
@@ -129,6 +130,22 @@ def test_stale_replay_is_caught_from_the_second_step(zoo_run):
 def test_wrong_allocation_dtype_is_named(zoo_run):
     case = next(c for c in zoo_run.by_hook()["bad_fp32_alloc_bf16"] if c.outcome == "failed")
     assert "dtype=bfloat16) returned shape" in case.message and "float32" in case.message, case.message[:2000]
+
+
+def test_recorder_findings_come_above_a_rank_traceback(zoo_run):
+    """The padded buffers make gloo's reduce-scatter raise its size check; the wrong allocation the recorder
+    noted before that leads each raising rank's report, above the rank's traceback."""
+    case = next(c for c in zoo_run.by_hook()["bad_padded_alloc"]
+                if c.properties.get("config") == "default" and c.properties.get("world_size") == "2")
+    blocks = re.split(r"^--- (rank \d+): raised .* ---$", case.message, flags=re.MULTILINE)
+    raised = dict(zip(blocks[1::2], blocks[2::2]))
+    assert raised, case.message[-3000:]
+    for rank, text in raised.items():
+        found = re.search(rf"\[{rank}, step 0\] comm\.allocate\(size=\((\d+),\), dtype=float32\) returned shape "
+                          r"\((\d+),\)", text)
+        assert found, f"{rank}: no allocation finding in:\n{text[:3000]}"
+        assert int(found[2]) % 64 == 0 and int(found[2]) > int(found[1]), found[0]
+        assert text.index(found[0]) < text.index("Traceback (most recent call last)"), text[:3000]
 
 
 def test_failure_names_everything_needed_to_act(zoo_run):

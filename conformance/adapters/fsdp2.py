@@ -133,7 +133,8 @@ def _plan(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder
                ("full gradient", _full_grads, "full_tensor() of every gradient")],
         params=("local parameter shard after the optimizer step", named_params, ""),
         hook_findings=lambda step: recorder.findings(ctx.rank, step), start_step=start_step, context=context,
-        diagnose=lambda step: diagnose(ctx, arithmetic, recorder.log, step))
+        diagnose=lambda step: diagnose(ctx, arithmetic, recorder.log, step),
+        findings_so_far=lambda step: recorder.findings_so_far(ctx.rank, step))
 
 
 # -- checks ----------------------------------------------------------------------------------

@@ -135,6 +135,10 @@ class Lockstep:
         diagnose: ``diagnose(step)``, run on every rank once any rank found a
             difference in ``step``: findings of kind ``"diagnosis"`` naming the
             causes that reproduce the hook's result (:mod:`conformance.diagnosis`).
+        findings_so_far: ``findings_so_far(step)``: what the recorder has seen
+            go wrong in the step so far (a buffer of the wrong shape), never what
+            only a finished step shows (a hook never called). Reported above the
+            traceback when the step raises (:meth:`RankContext.report_on_error`).
     """
 
     ref: nn.Module
@@ -150,6 +154,7 @@ class Lockstep:
     guard_hooked: Optional[Callable[[int, Callable[[], None]], Optional[List[Finding]]]] = None
     context: Optional[Callable[[int], str]] = None
     diagnose: Optional[Callable[[int], List[Finding]]] = None
+    findings_so_far: Optional[Callable[[int], List[Finding]]] = None
 
 
 class LockstepRun:
@@ -169,8 +174,14 @@ class LockstepRun:
 
     def run(self, ctx: Any, steps: int) -> List[Finding]:
         """Train ``steps`` more steps; stop at the first with findings, once every rank agrees."""
+        so_far = self.plan.findings_so_far
         for _ in range(steps):
-            stop, findings = self._one_step(ctx, self.step)
+            step = self.step
+            if so_far is not None:
+                ctx.report_on_error(lambda: so_far(step))
+            stop, findings = self._one_step(ctx, step)
+            if so_far is not None:
+                ctx.report_on_error(None)
             self.step += 1
             if stop:
                 return findings

@@ -132,6 +132,16 @@ def test_wrong_allocation_dtype_is_named(zoo_run):
     assert "dtype=bfloat16) returned shape" in case.message and "float32" in case.message, case.message[:2000]
 
 
+def test_ulps_of_a_reduced_precision_claim_are_counted_in_the_reduce_dtype_too(zoo_run):
+    """bfloat16 has float32's exponent range and 16 fewer fraction bits: each figure is the float32 one / 2**16."""
+    case = next(c for c in zoo_run.by_hook()["bad_fp32_alloc_bf16"]
+                if c.outcome == "failed" and c.properties.get("config") == "default")
+    figures = re.findall(r"max ULP diff (\d+) \(float32\), ([0-9.e+-]+) in bfloat16", case.message)
+    assert figures, case.message[:3000]
+    for in_float32, in_bfloat16 in figures:
+        assert float(in_bfloat16) == pytest.approx(int(in_float32) / 2 ** 16, rel=1e-5)
+
+
 def test_recorder_findings_come_above_a_rank_traceback(zoo_run):
     """The padded buffers make gloo's reduce-scatter raise its size check; the wrong allocation the recorder
     noted before that leads each raising rank's report, above the rank's traceback."""

@@ -268,7 +268,7 @@ def _against_native(ctx: Any, spec: Any, strategy: str, model: str, ref: nn.Modu
                                                       param_dtype=getattr(mixed_precision, "param_dtype", None)),
         findings_so_far=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step, step_done=False,
                                                         param_dtype=getattr(mixed_precision, "param_dtype", None)),
-        start_step=start_step, context=context,
+        start_step=start_step, context=context, reduce_dtype=spec.reduce_dtype,
         diagnose=lambda step: diagnose(ctx, Arithmetic("fsdp", ctx.world_size, spec.reduce_dtype), recorder.log, step))
 
 

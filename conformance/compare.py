@@ -10,6 +10,8 @@ NaN, whatever its sign and payload. ``+0.0`` and ``-0.0`` are *not* equal
   :class:`Mismatch` with diagnostics (it travels between rank processes).
 * :func:`bits_equal`: elementwise bitwise equality (NaN == NaN).
 * :func:`ulp_distance`: elementwise distance in ULPs of the tensors' dtype.
+* :func:`ulp_distance_in`: elementwise distance in ULPs of another floating
+  dtype (a hook's reduce dtype), for values held in a wider one.
 
 Supported dtypes: float16, bfloat16, float32, float64 and the float8 formats
 (compared through int16/int16/int32/int64/int8 bit views), integer dtypes and
@@ -25,7 +27,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["Mismatch", "bits_equal", "compare_bitwise", "ulp_distance"]
+__all__ = ["Mismatch", "bits_equal", "compare_bitwise", "ulp_distance", "ulp_distance_in"]
 
 #: Signed integer dtype of the same width, used to view floating-point bits.
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -74,7 +76,13 @@ class Mismatch:
       a different value, or where the difference overflows float64;
     * ``max_ulp_diff``: largest :func:`ulp_distance` over differing elements, in
       ULPs of the dtype (``inf`` where NaN faces a non-NaN). For integer and
-      bool dtypes the unit is 1, so it equals ``max_abs_diff``.
+      bool dtypes the unit is 1, so it equals ``max_abs_diff``;
+    * ``reduce_dtype`` / ``max_ulp_diff_reduce``: when a reduce dtype other than
+      the tensors' was given (a hook's ``reduce_dtype`` claim), its name and the
+      largest :func:`ulp_distance_in` that dtype over differing elements: the same
+      difference counted in the unit the reduction rounded to (a float32
+      gradient one bfloat16 step off is 65536 float32 ULPs and 1 bfloat16 ULP).
+      ``None`` otherwise.
     """
 
     reason: str
@@ -93,6 +101,8 @@ class Mismatch:
     expected_bits: Optional[str] = None
     max_abs_diff: float = 0.0
     max_ulp_diff: float = 0.0
+    reduce_dtype: Optional[str] = None
+    max_ulp_diff_reduce: Optional[float] = None
 
     def describe(self) -> str:
         """One line for a test failure message.
@@ -101,7 +111,8 @@ class Mismatch:
         (3, 2)"``, ``"device cuda:0, but expected cpu"``, or for values:
         ``"first difference at index (3, 1): got 0.12500001 (0x3e000001), but
         expected 0.125 (0x3e000000); 3 of 128 elements differ; max abs diff
-        1.49e-08; max ULP diff 1"``.
+        1.49e-08; max ULP diff 1"``; with a reduce dtype, the ULP figure in both
+        units: ``"max ULP diff 65536 (float32), 1 in bfloat16"``.
         """
         if self.reason == "dtype":
             return f"dtype {self.actual_dtype}, but expected {self.expected_dtype}"
@@ -120,13 +131,17 @@ class Mismatch:
             parts.append("sign of zero differs")
         parts.append(f"{self.num_different} of {self.numel} elements differ")
         parts.append(f"max abs diff {self.max_abs_diff:.3g}")
-        if floating:
+        if floating and self.max_ulp_diff_reduce is not None:
+            parts.append(f"max ULP diff {_fmt_count(self.max_ulp_diff)} ({self.actual_dtype}), "
+                         f"{_fmt_count(self.max_ulp_diff_reduce)} in {self.reduce_dtype}")
+        elif floating:
             parts.append(f"max ULP diff {_fmt_count(self.max_ulp_diff)}")
         return "; ".join(parts)
 
 
 def compare_bitwise(
-    actual: torch.Tensor, expected: torch.Tensor, *, check_device: bool = True
+    actual: torch.Tensor, expected: torch.Tensor, *, check_device: bool = True,
+    reduce_dtype: Optional[torch.dtype] = None,
 ) -> Optional[Mismatch]:
     """Compare two tensors bit for bit; ``None`` when equal, else a :class:`Mismatch`.
 
@@ -137,12 +152,21 @@ def compare_bitwise(
     require grad (detached) and accelerator tensors (the equality check runs on
     the device; the diagnostics are computed on the CPU).
 
-    Raises ``TypeError`` for non-tensors and for complex, sparse or quantized
-    tensors, ``ValueError`` when values must be compared on the ``meta`` device.
+    ``reduce_dtype`` (a floating dtype, e.g. the ``torch.bfloat16`` a hook
+    claims to reduce in) adds the max difference counted in its ULPs
+    (``Mismatch.max_ulp_diff_reduce``) to a values mismatch of floating tensors
+    of another dtype; it changes nothing about what is equal.
+
+    Raises ``TypeError`` for non-tensors, for complex, sparse or quantized
+    tensors and for a ``reduce_dtype`` that is not a floating ``torch.dtype``,
+    ``ValueError`` when values must be compared on the ``meta`` device.
     """
     for name, t in (("actual", actual), ("expected", expected)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"compare_bitwise: {name} is {type(t).__name__}, not a torch.Tensor")
+    if reduce_dtype is not None and not (isinstance(reduce_dtype, torch.dtype) and reduce_dtype in _ULP_DTYPES):
+        raise TypeError(f"compare_bitwise: reduce_dtype must be a floating torch.dtype (float16, bfloat16, ...), "
+                        f"got {reduce_dtype!r}")
     fields = dict(
         actual_dtype=dtype_name(actual.dtype),
         expected_dtype=dtype_name(expected.dtype),
@@ -177,8 +201,11 @@ def compare_bitwise(
     abs_diff = (da.double() - db.double()).abs()
     abs_diff = torch.where(torch.isnan(abs_diff), math.inf, abs_diff)  # NaN vs number
     max_abs = float(abs_diff.max())
+    in_reduce = None
     if a.dtype.is_floating_point:
         max_ulp = float(ulp_distance(da, db).max()) if a.dtype in _ULP_DTYPES else math.nan
+        if reduce_dtype is not None and reduce_dtype != a.dtype:
+            in_reduce = float(ulp_distance_in(da, db, reduce_dtype).max())
     else:
         max_ulp = max_abs
     return Mismatch(
@@ -192,6 +219,8 @@ def compare_bitwise(
         expected_bits=_hex_bits(b[first]),
         max_abs_diff=max_abs,
         max_ulp_diff=max_ulp,
+        reduce_dtype=None if in_reduce is None else dtype_name(reduce_dtype),
+        max_ulp_diff_reduce=in_reduce,
     )
 
 
@@ -247,6 +276,64 @@ def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     na, nb = torch.isnan(a), torch.isnan(b)
     dist = torch.where(na & nb, 0.0, dist)
     return torch.where(na ^ nb, math.inf, dist)
+
+
+def ulp_distance_in(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Elementwise distance in ULPs of ``dtype`` between values held in another floating dtype, as float64.
+
+    For values that ``dtype`` represents exactly (a float32 gradient cast back
+    from a bfloat16 reduction), this is :func:`ulp_distance` of the values cast
+    to ``dtype``: the number of ``dtype`` steps between them, subnormals and
+    infinities included (an infinity is one step past ``dtype``'s largest
+    finite value). Between two such values, the count grows linearly with the
+    value, so a value ``dtype`` cannot represent counts a fraction: half a
+    bfloat16 step is 0.5. A finite value beyond ``dtype``'s largest finite
+    value has no place among its values (float16 rounds 65536.0 to ``inf``):
+    it is ``inf`` from any other value. ``+0.0`` and ``-0.0`` are 0 apart; NaN
+    vs NaN is 0, NaN vs non-NaN ``inf``. Exact for float16/bfloat16/float32
+    values and a ``dtype`` of at most 24 significand bits (below ``2**53``).
+
+    The distance is the difference of each value's position on ``dtype``'s
+    ordered values: for ``|x| = m * 2**e`` with ``m`` in ``[1, 2)``, ``e`` at
+    least ``dtype``'s smallest normal exponent ``emin``, that position is
+    ``(e - emin + m) * 2**p`` (``p`` fraction bits, ``torch.finfo(dtype).eps ==
+    2**-p``), which is the integer value of ``dtype``'s bits where ``x`` is a
+    ``dtype`` value; below ``2**emin`` (subnormals) it is ``|x| * 2**(p - emin)``.
+
+    ``actual`` and ``expected`` must have the same floating dtype, shape and
+    device (``ValueError`` otherwise); ``dtype`` is a floating ``torch.dtype``
+    (``TypeError`` otherwise). Returns a float64 tensor of that shape.
+    """
+    if not (isinstance(dtype, torch.dtype) and dtype in _ULP_DTYPES):
+        raise TypeError(f"ulp_distance_in: dtype must be a floating torch.dtype (float16, bfloat16, ...), "
+                        f"got {dtype!r}")
+    for t in (actual, expected):
+        if isinstance(t, torch.Tensor) and t.dtype not in _ULP_DTYPES:
+            raise TypeError(f"ulp_distance_in: unsupported dtype {dtype_name(t.dtype)}")
+    _check_pair(actual, expected, "ulp_distance_in")
+    a = _prepare(actual, "ulp_distance_in").double()
+    b = _prepare(expected, "ulp_distance_in").double()
+    dist = (_position_in(a, dtype) - _position_in(b, dtype)).abs()
+    largest = torch.finfo(dtype).max
+    beyond = (torch.isfinite(a) & (a.abs() > largest)) | (torch.isfinite(b) & (b.abs() > largest))
+    dist = torch.where(beyond & (a != b), math.inf, dist)
+    na, nb = torch.isnan(a), torch.isnan(b)
+    dist = torch.where(na & nb, 0.0, dist)
+    return torch.where(na ^ nb, math.inf, dist)
+
+
+def _position_in(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Signed position of each float64 value of ``x`` on ``dtype``'s ordered values (see :func:`ulp_distance_in`)."""
+    info = torch.finfo(dtype)
+    p = round(-math.log2(info.eps))  # fraction bits
+    emin = round(math.log2(info.tiny))  # exponent of the smallest normal value
+    emax = math.floor(math.log2(info.max))  # exponent of the largest finite value
+    ax = x.abs()
+    mantissa, exponent = torch.frexp(ax)  # ax = mantissa * 2**exponent, mantissa in [0.5, 1)
+    normal = ((exponent - 1 - emin).double() + 2 * mantissa) * 2.0 ** p
+    position = torch.where(ax >= 2.0 ** emin, normal, ax * 2.0 ** (p - emin))
+    position = torch.where(torch.isinf(ax), (emax + 2 - emin) * 2.0 ** p, position)
+    return torch.copysign(position, x)
 
 
 # --- helpers -----------------------------------------------------------------

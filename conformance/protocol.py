@@ -105,6 +105,10 @@ class RankOutcome:
         output: what the rank printed during the case, kept when it did not finish.
         lost: why the controller lost this rank's connection during the case, when
             its exit code cannot be known (a rank that torchrun started on another node).
+        findings_before_error: when the check raised, what it had found on this
+            rank by then (:meth:`conformance.worker.RankContext.report_on_error`,
+            e.g. the wrong allocation a recorder saw before the collective
+            failed); shown above the traceback.
     """
 
     rank: int
@@ -118,6 +122,7 @@ class RankOutcome:
     stack: Optional[str] = None
     output: str = ""
     lost: str = ""
+    findings_before_error: List["Finding"] = dataclasses.field(default_factory=list)
 
     @property
     def hung(self) -> bool:

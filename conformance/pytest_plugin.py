@@ -194,6 +194,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("case", params)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A :class:`~conformance.runner.ConformanceFailure` is reported as its message alone.
+
+    The message is the whole report of the case (findings, each rank's own
+    traceback, the re-run command); pytest's traceback through the suite's test
+    function and the runner adds nothing a hook author can act on, whatever
+    ``--tb`` says. A string ``longrepr`` is printed as it is by every ``--tb``
+    style and written whole into JUnit XML (``<failure message=...>`` and its text).
+    Any other exception (a bug in the suite) keeps pytest's traceback.
+    """
+    report = yield
+    if call.excinfo is not None:
+        from conformance.runner import ConformanceFailure
+
+        if isinstance(call.excinfo.value, ConformanceFailure):
+            report.longrepr = str(call.excinfo.value)
+    return report
+
+
 def _case_hook(item: pytest.Item) -> Optional[str]:
     case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
     return getattr(case, "hook", None)

@@ -72,7 +72,12 @@ def failure_message(header: str, body: str, rerun: str) -> str:
 
 
 def rank_problems(result: CaseResult) -> str:
-    """What went wrong per rank when a rank raised, hung or died (empty when every rank finished)."""
+    """What went wrong per rank when a rank raised, hung or died (empty when every rank finished).
+
+    Per rank: its summary line; for a rank that raised, the findings its check had
+    gathered by then (``RankOutcome.findings_before_error``), then its traceback; for
+    a rank that hung, its stack; else what it printed.
+    """
     bad = [o for o in result.outcomes if not o.ok]
     if not bad:
         return ""
@@ -86,6 +91,9 @@ def rank_problems(result: CaseResult) -> str:
     lines = [intro]
     for o in bad:
         lines.append(f"--- {o.summary()} ---")
+        if o.findings_before_error:
+            lines.append(f"found on rank {o.rank} before it raised:")
+            lines.append(findings_text(o.findings_before_error))
         if o.error:
             lines.append(o.error.rstrip())
         if o.stack:

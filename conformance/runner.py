@@ -39,6 +39,7 @@ the command that re-runs just that case.
 
 from __future__ import annotations
 
+import os
 import shlex
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -49,6 +50,7 @@ from conformance.checks import REPLAYS_REFERENCE
 from conformance.compare import compare_bitwise
 from conformance.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError, close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
+from conformance.spec_loading import pythonpath_to_rerun
 
 
 
@@ -268,15 +270,27 @@ class Runner:
         raise ConformanceFailure(report.failure_message(header, body, rerun), findings)
 
     def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
-        """The shell command that re-runs just ``test_name``: the hook's ``--hook`` target (a built-in or
-        entry-point hook needs none), the machine settings of the case's pool, ``-k test_name``."""
+        """The shell command that re-runs just ``test_name`` from a fresh shell in this working directory.
+
+        ``PYTHONPATH=...`` first where the session imported modules from
+        ``PYTHONPATH`` entries other than the working directory (a hook package
+        outside it, :func:`~conformance.spec_loading.pythonpath_to_rerun`); then
+        the hook's ``--hook`` target (a built-in or entry-point hook needs none),
+        the machine settings of the case's pool and a hypothesis seed where one
+        was given (:meth:`Settings.rerun_args`), ``-k test_name``.
+        """
         args = ["conform"]
         item = self.specs.get(hook) if hook else None
         if item is not None and item.origin == "--hook":
             args += ["--hook", item.target]
         args += self.settings.rerun_args(world_size)
         args += ["-k", test_name]
-        return " ".join(shlex.quote(a) for a in args)
+        command = " ".join(shlex.quote(a) for a in args)
+        path = pythonpath_to_rerun()
+        if path:
+            # Quote the value only: a quoted "NAME=value" word is a command, not an assignment.
+            command = f"PYTHONPATH={shlex.quote(os.pathsep.join(path))} {command}"
+        return command
 
     def fail_findings(self, test_name: str, hook: Optional[str], describe: Dict[str, Any], world_size: int,
                       findings: Sequence[Finding], note: str = "") -> None:

@@ -13,12 +13,12 @@ import dataclasses
 import importlib
 import os
 import sys
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.apis import HOOK_APIS
 from conformance.spec import HookSpec, SpecError
 
-__all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "LoadedSpec", "load_specs", "load_target"]
+__all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "LoadedSpec", "load_specs", "load_target", "pythonpath_to_rerun"]
 
 ENTRY_POINT_GROUP = "conformance.hooks"
 #: PyTorch's own hooks, tested when no ``--hook`` is given (and with ``--with-builtins``):
@@ -159,3 +159,41 @@ def user_paths_first() -> Tuple[str, ...]:
     sys.path[:] = front + rest
     importlib.invalidate_caches()
     return tuple(sys.path)
+
+
+def pythonpath_to_rerun(*, cwd: Optional[str] = None, pythonpath: Optional[str] = None,
+                        modules: Optional[Mapping[str, Any]] = None) -> Tuple[str, ...]:
+    """The ``PYTHONPATH`` entries a fresh shell in ``cwd`` needs to import what this session imported.
+
+    They are the entries of ``pythonpath`` (default: this process's
+    ``PYTHONPATH``), made absolute as :func:`user_paths_first` makes them, from
+    which a module of ``modules`` (default: ``sys.modules``) was loaded: the
+    directory holding a hook module's top-level package, and any other entry the
+    hook's own imports came from. Left out: ``cwd`` (default: the working
+    directory; a re-run started there finds its modules there, as this session
+    did) and entries no module came from. Order and duplicates follow
+    ``pythonpath``, so the first entry that provided a module still wins.
+
+    Returns:
+        absolute directory paths, possibly none.
+    """
+    cwd = os.path.abspath(cwd or os.getcwd())
+    raw = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
+    entries = [e for e in dict.fromkeys(os.path.abspath(p) for p in raw.split(os.pathsep) if p) if e != cwd]
+    if not entries:
+        return ()
+    files = []
+    for module in list((sys.modules if modules is None else modules).values()):
+        location = getattr(module, "__file__", None)
+        if isinstance(location, str):
+            files.append(os.path.abspath(location))
+        else:  # a namespace package has only __path__
+            files += [os.path.abspath(p) for p in getattr(module, "__path__", None) or () if isinstance(p, str)]
+    return tuple(e for e in entries if any(_is_within(f, e) for f in files))
+
+
+def _is_within(path: str, directory: str) -> bool:
+    try:
+        return os.path.commonpath([path, directory]) == directory
+    except ValueError:  # different drives (Windows)
+        return False

@@ -26,7 +26,7 @@ import traceback
 import warnings
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from conformance import lifeline
 from conformance.protocol import RankOutcome, as_check_result, recv, send
@@ -55,6 +55,7 @@ class RankContext:
         self.backend = backend
         self._conn = conn
         self.current_phase = ""
+        self._on_error: Optional[Callable[[], List[Any]]] = None
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any rank (an all-reduce with MAX over the group).
@@ -74,6 +75,28 @@ class RankContext:
         self.current_phase = text
         if self._conn is not None:
             send(self._conn, ("phase", text))
+
+    def report_on_error(self, collect: Optional[Callable[[], List[Any]]]) -> None:
+        """If the check raises from now on, report ``collect()`` (its findings so far) above the traceback.
+
+        A recorder that saw the hook go wrong (a buffer of the wrong shape) often
+        sees it before PyTorch raises on the consequence (a collective's size
+        check); without this, only the traceback would reach the report.
+        ``collect`` replaces the previous one; ``None`` clears it, and so does
+        the start of every case. It runs after the exception, on this rank, and
+        returns :class:`~conformance.protocol.Finding` objects.
+        """
+        self._on_error = collect
+
+    def findings_before_error(self) -> List[Any]:
+        """What the registered ``collect()`` returns now; empty without one, or if it raises itself (the
+        check's own error is the one to report)."""
+        if self._on_error is None:
+            return []
+        try:
+            return list(self._on_error())
+        except Exception:  # noqa: BLE001 - never hide the check's exception behind the collector's
+            return []
 
 
 class _Worker:
@@ -156,6 +179,7 @@ class _Worker:
         from conformance.checks import get_rank_check
 
         self.ctx.current_phase = "setting up"
+        self.ctx.report_on_error(None)
         start = time.perf_counter()
         try:
             fn = get_rank_check(case.check)
@@ -169,6 +193,7 @@ class _Worker:
             return RankOutcome(
                 rank=self.rank, ok=False, error=traceback.format_exc(), error_type=type(exc).__name__,
                 compute_s=time.perf_counter() - start, phase=self.ctx.current_phase,
+                findings_before_error=self.ctx.findings_before_error(),
             )
 
     def ping(self, seq: int) -> Optional[int]:

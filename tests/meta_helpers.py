@@ -48,24 +48,35 @@ class SuiteRun:
         return out
 
 
-def run_suite(args: Sequence[str], junit_path: str, *, timeout: float = 900, cwd: str = REPO) -> SuiteRun:
+def run_suite(args: Sequence[str], junit_path: str, *, timeout: float = 900, cwd: str = REPO,
+              pythonpath: Sequence[str] = ()) -> SuiteRun:
     """``python -m conformance ARGS --junitxml JUNIT``, from ``cwd`` (default: the repository root).
 
     From the repository root, the repository is put on ``PYTHONPATH`` (for
     ``tests.zoo``); from anywhere else the run sees only what a user's shell
-    would: the installed package and the working directory.
+    would: the installed package, the working directory and ``pythonpath``
+    (which leads ``PYTHONPATH`` in both cases).
     """
     env = dict(os.environ)
     if cwd == REPO:
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     else:
         env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run(
         [sys.executable, "-m", "conformance", *args, f"--junitxml={junit_path}", "-p", "no:randomly"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
     )
     cases = read_junit(junit_path) if os.path.exists(junit_path) else []
     return SuiteRun(proc.returncode, proc.stdout, cases)
+
+
+def failures_section(output: str) -> str:
+    """The ``FAILURES`` section of pytest's terminal output: the text printed for each failed case."""
+    match = re.search(r"^=+ FAILURES =+$(.*?)^=+ [^=\n]+ =+$", output, re.MULTILINE | re.DOTALL)
+    assert match, f"no FAILURES section in:\n{output[-3000:]}"
+    return match.group(1)
 
 
 def read_junit(path: str) -> List[CaseReport]:
@@ -87,19 +98,28 @@ def read_junit(path: str) -> List[CaseReport]:
 
 
 #: The block every failure ends with: the heading line, then the command indented by two
-#: spaces. In pytest's long report each line may carry the "E   " prefix of an exception.
-_RERUN_BLOCK = re.compile(r"^(?:E +)?Re-run just this case:\n(?:E +)?  (conform [^\n]*)$", re.MULTILINE)
+#: spaces, which may start with a ``PYTHONPATH=...`` assignment. In pytest's long report each
+#: line may carry the "E   " prefix of an exception.
+_RERUN_BLOCK = re.compile(
+    r"^(?:E +)?Re-run just this case:\n(?:E +)?  ((?:PYTHONPATH=(?:'[^']*'|\S+) )?conform [^\n]*)$", re.MULTILINE)
 
 
-def rerun_args(message: str) -> List[str]:
-    """The arguments of the ``Re-run just this case:`` command in a failure ``message``.
+def rerun_command(message: str) -> str:
+    """The shell command of the ``Re-run just this case:`` block in a failure ``message``.
 
     Parses that block exactly: the line after the heading. Every copy of the
     block in the message (pytest repeats the exception text) must agree.
     """
     commands = set(_RERUN_BLOCK.findall(message))
     assert len(commands) == 1, f"expected one re-run command, found {sorted(commands)} in:\n{message[-3000:]}"
-    return shlex.split(commands.pop())[1:]
+    return commands.pop()
+
+
+def rerun_args(message: str) -> List[str]:
+    """The arguments of ``conform`` in the re-run command of a failure ``message`` (an assignment
+    such as ``PYTHONPATH=...`` before it is left out)."""
+    words = shlex.split(rerun_command(message))
+    return words[words.index("conform") + 1:]
 
 
 # -- case plans without a run --------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conformance.compare import Mismatch, bits_equal, compare_bitwise, ulp_distance
+from conformance.compare import Mismatch, bits_equal, compare_bitwise, ulp_distance, ulp_distance_in
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INT_VIEW = {
@@ -279,6 +279,75 @@ def test_half_and_bfloat16_known_bits():
     assert "got 1.01 (0x3f81), but expected 1.0 (0x3f80)" in m.describe()
     assert ulp_distance(one_h.reshape(1), torch.tensor([2.0], dtype=torch.float16)).item() == 1024
     assert ulp_distance(bf, torch.tensor([2.0], dtype=torch.bfloat16)).item() == 128
+
+
+# --- ULPs of a reduce dtype, for values held in float32 ----------------------------------
+
+
+def test_one_bfloat16_step_in_float32_reads_one_bfloat16_ulp():
+    """The issue's case: a float32 gradient rounded to bfloat16, one bfloat16 step off native."""
+    native = torch.tensor([0.1234567, -3.3e-3, 7.0e4]).to(torch.bfloat16)
+    hooked = native.clone()
+    hooked[1] = torch.nextafter(hooked[1], torch.tensor(-INF, dtype=torch.bfloat16))  # one step away from zero
+    m = compare_bitwise(hooked.float(), native.float(), reduce_dtype=torch.bfloat16)
+    assert m.max_ulp_diff == 2 ** (23 - 7)  # float32 has 16 more fraction bits than bfloat16
+    assert (m.reduce_dtype, m.max_ulp_diff_reduce) == ("bfloat16", 1.0)
+    assert m.describe().endswith("; max ULP diff 65536 (float32), 1 in bfloat16")
+
+
+def test_float16_ulps_follow_its_own_exponent_range():
+    """float16's subnormals start where float32 is still normal: a fixed float32-to-float16 ratio would be wrong."""
+    smallest_normal = torch.finfo(torch.float16).tiny  # 2**-14
+    for value, float32_ulps in [(1.5, 2 ** 13), (smallest_normal / 8, 2 ** 16)]:
+        a = torch.tensor([value], dtype=torch.float16)
+        b = torch.nextafter(a, torch.tensor([INF], dtype=torch.float16))
+        m = compare_bitwise(b.float(), a.float(), reduce_dtype=torch.float16)
+        assert (m.max_ulp_diff, m.max_ulp_diff_reduce) == (float32_ulps, 1.0), value
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_ulps_in_a_reduce_dtype_agree_with_that_dtype_everywhere(dtype):
+    """Every non-NaN value of the dtype, held in float32, against a shuffled partner and against +Inf:
+    the distance counted in the dtype equals ulp_distance of the dtype's own values."""
+    n = NBITS[dtype]
+    everything = from_bits(list(range(1 << n)), dtype)
+    values = everything[~torch.isnan(everything)]
+    partners = values[torch.randperm(values.numel(), generator=torch.Generator().manual_seed(0))]
+    for other in (partners, torch.full_like(values, INF)):
+        assert torch.equal(ulp_distance_in(values.float(), other.float(), dtype), ulp_distance(values, other))
+
+
+def test_values_between_reduce_dtype_steps_count_fractions():
+    one = torch.tensor([1.0])
+    halfway = torch.tensor([1.0 + 2.0 ** -8])  # half a bfloat16 step above 1
+    assert ulp_distance_in(halfway, one, torch.bfloat16).item() == 0.5
+    assert ulp_distance_in(-halfway, one, torch.bfloat16).item() == 2 * 127 * 128 + 0.5  # across zero
+    nan = torch.tensor([math.nan])
+    assert ulp_distance_in(nan, one, torch.bfloat16).item() == INF
+    assert ulp_distance_in(nan, -nan, torch.bfloat16).item() == 0
+    assert ulp_distance_in(torch.tensor([-0.0]), torch.tensor([0.0]), torch.float16).item() == 0
+
+
+def test_a_finite_value_beyond_the_reduce_dtype_is_infinitely_far():
+    """float16 cannot hold 65536.0 (it rounds to inf): no count of float16 steps reaches it."""
+    got = ulp_distance_in(torch.tensor([65536.0, 65536.0, 65504.0]), torch.tensor([INF, 65504.0, INF]),
+                          torch.float16)
+    assert got.tolist() == [INF, INF, 1.0]
+    assert ulp_distance_in(torch.tensor([65536.0]), torch.tensor([65536.0]), torch.float16).item() == 0
+
+
+def test_reduce_dtype_figure_only_where_it_adds_a_unit():
+    a, b = torch.tensor([1.0]), torch.tensor([1.5])
+    assert compare_bitwise(a, b).max_ulp_diff_reduce is None
+    m = compare_bitwise(a, b, reduce_dtype=torch.float32)  # the tensors' own dtype: one figure suffices
+    assert (m.reduce_dtype, m.max_ulp_diff_reduce) == (None, None) and "(float32)" not in m.describe()
+    for bad in ("bfloat16", torch.int8, torch.complex64):
+        with pytest.raises(TypeError, match="reduce_dtype must be a floating torch.dtype"):
+            compare_bitwise(a, b, reduce_dtype=bad)
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        ulp_distance_in(a, b, torch.int32)
+    with pytest.raises(ValueError):
+        ulp_distance_in(a, b.double(), torch.bfloat16)
 
 
 # --- dtype / shape / device / integers ------------------------------------------------

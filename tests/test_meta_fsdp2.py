@@ -11,6 +11,7 @@ without a pool, of the pieces the FSDP2 checks are built from.
 
 from __future__ import annotations
 
+import re
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ MUST_CATCH = {
     "bad_wrong_shard": {"default", "force_sum", "divide_factor_force_sum", "hsdp"},
     "bad_default_group": {"hsdp", "subgroup"},
     "bad_fp32_alloc_bf16": {"default", "hsdp"},
+    "bad_padded_alloc": {"default", "hsdp"},
     "bad_bf16_wire": {"default", "hsdp"},
     "bad_staging_buffer": {"default", "hsdp"},
     "bad_stale_replay": {"default", "hsdp"},
@@ -128,6 +130,32 @@ def test_stale_replay_is_caught_from_the_second_step(zoo_run):
 def test_wrong_allocation_dtype_is_named(zoo_run):
     case = next(c for c in zoo_run.by_hook()["bad_fp32_alloc_bf16"] if c.outcome == "failed")
     assert "dtype=bfloat16) returned shape" in case.message and "float32" in case.message, case.message[:2000]
+
+
+def test_ulps_of_a_reduced_precision_claim_are_counted_in_the_reduce_dtype_too(zoo_run):
+    """bfloat16 has float32's exponent range and 16 fewer fraction bits: each figure is the float32 one / 2**16."""
+    case = next(c for c in zoo_run.by_hook()["bad_fp32_alloc_bf16"]
+                if c.outcome == "failed" and c.properties.get("config") == "default")
+    figures = re.findall(r"max ULP diff (\d+) \(float32\), ([0-9.e+-]+) in bfloat16", case.message)
+    assert figures, case.message[:3000]
+    for in_float32, in_bfloat16 in figures:
+        assert float(in_bfloat16) == pytest.approx(int(in_float32) / 2 ** 16, rel=1e-5)
+
+
+def test_recorder_findings_come_above_a_rank_traceback(zoo_run):
+    """The padded buffers make gloo's reduce-scatter raise its size check; the wrong allocation the recorder
+    noted before that leads each raising rank's report, above the rank's traceback."""
+    case = next(c for c in zoo_run.by_hook()["bad_padded_alloc"]
+                if c.properties.get("config") == "default" and c.properties.get("world_size") == "2")
+    blocks = re.split(r"^--- (rank \d+): raised .* ---$", case.message, flags=re.MULTILINE)
+    raised = dict(zip(blocks[1::2], blocks[2::2]))
+    assert raised, case.message[-3000:]
+    for rank, text in raised.items():
+        found = re.search(rf"\[{rank}, step 0\] comm\.allocate\(size=\((\d+),\), dtype=float32\) returned shape "
+                          r"\((\d+),\)", text)
+        assert found, f"{rank}: no allocation finding in:\n{text[:3000]}"
+        assert int(found[2]) % 64 == 0 and int(found[2]) > int(found[1]), found[0]
+        assert text.index(found[0]) < text.index("Traceback (most recent call last)"), text[:3000]
 
 
 def test_failure_names_everything_needed_to_act(zoo_run):

@@ -66,3 +66,35 @@ def test_diagnosis_follows_the_findings_once_per_explanation_with_its_ranks():
     assert lines[-2].startswith("  Diagnosis")
     assert "more findings" in lines[-3]
     assert explained(diag) and not explained([Finding(0, "no known cause", step=0, kind="no_known_cause")])
+
+
+def test_findings_gathered_before_a_rank_raised_lead_its_traceback():
+    from conformance.protocol import Case, CaseResult, RankOutcome
+
+    tb = "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nRuntimeError: Check failed (384 vs. 320)"
+    raised = RankOutcome(rank=1, error=tb, error_type="RuntimeError", phase="step 0: backward",
+                         findings_before_error=[Finding(1, "comm.allocate(size=(68,)) returned shape (128,)", step=0)])
+    result = CaseResult(case=Case("c", None, {}), world_size=2, outcomes=(RankOutcome(rank=0, ok=True), raised))
+    assert report.rank_problems(result).splitlines() == [
+        "1 of 2 ranks did not finish the case",
+        "--- rank 1: raised RuntimeError during 'step 0: backward' ---",
+        "found on rank 1 before it raised:",
+        "  [rank 1, step 0] comm.allocate(size=(68,)) returned shape (128,)",
+        *tb.splitlines(),
+    ]
+
+
+def test_a_rank_context_reports_what_its_check_registered():
+    import torch
+
+    from conformance.worker import RankContext
+
+    ctx = RankContext(0, 1, None, torch.device("cpu"), "gloo")
+    assert ctx.findings_before_error() == []
+    found = [Finding(0, "allocate returned the wrong shape", step=2)]
+    ctx.report_on_error(lambda: found)
+    assert ctx.findings_before_error() == found
+    ctx.report_on_error(lambda: 1 / 0)  # a broken collector never hides the check's own error
+    assert ctx.findings_before_error() == []
+    ctx.report_on_error(None)
+    assert ctx.findings_before_error() == []

@@ -329,3 +329,25 @@ def test_cli_bad_hook_leaves_an_existing_junit_report_untouched(cli):
     report, previous = cli["report"]
     assert rc == 4, output
     assert report.read_bytes() == previous
+
+
+def test_pythonpath_to_rerun_keeps_the_entries_modules_came_from(tmp_path):
+    """The re-run command's PYTHONPATH: entries that provided a module, in PYTHONPATH order, made absolute;
+    the working directory and entries that provided nothing are left out."""
+    from types import SimpleNamespace
+
+    from conformance.spec_loading import pythonpath_to_rerun
+
+    hooks, deps, unused, cwd = (str(tmp_path / d) for d in ("hooks", "deps", "unused", "cwd"))
+    modules = {
+        "my_hooks.ddp": SimpleNamespace(__file__=os.path.join(hooks, "my_hooks", "ddp.py")),
+        "shared_utils": SimpleNamespace(__path__=[os.path.join(deps, "shared_utils")]),  # a namespace package
+        "local_models": SimpleNamespace(__file__=os.path.join(cwd, "local_models.py")),
+        "builtins_like": SimpleNamespace(),
+        "prefix_trap": SimpleNamespace(__file__=hooks + "_other/x.py"),  # shares a prefix, not the directory
+    }
+    pythonpath = os.pathsep.join([deps, unused, cwd, hooks, deps, ""])
+    assert pythonpath_to_rerun(cwd=cwd, pythonpath=pythonpath, modules=modules) == (deps, hooks)
+    assert pythonpath_to_rerun(cwd=cwd, pythonpath="", modules=modules) == ()
+    rel = os.path.relpath(hooks)
+    assert pythonpath_to_rerun(cwd=cwd, pythonpath=rel, modules=modules) == (hooks,)

@@ -243,7 +243,8 @@ def _against_reference(ctx: Any, spec: Any, config: str, model: str, ref: nn.Mod
         grads=[("gradient", _grads, "")], params=("parameter after the optimizer step", _params, ""),
         hook_findings=lambda step: hook_called(ctx, recorder, step) + recorder.findings_of(step), train=train_step,
         guard_hooked=lambda step, run: hooked_step(ctx, recorder, step, run), context=context,
-        diagnose=lambda step: diagnose(ctx, arithmetic(ctx, spec), recorder.log, step))
+        diagnose=lambda step: diagnose(ctx, arithmetic(ctx, spec), recorder.log, step),
+        findings_so_far=recorder.findings_of, reduce_dtype=spec.reduce_dtype)
 
 
 def arithmetic(ctx: Any, spec: Any) -> Arithmetic:

@@ -132,9 +132,10 @@ def _hooked(spec: Any, model_name: str, ctx: Any, strategy: str, **kw: Any):
 
 
 def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, step: int,
-                       param_dtype: Optional[torch.dtype] = None) -> List[Finding]:
-    """What the recorder saw in ``step``: the hook never called, or its output left in a dtype other than
-    ``param_dtype`` (the parameters' by default; ``MixedPrecision.param_dtype`` under mixed precision)."""
+                       param_dtype: Optional[torch.dtype] = None, step_done: bool = True) -> List[Finding]:
+    """What the recorder saw in ``step``: the hook's output left in a dtype other than ``param_dtype`` (the
+    parameters' by default; ``MixedPrecision.param_dtype`` under mixed precision), and, once the step is
+    done (``step_done``), a step in which the hook was never called."""
     param_dtype = param_dtype or next(model.parameters()).dtype
     findings = []
     for call in recorder.calls:
@@ -147,7 +148,7 @@ def _recorder_findings(recorder: HookRecorder, model: nn.Module, *, rank: int, s
                 "FSDP only skips its own cast for its built-in fp16/bf16 hooks",
                 step=step))
             break
-    if not any(c["step"] == step for c in recorder.calls):
+    if step_done and not any(c["step"] == step for c in recorder.calls):
         findings.append(Finding(rank, "FSDP never called the hook in this step", step=step))
     return findings
 
@@ -265,7 +266,9 @@ def _against_native(ctx: Any, spec: Any, strategy: str, model: str, ref: nn.Modu
         grads=[("gradient", named_grads, "")], params=("parameter after the optimizer step", named_params, ""),
         hook_findings=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step,
                                                       param_dtype=getattr(mixed_precision, "param_dtype", None)),
-        start_step=start_step, context=context,
+        findings_so_far=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step, step_done=False,
+                                                        param_dtype=getattr(mixed_precision, "param_dtype", None)),
+        start_step=start_step, context=context, reduce_dtype=spec.reduce_dtype,
         diagnose=lambda step: diagnose(ctx, Arithmetic("fsdp", ctx.world_size, spec.reduce_dtype), recorder.log, step))
 
 

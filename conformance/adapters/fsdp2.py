@@ -115,10 +115,12 @@ def _full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
 
 
 def _plan(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder: Any, *, reference: str,
-          context: Any, arithmetic: Arithmetic, inputs: Any = None) -> Lockstep:
+          context: Any, arithmetic: Arithmetic, inputs: Any = None,
+          reduce_dtype: Optional[torch.dtype] = None) -> Lockstep:
     """Both models in lockstep: local and full gradients after each backward, local parameters after each
     optimizer step; ``inputs`` defaults to the model's own rank-dependent inputs. A failure is diagnosed
-    from the recorder's calls against ``arithmetic`` (:mod:`conformance.diagnosis`)."""
+    from the recorder's calls against ``arithmetic`` (:mod:`conformance.diagnosis`); ``reduce_dtype`` is the
+    spec's claim (gradient mismatches count their ULPs in it too)."""
     from conformance.models import get_model
 
     model_cls = get_model(model_name)
@@ -133,7 +135,8 @@ def _plan(ctx: Any, model_name: str, ref: nn.Module, hooked: nn.Module, recorder
                ("full gradient", _full_grads, "full_tensor() of every gradient")],
         params=("local parameter shard after the optimizer step", named_params, ""),
         hook_findings=lambda step: recorder.findings(ctx.rank, step), start_step=start_step, context=context,
-        diagnose=lambda step: diagnose(ctx, arithmetic, recorder.log, step))
+        diagnose=lambda step: diagnose(ctx, arithmetic, recorder.log, step),
+        findings_so_far=lambda step: recorder.findings_so_far(ctx.rank, step), reduce_dtype=reduce_dtype)
 
 
 # -- checks ----------------------------------------------------------------------------------
@@ -186,7 +189,7 @@ def _comm_plan(ctx: Any, spec: Any, config: str, model: str, inputs: Any = None,
     reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
                                         f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
     return _plan(ctx, model, ref, hooked, recorder, reference=reference, context=context, inputs=inputs,
-                 arithmetic=Arithmetic("fsdp2", ctx.world_size, spec.reduce_dtype))
+                 arithmetic=Arithmetic("fsdp2", ctx.world_size, spec.reduce_dtype), reduce_dtype=spec.reduce_dtype)
 
 
 @rank_check("fsdp2.clip_grad_norm")
@@ -232,7 +235,8 @@ def _all_reduce_plan(ctx: Any, spec: Any, model: str, inputs: Any = None, label:
 
     return _plan(ctx, model, ref, hooked, recorder, reference="native HSDP without the hook", context=context,
                  inputs=inputs, arithmetic=Arithmetic("fsdp2_all_reduce", ctx.world_size, None,
-                                                      divisors=(shape[0], shape[1], ctx.world_size)))
+                                                      divisors=(shape[0], shape[1], ctx.world_size)),
+                 reduce_dtype=spec.reduce_dtype)
 
 
 def _local_only(plan: Lockstep) -> Lockstep:

@@ -91,14 +91,18 @@ class CommRecorder:
         seen = sorted({(c["op"], c["group_size"], dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})
         return "; ".join(f"op={o} over a group of {g} in {d}" for o, g, d in seen) or "not called"
 
-    def findings(self, rank: int, step: int) -> List[Finding]:
-        out = []
+    def findings_so_far(self, rank: int, step: int) -> List[Finding]:
+        """The first wrong ``allocate`` of ``step``, as a finding; what a step that raised can still report."""
         for bad in self.bad_allocations:
             if bad["step"] == step:
-                out.append(Finding(rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
-                                         f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
-                                         "exactly that buffer", step=step))
-                break
+                return [Finding(rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
+                                      f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
+                                      "exactly that buffer", step=step)]
+        return []
+
+    def findings(self, rank: int, step: int) -> List[Finding]:
+        """What the finished ``step`` shows: :meth:`findings_so_far`, and a step in which the comm was never called."""
+        out = self.findings_so_far(rank, step)
         if not any(c["step"] == step for c in self.calls):
             out.append(Finding(rank, "FSDP2 never called the comm in this step (set_custom_reduce_scatter did "
                                      "not take effect)", step=step))
@@ -124,6 +128,10 @@ class HookRecorder:
         call.collectives = count[0]
         call.settle_from(tensor)
         return result
+
+    def findings_so_far(self, rank: int, step: int) -> List[Finding]:
+        """Nothing: every call is forwarded as it is, and only a finished step can lack one."""
+        return []
 
     def findings(self, rank: int, step: int) -> List[Finding]:
         if not any(c["step"] == step for c in self.calls):

@@ -5,7 +5,10 @@ under a name with :func:`rank_check`. It runs in every rank process of a pool
 (``ctx`` is a :class:`conformance.worker.RankContext`) and returns picklable
 results: a list of :class:`conformance.protocol.Finding` (empty when the hook
 conforms), or a :class:`conformance.protocol.CheckResult` with figures or the
-per-step gradients the controller compares across ranks.
+per-step gradients the controller compares across ranks. A check that may
+raise after it has seen the hook go wrong registers what it has found so far
+with ``ctx.report_on_error`` (the lock-step loop does, per step), so the
+failure shows it above the rank's traceback.
 
 Each hook API's checks live in its adapter module (``conformance/adapters/``,
 listed in :data:`conformance.apis.ADAPTERS`); here is what they share:

@@ -52,7 +52,7 @@ def named_params(model: nn.Module, fqn: Callable[[str], str] = fqn_without_wrapp
 
 
 def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *, rank: int, step: Optional[int],
-                  reference: str = "the native path") -> List[Finding]:
+                  reference: str = "the native path", reduce_dtype: Optional[torch.dtype] = None) -> List[Finding]:
     """Findings for every FQN of ``expected`` whose tensor in ``actual`` is not bitwise equal.
 
     Args:
@@ -61,6 +61,8 @@ def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
         expected: FQN -> tensor (or ``None``) of the reference model on this rank.
         rank, step: where the comparison happened, for the findings (``step=None``: after training).
         reference: the reference's name in messages, e.g. ``"DDP with no hook"``.
+        reduce_dtype: the hook's claimed reduce dtype, or ``None``: a mismatch then
+            counts its ULPs in that dtype too (``Mismatch.max_ulp_diff_reduce``).
 
     A tensor present on one side and ``None`` on the other is a finding too.
     Comparison is :func:`conformance.compare.compare_bitwise` (NaN equals NaN).
@@ -74,7 +76,7 @@ def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
             findings.append(Finding(rank, f"{what} is {'None' if act is None else 'set'} with the hook but "
                                           f"{'None' if exp is None else 'set'} on {reference}", step=step, fqn=fqn))
             continue
-        mismatch = compare_bitwise(act, exp)
+        mismatch = compare_bitwise(act, exp, reduce_dtype=reduce_dtype)
         if mismatch is not None:
             findings.append(Finding(rank, f"{what} differs from {reference}", step=step, fqn=fqn, mismatch=mismatch))
     return findings
@@ -135,6 +137,13 @@ class Lockstep:
         diagnose: ``diagnose(step)``, run on every rank once any rank found a
             difference in ``step``: findings of kind ``"diagnosis"`` naming the
             causes that reproduce the hook's result (:mod:`conformance.diagnosis`).
+        reduce_dtype: the hook's claimed reduce dtype (``spec.reduce_dtype``):
+            gradient mismatches count their ULPs in it too; ``None`` for a
+            full-precision claim.
+        findings_so_far: ``findings_so_far(step)``: what the recorder has seen
+            go wrong in the step so far (a buffer of the wrong shape), never what
+            only a finished step shows (a hook never called). Reported above the
+            traceback when the step raises (:meth:`RankContext.report_on_error`).
     """
 
     ref: nn.Module
@@ -150,6 +159,8 @@ class Lockstep:
     guard_hooked: Optional[Callable[[int, Callable[[], None]], Optional[List[Finding]]]] = None
     context: Optional[Callable[[int], str]] = None
     diagnose: Optional[Callable[[int], List[Finding]]] = None
+    findings_so_far: Optional[Callable[[int], List[Finding]]] = None
+    reduce_dtype: Optional[torch.dtype] = None
 
 
 class LockstepRun:
@@ -169,8 +180,14 @@ class LockstepRun:
 
     def run(self, ctx: Any, steps: int) -> List[Finding]:
         """Train ``steps`` more steps; stop at the first with findings, once every rank agrees."""
+        so_far = self.plan.findings_so_far
         for _ in range(steps):
-            stop, findings = self._one_step(ctx, self.step)
+            step = self.step
+            if so_far is not None:
+                ctx.report_on_error(lambda: so_far(step))
+            stop, findings = self._one_step(ctx, step)
+            if so_far is not None:
+                ctx.report_on_error(None)
             self.step += 1
             if stop:
                 return findings
@@ -199,7 +216,7 @@ class LockstepRun:
             if phase:
                 ctx.phase(f"step {step}: {phase}")
             findings += compare_named(what, named(plan.hooked), named(plan.ref), rank=ctx.rank, step=step,
-                                      reference=against)
+                                      reference=against, reduce_dtype=plan.reduce_dtype)
             if ctx.any_rank(bool(findings)):
                 if plan.diagnose is not None:
                     ctx.phase(f"step {step}: diagnosing the difference")

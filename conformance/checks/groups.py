@@ -69,6 +69,9 @@ class SubgroupContext:
     def phase(self, text: str) -> None:
         self.parent.phase(text)
 
+    def report_on_error(self, collect: Any) -> None:
+        self.parent.report_on_error(collect)
+
     @property
     def current_phase(self) -> str:
         return self.parent.current_phase

@@ -177,6 +177,24 @@ class Float32AllocComm(PlainReduceScatter):
         return torch.empty(*size, device=device)
 
 
+class PaddedAllocComm(PlainReduceScatter):
+    """Wrong shape: ``allocate`` rounds every buffer up to a multiple of 64 elements.
+
+    FSDP2 views the reduce-scatter input as ``(world_size, -1)`` and hands the output buffer
+    to the collective as it is, so the padded buffers do not fit the shards: the
+    reduce-scatter raises a size check. Realistic: alignment padding copied from a
+    registered-memory allocator.
+    """
+
+    ALIGN = 64
+
+    def allocate(self, size, *, dtype, device):
+        numel = 1
+        for s in size:
+            numel *= int(s)
+        return torch.empty(-(-numel // self.ALIGN) * self.ALIGN, dtype=dtype, device=device)
+
+
 class Bf16WireComm(_Alloc):
     """Wrong dtype: communicates in bfloat16 to save bandwidth while claiming full precision.
 
@@ -373,6 +391,8 @@ KNOWN_BAD: List[HookSpec] = [
              description="reduce-scatters over the default group, ignoring group"),
     HookSpec(name="bad_fp32_alloc_bf16", api="fsdp2", hook=Float32AllocComm, reduce_dtype=torch.bfloat16,
              description="allocate ignores dtype (float32 buffers) under reduce_dtype=bfloat16"),
+    HookSpec(name="bad_padded_alloc", api="fsdp2", hook=PaddedAllocComm,
+             description="allocate pads every buffer to a multiple of 64 elements (wrong shape)"),
     HookSpec(name="bad_bf16_wire", api="fsdp2", hook=Bf16WireComm,
              description="communicates in bfloat16 while claiming full precision"),
     HookSpec(name="bad_staging_buffer", api="fsdp2", hook=StagingBufferComm,
@@ -460,6 +480,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_fp32_alloc_bf16": (
         "default: the gradients are reduced in float32 instead of bfloat16 (and the allocation check "
         "names the float32 buffer); in full precision the same comm is right"
+    ),
+    "bad_padded_alloc": (
+        "default: the reduce-scatter raises on the padded buffers; the allocation check names the "
+        "wrong shape above the rank's traceback"
     ),
     "bad_bf16_wire": "default: gradients are rounded to bfloat16 on the wire",
     "bad_staging_buffer": "default: input and output alias and later modules overwrite earlier gradients",

@@ -48,6 +48,8 @@ COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "r
                "all_to_all", "gather", "scatter")
 #: Recorded calls kept per recorder: the failing step and the one before it (for "stale").
 KEEP_STEPS = 2
+#: Calls explained per failing step: each costs a dozen collectives, and the first ones tell the cause.
+MAX_DIAGNOSED_CALLS = 2
 
 
 @dataclasses.dataclass
@@ -243,6 +245,13 @@ def _local(call: HookCall, rank: int, world_size: int) -> torch.Tensor:
     return x.to(call.output.dtype)
 
 
+def _native_result(arith: Arithmetic, call: HookCall, group: Any) -> torch.Tensor:
+    """What native produces from ``call.input`` (the first candidate of :func:`_candidates`), one collective."""
+    if arith.api == "fsdp2_all_reduce":
+        return call.input.to(call.output.dtype)
+    return _native(arith, call.input, call, group, arith.reduce_dtype)
+
+
 def _all_reduce_hook_candidates(arith: Arithmetic, call: HookCall, group: Any) -> List[Tuple[str, torch.Tensor]]:
     """The causes of an FSDP2 all-reduce hook: native leaves the reduced tensor as it is."""
     import torch.distributed as dist
@@ -270,7 +279,7 @@ def _candidates(arith: Arithmetic, call: HookCall, group: Any, rank: int) -> Lis
     summed = _reduced(x.to(reduce_in), call, group, ws)
     out.append((f"SUM without averaging: {ws} times native's average (the world size)", summed.to(call.output.dtype)))
     out.append((f"averaged twice: native's average divided by {ws} again",
-                _native(arith, x, call, group, claim).to(reduce_in).div(ws).to(call.output.dtype)))
+                out[0][1].to(reduce_in).div(ws).to(call.output.dtype)))
     out.append((f"SUM, then divided by {ws}, where {arith.describe()}", summed.div(ws).to(call.output.dtype)))
     if arith.api != "fsdp" or arith.factors[0] != ws:
         out.append((f"divided by {ws} before the SUM, where {arith.describe()}",
@@ -379,19 +388,34 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     previous = {c.index: c for c in log.calls if c.step == step - 1}
     groups: Dict[Tuple[str, ...], List[HookCall]] = {}
     native_ok: List[HookCall] = []
-    for call in calls:
-        group, rank, arith_call = ctx.group, ctx.rank, arith
-        if call.group is not None:  # FSDP2: the group and op it passed the comm
-            import torch.distributed as dist
+    def context(call: HookCall) -> Tuple[Any, int, Arithmetic]:
+        if call.group is None:  # the check's group: a subgroup context keeps the global rank in ctx.rank
+            return ctx.group, dist.get_rank(ctx.group), arith
+        # FSDP2: the group and op it passed the comm
+        return call.group, dist.get_rank(call.group), dataclasses.replace(arith, world_size=call.group.size(),
+                                                                           op=call.op)
 
-            group, rank = call.group, dist.get_rank(call.group)
-            arith_call = dataclasses.replace(arith, world_size=call.group.size(), op=call.op)
+    # Phase 1, one collective per call: which calls differ from native on any rank. Phase 2 explains at
+    # most MAX_DIAGNOSED_CALLS of those (each costs a dozen collectives).
+    differs = torch.tensor([0 if _same(c.output, _native_result(context(c)[2], c, context(c)[0])) else 1
+                            for c in calls], dtype=torch.int64)
+    mine = differs.clone()
+    dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=ctx.group)
+    chosen = [c for c, d in zip(calls, differs.tolist()) if d][:MAX_DIAGNOSED_CALLS]
+    skipped = int(differs.sum()) - len(chosen)
+    for call in chosen:
+        group, rank, arith_call = context(call)
         causes = explain(arith_call, call, previous.get(call.index), group, rank)
         if causes and causes[0] == "native":
-            native_ok.append(call)
             continue
         groups.setdefault(tuple(causes), []).append(call)
+    if not int(mine.sum()):
+        native_ok = list(calls)
     findings: List[Finding] = []
+    if skipped:
+        findings.append(Finding(ctx.rank, f"{skipped} more hook call(s) of the step differ from native on some rank; "
+                                          f"the diagnosis explains the first {MAX_DIAGNOSED_CALLS}", step=step,
+                                kind="diagnosis_note"))
     for causes, which in groups.items():
         where = "every hook call of the step" if len(which) == len(calls) else \
             f"{len(which)} of {len(calls)} hook calls ({_names(which)})"

@@ -27,7 +27,7 @@ def header(hook: Optional[str], describe: Dict[str, Any], world_size: int) -> st
 
 
 #: Finding kinds that explain other findings (:mod:`conformance.diagnosis`), listed after them.
-DIAGNOSIS_KINDS = ("diagnosis", "diagnosis_wider_dtype", "no_known_cause")
+DIAGNOSIS_KINDS = ("diagnosis", "diagnosis_wider_dtype", "no_known_cause", "diagnosis_note")
 
 
 def findings_text(found: Sequence[Finding]) -> str:

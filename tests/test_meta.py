@@ -120,6 +120,16 @@ def test_failures_carry_the_named_cause(zoo_run, name):
     assert not missing, f"{cause!r} missing from {missing}:\n{failed[0].message[-2000:]}"
 
 
+def test_subgroup_failures_are_diagnosed_on_the_subgroup(zoo_run):
+    """The diagnosis runs its collectives on the subgroup, with the subgroup's ranks (a subgroup context keeps
+    the global rank): every rank finishes and the cause is named."""
+    failed = [c for c in zoo_run.by_hook()["bad_sum_no_average"] if c.check == "subgroup_parity"]
+    assert failed and all(c.outcome == "failed" for c in failed)
+    for case in failed:
+        assert "did not finish" not in case.message, case.message[:3000]
+        assert "SUM without averaging" in case.message, case.message[-2000:]
+
+
 def test_an_unexplained_difference_gets_no_invented_cause(zoo_run):
     """One ULP added on rank 0 matches no named cause: rank 0 says so; the other ranks' own results are
     native's, which the diagnosis says instead of naming a cause."""

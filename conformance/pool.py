@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
 from conformance.rank_log import RankLog
@@ -190,6 +190,39 @@ class PoolConfig:
     specs: Tuple[Tuple[str, str], ...] = ()
     log_limit_bytes: int = int(DEFAULT_RANK_LOG_LIMIT_MIB * 2**20)
     memory_growth_bytes: int = int(DEFAULT_RANK_MEMORY_GROWTH_MIB * 2**20)
+
+
+def gather_outcomes(conns: Sequence[Connection], outcomes: Dict[int, RankOutcome], timeout_s: float,
+                    on_lost: Callable[[int, str], RankOutcome]) -> Dict[int, str]:
+    """Collect one :class:`RankOutcome` per rank of ``conns`` into ``outcomes`` (ranks already in it are
+    not waited for), relaying ``phase`` messages, for at most ``timeout_s`` seconds; once a rank failed,
+    the others get :data:`STRAGGLER_GRACE_S` more. A rank whose connection breaks gets
+    ``on_lost(rank, last phase)``. Returns each rank's last announced phase. Both launchers use it: the
+    local :class:`RankPool` and :class:`conformance.remote.RemotePool`.
+    """
+    phases = {r: "" for r in range(len(conns))}
+    deadline = time.monotonic() + timeout_s
+    grace_deadline: Optional[float] = None
+    while len(outcomes) < len(conns):
+        limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+        waiting = [c for r, c in enumerate(conns) if r not in outcomes]
+        ready = wait(waiting, timeout=max(limit - time.monotonic(), 0))
+        if not ready:
+            break
+        for conn in ready:
+            rank = conns.index(conn)
+            try:
+                kind, payload = recv(conn)
+            except (EOFError, OSError):
+                outcomes[rank] = on_lost(rank, phases[rank])
+                continue
+            if kind == "phase":
+                phases[rank] = payload
+            elif kind == "outcome":
+                outcomes[rank] = payload
+        if grace_deadline is None and any(not o.ok for o in outcomes.values()):
+            grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
+    return phases
 
 
 class RankPool:
@@ -385,32 +418,8 @@ class RankPool:
         for conn in self._conns:
             send(conn, ("case", case))
         outcomes: Dict[int, RankOutcome] = {}
-        phases = {r: "" for r in range(n)}
-        deadline = time.monotonic() + timeout_s
-        grace_deadline: Optional[float] = None
-        live = {r: c for r, c in enumerate(self._conns)}
-        while len(outcomes) < n:
-            now = time.monotonic()
-            limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
-            waiting = [c for r, c in live.items() if r not in outcomes]
-            ready = wait(waiting, timeout=max(limit - now, 0)) if waiting else []
-            if not ready:
-                break
-            for conn in ready:
-                rank = self._conns.index(conn)
-                try:
-                    kind, payload = recv(conn)
-                except (EOFError, OSError):
-                    code = self._procs[rank].wait()
-                    outcomes[rank] = RankOutcome(rank=rank, exit_code=code, phase=phases[rank])
-                    live.pop(rank, None)
-                    continue
-                if kind == "phase":
-                    phases[rank] = payload
-                elif kind == "outcome":
-                    outcomes[rank] = payload
-            if grace_deadline is None and any(not o.ok for o in outcomes.values()):
-                grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
+        phases = gather_outcomes(self._conns, outcomes, timeout_s, lambda rank, phase: RankOutcome(
+            rank=rank, exit_code=self._procs[rank].wait(), phase=phase))
         wall = time.perf_counter() - started
         timed_out = len(outcomes) < n and not any(not o.ok for o in outcomes.values())
         unfinished = [r for r in range(n) if r not in outcomes]

@@ -33,7 +33,7 @@ import uuid
 from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Optional
 
-from conformance.pool import STRAGGLER_GRACE_S, PoolConfig, PoolStartError, SpecLoadError
+from conformance.pool import STRAGGLER_GRACE_S, PoolConfig, PoolStartError, SpecLoadError, gather_outcomes
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
 from conformance.remote_link import (HANDSHAKE_TIMEOUT_S, Address, AuthenticationError, accept_authenticated,
                                      format_address, read_authkey)
@@ -320,7 +320,6 @@ class RemotePool:
         n = self.config.world_size
         started = time.perf_counter()
         outcomes: Dict[int, RankOutcome] = {}
-        phases = {r: "" for r in range(n)}
         lost: set = set()
         for r, conn in enumerate(self._conns):
             try:
@@ -328,29 +327,12 @@ class RemotePool:
             except OSError:
                 lost.add(r)
                 outcomes[r] = RankOutcome(rank=r, lost=LOST.format(host=self._info[r]["host"]))
-        deadline = time.monotonic() + timeout_s
-        grace_deadline: Optional[float] = None
-        while len(outcomes) < n:
-            limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
-            waiting = [c for r, c in enumerate(self._conns) if r not in outcomes]
-            ready = wait(waiting, timeout=max(limit - time.monotonic(), 0))
-            if not ready:
-                break
-            for conn in ready:
-                rank = self._conns.index(conn)
-                try:
-                    kind, payload = recv(conn)
-                except (EOFError, OSError):
-                    lost.add(rank)
-                    outcomes[rank] = RankOutcome(rank=rank, phase=phases[rank],
-                                                 lost=LOST.format(host=self._info[rank]["host"]))
-                    continue
-                if kind == "phase":
-                    phases[rank] = payload
-                elif kind == "outcome":
-                    outcomes[rank] = payload
-            if grace_deadline is None and any(not o.ok for o in outcomes.values()):
-                grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
+
+        def on_lost(rank: int, phase: str) -> RankOutcome:
+            lost.add(rank)
+            return RankOutcome(rank=rank, phase=phase, lost=LOST.format(host=self._info[rank]["host"]))
+
+        phases = gather_outcomes(self._conns, outcomes, timeout_s, on_lost)
         wall = time.perf_counter() - started
         timed_out = len(outcomes) < n and not any(not o.ok for o in outcomes.values())
         unfinished = [r for r in range(n) if r not in outcomes]

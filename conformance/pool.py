@@ -13,10 +13,12 @@ rank was doing and starts a fresh pool for the next case. Rendezvous uses a
 a port already in use cannot break start-up.
 
 Each rank's stdout and stderr go through a pipe to a :class:`~conformance.rank_log.RankLog`
-in the controller, which keeps a bounded part of each case's output. A rank whose
-resident memory grew by more than ``PoolConfig.memory_growth_bytes`` during a
-case is restarted after it (with its pool), and the result names the growth,
-so a leaking hook is blamed for its own case, not the cases after it.
+in the controller, which keeps a bounded part of each case's output. A pool runs
+the cases of one hook (:meth:`conformance.runner.Runner.serve`). A rank whose
+resident memory grew by more than ``PoolConfig.memory_growth_bytes`` since the
+pool was ready (over the hook's cases so far), or that reports its process state
+changed (:mod:`conformance.process_state`), gets the pool restarted after the
+case, and the result names it: the hook is blamed in its own case.
 """
 
 from __future__ import annotations
@@ -177,8 +179,9 @@ class PoolConfig:
         specs: ``(module:ATTR target, spec name)`` pairs each rank loads while
             it starts; one that fails is a :class:`SpecLoadError`.
         log_limit_bytes: bytes of each rank's output kept per case (:class:`RankLog`).
-        memory_growth_bytes: bytes a rank's resident memory may grow during one
-            case before the pool is restarted after it; 0 for no check.
+        memory_growth_bytes: bytes a rank's resident memory may grow over the cases
+            the pool runs (one hook's) before the pool is restarted after the case
+            that crossed it; 0 for no check.
     """
 
     world_size: int
@@ -242,6 +245,9 @@ class RankPool:
         self._dir: Optional[str] = None
         self._seq = 0
         self._launched_at = 0.0
+        self._ready = False
+        self._rss_ready: List[Optional[int]] = []
+        self._cases_run = 0
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -334,6 +340,8 @@ class RankPool:
             self._wait_ready()
 
     def _wait_ready(self) -> None:
+        if self._ready:
+            return
         cfg = self.config
         deadline = self._launched_at + cfg.start_timeout_s
         pending = dict(enumerate(self._conns))
@@ -356,6 +364,10 @@ class RankPool:
                 if kind == "failed":
                     self._fail_start(f"rank {rank} could not join the process group:\n{payload}", [rank])
                 pending.pop(rank)
+        self._ready = True
+        self._cases_run = 0
+        # Memory is counted from here: every case this pool runs is one hook's (conformance.runner).
+        self._rss_ready = [rank_rss(p.pid) for p in self._procs]
 
     def _fail_start(self, message: str, ranks: List[int]) -> None:
         logs = "\n".join(f"--- rank {r} log ---\n{self._logs[r].excerpt(1000, 3000)}" for r in ranks)
@@ -398,23 +410,31 @@ class RankPool:
         for log in self._logs:
             log.close()
         self._procs, self._conns = [], []
+        self._ready = False
 
     # -- running cases -------------------------------------------------------------
     def run(self, case: Case, timeout_s: Optional[float] = None) -> CaseResult:
         """Send ``case`` to every rank and gather one outcome per rank.
 
-        The pool is (re)started first if needed. After a case in which a rank
-        raised, hung or died, the pool is checked with an all-reduce and
-        restarted if the ranks no longer match up; the returned result says so.
+        The pool is (re)started first if needed. After every case the ranks
+        all-reduce on the default process group (:meth:`_in_step`): after a
+        case in which a rank raised, hung or died, a pool whose ranks no longer
+        match up is rebuilt; after one that every rank finished, a group that no
+        longer works is the hook's doing (``CaseResult.group_broken``). A rank
+        that reports its process state changed (``RankOutcome.leaks``), or whose
+        resident memory grew past the bound since the pool started, also gets
+        the pool rebuilt before the next case. The returned result says which.
         """
         if not self.alive:
             self.start()
+        elif not self._ready:
+            self.wait_ready()
         timeout_s = self.config.case_timeout_s if timeout_s is None else timeout_s
         n = self.config.world_size
         for log in self._logs:
             log.mark()
-        rss_before = [rank_rss(p.pid) for p in self._procs]
         started = time.perf_counter()
+        self._cases_run += 1
         for conn in self._conns:
             send(conn, ("case", case))
         outcomes: Dict[int, RankOutcome] = {}
@@ -424,6 +444,7 @@ class RankPool:
         timed_out = len(outcomes) < n and not any(not o.ok for o in outcomes.values())
         unfinished = [r for r in range(n) if r not in outcomes]
         rebuilt = False
+        group_broken = ""
         for r, outcome in outcomes.items():
             if not outcome.ok:
                 outcome.output = self._logs[r].excerpt(1000, 2000)
@@ -434,53 +455,67 @@ class RankPool:
                 outcomes[r] = RankOutcome(rank=r, phase=phases[r], stack=stacks.get(r, "(no stack written)"))
             self.kill()
             rebuilt = True
-        elif not all(o.ok for o in outcomes.values()):
-            rebuilt = not self._still_in_step()
+        else:
+            problem = self._in_step()
+            if problem is not None:
+                rebuilt = True
+                if all(o.ok for o in outcomes.values()):
+                    group_broken = problem
+        if not rebuilt and any(o.leaks for o in outcomes.values()):
+            self.kill()  # the next case gets ranks that never ran this hook's code
         if not rebuilt and self.config.memory_growth_bytes:
-            grown = self._grown(rss_before)
-            if grown:  # the next case gets fresh ranks; this one is named for it
+            grown = self._grown()
+            if grown:
                 self.kill()
         ordered = tuple(outcomes[r] for r in range(n))
         return CaseResult(case=case, world_size=n, outcomes=ordered, timed_out=timed_out,
-                          wall_s=wall, pool_rebuilt=rebuilt, memory_grown=grown)
+                          wall_s=wall, pool_rebuilt=rebuilt, memory_grown=grown,
+                          memory_bound=self.config.memory_growth_bytes, cases_on_pool=self._cases_run,
+                          group_broken=group_broken)
 
-    def _grown(self, rss_before: List[Optional[int]]) -> Tuple[Tuple[int, int, int], ...]:
-        """``(rank, bytes grown, RSS now)`` of each rank whose RSS grew beyond the bound since ``rss_before``."""
+    def _grown(self) -> Tuple[Tuple[int, int, int], ...]:
+        """``(rank, bytes grown, RSS now)`` of each rank whose RSS grew beyond the bound since the pool was
+        ready: over every case it ran, which are the cases of one hook."""
         grown = []
-        for r, (proc, before) in enumerate(zip(self._procs, rss_before)):
+        for r, (proc, before) in enumerate(zip(self._procs, self._rss_ready)):
             now = rank_rss(proc.pid)
             if before is not None and now is not None and now - before > self.config.memory_growth_bytes:
                 grown.append((r, now - before, now))
         return tuple(grown)
 
-    def _still_in_step(self) -> bool:
-        """After a failed case: do the ranks still agree on the collective sequence?"""
+    def _in_step(self) -> Optional[str]:
+        """After a case: do the ranks still agree on the collective sequence, on a default process group
+        that works? ``None`` if so; else why not, and the pool is killed (rebuilt on the next case)."""
         if not self.alive:
             self.kill()
-            return False
+            return "a rank is gone"
         self._seq += 1
         for conn in self._conns:
             send(conn, ("ping", self._seq))
         expected = self._seq * self.config.world_size
         deadline = time.monotonic() + STRAGGLER_GRACE_S
         replies = 0
+        problem: Optional[str] = None
         while replies < len(self._conns):
             ready = wait(self._conns, timeout=max(deadline - time.monotonic(), 0))
             if not ready:
-                self.kill()
-                return False
+                problem = problem or f"the ranks did not all answer an all-reduce within {STRAGGLER_GRACE_S:g} s"
+                break
             for conn in ready:
                 try:
                     kind, payload = recv(conn)
                 except (EOFError, OSError):
-                    self.kill()
-                    return False
+                    problem = problem or f"rank {self._conns.index(conn)} is gone"
+                    replies = len(self._conns)
+                    break
                 if kind == "pong":
                     if payload != expected:
-                        self.kill()
-                        return False
+                        problem = problem or (f"rank {self._conns.index(conn)}: {payload}" if isinstance(payload, str)
+                                              else "the ranks are out of step")
                     replies += 1
-        return True
+        if problem is not None:
+            self.kill()
+        return problem
 
     def _dump_stacks(self, ranks: List[int]) -> Dict[int, str]:
         for r in ranks:

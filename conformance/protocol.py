@@ -109,6 +109,9 @@ class RankOutcome:
             rank by then (:meth:`conformance.worker.RankContext.report_on_error`,
             e.g. the wrong allocation a recorder saw before the collective
             failed); shown above the traceback.
+        leaks: what differs in the rank's process-global state from before the hook's
+            module was imported, after the case (:func:`conformance.process_state.changes`),
+            one phrase each; the case fails with them and the pool is rebuilt.
     """
 
     rank: int
@@ -123,6 +126,7 @@ class RankOutcome:
     output: str = ""
     lost: str = ""
     findings_before_error: List["Finding"] = dataclasses.field(default_factory=list)
+    leaks: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def hung(self) -> bool:
@@ -145,8 +149,11 @@ class CaseResult:
     """The outcomes of one case on every rank, as gathered by the controller.
 
     ``memory_grown`` holds ``(rank, bytes grown, resident bytes after)`` for each rank
-    whose resident memory grew beyond the pool's bound during the case; the pool was
-    then restarted after it (:class:`~conformance.pool.PoolConfig`).
+    whose resident memory grew beyond the pool's bound since the pool started for this
+    hook (over all the hook's cases so far); the pool was then restarted after the case
+    (:class:`~conformance.pool.PoolConfig`). ``group_broken`` says why the default process
+    group no longer ran a collective after a case that every rank finished, if it did not.
+    Both, and every rank's :attr:`RankOutcome.leaks`, fail the case: :meth:`leak_findings`.
     """
 
     case: Case
@@ -156,6 +163,9 @@ class CaseResult:
     wall_s: float = 0.0
     pool_rebuilt: bool = False
     memory_grown: Tuple[Tuple[int, int, int], ...] = ()
+    memory_bound: int = 0
+    cases_on_pool: int = 0
+    group_broken: str = ""
 
     @property
     def all_ok(self) -> bool:
@@ -164,6 +174,31 @@ class CaseResult:
     @property
     def max_compute_s(self) -> float:
         return max((o.compute_s for o in self.outcomes), default=0.0)
+
+    def leak_findings(self) -> List["Finding"]:
+        """What the hook left changed in its rank processes, as findings of kind ``"process_state"`` (one
+        per rank and change; a change every rank shows is one finding for rank 0 that says so) and
+        ``"memory"``."""
+        found: List[Finding] = []
+        by_change: Dict[str, List[int]] = {}
+        for o in self.outcomes:
+            for what in o.leaks:
+                by_change.setdefault(what, []).append(o.rank)
+        for what, ranks in by_change.items():
+            where = " on every rank" if len(ranks) == self.world_size > 1 else ""
+            found.append(Finding(ranks[0], f"the hook left{where}: {what}. A later case in the same process would "
+                                 "run under it, so the ranks were rebuilt before the next case", kind="process_state"))
+        if self.group_broken and not by_change:
+            found.append(Finding(0, f"after this case the default process group no longer runs a collective "
+                                 f"({self.group_broken}); the ranks were rebuilt before the next case",
+                                 kind="process_state"))
+        for rank, grew, now in self.memory_grown:
+            found.append(Finding(rank, f"resident memory grew by {grew / 2**20:.0f} MiB (to {now / 2**20:.0f} MiB) "
+                                 f"over this hook's {self.cases_on_pool} case(s) on this rank, beyond "
+                                 f"--rank-memory-growth {self.memory_bound / 2**20:g} MiB: the hook keeps memory from "
+                                 "call to call (a cache or a list that only grows?). The ranks were rebuilt before "
+                                 "the next case; this case re-run alone may stay under the bound", kind="memory"))
+        return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +216,10 @@ class Finding:
             value), ``"local_gradient"`` (every rank kept its own gradient: the
             hook never communicated), ``"diagnosis"`` (a named cause that
             reproduces the hook's result, :mod:`conformance.diagnosis`),
-            ``"no_known_cause"`` (a difference that no named cause explains).
+            ``"no_known_cause"`` (a difference that no named cause explains),
+            ``"process_state"`` (the hook left the rank process changed,
+            :mod:`conformance.process_state`), ``"memory"`` (the rank's memory grew
+            past the bound over the hook's cases).
     """
 
     rank: int

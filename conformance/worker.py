@@ -28,8 +28,22 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Dict, List, Optional
 
-from conformance import lifeline
+from conformance import lifeline, process_state
 from conformance.protocol import RankOutcome, as_check_result, recv, send
+
+
+_ALL_REDUCE: List[Any] = []
+
+
+def _suite_all_reduce() -> Any:
+    """``torch.distributed.all_reduce`` as it was before any hook code ran in this process (kept by
+    :meth:`_Worker.prepare`): the suite's own collectives must work even where a hook monkeypatched
+    ``torch.distributed`` (which :mod:`conformance.process_state` then reports)."""
+    if not _ALL_REDUCE:
+        from torch.distributed.distributed_c10d import all_reduce
+
+        _ALL_REDUCE.append(all_reduce)
+    return _ALL_REDUCE[0]
 
 
 class RankContext:
@@ -67,7 +81,7 @@ class RankContext:
         import torch.distributed as dist
 
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        _suite_all_reduce()(t, op=dist.ReduceOp.MAX, group=self.group)
         return bool(t.item())
 
     def phase(self, text: str) -> None:
@@ -107,10 +121,14 @@ class _Worker:
         self.backend: str = hello["backend"]
         self.device_type: str = hello["device"]
         self._specs: Dict[tuple, Any] = {}
+        self.clean: Optional[process_state.Fingerprint] = None
+        self.import_leaks: List[str] = []
 
-    def start(self, hello: Dict[str, Any]) -> None:
+    def prepare(self) -> None:
+        """Set up what the suite itself changes in the process (threads, device, the check registry),
+        then take the clean :class:`~conformance.process_state.Fingerprint`: before any hook code runs
+        here, so what the hook's module import or its cases change is told apart from the suite's own."""
         import torch
-        import torch.distributed as dist
 
         if self.device_type == "cpu":
             torch.set_num_threads(1)
@@ -118,6 +136,18 @@ class _Worker:
         else:
             torch.cuda.set_device(self.rank)
             self.device = torch.device("cuda", self.rank)
+        # Fill the check registry before the first case (imports every adapter).
+        from conformance.checks import register_every_check
+
+        register_every_check()
+        _suite_all_reduce()
+        self.clean = process_state.take()
+
+    def start(self, hello: Dict[str, Any]) -> None:
+        """Join the pool's process group (after :meth:`prepare` and :meth:`load_specs`) and say ready."""
+        import torch
+        import torch.distributed as dist
+
         store = dist.FileStore(hello["store_path"], self.world_size)
         kwargs = dict(
             backend=self.backend,
@@ -129,14 +159,18 @@ class _Worker:
         if self.backend == "nccl":
             kwargs["device_id"] = self.device
         dist.init_process_group(**kwargs)
-        self.group = dist.group.WORLD
-        # Fill the check registry before the first case (imports every adapter).
-        from conformance.checks import register_every_check
-
-        register_every_check()
-
-        self.ctx = RankContext(self.rank, self.world_size, self.group, self.device, self.backend, self.conn)
+        self.joined()
         send(self.conn, ("ready", {"rank": self.rank, "pid": os.getpid(), "torch": torch.__version__}))
+
+    def joined(self) -> None:
+        """After the rank joined its process group: keep the group, make the check context, and note what
+        the hook's module import already changed (reported with every case, since a rebuilt pool
+        imports it again)."""
+        import torch.distributed as dist
+
+        self.group = dist.group.WORLD
+        self.ctx = RankContext(self.rank, self.world_size, self.group, self.device, self.backend, self.conn)
+        self.import_leaks = process_state.changes(self.clean, process_state.take(), self.group)
 
     def load_specs(self, wanted: Any) -> Optional[str]:
         """Load every ``(target, name)`` spec the controller loaded; why one failed, or ``None``.
@@ -185,16 +219,30 @@ class _Worker:
             fn = get_rank_check(case.check)
             spec = self.load_spec(case.hook) if case.hook is not None else None
             value = as_check_result(fn(self.ctx, spec, **case.params))
-            return RankOutcome(
+            outcome = RankOutcome(
                 rank=self.rank, ok=True, value=value,
                 compute_s=time.perf_counter() - start, phase=self.ctx.current_phase,
             )
         except BaseException as exc:  # noqa: BLE001 - reported to the controller, rank stays up
-            return RankOutcome(
+            outcome = RankOutcome(
                 rank=self.rank, ok=False, error=traceback.format_exc(), error_type=type(exc).__name__,
                 compute_s=time.perf_counter() - start, phase=self.ctx.current_phase,
                 findings_before_error=self.ctx.findings_before_error(),
             )
+        outcome.leaks = self.leaks()
+        return outcome
+
+    def leaks(self) -> List[str]:
+        """What differs from the clean fingerprint now, each phrase saying when it was left: at the
+        module's import (before any case of this pool) or during the case just run."""
+        if self.clean is None:
+            return []
+        try:
+            now = process_state.changes(self.clean, process_state.take(), self.group)
+        except Exception as exc:  # noqa: BLE001 - a state too broken to read is a leak in itself
+            return [f"process state that cannot be read any more ({type(exc).__name__}: {exc})"]
+        return [f"{what}, since the hook's module was imported (before any case ran)" if what in self.import_leaks
+                else what for what in now]
 
     def ping(self, seq: int) -> Optional[int]:
         """All-reduce ``seq``: proves the process group still matches up after a failed case."""
@@ -202,7 +250,9 @@ class _Worker:
         import torch.distributed as dist
 
         t = torch.tensor([seq], dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, group=self.group)
+        # The default group as a hook would find it (group=None), not the handle kept at start: a hook
+        # that destroyed or replaced it must fail here, not in the next hook's first collective.
+        _suite_all_reduce()(t)
         return int(t.item())
 
     def loop(self) -> None:
@@ -254,6 +304,11 @@ def main(argv: Optional[list] = None) -> int:
     sys.path[:] = hello["sys_path"]
     importlib.invalidate_caches()
     worker = _Worker(conn, hello)
+    try:
+        worker.prepare()
+    except BaseException:  # noqa: BLE001
+        send(conn, ("failed", traceback.format_exc()))
+        return 1
     problem = worker.load_specs(hello.get("specs", ()))
     if problem is not None:
         send(conn, ("spec_failed", problem))

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from conformance import report, results_plugin
+from conformance import exit_codes, report, results_plugin
 from conformance.cases import parse_case_id
 from conformance.interruption import StopSignals
 from conformance.report_files import JUnitReportGuard
@@ -46,6 +46,8 @@ class SessionState:
     skip_reasons: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
     #: World sizes at which each hook's cases ran (skipped cases excluded).
     ran_at: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    #: Per hook, why some of its cases could not run (the run's own failure: a pool that could not start).
+    not_run: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
 
     def spec(self, name: str) -> LoadedSpec:
         for item in self.specs:
@@ -153,6 +155,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     suite_items = [item for item in items if item.get_closest_marker("conformance")]
     if not suite_items:
         return
+    _order_by_hook(items, [item.spec.name for item in state.specs])
     strict = state.settings.strict_known_failures
     for item in suite_items:
         hook = _case_hook(item)
@@ -173,6 +176,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         warnings.warn(pytest.PytestWarning(
             f"known failure {entry.source} (test = {entry.test!r}, {entry.conditions()}) matches no test in this run; "
             "the failure may be fixed or the pattern out of date: update or remove the entry"))
+
+
+def _order_by_hook(items: List[pytest.Item], hooks: List[str]) -> None:
+    """Put each hook's cases together, hooks in the order they were given, each hook's cases in their
+    collected order; other items keep their places. Each hook gets rank processes of its own
+    (:meth:`conformance.runner.Runner.serve`), started once for all its cases."""
+    rank = {name: i for i, name in enumerate(hooks)}
+    slots = [i for i, item in enumerate(items) if item.get_closest_marker("conformance")]
+    ordered = sorted((items[i] for i in slots), key=lambda item: rank.get(_case_hook(item), len(rank)))
+    for i, item in zip(slots, ordered):
+        items[i] = item
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -207,11 +221,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     """
     report = yield
     if call.excinfo is not None:
-        from conformance.runner import ConformanceFailure
+        from conformance.runner import ConformanceFailure, NotRun
 
-        if isinstance(call.excinfo.value, ConformanceFailure):
-            report.longrepr = str(call.excinfo.value)
+        exc = call.excinfo.value
+        props: List[Tuple[str, str]] = []
+        if isinstance(exc, ConformanceFailure):
+            report.longrepr = str(exc)
+            kinds = {f.kind for f in exc.findings}
+            props += [("leak", label) for kind, label in LEAK_LABELS.items() if kind in kinds]
+            if kinds and kinds <= set(LEAK_LABELS) and not exc.rank_problems:
+                props.append(("failed_check", "; ".join(LEAK_LABELS[k] for k in sorted(kinds))))
+        elif isinstance(exc, NotRun):
+            props.append(("not_run", exc.reason))
+        # On the item too: JUnit XML and the results file read the properties of the teardown report.
+        item.user_properties.extend(props)
+        report.user_properties.extend(props)
     return report
+
+
+#: Finding kinds that are something the hook left behind rather than a check's own finding, with what the
+#: verdict calls them (``DOES NOT CONFORM (left process state changed)``).
+LEAK_LABELS = {"process_state": "left process state changed", "memory": "memory growth"}
 
 
 def _case_hook(item: pytest.Item) -> Optional[str]:
@@ -295,7 +325,11 @@ class _Summary:
         else:
             outcome = report.outcome
             if report.failed:
-                state.per_hook_failed_checks[hook].add(props.get("check", "?"))
+                failed = state.per_hook_failed_checks[hook]
+                failed.add(props.get("failed_check") or props.get("check", "?"))
+                failed.update(label for key, label in report.user_properties if key == "leak")
+            if "not_run" in props:
+                state.not_run[hook].add(props["not_run"])
         if outcome != "skipped" and props.get("world_size") is not None:
             state.ran_at[hook].add(int(props["world_size"]))
         state.per_hook[hook][outcome] += 1
@@ -305,7 +339,8 @@ class _Summary:
         stopped before every case ran (the issue's rule: an interrupted run never says CONFORMS)."""
         state = self.state
         return report.hook_verdict(state.per_hook.get(name) or {}, state.per_hook_failed_checks.get(name, ()),
-                                   state.ran_at.get(name, ()), interrupted=self.interrupted)
+                                   state.ran_at.get(name, ()), interrupted=self.interrupted,
+                                   not_run=sorted(state.not_run.get(name, ())))
 
     def unchecked_hooks(self) -> List[str]:
         return [item.spec.name for item in self.state.specs
@@ -318,9 +353,13 @@ class _Summary:
             # -x / --maxfail stopped the run: the cases not run might fail, as after Ctrl-C.
             self.interrupted = True
             self.stopped_by = str(stopped)
+        state = self.state
+        if state.not_run and not self.interrupted and exitstatus in (0, 1):
+            # Some hook could not be checked: the run did not do its job, whatever the others gave.
+            session.exitstatus = exit_codes.RUN_ERROR
+            return
         if exitstatus != 0:
             return
-        state = self.state
         if self.unchecked_hooks() or (state.settings.strict_known_failures and state.unused_entries):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -366,8 +405,10 @@ class _Summary:
         runner = state.runner
         if runner is not None and getattr(runner, "restarts", 0):
             tr.write_line(f"rank pools restarted {runner.restarts} time(s) after hung or broken cases")
-        for line in getattr(runner, "memory_restarts", ()):
-            tr.write_line(f"rank memory: {line}", yellow=True)
+        if state.not_run and not self.interrupted:
+            tr.write_line(f"exit status {exit_codes.RUN_ERROR}: the run could not check every hook (NOT RUN above: "
+                          "its rank pools could not start); no hook is blamed for that. Fix what the reason says "
+                          "and run again", red=True)
         if state.settings.listen is not None:  # connections refused for want of the shared secret
             from conformance.remote import summary_lines
 
@@ -377,17 +418,25 @@ class _Summary:
 
 @pytest.fixture(scope="session")
 def conform(request: pytest.FixtureRequest):
-    """The session's :class:`~conformance.runner.Runner` (rank pools start lazily)."""
+    """The session's :class:`~conformance.runner.Runner`: every spec loaded once inside a rank, then the
+    first hook's pools launched (the rest start when their hook's turn comes)."""
     from conformance.runner import Runner
 
     state = state_of(request.config)
     if state.runner is None:
-        state.runner = Runner(state.settings, state.specs, state.sys_path)
+        runner = state.runner = Runner(state.settings, state.specs, state.sys_path)
         s = state.settings
-        wanted = set()
-        for item in request.session.items:  # the pools that cases which run here need
+        first: List[Optional[str]] = []
+        for item in request.session.items:  # the pools that cases which run here need, hook by hook
             case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
-            if getattr(case, "world_size", None) is not None and not item.get_closest_marker("skip"):
-                wanted.add(case.world_size)
-        state.runner.prestart(sorted(ws for ws in wanted if s.world_size_unavailable(ws) is None))
+            ws = getattr(case, "world_size", None)
+            if ws is None or item.get_closest_marker("skip") or s.world_size_unavailable(ws) is not None:
+                continue
+            runner.world_sizes_of.setdefault(case.hook, set()).add(ws)
+            if not first:
+                first.append(case.hook)
+        if runner.isolates_hooks:
+            runner.check_specs()
+        if first:
+            runner.prestart(first[0])
     return state.runner

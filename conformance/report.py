@@ -118,7 +118,7 @@ def exception_line(text: str) -> str:
 
 
 def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: Iterable[int],
-                 interrupted: bool = False) -> str:
+                 interrupted: bool = False, not_run: Sequence[str] = ()) -> str:
     """One hook's verdict from its case outcomes.
 
     Args:
@@ -127,6 +127,9 @@ def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: I
         failed_checks: the checks of its failed cases.
         ran_at: the world sizes at which its cases ran (skipped ones excluded).
         interrupted: the run was stopped (Ctrl-C, SIGTERM) before every case ran.
+        not_run: why some of its cases could not run (the run's own failure, e.g. a rank
+            pool that could not start); the verdict is then ``NOT RUN (reason)``
+            unless a case of it failed.
 
     ``DOES NOT CONFORM (checks)``; ``NOT RUN`` when every case was skipped;
     ``NOT CHECKED ACROSS RANKS`` when every case ran at world size 1 (a mean
@@ -141,6 +144,8 @@ def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: I
         return "DOES NOT CONFORM (" + ", ".join(sorted(failed_checks)) + ")"
     if interrupted:
         return "INTERRUPTED: no verdict" + now_pass
+    if not_run:
+        return f"NOT RUN ({not_run[0]})"
     if not (counts.get("passed") or counts.get("xfailed") or xpassed):
         return "NOT RUN: every case was skipped" if counts.get("skipped") else "not run"
     if max(set(ran_at) or {0}) < 2:

@@ -13,11 +13,16 @@ the command that re-runs just that case.
    case plan) for its cases over the loaded specs (``spec_loading.load_specs``)
    and the settings; a case that cannot run here is a skip with its reason,
    and the known-failures book marks expected failures.
-2. Pools (controller). The ``conform`` fixture makes one :class:`RankPool` per
-   world size the collected cases need, placed by ``Settings.placement``
-   (backend and device), and starts them together. Each rank
+2. Pools (controller). The plugin orders the cases by hook. Every spec is
+   first loaded once in a throwaway rank of its own (a failure there ends the
+   session with exit 4, before any case). Then the pools of each hook's
+   world sizes, placed by ``Settings.placement`` (backend and device), start
+   together for that hook's cases and are closed before the next hook's:
+   ranks forked from the zygote (which never runs hook code) for one hook, so
+   no code of one hook (its import, its state factory, its calls) ever runs
+   in a process that later checks another. Each rank
    (``python -m conformance.worker``) takes the controller's ``sys.path``,
-   loads every spec (a failure there ends the session with exit 4), then joins
+   fingerprints its clean process state, loads the hook's spec, then joins
    its process group.
 3. Dispatch (controller). A test calls :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
    case as a picklable :class:`~conformance.protocol.Case` (check name, a
@@ -30,8 +35,12 @@ the command that re-runs just that case.
 5. Outcomes (controller). Each rank answers with a ``RankOutcome``; a rank
    that raises, hangs past ``--case-timeout`` (stacks via faulthandler) or
    dies is reported per rank, and the pool is rebuilt when the ranks no
-   longer match up. A failure inside the suite's own reference is replayed
-   with the reference alone, and becomes a skip if that fails too.
+   longer match up. What the hook left changed in its ranks' process state,
+   a default process group that no longer works, and memory grown past the
+   bound over the hook's cases fail the case, and the pool is rebuilt. A
+   failure inside the suite's own reference is replayed with the reference
+   alone, and becomes a skip if that fails too. A pool that cannot start is
+   the run's failure, not the hook's: the case is ``NOT RUN`` (:class:`NotRun`).
 6. Verdict (controller). Findings become one ``ConformanceFailure`` message
    with the re-run command; the plugin's summary turns every report into the
    per-hook verdict.
@@ -39,10 +48,10 @@ the command that re-runs just that case.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
-import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
 from conformance import report
@@ -58,12 +67,27 @@ class ConformanceFailure(AssertionError):
     """A hook failed a check; the message is the whole report of that case.
 
     Attributes:
-        findings: the findings behind it; empty when a rank raised, hung or died.
+        findings: the findings behind it; when a rank raised, hung or died, only those of what the
+            hook left behind in its process (kinds ``"process_state"``, ``"memory"``).
+        rank_problems: a rank raised, hung or died.
     """
 
-    def __init__(self, message: str, findings: Sequence[Finding] = ()):
+    def __init__(self, message: str, findings: Sequence[Finding] = (), rank_problems: bool = False):
         super().__init__(message)
         self.findings = tuple(findings)
+        self.rank_problems = rank_problems
+
+
+class NotRun(pytest.skip.Exception):  # type: ignore[misc,name-defined]
+    """A case that the run's own infrastructure could not run (a rank pool that could not start, ranks that
+    never connected). Reported as a skip whose reason starts ``NOT RUN:``; the plugin marks the case
+    (JUnit property ``not_run``), the hook's verdict reads ``NOT RUN (reason)`` unless a case of it
+    failed, and the run exits :data:`conformance.exit_codes.RUN_ERROR`. Never the hook's failure.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(f"NOT RUN: {reason}", pytrace=False)
+        self.reason = reason
 
 
 class Runner:
@@ -80,8 +104,8 @@ class Runner:
         restarts: pools restarted after a case hung, killed a rank, or left the
             ranks out of step.
         timings: ``(wall_s, max_rank_compute_s)`` per case, for the benchmark.
-        memory_restarts: one line per case after which a pool was restarted because a
-            rank's resident memory grew beyond ``--rank-memory-growth``, naming the case.
+        hook_pool_starts: pools started for a hook (each hook gets ranks of its own).
+        not_run: ``(hook, world size) -> why`` its pool could not start; those cases are NOT RUN.
     """
 
     def __init__(self, settings: Any, specs: Sequence[Any], sys_path: Sequence[str] = ()):
@@ -91,19 +115,40 @@ class Runner:
         self.pools: Dict[int, RankPool] = {}
         self.restarts = 0
         self.timings: List[tuple] = []
-        self.memory_restarts: List[str] = []
+        #: The world sizes each hook's cases need (the plugin fills it from the collected cases), so
+        #: the pools of a hook start together when its first case comes.
+        self.world_sizes_of: Dict[Optional[str], Set[int]] = {}
+        #: The hook whose ranks the pools hold now.
+        self.serving: Optional[str] = None
+        #: Pools started for a hook (one per hook and world size, plus rebuilds after leaks).
+        self.hook_pool_starts = 0
+        #: ``(hook, world size) -> reason`` of pools that could not start: their cases are NOT RUN.
+        self.not_run: Dict[Tuple[Optional[str], int], str] = {}
 
-    def pool(self, world_size: int) -> RankPool:
-        """The pool of ``world_size`` ranks, placed by :meth:`Settings.placement` (made, not started)."""
+    def _specs_of(self, hook: Optional[str]) -> Tuple[Tuple[str, str], ...]:
+        return ((self.specs[hook].target, hook),) if hook is not None else ()
+
+    @property
+    def isolates_hooks(self) -> bool:
+        """Whether each hook gets ranks of its own: the local pools fork them from the zygote; torchrun's
+        ranks (``--listen``) serve every hook in one process group."""
+        return getattr(self.settings, "listen", None) is None
+
+    def pool(self, world_size: int, hook: Optional[str] = None) -> RankPool:
+        """The pool of ``world_size`` ranks for ``hook``'s cases, placed by :meth:`Settings.placement` (made,
+        not started). Asking for another hook than the pools serve closes them all first (:meth:`serve`)."""
         s = self.settings
+        if self.isolates_hooks and hook != self.serving:
+            self.serve(hook)
         if world_size not in self.pools:
             backend, device = s.placement(world_size)
-            specs = tuple((item.target, name) for name, item in self.specs.items())
+            specs = (self._specs_of(hook) if self.isolates_hooks
+                     else tuple((item.target, name) for name, item in self.specs.items()))
             config = PoolConfig(world_size=world_size, backend=backend, device=device,
                                 case_timeout_s=s.case_timeout_s, sys_path=self.sys_path, specs=specs,
                                 log_limit_bytes=s.rank_log_limit_bytes,
                                 memory_growth_bytes=s.rank_memory_growth_bytes)
-            if getattr(s, "listen", None) is not None:  # torchrun's ranks, on any node (conformance.remote)
+            if not self.isolates_hooks:  # torchrun's ranks, on any node (conformance.remote)
                 from conformance.remote import remote_pool
 
                 self.pools[world_size] = remote_pool(config, s.listen, s.listen_timeout_s)
@@ -111,28 +156,57 @@ class Runner:
                 self.pools[world_size] = RankPool(config)
         return self.pools[world_size]
 
-    def prestart(self, world_sizes: Sequence[int]) -> None:
-        """Launch the pools for ``world_sizes`` at once, so their start-ups overlap.
-
-        Start-up errors are not raised here: the first case on a pool that
-        failed to start retries the start and reports the error as its failure.
-        A spec that a rank cannot load ends the session as a usage error (exit
-        4) before any case runs. An interruption kills every pool.
-        """
-        launched = []
-        try:
-            for ws in world_sizes:
-                pool = self.pool(ws)
-                if not pool.alive:
-                    pool.launch()
-                    launched.append(pool)
-            for pool in launched:
+    def serve(self, hook: Optional[str]) -> None:
+        """Give the pools to ``hook``: close every pool whose ranks loaded another hook (they ran its code),
+        and launch, together, the pools of the world sizes ``hook``'s cases need (their start-ups overlap;
+        a pool that fails to launch is retried, and reported, by its first case)."""
+        self.serving = hook
+        specs = self._specs_of(hook)
+        for pool in self.pools.values():
+            if pool.config.specs != specs:
+                pool.close()
+                pool.config = dataclasses.replace(pool.config, specs=specs)
+        for ws in sorted(self.world_sizes_of.get(hook, ())):
+            if (hook, ws) in self.not_run:
+                continue
+            pool = self.pool(ws, hook)
+            if not pool.alive:
+                self.hook_pool_starts += 1
                 try:
-                    pool.wait_ready()
+                    pool.launch()
+                except PoolStartError:
+                    pass
+
+    def check_specs(self) -> None:
+        """Load every spec once in a throwaway rank of its own (one per ``--hook`` target, all at once),
+        before any case: a spec that loads on the controller but not inside a rank ends the session as a
+        usage error (exit 4), whichever hook's turn it would have been. Those ranks run no case."""
+        targets: Dict[str, List[str]] = {}
+        for name, item in self.specs.items():
+            targets.setdefault(item.target, []).append(name)
+        loaders = []
+        try:
+            for target, names in targets.items():
+                loader = RankPool(PoolConfig(world_size=1, backend="gloo", device="cpu",
+                                             sys_path=self.sys_path, specs=tuple((target, n) for n in names)))
+                loader.launch()
+                loaders.append(loader)
+            for loader in loaders:
+                try:
+                    loader.wait_ready()
                 except SpecLoadError as exc:
                     self.usage_error(exc)
                 except PoolStartError:
-                    pass
+                    pass  # the hook's own pool will report it, as the run's failure
+        finally:
+            for loader in loaders:
+                loader.close()
+
+    def prestart(self, hook: Optional[str]) -> None:
+        """Launch the pools of the first hook's cases, so their start-ups overlap with each other and with
+        the rest of collection. An interruption kills every pool."""
+        try:
+            self.serve(hook)
         except BaseException:
             for pool in self.pools.values():
                 pool.kill()
@@ -172,36 +246,44 @@ class Runner:
         if hook is not None:
             ref = HookRef(target=self.specs[hook].target, name=hook)
         case = Case(check=check, hook=ref, params=params, case_id=test_name)
-        pool = self.pool(world_size)
+        pool = self._pool_or_not_run(world_size, hook)
         try:
             result = pool.run(case)
         except SpecLoadError as exc:
             self.usage_error(exc)
         except PoolStartError as exc:
-            raise ConformanceFailure(f"the rank pool could not start: {exc}") from None
+            self.not_run[(hook, world_size)] = str(exc)
+            raise NotRun(self._not_run_reason(hook, world_size)) from None
         self.timings.append((result.wall_s, result.max_compute_s))
         if result.pool_rebuilt:
             self.restarts += 1
-        if result.memory_grown:
-            self._memory_grown(test_name, result)
         problems = report.rank_problems(result)
+        leaks = result.leak_findings()
         if problems:
+            if leaks:
+                problems += "\n" + report.findings_text(leaks)
             if report.failed_in_reference(result) and check in REPLAYS_REFERENCE:
                 problems += self._replay_reference(pool, case, describe)
-            self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size)
+            self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size, leaks,
+                      rank_problems=True)
         if findings:
             self.fail_findings(test_name, hook, describe, world_size,
-                               [f for o in result.outcomes for f in o.value.findings])
+                               [f for o in result.outcomes for f in o.value.findings] + leaks)
         return result
 
-    def _memory_grown(self, test_name: str, result: CaseResult) -> None:
-        """Name the case after which the pool was restarted for memory: a warning on the case, a summary line."""
-        ranks = ", ".join(f"rank {r} by {grew / 2**20:.0f} MiB (to {now / 2**20:.0f} MiB)"
-                          for r, grew, now in result.memory_grown)
-        line = (f"{test_name}: resident memory grew during the case on {ranks}, beyond --rank-memory-growth "
-                f"{self.settings.rank_memory_growth_bytes / 2**20:g} MiB; the pool was restarted after it")
-        self.memory_restarts.append(line)
-        warnings.warn(pytest.PytestWarning(line))
+    def _pool_or_not_run(self, world_size: int, hook: Optional[str]) -> RankPool:
+        """The case's pool; :class:`NotRun` at once where that hook's pool at that world size already failed
+        to start (another wait would only fail again)."""
+        __tracebackhide__ = True
+        if (hook, world_size) in self.not_run:
+            raise NotRun(self._not_run_reason(hook, world_size))
+        return self.pool(world_size, hook)
+
+    def _not_run_reason(self, hook: Optional[str], world_size: int) -> str:
+        lines = self.not_run[(hook, world_size)].strip().splitlines() or ["?"]
+        why = lines[0].split(f"pool of world size {world_size}: ", 1)[-1]
+        return (f"its rank pool of world size {world_size} could not start: {why}"
+                f"{' (more in the case report)' if len(lines) > 1 else ''}; the run's failure, not the hook's")
 
     @staticmethod
     def tag(request: Any, case: Any, check: str) -> Dict[str, Any]:
@@ -234,6 +316,7 @@ class Runner:
         found = [f for o in result.outcomes for f in o.value.findings]
         if not found and across_ranks:
             found = compare_across_ranks([o.value.grads for o in result.outcomes])
+        found += result.leak_findings()
         closing = note(result, found) if note is not None else ""
         self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
         return result
@@ -263,11 +346,11 @@ class Runner:
                 "training it beside the hooked model)")
 
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
-             world_size: Optional[int] = None, findings: Sequence[Finding] = ()) -> None:
+             world_size: Optional[int] = None, findings: Sequence[Finding] = (), rank_problems: bool = False) -> None:
         """Raise the case's :class:`ConformanceFailure`: ``header``, ``body``, then the re-run command."""
         __tracebackhide__ = True
         rerun = self.rerun_command(test_name, hook, world_size)
-        raise ConformanceFailure(report.failure_message(header, body, rerun), findings)
+        raise ConformanceFailure(report.failure_message(header, body, rerun), findings, rank_problems)
 
     def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
         """The shell command that re-runs just ``test_name`` from a fresh shell in this working directory.

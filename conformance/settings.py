@@ -72,7 +72,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", f"generated hard-input examples per case before shrinking (default: {DEFAULT_HYPOTHESIS_EXAMPLES}; nightly: 200 or more)", "conform_hypothesis_examples"),
     Option("--strict-known-failures", "CONFORM_STRICT_KNOWN_FAILURES", "for CI gates: fail the run when a known failure passes (XPASS) or a known-failures entry matches no test (env: 1 or 0)", "conform_strict_known_failures"),
     Option("--rank-log-limit", "CONFORM_RANK_LOG_LIMIT", f"MiB of each rank's output kept per case: the first and last halves; a failure says how many bytes were cut (default: {DEFAULT_RANK_LOG_LIMIT_MIB:g})", "conform_rank_log_limit"),
-    Option("--rank-memory-growth", "CONFORM_RANK_MEMORY_GROWTH", f"MiB a rank's resident memory may grow during one case before its pool is restarted after it, naming the case; 0 for no check (default: {DEFAULT_RANK_MEMORY_GROWTH_MIB:g})", "conform_rank_memory_growth"),
+    Option("--rank-memory-growth", "CONFORM_RANK_MEMORY_GROWTH", f"MiB a rank's resident memory may grow over one hook's cases; the case that crosses it fails (memory growth) and the ranks are rebuilt; 0 for no check (default: {DEFAULT_RANK_MEMORY_GROWTH_MIB:g})", "conform_rank_memory_growth"),
     Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
     Option("--json", "CONFORM_JSON", "write the results (environment, every case, per-hook verdicts) as JSON to this path, atomically (schema: docs/results.md)", "conform_json"),
     Option("--markdown", "CONFORM_MARKDOWN", "write a Markdown summary to this path (it is also appended to $GITHUB_STEP_SUMMARY when that is set)", "conform_markdown"),
@@ -104,8 +104,8 @@ class Settings:
         strict_known_failures: a known failure that passes, or an entry that
             matches no test, fails the run (for nightly gates).
         rank_log_limit_bytes: bytes of each rank's output kept per case (``--rank-log-limit``).
-        rank_memory_growth_bytes: bytes a rank's RSS may grow during one case before its pool is
-            restarted (``--rank-memory-growth``); 0 for no check.
+        rank_memory_growth_bytes: bytes a rank's RSS may grow over one hook's cases before the case
+            that crossed it fails and the pool is restarted (``--rank-memory-growth``); 0 for no check.
         cpu_pools: world sizes that run as gloo pools on the CPU although
             ``device`` is ``"cuda"``: added when the defaults gave world size 1
             (one GPU), where averaging proves nothing. Empty otherwise.

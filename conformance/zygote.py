@@ -65,6 +65,24 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a rank that needs it will raise with its own traceback
             pass
+    _warm_up()
+
+
+def _warm_up() -> None:
+    """One SGD step of a small model on the CPU, no process group: what every rank's first case would
+    otherwise pay for in each fresh rank (the first ``torch.optim`` step imports ``torch._dynamo``, about
+    2 s of CPU), paid once here. Each hook gets ranks of its own, forked from here, so without this every
+    hook's first case at every world size would pay it. Starts no thread, initialises no device."""
+    try:
+        import torch
+
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        optim = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(2, 4)).sum().backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+    except Exception:  # noqa: BLE001 - a rank that needs it will raise with its own traceback
+        pass
 
 
 def _child(conn: Connection, fd: int, out_fd: int, env: Dict[str, str], zygote_pid: int) -> None:

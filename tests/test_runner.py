@@ -57,6 +57,7 @@ def runner():
 
 def run_case(runner, pool, check="fsdp.parity"):
     runner.pools[2] = pool
+    runner.serving = "h"  # the scripted pool serves the hook already
     return runner.run("test_parity[h-NO_SHARD-m-ws2]", check=check, hook="h", params={"model": "m"},
                       world_size=2, describe={"check": "parity", "model": "m"})
 
@@ -97,8 +98,52 @@ def test_checks_without_a_reference_replay_are_not_replayed(runner):
 def test_each_world_size_gets_the_backend_and_device_of_its_placement():
     """One GPU: world size 1 on NCCL/CUDA, the added cross-rank pools on gloo/CPU, all with one import path."""
     runner = make_runner(gpu_count=1, sys_path=("/user/repo", "/site-packages"))
-    configs = {ws: runner.pool(ws).config for ws in runner.settings.world_sizes}
+    configs = {ws: runner.pool(ws, "h").config for ws in runner.settings.world_sizes}
     assert {ws: (c.backend, c.device) for ws, c in configs.items()} == {
         1: ("nccl", "cuda"), 2: ("gloo", "cpu"), 3: ("gloo", "cpu")}
     assert all(c.sys_path == ("/user/repo", "/site-packages") and c.specs == (("pkg.mod:SPEC", "h"),)
                for c in configs.values())
+
+
+class RecordingPool:
+    """A pool that records what the runner does with it (nothing starts)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.events = []
+        self.alive = False
+
+    def close(self):
+        self.events.append(("close", self.config.specs))
+        self.alive = False
+
+    def launch(self):
+        self.events.append(("launch", self.config.specs))
+        self.alive = True
+
+
+def test_another_hook_gets_fresh_pools_at_every_world_size_it_needs():
+    """Each hook's ranks are its own: serving another hook closes every pool that loaded the last one, and
+    launches the new hook's pools together, at the world sizes its cases need."""
+    settings = resolve(lambda dest: [] if dest in ("conform_hooks", "conform_known_failures") else None,
+                       env={}, gpu_count=0)
+    specs = [LoadedSpec("pkg.a:SPEC", HookSpec(name="a", api="fsdp2_all_reduce", hook=lambda t: None)),
+             LoadedSpec("pkg.b:SPEC", HookSpec(name="b", api="fsdp2_all_reduce", hook=lambda t: None))]
+    runner = Runner(settings, specs)
+    runner.world_sizes_of = {"a": {2, 3}, "b": {2}}
+    made = {}
+    import conformance.runner as runner_mod
+
+    original = runner_mod.RankPool
+    runner_mod.RankPool = lambda config: made.setdefault(config.world_size, RecordingPool(config))
+    try:
+        runner.serve("a")
+        assert {ws: p.events for ws, p in made.items()} == {2: [("launch", (("pkg.a:SPEC", "a"),))],
+                                                             3: [("launch", (("pkg.a:SPEC", "a"),))]}
+        assert runner.pool(2, "a") is made[2] and made[2].events == [("launch", (("pkg.a:SPEC", "a"),))]
+        runner.pool(2, "b")
+    finally:
+        runner_mod.RankPool = original
+    assert made[2].events[1:] == [("close", (("pkg.a:SPEC", "a"),)), ("launch", (("pkg.b:SPEC", "b"),))]
+    assert made[3].events[1:] == [("close", (("pkg.a:SPEC", "a"),))], "b needs no 3-rank pool: a's is closed"
+    assert made[3].config.specs == (("pkg.b:SPEC", "b"),)

@@ -75,13 +75,15 @@ def read_authkey(env: Optional[Dict[str, str]] = None) -> bytes:
     """The run's shared secret, as bytes.
 
     From the file named by ``CONFORM_AUTHKEY_FILE`` (its content, surrounding
-    whitespace stripped), else from ``CONFORM_AUTHKEY``. A file that its group
-    or others may read is refused: anyone who can read it could feed the
-    controller pickles.
+    whitespace stripped), else from ``CONFORM_AUTHKEY``. A file with any
+    permission bit for its group or others is refused: whoever can read it
+    could feed the controller pickles, whoever can write it could put in a
+    secret of their own.
 
     Raises:
-        LinkError: neither is set, the file is missing, unreadable or
-            readable by group/others, or the secret is shorter than
+        LinkError: neither is set, the file is missing or unreadable, its group
+            or others have any permission on it (the message says which, and
+            ``chmod 600 FILE``), or the secret is shorter than
             :data:`MIN_AUTHKEY_BYTES`.
     """
     env = os.environ if env is None else env
@@ -95,8 +97,9 @@ def read_authkey(env: Optional[Dict[str, str]] = None) -> bytes:
         try:
             mode = os.fstat(fd).st_mode
             if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise LinkError(f"the shared secret in {source} is readable by others (mode {stat.filemode(mode)}); "
-                                f"make it private to you: chmod 600 {path}")
+                raise LinkError(f"the shared secret in {source} is {_exposure(mode)} (mode {stat.filemode(mode)}, "
+                                f"{stat.S_IMODE(mode):04o}); a secret must be readable and writable by its owner "
+                                f"only: chmod 600 {path}")
             with os.fdopen(fd, "rb") as f:
                 fd = -1
                 key = f.read().strip()
@@ -115,6 +118,18 @@ def read_authkey(env: Optional[Dict[str, str]] = None) -> bytes:
         raise LinkError(f"the shared secret from {source} has {len(key)} bytes; use at least {MIN_AUTHKEY_BYTES} "
                         "random bytes, e.g. openssl rand -hex 32")
     return key
+
+
+def _exposure(mode: int) -> str:
+    """Which permission bits of a key file are not its owner's, in words: ``'writable by its group'``."""
+    said = []
+    for what, group_bit, other_bit in (("readable", stat.S_IRGRP, stat.S_IROTH),
+                                       ("writable", stat.S_IWGRP, stat.S_IWOTH),
+                                       ("executable", stat.S_IXGRP, stat.S_IXOTH)):
+        who = [name for name, bit in (("its group", group_bit), ("others", other_bit)) if mode & bit]
+        if who:
+            said.append(f"{what} by {' and '.join(who)}")
+    return ", ".join(said)
 
 
 def _set_timeouts(sock: socket.socket, seconds: float) -> None:

@@ -38,12 +38,21 @@ def test_secret_from_a_private_file(tmp_path):
     assert read_authkey({"CONFORM_AUTHKEY_FILE": str(path)}) == KEY
 
 
-def test_a_file_others_can_read_is_refused_with_the_fix(tmp_path):
+@pytest.mark.parametrize("mode, said", [
+    (0o620, "writable by its group (mode -rw--w----, 0620)"),
+    (0o644, "readable by its group and others (mode -rw-r--r--, 0644)"),
+    (0o604, "readable by others (mode -rw----r--, 0604)"),
+    (0o666, "readable by its group and others, writable by its group and others (mode -rw-rw-rw-, 0666)"),
+    (0o710, "executable by its group (mode -rwx--x---, 0710)"),
+])
+def test_a_key_file_that_is_not_private_is_refused_naming_the_bits_and_the_fix(tmp_path, mode, said):
     path = tmp_path / "key"
     path.write_bytes(KEY)
-    path.chmod(0o644)
-    with pytest.raises(LinkError, match=r"readable by others \(mode -rw-r--r--\).*chmod 600 " + str(path)):
+    path.chmod(mode)
+    with pytest.raises(LinkError) as err:
         read_authkey({"CONFORM_AUTHKEY_FILE": str(path)})
+    assert f"(CONFORM_AUTHKEY_FILE) is {said}; a secret must be readable and writable by its owner only: " \
+           f"chmod 600 {path}" in str(err.value)
 
 
 def test_secret_from_the_environment():

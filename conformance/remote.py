@@ -9,10 +9,11 @@ joins one process group from torchrun's environment
 them exactly as :class:`conformance.pool.RankPool` does on local ranks: same
 messages, same outcomes, same verdicts.
 
-* :class:`RankListener` accepts connections in a background thread, only on
-  the address the user named. A peer that fails authentication is refused and
-  logged with its address (logger ``conformance.remote``, and the terminal
-  summary); nothing it sent is read, and the run goes on.
+* :class:`conformance.remote_listener.RankListener` accepts connections, only
+  on the address the user named, with a cap on concurrent handshakes and one
+  deadline for each. Refused peers are counted and summarised (logger
+  ``conformance.remote``, and :func:`summary_lines` for the terminal summary);
+  nothing a peer sends is unpickled before it authenticated, and the run goes on.
 * Containment through the elastic agent: when a case hangs or a rank's
   connection drops, the pool asks the live ranks for their stacks, then closes
   every connection. Each rank's watchdog ends its process, torchrun's agents
@@ -24,130 +25,22 @@ messages, same outcomes, same verdicts.
 
 from __future__ import annotations
 
-import logging
-import queue
-import socket
-import threading
 import time
-import uuid
 from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Optional
 
 from conformance.pool import STRAGGLER_GRACE_S, PoolConfig, PoolStartError, SpecLoadError, gather_outcomes
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
-from conformance.remote_link import (HANDSHAKE_TIMEOUT_S, Address, AuthenticationError, accept_authenticated,
-                                     format_address, read_authkey)
+from conformance.remote_link import Address, format_address, read_authkey
+from conformance.remote_listener import RankListener, shutdown_rank
 
 __all__ = ["RankListener", "RemotePool", "close_listener", "remote_pool", "summary_lines"]
-
-log = logging.getLogger("conformance.remote")
 
 #: Seconds a rank gets to send its stack (faulthandler) or its recent output when asked.
 ASK_TIMEOUT_S = 5.0
 #: What a case says of a rank whose connection dropped: its exit code stays on its node.
 LOST = "lost its connection to the controller (the process died or was killed; its exit code is in the output " \
        "of the torchrun agent on {host})"
-
-
-class RankListener:
-    """Accepts torchrun's ranks on ``address`` (this address only), authenticating each, in background threads.
-
-    Uses :func:`conformance.remote_link.accept_authenticated`
-    (``multiprocessing.connection``'s challenge/response) before reading any
-    message; then reads the rank's ``("join", info)``.
-
-    ``handshake_timeout_s`` (seconds) bounds how long a connecting peer may
-    take to authenticate and say who it is.
-
-    Raises:
-        OSError: from the constructor, when ``address`` cannot be bound (not an
-            address of this node, or the port is in use).
-    """
-
-    def __init__(self, address: Address, authkey: bytes, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S):
-        self.address = address
-        self._authkey = authkey
-        self._handshake_timeout_s = handshake_timeout_s
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self._server = socket.create_server(address, family=family, backlog=64)
-        self._joins: "queue.Queue[Any]" = queue.Queue()
-        #: Names this controller's run in the ranks' store keys (with the pool's start number).
-        self.token = uuid.uuid4().hex[:12]
-        self.refused: List[str] = []
-        self._closed = False
-        threading.Thread(target=self._accept_loop, daemon=True, name="conformance-listener").start()
-
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, peer = self._server.accept()
-            except OSError:
-                if self._closed:
-                    return
-                continue
-            threading.Thread(target=self._admit, args=(sock, peer), daemon=True,
-                             name=f"conformance-admit-{peer[0]}").start()
-
-    def _refuse(self, peer: Any, why: str) -> None:
-        line = f"refused a connection from {format_address(peer[:2])} at {time.strftime('%H:%M:%S')}: {why}"
-        self.refused.append(line)
-        log.warning("conformance --listen %s: %s", format_address(self.address), line)
-
-    def _admit(self, sock: socket.socket, peer: Any) -> None:
-        try:
-            conn = accept_authenticated(sock, self._authkey, self._handshake_timeout_s)
-        except AuthenticationError:
-            self._refuse(peer, "it does not know the shared secret (authentication failed); nothing it sent was read")
-            return
-        except (OSError, EOFError) as exc:
-            self._refuse(peer, f"it did not complete authentication ({type(exc).__name__}: {exc})")
-            return
-        try:
-            if not conn.poll(self._handshake_timeout_s):
-                raise EOFError("no join message")
-            kind, info = recv(conn)
-            if kind != "join" or not isinstance(info, dict):
-                raise EOFError(f"sent {kind!r} instead of join")
-        except Exception as exc:  # noqa: BLE001 - an authenticated peer that is no rank
-            conn.close()
-            self._refuse(peer, f"it authenticated but is no conformance rank ({exc})")
-            return
-        info["peer"] = format_address(peer[:2])
-        self._joins.put((conn, info))
-
-    def next_join(self, timeout_s: float) -> Optional[tuple]:
-        """The next authenticated rank as ``(Connection, join info)``, or ``None`` after ``timeout_s`` seconds."""
-        try:
-            return self._joins.get(timeout=max(timeout_s, 0.0))
-        except queue.Empty:
-            return None
-
-    def close(self) -> None:
-        """Stop listening; ranks that joined but were never used are told to shut down (exit 0). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
-        except OSError:
-            pass
-        self._server.close()
-        while True:
-            try:
-                conn, _ = self._joins.get_nowait()
-            except queue.Empty:
-                return
-            _shutdown(conn)
-
-
-def _shutdown(conn: Connection) -> None:
-    try:
-        send(conn, ("shutdown", None))
-        if conn.poll(2.0):
-            recv(conn)
-    except (OSError, EOFError):
-        pass
-    conn.close()
 
 
 class RemotePool:
@@ -296,7 +189,7 @@ class RemotePool:
     def close(self) -> None:
         """Tell every rank to shut down (they exit 0, so torchrun ends), then stop listening. Idempotent."""
         for conn in self._conns:
-            _shutdown(conn)
+            shutdown_rank(conn)
         self._conns = []
         self.listener.close()
 
@@ -418,7 +311,7 @@ def remote_pool(config: PoolConfig, address: Address, listen_timeout_s: float) -
 
     import pytest
 
-    if _LISTENER is None or _LISTENER._closed:
+    if _LISTENER is None or _LISTENER.closed:
         where = format_address(address)
         try:
             _LISTENER = RankListener(address, read_authkey())
@@ -437,7 +330,10 @@ def close_listener() -> None:
 
 
 def summary_lines() -> List[str]:
-    """Lines for the terminal summary: every connection the listener refused, with the peer's address."""
-    if _LISTENER is None or not _LISTENER.refused:
+    """Lines for the terminal summary: the connections the session's listener refused, summarised in one line
+    (:meth:`conformance.remote_listener.RefusedPeers.summary`: the count, the first peers' addresses, the count per
+    reason); ``[]`` when it refused none or there is no listener."""
+    summary = None if _LISTENER is None else _LISTENER.refused.summary()
+    if summary is None:
         return []
-    return [f"--listen {format_address(_LISTENER.address)}: {line}" for line in _LISTENER.refused]
+    return [f"--listen {format_address(_LISTENER.address)}: {summary}"]

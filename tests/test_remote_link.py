@@ -1,21 +1,17 @@
-"""The controller link for torchrun's ranks: the secret, the address, and who gets in.
+"""The controller link for torchrun's ranks: the secret, the address, and when the ranks do not come back.
 
 Unit tests, no torchrun and no torch.distributed: :mod:`conformance.remote_link`
-(where the secret may come from, address parsing) and
-:class:`conformance.remote.RankListener` (a peer without the key is refused and
-logged with its address, nothing it sent is unpickled, the listener goes on).
-The two-agent runs are in ``tests/test_torchrun.py``.
+(where the secret may come from, address parsing), the ``--listen`` settings,
+and :class:`conformance.remote.RemotePool` when torchrun's ranks do not come
+back. The listener under abuse is in ``tests/test_listener.py``; the two-agent
+runs are in ``tests/test_torchrun.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import pickle
-import socket
-import struct
 import time
-from multiprocessing.connection import AuthenticationError, Client
+from multiprocessing.connection import Client
 
 import pytest
 
@@ -129,25 +125,14 @@ def test_listen_drops_the_default_extra_world_size():
     assert s.world_sizes == (2,)
 
 
-# -- the listener --------------------------------------------------------------------------
+# -- the listener (its abuse tests are in tests/test_listener.py) -----------------------------
 
 
 @pytest.fixture
 def listener():
     lis = RankListener(("127.0.0.1", 0), KEY, handshake_timeout_s=0.5)
-    lis.address = lis._server.getsockname()[:2]
     yield lis
     lis.close()
-
-
-class _Marker:
-    """Creates a file when unpickled: proof of whether the controller ran a pickle."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
 
 
 def _wait_for(predicate, timeout=10.0):
@@ -155,51 +140,6 @@ def _wait_for(predicate, timeout=10.0):
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
-
-
-def test_an_unauthenticated_pickle_is_never_read(listener, tmp_path, caplog):
-    marker = tmp_path / "ran"
-    payload = pickle.dumps(("join", _Marker(str(marker))))
-    with socket.create_connection(listener.address) as raw, caplog.at_level(logging.WARNING, "conformance.remote"):
-        port = raw.getsockname()[1]
-        raw.sendall(struct.pack("!i", len(payload)) + payload)  # what Connection.send_bytes would frame
-        _wait_for(lambda: listener.refused)
-    assert not marker.exists(), "the controller unpickled a message from a peer that never authenticated"
-    assert listener.next_join(0.1) is None
-    assert f"refused a connection from 127.0.0.1:{port}" in listener.refused[0]
-    assert f"127.0.0.1:{port}" in caplog.text
-
-
-def test_a_wrong_key_is_refused_and_logged_and_the_listener_goes_on(listener):
-    with pytest.raises(AuthenticationError):
-        Client(listener.address, authkey=b"not the key, but long enough")
-    _wait_for(lambda: listener.refused)
-    assert "it does not know the shared secret (authentication failed)" in listener.refused[0]
-    conn = Client(listener.address, authkey=KEY)
-    send(conn, ("join", {"rank": 0, "world_size": 1}))
-    got = listener.next_join(10.0)
-    assert got is not None and got[1]["rank"] == 0
-    send(got[0], ("hello", "both ends authenticated"))
-    assert recv(conn) == ("hello", "both ends authenticated")
-    conn.close()
-    got[0].close()
-
-
-def test_a_silent_peer_does_not_block_the_others(listener):
-    silent = socket.create_connection(listener.address)
-    try:
-        conn = Client(listener.address, authkey=KEY)  # accepted while the silent peer is still connected
-        send(conn, ("join", {"rank": 1, "world_size": 2}))
-        assert listener.next_join(10.0)[1]["rank"] == 1
-        _wait_for(lambda: listener.refused)
-        assert "did not complete authentication" in listener.refused[0]
-        conn.close()
-    finally:
-        silent.close()
-
-
-def test_the_listener_binds_only_the_named_address(listener):
-    assert listener._server.getsockname()[0] == "127.0.0.1"
 
 
 # -- what a hung rank reports --------------------------------------------------------------

@@ -19,28 +19,48 @@ messages, same outcomes, same verdicts.
   every connection. Each rank's watchdog ends its process, torchrun's agents
   restart the worker group (``--max-restarts``), and the next case waits for
   the new ranks to connect (``--listen-timeout``). When none come back in
-  time (restarts exhausted, or torchrun gone), that case and every later one
-  fails with that reason, without waiting again, and the report is written.
+  time (restarts exhausted, or torchrun gone), the pool raises
+  :class:`RanksNotConnected` for that case and every later one, without
+  waiting again: a failure of the run, never of the hook under test.
 """
 
 from __future__ import annotations
 
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from conformance.pool import STRAGGLER_GRACE_S, PoolConfig, PoolStartError, SpecLoadError, gather_outcomes
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
 from conformance.remote_link import Address, format_address, read_authkey
 from conformance.remote_listener import RankListener, shutdown_rank
 
-__all__ = ["RankListener", "RemotePool", "close_listener", "remote_pool", "summary_lines"]
+__all__ = ["RankListener", "RanksNotConnected", "RemotePool", "close_listener", "remote_pool", "summary_lines"]
 
 #: Seconds a rank gets to send its stack (faulthandler) or its recent output when asked.
 ASK_TIMEOUT_S = 5.0
 #: What a case says of a rank whose connection dropped: its exit code stays on its node.
 LOST = "lost its connection to the controller (the process died or was killed; its exit code is in the output " \
        "of the torchrun agent on {host})"
+
+
+class RanksNotConnected(PoolStartError):
+    """torchrun's ranks did not connect (or reconnect after a restart), so no case can run on them.
+
+    A failure of the run, not of a hook: the runner ends the run as a run
+    error (:data:`conformance.exit_codes.RUN_ERROR`), and the hooks it could
+    not check read ``NOT RUN (reason)``.
+
+    Attributes:
+        reason: what happened and what to do, as ``str(exc)``.
+        missing: the ranks that did not connect (``[]`` when torchrun's restarts
+            are known to be used up, before any wait).
+    """
+
+    def __init__(self, reason: str, missing: Sequence[int] = ()):
+        super().__init__(reason)
+        self.reason = reason
+        self.missing = list(missing)
 
 
 class RemotePool:
@@ -53,8 +73,10 @@ class RemotePool:
         listener: where the ranks connect.
 
     Raises:
-        PoolStartError: from :meth:`start` (and :meth:`run`) when the ranks do
-            not connect in time; from then on at once, without waiting again.
+        RanksNotConnected: from :meth:`start` (and :meth:`run`) when the ranks
+            do not connect in time, or torchrun's restarts are used up; from
+            then on at once, without waiting again.
+        PoolStartError: the ranks connected but could not join their process group.
         SpecLoadError: a rank cannot load a hook spec (a usage error).
     """
 
@@ -64,7 +86,7 @@ class RemotePool:
         self.starts = 0
         self._conns: List[Connection] = []
         self._info: List[Dict[str, Any]] = []
-        self._gone: Optional[str] = None
+        self._gone: Optional[RanksNotConnected] = None
         self._seq = 0
 
     # -- lifecycle -----------------------------------------------------------------
@@ -85,14 +107,15 @@ class RemotePool:
         """Wait for ``world_size`` ranks to connect, send each the run's hello, wait until all are ready.
 
         Raises:
-            PoolStartError: not every rank connected within ``start_timeout_s``
-                (restarts exhausted), or one failed to join the process group.
+            RanksNotConnected: not every rank connected within ``start_timeout_s``,
+                or torchrun's restarts are known to be used up.
+            PoolStartError: a rank lost its connection or failed while joining the process group.
             SpecLoadError: a rank cannot load a hook spec.
         """
         if self._gone is None:
             self._gone = self._restarts_used_up()
-        if self._gone is not None:
-            raise PoolStartError(self._gone)
+        if self._gone is not None:  # a new instance each time: one exception raised twice keeps both tracebacks
+            raise RanksNotConnected(self._gone.reason, self._gone.missing)
         try:
             self._wait_ready()
         except BaseException:
@@ -110,7 +133,7 @@ class RemotePool:
                 self._gone = self._not_back(sorted(set(range(n)) - set(joined)))
                 for conn, _ in joined.values():
                     conn.close()
-                raise PoolStartError(self._gone)
+                raise RanksNotConnected(self._gone.reason, self._gone.missing)
             conn, info = got
             if info["world_size"] != n:
                 reason = (f"torchrun started WORLD_SIZE={info['world_size']} ranks (rank {info['rank']} on "
@@ -133,8 +156,12 @@ class RemotePool:
         hello = {"backend": cfg.backend, "device": cfg.device, "pg_timeout_s": cfg.case_timeout_s + 60.0,
                  "specs": list(cfg.specs), "generation": f"{self.listener.token}/{self.starts}",
                  "log_limit_bytes": cfg.log_limit_bytes}
-        for conn in self._conns:
-            send(conn, ("hello", hello))
+        for rank, conn in enumerate(self._conns):
+            try:
+                send(conn, ("hello", hello))
+            except OSError:
+                raise PoolStartError(f"rank {rank} ({self._where(rank)}) lost its connection before it joined the "
+                                     "process group; see the torchrun agent's output there") from None
         pending = dict(enumerate(self._conns))
         while pending:
             ready = wait(list(pending.values()), timeout=max(deadline - time.monotonic(), 0))
@@ -156,7 +183,7 @@ class RemotePool:
                                          f"{payload}")
                 pending.pop(rank)
 
-    def _restarts_used_up(self) -> Optional[str]:
+    def _restarts_used_up(self) -> Optional[RanksNotConnected]:
         """Why torchrun will not restart the stopped group, known from what its ranks reported; else ``None``.
 
         An agent whose workers failed with no restart left
@@ -167,20 +194,26 @@ class RemotePool:
         if self.starts == 0 or not spent:
             return None
         info = spent[0]
-        return (f"torchrun's --max-restarts {info['max_restarts']} are used up (rank {info['rank']} on {info['host']} "
-                f"ran as TORCHELASTIC_RESTART_COUNT={info['restart_count']}), so torchrun does not restart the ranks "
-                f"after the pool was stopped; this case and the rest did not run. Give torchrun more --max-restarts")
+        return RanksNotConnected(
+            f"torchrun's --max-restarts {info['max_restarts']} are used up (rank {info['rank']} on {info['host']} ran "
+            f"as TORCHELASTIC_RESTART_COUNT={info['restart_count']}), so torchrun does not restart the ranks after the "
+            "pool was stopped; this case and the rest did not run. Give torchrun more --max-restarts")
 
-    def _not_back(self, missing: List[int]) -> str:
+    def _not_back(self, missing: List[int]) -> RanksNotConnected:
         where = format_address(self.listener.address)
         wait_s = f"{self.config.start_timeout_s:g} s"
         if self.starts == 0:
-            return (f"torchrun's ranks {missing} did not connect to {where} within {wait_s} (--listen-timeout): start "
-                    f"'torchrun --nnodes N --nproc-per-node G ... -m conformance.worker --controller {where}' on "
-                    "every node, with the same shared secret; no case ran on them")
-        return (f"torchrun's ranks {missing} did not reconnect to {where} within {wait_s} (--listen-timeout) after "
-                f"the pool was stopped ({self.starts} start(s) so far): torchrun's --max-restarts are exhausted, or "
-                "its agents ended (see their output); this case and the rest did not run")
+            reason = (f"torchrun's ranks {missing} did not connect to {where} within {wait_s} (--listen-timeout): "
+                      f"start 'torchrun --nnodes N --nproc-per-node G ... -m conformance.worker --controller {where}' "
+                      "on every node, with the same shared secret; no case ran on them")
+        else:
+            reason = (f"torchrun's ranks {missing} did not reconnect to {where} within {wait_s} (--listen-timeout) "
+                      f"after the pool was stopped ({self.starts} start(s) so far): torchrun's --max-restarts are "
+                      "exhausted, or its agents ended (see their output); this case and the rest did not run")
+        refused = self.listener.refused.summary()
+        if refused is not None:  # ranks with another secret, say: they connected, and were refused
+            reason += f". Meanwhile the listener {refused}"
+        return RanksNotConnected(reason, missing)
 
     def _where(self, rank: int) -> str:
         info = self._info[rank] if rank < len(self._info) else {}

@@ -1,17 +1,22 @@
-"""The controller link for torchrun's ranks: the secret, the address, and when the ranks do not come back.
+"""The controller link for torchrun's ranks: the secret, the address, and a pool whose ranks never come.
 
 Unit tests, no torchrun and no torch.distributed: :mod:`conformance.remote_link`
 (where the secret may come from, address parsing), the ``--listen`` settings,
-and :class:`conformance.remote.RemotePool` when torchrun's ranks do not come
-back. The listener under abuse is in ``tests/test_listener.py``; the two-agent
-runs are in ``tests/test_torchrun.py``.
+and :class:`conformance.remote.RemotePool` when torchrun's ranks do not connect
+(:class:`conformance.remote.RanksNotConnected`, a failure of the run). The
+listener under abuse is in ``tests/test_listener.py``; the two-agent runs are in
+``tests/test_torchrun.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import socket
+import struct
 import time
-from multiprocessing.connection import Client
+from multiprocessing.connection import AuthenticationError, Client
 
 import pytest
 
@@ -176,39 +181,97 @@ def test_a_rank_outside_torchrun_says_how_to_start_it(capsys, monkeypatch):
 
 def _stopped_pool(listener, restart_count, max_restarts):
     """A pool whose ranks (as they reported when they joined) were just stopped after a broken case."""
-    from conformance.pool import PoolConfig
-    from conformance.remote import RemotePool
-
-    pool = RemotePool(PoolConfig(world_size=2, backend="gloo", device="cpu", start_timeout_s=0.3), listener)
+    pool = _new_pool(listener)
     pool.starts = 1
     pool._info = [{"rank": r, "host": "node0", "restart_count": restart_count, "max_restarts": max_restarts}
                   for r in range(2)]
     return pool
 
 
-def test_no_rank_back_within_the_timeout_fails_this_start_and_every_later_one_at_once(listener):
+def _new_pool(listener, start_timeout_s=0.3):
+    from conformance.pool import PoolConfig
+    from conformance.remote import RemotePool
+
+    return RemotePool(PoolConfig(world_size=2, backend="gloo", device="cpu", start_timeout_s=start_timeout_s),
+                      listener)
+
+
+def test_ranks_that_never_connect_are_a_failure_of_the_run_not_a_case(listener):
+    """run() raises RanksNotConnected (a PoolStartError: the runner's run error), it returns no failed case."""
     from conformance.pool import PoolStartError
+    from conformance.protocol import Case
+    from conformance.remote import RanksNotConnected
+
+    pool = _new_pool(listener)
+    with pytest.raises(RanksNotConnected) as err:
+        pool.run(Case(check="fsdp.parity", hook=None, params={}, case_id="test_averaging[my_ddp_mean]"))
+    assert isinstance(err.value, PoolStartError)
+    assert err.value.missing == [0, 1]
+    assert str(err.value) == err.value.reason
+    assert re.match(r"torchrun's ranks \[0, 1\] did not connect to 127\.0\.0\.1:\d+ within 0\.3 s "
+                    r"\(--listen-timeout\): start 'torchrun .* -m conformance\.worker --controller 127\.0\.0\.1:\d+' on every node, with "
+                    r"the same shared secret; no case ran on them$", err.value.reason), err.value.reason
+    started = time.monotonic()
+    with pytest.raises(RanksNotConnected, match="did not connect"):
+        pool.run(Case(check="fsdp.parity", hook=None, params={}, case_id="the next case"))
+    assert time.monotonic() - started < 0.2, "a pool whose ranks never came must not wait again for every later case"
+
+
+def test_ranks_with_another_secret_are_named_in_the_reason(listener):
+    """Ranks started with another key reach the listener and are refused: the reason says so, not just 'absent'."""
+    from conformance.remote import RanksNotConnected
+
+    with pytest.raises(AuthenticationError):
+        Client(listener.address, authkey=b"another run's key, long enough")
+    _wait_for(lambda: len(listener.refused) == 1)
+    with pytest.raises(RanksNotConnected, match=r"no case ran on them\. Meanwhile the listener refused 1 connection "
+                                                r"from 1 host \(127\.0\.0\.1:\d+\) at [\d:]+: 1 did not know the "
+                                                r"shared secret \(authentication failed\)"):
+        _new_pool(listener).start()
+
+
+def test_no_rank_back_within_the_timeout_fails_this_start_and_every_later_one_at_once(listener):
+    from conformance.remote import RanksNotConnected
 
     pool = _stopped_pool(listener, restart_count=0, max_restarts=3)
-    with pytest.raises(PoolStartError, match=r"ranks \[0, 1\] did not reconnect to 127.0.0.1:\d+ within 0.3 s "
-                                             r"\(--listen-timeout\).*--max-restarts are exhausted"):
+    with pytest.raises(RanksNotConnected, match=r"ranks \[0, 1\] did not reconnect to 127.0.0.1:\d+ within 0.3 s "
+                                                r"\(--listen-timeout\).*--max-restarts are exhausted") as err:
         pool.start()
+    assert err.value.missing == [0, 1]
     started = time.monotonic()
-    with pytest.raises(PoolStartError, match="did not reconnect"):
+    with pytest.raises(RanksNotConnected, match="did not reconnect"):
         pool.start()
     assert time.monotonic() - started < 0.2, "a pool whose ranks are gone must not wait again for every later case"
 
 
 def test_spent_restarts_are_known_without_waiting(listener):
-    from conformance.pool import PoolStartError
+    from conformance.remote import RanksNotConnected
 
     pool = _stopped_pool(listener, restart_count=2, max_restarts=2)
     pool.config = dataclasses.replace(pool.config, start_timeout_s=60.0)
     started = time.monotonic()
-    with pytest.raises(PoolStartError, match=r"--max-restarts 2 are used up \(rank 0 on node0 ran as "
-                                             r"TORCHELASTIC_RESTART_COUNT=2\).*Give torchrun more --max-restarts"):
+    with pytest.raises(RanksNotConnected, match=r"--max-restarts 2 are used up \(rank 0 on node0 ran as "
+                                                r"TORCHELASTIC_RESTART_COUNT=2\).*Give torchrun more --max-restarts"):
         pool.start()
     assert time.monotonic() - started < 1.0
+
+
+def test_a_rank_gone_before_the_hello_is_a_pool_start_error(listener):
+    """A rank that joined and then reset its connection: a PoolStartError naming it, not a raw OSError."""
+    from conformance.pool import PoolConfig, PoolStartError
+    from conformance.remote import RemotePool
+
+    rank = Client(listener.address, authkey=KEY)
+    send(rank, ("join", {"rank": 0, "world_size": 1, "host": "node1", "pid": 4242}))
+    _wait_for(lambda: listener._joins.qsize() == 1)
+    with socket.socket(fileno=os.dup(rank.fileno())) as same:
+        same.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    rank.close()
+    time.sleep(0.2)
+    pool = RemotePool(PoolConfig(world_size=1, backend="gloo", device="cpu", start_timeout_s=5.0), listener)
+    with pytest.raises(PoolStartError, match=r"rank 0 \(pid 4242 on node1\) lost its connection before it joined "
+                                             r"the process group"):
+        pool.start()
 
 
 def test_a_world_size_that_disagrees_with_the_flags_is_a_usage_error(listener):

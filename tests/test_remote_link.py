@@ -208,9 +208,10 @@ def test_ranks_that_never_connect_are_a_failure_of_the_run_not_a_case(listener):
     assert isinstance(err.value, PoolStartError)
     assert err.value.missing == [0, 1]
     assert str(err.value) == err.value.reason
-    assert re.match(r"torchrun's ranks \[0, 1\] did not connect to 127\.0\.0\.1:\d+ within 0\.3 s "
-                    r"\(--listen-timeout\): start 'torchrun .* -m conformance\.worker --controller 127\.0\.0\.1:\d+' on every node, with "
-                    r"the same shared secret; no case ran on them$", err.value.reason), err.value.reason
+    expected = (r"torchrun's ranks \[0, 1\] did not connect to 127\.0\.0\.1:\d+ within 0\.3 s \(--listen-timeout\): "
+                r"start 'torchrun .* -m conformance\.worker --controller 127\.0\.0\.1:\d+' on every node, with the "
+                r"same shared secret; no case ran on them$")
+    assert re.match(expected, err.value.reason), err.value.reason
     started = time.monotonic()
     with pytest.raises(RanksNotConnected, match="did not connect"):
         pool.run(Case(check="fsdp.parity", hook=None, params={}, case_id="the next case"))

@@ -9,38 +9,33 @@ joins one process group from torchrun's environment
 them exactly as :class:`conformance.pool.RankPool` does on local ranks: same
 messages, same outcomes, same verdicts.
 
-* :class:`RankListener` accepts connections in a background thread, only on
-  the address the user named. A peer that fails authentication is refused and
-  logged with its address (logger ``conformance.remote``, and the terminal
-  summary); nothing it sent is read, and the run goes on.
+* :class:`conformance.remote_listener.RankListener` accepts connections, only
+  on the address the user named, with a cap on concurrent handshakes and one
+  deadline for each. Refused peers are counted and summarised (logger
+  ``conformance.remote``, and :func:`summary_lines` for the terminal summary);
+  nothing a peer sends is unpickled before it authenticated, and the run goes on.
 * Containment through the elastic agent: when a case hangs or a rank's
   connection drops, the pool asks the live ranks for their stacks, then closes
   every connection. Each rank's watchdog ends its process, torchrun's agents
   restart the worker group (``--max-restarts``), and the next case waits for
   the new ranks to connect (``--listen-timeout``). When none come back in
-  time (restarts exhausted, or torchrun gone), that case and every later one
-  fails with that reason, without waiting again, and the report is written.
+  time (restarts exhausted, or torchrun gone), the pool raises
+  :class:`RanksNotConnected` for that case and every later one, without
+  waiting again: a failure of the run, never of the hook under test.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import socket
-import threading
 import time
-import uuid
 from multiprocessing.connection import Connection, wait
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from conformance.pool import STRAGGLER_GRACE_S, PoolConfig, PoolStartError, SpecLoadError, gather_outcomes
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
-from conformance.remote_link import (HANDSHAKE_TIMEOUT_S, Address, AuthenticationError, accept_authenticated,
-                                     format_address, read_authkey)
+from conformance.remote_link import Address, format_address, read_authkey
+from conformance.remote_listener import RankListener, shutdown_rank
 
-__all__ = ["RankListener", "RemotePool", "close_listener", "remote_pool", "summary_lines"]
-
-log = logging.getLogger("conformance.remote")
+__all__ = ["RankListener", "RanksNotConnected", "RemotePool", "close_listener", "remote_pool", "summary_lines"]
 
 #: Seconds a rank gets to send its stack (faulthandler) or its recent output when asked.
 ASK_TIMEOUT_S = 5.0
@@ -49,105 +44,23 @@ LOST = "lost its connection to the controller (the process died or was killed; i
        "of the torchrun agent on {host})"
 
 
-class RankListener:
-    """Accepts torchrun's ranks on ``address`` (this address only), authenticating each, in background threads.
+class RanksNotConnected(PoolStartError):
+    """torchrun's ranks did not connect (or reconnect after a restart), so no case can run on them.
 
-    Uses :func:`conformance.remote_link.accept_authenticated`
-    (``multiprocessing.connection``'s challenge/response) before reading any
-    message; then reads the rank's ``("join", info)``.
+    A failure of the run, not of a hook: the runner ends the run as a run
+    error (:data:`conformance.exit_codes.RUN_ERROR`), and the hooks it could
+    not check read ``NOT RUN (reason)``.
 
-    ``handshake_timeout_s`` (seconds) bounds how long a connecting peer may
-    take to authenticate and say who it is.
-
-    Raises:
-        OSError: from the constructor, when ``address`` cannot be bound (not an
-            address of this node, or the port is in use).
+    Attributes:
+        reason: what happened and what to do, as ``str(exc)``.
+        missing: the ranks that did not connect (``[]`` when torchrun's restarts
+            are known to be used up, before any wait).
     """
 
-    def __init__(self, address: Address, authkey: bytes, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S):
-        self.address = address
-        self._authkey = authkey
-        self._handshake_timeout_s = handshake_timeout_s
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self._server = socket.create_server(address, family=family, backlog=64)
-        self._joins: "queue.Queue[Any]" = queue.Queue()
-        #: Names this controller's run in the ranks' store keys (with the pool's start number).
-        self.token = uuid.uuid4().hex[:12]
-        self.refused: List[str] = []
-        self._closed = False
-        threading.Thread(target=self._accept_loop, daemon=True, name="conformance-listener").start()
-
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, peer = self._server.accept()
-            except OSError:
-                if self._closed:
-                    return
-                continue
-            threading.Thread(target=self._admit, args=(sock, peer), daemon=True,
-                             name=f"conformance-admit-{peer[0]}").start()
-
-    def _refuse(self, peer: Any, why: str) -> None:
-        line = f"refused a connection from {format_address(peer[:2])} at {time.strftime('%H:%M:%S')}: {why}"
-        self.refused.append(line)
-        log.warning("conformance --listen %s: %s", format_address(self.address), line)
-
-    def _admit(self, sock: socket.socket, peer: Any) -> None:
-        try:
-            conn = accept_authenticated(sock, self._authkey, self._handshake_timeout_s)
-        except AuthenticationError:
-            self._refuse(peer, "it does not know the shared secret (authentication failed); nothing it sent was read")
-            return
-        except (OSError, EOFError) as exc:
-            self._refuse(peer, f"it did not complete authentication ({type(exc).__name__}: {exc})")
-            return
-        try:
-            if not conn.poll(self._handshake_timeout_s):
-                raise EOFError("no join message")
-            kind, info = recv(conn)
-            if kind != "join" or not isinstance(info, dict):
-                raise EOFError(f"sent {kind!r} instead of join")
-        except Exception as exc:  # noqa: BLE001 - an authenticated peer that is no rank
-            conn.close()
-            self._refuse(peer, f"it authenticated but is no conformance rank ({exc})")
-            return
-        info["peer"] = format_address(peer[:2])
-        self._joins.put((conn, info))
-
-    def next_join(self, timeout_s: float) -> Optional[tuple]:
-        """The next authenticated rank as ``(Connection, join info)``, or ``None`` after ``timeout_s`` seconds."""
-        try:
-            return self._joins.get(timeout=max(timeout_s, 0.0))
-        except queue.Empty:
-            return None
-
-    def close(self) -> None:
-        """Stop listening; ranks that joined but were never used are told to shut down (exit 0). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
-        except OSError:
-            pass
-        self._server.close()
-        while True:
-            try:
-                conn, _ = self._joins.get_nowait()
-            except queue.Empty:
-                return
-            _shutdown(conn)
-
-
-def _shutdown(conn: Connection) -> None:
-    try:
-        send(conn, ("shutdown", None))
-        if conn.poll(2.0):
-            recv(conn)
-    except (OSError, EOFError):
-        pass
-    conn.close()
+    def __init__(self, reason: str, missing: Sequence[int] = ()):
+        super().__init__(reason)
+        self.reason = reason
+        self.missing = list(missing)
 
 
 class RemotePool:
@@ -160,8 +73,10 @@ class RemotePool:
         listener: where the ranks connect.
 
     Raises:
-        PoolStartError: from :meth:`start` (and :meth:`run`) when the ranks do
-            not connect in time; from then on at once, without waiting again.
+        RanksNotConnected: from :meth:`start` (and :meth:`run`) when the ranks
+            do not connect in time, or torchrun's restarts are used up; from
+            then on at once, without waiting again.
+        PoolStartError: the ranks connected but could not join their process group.
         SpecLoadError: a rank cannot load a hook spec (a usage error).
     """
 
@@ -171,7 +86,7 @@ class RemotePool:
         self.starts = 0
         self._conns: List[Connection] = []
         self._info: List[Dict[str, Any]] = []
-        self._gone: Optional[str] = None
+        self._gone: Optional[RanksNotConnected] = None
         self._seq = 0
 
     # -- lifecycle -----------------------------------------------------------------
@@ -192,14 +107,15 @@ class RemotePool:
         """Wait for ``world_size`` ranks to connect, send each the run's hello, wait until all are ready.
 
         Raises:
-            PoolStartError: not every rank connected within ``start_timeout_s``
-                (restarts exhausted), or one failed to join the process group.
+            RanksNotConnected: not every rank connected within ``start_timeout_s``,
+                or torchrun's restarts are known to be used up.
+            PoolStartError: a rank lost its connection or failed while joining the process group.
             SpecLoadError: a rank cannot load a hook spec.
         """
         if self._gone is None:
             self._gone = self._restarts_used_up()
-        if self._gone is not None:
-            raise PoolStartError(self._gone)
+        if self._gone is not None:  # a new instance each time: one exception raised twice keeps both tracebacks
+            raise RanksNotConnected(self._gone.reason, self._gone.missing)
         try:
             self._wait_ready()
         except BaseException:
@@ -217,7 +133,7 @@ class RemotePool:
                 self._gone = self._not_back(sorted(set(range(n)) - set(joined)))
                 for conn, _ in joined.values():
                     conn.close()
-                raise PoolStartError(self._gone)
+                raise RanksNotConnected(self._gone.reason, self._gone.missing)
             conn, info = got
             if info["world_size"] != n:
                 reason = (f"torchrun started WORLD_SIZE={info['world_size']} ranks (rank {info['rank']} on "
@@ -240,8 +156,12 @@ class RemotePool:
         hello = {"backend": cfg.backend, "device": cfg.device, "pg_timeout_s": cfg.case_timeout_s + 60.0,
                  "specs": list(cfg.specs), "generation": f"{self.listener.token}/{self.starts}",
                  "log_limit_bytes": cfg.log_limit_bytes}
-        for conn in self._conns:
-            send(conn, ("hello", hello))
+        for rank, conn in enumerate(self._conns):
+            try:
+                send(conn, ("hello", hello))
+            except OSError:
+                raise PoolStartError(f"rank {rank} ({self._where(rank)}) lost its connection before it joined the "
+                                     "process group; see the torchrun agent's output there") from None
         pending = dict(enumerate(self._conns))
         while pending:
             ready = wait(list(pending.values()), timeout=max(deadline - time.monotonic(), 0))
@@ -263,7 +183,7 @@ class RemotePool:
                                          f"{payload}")
                 pending.pop(rank)
 
-    def _restarts_used_up(self) -> Optional[str]:
+    def _restarts_used_up(self) -> Optional[RanksNotConnected]:
         """Why torchrun will not restart the stopped group, known from what its ranks reported; else ``None``.
 
         An agent whose workers failed with no restart left
@@ -274,20 +194,26 @@ class RemotePool:
         if self.starts == 0 or not spent:
             return None
         info = spent[0]
-        return (f"torchrun's --max-restarts {info['max_restarts']} are used up (rank {info['rank']} on {info['host']} "
-                f"ran as TORCHELASTIC_RESTART_COUNT={info['restart_count']}), so torchrun does not restart the ranks "
-                f"after the pool was stopped; this case and the rest did not run. Give torchrun more --max-restarts")
+        return RanksNotConnected(
+            f"torchrun's --max-restarts {info['max_restarts']} are used up (rank {info['rank']} on {info['host']} ran "
+            f"as TORCHELASTIC_RESTART_COUNT={info['restart_count']}), so torchrun does not restart the ranks after the "
+            "pool was stopped; this case and the rest did not run. Give torchrun more --max-restarts")
 
-    def _not_back(self, missing: List[int]) -> str:
+    def _not_back(self, missing: List[int]) -> RanksNotConnected:
         where = format_address(self.listener.address)
         wait_s = f"{self.config.start_timeout_s:g} s"
         if self.starts == 0:
-            return (f"torchrun's ranks {missing} did not connect to {where} within {wait_s} (--listen-timeout): start "
-                    f"'torchrun --nnodes N --nproc-per-node G ... -m conformance.worker --controller {where}' on "
-                    "every node, with the same shared secret; no case ran on them")
-        return (f"torchrun's ranks {missing} did not reconnect to {where} within {wait_s} (--listen-timeout) after "
-                f"the pool was stopped ({self.starts} start(s) so far): torchrun's --max-restarts are exhausted, or "
-                "its agents ended (see their output); this case and the rest did not run")
+            reason = (f"torchrun's ranks {missing} did not connect to {where} within {wait_s} (--listen-timeout): "
+                      f"start 'torchrun --nnodes N --nproc-per-node G ... -m conformance.worker --controller {where}' "
+                      "on every node, with the same shared secret; no case ran on them")
+        else:
+            reason = (f"torchrun's ranks {missing} did not reconnect to {where} within {wait_s} (--listen-timeout) "
+                      f"after the pool was stopped ({self.starts} start(s) so far): torchrun's --max-restarts are "
+                      "exhausted, or its agents ended (see their output); this case and the rest did not run")
+        refused = self.listener.refused.summary()
+        if refused is not None:  # ranks with another secret, say: they connected, and were refused
+            reason += f". Meanwhile the listener {refused}"
+        return RanksNotConnected(reason, missing)
 
     def _where(self, rank: int) -> str:
         info = self._info[rank] if rank < len(self._info) else {}
@@ -296,7 +222,7 @@ class RemotePool:
     def close(self) -> None:
         """Tell every rank to shut down (they exit 0, so torchrun ends), then stop listening. Idempotent."""
         for conn in self._conns:
-            _shutdown(conn)
+            shutdown_rank(conn)
         self._conns = []
         self.listener.close()
 
@@ -418,7 +344,7 @@ def remote_pool(config: PoolConfig, address: Address, listen_timeout_s: float) -
 
     import pytest
 
-    if _LISTENER is None or _LISTENER._closed:
+    if _LISTENER is None or _LISTENER.closed:
         where = format_address(address)
         try:
             _LISTENER = RankListener(address, read_authkey())
@@ -437,7 +363,10 @@ def close_listener() -> None:
 
 
 def summary_lines() -> List[str]:
-    """Lines for the terminal summary: every connection the listener refused, with the peer's address."""
-    if _LISTENER is None or not _LISTENER.refused:
+    """Lines for the terminal summary: the connections the session's listener refused, summarised in one line
+    (:meth:`conformance.remote_listener.RefusedPeers.summary`: the count, the first peers' addresses, the count per
+    reason); ``[]`` when it refused none or there is no listener."""
+    summary = None if _LISTENER is None else _LISTENER.refused.summary()
+    if summary is None:
         return []
-    return [f"--listen {format_address(_LISTENER.address)}: {line}" for line in _LISTENER.refused]
+    return [f"--listen {format_address(_LISTENER.address)}: {summary}"]

@@ -1,17 +1,18 @@
-"""The controller link for torchrun's ranks: the secret, the address, and who gets in.
+"""The controller link for torchrun's ranks: the secret, the address, and a pool whose ranks never come.
 
 Unit tests, no torchrun and no torch.distributed: :mod:`conformance.remote_link`
-(where the secret may come from, address parsing) and
-:class:`conformance.remote.RankListener` (a peer without the key is refused and
-logged with its address, nothing it sent is unpickled, the listener goes on).
-The two-agent runs are in ``tests/test_torchrun.py``.
+(where the secret may come from, address parsing), the ``--listen`` settings,
+and :class:`conformance.remote.RemotePool` when torchrun's ranks do not connect
+(:class:`conformance.remote.RanksNotConnected`, a failure of the run). The
+listener under abuse is in ``tests/test_listener.py``; the two-agent runs are in
+``tests/test_torchrun.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import pickle
+import os
+import re
 import socket
 import struct
 import time
@@ -38,12 +39,21 @@ def test_secret_from_a_private_file(tmp_path):
     assert read_authkey({"CONFORM_AUTHKEY_FILE": str(path)}) == KEY
 
 
-def test_a_file_others_can_read_is_refused_with_the_fix(tmp_path):
+@pytest.mark.parametrize("mode, said", [
+    (0o620, "writable by its group (mode -rw--w----, 0620)"),
+    (0o644, "readable by its group and others (mode -rw-r--r--, 0644)"),
+    (0o604, "readable by others (mode -rw----r--, 0604)"),
+    (0o666, "readable by its group and others, writable by its group and others (mode -rw-rw-rw-, 0666)"),
+    (0o710, "executable by its group (mode -rwx--x---, 0710)"),
+])
+def test_a_key_file_that_is_not_private_is_refused_naming_the_bits_and_the_fix(tmp_path, mode, said):
     path = tmp_path / "key"
     path.write_bytes(KEY)
-    path.chmod(0o644)
-    with pytest.raises(LinkError, match=r"readable by others \(mode -rw-r--r--\).*chmod 600 " + str(path)):
+    path.chmod(mode)
+    with pytest.raises(LinkError) as err:
         read_authkey({"CONFORM_AUTHKEY_FILE": str(path)})
+    assert f"(CONFORM_AUTHKEY_FILE) is {said}; a secret must be readable and writable by its owner only: " \
+           f"chmod 600 {path}" in str(err.value)
 
 
 def test_secret_from_the_environment():
@@ -120,25 +130,14 @@ def test_listen_drops_the_default_extra_world_size():
     assert s.world_sizes == (2,)
 
 
-# -- the listener --------------------------------------------------------------------------
+# -- the listener (its abuse tests are in tests/test_listener.py) -----------------------------
 
 
 @pytest.fixture
 def listener():
     lis = RankListener(("127.0.0.1", 0), KEY, handshake_timeout_s=0.5)
-    lis.address = lis._server.getsockname()[:2]
     yield lis
     lis.close()
-
-
-class _Marker:
-    """Creates a file when unpickled: proof of whether the controller ran a pickle."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
 
 
 def _wait_for(predicate, timeout=10.0):
@@ -146,51 +145,6 @@ def _wait_for(predicate, timeout=10.0):
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
-
-
-def test_an_unauthenticated_pickle_is_never_read(listener, tmp_path, caplog):
-    marker = tmp_path / "ran"
-    payload = pickle.dumps(("join", _Marker(str(marker))))
-    with socket.create_connection(listener.address) as raw, caplog.at_level(logging.WARNING, "conformance.remote"):
-        port = raw.getsockname()[1]
-        raw.sendall(struct.pack("!i", len(payload)) + payload)  # what Connection.send_bytes would frame
-        _wait_for(lambda: listener.refused)
-    assert not marker.exists(), "the controller unpickled a message from a peer that never authenticated"
-    assert listener.next_join(0.1) is None
-    assert f"refused a connection from 127.0.0.1:{port}" in listener.refused[0]
-    assert f"127.0.0.1:{port}" in caplog.text
-
-
-def test_a_wrong_key_is_refused_and_logged_and_the_listener_goes_on(listener):
-    with pytest.raises(AuthenticationError):
-        Client(listener.address, authkey=b"not the key, but long enough")
-    _wait_for(lambda: listener.refused)
-    assert "it does not know the shared secret (authentication failed)" in listener.refused[0]
-    conn = Client(listener.address, authkey=KEY)
-    send(conn, ("join", {"rank": 0, "world_size": 1}))
-    got = listener.next_join(10.0)
-    assert got is not None and got[1]["rank"] == 0
-    send(got[0], ("hello", "both ends authenticated"))
-    assert recv(conn) == ("hello", "both ends authenticated")
-    conn.close()
-    got[0].close()
-
-
-def test_a_silent_peer_does_not_block_the_others(listener):
-    silent = socket.create_connection(listener.address)
-    try:
-        conn = Client(listener.address, authkey=KEY)  # accepted while the silent peer is still connected
-        send(conn, ("join", {"rank": 1, "world_size": 2}))
-        assert listener.next_join(10.0)[1]["rank"] == 1
-        _wait_for(lambda: listener.refused)
-        assert "did not complete authentication" in listener.refused[0]
-        conn.close()
-    finally:
-        silent.close()
-
-
-def test_the_listener_binds_only_the_named_address(listener):
-    assert listener._server.getsockname()[0] == "127.0.0.1"
 
 
 # -- what a hung rank reports --------------------------------------------------------------
@@ -227,39 +181,98 @@ def test_a_rank_outside_torchrun_says_how_to_start_it(capsys, monkeypatch):
 
 def _stopped_pool(listener, restart_count, max_restarts):
     """A pool whose ranks (as they reported when they joined) were just stopped after a broken case."""
-    from conformance.pool import PoolConfig
-    from conformance.remote import RemotePool
-
-    pool = RemotePool(PoolConfig(world_size=2, backend="gloo", device="cpu", start_timeout_s=0.3), listener)
+    pool = _new_pool(listener)
     pool.starts = 1
     pool._info = [{"rank": r, "host": "node0", "restart_count": restart_count, "max_restarts": max_restarts}
                   for r in range(2)]
     return pool
 
 
-def test_no_rank_back_within_the_timeout_fails_this_start_and_every_later_one_at_once(listener):
+def _new_pool(listener, start_timeout_s=0.3):
+    from conformance.pool import PoolConfig
+    from conformance.remote import RemotePool
+
+    return RemotePool(PoolConfig(world_size=2, backend="gloo", device="cpu", start_timeout_s=start_timeout_s),
+                      listener)
+
+
+def test_ranks_that_never_connect_are_a_failure_of_the_run_not_a_case(listener):
+    """run() raises RanksNotConnected (a PoolStartError: the runner's run error), it returns no failed case."""
     from conformance.pool import PoolStartError
+    from conformance.protocol import Case
+    from conformance.remote import RanksNotConnected
+
+    pool = _new_pool(listener)
+    with pytest.raises(RanksNotConnected) as err:
+        pool.run(Case(check="fsdp.parity", hook=None, params={}, case_id="test_averaging[my_ddp_mean]"))
+    assert isinstance(err.value, PoolStartError)
+    assert err.value.missing == [0, 1]
+    assert str(err.value) == err.value.reason
+    expected = (r"torchrun's ranks \[0, 1\] did not connect to 127\.0\.0\.1:\d+ within 0\.3 s \(--listen-timeout\): "
+                r"start 'torchrun .* -m conformance\.worker --controller 127\.0\.0\.1:\d+' on every node, with the "
+                r"same shared secret; no case ran on them$")
+    assert re.match(expected, err.value.reason), err.value.reason
+    started = time.monotonic()
+    with pytest.raises(RanksNotConnected, match="did not connect"):
+        pool.run(Case(check="fsdp.parity", hook=None, params={}, case_id="the next case"))
+    assert time.monotonic() - started < 0.2, "a pool whose ranks never came must not wait again for every later case"
+
+
+def test_ranks_with_another_secret_are_named_in_the_reason(listener):
+    """Ranks started with another key reach the listener and are refused: the reason says so, not just 'absent'."""
+    from conformance.remote import RanksNotConnected
+
+    with pytest.raises(AuthenticationError):
+        Client(listener.address, authkey=b"another run's key, long enough")
+    _wait_for(lambda: len(listener.refused) == 1)
+    with pytest.raises(RanksNotConnected, match=r"no case ran on them\. Meanwhile the listener refused 1 connection "
+                                                r"from 1 host \(127\.0\.0\.1:\d+\) at [\d:]+: 1 did not know the "
+                                                r"shared secret \(authentication failed\)"):
+        _new_pool(listener).start()
+
+
+def test_no_rank_back_within_the_timeout_fails_this_start_and_every_later_one_at_once(listener):
+    from conformance.remote import RanksNotConnected
 
     pool = _stopped_pool(listener, restart_count=0, max_restarts=3)
-    with pytest.raises(PoolStartError, match=r"ranks \[0, 1\] did not reconnect to 127.0.0.1:\d+ within 0.3 s "
-                                             r"\(--listen-timeout\).*--max-restarts are exhausted"):
+    with pytest.raises(RanksNotConnected, match=r"ranks \[0, 1\] did not reconnect to 127.0.0.1:\d+ within 0.3 s "
+                                                r"\(--listen-timeout\).*--max-restarts are exhausted") as err:
         pool.start()
+    assert err.value.missing == [0, 1]
     started = time.monotonic()
-    with pytest.raises(PoolStartError, match="did not reconnect"):
+    with pytest.raises(RanksNotConnected, match="did not reconnect"):
         pool.start()
     assert time.monotonic() - started < 0.2, "a pool whose ranks are gone must not wait again for every later case"
 
 
 def test_spent_restarts_are_known_without_waiting(listener):
-    from conformance.pool import PoolStartError
+    from conformance.remote import RanksNotConnected
 
     pool = _stopped_pool(listener, restart_count=2, max_restarts=2)
     pool.config = dataclasses.replace(pool.config, start_timeout_s=60.0)
     started = time.monotonic()
-    with pytest.raises(PoolStartError, match=r"--max-restarts 2 are used up \(rank 0 on node0 ran as "
-                                             r"TORCHELASTIC_RESTART_COUNT=2\).*Give torchrun more --max-restarts"):
+    with pytest.raises(RanksNotConnected, match=r"--max-restarts 2 are used up \(rank 0 on node0 ran as "
+                                                r"TORCHELASTIC_RESTART_COUNT=2\).*Give torchrun more --max-restarts"):
         pool.start()
     assert time.monotonic() - started < 1.0
+
+
+def test_a_rank_gone_before_the_hello_is_a_pool_start_error(listener):
+    """A rank that joined and then reset its connection: a PoolStartError naming it, not a raw OSError."""
+    from conformance.pool import PoolConfig, PoolStartError
+    from conformance.remote import RemotePool
+
+    rank = Client(listener.address, authkey=KEY)
+    send(rank, ("join", {"rank": 0, "world_size": 1, "host": "node1", "pid": 4242}))
+    _wait_for(lambda: listener._joins.qsize() == 1)
+    with socket.socket(fileno=os.dup(rank.fileno())) as same:
+        same.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    rank.close()
+    time.sleep(0.2)
+    pool = RemotePool(PoolConfig(world_size=1, backend="gloo", device="cpu", start_timeout_s=5.0), listener)
+    with pytest.raises(PoolStartError, match=r"rank 0 \(pid 4242 on node1\) lost its connection before it joined "
+                                             r"the process group"):
+        pool.start()
 
 
 def test_a_world_size_that_disagrees_with_the_flags_is_a_usage_error(listener):

@@ -246,7 +246,7 @@ class RankPool:
         self._seq = 0
         self._launched_at = 0.0
         self._ready = False
-        self._rss_ready: List[Optional[int]] = []
+        self._rss_ready: List[Optional[int]] = []  # each rank's resident bytes when it was ready
         self._cases_run = 0
 
     # -- lifecycle -----------------------------------------------------------------
@@ -343,6 +343,7 @@ class RankPool:
         if self._ready:
             return
         cfg = self.config
+        self._rss_ready = [None] * cfg.world_size
         deadline = self._launched_at + cfg.start_timeout_s
         pending = dict(enumerate(self._conns))
         while pending:
@@ -364,10 +365,10 @@ class RankPool:
                 if kind == "failed":
                     self._fail_start(f"rank {rank} could not join the process group:\n{payload}", [rank])
                 pending.pop(rank)
+                # Memory is counted from here: every case this pool runs is one hook's (conformance.runner).
+                self._rss_ready[rank] = payload.get("rss") if isinstance(payload, dict) else None
         self._ready = True
         self._cases_run = 0
-        # Memory is counted from here: every case this pool runs is one hook's (conformance.runner).
-        self._rss_ready = [rank_rss(p.pid) for p in self._procs]
 
     def _fail_start(self, message: str, ranks: List[int]) -> None:
         logs = "\n".join(f"--- rank {r} log ---\n{self._logs[r].excerpt(1000, 3000)}" for r in ranks)
@@ -377,6 +378,13 @@ class RankPool:
             f"could not start a {cfg.backend}/{cfg.device} pool of world size {cfg.world_size}: "
             f"{message}\n{logs}"
         )
+
+    def serve(self, specs: Sequence[Tuple[str, str]]) -> None:
+        """Give the pool to another hook (``specs``): its ranks, which ran the last hook's code, are stopped;
+        the next :meth:`launch` or :meth:`run` forks fresh ones that load only ``specs``."""
+        if tuple(specs) != tuple(self.config.specs):
+            self.close()
+            self.config = dataclasses.replace(self.config, specs=tuple(specs))
 
     def close(self) -> None:
         """Stop the ranks: politely when idle, by SIGKILL otherwise. Idempotent."""
@@ -461,58 +469,23 @@ class RankPool:
                 rebuilt = True
                 if all(o.ok for o in outcomes.values()):
                     group_broken = problem
-        if not rebuilt and any(o.leaks for o in outcomes.values()):
-            self.kill()  # the next case gets ranks that never ran this hook's code
         if not rebuilt and self.config.memory_growth_bytes:
-            grown = self._grown()
-            if grown:
-                self.kill()
+            grown = memory_grown(self._rss_ready, outcomes.values(), self.config.memory_growth_bytes)
+        if not rebuilt and (grown or any(o.leaks for o in outcomes.values())):
+            self.kill()  # the next case gets ranks that never ran this hook's code
         ordered = tuple(outcomes[r] for r in range(n))
         return CaseResult(case=case, world_size=n, outcomes=ordered, timed_out=timed_out,
                           wall_s=wall, pool_rebuilt=rebuilt, memory_grown=grown,
                           memory_bound=self.config.memory_growth_bytes, cases_on_pool=self._cases_run,
                           group_broken=group_broken)
 
-    def _grown(self) -> Tuple[Tuple[int, int, int], ...]:
-        """``(rank, bytes grown, RSS now)`` of each rank whose RSS grew beyond the bound since the pool was
-        ready: over every case it ran, which are the cases of one hook."""
-        grown = []
-        for r, (proc, before) in enumerate(zip(self._procs, self._rss_ready)):
-            now = rank_rss(proc.pid)
-            if before is not None and now is not None and now - before > self.config.memory_growth_bytes:
-                grown.append((r, now - before, now))
-        return tuple(grown)
-
     def _in_step(self) -> Optional[str]:
-        """After a case: do the ranks still agree on the collective sequence, on a default process group
-        that works? ``None`` if so; else why not, and the pool is killed (rebuilt on the next case)."""
+        """After a case: :func:`in_step`; a pool that is not is killed (rebuilt on the next case)."""
         if not self.alive:
             self.kill()
             return "a rank is gone"
         self._seq += 1
-        for conn in self._conns:
-            send(conn, ("ping", self._seq))
-        expected = self._seq * self.config.world_size
-        deadline = time.monotonic() + STRAGGLER_GRACE_S
-        replies = 0
-        problem: Optional[str] = None
-        while replies < len(self._conns):
-            ready = wait(self._conns, timeout=max(deadline - time.monotonic(), 0))
-            if not ready:
-                problem = problem or f"the ranks did not all answer an all-reduce within {STRAGGLER_GRACE_S:g} s"
-                break
-            for conn in ready:
-                try:
-                    kind, payload = recv(conn)
-                except (EOFError, OSError):
-                    problem = problem or f"rank {self._conns.index(conn)} is gone"
-                    replies = len(self._conns)
-                    break
-                if kind == "pong":
-                    if payload != expected:
-                        problem = problem or (f"rank {self._conns.index(conn)}: {payload}" if isinstance(payload, str)
-                                              else "the ranks are out of step")
-                    replies += 1
+        problem = in_step(self._conns, self._seq)
         if problem is not None:
             self.kill()
         return problem
@@ -526,10 +499,47 @@ class RankPool:
         return {r: self._logs[r].excerpt(0, 6000) or "(no stack written)" for r in ranks}
 
 
-def rank_rss(pid: int) -> Optional[int]:
-    """Resident memory of process ``pid`` in bytes (``/proc/<pid>/statm``), or ``None`` where unknown."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
+def in_step(conns: Sequence[Connection], seq: int) -> Optional[str]:
+    """After a case, every rank all-reduces ``seq`` on the default process group as a hook would find it
+    (``group=None``): ``None`` when each answers ``seq * len(conns)``; else why not (a rank that is gone or
+    silent for :data:`STRAGGLER_GRACE_S`, ranks out of step, or a rank's error: a default group that was
+    destroyed or replaced). Both launchers use it (:class:`RankPool`, :class:`conformance.remote.RemotePool`).
+    """
+    for conn in conns:
+        try:
+            send(conn, ("ping", seq))
+        except OSError:
+            return f"rank {list(conns).index(conn)} is gone"
+    expected = seq * len(conns)
+    deadline = time.monotonic() + STRAGGLER_GRACE_S
+    replies = 0
+    while replies < len(conns):
+        ready = wait(list(conns), timeout=max(deadline - time.monotonic(), 0))
+        if not ready:
+            return f"the ranks did not all answer an all-reduce within {STRAGGLER_GRACE_S:g} s"
+        for conn in ready:
+            rank = list(conns).index(conn)
+            try:
+                kind, payload = recv(conn)
+            except (EOFError, OSError):
+                return f"rank {rank} is gone"
+            if kind != "pong":
+                continue
+            if isinstance(payload, str):
+                return f"rank {rank}: {payload}"
+            if payload != expected:
+                return f"the ranks are out of step (rank {rank} summed {payload}, expected {expected})"
+            replies += 1
+    return None
+
+
+def memory_grown(rss_ready: Sequence[Optional[int]], outcomes: Any, bound: int) -> Tuple[Tuple[int, int, int], ...]:
+    """``(rank, bytes grown, bytes now)`` of each rank whose resident memory (``RankOutcome.rss``) grew by
+    more than ``bound`` bytes since it was ready (``rss_ready[rank]``): over every case of its pool, which are
+    the cases of one hook. Both launchers use it."""
+    grown = []
+    for o in outcomes:
+        before = rss_ready[o.rank] if o.rank < len(rss_ready) else None
+        if before is not None and o.rss is not None and o.rss - before > bound:
+            grown.append((o.rank, o.rss - before, o.rss))
+    return tuple(sorted(grown))

@@ -26,16 +26,17 @@ computes or reports):
 * ``sys.stdout`` and ``sys.stderr`` (the same objects, not closed) and file
   descriptors 1 and 2 (still open, on the same file).
 
-Resident memory is the controller's to watch (it reads ``/proc``), per hook.
+Resident memory (:func:`resident_bytes`) goes to the controller with each case's outcome, which
+counts its growth over the hook's cases (:func:`conformance.pool.memory_grown`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-__all__ = ["Fingerprint", "take", "changes"]
+__all__ = ["Fingerprint", "changes", "resident_bytes", "take"]
 
 #: ``torch.nn.modules.module`` dicts of global hooks, with the function that registers into each.
 _GLOBAL_MODULE_HOOKS = (
@@ -196,3 +197,12 @@ def changes(before: Fingerprint, after: Fingerprint, own_group: Any = None) -> L
             out.append(f"file descriptor {fd} ({'stdout' if fd == 1 else 'stderr'}) pointed at another file "
                        "(os.dup2 over it)")
     return out
+
+
+def resident_bytes() -> Optional[int]:
+    """This process's resident memory in bytes (``/proc/self/statm``), or ``None`` where unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

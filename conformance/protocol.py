@@ -112,6 +112,7 @@ class RankOutcome:
         leaks: what differs in the rank's process-global state from before the hook's
             module was imported, after the case (:func:`conformance.process_state.changes`),
             one phrase each; the case fails with them and the pool is rebuilt.
+        rss: the rank's resident memory in bytes after the case, where known.
     """
 
     rank: int
@@ -127,6 +128,7 @@ class RankOutcome:
     lost: str = ""
     findings_before_error: List["Finding"] = dataclasses.field(default_factory=list)
     leaks: List[str] = dataclasses.field(default_factory=list)
+    rss: Optional[int] = None
 
     @property
     def hung(self) -> bool:

@@ -14,6 +14,9 @@ messages, same outcomes, same verdicts.
   deadline for each. Refused peers are counted and summarised (logger
   ``conformance.remote``, and :func:`summary_lines` for the terminal summary);
   nothing a peer sends is unpickled before it authenticated, and the run goes on.
+* One hook's code per process: when the run moves on to another hook, each
+  rank replaces itself with a fresh interpreter (``os.execv``, same pid, no
+  torchrun restart spent) and connects again (:meth:`RemotePool.serve`).
 * Containment through the elastic agent: when a case hangs or a rank's
   connection drops, the pool asks the live ranks for their stacks, then closes
   every connection. Each rank's watchdog ends its process, torchrun's agents
@@ -26,11 +29,12 @@ messages, same outcomes, same verdicts.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from conformance.pool import STRAGGLER_GRACE_S, PoolConfig, PoolStartError, SpecLoadError, gather_outcomes
+from conformance.pool import PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step, memory_grown
 from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
 from conformance.remote_link import Address, format_address, read_authkey
 from conformance.remote_listener import RankListener, shutdown_rank
@@ -88,6 +92,11 @@ class RemotePool:
         self._info: List[Dict[str, Any]] = []
         self._gone: Optional[RanksNotConnected] = None
         self._seq = 0
+        #: The ranks were asked to exec afresh for another hook (:meth:`serve`): they come back without
+        #: torchrun restarting them, so its restart count says nothing about whether they will.
+        self._rehosting = False
+        self._rss_ready: List[Optional[int]] = []
+        self._cases_run = 0
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -112,7 +121,7 @@ class RemotePool:
             PoolStartError: a rank lost its connection or failed while joining the process group.
             SpecLoadError: a rank cannot load a hook spec.
         """
-        if self._gone is None:
+        if self._gone is None and not self._rehosting:
             self._gone = self._restarts_used_up()
         if self._gone is not None:  # a new instance each time: one exception raised twice keeps both tracebacks
             raise RanksNotConnected(self._gone.reason, self._gone.missing)
@@ -121,6 +130,7 @@ class RemotePool:
         except BaseException:
             self.kill()
             raise
+        self._rehosting = False
 
     def _wait_ready(self) -> None:
         cfg = self.config
@@ -163,6 +173,8 @@ class RemotePool:
                 raise PoolStartError(f"rank {rank} ({self._where(rank)}) lost its connection before it joined the "
                                      "process group; see the torchrun agent's output there") from None
         pending = dict(enumerate(self._conns))
+        self._rss_ready = [None] * n
+        self._cases_run = 0
         while pending:
             ready = wait(list(pending.values()), timeout=max(deadline - time.monotonic(), 0))
             if not ready:
@@ -182,6 +194,7 @@ class RemotePool:
                     raise PoolStartError(f"rank {rank} ({self._where(rank)}) could not join the process group:\n"
                                          f"{payload}")
                 pending.pop(rank)
+                self._rss_ready[rank] = payload.get("rss") if isinstance(payload, dict) else None
 
     def _restarts_used_up(self) -> Optional[RanksNotConnected]:
         """Why torchrun will not restart the stopped group, known from what its ranks reported; else ``None``.
@@ -219,6 +232,23 @@ class RemotePool:
         info = self._info[rank] if rank < len(self._info) else {}
         return f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
 
+    def serve(self, specs: Sequence[Tuple[str, str]], afresh: bool = False) -> None:
+        """Give the ranks to another hook (``specs``), or with ``afresh`` to the same hook again (after it left
+        a rank changed): each rank replaces itself with a fresh interpreter (``os.execv``,
+        :func:`conformance.remote_worker.main`) and connects again, to load only ``specs``. No torchrun
+        restart is spent; the next :meth:`run` waits for them (``--listen-timeout``)."""
+        if tuple(specs) == tuple(self.config.specs) and not afresh:
+            return
+        for conn in self._conns:
+            try:
+                send(conn, ("rehost", None))
+            except OSError:
+                pass
+        if self._conns:
+            self._rehosting = True
+        self.kill()
+        self.config = dataclasses.replace(self.config, specs=tuple(specs))
+
     def close(self) -> None:
         """Tell every rank to shut down (they exit 0, so torchrun ends), then stop listening. Idempotent."""
         for conn in self._conns:
@@ -237,8 +267,10 @@ class RemotePool:
         """Send ``case`` to every rank and gather one outcome per rank (see :meth:`RankPool.run`).
 
         Waits for torchrun's ranks first when the pool is down. A case that
-        hangs or loses a rank stops the pool (torchrun restarts it), and the
-        result says that the pool was restarted.
+        hangs or loses a rank, or leaves the ranks out of step, stops the pool
+        (torchrun restarts it); one that leaves a rank's process state changed,
+        its default group broken or its memory grown past the bound makes the
+        ranks exec afresh (:meth:`serve`). The result says the pool was rebuilt.
         """
         if not self.alive:
             self.start()
@@ -266,6 +298,9 @@ class RemotePool:
             if not outcome.ok and r not in lost:
                 outcome.output = self._ask(r, "output")
         rebuilt = False
+        group_broken = ""
+        grown: Tuple[Tuple[int, int, int], ...] = ()
+        self._cases_run += 1
         if unfinished:
             for r in unfinished:
                 stack = self._ask(r, "stacks") or "(no stack written)"
@@ -275,11 +310,23 @@ class RemotePool:
         elif lost:
             self.kill()
             rebuilt = True
-        elif not all(o.ok for o in outcomes.values()):
-            rebuilt = not self._still_in_step()
+        else:
+            self._seq += 1
+            problem = in_step(self._conns, self._seq)
+            if problem is not None and not all(o.ok for o in outcomes.values()):
+                self.kill()  # out of step after a failure: torchrun restarts the group
+                rebuilt = True
+            elif problem is not None:
+                group_broken = problem
+        if not rebuilt and self.config.memory_growth_bytes:
+            grown = memory_grown(self._rss_ready, outcomes.values(), self.config.memory_growth_bytes)
+        if not rebuilt and (group_broken or grown or any(o.leaks for o in outcomes.values())):
+            self.serve(self.config.specs, afresh=True)  # the same hook, in processes that never ran its code
+            rebuilt = True
         ordered = tuple(outcomes[r] for r in range(n))
-        return CaseResult(case=case, world_size=n, outcomes=ordered, timed_out=timed_out,
-                          wall_s=wall, pool_rebuilt=rebuilt)
+        return CaseResult(case=case, world_size=n, outcomes=ordered, timed_out=timed_out, wall_s=wall,
+                          pool_rebuilt=rebuilt, memory_grown=grown, memory_bound=self.config.memory_growth_bytes,
+                          cases_on_pool=self._cases_run, group_broken=group_broken)
 
     def _ask(self, rank: int, what: str) -> str:
         """Rank ``rank``'s reply to ``("stacks" | "output", None)``, answered by its watchdog thread; ``""`` if none."""
@@ -295,32 +342,6 @@ class RemotePool:
         except (EOFError, OSError):
             pass
         return ""
-
-    def _still_in_step(self) -> bool:
-        """After a failed case: do the ranks still agree on the collective sequence? (as the local pool checks)"""
-        self._seq += 1
-        expected = self._seq * self.config.world_size
-        try:
-            for conn in self._conns:
-                send(conn, ("ping", self._seq))
-            deadline = time.monotonic() + STRAGGLER_GRACE_S
-            replies = 0
-            while replies < len(self._conns):
-                ready = wait(self._conns, timeout=max(deadline - time.monotonic(), 0))
-                if not ready:
-                    raise EOFError("a rank did not answer the ping")
-                for conn in ready:
-                    kind, payload = recv(conn)
-                    if kind == "pong":
-                        if payload != expected:
-                            raise EOFError(f"the ranks are out of step ({payload!r}, expected {expected})")
-                        replies += 1
-            return True
-        except (EOFError, OSError):
-            pass
-        self.kill()
-        return False
-
 
 def _refuse_join(conn: Connection, reason: str) -> None:
     try:
@@ -340,8 +361,6 @@ def remote_pool(config: PoolConfig, address: Address, listen_timeout_s: float) -
     missing or exposed, or ``address`` cannot be listened on.
     """
     global _LISTENER
-    import dataclasses
-
     import pytest
 
     if _LISTENER is None or _LISTENER.closed:

@@ -8,9 +8,13 @@ per rank, with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
    knows the shared secret (:mod:`conformance.remote_link`);
 2. says who it is (``("join", {...})``) and gets the run's backend, device and
    hook specs (``("hello", {...})``);
-3. loads the specs, joins the process group from torchrun's environment
-   (``init_process_group(init_method="env://")``), and serves cases with the
-   local pool's :class:`conformance.worker._Worker` loop.
+3. fingerprints its clean process state, loads the hook's spec, joins the
+   process group from torchrun's environment (``env://`` rendezvous), and
+   serves cases with the local pool's :class:`conformance.worker._Worker` loop;
+4. when the controller moves on to the next hook (``("rehost", None)``), it
+   replaces itself with a fresh interpreter running the same command
+   (``os.execv``: the same pid, so torchrun's agent sees nothing and spends no
+   restart), which connects again: no process runs two hooks' code.
 
 Containment: a watchdog thread reads every message from the controller. When
 the connection closes (the controller gave up on a hung or broken case, or it
@@ -77,13 +81,20 @@ class _KeptOutput:
         log_read, self._log_write = os.pipe()
         self.log = RankLog(log_read, limit_bytes)
         self._lock = threading.Lock()
+        self._originals: Dict[int, int] = {}
         for fd in (1, 2):
-            original = os.dup(fd)
+            original = self._originals[fd] = os.dup(fd)
             read_end, write_end = os.pipe()
             os.dup2(write_end, fd)
             os.close(write_end)
             threading.Thread(target=self._copy, args=(read_end, original), daemon=True,
                              name=f"conformance-output-{fd}").start()
+
+    def restore(self) -> None:
+        """Point file descriptors 1 and 2 where they went before (for an ``exec``, whose new image has no
+        copying thread)."""
+        for fd, original in self._originals.items():
+            os.dup2(original, fd)
 
     def _copy(self, read_end: int, original: int) -> None:
         while True:
@@ -150,7 +161,7 @@ class _ControllerLink:
             else:
                 if kind == "case" and self.output is not None:
                     self.output.mark()
-                elif kind == "shutdown":
+                elif kind in ("shutdown", "rehost"):
                     self._finished = True
                 self._inbox.put(data)
 
@@ -233,21 +244,11 @@ def _warm_up() -> None:
             pass
 
 
-def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any], local_rank: int) -> None:
-    """Join torchrun's process group and make ``worker`` ready for cases (as ``_Worker.start`` does locally)."""
-    import torch
+def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any]) -> None:
+    """Join torchrun's process group and make ``worker`` ready for cases (as ``_Worker.start`` does locally),
+    after :meth:`~conformance.worker._Worker.prepare` and the hook's spec were loaded."""
     import torch.distributed as dist
 
-    from conformance.checks import register_every_check
-    from conformance.worker import RankContext
-
-    _warm_up()
-    if worker.device_type == "cpu":
-        torch.set_num_threads(1)
-        worker.device = torch.device("cpu")
-    else:
-        torch.cuda.set_device(local_rank)
-        worker.device = torch.device("cuda", local_rank)
     timeout = timedelta(seconds=hello["pg_timeout_s"])
     # torchrun's env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), under a key prefix
     # that is new for every start of the pool. With the c10d rendezvous, the agents share one TCPStore
@@ -263,10 +264,24 @@ def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any], local_rank
     if dist.get_rank() != worker.rank or dist.get_world_size() != worker.world_size:
         raise RuntimeError(f"the process group has rank {dist.get_rank()} of {dist.get_world_size()}, but torchrun "
                            f"set RANK={worker.rank} WORLD_SIZE={worker.world_size}")
-    worker.group = dist.group.WORLD
-    register_every_check()
-    worker.ctx = RankContext(worker.rank, worker.world_size, worker.group, worker.device, worker.backend, link)
-    send(link, ("ready", {"rank": worker.rank, "pid": os.getpid(), "torch": torch.__version__}))
+    worker.joined(link)
+    send(link, ("ready", worker.ready_info()))
+
+
+def _exec_afresh(kept: Optional[_KeptOutput]) -> None:
+    """Replace this process with a fresh interpreter running the same command (``os.execv``): the next hook's
+    cases get a process that never ran the last hook's code. The pid stays, so torchrun's agent sees nothing
+    and spends no restart; the new image connects to the controller again."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if kept is not None:
+        kept.restore()
+    argv = list(getattr(sys, "orig_argv", []) or [sys.executable, "-m", "conformance.worker", *sys.argv[1:]])
+    os.execv(sys.executable, [sys.executable, *argv[1:]])
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -323,20 +338,29 @@ def main(argv: Optional[list] = None) -> int:
     if kind == "shutdown":
         send(link, ("bye", None))
         return 0
-    link.output = _KeptOutput(hello["log_limit_bytes"]).log
+    kept = _KeptOutput(hello["log_limit_bytes"])
+    link.output = kept.log
 
     from conformance.worker import _Worker
 
     worker = _Worker(link, {"rank": info["rank"], "world_size": info["world_size"], "backend": hello["backend"],
                             "device": hello["device"]})
+    try:
+        _warm_up()
+        worker.prepare(info["local_rank"])  # the clean fingerprint, before the hook's module is imported
+    except BaseException:  # noqa: BLE001 - reported to the controller
+        send(link, ("failed", traceback.format_exc()))
+        return 1
     problem = worker.load_specs(hello.get("specs", ()))
     if problem is not None:
         send(link, ("spec_failed", problem))
         return 1
     try:
-        _start(worker, link, hello, info["local_rank"])
+        _start(worker, link, hello)
     except BaseException:  # noqa: BLE001 - reported to the controller
         send(link, ("failed", traceback.format_exc()))
         return 1
     worker.loop()
+    if worker.rehost:  # the next hook's cases: a fresh process image under the same pid
+        _exec_afresh(kept)
     return 0

@@ -48,7 +48,6 @@ the command that re-runs just that case.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
@@ -129,26 +128,23 @@ class Runner:
         return ((self.specs[hook].target, hook),) if hook is not None else ()
 
     @property
-    def isolates_hooks(self) -> bool:
-        """Whether each hook gets ranks of its own: the local pools fork them from the zygote; torchrun's
-        ranks (``--listen``) serve every hook in one process group."""
-        return getattr(self.settings, "listen", None) is None
+    def remote(self) -> bool:
+        """Whether torchrun starts the ranks (``--listen``): they re-exec for each hook instead of forking."""
+        return getattr(self.settings, "listen", None) is not None
 
     def pool(self, world_size: int, hook: Optional[str] = None) -> RankPool:
         """The pool of ``world_size`` ranks for ``hook``'s cases, placed by :meth:`Settings.placement` (made,
         not started). Asking for another hook than the pools serve closes them all first (:meth:`serve`)."""
         s = self.settings
-        if self.isolates_hooks and hook != self.serving:
+        if hook != self.serving:
             self.serve(hook)
         if world_size not in self.pools:
             backend, device = s.placement(world_size)
-            specs = (self._specs_of(hook) if self.isolates_hooks
-                     else tuple((item.target, name) for name, item in self.specs.items()))
             config = PoolConfig(world_size=world_size, backend=backend, device=device,
-                                case_timeout_s=s.case_timeout_s, sys_path=self.sys_path, specs=specs,
+                                case_timeout_s=s.case_timeout_s, sys_path=self.sys_path, specs=self._specs_of(hook),
                                 log_limit_bytes=s.rank_log_limit_bytes,
                                 memory_growth_bytes=s.rank_memory_growth_bytes)
-            if not self.isolates_hooks:  # torchrun's ranks, on any node (conformance.remote)
+            if self.remote:  # torchrun's ranks, on any node (conformance.remote)
                 from conformance.remote import remote_pool
 
                 self.pools[world_size] = remote_pool(config, s.listen, s.listen_timeout_s)
@@ -163,9 +159,7 @@ class Runner:
         self.serving = hook
         specs = self._specs_of(hook)
         for pool in self.pools.values():
-            if pool.config.specs != specs:
-                pool.close()
-                pool.config = dataclasses.replace(pool.config, specs=specs)
+            pool.serve(specs)
         for ws in sorted(self.world_sizes_of.get(hook, ())):
             if (hook, ws) in self.not_run:
                 continue

@@ -123,19 +123,26 @@ class _Worker:
         self._specs: Dict[tuple, Any] = {}
         self.clean: Optional[process_state.Fingerprint] = None
         self.import_leaks: List[str] = []
+        #: The controller asked this rank to start afresh for another hook (torchrun's ranks only:
+        #: :func:`conformance.remote_worker.main` then execs itself).
+        self.rehost = False
 
-    def prepare(self) -> None:
+    def prepare(self, device_index: Optional[int] = None) -> None:
         """Set up what the suite itself changes in the process (threads, device, the check registry),
         then take the clean :class:`~conformance.process_state.Fingerprint`: before any hook code runs
-        here, so what the hook's module import or its cases change is told apart from the suite's own."""
+        here, so what the hook's module import or its cases change is told apart from the suite's own.
+
+        ``device_index``: the CUDA device of this rank (default: its rank; torchrun's: its local rank).
+        """
         import torch
 
         if self.device_type == "cpu":
             torch.set_num_threads(1)
             self.device = torch.device("cpu")
         else:
-            torch.cuda.set_device(self.rank)
-            self.device = torch.device("cuda", self.rank)
+            index = self.rank if device_index is None else device_index
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
         # Fill the check registry before the first case (imports every adapter).
         from conformance.checks import register_every_check
 
@@ -145,7 +152,6 @@ class _Worker:
 
     def start(self, hello: Dict[str, Any]) -> None:
         """Join the pool's process group (after :meth:`prepare` and :meth:`load_specs`) and say ready."""
-        import torch
         import torch.distributed as dist
 
         store = dist.FileStore(hello["store_path"], self.world_size)
@@ -160,16 +166,25 @@ class _Worker:
             kwargs["device_id"] = self.device
         dist.init_process_group(**kwargs)
         self.joined()
-        send(self.conn, ("ready", {"rank": self.rank, "pid": os.getpid(), "torch": torch.__version__}))
+        send(self.conn, ("ready", self.ready_info()))
 
-    def joined(self) -> None:
-        """After the rank joined its process group: keep the group, make the check context, and note what
-        the hook's module import already changed (reported with every case, since a rebuilt pool
-        imports it again)."""
+    def ready_info(self) -> Dict[str, Any]:
+        """What the rank says when it is ready: who it is, its torch, and its resident memory in bytes (from
+        which the controller counts the growth over the hook's cases)."""
+        import torch
+
+        return {"rank": self.rank, "pid": os.getpid(), "torch": torch.__version__,
+                "rss": process_state.resident_bytes()}
+
+    def joined(self, conn: Any = None) -> None:
+        """After the rank joined its process group: keep the group, make the check context (reporting on
+        ``conn``, default: the controller connection), and note what the hook's module import already
+        changed (reported with every case, since a rebuilt pool imports it again)."""
         import torch.distributed as dist
 
         self.group = dist.group.WORLD
-        self.ctx = RankContext(self.rank, self.world_size, self.group, self.device, self.backend, self.conn)
+        self.ctx = RankContext(self.rank, self.world_size, self.group, self.device, self.backend,
+                               conn if conn is not None else self.conn)
         self.import_leaks = process_state.changes(self.clean, process_state.take(), self.group)
 
     def load_specs(self, wanted: Any) -> Optional[str]:
@@ -230,6 +245,7 @@ class _Worker:
                 findings_before_error=self.ctx.findings_before_error(),
             )
         outcome.leaks = self.leaks()
+        outcome.rss = process_state.resident_bytes()
         return outcome
 
     def leaks(self) -> List[str]:
@@ -245,9 +261,9 @@ class _Worker:
                 else what for what in now]
 
     def ping(self, seq: int) -> Optional[int]:
-        """All-reduce ``seq``: proves the process group still matches up after a failed case."""
+        """All-reduce ``seq`` on the default group: proves, after every case, that the group still works and
+        the ranks still match up."""
         import torch
-        import torch.distributed as dist
 
         t = torch.tensor([seq], dtype=torch.int64, device=self.device)
         # The default group as a hook would find it (group=None), not the handle kept at start: a hook
@@ -274,6 +290,10 @@ class _Worker:
                     send(self.conn, ("pong", self.ping(payload)))
                 except Exception as exc:  # noqa: BLE001
                     send(self.conn, ("pong", f"{type(exc).__name__}: {exc}"))
+            elif kind == "rehost":
+                send(self.conn, ("bye", None))
+                self.rehost = True
+                return
             elif kind == "shutdown":
                 import torch.distributed as dist
 

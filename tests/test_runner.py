@@ -6,6 +6,7 @@ outcomes lead to which verdict, without starting a process.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import List
 
 import pytest
@@ -113,9 +114,11 @@ class RecordingPool:
         self.events = []
         self.alive = False
 
-    def close(self):
-        self.events.append(("close", self.config.specs))
-        self.alive = False
+    def serve(self, specs):
+        if specs != self.config.specs:
+            self.events.append(("close", self.config.specs))
+            self.alive = False
+            self.config = dataclasses.replace(self.config, specs=specs)
 
     def launch(self):
         self.events.append(("launch", self.config.specs))

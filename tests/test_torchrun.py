@@ -12,7 +12,10 @@ tests check that:
 * containment goes through the elastic agent: a hook that hangs on rank 1 is
   reported with its stack, torchrun restarts the group (``--max-restarts 1``),
   the next case passes on the new ranks, and once the restarts are exhausted
-  the remaining case fails with that reason and the report is written.
+  the remaining case is NOT RUN with that reason (exit 6) and the report is written;
+* each hook gets fresh rank processes (the ranks exec afresh, spending no
+  torchrun restart), so a hook that patched ``torch.distributed`` cannot make
+  the next hook pass.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Iterator, List
 
 import pytest
 
+from conformance.exit_codes import RUN_ERROR
 from tests.meta_helpers import REPO, run_suite
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch.distributed.run") is None,
@@ -150,8 +154,8 @@ def test_a_hang_is_contained_by_torchrun_restarts_until_they_run_out(link_env, t
         codes = [agent.wait(timeout=60) for agent in agents]
     detail = run.output[-6000:] + _node_logs(tmp_path)
     cases = {c.hook: c for c in run.cases}
-    assert run.returncode == 1 and list(cases) == ["zoo_hang_rank1", "zoo_plain_allreduce", "zoo_crash_rank1",
-                                                    "zoo_after_the_restarts"], detail
+    assert list(cases) == ["zoo_hang_rank1", "zoo_plain_allreduce", "zoo_crash_rank1",
+                           "zoo_after_the_restarts"], detail
 
     hang = cases["zoo_hang_rank1"].message
     assert "did not finish within the case timeout on 2 of 2 ranks" in hang and "the pool was restarted" in hang, detail
@@ -166,8 +170,31 @@ def test_a_hang_is_contained_by_torchrun_restarts_until_they_run_out(link_env, t
     assert "the pool was restarted" in crash
 
     after = cases["zoo_after_the_restarts"]
-    assert after.outcome == "failed"
-    assert "torchrun's --max-restarts 1 are used up (rank " in after.message, \
+    assert after.outcome == "skipped" and after.properties.get("not_run"), "no hook is blamed for spent restarts"
+    assert "NOT RUN: " in after.message and "torchrun's --max-restarts 1 are used up (rank " in after.message, \
         "the controller should know from the ranks' TORCHELASTIC_RESTART_COUNT that no restart comes, not wait"
+    assert run.returncode == RUN_ERROR, "a hook the run could not check makes it a run error"
+    assert re.search(r"^zoo_after_the_restarts +NOT RUN \(", run.output, re.MULTILINE), detail
     assert "rank pools restarted 2 time(s)" in run.output
     assert codes == [1, 1], "both agents should give up once their one restart is spent"
+
+
+def test_each_hook_gets_fresh_processes_on_torchrun_without_spending_a_restart(link_env, tmp_path):
+    """A hook whose state factory patches dist.all_reduce (to average every SUM), then a SUM-without-averaging
+    hook: the ranks exec afresh for the second hook (no restart: --max-restarts 0), so it fails averaging as it
+    does alone, and the first fails with the patch named."""
+    controller = f"127.0.0.1:{_free_port()}"
+    with torchrun_nodes(controller, tmp_path) as agents:
+        run = run_suite(["--listen", controller, "--listen-timeout", "120", "--world-size", "2",
+                         "--extra-world-size", "0", "--backend", "gloo", "--device", "cpu",
+                         "--hook", "tests.zoo.leaks:TORCHRUN", "-k", "test_ddp_averaging", "-q"],
+                        str(tmp_path / "isolated.xml"), timeout=300)
+        codes = [agent.wait(timeout=60) for agent in agents]
+    detail = run.output[-6000:] + _node_logs(tmp_path)
+    cases = {c.hook: c for c in run.cases}
+    assert list(cases) == ["leak_patched_all_reduce", "victim_sum"], detail
+    assert cases["leak_patched_all_reduce"].outcome == "failed"
+    assert "torch.distributed.all_reduce replaced by averaging_all_reduce" in cases["leak_patched_all_reduce"].message
+    assert cases["victim_sum"].outcome == "failed", detail
+    assert "the hook left" not in cases["victim_sum"].message
+    assert codes == [0, 0], f"no restart was spent, and the agents end cleanly\n{detail}"

@@ -40,7 +40,7 @@ def test_forked_ranks_join_their_group_in_sessions_of_their_own(fresh_zygote):
         if os.path.exists(f"/proc/{zygote.proc.pid}/stat"):  # Linux: each rank is the zygote's child
             parents = {int(open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[1]) for p in pool._procs}
             assert parents == {zygote.proc.pid}
-        assert pool._still_in_step(), "the forked ranks do not answer over their process group"
+        assert pool._in_step() is None, "the forked ranks do not answer over their process group"
     finally:
         pool.close()
 

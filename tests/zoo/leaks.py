@@ -228,3 +228,6 @@ LEAK_NAMES: Dict[str, str] = {
 }
 
 ALL = LEAKERS + VICTIMS + GOOD
+#: For torchrun's ranks (tests/test_torchrun.py), at 2 ranks: in a shared process the patched all_reduce
+#: would average the SUM of the hook after it, which would then pass averaging.
+TORCHRUN = [LEAKERS[2], VICTIMS[2]]

@@ -65,11 +65,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "commhook-conformance")
     for opt in settings_mod.OPTIONS:
         if opt.flag in ("--with-builtins", "--no-entry-points", "--strict-known-failures"):
-            group.addoption(opt.flag, action="store_true", dest=opt.dest, default=False, help=opt.help)
+            group.addoption(opt.flag, action="store_true", dest=opt.dest, default=False, help=opt.full_help())
         elif opt.flag in ("--hook", "--known-failures"):
-            group.addoption(opt.flag, action="append", dest=opt.dest, default=[], metavar="VALUE", help=opt.help)
+            group.addoption(opt.flag, action="append", dest=opt.dest, default=[], metavar=opt.metavar,
+                            help=opt.full_help())
         else:
-            group.addoption(opt.flag, action="store", dest=opt.dest, default=None, metavar="VALUE", help=opt.help)
+            group.addoption(opt.flag, action="store", dest=opt.dest, default=None, metavar=opt.metavar,
+                            help=opt.full_help())
 
 
 def pytest_configure(config: pytest.Config) -> None:

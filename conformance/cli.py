@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
+import shutil
 import sys
 import textwrap
 from typing import List, Optional
@@ -28,6 +30,35 @@ def pytest_args(argv: List[str]) -> List[str]:
     """
     return ["-c", os.path.join(SUITE_DIR, "pytest.ini"), "--rootdir", SUITE_DIR,
             "-p", "conformance.pytest_plugin", *argv, SUITE_DIR]
+
+
+def command_words(path: Optional[str] = None) -> List[str]:
+    """The words a fresh shell runs this suite with, on this interpreter.
+
+    ``["conform"]`` where the ``conform`` found on ``path`` (default: ``$PATH``)
+    runs this interpreter (``sys.executable``: it is the script beside it, or its
+    ``#!`` line names it); otherwise ``[sys.executable, "-m", "conformance"]``,
+    which needs no ``PATH`` at all (a venv that is not activated, or another
+    ``conform`` first on ``PATH``).
+    """
+    found = shutil.which("conform", path=path)
+    if found and _runs_this_interpreter(found):
+        return ["conform"]
+    return [sys.executable, "-m", "conformance"]
+
+
+def _runs_this_interpreter(script: str) -> bool:
+    sibling = os.path.join(os.path.dirname(sys.executable), "conform")
+    try:
+        if os.path.exists(sibling) and os.path.samefile(script, sibling):
+            return True
+        with open(script, "rb") as f:
+            head = f.read(1024).decode("utf-8", "replace").splitlines()[:3]
+    except OSError:
+        return False
+    # pip writes "#!/path/to/python", or for a long path "#!/bin/sh" then "'''exec' /path/to/python ...".
+    words = re.findall(r"[^\s'\"]+", "\n".join(head).replace("#!", " ", 1))
+    return any(os.path.isabs(w) and os.path.abspath(w) == os.path.abspath(sys.executable) for w in words)
 
 
 #: Arguments after which no case runs, so no rank is needed.

@@ -120,9 +120,10 @@ class Settings:
         """Options that reproduce this run's machine settings, as ``[flag, value, ...]``.
 
         Values that change what a case does or where it runs are always
-        spelled out, so the command does not depend on the caller's environment.
-        A case of world size ``world_size`` that ran on an added CPU pool
-        (:attr:`cpu_pools`) is re-run on a gloo CPU pool of that size.
+        spelled out, so the command does not depend on the caller's environment,
+        and file paths (``--known-failures``) are absolute, so it does not depend on
+        the directory either. A case of world size ``world_size`` that ran on an
+        added CPU pool (:attr:`cpu_pools`) is re-run on a gloo CPU pool of that size.
         """
         if world_size in self.cpu_pools:
             args = ["--world-size", str(world_size), "--extra-world-size", "0", "--backend", "gloo",
@@ -139,7 +140,7 @@ class Settings:
         default_kf = os.path.abspath(_default_known_failures())
         for path in self.known_failures:
             if os.path.abspath(path) != default_kf:
-                args += ["--known-failures", path]
+                args += ["--known-failures", os.path.abspath(path)]
         return args
 
 

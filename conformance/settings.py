@@ -45,8 +45,8 @@ class Settings:
             option), mixed with each case id; ``""`` when not given.
         known_failures: paths of known-failures files, the packaged one first.
         gpu_count: ``torch.cuda.device_count()`` (0 without CUDA).
-        strict_known_failures: a known failure that passes, or an entry that
-            matches no test, fails the run (for nightly gates).
+        strict_known_failures: a known failure that passes, or an entry that could
+            apply to this run and matches no test, fails the run (for nightly gates).
         rank_log_limit_bytes: bytes of each rank's output kept per case (``--rank-log-limit``).
         rank_memory_growth_bytes: bytes a rank's RSS may grow during one case before its pool is
             restarted (``--rank-memory-growth``); 0 for no check.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping
 
 from conformance.baseline import BaselineDiff, diff_markdown
-from conformance.matrix import hook_matrix, matrix_markdown
+from conformance.matrix import HookMatrix, hook_matrix, matrix_markdown
 from conformance.results import records_from_json
 
 __all__ = ["markdown_summary", "MAX_FAILURES_SHOWN", "MAX_FINDINGS_SHOWN"]
@@ -96,7 +96,10 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         if not failed:
             continue
         out += [f"### `{hook['name']}`: {hook.get('verdict', '')}", ""]
-        grid = matrix_markdown(hook_matrix(records, hook["name"]))
+        # The document's own grid: it holds the cells of cases a stopped run never reached, which no case record does.
+        matrix = HookMatrix.from_json(hook["name"], hook["matrix"]) if hook.get("matrix") else \
+            hook_matrix(records, hook["name"])
+        grid = matrix_markdown(matrix)
         if grid:
             out += [grid, ""]
         out += [f"First findings ({min(len(failed), MAX_FAILURES_SHOWN)} of {len(failed)} failed cases):", ""]

@@ -278,7 +278,8 @@ class ResultsRecorder:
         return {"torch_version": torch.__version__, "torch_build": "rocm" if hip else ("cuda" if cuda else "cpu"),
                 "torch_cuda_version": cuda, "torch_hip_version": hip,
                 "python_version": platform.python_version(), "platform": sys.platform,
-                "backend": s.backend, "device": s.device, "world_sizes": list(s.world_sizes),
+                "backend": s.backend, "device": s.device,
+                "world_sizes": sorted(self.state.world_sizes) or list(s.world_sizes),
                 "cpu_pools": list(s.cpu_pools), "gpu_count": s.gpu_count, "case_timeout_s": s.case_timeout_s,
                 "hypothesis_examples": s.hypothesis_examples, "known_failures_files": list(s.known_failures)}
 

@@ -65,3 +65,18 @@ def test_readme_options_table_gives_each_option_its_variable_and_default():
         rows[flag] = (env.group(1) if env else None, cells[2].replace("`", ""))
     for opt in OPTIONS:
         assert rows.get(opt.flag) == (opt.env, opt.default), f"README's row of {opt.flag}: {rows.get(opt.flag)}"
+
+
+def test_readme_has_a_loopback_torchrun_recipe_for_one_machine():
+    """Two agents of one rank each, on loopback, CPU and gloo: the form tests/test_torchrun.py runs."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Across nodes, on torchrun\n", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "--nproc-per-node 1" in b)
+    listen = re.search(r"^conform --listen (127\.0\.0\.1:\d+) --world-size 2 --device cpu --backend gloo &$", block,
+                       re.M)
+    assert listen, block
+    agent = " ".join(block.split("\\\n"))
+    assert re.search(r"for node in 0 1; do\s+torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d "
+                     r"--rdzv-endpoint 127\.0\.0\.1:\d+ .*--local-addr 127\.0\.0\.1 -m conformance\.worker "
+                     rf"--controller {re.escape(listen.group(1))} &", agent), agent
+    assert "CONFORM_AUTHKEY_FILE=" in block and "GLOO_SOCKET_IFNAME=lo" in block and "wait $CONTROLLER" in block

@@ -15,7 +15,6 @@ import textwrap
 import pytest
 
 from conformance.known_failures import KnownFailure, KnownFailureBook, RunEnvironment
-from tests.meta_helpers import REPO
 
 ENV = RunEnvironment(backend="gloo", device="cpu", torch_version="2.13.0")
 

@@ -35,3 +35,22 @@ def test_readme_ddp_example_is_the_module_and_conforms(tmp_path):
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "passed" for c in run.cases)
     assert {"averaging", "parity", "rank_consistency", "future_contract"} <= {c.check for c in run.cases}
+
+
+def test_readme_first_screen_is_purpose_commands_summary_then_your_own_hook():
+    """Issue 19: what the suite is for, the two commands, what the first summary means, how to check one's own
+    hook, in that order, on the first screen; the summary's figures are those the Speed section measured."""
+    readme = open(os.path.join(REPO, "README.md")).read()
+    first_screen = "\n".join(readme.splitlines()[:60])
+    headings = re.findall(r"^## (.+)$", first_screen, re.M)
+    assert headings[:3] == ["The two commands", "What the first summary means", "Check your own hook"], headings
+    intro = first_screen.split("\n## ", 1)[0]
+    assert "gradient communication hooks" in intro and "bit for bit" in intro
+    assert "make conform" in first_screen and "make test" in first_screen
+    summary = first_screen.split("## What the first summary means", 1)[1].split("\n## ", 1)[0]
+    for word in ("**passed**", "**xfailed**: known failures of PyTorch's own built-in hooks", "**skipped**"):
+        assert word in summary, word
+    counts = re.search(r"`(\d+) passed, (\d+) skipped, \d+ deselected, (\d+) xfailed`", summary).groups()
+    assert f"({counts[0]} passed, {counts[1]} skipped, {counts[2]} xfailed)" in readme  # the Speed section's run
+    own = first_screen.split("## Check your own hook", 1)[1]
+    assert "conform --hook conformance.examples.my_hooks:SPEC" in own

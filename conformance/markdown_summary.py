@@ -33,7 +33,8 @@ def _counts_text(counts: Mapping[str, int]) -> str:
 def _environment_line(doc: Mapping[str, Any]) -> str:
     env = doc.get("environment", {})
     run = doc.get("run", {})
-    sizes = " and ".join(str(w) for w in env.get("world_sizes", []))
+    listed = [str(w) for w in env.get("world_sizes", [])]
+    sizes = " and ".join([", ".join(listed[:-1]), listed[-1]] if len(listed) > 2 else listed)
     build = {"cuda": "CUDA build", "rocm": "ROCm build", "cpu": "CPU build"}.get(env.get("torch_build"), "")
     parts = [f"torch {env.get('torch_version', '?')}" + (f" ({build})" if build else ""),
              f"backend {env.get('backend', '?')}", f"device {env.get('device', '?')}", f"world sizes {sizes}",

@@ -38,3 +38,9 @@ def test_the_baseline_diff_lists_each_new_failure_once():
     assert len(diff.new_failures) == 2 and diff.changed_figures == []
     text = diff_markdown(diff)
     assert "2 new failures" in text and "0 changed figures" in text and "none ->" not in text
+
+
+def test_the_environment_line_names_every_world_size_of_the_run():
+    doc = json.loads(json.dumps(document([case("good", "parity", "default", 2, "passed")])))
+    doc["environment"]["world_sizes"] = [2, 3, 4]
+    assert " · world sizes 2, 3 and 4 · " in markdown_summary(doc)

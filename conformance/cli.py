@@ -90,8 +90,8 @@ def conformance_help() -> str:
         else:
             lines.append(f"  {name}")
         lines += [" " * 26 + text for text in body]
-    lines += ["", "pytest options (any other argument goes to pytest: -k EXPRESSION, -x, -q, -v, --junitxml=PATH, ...):",
-              ""]
+    lines += ["", "pytest options (any other argument goes to pytest: -k EXPRESSION, -x, -q, -v, --junitxml=PATH, "
+              "...):", ""]
     return "\n".join(lines)
 
 

@@ -13,7 +13,8 @@ from tests.test_results import case, document
 def test_markdown_lists_the_known_failure_and_skip_reasons_by_hook_with_counts():
     recs = [case("good", "parity", "default", 2, "passed"),
             case("good", "hard_inputs", "default", 2, "xfailed", known_failure_reason="known failure (f#1): why | so"),
-            case("good", "hard_inputs", "bucket_view", 2, "xfailed", known_failure_reason="known failure (f#1): why | so"),
+            case("good", "hard_inputs", "bucket_view", 2, "xfailed",
+                 known_failure_reason="known failure (f#1): why | so"),
             case("good", "hard_inputs", "default", 3, "skipped", skip_reason="no 3 GPUs\nhere"),
             case("overwritten", "parity", "default", 2, "xpassed", known_failure_reason="known failure (f#2): gone")]
     text = markdown_summary(json.loads(json.dumps(document(recs))))

@@ -20,7 +20,8 @@ ENV = "torch 2.13.0+cpu, CPU build, gloo, cpu"
 
 def test_counts_say_what_each_outcome_is_and_why_cases_were_deselected():
     lines = counts_lines({"passed": 233, "skipped": 7, "xfailed": 301}, 301,
-                         {"test_lossy_error": ("fsdp", True), "test_fsdp2_all_reduce_hook": ("fsdp2_all_reduce", False)},
+                         {"test_lossy_error": ("fsdp", True),
+                          "test_fsdp2_all_reduce_hook": ("fsdp2_all_reduce", False)},
                          0, {2: {"test_parity"}, 3: {"test_parity"}, 4: {"test_subgroup_parity"}}, (2, 3), ENV)
     text = "\n".join(lines)
     assert lines[0].startswith("233 passed: ")

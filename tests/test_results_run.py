@@ -84,7 +84,7 @@ def test_environment_and_hooks_are_recorded(overwritten_run):
     env = doc["environment"]
     assert env["torch_version"] == torch.__version__
     assert env["torch_build"] == ("cuda" if torch.version.cuda else "cpu") and env["backend"] == "gloo"
-    assert env["world_sizes"] == [2, 3]
+    assert env["world_sizes"] == [2, 3, 4]  # 2 and 3, and 4 for the ddp parity cases of the subgroup config
     hooks = {h["name"]: h for h in doc["hooks"]}
     assert hooks[BAD]["source"] == {"kind": "--hook", "target": "tests.zoo.ddp_hooks:ALL"}
     assert hooks[BAD]["status"] == "does_not_conform" and hooks[BAD]["verdict"].startswith("DOES NOT CONFORM (")

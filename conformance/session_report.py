@@ -1,4 +1,4 @@
-"""What the terminal says about the run as a whole: the header, what the counts mean, and a ``-k`` that matched nothing.
+"""What the terminal says about the run as a whole: its header, what its counts mean, a -k that matched nothing.
 
 A newcomer's first run ends with pytest's own line, ``233 passed, 7 skipped, 8
 deselected, 301 xfailed``: more known failures than passes, and cases
@@ -7,7 +7,7 @@ every world size the cases ran at; :func:`header_lines` names every world size
 the run plans (the main and extra ones, and 4 for the cases that need four
 ranks); :func:`no_case_lines` answers a ``-k`` or ``-m`` that selected no case
 with the hook names and check names there are. The pytest plugin's summary
-(:class:`conformance.pytest_plugin._Summary`) gathers the figures; everything
+(:class:`conformance.summary.Summary`) gathers the figures; everything
 here is plain text from them.
 """
 

@@ -72,7 +72,8 @@ class BaselineDiff:
         changed_outcomes: every other case whose outcome changed (``passed`` -> ``skipped``,
             ``failed`` -> ``xfailed``, ...).
         changed_figures: figures (max ULP and absolute differences, lossy errors) of cases in
-            both runs whose values differ.
+            both runs whose values differ; none of a new failure, whose figures are its own
+            (in its case record), not a change to list twice.
     """
 
     baseline: str
@@ -146,7 +147,8 @@ def diff_runs(baseline: Mapping[str, Any], current: Sequence[CaseRecord], baseli
         change = Change(case_id, old.outcome, rec.outcome, rec.hook)
         if rec.failing and not old.failing:
             diff.new_failures.append(change)
-        elif old.failing and rec.outcome in ("passed", "xpassed"):
+            continue  # its figures would repeat it as "none -> X"; they are in its case record
+        if old.failing and rec.outcome in ("passed", "xpassed"):
             diff.fixed.append(change)
         elif old.outcome != rec.outcome:
             diff.changed_outcomes.append(change)

@@ -15,8 +15,12 @@ The file is TOML, one ``[[failure]]`` table per entry::
                                                 # or kills a rank); reported as XFAIL unrun
 
 A matching test is reported as an expected failure with its reason and does
-not fail the run; if it passes, it is flagged. An entry that applies to this
-machine but matches no collected test is warned about, so the file never rots.
+not fail the run; if it passes, it is flagged. An entry that could apply to this
+run but matches no collected test is warned about, so the file never rots. An
+entry could apply where its conditions hold (:meth:`KnownFailure.applies`) and,
+when every pattern of it names a world size (``...-ws3]``), where the run has
+cases of one of those world sizes: an entry about 3 ranks is not stale in a run
+with ``--extra-world-size 0``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import dataclasses
 import os
 import re
 import sys
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,6 +42,7 @@ from packaging.version import Version
 __all__ = ["KnownFailure", "KnownFailureBook", "KnownFailuresError", "RunEnvironment", "load_known_failures"]
 
 _KEYS = {"test", "reason", "hook", "backend", "device", "torch", "cuda_build", "run"}
+_WORLD_SIZE_AT_END = re.compile(r"-ws(\d+)\]$")
 
 
 class KnownFailuresError(ValueError):
@@ -105,6 +110,17 @@ class KnownFailure:
         """Whether a pattern matches the whole test name (or the tail of a node id)."""
         name = test_name.rsplit("::", 1)[-1]
         return bool(self._regex.match(name))  # type: ignore[attr-defined]
+
+    def world_sizes(self) -> Optional[FrozenSet[int]]:
+        """The world sizes the patterns can match, or ``None`` (any) where a pattern does not end in
+        ``-ws<N>]``, the world size of a case id (:func:`conformance.cases.case_id`)."""
+        sizes = set()
+        for pattern in self.test:
+            found = _WORLD_SIZE_AT_END.search(pattern)
+            if found is None:
+                return None
+            sizes.add(int(found.group(1)))
+        return frozenset(sizes)
 
     def applies(self, env: RunEnvironment) -> bool:
         """Whether the entry's conditions hold on this run."""
@@ -226,9 +242,14 @@ class KnownFailureBook:
                 found = found or entry
         return found
 
-    def unused(self, hooks_under_test: Optional[Iterable[str]] = None) -> List[KnownFailure]:
-        """Entries that matched nothing; with ``hooks_under_test``, only those about such hooks."""
+    def unused(self, hooks_under_test: Optional[Iterable[str]] = None,
+               world_sizes: Optional[Iterable[int]] = None) -> List[KnownFailure]:
+        """Entries that matched nothing and could have: with ``hooks_under_test``, only those about such
+        hooks; with ``world_sizes`` (of the run's cases), only those whose patterns can match one of them
+        (:meth:`KnownFailure.world_sizes`)."""
         hooks = None if hooks_under_test is None else set(hooks_under_test)
+        sizes = None if world_sizes is None else set(world_sizes)
         return [e for e in self.entries if e.source not in self.used
-                and (hooks is None or e.hook is None or e.hook in hooks)]
+                and (hooks is None or e.hook is None or e.hook in hooks)
+                and (sizes is None or e.world_sizes() is None or bool(e.world_sizes() & sizes))]
 

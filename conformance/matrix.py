@@ -11,22 +11,31 @@ and the JSON (:meth:`HookMatrix.to_json`) render that one grid.
 A cell holds every case of one check, variant and world size (the models, or
 the registration rules, of that combination), and its outcome is the worst
 among them: ``fail`` (a case failed or errored), ``xpass`` (a known failure
-passed), ``xfail`` (known failures only), ``pass``, ``skip`` (nothing ran).
+passed), ``xfail`` (known failures only), ``pass``, ``skip`` (skipped, with a
+reason), ``not_run`` (collected, but the run stopped before it: ``-x``,
+``--maxfail``, Ctrl-C). A cell of which some cases did not run says how many,
+and the pattern never calls a variant or a world size clean on cases that did
+not run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.results import FAILING, CaseRecord
 
-__all__ = ["Cell", "HookMatrix", "CELL_OUTCOMES", "hook_matrix", "matrix_markdown", "matrix_text", "pattern"]
+__all__ = ["Cell", "HookMatrix", "CELL_OUTCOMES", "NOT_RUN", "hook_matrix", "matrix_markdown", "matrix_text",
+           "not_run_records", "pattern"]
 
-#: Cell outcomes, worst first: a cell takes the first that any of its cases has.
-CELL_OUTCOMES = ("fail", "xpass", "xfail", "pass", "skip")
+#: The outcome of a :class:`~conformance.results.CaseRecord` for a case collected but never run (a run
+#: stopped early); such records feed the grid only, never the JSON ``cases``.
+NOT_RUN = "not_run"
+#: Cell outcomes, worst first: a cell takes the first that any of its cases has, so ``not_run`` only
+#: where none of its cases ran.
+CELL_OUTCOMES = ("fail", "xpass", "xfail", "pass", "skip", NOT_RUN)
 _CELL_OF_CASE = {"failed": "fail", "error": "fail", "xpassed": "xpass", "xfailed": "xfail", "passed": "pass",
-                 "skipped": "skip"}
+                 "skipped": "skip", NOT_RUN: NOT_RUN}
 
 Key = Tuple[str, str, Optional[int]]
 
@@ -36,20 +45,27 @@ class Cell:
     """The cases of one check, variant and world size.
 
     Attributes:
-        outcome: one of :data:`CELL_OUTCOMES`, the worst of its cases.
-        cases: how many cases the cell holds (models or rules).
+        outcome: one of :data:`CELL_OUTCOMES`, the worst of its cases that ran.
+        cases: how many cases the cell holds (models or rules), run or not.
         failed: how many of them failed or errored.
+        not_run: how many of them never ran (the run stopped first).
     """
 
     outcome: str
     cases: int
     failed: int
+    not_run: int = 0
 
     def text(self) -> str:
-        """``FAIL``, ``FAIL 2/5`` (failed of cases, where some passed), ``xpass``, ``xfail``, ``pass``, ``skip``."""
+        """``FAIL``, ``FAIL 2/5`` (failed of the cases that ran, where some passed), ``xpass``, ``xfail``,
+        ``pass``, ``skip``, ``not run``; ``, N not run`` after it where only some of its cases ran."""
+        if self.outcome == NOT_RUN:
+            return "not run"
+        ran = self.cases - self.not_run
+        text = self.outcome
         if self.outcome == "fail":
-            return "FAIL" if self.failed == self.cases else f"FAIL {self.failed}/{self.cases}"
-        return self.outcome
+            text = "FAIL" if self.failed == ran else f"FAIL {self.failed}/{ran}"
+        return f"{text}, {self.not_run} not run" if self.not_run else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,15 +98,26 @@ class HookMatrix:
         return {"variant_field": self.variant_field, "checks": list(self.checks), "variants": list(self.variants),
                 "world_sizes": list(self.world_sizes), "pattern": pattern(self),
                 "cells": [{"check": c, "variant": v, "world_size": ws, "outcome": cell.outcome,
-                           "cases": cell.cases, "failed": cell.failed}
+                           "cases": cell.cases, "failed": cell.failed, "not_run": cell.not_run}
                           for (c, v, ws), cell in self.cells.items()]}
+
+    @classmethod
+    def from_json(cls, hook: str, data: Mapping[str, Any]) -> "HookMatrix":
+        """The inverse of :meth:`to_json` (for rendering a results document; ``not_run`` is 0 where absent)."""
+        cells = {(c["check"], c["variant"], c["world_size"]): Cell(c["outcome"], c["cases"], c["failed"],
+                                                                   c.get("not_run", 0))
+                 for c in data.get("cells", [])}
+        return cls(hook=hook, variant_field=data.get("variant_field", "variant"), checks=tuple(data.get("checks", ())),
+                   variants=tuple(data.get("variants", ())), world_sizes=tuple(data.get("world_sizes", ())),
+                   cells=cells)
 
 
 def hook_matrix(records: Sequence[CaseRecord], hook: str) -> HookMatrix:
     """The grid of ``hook``'s cases among ``records``.
 
     A record with no check or variant (a case that failed before the suite
-    tagged it) is left out.
+    tagged it) is left out. A record whose outcome is :data:`NOT_RUN` is a case
+    the run never reached.
     """
     mine = [r for r in records if r.hook == hook and r.check and r.variant]
     grouped: Dict[Key, List[CaseRecord]] = {}
@@ -100,7 +127,8 @@ def hook_matrix(records: Sequence[CaseRecord], hook: str) -> HookMatrix:
     for key, group in grouped.items():
         found = {_CELL_OF_CASE.get(r.outcome, "fail") for r in group}
         outcome = next(o for o in CELL_OUTCOMES if o in found)
-        cells[key] = Cell(outcome, len(group), sum(r.outcome in FAILING for r in group))
+        cells[key] = Cell(outcome, len(group), sum(r.outcome in FAILING for r in group),
+                          sum(r.outcome == NOT_RUN for r in group))
     field = next((r.variant_field for r in mine if r.variant_field), "variant")
     return HookMatrix(
         hook=hook, variant_field=field,
@@ -108,6 +136,25 @@ def hook_matrix(records: Sequence[CaseRecord], hook: str) -> HookMatrix:
         variants=tuple(dict.fromkeys(r.variant for r in mine)),
         world_sizes=tuple(sorted({r.world_size for r in mine}, key=lambda ws: (ws is None, ws or 0))),
         cells=cells)
+
+
+def not_run_records(collected: Sequence[Tuple[str, Any]], records: Sequence[CaseRecord]) -> List[CaseRecord]:
+    """A :data:`NOT_RUN` record for each collected ``(node id, CaseParams)`` that has no record among
+    ``records`` (the run stopped before it), for :func:`hook_matrix`; its check is that of its suite test's
+    other records, else the test's name without ``test_``."""
+    ran = {r.id for r in records}
+    checks = {r.name.split("[", 1)[0]: r.check for r in records if r.check}
+    out = []
+    for nodeid, case in collected:
+        if nodeid in ran or case is None:
+            continue
+        name = nodeid.rsplit("::", 1)[-1]
+        test = name.split("[", 1)[0]
+        out.append(CaseRecord(id=nodeid, name=name, outcome=NOT_RUN, hook=case.hook, api=case.api,
+                              check=checks.get(test) or test[len("test_"):], variant=case.variant,
+                              variant_field=case.variant_field, model=case.model, rule=case.rule,
+                              world_size=case.world_size))
+    return out
 
 
 def _join(items: Sequence[Any]) -> str:
@@ -121,28 +168,44 @@ def pattern(m: HookMatrix) -> str:
     ``fails in every config except bucket_view``, ``fails only in strategy NO_SHARD``,
     ``..., only at world size 3``. A variant counts as clean where it passed at
     least once and never failed; known failures and skips count as neither.
+    Where cases did not run (a stopped run), the phrase claims nothing about
+    them: no "every", "only" or "except" rests on a variant or world size with a
+    case not run, and it closes with how many cases did not run.
     """
     def outcomes(select) -> set:
         return {cell.outcome for key, cell in m.cells.items() if select(key)}
 
+    def unknown(select) -> bool:
+        return any(cell.not_run for key, cell in m.cells.items() if select(key))
+
     failing_v = [v for v in m.variants if "fail" in outcomes(lambda k: k[1] == v)]
     if not failing_v:
         return ""
-    clean_v = [v for v in m.variants if v not in failing_v and "pass" in outcomes(lambda k: k[1] == v)]
+    unknown_v = [v for v in m.variants if v not in failing_v and unknown(lambda k: k[1] == v)]
+    clean_v = [v for v in m.variants if v not in failing_v and v not in unknown_v
+               and "pass" in outcomes(lambda k: k[1] == v)]
     field = m.variant_field
-    if not clean_v:
+    if unknown_v:
+        text = f"fails in {field} {_join(failing_v)}"
+    elif not clean_v:
         text = f"fails in every {field}" if len(failing_v) > 1 else f"fails in {field} {failing_v[0]}"
     elif len(clean_v) <= len(failing_v):
         text = f"fails in every {field} except {_join(clean_v)}"
     else:
         text = f"fails only in {field} {_join(failing_v)}"
-    ran_ws = [ws for ws in m.world_sizes if outcomes(lambda k: k[2] == ws) - {"skip"}]
+    ran_ws = [ws for ws in m.world_sizes if outcomes(lambda k: k[2] == ws) - {"skip", NOT_RUN}]
     failing_ws = [ws for ws in ran_ws if "fail" in outcomes(lambda k: k[2] == ws)]
-    if len(ran_ws) > 1:
-        if len(failing_ws) < len(ran_ws):
+    unsure_ws = [ws for ws in m.world_sizes if ws not in failing_ws and unknown(lambda k: k[2] == ws)]
+    if len(ran_ws) > 1 or unsure_ws:
+        if unsure_ws:
+            text += f", at world size {_join(failing_ws)}"
+        elif len(failing_ws) < len(ran_ws):
             text += f", only at world size {_join(failing_ws)}"
         else:
             text += f", at world sizes {_join(ran_ws)}"
+    not_run = sum(cell.not_run for cell in m.cells.values())
+    if not_run:
+        text += f" ({not_run} case{'s' if not_run > 1 else ''} not run, which may fail too)"
     return text
 
 

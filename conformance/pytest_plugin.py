@@ -17,14 +17,14 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from conformance import exit_codes, report, results_plugin
-from conformance.cases import parse_case_id
+from conformance import results_plugin, session_report
 from conformance.interruption import StopSignals
 from conformance.report_files import JUnitReportGuard
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
 from conformance.spec_loading import LoadedSpec, load_specs, user_paths_first
 from conformance.spec import SpecError
+from conformance.summary import Summary, case_hook, case_of
 
 #: The oldest torch the suite runs on (README's compatibility table).
 MIN_TORCH = (2, 4)
@@ -46,6 +46,8 @@ class SessionState:
     skip_reasons: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
     #: World sizes at which each hook's cases ran (skipped cases excluded).
     ran_at: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    #: Every world size the run plans a case at that can run here -> its suite tests (the header, the JSON).
+    world_sizes: Dict[int, set] = dataclasses.field(default_factory=dict)
     #: Per hook, why some of its cases could not run (the run's own failure: a pool that could not start).
     not_run: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
 
@@ -67,11 +69,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "commhook-conformance")
     for opt in settings_mod.OPTIONS:
         if opt.flag in ("--with-builtins", "--no-entry-points", "--strict-known-failures"):
-            group.addoption(opt.flag, action="store_true", dest=opt.dest, default=False, help=opt.help)
+            group.addoption(opt.flag, action="store_true", dest=opt.dest, default=False, help=opt.full_help())
         elif opt.flag in ("--hook", "--known-failures"):
-            group.addoption(opt.flag, action="append", dest=opt.dest, default=[], metavar="VALUE", help=opt.help)
+            group.addoption(opt.flag, action="append", dest=opt.dest, default=[], metavar=opt.metavar,
+                            help=opt.full_help())
         else:
-            group.addoption(opt.flag, action="store", dest=opt.dest, default=None, metavar="VALUE", help=opt.help)
+            group.addoption(opt.flag, action="store", dest=opt.dest, default=None, metavar=opt.metavar,
+                            help=opt.full_help())
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -92,9 +96,10 @@ def pytest_configure(config: pytest.Config) -> None:
     except (settings_mod.SettingsError, SpecError, KnownFailuresError) as exc:
         raise pytest.UsageError(str(exc)) from None
     env = RunEnvironment.of_this_process(backend=settings.backend, device=settings.device)
-    state = SessionState(settings=settings, specs=specs, book=KnownFailureBook(entries, env), sys_path=sys_path)
+    state = SessionState(settings=settings, specs=specs, book=KnownFailureBook(entries, env), sys_path=sys_path,
+                         world_sizes=session_report.planned_world_sizes([s.spec for s in specs], settings))
     config.stash[_STATE_KEY] = state
-    config.pluginmanager.register(_Summary(state), "conformance-summary")
+    config.pluginmanager.register(Summary(state), "conformance-summary")
     config.pluginmanager.register(_Stopping(state), "conformance-stopping")
     # Before any case: an unwritable or busy --junitxml path is a usage error; an old report is marked stale.
     config.pluginmanager.register(JUnitReportGuard(config), "conformance-junit-report")
@@ -119,26 +124,7 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
         return []
     import torch
 
-    s = state.settings
-    env = state.book.env
-    sizes = " and ".join(str(w) for w in s.world_sizes)
-    build = "CUDA build" if env.cuda_build else "CPU build"
-    lines = [f"conformance: torch {torch.__version__} ({build}), backend {s.backend}, device {s.device}, "
-             f"world sizes {sizes}, case timeout {s.case_timeout_s:g} s"]
-    if s.listen is not None:
-        from conformance.remote_link import format_address
-
-        lines.append(f"  ranks: torchrun's, connecting to --listen {format_address(s.listen)} (waiting up to "
-                     f"{s.listen_timeout_s:g} s): on every node, torchrun ... -m conformance.worker --controller "
-                     f"{format_address(s.listen)}")
-    if s.cpu_pools:
-        lines.append(f"  one GPU: world size {s.world_size} alone proves nothing about averaging, so world sizes "
-                     f"{' and '.join(map(str, s.cpu_pools))} run as gloo pools on the CPU")
-    for item in state.specs:
-        spec = item.spec
-        claim = "full-precision averaging" if spec.reduce_dtype is None else f"reduce_dtype={spec.reduce_dtype_name}"
-        lines.append(f"  hook {spec.name} [{spec.api}; {claim}; {', '.join(spec.strategies)}] from {item.target}")
-    return lines
+    return session_report.header_lines(state, torch.__version__)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -158,20 +144,22 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     _order_by_hook(items, [item.spec.name for item in state.specs])
     strict = state.settings.strict_known_failures
     for item in suite_items:
-        hook = _case_hook(item)
+        hook = case_hook(item)
+        entry = state.book.lookup(item.name)  # first: an entry about a case that cannot run here is not stale
         missing = state.spec(hook).spec.missing_requirements() if hook else ()
         if missing:
             item.add_marker(pytest.mark.skip(reason=(
                 f"hook {hook} needs {', '.join(missing)}, which is not installed here: "
                 f"{sys.executable} -m pip install {' '.join(missing)}")))
             continue
-        entry = state.book.lookup(item.name)
         if entry is not None:
             prefix = "known failure, not run" if not entry.run else "known failure"
             item.add_marker(pytest.mark.xfail(reason=f"{prefix} ({entry.source}): {entry.reason}", strict=strict,
                                               run=entry.run))
     hooks = [s.spec.name for s in state.specs]
-    state.unused_entries = state.book.unused(hooks)
+    # An entry about world size 3 is not stale in a run without 3 ranks (--extra-world-size 0, --listen).
+    sizes = {getattr(case_of(item), "world_size", None) for item in suite_items}
+    state.unused_entries = state.book.unused(hooks, world_sizes=sizes - {None})
     for entry in state.unused_entries:
         warnings.warn(pytest.PytestWarning(
             f"known failure {entry.source} (test = {entry.test!r}, {entry.conditions()}) matches no test in this run; "
@@ -184,7 +172,7 @@ def _order_by_hook(items: List[pytest.Item], hooks: List[str]) -> None:
     (:meth:`conformance.runner.Runner.serve`), started once for all its cases."""
     rank = {name: i for i, name in enumerate(hooks)}
     slots = [i for i, item in enumerate(items) if item.get_closest_marker("conformance")]
-    ordered = sorted((items[i] for i in slots), key=lambda item: rank.get(_case_hook(item), len(rank)))
+    ordered = sorted((items[i] for i in slots), key=lambda item: rank.get(case_hook(item), len(rank)))
     for i, item in zip(slots, ordered):
         items[i] = item
 
@@ -244,11 +232,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 LEAK_LABELS = {"process_state": "left process state changed", "memory": "memory growth"}
 
 
-def _case_hook(item: pytest.Item) -> Optional[str]:
-    case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
-    return getattr(case, "hook", None)
-
-
 class _Stopping:
     """SIGTERM is handled as Ctrl-C (:class:`~conformance.interruption.StopSignals`), and an interrupted
     session kills its pools at once: their ranks are mid-case, so a polite shutdown would only wait."""
@@ -267,155 +250,6 @@ class _Stopping:
         self.signals.restore()
 
 
-class _Summary:
-    """Collects per-hook outcomes, writes the "hook conformance" section, and sets the exit status.
-
-    A hook's verdict is one of: ``DOES NOT CONFORM (checks)``; ``known failures``
-    (each reason listed); ``CONFORMS``; ``NOT CHECKED ACROSS RANKS`` when every case
-    of it that ran had world size 1 (a mean over one rank is the local gradient, so
-    such a run proves nothing); ``not run``. Known failures that now pass (XPASS) are
-    counted in the verdict and listed, never hidden behind "not run". An interrupted
-    session (Ctrl-C, SIGTERM, or ``-x``/``--maxfail`` stopping before every case ran) gives
-    no hook ``CONFORMS``: the section opens with ``INTERRUPTED after N of M cases``, and a
-    hook without a failure is ``INTERRUPTED``.
-    """
-
-    def __init__(self, state: SessionState):
-        self.state = state
-        self.interrupted = False
-        self.stopped_by = ""
-        self.cases_run = 0
-        self.cases_planned: Dict[Optional[str], int] = defaultdict(int)
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        for item in session.items:
-            self.cases_planned[_case_hook(item)] += 1
-
-    def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        self.cases_run += 1
-
-    def pytest_keyboard_interrupt(self, excinfo) -> None:
-        self.interrupted = True
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        props = dict(report.user_properties)
-        hook = props.get("hook")
-        state = self.state
-        if hook is None and report.when == "setup" and report.skipped:
-            # Skipped (or an unrun known failure) before the test body set its properties:
-            # the hook's name leads the case id.
-            try:
-                hook = parse_case_id(report.nodeid)["hook"]
-            except ValueError:
-                hook = None
-            if hook not in {item.spec.name for item in state.specs}:
-                hook = None
-            elif not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
-                reason = report.longrepr[2].replace("Skipped: ", "", 1)
-                state.skip_reasons[hook][reason] = state.skip_reasons[hook].get(reason, 0) + 1
-        if hook is None or not (report.when == "call" or (report.when == "setup" and not report.passed)):
-            return
-        strict_xpass = report.failed and str(report.longrepr).startswith("[XPASS(strict)]")
-        if hasattr(report, "wasxfail") or strict_xpass:
-            outcome = "xpassed" if report.passed or strict_xpass else "xfailed"
-            if outcome == "xpassed":
-                state.xpassed.append(report.nodeid)
-            else:
-                state.xfail_reasons[hook].add(report.wasxfail)
-        else:
-            outcome = report.outcome
-            if report.failed:
-                failed = state.per_hook_failed_checks[hook]
-                failed.add(props.get("failed_check") or props.get("check", "?"))
-                failed.update(label for key, label in report.user_properties if key == "leak")
-            if "not_run" in props:
-                state.not_run[hook].add(props["not_run"])
-        if outcome != "skipped" and props.get("world_size") is not None:
-            state.ran_at[hook].add(int(props["world_size"]))
-        state.per_hook[hook][outcome] += 1
-
-    def verdict(self, name: str) -> str:
-        """The hook's verdict (:func:`conformance.report.hook_verdict`); never ``CONFORMS`` in a run that
-        stopped before every case ran (the issue's rule: an interrupted run never says CONFORMS)."""
-        state = self.state
-        return report.hook_verdict(state.per_hook.get(name) or {}, state.per_hook_failed_checks.get(name, ()),
-                                   state.ran_at.get(name, ()), interrupted=self.interrupted,
-                                   not_run=sorted(state.not_run.get(name, ())))
-
-    def unchecked_hooks(self) -> List[str]:
-        return [item.spec.name for item in self.state.specs
-                if self.verdict(item.spec.name).startswith("NOT CHECKED ACROSS RANKS")]
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        stopped = session.shouldfail or session.shouldstop
-        if stopped and self.cases_run < sum(self.cases_planned.values()):
-            # -x / --maxfail stopped the run: the cases not run might fail, as after Ctrl-C.
-            self.interrupted = True
-            self.stopped_by = str(stopped)
-        state = self.state
-        if state.not_run and not self.interrupted and exitstatus in (0, 1):
-            # Some hook could not be checked: the run did not do its job, whatever the others gave.
-            session.exitstatus = exit_codes.RUN_ERROR
-            return
-        if exitstatus != 0:
-            return
-        if self.unchecked_hooks() or (state.settings.strict_known_failures and state.unused_entries):
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        state = self.state
-        tr = terminalreporter
-        if state.per_hook or self.interrupted:
-            tr.section("hook conformance")
-        if self.interrupted:
-            why = f" ({self.stopped_by})" if self.stopped_by else ""
-            tr.write_line(f"INTERRUPTED after {self.cases_run} of {sum(self.cases_planned.values())} cases{why}: "
-                          "a hook without a failure gets no verdict, since not every case ran", red=True)
-        for item in state.specs:
-            name = item.spec.name
-            counts = state.per_hook.get(name)
-            planned = f" of {self.cases_planned[name]}" if self.interrupted else ""
-            if not counts:
-                if self.interrupted and self.cases_planned.get(name):
-                    tr.write_line(f"{name:<28} {self.verdict(name)}  [0{planned} cases]")
-                continue
-            detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-            tr.write_line(f"{name:<28} {self.verdict(name)}  [{sum(counts.values())}{planned} cases: {detail}]")
-            for reason in sorted(state.xfail_reasons.get(name, ())):
-                tr.write_line(f"{'':<28}   expected: {reason}")
-            if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):
-                for reason, n in sorted(state.skip_reasons.get(name, {}).items()):
-                    tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
-            for line in results_plugin.hook_matrix_lines(tr.config, name, self.verdict(name), indent=" " * 4):
-                tr.write_line(line)
-        if state.xpassed:
-            tr.section("known failures that now pass")
-            for nodeid in state.xpassed:
-                tr.write_line(f"XPASS {nodeid}: remove or narrow its entry in the known-failures file")
-        unchecked = self.unchecked_hooks()
-        if unchecked:
-            tr.write_line(f"exit status 1: {', '.join(unchecked)} ran only at world size 1, where a mean over one "
-                          "rank is the local gradient; run with --world-size 2 or more (or --extra-world-size 3)",
-                          red=True)
-        if state.settings.strict_known_failures and state.unused_entries:
-            tr.section("known-failures entries that match no test (--strict-known-failures)")
-            for entry in state.unused_entries:
-                tr.write_line(f"{entry.source}: test = {entry.test!r} ({entry.conditions()}): update or remove it")
-        runner = state.runner
-        if runner is not None and getattr(runner, "restarts", 0):
-            tr.write_line(f"rank pools restarted {runner.restarts} time(s) after hung or broken cases")
-        if state.not_run and not self.interrupted:
-            tr.write_line(f"exit status {exit_codes.RUN_ERROR}: the run could not check every hook (NOT RUN above: "
-                          "its rank pools could not start); no hook is blamed for that. Fix what the reason says "
-                          "and run again", red=True)
-        if state.settings.listen is not None:  # connections refused for want of the shared secret
-            from conformance.remote import summary_lines
-
-            for line in summary_lines():
-                tr.write_line(line, yellow=True)
-
-
 @pytest.fixture(scope="session")
 def conform(request: pytest.FixtureRequest):
     """The session's :class:`~conformance.runner.Runner`: every spec loaded once inside a rank, then the
@@ -428,7 +262,7 @@ def conform(request: pytest.FixtureRequest):
         s = state.settings
         first: List[Optional[str]] = []
         for item in request.session.items:  # the pools that cases which run here need, hook by hook
-            case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
+            case = case_of(item)
             ws = getattr(case, "world_size", None)
             if ws is None or item.get_closest_marker("skip") or s.world_size_unavailable(ws) is not None:
                 continue

@@ -26,7 +26,7 @@ import pytest
 
 from conformance import baseline as baseline_mod
 from conformance import results
-from conformance.matrix import hook_matrix, matrix_text
+from conformance.matrix import hook_matrix, matrix_text, not_run_records
 from conformance.results import FAILING, CaseRecord, figure_value, parse_figure
 
 __all__ = ["ResultsRecorder", "failure_figures", "hook_matrix_lines", "register"]
@@ -74,7 +74,7 @@ def hook_matrix_lines(config: pytest.Config, hook: str, verdict: str, indent: st
     recorder = config.pluginmanager.get_plugin(PLUGIN_NAME)
     if recorder is None or not verdict.startswith("DOES NOT CONFORM"):
         return []
-    return matrix_text(hook_matrix(list(recorder.records.values()), hook), indent=indent)
+    return matrix_text(hook_matrix(recorder.grid_records(list(recorder.records.values())), hook), indent=indent)
 
 
 def failure_figures(findings: Any) -> Dict[str, float]:
@@ -118,6 +118,7 @@ class ResultsRecorder:
         self.errors: List[str] = []
         self.fail_on_applied = False
         self.suite_items = 0
+        self._collected: List[Any] = []  # (node id, case) of every conformance case collected
         self._cases: Dict[str, Any] = {}
         self._failures: Dict[str, Dict[str, Any]] = {}
         self._started = time.time()
@@ -191,6 +192,12 @@ class ResultsRecorder:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.suite_items = sum(1 for item in session.items if item.get_closest_marker("conformance"))
+        self._collected = [(item.nodeid, getattr(getattr(item, "callspec", None), "params", {}).get("case"))
+                           for item in session.items if item.get_closest_marker("conformance")]
+
+    def grid_records(self, records: List[CaseRecord]) -> List[CaseRecord]:
+        """``records``, and a not-run record for each collected case that never ran (the grid's only)."""
+        return list(records) + not_run_records(self._collected, records)
 
     # -- the end of the session ----------------------------------------------------------------
 
@@ -271,7 +278,8 @@ class ResultsRecorder:
         return {"torch_version": torch.__version__, "torch_build": "rocm" if hip else ("cuda" if cuda else "cpu"),
                 "torch_cuda_version": cuda, "torch_hip_version": hip,
                 "python_version": platform.python_version(), "platform": sys.platform,
-                "backend": s.backend, "device": s.device, "world_sizes": list(s.world_sizes),
+                "backend": s.backend, "device": s.device,
+                "world_sizes": sorted(self.state.world_sizes) or list(s.world_sizes),
                 "cpu_pools": list(s.cpu_pools), "gpu_count": s.gpu_count, "case_timeout_s": s.case_timeout_s,
                 "hypothesis_examples": s.hypothesis_examples, "known_failures_files": list(s.known_failures)}
 
@@ -295,7 +303,7 @@ class ResultsRecorder:
             "strategies": list(spec.strategies or ()), "description": spec.description,
             "source": {"kind": _source_kind(item.origin), "target": item.target},
             "verdict": verdict, "status": results.hook_status(verdict), "counts": counts,
-            "matrix": hook_matrix(records, spec.name).to_json(),
+            "matrix": hook_matrix(self.grid_records(records), spec.name).to_json(),
         }
 
     @pytest.hookimpl(trylast=True)

@@ -352,11 +352,16 @@ class Runner:
         ``PYTHONPATH=...`` first where the session imported modules from
         ``PYTHONPATH`` entries other than the working directory (a hook package
         outside it, :func:`~conformance.spec_loading.pythonpath_to_rerun`); then
-        the hook's ``--hook`` target (a built-in or entry-point hook needs none),
-        the machine settings of the case's pool and a hypothesis seed where one
-        was given (:meth:`Settings.rerun_args`), ``-k test_name``.
+        ``conform``, or ``/path/to/python -m conformance`` where the ``conform`` on
+        ``PATH`` is not this interpreter's (:func:`~conformance.cli.command_words`:
+        a fresh shell may not have the venv on ``PATH``); then the hook's ``--hook``
+        target (a built-in or entry-point hook needs none), the machine settings of
+        the case's pool and a hypothesis seed where one was given
+        (:meth:`Settings.rerun_args`, paths absolute), ``-k test_name``.
         """
-        args = ["conform"]
+        from conformance.cli import command_words
+
+        args = command_words()
         item = self.specs.get(hook) if hook else None
         if item is not None and item.origin == "--hook":
             args += ["--hook", item.target]

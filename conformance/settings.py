@@ -1,8 +1,9 @@
 """The suite's settings, resolved once: command line, then environment, then the machine.
 
-Each option is declared here once (:data:`OPTIONS`) and read from one place
-(:func:`resolve`). An invalid value raises :class:`SettingsError`, whose message
-says where the value came from (``--world-size`` or ``CONFORM_WORLD_SIZE``).
+Each option is declared once (:data:`conformance.options.OPTIONS`) and read from
+one place (:func:`resolve`); what the machine can hold is :mod:`conformance.capacity`.
+An invalid value raises :class:`SettingsError`, whose message says where the value
+came from (``--world-size`` or ``CONFORM_WORLD_SIZE``).
 """
 
 from __future__ import annotations
@@ -10,77 +11,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+# Declared in their own modules, and importable from here as before.
+from conformance.capacity import (CPU_RANK_MEMORY_BYTES, MAX_CPU_RANKS_PER_CORE, available_memory,  # noqa: F401
+                                  check_cpu_capacity, cpu_count)
+from conformance.options import (DEFAULT_CASE_TIMEOUT_S, DEFAULT_HYPOTHESIS_EXAMPLES,  # noqa: F401
+                                 DEFAULT_LISTEN_TIMEOUT_S, DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB,
+                                 HYPOTHESIS_SEED_DEST, OPTIONS, Option, SettingsError)
 
 __all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
 
-
-#: Seconds a case may run before it is declared hung.
-DEFAULT_CASE_TIMEOUT_S = 60.0
-#: Generated hard-input examples per case (on top of the named explicit ones).
-DEFAULT_HYPOTHESIS_EXAMPLES = 3
-#: The dest of hypothesis's own ``--hypothesis-seed`` option (its pytest plugin).
-HYPOTHESIS_SEED_DEST = "hypothesis_seed"
-#: Resident memory of one CPU rank, in bytes: a Python process with torch, FSDP and
-#: ``torch._dynamo`` imported and the reference models trained. Measured during the
-#: default run with torch 2.13 (CPU build) on this project's machine: 267 to 333 MB
-#: per rank (RSS), so the peak is used. Sets the bound on CPU world sizes.
-CPU_RANK_MEMORY_BYTES = 333 * 2**20
-#: CPU ranks per core beyond which a run is refused: every collective needs every rank
-#: scheduled, so far more ranks than cores turn each case into minutes of time slicing.
-MAX_CPU_RANKS_PER_CORE = 16
-#: Output of one rank kept per case, in MiB (the first half and the last half; the rest is
-#: counted and dropped). A failure shows a few thousand characters of it, and a hook that
-#: prints 10 MB per call filled 1.2 GB of logs in 7 cases before there was a limit; 4 MiB per
-#: rank keeps any traceback or stack whole and bounds the controller's memory to 4 MiB a rank.
-DEFAULT_RANK_LOG_LIMIT_MIB = 4.0
-#: Growth of a rank's resident memory (RSS) during one case, in MiB, beyond which the pool is
-#: restarted after the case and the case is named. A CPU rank holds about 333 MB after the
-#: default run (CPU_RANK_MEMORY_BYTES) and grows by tens of MB in its first cases, as models
-#: are built; 1 GiB in one case is a leak (a hook that keeps 2 GB per call was seen).
-DEFAULT_RANK_MEMORY_GROWTH_MIB = 1024.0
 #: World sizes the default run adds as gloo pools on the CPU when the machine's defaults
 #: give world size 1 (one GPU): averaging over one rank proves nothing.
 CROSS_RANK_WORLD_SIZE = 2
-#: Seconds to wait for torchrun's ranks to connect (``--listen``), at the start and after each
-#: restart: long enough to start torchrun on every node by hand, and for a restarted worker
-#: group to import torch and meet again; past it, torchrun's restarts count as exhausted.
-DEFAULT_LISTEN_TIMEOUT_S = 300.0
-
-
-class SettingsError(ValueError):
-    """A setting has an invalid value; the message names its source and a fix."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Option:
-    flag: str
-    env: Optional[str]
-    help: str
-    dest: str
-
-
-OPTIONS: Tuple[Option, ...] = (
-    Option("--hook", "CONFORM_HOOKS", "hook spec to test, as module:ATTR (repeatable; env: space-separated)", "conform_hooks"),
-    Option("--with-builtins", None, "also test PyTorch's built-in hooks when --hook is given", "conform_with_builtins"),
-    Option("--no-entry-points", None, "ignore specs offered through the 'conformance.hooks' entry points", "conform_no_entry_points"),
-    Option("--world-size", "CONFORM_WORLD_SIZE", "ranks in the main pool (default: GPU count with CUDA, else 2)", "conform_world_size"),
-    Option("--extra-world-size", "CONFORM_EXTRA_WORLD_SIZE", "a second world size checked too, 0 for none (default: 3, a size that is not a power of two)", "conform_extra_world_size"),
-    Option("--backend", "CONFORM_BACKEND", "process group backend: gloo or nccl (default: nccl with CUDA, else gloo)", "conform_backend"),
-    Option("--device", "CONFORM_DEVICE", "device of each rank: cpu or cuda (default: cuda if available)", "conform_device"),
-    Option("--case-timeout", "CONFORM_CASE_TIMEOUT", "seconds before a case is declared hung (default: 60)", "conform_case_timeout"),
-    Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES", f"generated hard-input examples per case before shrinking (default: {DEFAULT_HYPOTHESIS_EXAMPLES}; nightly: 200 or more)", "conform_hypothesis_examples"),
-    Option("--strict-known-failures", "CONFORM_STRICT_KNOWN_FAILURES", "for CI gates: fail the run when a known failure passes (XPASS) or a known-failures entry matches no test (env: 1 or 0)", "conform_strict_known_failures"),
-    Option("--rank-log-limit", "CONFORM_RANK_LOG_LIMIT", f"MiB of each rank's output kept per case: the first and last halves; a failure says how many bytes were cut (default: {DEFAULT_RANK_LOG_LIMIT_MIB:g})", "conform_rank_log_limit"),
-    Option("--rank-memory-growth", "CONFORM_RANK_MEMORY_GROWTH", f"MiB a rank's resident memory may grow over one hook's cases; the case that crosses it fails (memory growth) and the ranks are rebuilt; 0 for no check (default: {DEFAULT_RANK_MEMORY_GROWTH_MIB:g})", "conform_rank_memory_growth"),
-    Option("--known-failures", "CONFORM_KNOWN_FAILURES", "extra known-failures TOML file, on top of the packaged fixtures/known_failures.toml (repeatable; env: os.pathsep-separated)", "conform_known_failures"),
-    Option("--json", "CONFORM_JSON", "write the results (environment, every case, per-hook verdicts) as JSON to this path, atomically (schema: docs/results.md)", "conform_json"),
-    Option("--markdown", "CONFORM_MARKDOWN", "write a Markdown summary to this path (it is also appended to $GITHUB_STEP_SUMMARY when that is set)", "conform_markdown"),
-    Option("--baseline", "CONFORM_BASELINE", "the --json results of an earlier run: report new failures, fixed cases, cases that appeared or disappeared, changed figures", "conform_baseline"),
-    Option("--fail-on", "CONFORM_FAIL_ON", "failures (default: any failure fails the run) or regressions (only new failures against --baseline do)", "conform_fail_on"),
-    Option("--listen", "CONFORM_LISTEN", "HOST:PORT: start no ranks here; accept the ranks that 'torchrun ... -m conformance.worker --controller HOST:PORT' starts on every node (secret: CONFORM_AUTHKEY_FILE or CONFORM_AUTHKEY); needs --world-size", "conform_listen"),
-    Option("--listen-timeout", "CONFORM_LISTEN_TIMEOUT", f"with --listen: seconds to wait for torchrun's ranks to connect, at the start and after each restart (default: {DEFAULT_LISTEN_TIMEOUT_S:g})", "conform_listen_timeout"),
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +45,8 @@ class Settings:
             option), mixed with each case id; ``""`` when not given.
         known_failures: paths of known-failures files, the packaged one first.
         gpu_count: ``torch.cuda.device_count()`` (0 without CUDA).
-        strict_known_failures: a known failure that passes, or an entry that
-            matches no test, fails the run (for nightly gates).
+        strict_known_failures: a known failure that passes, or an entry that could
+            apply to this run and matches no test, fails the run (for nightly gates).
         rank_log_limit_bytes: bytes of each rank's output kept per case (``--rank-log-limit``).
         rank_memory_growth_bytes: bytes a rank's RSS may grow over one hook's cases before the case
             that crossed it fails and the pool is restarted (``--rank-memory-growth``); 0 for no check.
@@ -176,9 +120,10 @@ class Settings:
         """Options that reproduce this run's machine settings, as ``[flag, value, ...]``.
 
         Values that change what a case does or where it runs are always
-        spelled out, so the command does not depend on the caller's environment.
-        A case of world size ``world_size`` that ran on an added CPU pool
-        (:attr:`cpu_pools`) is re-run on a gloo CPU pool of that size.
+        spelled out, so the command does not depend on the caller's environment,
+        and file paths (``--known-failures``) are absolute, so it does not depend on
+        the directory either. A case of world size ``world_size`` that ran on an
+        added CPU pool (:attr:`cpu_pools`) is re-run on a gloo CPU pool of that size.
         """
         if world_size in self.cpu_pools:
             args = ["--world-size", str(world_size), "--extra-world-size", "0", "--backend", "gloo",
@@ -195,7 +140,7 @@ class Settings:
         default_kf = os.path.abspath(_default_known_failures())
         for path in self.known_failures:
             if os.path.abspath(path) != default_kf:
-                args += ["--known-failures", path]
+                args += ["--known-failures", os.path.abspath(path)]
         return args
 
 
@@ -235,70 +180,6 @@ def _mib(value: Any, source: str, default: float, *, minimum: float) -> int:
         raise SettingsError(f"invalid value {value!r} from {source}: must be a finite number of MiB, "
                             f"at least {minimum:g}")
     return int(mib * 2**20)
-
-
-def cpu_count() -> int:
-    """Cores this process may run on (``os.sched_getaffinity``, else ``os.cpu_count``)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def available_memory() -> Optional[int]:
-    """Bytes of memory available to new processes (``MemAvailable`` of /proc/meminfo), or ``None``."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover
-        return None
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def check_cpu_capacity(sizes: Sequence[Tuple[int, str]], cores: int, memory: Optional[int]) -> None:
-    """Refuse CPU world sizes this machine cannot hold, before any rank is spawned.
-
-    ``sizes`` are ``(world_size, source)`` pairs of the CPU pools, which start
-    together, so their ranks add up. (FSDP2's 4-rank HSDP pool, started only
-    for FSDP2 hooks, is left out: the per-core bound leaves room for it.)
-
-    Raises:
-        SettingsError: more ranks than ``MAX_CPU_RANKS_PER_CORE`` per core, or
-            more than the available memory holds at ``CPU_RANK_MEMORY_BYTES`` each;
-            the message names the option and the largest world size that fits.
-    """
-    total = sum(ws for ws, _ in sizes)
-    if not total:
-        return
-    by_cores = MAX_CPU_RANKS_PER_CORE * cores
-    by_memory = None if memory is None else memory // CPU_RANK_MEMORY_BYTES
-    limit = by_cores if by_memory is None else min(by_cores, by_memory)
-    if total <= limit:
-        return
-    ws, source = max(sizes)
-    others = total - ws
-    fits = max(limit - others, 0)
-    why = []
-    if by_memory is not None and total > by_memory:
-        why.append(f"each CPU rank takes about {CPU_RANK_MEMORY_BYTES // 2**20} MB, so {total} ranks need about "
-                   f"{_gib(total * CPU_RANK_MEMORY_BYTES)}, but {_gib(memory)} is available")
-    if total > by_cores:
-        why.append(f"this machine has {cores} core(s), and more than {MAX_CPU_RANKS_PER_CORE} ranks per core "
-                   "leave every collective waiting on time slices")
-    pools = " + ".join(str(w) for w, _ in sizes)
-    raise SettingsError(
-        f"world size {ws} from {source} is more CPU ranks than this machine can hold ({pools} ranks in pools that "
-        f"start together): {'; and '.join(why)}. Nothing was started. Use a world size of at most {fits} here, "
-        "or --extra-world-size 0 to drop the second pool.")
 
 
 def _flag(value: Any, source: str) -> bool:

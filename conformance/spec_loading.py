@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from conformance import suite_checkout
 from conformance.apis import HOOK_APIS
 from conformance.spec import HookSpec, SpecError
 
@@ -42,6 +43,7 @@ def load_target(target: str) -> List[HookSpec]:
         SpecError: malformed target, module that cannot be imported, missing
             attribute, or an attribute that is not a HookSpec (or a list of them).
     """
+    suite_checkout.install()  # in a rank too: a suite checkout on its sys.path never shadows the user's packages
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise SpecError(f"hook target {target!r} is not of the form 'package.module:ATTR' "
@@ -142,21 +144,26 @@ def user_paths_first() -> Tuple[str, ...]:
 
     The controller calls this before it loads any spec and hands the result to
     every rank (:attr:`conformance.pool.PoolConfig.sys_path`), so both resolve
-    ``--hook my_pkg.hooks:SPEC`` alike, as ``python -m`` would from here. The
-    suite's own modules all live under ``conformance``, so a user's ``models``,
-    ``fixtures`` or ``tests`` package is never shadowed by them, nor shadows them.
-    Paths are made absolute, so a rank started elsewhere finds the same files.
+    ``--hook my_pkg.hooks:SPEC`` alike, as ``python -m`` would from here. Paths
+    are made absolute, so a rank started elsewhere finds the same files.
+
+    A checkout of this suite among them (the working directory of ``make conform``,
+    say) goes after the others, and its ``models/``, ``fixtures/`` and
+    ``examples/`` folders never resolve as top-level packages
+    (:mod:`conformance.suite_checkout`): a user's ``models``, ``fixtures``,
+    ``examples`` or ``tests`` package is never shadowed by the suite, whichever
+    directory the run starts in. (The ranks install the same guard in
+    :func:`load_target`.)
 
     Returns:
         the new ``sys.path``, as a tuple.
     """
     cwd = os.getcwd()
-    front = [cwd]
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        if entry and os.path.abspath(entry) not in front:
-            front.append(os.path.abspath(entry))
+    wanted = [cwd] + [os.path.abspath(e) for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    front = suite_checkout.order_user_paths(wanted)
     rest = [p for p in sys.path if (os.path.abspath(p) if p else cwd) not in front]
     sys.path[:] = front + rest
+    suite_checkout.install()
     importlib.invalidate_caches()
     return tuple(sys.path)
 

@@ -98,10 +98,12 @@ def read_junit(path: str) -> List[CaseReport]:
 
 
 #: The block every failure ends with: the heading line, then the command indented by two
-#: spaces, which may start with a ``PYTHONPATH=...`` assignment. In pytest's long report each
-#: line may carry the "E   " prefix of an exception.
+#: spaces, which may start with a ``PYTHONPATH=...`` assignment, and runs ``conform`` or
+#: ``/path/to/python -m conformance``. In pytest's long report each line may carry the "E   "
+#: prefix of an exception.
 _RERUN_BLOCK = re.compile(
-    r"^(?:E +)?Re-run just this case:\n(?:E +)?  ((?:PYTHONPATH=(?:'[^']*'|\S+) )?conform [^\n]*)$", re.MULTILINE)
+    r"^(?:E +)?Re-run just this case:\n(?:E +)?  ((?:PYTHONPATH=(?:'[^']*'|\S+) )?"
+    r"(?:conform|(?:'[^']*'|\S+) -m conformance) [^\n]*)$", re.MULTILINE)
 
 
 def rerun_command(message: str) -> str:
@@ -116,10 +118,12 @@ def rerun_command(message: str) -> str:
 
 
 def rerun_args(message: str) -> List[str]:
-    """The arguments of ``conform`` in the re-run command of a failure ``message`` (an assignment
-    such as ``PYTHONPATH=...`` before it is left out)."""
+    """The arguments of ``conform`` (or ``python -m conformance``) in the re-run command of a failure
+    ``message`` (an assignment such as ``PYTHONPATH=...`` before it is left out)."""
     words = shlex.split(rerun_command(message))
-    return words[words.index("conform") + 1:]
+    if "conform" in words:
+        return words[words.index("conform") + 1:]
+    return words[words.index("conformance") + 1:]
 
 
 # -- case plans without a run --------------------------------------------------------------

@@ -10,6 +10,7 @@ report).
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.cli import command_words
 from tests.meta_helpers import failures_section, read_junit, rerun_command, run_suite
 
 HOOKS = '''
@@ -103,7 +105,8 @@ def test_a_failure_shows_the_suite_message_alone_whatever_the_traceback_style(ru
 def test_the_rerun_command_reproduces_the_case_from_a_fresh_shell(run_with_tb, hooks_dir, tmp_path):
     case = next(c for c in run_with_tb("short").cases if c.hook == "mine_sum_without_average")
     command = rerun_command(case.message)
-    assert command.startswith(f"PYTHONPATH={hooks_dir} conform --hook {TARGET} "), command
+    conform = " ".join(shlex.quote(w) for w in command_words())  # `conform`, or this python -m conformance
+    assert command.startswith(f"PYTHONPATH={hooks_dir} {conform} --hook {TARGET} "), command
     # A fresh shell: the venv's scripts on PATH, no PYTHONPATH, another working directory.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -118,5 +121,5 @@ def test_the_rerun_command_reproduces_the_case_from_a_fresh_shell(run_with_tb, h
     assert [(c.name, c.outcome) for c in again] == [(case.name, "failed")], proc.stdout[-4000:]
     assert again[0].message.splitlines()[:2] == case.message.splitlines()[:2]  # the header and first finding
     # Without the PYTHONPATH it carries, the same command cannot import the hook (usage error, exit 4).
-    bare = shell(command.split(" ", 1)[1], tmp_path / "bare.xml")
+    bare = shell(command[len(f"PYTHONPATH={hooks_dir} "):], tmp_path / "bare.xml")
     assert bare.returncode == 4 and "cannot import module 'my_comm_hooks.ddp'" in bare.stdout, bare.stdout[-3000:]

@@ -234,13 +234,18 @@ def test_stop_signals(count, code, last_line):
 
 
 def test_a_run_stopped_by_maxfail_never_says_conforms(tmp_path):
-    """-x stops pytest after the first failure: the hooks whose cases did not all run get no verdict."""
+    """-x stops pytest after the first failure: the hooks whose cases did not all run get no verdict, the run
+    exits 2 (interrupted, as README says), and the failing hook's grid shows the cases that never ran as such."""
     from tests.meta_helpers import run_suite
 
     run = run_suite(["--hook", "tests.zoo.fsdp_hooks:ALL", "-x", "--extra-world-size", "0", "-k",
                      "test_averaging and (good_callable_object or bad_sum_no_average or bad_divide_after)"],
                     str(tmp_path / "x.xml"), timeout=300)
-    assert run.returncode == 1, run.output[-3000:]
+    assert run.returncode == 2, run.output[-3000:]
     summary = run.output.split("hook conformance", 1)[-1]
     assert "INTERRUPTED after" in summary and "(stopping after 1 failures)" in summary, summary[:2000]
     assert "CONFORMS" not in summary.replace("DOES NOT CONFORM", ""), summary[:2000]
+    failed = [c for c in run.cases if c.outcome == "failed"]
+    assert len(failed) == 1, summary[:2000]
+    grid = summary.split(f"{failed[0].hook} ", 1)[1].split("\n\n", 1)[0]
+    assert "not run" in grid and " only " not in grid, grid

@@ -1,4 +1,5 @@
-"""The README's plug-in example is real: it is examples/my_hooks.py, and it conforms."""
+"""The README's plug-in example is real: it is examples/my_hooks.py, installed as conformance.examples, and it
+conforms, run from a directory that is not the suite's checkout (README: "runs from any directory")."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ def test_readme_shows_the_example_module_verbatim():
 
 
 def test_readme_example_conforms(tmp_path):
-    run = run_suite(["--hook", "examples.my_hooks:SPEC", "--hypothesis-examples", "2", "-q",
+    run = run_suite(["--hook", "conformance.examples.my_hooks:SPEC", "--hypothesis-examples", "2", "-q",
                      "-k", "not transformer_shared and not always_wrap_nested and not registration"],
-                    str(tmp_path / "example.xml"))
+                    str(tmp_path / "example.xml"), cwd=str(tmp_path))
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "passed" for c in run.cases)
     assert {c.check for c in run.cases} == {"averaging", "parity", "rank_consistency", "hard_inputs", "subgroup_parity",
@@ -29,7 +30,27 @@ def test_readme_ddp_example_is_the_module_and_conforms(tmp_path):
     readme = open(os.path.join(REPO, "README.md")).read()
     block = re.search(r"```python\n# examples/my_ddp_hook.py\n(.*?)```", readme, re.S).group(1)
     assert block in open(os.path.join(REPO, "examples", "my_ddp_hook.py")).read()
-    run = run_suite(["--hook", "examples.my_ddp_hook:SPEC", "-q", "-k", "test_ddp"], str(tmp_path / "ddp.xml"))
+    run = run_suite(["--hook", "conformance.examples.my_ddp_hook:SPEC", "-q", "-k", "test_ddp"],
+                    str(tmp_path / "ddp.xml"), cwd=str(tmp_path))
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "passed" for c in run.cases)
     assert {"averaging", "parity", "rank_consistency", "future_contract"} <= {c.check for c in run.cases}
+
+
+def test_readme_first_screen_is_purpose_commands_summary_then_your_own_hook():
+    """Issue 19: what the suite is for, the two commands, what the first summary means, how to check one's own
+    hook, in that order, on the first screen; the summary's figures are those the Speed section measured."""
+    readme = open(os.path.join(REPO, "README.md")).read()
+    first_screen = "\n".join(readme.splitlines()[:60])
+    headings = re.findall(r"^## (.+)$", first_screen, re.M)
+    assert headings[:3] == ["The two commands", "What the first summary means", "Check your own hook"], headings
+    intro = first_screen.split("\n## ", 1)[0]
+    assert "gradient communication hooks" in intro and "bit for bit" in intro
+    assert "make conform" in first_screen and "make test" in first_screen
+    summary = first_screen.split("## What the first summary means", 1)[1].split("\n## ", 1)[0]
+    for word in ("**passed**", "**xfailed**: known failures of PyTorch's own built-in hooks", "**skipped**"):
+        assert word in summary, word
+    counts = re.search(r"`(\d+) passed, (\d+) skipped, \d+ deselected, (\d+) xfailed`", summary).groups()
+    assert f"({counts[0]} passed, {counts[1]} skipped, {counts[2]} xfailed)" in readme  # the Speed section's run
+    own = first_screen.split("## Check your own hook", 1)[1]
+    assert "conform --hook conformance.examples.my_hooks:SPEC" in own

@@ -181,7 +181,9 @@ class Finding:
             value), ``"local_gradient"`` (every rank kept its own gradient: the
             hook never communicated), ``"diagnosis"`` (a named cause that
             reproduces the hook's result, :mod:`conformance.diagnosis`),
-            ``"no_known_cause"`` (a difference that no named cause explains).
+            ``"no_known_cause"`` (a difference that no named cause explains),
+            ``"native_result"`` (the hook's own result equals native's arithmetic
+            in every call: what differs arose after it returned).
     """
 
     rank: int

@@ -31,7 +31,11 @@ the command that re-runs just that case.
    that raises, hangs past ``--case-timeout`` (stacks via faulthandler) or
    dies is reported per rank, and the pool is rebuilt when the ranks no
    longer match up. A failure inside the suite's own reference is replayed
-   with the reference alone, and becomes a skip if that fails too.
+   with the reference alone, and becomes a skip if that fails too. Findings
+   that name no cause of the hook's own are replayed with PyTorch's own
+   default hook for the case, and become a skip if it shows the same
+   difference, or if a reference caveat of this torch version explains them
+   (:mod:`conformance.default_replay`).
 6. Verdict (controller). Findings become one ``ConformanceFailure`` message
    with the re-run command; the plugin's summary turns every report into the
    per-hook verdict.
@@ -45,8 +49,8 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import pytest
-from conformance import report
-from conformance.checks import REPLAYS_REFERENCE
+from conformance import default_replay, report
+from conformance.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.compare import compare_bitwise
 from conformance.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError, close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
@@ -231,12 +235,48 @@ class Runner:
         name = request.node.name
         result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
                           describe=describe, findings=False)
-        found = [f for o in result.outcomes for f in o.value.findings]
-        if not found and across_ranks:
-            found = compare_across_ranks([o.value.grads for o in result.outcomes])
+        found = _findings(result, across_ranks)
         closing = note(result, found) if note is not None else ""
+        if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)
+                and not request.node.get_closest_marker("xfail")):  # a known failure is no red to avoid
+            replayed = self._replay_default_hook(case, rank_check, params, found, across_ranks)
+            closing = "\n".join(text for text in (closing, replayed) if text)
         self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
         return result
+
+    def _replay_default_hook(self, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
+                             across_ranks: bool) -> str:
+        """Skip a failure that any hook would get here (:mod:`conformance.default_replay`): one a reference
+        caveat of this torch version explains, or that PyTorch's own default hook for the case shows too
+        (replayed on the same pool, or the hook under test itself). Else the failure's closing note."""
+        __tracebackhide__ = True
+        import torch
+
+        from conformance.apis import HOOK_APIS
+
+        version, item = torch.__version__, self.specs[case.hook]
+        caveat = default_replay.caveat_for(rank_check, params, found, version)
+        if caveat is not None:
+            pytest.skip(default_replay.caveat_reason(caveat, found, version))
+        api = HOOK_APIS[item.spec.api]
+        name = default_replay.default_hook_name(api, item.spec, params, case.world_size)
+        if name is None:
+            return ""
+        if item.target == api.builtin_hooks and case.hook == name:  # the evidence is this very failure
+            if default_replay.after_the_hook_returned(found):
+                pytest.skip(default_replay.default_hook_reason(name, found, version, itself=True))
+            return ""
+        replay = Case(check=rank_check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
+                      case_id=f"{case.hook} case replayed with {name}")
+        result = self.pool(case.world_size).run(replay)
+        if result.pool_rebuilt:
+            self.restarts += 1
+        theirs = _findings(result, across_ranks) if result.all_ok else []
+        if result.all_ok and default_replay.same_difference(found, theirs):
+            pytest.skip(default_replay.default_hook_reason(name, found, version, itself=False))
+        if not default_replay.after_the_hook_returned(found):
+            return ""
+        return "  " + default_replay.default_hook_note(name, theirs, result.all_ok)
 
     def _replay_reference(self, pool: RankPool, case: Case, describe: Dict[str, Any]) -> str:
         """Train the reference alone; skip the case if it fails there too, else say the hook broke it.
@@ -299,6 +339,14 @@ class Runner:
         if findings:
             body = report.findings_text(findings) + (f"\n{note}" if note else "")
             self.fail(test_name, hook, report.header(hook, describe, world_size), body, world_size, findings)
+
+
+def _findings(result: CaseResult, across_ranks: bool) -> List[Finding]:
+    """Every rank's findings; with ``across_ranks`` and none, each rank's gradients against rank 0's."""
+    found = [f for o in result.outcomes for f in o.value.findings]
+    if not found and across_ranks:
+        found = compare_across_ranks([o.value.grads for o in result.outcomes])
+    return found
 
 
 def compare_across_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Finding]:

@@ -266,11 +266,9 @@ class Runner:
             if default_replay.after_the_hook_returned(found):
                 pytest.skip(default_replay.default_hook_reason(name, found, version, itself=True))
             return ""
-        replay = Case(check=rank_check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
-                      case_id=f"{case.hook} case replayed with {name}")
-        result = self.pool(case.world_size).run(replay)
-        if result.pool_rebuilt:
-            self.restarts += 1
+        result = self._replay(self.pool(case.world_size), Case(
+            check=rank_check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
+            case_id=f"{case.hook} case replayed with {name}"))
         theirs = _findings(result, across_ranks) if result.all_ok else []
         if result.all_ok and default_replay.same_difference(found, theirs):
             pytest.skip(default_replay.default_hook_reason(name, found, version, itself=False))
@@ -288,11 +286,8 @@ class Runner:
         __tracebackhide__ = True
         import torch
 
-        replay = Case(check=case.check, hook=case.hook, params={**case.params, "reference_only": True},
-                      case_id=case.case_id)
-        result = pool.run(replay)
-        if result.pool_rebuilt:
-            self.restarts += 1
+        result = self._replay(pool, Case(check=case.check, hook=case.hook,
+                                         params={**case.params, "reference_only": True}, case_id=case.case_id))
         bad = [o for o in result.outcomes if not o.ok]
         if bad:
             what = " ".join(f"{k}={v}" for k, v in describe.items())
@@ -301,6 +296,13 @@ class Runner:
                         f"{report.exception_line(bad[0].error or bad[0].stack or '')}")
         return ("\n(the reference trained alone, with no hook, runs here: the failure above comes from "
                 "training it beside the hooked model)")
+
+    def _replay(self, pool: RankPool, replay: Case) -> CaseResult:
+        """Run a replay of a failed case (another hook, or the reference alone) on ``pool``."""
+        result = pool.run(replay)
+        if result.pool_rebuilt:
+            self.restarts += 1
+        return result
 
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
              world_size: Optional[int] = None, findings: Sequence[Finding] = ()) -> None:

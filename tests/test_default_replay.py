@@ -140,6 +140,12 @@ class Request:
         self.node = Node(name, xfail)
 
 
+@pytest.fixture
+def torch_2_13(monkeypatch):
+    """The runner's decisions on a torch version no reference caveat covers (this file also runs on 2.4)."""
+    monkeypatch.setattr(torch, "__version__", "2.13.0")
+
+
 def check(pool, hook="mine", target="pkg.mod:SPEC", rank_check="fsdp.clip_grad_norm", xfail=False):
     """One FULL_SHARD clip case of ``hook`` through ``Runner.check`` on ``pool``."""
     settings = resolve(lambda dest: [] if dest in ("conform_hooks", "conform_known_failures") else None,
@@ -152,20 +158,20 @@ def check(pool, hook="mine", target="pkg.mod:SPEC", rank_check="fsdp.clip_grad_n
     runner.check(request, case, "clip_grad_norm", rank_check, {"strategy": "FULL_SHARD", "model": "nested_wrapped"})
 
 
-def test_a_difference_the_default_hook_shows_too_is_a_skip_naming_it_and_the_torch_version():
+def test_a_difference_the_default_hook_shows_too_is_a_skip_naming_it_and_the_torch_version(torch_2_13):
     pool = ScriptedPool(AFTER_RETURN, AFTER_RETURN)
     with pytest.raises(pytest.skip.Exception) as info:
         check(pool)
     reason = str(info.value)
-    assert f"the reference does not hold on torch {torch.__version__}" in reason
-    assert "PyTorch's own default hook (reduce_scatter_hook), replayed on this case, shows the same" in reason
+    assert ("the reference does not hold on torch 2.13.0: PyTorch's own default hook (reduce_scatter_hook), "
+            "replayed on this case, shows the same") in reason
     assert "no hook can pass this case here" in reason and "0x4178ca21" in reason
     replay = pool.cases[1]
     assert replay.hook.name == "reduce_scatter_hook" and replay.hook.target == HOOK_APIS["fsdp"].builtin_hooks
     assert replay.params == pool.cases[0].params and replay.check == "fsdp.clip_grad_norm"
 
 
-def test_a_difference_of_the_hooks_own_fails_and_says_what_the_default_hook_did():
+def test_a_difference_of_the_hooks_own_fails_and_says_what_the_default_hook_did(torch_2_13):
     with pytest.raises(ConformanceFailure) as info:
         check(ScriptedPool(AFTER_RETURN, []))
     assert "PyTorch's own default hook, reduce_scatter_hook, replayed on this case, conforms" in str(info.value)
@@ -175,7 +181,7 @@ def test_a_difference_of_the_hooks_own_fails_and_says_what_the_default_hook_did(
     assert "replayed on this case, fails it too, but differently" in str(info.value)
 
 
-def test_no_replay_where_the_diagnosis_names_the_hooks_own_cause_or_the_failure_is_known():
+def test_no_replay_where_the_diagnosis_names_the_hooks_own_cause_or_the_failure_is_known(torch_2_13):
     named = AFTER_RETURN[:2] + [Finding(0, "explained by: SUM without averaging", step=0, kind="diagnosis")]
     pool = ScriptedPool(named)
     with pytest.raises(ConformanceFailure):
@@ -191,7 +197,7 @@ def test_no_replay_where_the_diagnosis_names_the_hooks_own_cause_or_the_failure_
     assert len(pool.cases) == 1
 
 
-def test_the_default_hook_itself_is_its_own_evidence():
+def test_the_default_hook_itself_is_its_own_evidence(torch_2_13):
     pool = ScriptedPool(AFTER_RETURN)
     with pytest.raises(pytest.skip.Exception) as info:
         check(pool, hook="reduce_scatter_hook", target=HOOK_APIS["fsdp"].builtin_hooks)

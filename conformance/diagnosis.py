@@ -369,7 +369,8 @@ def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], gro
 def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Finding]:
     """The diagnosis of ``step`` on this rank: one finding per group of calls with the same explanation, of
     kind ``"diagnosis"`` (named causes), ``"diagnosis_wider_dtype"`` (only a reduction in a wider dtype
-    than claimed explains it: more accurate than native) or ``"no_known_cause"``.
+    than claimed explains it: more accurate than native), ``"no_known_cause"``, or ``"native_result"``
+    (every call of this rank equals native's arithmetic: what differs arose after the hook returned).
 
     Collective: every rank of ``ctx.group`` must call it at the same point.
     Returns a single "cannot diagnose" finding when the ranks recorded
@@ -430,7 +431,7 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     if native_ok and len(native_ok) == len(calls):
         findings.append(Finding(ctx.rank, "the hook's own result equals native's arithmetic bit for bit in every "
                                           "call; what differs arose after the hook returned", step=step,
-                                kind="diagnosis"))
+                                kind="native_result"))
     return findings
 
 

@@ -219,6 +219,8 @@ class Finding:
             hook never communicated), ``"diagnosis"`` (a named cause that
             reproduces the hook's result, :mod:`conformance.diagnosis`),
             ``"no_known_cause"`` (a difference that no named cause explains),
+            ``"native_result"`` (the hook's own result equals native's arithmetic
+            in every call: what differs arose after it returned),
             ``"process_state"`` (the hook left the rank process changed,
             :mod:`conformance.process_state`), ``"memory"`` (the rank's memory grew
             past the bound over the hook's cases).

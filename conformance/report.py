@@ -27,7 +27,7 @@ def header(hook: Optional[str], describe: Dict[str, Any], world_size: int) -> st
 
 
 #: Finding kinds that explain other findings (:mod:`conformance.diagnosis`), listed after them.
-DIAGNOSIS_KINDS = ("diagnosis", "diagnosis_wider_dtype", "no_known_cause", "diagnosis_note")
+DIAGNOSIS_KINDS = ("diagnosis", "diagnosis_wider_dtype", "no_known_cause", "diagnosis_note", "native_result")
 
 
 def findings_text(found: Sequence[Finding]) -> str:
@@ -62,8 +62,8 @@ def diagnosis_lines(found: Sequence[Finding]) -> List[str]:
 def explained(found: Sequence[Finding]) -> bool:
     """Whether a diagnosis named a cause for these findings that is a bug, not a possible lossy design (a
     reduction in a wider dtype than claimed, kind ``"diagnosis_wider_dtype"``, is more accurate than native
-    and may be declared lossy)."""
-    return any(f.kind == "diagnosis" for f in found)
+    and may be declared lossy), or found the hook's own result exact (kind ``"native_result"``)."""
+    return any(f.kind in ("diagnosis", "native_result") for f in found)
 
 
 def failure_message(header: str, body: str, rerun: str) -> str:

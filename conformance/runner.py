@@ -39,8 +39,12 @@ the command that re-runs just that case.
    a default process group that no longer works, and memory grown past the
    bound over the hook's cases fail the case, and the pool is rebuilt. A
    failure inside the suite's own reference is replayed with the reference
-   alone, and becomes a skip if that fails too. A pool that cannot start is
-   the run's failure, not the hook's: the case is ``NOT RUN`` (:class:`NotRun`).
+   alone, and becomes a skip if that fails too. Findings that name no cause
+   of the hook's own are replayed with PyTorch's own default hook for the
+   case (in fresh ranks), and become a skip if it shows the same difference,
+   or if a reference caveat of this torch version explains them
+   (:mod:`conformance.default_replay`). A pool that cannot start is the
+   run's failure, not the hook's: the case is ``NOT RUN`` (:class:`NotRun`).
 6. Verdict (controller). Findings become one ``ConformanceFailure`` message
    with the re-run command; the plugin's summary turns every report into the
    per-hook verdict.
@@ -53,8 +57,8 @@ import shlex
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
-from conformance import report
-from conformance.checks import REPLAYS_REFERENCE
+from conformance import default_replay, report
+from conformance.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.compare import compare_bitwise
 from conformance.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError, close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
@@ -307,13 +311,48 @@ class Runner:
         name = request.node.name
         result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
                           describe=describe, findings=False)
-        found = [f for o in result.outcomes for f in o.value.findings]
-        if not found and across_ranks:
-            found = compare_across_ranks([o.value.grads for o in result.outcomes])
-        found += result.leak_findings()
+        found = _findings(result, across_ranks)
         closing = note(result, found) if note is not None else ""
+        if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)
+                and not request.node.get_closest_marker("xfail")):  # a known failure is no red to avoid
+            replayed = self._replay_default_hook(case, rank_check, params, found, across_ranks)
+            closing = "\n".join(text for text in (closing, replayed) if text)
         self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
         return result
+
+    def _replay_default_hook(self, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
+                             across_ranks: bool) -> str:
+        """Skip a failure that any hook would get here (:mod:`conformance.default_replay`): one a reference
+        caveat of this torch version explains, or that PyTorch's own default hook for the case shows too
+        (replayed on the same pool, or the hook under test itself). Else the failure's closing note."""
+        __tracebackhide__ = True
+        import torch
+
+        from conformance.apis import HOOK_APIS
+
+        version, item = torch.__version__, self.specs[case.hook]
+        caveat = default_replay.caveat_for(rank_check, params, found, version)
+        if caveat is not None:
+            pytest.skip(default_replay.caveat_reason(caveat, found, version))
+        api = HOOK_APIS[item.spec.api]
+        name = default_replay.default_hook_name(api, item.spec, params, case.world_size)
+        if name is None:
+            return ""
+        if item.target == api.builtin_hooks and case.hook == name:  # the evidence is this very failure
+            if default_replay.after_the_hook_returned(found):
+                pytest.skip(default_replay.default_hook_reason(name, found, version, itself=True))
+            return ""
+        # In ranks of its own (serving no hook under test), as every hook's cases run; the default hook's
+        # spec is loaded there on first use. The hook's next case gets its own ranks again.
+        result = self._replay(self.pool(case.world_size, hook=None), Case(
+            check=rank_check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
+            case_id=f"{case.hook} case replayed with {name}"))
+        theirs = _findings(result, across_ranks) if result.all_ok else []
+        if result.all_ok and default_replay.same_difference(found, theirs):
+            pytest.skip(default_replay.default_hook_reason(name, found, version, itself=False))
+        if not default_replay.after_the_hook_returned(found):
+            return ""
+        return "  " + default_replay.default_hook_note(name, theirs, result.all_ok)
 
     def _replay_reference(self, pool: RankPool, case: Case, describe: Dict[str, Any]) -> str:
         """Train the reference alone; skip the case if it fails there too, else say the hook broke it.
@@ -325,11 +364,8 @@ class Runner:
         __tracebackhide__ = True
         import torch
 
-        replay = Case(check=case.check, hook=case.hook, params={**case.params, "reference_only": True},
-                      case_id=case.case_id)
-        result = pool.run(replay)
-        if result.pool_rebuilt:
-            self.restarts += 1
+        result = self._replay(pool, Case(check=case.check, hook=case.hook,
+                                         params={**case.params, "reference_only": True}, case_id=case.case_id))
         bad = [o for o in result.outcomes if not o.ok]
         if bad:
             what = " ".join(f"{k}={v}" for k, v in describe.items())
@@ -338,6 +374,13 @@ class Runner:
                         f"{report.exception_line(bad[0].error or bad[0].stack or '')}")
         return ("\n(the reference trained alone, with no hook, runs here: the failure above comes from "
                 "training it beside the hooked model)")
+
+    def _replay(self, pool: RankPool, replay: Case) -> CaseResult:
+        """Run a replay of a failed case (another hook, or the reference alone) on ``pool``."""
+        result = pool.run(replay)
+        if result.pool_rebuilt:
+            self.restarts += 1
+        return result
 
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
              world_size: Optional[int] = None, findings: Sequence[Finding] = (), rank_problems: bool = False) -> None:
@@ -381,6 +424,15 @@ class Runner:
         if findings:
             body = report.findings_text(findings) + (f"\n{note}" if note else "")
             self.fail(test_name, hook, report.header(hook, describe, world_size), body, world_size, findings)
+
+
+def _findings(result: CaseResult, across_ranks: bool) -> List[Finding]:
+    """Every rank's findings; with ``across_ranks`` and none, each rank's gradients against rank 0's; then what
+    the hook left in its ranks (:meth:`CaseResult.leak_findings`)."""
+    found = [f for o in result.outcomes for f in o.value.findings]
+    if not found and across_ranks:
+        found = compare_across_ranks([o.value.grads for o in result.outcomes])
+    return found + result.leak_findings()
 
 
 def compare_across_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Finding]:

@@ -60,6 +60,12 @@ class HookApi:
         builtin_hooks: ``module:ATTR`` of PyTorch's own hooks as specs, or ``None``.
         plans: suite test function name -> :data:`CasePlan`; the suite tests of
             this API are exactly these.
+        default_hook: ``module:ATTR`` of ``default_hook(spec, params, world_size) ->
+            Optional[str]``: the name, among ``builtin_hooks``, of PyTorch's own
+            default hook for a case of ``spec`` with the rank check's ``params``,
+            one whose result equals the native path's arithmetic bit for bit there;
+            ``None`` where no built-in hook does. The runner replays a failure that
+            could be PyTorch's with it (:mod:`conformance.default_replay`).
     """
 
     name: str
@@ -69,6 +75,7 @@ class HookApi:
     validate: Callable[[Any], Tuple[str, ...]]
     builtin_hooks: Optional[str]
     plans: Mapping[str, CasePlan]
+    default_hook: Optional[str] = None
 
 
 def no_strategies(spec: Any) -> None:

@@ -422,6 +422,7 @@ API = HookApi(
     stateful=True,
     validate=called_as(2, "a DDP hook is called as hook(state, bucket) and returns a torch.futures.Future"),
     builtin_hooks="conformance.builtin_hooks.ddp:DDP_HOOKS",
+    default_hook="conformance.builtin_hooks.ddp:default_hook",
     plans={
         "test_ddp_averaging": _plan([("default", "analytic_linear")], [("default", "analytic_linear")], keep=_exact,
                                     skip_one_rank=_ACROSS_RANKS),

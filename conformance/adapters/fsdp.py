@@ -525,6 +525,7 @@ API = HookApi(
     stateful=True,
     validate=validate,
     builtin_hooks="conformance.builtin_hooks.fsdp:FSDP_HOOKS",
+    default_hook="conformance.builtin_hooks.fsdp:default_hook",
     plans={
         "test_averaging": _of(_exact, lambda specs, s: _training(specs, s)),
         "test_parity": _of(_exact, lambda specs, s: _training(

@@ -516,6 +516,7 @@ def all_reduce_cases(specs: Sequence[Any], settings: Any, models: Sequence[str] 
 APIS = (
     HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
             stateful=False, validate=validate, builtin_hooks="conformance.builtin_hooks.fsdp2:FSDP2_HOOKS",
+            default_hook="conformance.builtin_hooks.fsdp2:default_hook",
             plans={"test_fsdp2_parity": parity_cases, "test_fsdp2_hard_inputs": hard_input_cases,
                    "test_fsdp2_clip_grad_norm": clip_cases,
                    "test_fsdp2_lossy_error": lossy_plan(LOSSY_ERROR_PLAN, lambda spec: not _exact(spec)),

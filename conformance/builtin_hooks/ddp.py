@@ -26,7 +26,7 @@ every rank process.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, Optional
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
@@ -36,6 +36,7 @@ from conformance.spec import HookSpec, LossyContract
 
 __all__ = [
     "DDP_HOOKS",
+    "default_hook",
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
     "no_state",
@@ -152,3 +153,22 @@ DDP_HOOKS = [
     HookSpec(name="ddp_noop_hook", api="ddp", hook=debugging_hooks.noop_hook, state=no_state,
              description="debugging_hooks.noop_hook: returns the bucket unreduced, for headroom analysis only"),
 ]
+
+
+def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
+    """The name, in :data:`DDP_HOOKS`, of PyTorch's own hook for a case of ``spec`` (``HookApi.default_hook``),
+    or ``None`` where no built-in hook equals the reference.
+
+    DDP with no hook multiplies each gradient by ``1/world_size`` as it copies it
+    into the bucket, then SUMs (``Reducer::mark_variable_ready_dense``);
+    ``allreduce_hook`` divides the bucket by the world size, then SUMs. Both are
+    the correctly rounded quotient where the world size (and so a data-parallel
+    subgroup's, half of it) is a power of two, and differ in the last bit at 3:
+    there no built-in hook equals native, and ``None`` says so. A
+    ``reduce_dtype=X`` claim's reference is ``X_compress_wrapper(allreduce_hook)``,
+    whose future breaks the contract (see known_failures.toml); ``X_compress_hook``
+    does the same arithmetic and keeps it (bf16: on a CUDA build only).
+    """
+    if spec.reduce_dtype is None:
+        return "ddp_allreduce_hook" if world_size & (world_size - 1) == 0 else None
+    return {torch.float16: "ddp_fp16_compress_hook", torch.bfloat16: "ddp_bf16_compress_hook"}.get(spec.reduce_dtype)

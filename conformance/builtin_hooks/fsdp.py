@@ -13,6 +13,8 @@ CPU tensor); ``fixtures/known_failures.toml`` records that as a finding.
 
 from __future__ import annotations
 
+from typing import Any, Dict, Optional
+
 import torch
 from torch.distributed.algorithms._comm_hooks import default_hooks
 
@@ -32,3 +34,20 @@ FSDP_HOOKS = [
              state=default_hooks.LowPrecisionState, reduce_dtype=torch.bfloat16,
              description="default_hooks.bf16_compress_hook with LowPrecisionState"),
 ]
+
+
+def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
+    """The name, in :data:`FSDP_HOOKS`, of PyTorch's own hook for a case of ``spec`` (``HookApi.default_hook``).
+
+    ``params`` are the rank check's (``strategy``, ``low_precision_grads``).
+    ``allreduce_hook`` under ``NO_SHARD`` and ``reduce_scatter_hook`` under the
+    sharded strategies, with ``DefaultState``, do what FSDP's native path does
+    (``_reduce_grad_no_shard`` / ``_reduce_grad``: pre-divide, SUM, post-divide)
+    in the dtype the gradient arrives in, so they stand for a full-precision
+    claim, and for the float16 gradients of ``low_precision_grads`` whatever
+    the claim. A ``reduce_dtype=X`` claim gets the compress hook of X (which
+    raises on CPU: no evidence there, and the failure stands).
+    """
+    if spec.reduce_dtype is None or params.get("low_precision_grads"):
+        return "allreduce_hook" if params.get("strategy") == "NO_SHARD" else "reduce_scatter_hook"
+    return {torch.float16: "fp16_compress_hook", torch.bfloat16: "bf16_compress_hook"}.get(spec.reduce_dtype)

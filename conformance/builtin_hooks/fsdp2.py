@@ -16,7 +16,7 @@ of FSDP2 (``_get_gradient_divide_factors`` in
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,7 @@ try:  # torch >= 2.7; older torch has no custom comms (the checks skip there)
 except ImportError:  # pragma: no cover - depends on the torch version
     _ReduceScatterBase = object  # type: ignore[assignment,misc]
 
-__all__ = ["FSDP2_HOOKS", "PlainReduceScatter"]
+__all__ = ["FSDP2_HOOKS", "PlainReduceScatter", "default_hook"]
 
 
 class PlainReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
@@ -82,3 +82,11 @@ FSDP2_HOOKS = [
     HookSpec(name="plain_reduce_scatter_fp16", api="fsdp2", hook=PlainReduceScatter, reduce_dtype=torch.float16,
              description="PlainReduceScatter under MixedPrecisionPolicy(reduce_dtype=float16): SUM, FSDP divides"),
 ]
+
+
+def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
+    """The name, in :data:`FSDP2_HOOKS`, of the comm that stands for FSDP2's own reduce-scatter in a case of
+    ``spec`` (``HookApi.default_hook``): :class:`PlainReduceScatter` under the same reduce-dtype claim, which
+    passes FSDP2's ``op`` through to ``reduce_scatter_tensor`` as the native path does."""
+    return {None: "plain_reduce_scatter", torch.bfloat16: "plain_reduce_scatter_bf16",
+            torch.float16: "plain_reduce_scatter_fp16"}.get(spec.reduce_dtype)

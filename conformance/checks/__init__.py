@@ -24,6 +24,12 @@ _RANK_CHECKS: Dict[str, Callable] = {}
 #: Checks that accept ``reference_only=True``: train the reference model alone, no hook.
 REPLAYS_REFERENCE = frozenset({"fsdp.parity", "ddp.parity", "fsdp2.parity", "fsdp.clip_grad_norm",
                                "ddp.clip_grad_norm", "fsdp2.clip_grad_norm"})
+#: Checks whose parameters hold for any spec of their API, and whose reference is PyTorch's behaviour on
+#: this torch version: a failure that no cause of the hook's own explains is replayed with PyTorch's own
+#: default hook in its place (:mod:`conformance.default_replay`).
+REPLAYS_DEFAULT_HOOK = frozenset({"fsdp.averaging", "fsdp.parity", "fsdp.clip_grad_norm", "fsdp.rank_grads",
+                                  "ddp.averaging", "ddp.parity", "ddp.clip_grad_norm", "ddp.rank_grads",
+                                  "fsdp2.parity", "fsdp2.clip_grad_norm"})
 
 
 def rank_check(name: str) -> Callable[[Callable], Callable]:
@@ -32,7 +38,9 @@ def rank_check(name: str) -> Callable[[Callable], Callable]:
     A check in :data:`REPLAYS_REFERENCE` takes ``reference_only=True``: it then
     builds and trains only its reference model (the native path, no hook), so
     the controller can tell a reference that PyTorch cannot run here from a
-    hook that broke it (:meth:`conformance.runner.Runner.run`).
+    hook that broke it (:meth:`conformance.runner.Runner.run`). A check in
+    :data:`REPLAYS_DEFAULT_HOOK` runs the same with any spec of its API, so the
+    controller can replay a case with PyTorch's own default hook.
     """
 
     def register(fn: Callable) -> Callable:

@@ -118,6 +118,12 @@ class ScriptedPool:
 
     def __init__(self, *runs):
         self.runs, self.cases = list(runs), []
+        self.specs, self.served = None, []  # the hook the pool's ranks loaded; (specs, case index) per switch
+
+    def serve(self, specs):
+        if specs != self.specs:
+            self.specs = specs
+            self.served.append((specs, len(self.cases)))
 
     def run(self, case):
         self.cases.append(case)
@@ -153,6 +159,8 @@ def check(pool, hook="mine", target="pkg.mod:SPEC", rank_check="fsdp.clip_grad_n
     spec = HookSpec(name=hook, api="fsdp", hook=lambda state, grad, output=None: None, state=lambda pg: pg)
     runner = Runner(settings, [LoadedSpec(target, spec, "--hook")])
     runner.pools[2] = pool
+    pool.serve(((target, hook),))
+    runner.serving = hook
     case = CaseParams(hook, "FULL_SHARD", 2, model="nested_wrapped")
     request = Request(f"test_clip_grad_norm[{case.id}]", xfail)
     runner.check(request, case, "clip_grad_norm", rank_check, {"strategy": "FULL_SHARD", "model": "nested_wrapped"})
@@ -169,6 +177,7 @@ def test_a_difference_the_default_hook_shows_too_is_a_skip_naming_it_and_the_tor
     replay = pool.cases[1]
     assert replay.hook.name == "reduce_scatter_hook" and replay.hook.target == HOOK_APIS["fsdp"].builtin_hooks
     assert replay.params == pool.cases[0].params and replay.check == "fsdp.clip_grad_norm"
+    assert pool.served[-1] == ((), 1), "the default hook is replayed in ranks that never ran the hook under test"
 
 
 def test_a_difference_of_the_hooks_own_fails_and_says_what_the_default_hook_did(torch_2_13):

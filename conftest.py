@@ -5,4 +5,4 @@ Loads the conformance plugin, so that from a checkout ``pytest conformance/suite
 project's own tests (``tests/``) can use its options and fixtures.
 """
 
-pytest_plugins = ["conformance.pytest_plugin"]
+pytest_plugins = ["conformance.controller.pytest_plugin"]

@@ -4,7 +4,7 @@ Two figures, measured on this machine in one invocation:
 
 * **pool start-up**: the pools of the default CPU run (world sizes 2, 3 and 4)
   launched together and waited for, as the session's ``prestart`` does; once
-  with ranks forked from the zygote (``conformance/zygote.py``, the default) and
+  with ranks forked from the zygote (``conformance/ranks/zygote.py``, the default) and
   once with every rank a fresh interpreter (``CONFORM_FORK_RANKS=0``);
 * **default run**: ``python -m conformance -q`` (what ``make conform`` runs,
   after setup), wall time from the command's start to its exit, with its case
@@ -38,7 +38,7 @@ DEFAULT_WORLD_SIZES = (2, 3, 4)
 
 def pool_startup_s(fork: bool) -> float:
     """Seconds to launch and join the default run's pools together (then closed again)."""
-    from conformance import pool as pool_mod
+    from conformance.controller import pool as pool_mod
 
     os.environ["CONFORM_FORK_RANKS"] = "1" if fork else "0"
     pool_mod.close_zygote()

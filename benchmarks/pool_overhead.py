@@ -67,7 +67,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as tmp  # noqa: E402
 
 from conformance.protocol import Case, as_check_result  # noqa: E402
-from conformance.worker import RankContext  # noqa: E402
+from conformance.ranks.worker import RankContext  # noqa: E402
 
 SAMPLE_SIZE = 20
 SEED = 10
@@ -97,8 +97,8 @@ def _spawn_rank(rank: int, world_size: int, store_path: str, out_dir: str, cases
         dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=SPAWN_CASE_TIMEOUT_S))
         stamps["joined"] = time.time()
-        from conformance.checks import get_rank_check
-        from conformance.spec_loading import load_target
+        from conformance.ranks.checks import get_rank_check
+        from conformance.controller.spec_loading import load_target
 
         ctx = RankContext(rank, world_size, dist.group.WORLD, torch.device("cpu"), "gloo")
         specs = {case.hook: next(s for s in load_target(case.hook.target) if s.name == case.hook.name)

@@ -1,7 +1,7 @@
 """The pool side of ``pool_overhead.py``: the default run, narrowed to a sample, run by the suite itself.
 
 :func:`run_sample` runs pytest in this process on the suite, as ``conform``
-does (``conformance.cli.pytest_args``), with one more plugin,
+does (``conformance.controller.cli.pytest_args``), with one more plugin,
 :class:`SampleSession`. The suite's plugin collects the default run and marks
 skips and known failures; then :class:`SampleSession` keeps a stratified
 sample of the cases that run to a pass (``case_sample.py``), repeats it for
@@ -133,8 +133,8 @@ def run_sample(session: SampleSession, output: Any) -> int:
 
     pytest's own terminal output goes to ``output`` (a text stream).
     """
-    from conformance import cli
-    from conformance import pool as pool_mod
+    from conformance.controller import cli
+    from conformance.controller import pool as pool_mod
 
     plain_run = pool_mod.RankPool.run
 

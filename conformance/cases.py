@@ -30,7 +30,7 @@ class CaseParams:
         rule: a registration rule, or ``None``.
         api: the hook API (``spec.api``).
         skip: why the case cannot run here, or ``None``; set by the API's case
-            plan (:attr:`conformance.adapters.HookApi.plans`), not part of the id.
+            plan (:attr:`conformance.apis.HookApi.plans`), not part of the id.
     """
 
     hook: str
@@ -48,7 +48,7 @@ class CaseParams:
     @property
     def variant_field(self) -> str:
         """``"strategy"`` (fsdp) or ``"config"`` (ddp, fsdp2): :attr:`HookApi.variant_field`."""
-        from conformance.apis import HOOK_APIS
+        from conformance.apis.registry import HOOK_APIS
 
         return HOOK_APIS[self.api].variant_field
 

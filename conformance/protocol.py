@@ -43,7 +43,7 @@ class Case:
 
     Attributes:
         check: name of a rank-side check registered with
-            :func:`conformance.checks.rank_check`, e.g. ``"fsdp.parity"``.
+            :func:`conformance.ranks.checks.rank_check`, e.g. ``"fsdp.parity"``.
         hook: the spec under test, or ``None`` for checks that need no hook.
         params: check parameters (strategy, model, steps, input values, ...).
         case_id: the pytest test name, for messages.
@@ -106,11 +106,11 @@ class RankOutcome:
         lost: why the controller lost this rank's connection during the case, when
             its exit code cannot be known (a rank that torchrun started on another node).
         findings_before_error: when the check raised, what it had found on this
-            rank by then (:meth:`conformance.worker.RankContext.report_on_error`,
+            rank by then (:meth:`conformance.ranks.worker.RankContext.report_on_error`,
             e.g. the wrong allocation a recorder saw before the collective
             failed); shown above the traceback.
         leaks: what differs in the rank's process-global state from before the hook's
-            module was imported, after the case (:func:`conformance.process_state.changes`),
+            module was imported, after the case (:func:`conformance.ranks.process_state.changes`),
             one phrase each; the case fails with them and the pool is rebuilt.
         rss: the rank's resident memory in bytes after the case, where known.
     """
@@ -153,7 +153,7 @@ class CaseResult:
     ``memory_grown`` holds ``(rank, bytes grown, resident bytes after)`` for each rank
     whose resident memory grew beyond the pool's bound since the pool started for this
     hook (over all the hook's cases so far); the pool was then restarted after the case
-    (:class:`~conformance.pool.PoolConfig`). ``group_broken`` says why the default process
+    (:class:`~conformance.controller.pool.PoolConfig`). ``group_broken`` says why the default process
     group no longer ran a collective after a case that every rank finished, if it did not.
     Both, and every rank's :attr:`RankOutcome.leaks`, fail the case: :meth:`leak_findings`.
     """
@@ -212,17 +212,17 @@ class Finding:
         message: what was observed and what it should be, one sentence.
         step: the training step (0-based), when the check trains.
         fqn: the parameter's fully qualified name, when it concerns one.
-        mismatch: bitwise diagnostics (:class:`conformance.compare.Mismatch`).
+        mismatch: bitwise diagnostics (:class:`conformance.ranks.compare.Mismatch`).
         kind: what sort of finding, for code that reacts to it (never by its
             message): ``"mismatch"`` (differs from the reference or expected
             value), ``"local_gradient"`` (every rank kept its own gradient: the
             hook never communicated), ``"diagnosis"`` (a named cause that
-            reproduces the hook's result, :mod:`conformance.diagnosis`),
+            reproduces the hook's result, :mod:`conformance.ranks.diagnosis`),
             ``"no_known_cause"`` (a difference that no named cause explains),
             ``"native_result"`` (the hook's own result equals native's arithmetic
             in every call: what differs arose after it returned),
             ``"process_state"`` (the hook left the rank process changed,
-            :mod:`conformance.process_state`), ``"memory"`` (the rank's memory grew
+            :mod:`conformance.ranks.process_state`), ``"memory"`` (the rank's memory grew
             past the bound over the hook's cases).
     """
 

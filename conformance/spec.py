@@ -52,7 +52,7 @@ class LossyContract:
 
     A spec with ``lossy=LossyContract(...)`` (api ``ddp``, ``fsdp`` or ``fsdp2``) is
     not held to bitwise parity: its exact checks are replaced by the contract's
-    (``conformance/checks/lossy.py``). The suite checks, always: no NaN/Inf
+    (``conformance/ranks/checks/lossy.py``). The suite checks, always: no NaN/Inf
     appears where the exact mean had none, and the API's structural rules still
     hold (DDP: the future's shape, dtype and device, rank consistency; FSDP1: the
     registration rules, the hook's output in the parameter dtype, rank
@@ -160,7 +160,7 @@ class HookSpec:
                 f"HookSpec name {self.name!r} is not usable in test ids: use letters, "
                 "digits, '_' and '.', not starting with a digit (e.g. 'my_fp16_hook')"
             )
-        from conformance.apis import HOOK_APIS
+        from conformance.apis.registry import HOOK_APIS
 
         api = HOOK_APIS.get(self.api)
         if api is None:
@@ -208,7 +208,7 @@ class HookSpec:
         """``"full"`` for the full-precision claim, else the dtype's short name."""
         if self.reduce_dtype is None:
             return "full"
-        from conformance.compare import dtype_name
+        from conformance.ranks.compare import dtype_name
 
         return dtype_name(self.reduce_dtype)
 

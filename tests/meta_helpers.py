@@ -131,8 +131,8 @@ def rerun_args(message: str) -> List[str]:
 
 def plan_settings(world_size: int = 2, extra_world_size: int = 3, *, backend: str = "gloo", device: str = "cpu",
                   gpu_count: int = 0, cpu_pools: Sequence[int] = ()):
-    """The :class:`~conformance.settings.Settings` of a run, for planning its cases (nothing starts)."""
-    from conformance.settings import Settings
+    """The :class:`~conformance.controller.settings.Settings` of a run, for planning its cases (nothing starts)."""
+    from conformance.controller.settings import Settings
 
     return Settings(hooks=(), builtins=True, entry_points=False, world_size=world_size,
                     extra_world_size=extra_world_size, backend=backend, device=device, case_timeout_s=60.0,
@@ -141,7 +141,7 @@ def plan_settings(world_size: int = 2, extra_world_size: int = 3, *, backend: st
 
 def planned_test_names(specs: Sequence, settings=None) -> List[str]:
     """``test_x[case id]`` of every case the suite plans for ``specs`` (every API), skipped ones included."""
-    from conformance.apis import HOOK_APIS, planned_cases
+    from conformance.apis.registry import HOOK_APIS, planned_cases
 
     settings = settings or plan_settings()
     return [f"{test}[{case.id}]" for api in HOOK_APIS.values() for test in api.plans

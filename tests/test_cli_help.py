@@ -1,6 +1,6 @@
 """``conform --help``: the suite's own usage and options first, each with its variable and default, then pytest's.
 
-Also holds README's "Options" table to the declared options (:data:`conformance.options.OPTIONS`), so the
+Also holds README's "Options" table to the declared options (:data:`conformance.controller.options.OPTIONS`), so the
 help and the README give the same defaults.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.options import OPTIONS
+from conformance.controller.options import OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -55,7 +55,7 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
     """Ctrl-C while a pool spawns its ranks (as fresh interpreters) leaves none of them running."""
     import subprocess
 
-    from conformance import pool as pool_mod
+    from conformance.controller import pool as pool_mod
 
     monkeypatch.setenv("CONFORM_FORK_RANKS", "0")
 
@@ -79,7 +79,7 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
 
 def test_an_interrupted_start_kills_the_forked_ranks_already_spawned(monkeypatch):
     """The same with ranks forked by the zygote: Ctrl-C after the first rank leaves none running."""
-    from conformance import pool as pool_mod
+    from conformance.controller import pool as pool_mod
 
     pool_mod.close_zygote()
     spawned = []

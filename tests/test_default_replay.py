@@ -1,6 +1,6 @@
 """A failure that any hook would get is a skip, never a red; a hook whose difference is its own still fails.
 
-Three layers: the rules of ``conformance.default_replay`` on findings; the
+Three layers: the rules of ``conformance.controller.default_replay`` on findings; the
 runner's decisions on scripted rank outcomes (no process starts); and the suite
 run as a user would, once on a contrived PyTorch whose FSDP1 ``clip_grad_norm_``
 moves the total norm by one ULP whenever a comm hook is registered (patched into
@@ -15,15 +15,15 @@ import pytest
 import torch
 from packaging.version import Version
 
-from conformance import default_replay
-from conformance.apis import HOOK_APIS
+from conformance.controller import default_replay
+from conformance.apis.registry import HOOK_APIS
 from conformance.cases import CaseParams
-from conformance.compare import compare_bitwise
+from conformance.ranks.compare import compare_bitwise
 from conformance.protocol import CaseResult, CheckResult, Finding, RankOutcome
-from conformance.runner import ConformanceFailure, Runner
-from conformance.settings import resolve
+from conformance.controller.runner import ConformanceFailure, Runner
+from conformance.controller.settings import resolve
 from conformance.spec import HookSpec
-from conformance.spec_loading import LoadedSpec, load_target
+from conformance.controller.spec_loading import LoadedSpec, load_target
 from tests.meta_helpers import run_suite
 
 NORM = "total norm (norm_type=2.0)"
@@ -246,7 +246,7 @@ def clip_grad_norm_(self, max_norm, norm_type=2.0):
 FSDP.clip_grad_norm_ = clip_grad_norm_
 '''
 
-HOOKS = ["--hook", "tests.zoo.after_return:ALL", "--hook", "conformance.builtin_hooks.fsdp:FSDP_HOOKS",
+HOOKS = ["--hook", "tests.zoo.after_return:ALL", "--hook", "conformance.apis.fsdp.builtin_hooks:FSDP_HOOKS",
          "--hook", "tests.zoo.fsdp_hooks:KNOWN_BAD", "--world-size", "2", "--extra-world-size", "0",
          "-k", "(test_clip_grad_norm or test_parity) and FULL_SHARD-nested_wrapped-ws2 and not low_precision "
                "and (good_native_copy or bad_scales_previous_output or reduce_scatter_hook or bad_sum_no_average)"]

@@ -1,4 +1,4 @@
-"""conformance.diagnosis on three real gloo ranks: each named cause is found, and a right result gets none.
+"""conformance.ranks.diagnosis on three real gloo ranks: each named cause is found, and a right result gets none.
 
 Every rank builds the same :class:`HookCall` s a recorder would: random local
 gradients (seeded per rank), and a result computed the right way or one of the
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conformance.diagnosis import Arithmetic, HookCall, explain
+from conformance.ranks.diagnosis import Arithmetic, HookCall, explain
 
 WORLD_SIZE = 3
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import command_words
+from conformance.controller.cli import command_words
 from tests.meta_helpers import failures_section, read_junit, rerun_command, run_suite
 
 HOOKS = '''

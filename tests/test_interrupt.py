@@ -190,7 +190,7 @@ def test_a_killed_controller_leaves_no_rank_and_no_stale_report(tmp_path, fork):
 
 _STOPPING_CHILD = textwrap.dedent("""
     import time
-    from conformance.interruption import StopSignals
+    from conformance.controller.interruption import StopSignals
     signals = StopSignals()
     signals.install()
     try:  # "ready" inside the try: the signal may land while print() is still returning

@@ -1,4 +1,4 @@
-"""Tests for conformance.known_failures: the TOML file, pattern matching, conditions, the book.
+"""Tests for conformance.controller.known_failures: the TOML file, pattern matching, conditions, the book.
 
 Every file here is real TOML written to ``tmp_path`` and read back through
 ``load_known_failures``; the repository's own ``fixtures/known_failures.toml`` is
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.spec_loading import load_specs
+from conformance.controller.spec_loading import load_specs
 from tests.meta_helpers import plan_settings, planned_test_names
 from conformance import cases
-from conformance.builtin_hooks import fsdp as builtin_fsdp
-from conformance.known_failures import (
+from conformance.apis.fsdp import builtin_hooks as builtin_fsdp
+from conformance.controller.known_failures import (
     KnownFailure,
     KnownFailureBook,
     KnownFailuresError,

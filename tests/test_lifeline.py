@@ -1,4 +1,4 @@
-"""The lifelines that end a pool process when its controller is gone (conformance/lifeline.py).
+"""The lifelines that end a pool process when its controller is gone (conformance/ranks/lifeline.py).
 
 Small child interpreters (no torch) stand in for a rank: one armed with the
 parent-death signal, one with the socket watchdog while its main thread sleeps.
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conformance.lifeline import LOST_CONTROLLER_EXIT_CODE
+from conformance.ranks.lifeline import LOST_CONTROLLER_EXIT_CODE
 
 
 def _wait_gone(pid: int, within_s: float) -> bool:
@@ -36,7 +36,7 @@ def test_the_socket_watchdog_ends_a_process_stuck_in_its_main_thread():
     ours, theirs = socket.socketpair()
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from conformance.lifeline import exit_when_closed
+        from conformance.ranks.lifeline import exit_when_closed
         exit_when_closed({theirs.fileno()})
         print("armed", flush=True)
         time.sleep(120)   # a hook that never returns
@@ -59,7 +59,7 @@ def test_the_parent_death_signal_kills_a_grandchild_when_its_parent_dies():
     middle = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c",
-            "import sys, time; from conformance.lifeline import die_with_parent; "
+            "import sys, time; from conformance.ranks.lifeline import die_with_parent; "
             "assert die_with_parent(int(sys.argv[1])); print('armed', flush=True); time.sleep(120)",
             str(os.getpid())], stdout=subprocess.PIPE, text=True)
         assert child.stdout.readline().strip() == "armed"

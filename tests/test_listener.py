@@ -1,8 +1,8 @@
 """The ``--listen`` listener under abuse: who gets in, how long anyone may take, and what the log says.
 
 Unit tests on loopback, no torchrun and no torch.distributed, against
-:class:`conformance.remote_listener.RankListener` and
-:func:`conformance.remote_link.connect`: a peer without the key is refused and
+:class:`conformance.controller.remote_listener.RankListener` and
+:func:`conformance.controller.remote_link.connect`: a peer without the key is refused and
 nothing it sent is unpickled; a bounded flood of half-open connections meets the
 cap on concurrent handshakes and a real rank still joins after it; a peer that
 trickles bytes is dropped at one deadline for the whole handshake; closing the
@@ -23,8 +23,8 @@ from multiprocessing.connection import AuthenticationError, Client
 import pytest
 
 from conformance.protocol import recv, send
-from conformance.remote_link import connect
-from conformance.remote_listener import RankListener, RefusedPeers
+from conformance.controller.remote_link import connect
+from conformance.controller.remote_listener import RankListener, RefusedPeers
 
 KEY = b"0123456789abcdef0123456789abcdef"
 CAP_REASON = "arrived while {cap} handshakes were under way (the cap) and were closed at once"
@@ -92,7 +92,7 @@ class _Marker:
 def test_an_unauthenticated_pickle_is_never_read(listener, tmp_path, caplog, padding):
     marker = tmp_path / ("ran" + "x" * padding)[:200]
     payload = pickle.dumps(("join", _Marker(str(marker)), b"x" * padding))
-    with socket.create_connection(listener.address) as raw, caplog.at_level(logging.WARNING, "conformance.remote"):
+    with socket.create_connection(listener.address) as raw, caplog.at_level(logging.WARNING, "conformance.controller.remote"):
         port = raw.getsockname()[1]
         raw.sendall(struct.pack("!i", len(payload)) + payload)  # what Connection.send_bytes would frame
         _wait_for(lambda: len(listener.refused) == 1, what="the refusal")
@@ -199,7 +199,7 @@ def test_a_flood_of_half_open_connections_meets_the_cap_and_a_rank_joins_after_i
     listener = make_listener(handshake_timeout_s=60.0, max_handshakes=cap)
     threads_before = threading.active_count()
     peers = []
-    with caplog.at_level(logging.WARNING, "conformance.remote"):
+    with caplog.at_level(logging.WARNING, "conformance.controller.remote"):
         try:
             most_threads = 0
             for _ in range(flood):
@@ -225,7 +225,7 @@ def test_a_flood_of_half_open_connections_meets_the_cap_and_a_rank_joins_after_i
     assert summary.count("127.0.0.1:") == 5 and ", ...) between " in summary
     assert f"{flood - cap} {CAP_REASON.format(cap=cap)}" in summary
     assert f"{cap} closed the connection or broke the protocol before authenticating" in summary
-    lines = [r.getMessage() for r in caplog.records if r.name == "conformance.remote"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "conformance.controller.remote"]
     assert len(lines) == 3, f"one line for the first refusal of each kind and one summary, not one per peer: {lines}"
     assert lines[-1].endswith(summary)
 

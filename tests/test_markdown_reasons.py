@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from conformance.baseline import diff_markdown, diff_runs
-from conformance.markdown_summary import markdown_summary
+from conformance.reports.baseline import diff_markdown, diff_runs
+from conformance.reports.markdown_summary import markdown_summary
 from tests.test_results import case, document
 
 

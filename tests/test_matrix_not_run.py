@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import jsonschema
 
-from conformance import results
-from conformance.markdown_summary import markdown_summary
-from conformance.matrix import NOT_RUN, HookMatrix, hook_matrix, matrix_markdown, matrix_text, not_run_records, pattern
+from conformance.reports import results
+from conformance.reports.markdown_summary import markdown_summary
+from conformance.reports.matrix import NOT_RUN, HookMatrix, hook_matrix, matrix_markdown, matrix_text, not_run_records, pattern
 from tests.test_results import case, document
 
 CONFIGS = ("default", "small_buckets", "no_sync")

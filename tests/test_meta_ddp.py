@@ -233,8 +233,8 @@ def test_ddp_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
 # -- the DDP entries of the packaged known-failures file (no suite run) ----------------------
 
 def _ddp_entries():
-    from conformance.builtin_hooks.ddp import DDP_HOOKS
-    from conformance.known_failures import load_known_failures
+    from conformance.apis.ddp.builtin_hooks import DDP_HOOKS
+    from conformance.controller.known_failures import load_known_failures
 
     names = {s.name for s in DDP_HOOKS}
     entries = load_known_failures(os.path.join(REPO, "fixtures", "known_failures.toml"))
@@ -249,7 +249,7 @@ def _ddp_test_names(specs):
 
 def test_ddp_known_failure_entries_match_only_their_hooks_cases():
     """Every pattern of a DDP entry matches some case of its hook and no case of another hook."""
-    from conformance.known_failures import KnownFailure
+    from conformance.controller.known_failures import KnownFailure
 
     entries, specs = _ddp_entries()
     assert entries
@@ -268,7 +268,7 @@ def test_ddp_known_failure_entries_match_only_their_hooks_cases():
 def test_ddp_reference_hook_is_only_excused_where_division_differs():
     """allreduce_hook defines nothing here: its one excuse (x / 3 where DDP multiplies by 1/3) stays at the
     exact comparisons, parity and hard inputs, at world size 3."""
-    from conformance.known_failures import KnownFailureBook, RunEnvironment
+    from conformance.controller.known_failures import KnownFailureBook, RunEnvironment
 
     entries, specs = _ddp_entries()
     spec = next(s for s in specs if s.name == "ddp_allreduce_hook")

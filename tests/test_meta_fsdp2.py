@@ -16,9 +16,9 @@ import re
 import pytest
 import torch
 
-from conformance.adapters import fsdp2 as checks
-from conformance.adapters import fsdp2_build as build
-from conformance.adapters import fsdp2_recorders as recorders
+from conformance.apis.fsdp2 import adapter as checks
+from conformance.apis.fsdp2 import build
+from conformance.apis.fsdp2 import recorders
 from tests.meta_helpers import rerun_args, run_suite
 from tests.zoo import fsdp2_comms as zoo
 
@@ -241,7 +241,7 @@ def test_fully_shard_units_mirror_the_fsdp1_units(name):
 
 
 def test_plain_reduce_scatter_is_the_documented_example():
-    from conformance.builtin_hooks.fsdp2 import FSDP2_HOOKS, PlainReduceScatter
+    from conformance.apis.fsdp2.builtin_hooks import FSDP2_HOOKS, PlainReduceScatter
 
     assert [s.name for s in FSDP2_HOOKS] == ["plain_reduce_scatter", "plain_reduce_scatter_bf16",
                                              "plain_reduce_scatter_fp16"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.checks.lossy import DECLARE_LOSSY_HINT, lossy_hint
+from conformance.ranks.checks.lossy import DECLARE_LOSSY_HINT, lossy_hint
 from conformance.protocol import Finding
 from conformance.spec import HookSpec, LossyContract, SpecError
 from tests.meta_helpers import planned_test_names, run_suite

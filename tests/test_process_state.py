@@ -1,4 +1,4 @@
-"""conformance.process_state: each kind of process-global change is named, and nothing else is."""
+"""conformance.ranks.process_state: each kind of process-global change is named, and nothing else is."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance import process_state
+from conformance.ranks import process_state
 
 
 def test_nothing_changed_names_nothing():

@@ -2,10 +2,10 @@
 
 The runner tells "PyTorch cannot run the suite's reference here" (a skip) from
 "the hook broke it" (a failure) by replaying a failed case with
-``reference_only=True`` (``conformance.runner.Runner._replay_reference``). That
+``reference_only=True`` (``conformance.controller.runner.Runner._replay_reference``). That
 replay must never build the hooked model or call anything of the hook's: if it
 did, a hook that raises would turn its own failure into a skip. Each check of
-``conformance.checks.REPLAYS_REFERENCE`` runs here on a one-rank gloo group with
+``conformance.ranks.checks.REPLAYS_REFERENCE`` runs here on a one-rank gloo group with
 a spec whose hook, state and comm all raise.
 """
 
@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance.checks import REPLAYS_REFERENCE, get_rank_check
+from conformance.ranks.checks import REPLAYS_REFERENCE, get_rank_check
 from conformance.spec import HookSpec
-from conformance.worker import RankContext
+from conformance.ranks.worker import RankContext
 
 
 class HookTouched(AssertionError):
@@ -93,8 +93,8 @@ def test_clip_without_backward_is_a_float32_zero(group):
     """The no-gradient step of the FSDP clip check sees what PyTorch's test_no_gradients asserts: a float32
     zero. (At one rank FSDP falls back to NO_SHARD and to torch.nn.utils.clip_grad_norm_, which does not
     warn; the sharded path's "with no gradients" warning is compared between the models at 2 ranks.)"""
-    from conformance.adapters.fsdp import build_fsdp, low_precision_grads_mixed_precision
-    from conformance.checks.common import clip_without_backward
+    from conformance.apis.fsdp.adapter import build_fsdp, low_precision_grads_mixed_precision
+    from conformance.ranks.checks.common import clip_without_backward
     from conformance.models import get_model
 
     ctx = RankContext(0, 1, group, torch.device("cpu"), "gloo")

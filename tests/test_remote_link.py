@@ -1,9 +1,9 @@
 """The controller link for torchrun's ranks: the secret, the address, and a pool whose ranks never come.
 
-Unit tests, no torchrun and no torch.distributed: :mod:`conformance.remote_link`
+Unit tests, no torchrun and no torch.distributed: :mod:`conformance.controller.remote_link`
 (where the secret may come from, address parsing), the ``--listen`` settings,
-and :class:`conformance.remote.RemotePool` when torchrun's ranks do not connect
-(:class:`conformance.remote.RanksNotConnected`, a failure of the run). The
+and :class:`conformance.controller.remote.RemotePool` when torchrun's ranks do not connect
+(:class:`conformance.controller.remote.RanksNotConnected`, a failure of the run). The
 listener under abuse is in ``tests/test_listener.py``; the two-agent runs are in
 ``tests/test_torchrun.py``.
 """
@@ -21,10 +21,10 @@ from multiprocessing.connection import AuthenticationError, Client
 import pytest
 
 from conformance.protocol import recv, send
-from conformance.remote import RankListener
-from conformance.remote_link import LinkError, parse_address, read_authkey
-from conformance.remote_worker import without_own_threads
-from conformance.settings import OPTIONS, SettingsError, resolve
+from conformance.controller.remote import RankListener
+from conformance.controller.remote_link import LinkError, parse_address, read_authkey
+from conformance.ranks.remote_worker import without_own_threads
+from conformance.controller.settings import OPTIONS, SettingsError, resolve
 
 KEY = b"0123456789abcdef0123456789abcdef"
 
@@ -167,7 +167,7 @@ def test_stacks_leave_out_the_ranks_own_helper_threads():
 
 
 def test_a_rank_outside_torchrun_says_how_to_start_it(capsys, monkeypatch):
-    from conformance.remote_worker import EXIT_USAGE, main
+    from conformance.ranks.remote_worker import EXIT_USAGE, main
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
@@ -189,8 +189,8 @@ def _stopped_pool(listener, restart_count, max_restarts):
 
 
 def _new_pool(listener, start_timeout_s=0.3):
-    from conformance.pool import PoolConfig
-    from conformance.remote import RemotePool
+    from conformance.controller.pool import PoolConfig
+    from conformance.controller.remote import RemotePool
 
     return RemotePool(PoolConfig(world_size=2, backend="gloo", device="cpu", start_timeout_s=start_timeout_s),
                       listener)
@@ -198,9 +198,9 @@ def _new_pool(listener, start_timeout_s=0.3):
 
 def test_ranks_that_never_connect_are_a_failure_of_the_run_not_a_case(listener):
     """run() raises RanksNotConnected (a PoolStartError: the runner's run error), it returns no failed case."""
-    from conformance.pool import PoolStartError
+    from conformance.controller.pool import PoolStartError
     from conformance.protocol import Case
-    from conformance.remote import RanksNotConnected
+    from conformance.controller.remote import RanksNotConnected
 
     pool = _new_pool(listener)
     with pytest.raises(RanksNotConnected) as err:
@@ -220,7 +220,7 @@ def test_ranks_that_never_connect_are_a_failure_of_the_run_not_a_case(listener):
 
 def test_ranks_with_another_secret_are_named_in_the_reason(listener):
     """Ranks started with another key reach the listener and are refused: the reason says so, not just 'absent'."""
-    from conformance.remote import RanksNotConnected
+    from conformance.controller.remote import RanksNotConnected
 
     with pytest.raises(AuthenticationError):
         Client(listener.address, authkey=b"another run's key, long enough")
@@ -232,7 +232,7 @@ def test_ranks_with_another_secret_are_named_in_the_reason(listener):
 
 
 def test_no_rank_back_within_the_timeout_fails_this_start_and_every_later_one_at_once(listener):
-    from conformance.remote import RanksNotConnected
+    from conformance.controller.remote import RanksNotConnected
 
     pool = _stopped_pool(listener, restart_count=0, max_restarts=3)
     with pytest.raises(RanksNotConnected, match=r"ranks \[0, 1\] did not reconnect to 127.0.0.1:\d+ within 0.3 s "
@@ -246,7 +246,7 @@ def test_no_rank_back_within_the_timeout_fails_this_start_and_every_later_one_at
 
 
 def test_spent_restarts_are_known_without_waiting(listener):
-    from conformance.remote import RanksNotConnected
+    from conformance.controller.remote import RanksNotConnected
 
     pool = _stopped_pool(listener, restart_count=2, max_restarts=2)
     pool.config = dataclasses.replace(pool.config, start_timeout_s=60.0)
@@ -259,8 +259,8 @@ def test_spent_restarts_are_known_without_waiting(listener):
 
 def test_a_rank_gone_before_the_hello_is_a_pool_start_error(listener):
     """A rank that joined and then reset its connection: a PoolStartError naming it, not a raw OSError."""
-    from conformance.pool import PoolConfig, PoolStartError
-    from conformance.remote import RemotePool
+    from conformance.controller.pool import PoolConfig, PoolStartError
+    from conformance.controller.remote import RemotePool
 
     rank = Client(listener.address, authkey=KEY)
     send(rank, ("join", {"rank": 0, "world_size": 1, "host": "node1", "pid": 4242}))
@@ -277,8 +277,8 @@ def test_a_rank_gone_before_the_hello_is_a_pool_start_error(listener):
 
 def test_a_world_size_that_disagrees_with_the_flags_is_a_usage_error(listener):
     """torchrun started 4 ranks, the run planned 2: exit 4 naming both, and the rank is told why."""
-    from conformance.pool import PoolConfig
-    from conformance.remote import RemotePool
+    from conformance.controller.pool import PoolConfig
+    from conformance.controller.remote import RemotePool
 
     rank = Client(listener.address, authkey=KEY)
     send(rank, ("join", {"rank": 3, "world_size": 4, "host": "node1"}))

@@ -1,10 +1,10 @@
-"""Tests for conformance.report: the per-hook verdict and the failure text's shape."""
+"""Tests for conformance.reports.report: the per-hook verdict and the failure text's shape."""
 
 from __future__ import annotations
 
 import pytest
 
-from conformance import report
+from conformance.reports import report
 from conformance.protocol import Finding
 
 
@@ -56,7 +56,7 @@ def test_exception_line_keeps_the_error_and_its_continuation():
 def test_diagnosis_follows_the_findings_once_per_explanation_with_its_ranks():
     """Every rank diagnoses itself; the report lists each explanation once, naming the ranks, after all
     observed findings (never cut by the findings limit)."""
-    from conformance.report import MAX_FINDINGS_SHOWN, explained, findings_text
+    from conformance.reports.report import MAX_FINDINGS_SHOWN, explained, findings_text
 
     observed = [Finding(r, "gradient differs", step=0, fqn=f"p{i}") for r in (0, 1) for i in range(MAX_FINDINGS_SHOWN)]
     diag = [Finding(r, "explained by: SUM without averaging", step=0, kind="diagnosis") for r in (0, 1)]
@@ -87,7 +87,7 @@ def test_findings_gathered_before_a_rank_raised_lead_its_traceback():
 def test_a_rank_context_reports_what_its_check_registered():
     import torch
 
-    from conformance.worker import RankContext
+    from conformance.ranks.worker import RankContext
 
     ctx = RankContext(0, 1, None, torch.device("cpu"), "gloo")
     assert ctx.findings_before_error() == []

@@ -1,4 +1,4 @@
-"""Report paths are checked, claimed and published atomically (conformance/report_files.py).
+"""Report paths are checked, claimed and published atomically (conformance/reports/report_files.py).
 
 Unit tests on :class:`ReportFile` in this process, then the two refusals as a
 user meets them: ``python -m conformance`` with an unwritable ``--junitxml``
@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conformance.report_files import ReportFile, ReportFileError, placeholder_junit
+from conformance.reports.report_files import ReportFile, ReportFileError, placeholder_junit
 from tests.meta_helpers import REPO
 
 OLD_REPORT = '<?xml version="1.0"?><testsuites><testsuite tests="1"><testcase name="earlier"/></testsuite></testsuites>'
@@ -79,7 +79,7 @@ def test_a_killed_holder_leaves_no_stale_lock_and_its_partial_file_is_removed(tm
     path = tmp_path / "r.xml"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from conformance.report_files import ReportFile
+        from conformance.reports.report_files import ReportFile
         report = ReportFile({str(path)!r}, "--junitxml")
         report.claim("placeholder")
         open(report.temp_path, "w").write("half a rep")

@@ -10,14 +10,14 @@ import os
 import stat
 import sys
 
-from conformance.cli import command_words
+from conformance.controller.cli import command_words
 from tests.test_settings import settings
 
 
 def _script(directory, first_lines: str) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "conform"
-    path.write_text(first_lines + "\nfrom conformance.cli import main\nmain()\n")
+    path.write_text(first_lines + "\nfrom conformance.controller.cli import main\nmain()\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(directory)
 

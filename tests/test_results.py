@@ -1,9 +1,9 @@
 """Tests for the results files on synthetic case records, without a run.
 
-The JSON document and its schema (conformance/results.py, results.schema.json), the
-atomic write, the report-path options (conformance/settings.py), the baseline diff
-(conformance/baseline.py), the per-hook grid (conformance/matrix.py) and the Markdown
-summary (conformance/markdown_summary.py). tests/test_results_run.py runs the suite.
+The JSON document and its schema (conformance/reports/results.py, results.schema.json), the
+atomic write, the report-path options (conformance/controller/settings.py), the baseline diff
+(conformance/reports/baseline.py), the per-hook grid (conformance/reports/matrix.py) and the Markdown
+summary (conformance/reports/markdown_summary.py). tests/test_results_run.py runs the suite.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import os
 import jsonschema
 import pytest
 
-from conformance import results
-from conformance.baseline import BaselineDiff, diff_runs, diff_text
-from conformance.markdown_summary import markdown_summary
-from conformance.matrix import hook_matrix, matrix_markdown, matrix_text, pattern
-from conformance.results import CaseRecord, ResultsError
-from conformance.settings import SettingsError
+from conformance.reports import results
+from conformance.reports.baseline import BaselineDiff, diff_runs, diff_text
+from conformance.reports.markdown_summary import markdown_summary
+from conformance.reports.matrix import hook_matrix, matrix_markdown, matrix_text, pattern
+from conformance.reports.results import CaseRecord, ResultsError
+from conformance.controller.settings import SettingsError
 from tests.test_settings import settings
 
 DDP_CONFIGS = ("default", "small_buckets", "bucket_view", "static_graph", "no_sync")
@@ -308,9 +308,9 @@ def test_markdown_has_the_verdicts_the_grid_the_findings_and_the_rerun_commands(
 def test_failure_figures_take_the_largest_value_mismatch_and_ignore_others():
     import torch
 
-    from conformance.compare import compare_bitwise
+    from conformance.ranks.compare import compare_bitwise
     from conformance.protocol import Finding
-    from conformance.results_plugin import failure_figures
+    from conformance.reports.results_plugin import failure_figures
 
     one_ulp = compare_bitwise(torch.tensor([1.0]).nextafter(torch.tensor([2.0])), torch.tensor([1.0]))
     big = compare_bitwise(torch.tensor([1.5, 1.0]), torch.tensor([1.0, 1.0]))

@@ -18,7 +18,7 @@ import textwrap
 import jsonschema
 import pytest
 
-from conformance import results
+from conformance.reports import results
 from tests.meta_helpers import run_suite
 
 BAD = "bad_averages_param_grads"

@@ -1,4 +1,4 @@
-"""Tests for conformance.runner: where each pool runs, and a reference that cannot run here is a skip.
+"""Tests for conformance.controller.runner: where each pool runs, and a reference that cannot run here is a skip.
 
 The pool is replaced by a scripted one, so these tests say exactly which rank
 outcomes lead to which verdict, without starting a process.
@@ -11,10 +11,10 @@ from typing import List
 
 import pytest
 
-from conformance.spec_loading import LoadedSpec
+from conformance.controller.spec_loading import LoadedSpec
 from conformance.protocol import CaseResult, CheckResult, RankOutcome
-from conformance.runner import ConformanceFailure, Runner
-from conformance.settings import resolve
+from conformance.controller.runner import ConformanceFailure, Runner
+from conformance.controller.settings import resolve
 from conformance.spec import HookSpec
 
 WRITEBACK = ("Traceback (most recent call last):\n  File \"_flat_param.py\", line 2351, in _writeback_tensor\n"
@@ -135,7 +135,7 @@ def test_another_hook_gets_fresh_pools_at_every_world_size_it_needs():
     runner = Runner(settings, specs)
     runner.world_sizes_of = {"a": {2, 3}, "b": {2}}
     made = {}
-    import conformance.runner as runner_mod
+    import conformance.controller.runner as runner_mod
 
     original = runner_mod.RankPool
     runner_mod.RankPool = lambda config: made.setdefault(config.world_size, RecordingPool(config))

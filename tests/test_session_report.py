@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conformance.session_report import counts_lines, no_case_lines
+from conformance.reports.session_report import counts_lines, no_case_lines
 
 ENV = "torch 2.13.0+cpu, CPU build, gloo, cpu"
 

@@ -1,4 +1,4 @@
-"""Tests for conformance.settings: command line > environment > machine default, and the errors.
+"""Tests for conformance.controller.settings: command line > environment > machine default, and the errors.
 
 ``resolve`` is fed a fake ``getoption`` that answers like pytest does for options
 nobody gave (``[]`` for repeatable options, ``False`` for flags, ``None`` otherwise),
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.settings import (CPU_RANK_MEMORY_BYTES, DEFAULT_HYPOTHESIS_EXAMPLES, DEFAULT_RANK_LOG_LIMIT_MIB,
+from conformance.controller.settings import (CPU_RANK_MEMORY_BYTES, DEFAULT_HYPOTHESIS_EXAMPLES, DEFAULT_RANK_LOG_LIMIT_MIB,
                                   DEFAULT_RANK_MEMORY_GROWTH_MIB, HYPOTHESIS_SEED_DEST, OPTIONS, Settings,
                                   SettingsError, resolve)
 

@@ -1,4 +1,4 @@
-"""Tests for conformance.spec_loading: ``module:ATTR`` targets, entry points, and the CLI's usage errors.
+"""Tests for conformance.controller.spec_loading: ``module:ATTR`` targets, entry points, and the CLI's usage errors.
 
 Spec modules are written to ``tmp_path`` (put on ``sys.path``) or come from
 ``tests/data/``. Entry points are real: a ``*.dist-info`` directory on ``sys.path``
@@ -19,8 +19,8 @@ from pathlib import Path
 import expecttest
 import pytest
 
-from conformance.builtin_hooks import fsdp as builtin_fsdp
-from conformance.spec_loading import BUILTIN_TARGETS, ENTRY_POINT_GROUP, entry_point_targets, load_specs, load_target
+from conformance.apis.fsdp import builtin_hooks as builtin_fsdp
+from conformance.controller.spec_loading import BUILTIN_TARGETS, ENTRY_POINT_GROUP, entry_point_targets, load_specs, load_target
 from conformance.spec import HookSpec, SpecError
 from tests.data import hooks as data_hooks
 
@@ -336,7 +336,7 @@ def test_pythonpath_to_rerun_keeps_the_entries_modules_came_from(tmp_path):
     the working directory and entries that provided nothing are left out."""
     from types import SimpleNamespace
 
-    from conformance.spec_loading import pythonpath_to_rerun
+    from conformance.controller.spec_loading import pythonpath_to_rerun
 
     hooks, deps, unused, cwd = (str(tmp_path / d) for d in ("hooks", "deps", "unused", "cwd"))
     modules = {

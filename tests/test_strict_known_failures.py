@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from conformance.known_failures import KnownFailure, KnownFailureBook, RunEnvironment
+from conformance.controller.known_failures import KnownFailure, KnownFailureBook, RunEnvironment
 
 ENV = RunEnvironment(backend="gloo", device="cpu", torch_version="2.13.0")
 

@@ -1,6 +1,6 @@
 """A checkout of the suite on sys.path never shadows a user's ``models``, ``fixtures``, ``examples`` or ``tests``.
 
-Each test builds a fake suite checkout (``conformance/spec_loading.py`` beside
+Each test builds a fake suite checkout (``conformance/spec.py`` beside
 ``models/``, ``fixtures/``, ``examples/`` and ``tests/``) and a user's repository
 with packages of the same names, each package recording whose it is, then
 imports them in this process with the guard installed. ``sys.path``,
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import suite_checkout
-from conformance.spec_loading import user_paths_first
+from conformance.controller import suite_checkout
+from conformance.controller.spec_loading import user_paths_first
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,7 +39,7 @@ def _package(root: Path, name: str, owner: str) -> None:
 def checkout(tmp_path) -> Path:
     root = tmp_path / "suite"
     (root / "conformance").mkdir(parents=True)
-    (root / "conformance" / "spec_loading.py").write_text("")
+    (root / "conformance" / "spec.py").write_text("")
     for name in NAMES:
         _package(root, name, "suite")
     return root

@@ -1,4 +1,4 @@
-"""Tests for the zygote: ranks forked from a process that imported torch once (conformance/zygote.py).
+"""Tests for the zygote: ranks forked from a process that imported torch once (conformance/ranks/zygote.py).
 
 Real pools of 2 gloo ranks on the CPU: the forked ranks join their process
 group and answer, run in sessions of their own, report how they died, and
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from conformance import pool as pool_mod
-from conformance.pool import PoolConfig, RankPool
+from conformance.controller import pool as pool_mod
+from conformance.controller.pool import PoolConfig, RankPool
 
 
 @pytest.fixture

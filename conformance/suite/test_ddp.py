@@ -1,11 +1,11 @@
 """Conformance of ``DistributedDataParallel.register_comm_hook`` hooks (``api="ddp"``).
 
 Every test here runs on the rank pool through the ``conform`` fixture and is
-parametrized by the DDP adapter's case plan (``conformance/adapters/ddp.py``):
+parametrized by the DDP adapter's case plan (``conformance/apis/ddp/adapter.py``):
 the DDP hooks under test, training configurations, reference models and world
 sizes. Test ids are ``test_ddp_<check>[{hook}-{config}-{model}-ws{N}]``
 with ``config`` one of ``default``, ``small_buckets``, ``bucket_view``,
-``static_graph``, ``find_unused``, ``no_sync`` (see ``conformance/adapters/ddp.py``).
+``static_graph``, ``find_unused``, ``no_sync`` (see ``conformance/apis/ddp/adapter.py``).
 
 A hook that claims exactness (``lossy=None``) gets the averaging and parity
 checks; a hook with a ``LossyContract`` gets the lossy-contract checks instead.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import lossy_cases
-from conformance.hard_inputs import check_case
+from conformance.controller import lossy_cases
+from conformance.controller.hard_inputs import check_case
 
 pytestmark = pytest.mark.conformance(api="ddp")
 

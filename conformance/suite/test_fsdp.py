@@ -1,7 +1,7 @@
 """Conformance of ``FullyShardedDataParallel.register_comm_hook`` hooks (``api="fsdp"``).
 
 Every test here runs on the rank pool through the ``conform`` fixture and is
-parametrized by the FSDP adapter's case plan (``conformance/adapters/fsdp.py``):
+parametrized by the FSDP adapter's case plan (``conformance/apis/fsdp/adapter.py``):
 the hooks under test, the sharding strategies each serves, reference models
 and world sizes (``conformance/cases.py`` says how case ids read).
 The behaviour comes from PyTorch's ``test/distributed/fsdp/test_fsdp_comm_hooks.py``.
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import lossy_cases
-from conformance.hard_inputs import check_case
+from conformance.controller import lossy_cases
+from conformance.controller.hard_inputs import check_case
 
 pytestmark = pytest.mark.conformance(api="fsdp")
 
@@ -71,7 +71,7 @@ def test_hard_inputs(conform, request, case):
     """Near-overflow, zero, subnormal, NaN and Inf gradients reduce bit for bit like the native path.
 
     The named examples first, then ``--hypothesis-examples`` generated ones,
-    shrunk to a minimal example on failure (``conformance.hard_inputs.check_case``).
+    shrunk to a minimal example on failure (``conformance.controller.hard_inputs.check_case``).
     """
     check_case(conform, request, case, "hard_inputs", "fsdp.hard_inputs", {"strategy": case.variant})
 

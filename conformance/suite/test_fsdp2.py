@@ -4,7 +4,7 @@
 ``FSDPModule.set_custom_reduce_scatter`` on every FSDP module must give
 gradients (local shards and full tensors) and parameters bitwise equal to
 native ``fully_shard`` under the same ``MixedPrecisionPolicy(reduce_dtype=...)``,
-under each config of :data:`conformance.adapters.fsdp2.CONFIGS`.
+under each config of :data:`conformance.apis.fsdp2.adapter.CONFIGS`.
 
 ``api="fsdp2_all_reduce"``: a hook installed with ``FSDPModule.set_all_reduce_hook``
 under native HSDP (2 x world_size/2 mesh) must leave every gradient bitwise as
@@ -12,12 +12,12 @@ native HSDP without it.
 
 HSDP needs 4 ranks: it runs at the smallest world size of the run that fits a
 2-D mesh (4+ GPUs: the main pool), else on an extra 4-rank pool (the default
-CPU run, 2 and 3 ranks); see :data:`conformance.adapters.fsdp2.START_HSDP_POOL`.
-The case plans are the FSDP2 adapter's (``conformance/adapters/fsdp2.py``).
+CPU run, 2 and 3 ranks); see :data:`conformance.apis.fsdp2.adapter.START_HSDP_POOL`.
+The case plans are the FSDP2 adapter's (``conformance/apis/fsdp2/adapter.py``).
 
 A comm with a ``LossyContract`` gets the lossy-contract checks
 (``test_fsdp2_lossy_*``) instead of parity, hard inputs and clip_grad_norm_; an
-all-reduce hook cannot declare one (``conformance.adapters.fsdp2.validate_all_reduce_hook``).
+all-reduce hook cannot declare one (``conformance.apis.fsdp2.adapter.validate_all_reduce_hook``).
 
 Case ids: ``{hook}-{config}-{model}-ws{N}``; ``-k fsdp2`` selects this module.
 """
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import lossy_cases
-from conformance.hard_inputs import check_case
+from conformance.controller import lossy_cases
+from conformance.controller.hard_inputs import check_case
 
 pytestmark = pytest.mark.conformance(api="fsdp2")
 

@@ -2,7 +2,7 @@
 
 The diagnosis of both says "what differs arose after the hook returned"; only
 PyTorch's own default hook, replayed on the case, tells them apart
-(``conformance/default_replay.py``, ``tests/test_default_replay.py``):
+(``conformance/controller/default_replay.py``, ``tests/test_default_replay.py``):
 
 * ``good_native_copy``: FSDP's native averaging (the zoo's ``NativeAveragingHook``),
   a user's hook like any other: wherever it fails, the default hook fails alike;

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from conformance.builtin_hooks.fsdp2 import PlainReduceScatter
+from conformance.apis.fsdp2.builtin_hooks import PlainReduceScatter
 from conformance.spec import HookSpec, LossyContract
 
 __all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "LOSSY", "LOSSY_EXPECTED", "NCCL_ONLY_BAD"]

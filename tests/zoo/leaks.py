@@ -215,7 +215,7 @@ GOOD = [
     _spec("good_printing", good_printing, "prints on every call"),
 ]
 
-#: What each leaker's finding must name (a fragment of ``conformance.process_state.changes``).
+#: What each leaker's finding must name (a fragment of ``conformance.ranks.process_state.changes``).
 LEAK_NAMES: Dict[str, str] = {
     "leak_default_dtype": "torch.get_default_dtype() == torch.float64",
     "leak_module_forward_hook": "register_module_forward_hook",

@@ -1,0 +1,1 @@
+"""The ``ddp`` hook API: ``DistributedDataParallel.register_comm_hook``."""

@@ -1,0 +1,1 @@
+"""The ``fsdp`` hook API: ``FullyShardedDataParallel.register_comm_hook`` (FSDP1)."""

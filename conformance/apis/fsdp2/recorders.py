@@ -1,0 +1,151 @@
+"""What FSDP2 hands a custom comm or an all-reduce hook, as the suite records it (an FSDP2 extra).
+
+:class:`CommRecorder` stands between ``fully_shard`` and the comm under test
+(``FSDPModule.set_custom_reduce_scatter``), :class:`HookRecorder` between it and
+an all-reduce hook (``set_all_reduce_hook``); both forward every call
+unchanged and turn what they saw into findings: an ``allocate`` that returned
+the wrong buffer, a step in which FSDP2 never called the comm, and the ops,
+groups and dtypes it was called with (the context of a gradient finding).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+
+from conformance.ranks.compare import dtype_name
+from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
+from conformance.protocol import Finding
+
+
+def op_name(op: Any) -> str:
+    """``AVG``, ``SUM``, ``PREMUL_SUM(0.25)``, ... for a ``ReduceOp`` or ``RedOpType``."""
+    inner = getattr(op, "op", None)
+    if inner is not None:
+        factor = getattr(op, "factor", None)
+        if isinstance(factor, torch.Tensor):
+            factor = factor.item()
+        name = str(inner).split(".")[-1]
+        return f"{name}({factor!r})" if factor is not None else name
+    return str(op).split(".")[-1]
+
+
+class CommRecorder:
+    """Wraps the comm under test; forwards FSDP2's calls unchanged and records them.
+
+    ``allocate`` and ``__call__`` are forwarded with exactly the arguments FSDP2
+    passed (FSDP2 calls the comm with keywords ``output_tensor``,
+    ``input_tensor``, ``group``, ``op``), so a comm whose parameter names differ
+    fails here as it would in training. ``allocate`` results are checked against
+    the request: FSDP2 views them as ``(world_size, -1)`` and writes the cast
+    gradients into them, so a wrong size, dtype or device changes the result.
+    """
+
+    def __init__(self, comm: Any):
+        self.comm = comm
+        self.step = 0
+        self.calls: List[Dict[str, Any]] = []
+        self.bad_allocations: List[Dict[str, Any]] = []
+        self.log = CallLog()
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        out = self.comm.allocate(size, dtype=dtype, device=device)
+        want = torch.Size([int(s) for s in size])
+        if not isinstance(out, torch.Tensor):
+            self.bad_allocations.append({"step": self.step, "size": tuple(want), "dtype": dtype,
+                                         "got": f"a {type(out).__name__}, not a tensor"})
+        elif out.shape != want or out.dtype != dtype or out.device.type != torch.device(device).type:
+            self.bad_allocations.append({"step": self.step, "size": tuple(want), "dtype": dtype,
+                                         "got": f"shape {tuple(out.shape)}, {dtype_name(out.dtype)} on {out.device}"})
+        return out
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        group = kwargs.get("group", args[2] if len(args) > 2 else None)
+        op = kwargs.get("op", args[3] if len(args) > 3 else None)
+        inp = kwargs.get("input_tensor", args[1] if len(args) > 1 else None)
+        out = kwargs.get("output_tensor", args[0] if args else None)
+        index = sum(1 for c in self.calls if c["step"] == self.step)
+        self.calls.append({
+            "step": self.step,
+            "op": op_name(op),
+            "group_size": None if group is None else group.size(),
+            "dtype": None if inp is None else inp.dtype,
+        })
+        call = None
+        if isinstance(inp, torch.Tensor) and isinstance(out, torch.Tensor) and group is not None:
+            call = self.log.add(HookCall(self.step, index, f"call {index} ({inp.numel()} elements)",
+                                         inp.detach().reshape(-1).clone(), sharded=True, group=group, op=op))
+        with counting_collectives() as count:
+            result = self.comm(*args, **kwargs)
+        if call is not None:
+            # Read the result now, before FSDP2 post-divides the output buffer in place; a comm that
+            # returned unfinished work is read when the diagnosis needs it (CallLog.of_step).
+            call.pending, call.collectives = out, count[0]
+            done = getattr(result, "is_completed", None)
+            if not callable(done) or done():
+                call.settle()
+        return result
+
+    def summary(self, step: int) -> str:
+        seen = sorted({(c["op"], c["group_size"], dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})
+        return "; ".join(f"op={o} over a group of {g} in {d}" for o, g, d in seen) or "not called"
+
+    def findings_so_far(self, rank: int, step: int) -> List[Finding]:
+        """The first wrong ``allocate`` of ``step``, as a finding; what a step that raised can still report."""
+        for bad in self.bad_allocations:
+            if bad["step"] == step:
+                return [Finding(rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
+                                      f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
+                                      "exactly that buffer", step=step)]
+        return []
+
+    def findings(self, rank: int, step: int) -> List[Finding]:
+        """What the finished ``step`` shows: :meth:`findings_so_far`, and a step in which the comm was never called."""
+        out = self.findings_so_far(rank, step)
+        if not any(c["step"] == step for c in self.calls):
+            out.append(Finding(rank, "FSDP2 never called the comm in this step (set_custom_reduce_scatter did "
+                                     "not take effect)", step=step))
+        return out
+
+
+class HookRecorder:
+    """Wraps an all-reduce hook; records each call's dtype and size."""
+
+    def __init__(self, hook: Any):
+        self.hook = hook
+        self.step = 0
+        self.calls: List[Dict[str, Any]] = []
+        self.log = CallLog()
+
+    def __call__(self, tensor: torch.Tensor) -> Any:
+        index = sum(1 for c in self.calls if c["step"] == self.step)
+        self.calls.append({"step": self.step, "dtype": tensor.dtype, "numel": tensor.numel()})
+        call = self.log.add(HookCall(self.step, index, f"call {index} ({tensor.numel()} elements)",
+                                     tensor.detach().reshape(-1).clone()))
+        with counting_collectives() as count:
+            result = self.hook(tensor)
+        call.collectives = count[0]
+        call.settle_from(tensor)
+        return result
+
+    def findings_so_far(self, rank: int, step: int) -> List[Finding]:
+        """Nothing: every call is forwarded as it is, and only a finished step can lack one."""
+        return []
+
+    def findings(self, rank: int, step: int) -> List[Finding]:
+        if not any(c["step"] == step for c in self.calls):
+            return [Finding(rank, "FSDP2 never called the all-reduce hook in this step", step=step)]
+        return []
+
+
+def make_comm(spec: Any) -> Any:
+    """The spec's comm: the object itself, or what its zero-argument factory returns."""
+    hook = spec.hook
+    if not isinstance(hook, type) and callable(getattr(hook, "allocate", None)):
+        return hook
+    comm = hook()  # a factory; a comm class is one too
+    if not callable(getattr(comm, "allocate", None)) or not callable(comm):
+        raise TypeError(f"the factory of hook {spec.name!r} returned {comm!r}, not a ReduceScatter comm "
+                        "(an object with allocate() and __call__(output_tensor, input_tensor, group, op, async_op))")
+    return comm

@@ -1,0 +1,60 @@
+"""The hook APIs the suite knows: :data:`HOOK_APIS`, built from the adapter modules in :data:`ADAPTERS`.
+
+Each adapter module (``conformance/apis/<api>.py``) exports ``APIS``, its
+:class:`~conformance.apis.HookApi` entries, and registers its rank checks
+when imported. ``HookSpec`` validation, the built-in hook targets, the
+rank-check registry, the case types and the suite's parametrization all read
+this registry.
+
+Adding a hook API: its adapter module, one line in :data:`ADAPTERS`, its
+built-in set under ``conformance/apis/<api>/builtin_hooks.py``, its suite test functions
+under ``conformance/suite/``, a zoo in ``tests/zoo/``, and its README section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from conformance.apis import HookApi
+
+__all__ = ["ADAPTERS", "HOOK_APIS", "HookApi", "api_of_test", "planned_cases"]
+
+#: The adapter modules, in the order the report lists their APIs.
+ADAPTERS: Tuple[str, ...] = (
+    "conformance.apis.fsdp.adapter",
+    "conformance.apis.ddp.adapter",
+    "conformance.apis.fsdp2.adapter",
+)
+
+#: Every hook API, by ``HookSpec.api``.
+HOOK_APIS: Dict[str, HookApi] = {api.name: api for module in ADAPTERS
+                                 for api in importlib.import_module(module).APIS}
+
+
+def api_of_test(test_name: str) -> Optional[HookApi]:
+    """The API whose case plan has the suite test function ``test_name``, or ``None``."""
+    for api in HOOK_APIS.values():
+        if test_name in api.plans:
+            return api
+    return None
+
+
+def planned_cases(test_name: str, specs: Sequence[Any], settings: Any) -> List[Any]:
+    """The cases of suite test ``test_name`` for the specs of its API among ``specs``, as the suite runs them.
+
+    Each :class:`~conformance.cases.CaseParams` has ``skip`` set where it cannot
+    run here: its world size's availability first
+    (:meth:`~conformance.controller.settings.Settings.world_size_unavailable`), then the
+    plan's own reason.
+
+    Raises:
+        KeyError: no API plans ``test_name``.
+    """
+    api = api_of_test(test_name)
+    if api is None:
+        raise KeyError(f"no hook API plans a suite test named {test_name!r}")
+    mine = [spec for spec in specs if spec.api == api.name]
+    return [dataclasses.replace(case, skip=settings.world_size_unavailable(case.world_size) or case.skip)
+            for case in api.plans[test_name](mine, settings)]

@@ -1,0 +1,257 @@
+"""Hard gradient inputs: the named examples, the hypothesis strategy, and one case on the controller.
+
+Gradients are drawn per rank (so ranks differ) from a mix that stresses a
+reduction: values near the reduce dtype's overflow threshold (where FSDP's
+pre-divide decides between a finite sum and ``inf``), zeros of both signs,
+subnormals of the reduce dtype, NaN, +/-Inf, and ordinary values. They are
+float32 tensors (the parameters' dtype); the native path casts them to the
+reduce dtype itself.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from hypothesis import strategies as st
+
+Shapes = Sequence[Tuple[int, ...]]
+
+
+def _numel(shape: Tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+#: float32 subnormals (the parameter dtype's): the smallest one and one near the normal range.
+FLOAT32_SUBNORMALS = [float(torch.tensor(2.0 ** -149)), float(torch.tensor(-(2.0 ** -130)))]
+
+
+def special_values(reduce_dtype: Optional[torch.dtype]) -> Dict[str, List[float]]:
+    """Named groups of hard values for a claim's reduce dtype (``None``: float32).
+
+    All values are representable in float32, the parameter dtype.
+    """
+    dtype = reduce_dtype or torch.float32
+    info = torch.finfo(dtype)
+    big = float(info.max)
+    near_max = [0.75 * big, -0.75 * big, 0.55 * big, big, -big]
+    subnormal = float(info.smallest_normal) / 2 ** (info.bits // 4)
+    return {
+        "near_overflow": [float(torch.tensor(v, dtype=torch.float32)) for v in near_max],
+        "zero": [0.0, -0.0],
+        "subnormal": [float(info.smallest_normal), subnormal, -subnormal] + FLOAT32_SUBNORMALS,
+        "nonfinite": [float("nan"), float("inf"), float("-inf")],
+    }
+
+
+def _tensor(values: Sequence[float], shape: Tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.float32).reshape(shape)
+
+
+class Drawn:
+    """One generated example: ``grads[rank][i]`` (float32 tensors) for the probe's parameters.
+
+    Its ``repr`` (what hypothesis prints as the falsifying example) lists only
+    the elements that are not ``0.0``, by rank, parameter FQN and index, so a
+    shrunk example reads as "rank 0: leaves.1.weight[3] = inf".
+    """
+
+    def __init__(self, values: Sequence[Sequence[Sequence[float]]], shapes: Shapes, names: Sequence[str]):
+        self.values = values
+        self.shapes = list(shapes)
+        self.names = list(names)
+
+    def grads(self) -> List[List[torch.Tensor]]:
+        return [[_tensor(v, s) for v, s in zip(rank, self.shapes)] for rank in self.values]
+
+    def __repr__(self) -> str:
+        parts = []
+        for r, rank in enumerate(self.values):
+            for name, vs in zip(self.names, rank):
+                parts += [f"rank {r}: {name}[{k}] = {v!r}" for k, v in enumerate(vs)
+                          if not (v == 0.0 and math.copysign(1.0, v) > 0)]
+        shown = "; ".join(parts[:12]) + (f"; ... ({len(parts)} in all)" if len(parts) > 12 else "")
+        return f"<every element 0.0 except: {shown or 'none'}>"
+
+
+def hard_gradients(world_size: int, shapes: Shapes, names: Sequence[str],
+                   reduce_dtype: Optional[torch.dtype]) -> st.SearchStrategy:
+    """Per-rank probe gradients, drawn element by element (a :class:`Drawn`).
+
+    Each element is ``0.0`` (what shrinking moves towards), one of the hard
+    values of :func:`special_values` for the claim's reduce dtype, or an
+    ordinary float32 in [-4, 4]; so a failure shrinks to the few elements, on
+    the few ranks, that still make the hook differ from the reference.
+    """
+    specials = [v for vs in special_values(reduce_dtype).values() for v in vs]
+    element = st.one_of(st.just(0.0), st.sampled_from(specials),
+                        st.floats(-4.0, 4.0, width=32, allow_subnormal=False))
+    one_rank = st.tuples(*[st.lists(element, min_size=_numel(s), max_size=_numel(s)) for s in shapes])
+    return st.lists(one_rank, min_size=world_size, max_size=world_size).map(
+        lambda values: Drawn(values, shapes, names))
+
+
+def explicit_examples(world_size: int, shapes: Shapes, reduce_dtype: Optional[torch.dtype]) -> Dict[str, list]:
+    """Deterministic hard inputs every hard-input case runs first, by name.
+
+    * ``near_overflow``: every rank at 0.75x the reduce dtype's max; the sum of
+      two such values overflows unless the hook pre-divides as FSDP does.
+    * ``zeros``: +0 on rank 0, -0 elsewhere.
+    * ``nan_one_rank``: NaN on rank 0 only, ordinary values elsewhere.
+    * ``opposite_infinities``: +Inf on rank 0 and -Inf on rank 1 (NaN after the sum).
+    * ``subnormals``: the reduce dtype's subnormals and smallest normal.
+    * ``float32_subnormals``: subnormals of float32, the parameter dtype.
+    """
+    groups = special_values(reduce_dtype)
+    big = groups["near_overflow"][0]
+    tiny = groups["subnormal"]
+
+    def fill(fn) -> list:
+        return [[_tensor([fn(r, i, k) for k in range(_numel(s))], s) for i, s in enumerate(shapes)]
+                for r in range(world_size)]
+
+    return {name: fill(fn) for name, fn in _patterns(big, tiny).items()}
+
+
+def _patterns(big: float, tiny: Sequence[float]) -> Dict[str, Callable[[int, int, int], float]]:
+    """``pattern(rank, parameter index, element index) -> value`` of each named example."""
+    def ordinary(r: int, i: int, k: int) -> float:
+        return float((r + 1) * 0.25 + (i + k) * 0.125)
+
+    return {
+        "near_overflow": lambda r, i, k: big if (k + r) % 3 else -big,
+        "zeros": lambda r, i, k: 0.0 if r == 0 else -0.0,
+        "nan_one_rank": lambda r, i, k: float("nan") if r == 0 and k % 2 == 0 else ordinary(r, i, k),
+        "opposite_infinities": lambda r, i, k: ((float("inf") if r == 0 else float("-inf") if r == 1
+                                                 else ordinary(r, i, k)) if k % 2 == 0 else ordinary(r, i, k)),
+        "subnormals": lambda r, i, k: tiny[(r + k) % len(tiny)],
+        "float32_subnormals": lambda r, i, k: FLOAT32_SUBNORMALS[(r + k) % 2] * (k % 5 + 1),
+    }
+
+
+#: The label of the packed named example (:func:`named_hard_values`) in failure messages.
+NAMED_LABEL = "named hard values"
+
+
+def named_hard_values(world_size: int, shapes: Shapes, reduce_dtype: Optional[torch.dtype]) -> list:
+    """Every pattern of :func:`explicit_examples` packed into one example, so it costs one step.
+
+    Element ``k`` of parameter ``i`` holds pattern ``(k + i) mod 6`` (in the
+    order of :func:`explicit_examples`), at that pattern's own element
+    ``k // 6``; so every pattern reaches the large parameters and the small FSDP
+    units get different ones. A reduction is elementwise, so packing changes
+    nothing for a hook that reduces correctly, and a hook that looks at a whole
+    bucket (a NaN check) still sees every pattern. ``grads[rank][i]`` as there.
+    """
+    groups = special_values(reduce_dtype)
+    fns = list(_patterns(groups["near_overflow"][0], groups["subnormal"]).values())
+    return [[_tensor([fns[(k + i) % len(fns)](r, i, k // len(fns)) for k in range(_numel(s))], s)
+             for i, s in enumerate(shapes)] for r in range(world_size)]
+
+
+# -- one hard-input case, on the controller ----------------------------------------------------
+
+
+def probe_layout() -> Tuple[List[Tuple[int, ...]], List[str]]:
+    """``(shapes, FQNs)`` of ``gradient_probe``'s parameters, in ``named_parameters()`` order."""
+    from conformance.models import get_model
+
+    probe = get_model("gradient_probe")
+    return probe.input_shapes(), [name for name, _ in probe._construct(1).named_parameters()]
+
+
+def case_seed(case_id: str, seed: str = "") -> int:
+    """The hypothesis seed of one case: the case id and hypothesis's ``--hypothesis-seed`` (if given), CRC-32."""
+    return zlib.crc32(f"{case_id}\0{seed}".encode())
+
+
+def _failed_step(exc: Any) -> Optional[int]:
+    """The step (example index) of a failure's first finding, or ``None`` (a rank raised, hung or died)."""
+    steps = [f.step for f in getattr(exc, "findings", ()) if f.step is not None]
+    return min(steps) if steps else None
+
+
+def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
+    """Run one hard-input case: the named examples (packed, :func:`named_hard_values`), then ``--hypothesis-examples``
+    drawn by hypothesis (:func:`hard_gradients`), one dispatch each; a failure is shrunk to a minimal example.
+
+    The ranks keep the case's probes between dispatches
+    (:func:`conformance.ranks.checks.probe.run_examples`), so an example costs one
+    forward/backward. Generation is seeded (:func:`case_seed`), so the re-run
+    command draws the same examples. A known failure is not shrunk (its
+    cause is known), and after a dispatch that hung or killed a rank nothing
+    more is sent: that example is the one reported.
+
+    Raises:
+        ConformanceFailure: with the findings of the first differing example;
+            for a generated one, shrunk, with its elements listed.
+    """
+    from hypothesis import HealthCheck, Phase, given
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import settings as hypothesis_settings
+
+    from conformance.controller.pytest_plugin import state_of
+    from conformance.controller.runner import ConformanceFailure
+
+    __tracebackhide__ = True
+    state = state_of(request.config)
+    reduce_dtype = state.spec(case.hook).spec.reduce_dtype
+    examples, seed = state.settings.hypothesis_examples, state.settings.hypothesis_seed
+    describe = conform.tag(request, case, check)
+    name = request.node.name
+    shapes, names = probe_layout()
+
+    def dispatch(batch: List[Tuple[str, Any]], fresh: bool) -> None:
+        conform.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, describe=describe,
+                    params={**params, "examples": batch, "case_id": name, "fresh": fresh})
+
+    explicit = [(NAMED_LABEL, named_hard_values(case.world_size, shapes, reduce_dtype))]
+    if examples <= 0:
+        dispatch(explicit, fresh=True)
+        return
+    strategy = hard_gradients(case.world_size, shapes, names, reduce_dtype)
+    case_settings = dict(max_examples=examples, deadline=None, database=None, print_blob=False,
+                         suppress_health_check=list(HealthCheck))
+
+    # Draw the examples first, without running them: the same seed draws the same sequence below.
+    drawn_first: List[Drawn] = []
+
+    @hypothesis_settings(phases=(Phase.generate,), **case_settings)
+    @hypothesis_seed(case_seed(name, seed))
+    @given(drawn=strategy)
+    def draw(drawn: Drawn) -> None:
+        drawn_first.append(drawn)
+
+    draw()
+    # One dispatch for the named and the drawn examples: what a passing case costs.
+    try:
+        dispatch(explicit + [("generated", d.grads()) for d in drawn_first], fresh=True)
+        return
+    except ConformanceFailure as exc:
+        failed_at = _failed_step(exc)
+        if failed_at is None or failed_at < len(explicit) or request.node.get_closest_marker("xfail"):
+            raise  # a named example, a rank that raised or hung, or a known failure: no search
+        batch_failure = exc
+    restarts = conform.restarts
+
+    # A drawn example failed: search again, one example per dispatch, and shrink the failure.
+    @hypothesis_settings(phases=(Phase.generate, Phase.shrink), **case_settings)
+    @hypothesis_seed(case_seed(name, seed))
+    @given(drawn=strategy)
+    def search(drawn: Drawn) -> None:
+        if conform.restarts != restarts:
+            return  # a dispatch hung or killed a rank: send nothing more, report that one
+        try:
+            dispatch([("generated", drawn.grads())], fresh=False)
+        except ConformanceFailure as exc:
+            text, sep, rerun = str(exc).partition("\nRe-run just this case:")
+            raise ConformanceFailure(f"{text}\n  generated example (hypothesis, seed {case_seed(name, seed)}, "
+                                     f"shrunk to the fewest nonzero elements): {drawn!r}{sep}{rerun}") from None
+
+    search()
+    raise batch_failure  # not reproduced one example at a time (a hook that keeps state between examples)

@@ -1,0 +1,71 @@
+"""The controller side of lossy contracts: how every API's suite tests run a lossy case, or an exact one.
+
+The suite test functions of each API (``conformance/suite/test_*.py``) call
+these, so a lossy case reads the same whichever API produced it:
+
+* :func:`error_case` runs ``<api>.lossy_error`` and reports the observed maximum
+  relative error as the JUnit property ``observed_rel_error``, passing or failing;
+* :func:`loss_case` runs ``<api>.lossy_loss`` and reports ``observed_loss_rel_diff``;
+* :func:`determinism_case` runs ``<api>.lossy_determinism``;
+* :func:`exact_case` runs an exactness check and, where no named cause explains a
+  failure, closes it with the hint on declaring a contract
+  (:func:`conformance.ranks.checks.lossy.lossy_hint`).
+
+The rank-side checks are in :mod:`conformance.ranks.checks.lossy`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from conformance.reports import report
+from conformance.ranks.checks.lossy import lossy_hint
+from conformance.controller.pytest_plugin import state_of
+
+
+def _spec(request: Any, case: Any) -> Any:
+    return state_of(request.config).spec(case.hook).spec
+
+
+def _params(case: Any, variant: str) -> Dict[str, Any]:
+    return {variant: case.variant, "model": case.model}
+
+
+def exact_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
+    """An exactness check; a failure of a hook with no lossy contract that no named cause explains says how
+    to declare one."""
+    __tracebackhide__ = True
+    conform.check(request, case, check, rank_check, params, note=lambda result, found: lossy_hint(
+        _spec(request, case), found) if found else "")
+
+
+def error_case(conform: Any, request: Any, case: Any, check: str, api: str, variant: str) -> None:
+    """``<api>.lossy_error`` on every rank; the largest ``max_rel_error`` of the ranks becomes the
+    ``observed_rel_error`` property and the failure's closing line, with the declared bound."""
+    __tracebackhide__ = True
+
+    def observed(result: Any, found: Any) -> str:
+        worst = max((o.value.figures for o in result.outcomes), key=lambda f: f["max_rel_error"])
+        request.node.user_properties.append(("observed_rel_error", report.figure(worst["max_rel_error"])))
+        return report.lossy_error_note(worst, _spec(request, case).lossy.rel_error_bound)
+
+    conform.check(request, case, check, f"{api}.lossy_error", _params(case, variant), note=observed)
+
+
+def loss_case(conform: Any, request: Any, case: Any, check: str, api: str, variant: str) -> None:
+    """``<api>.lossy_loss``; the relative loss difference becomes the ``observed_loss_rel_diff`` property."""
+    __tracebackhide__ = True
+
+    def observed(result: Any, found: Any) -> str:
+        figures = result.outcomes[0].value.figures
+        request.node.user_properties.append(("observed_loss_rel_diff", report.figure(figures["rel_diff"])))
+        contract = _spec(request, case).lossy
+        return report.lossy_loss_note(figures, contract.loss_steps, contract.loss_margin) if found else ""
+
+    conform.check(request, case, check, f"{api}.lossy_loss", _params(case, variant), note=observed)
+
+
+def determinism_case(conform: Any, request: Any, case: Any, check: str, api: str, variant: str) -> None:
+    """``<api>.lossy_determinism``: two runs from the same seed, bitwise."""
+    __tracebackhide__ = True
+    conform.check(request, case, check, f"{api}.lossy_determinism", _params(case, variant))

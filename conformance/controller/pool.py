@@ -1,0 +1,545 @@
+"""The controller side of the rank pool.
+
+One :class:`RankPool` is ``world_size`` worker processes (``conformance.ranks.worker``)
+joined in one process group, started once and reused for every case: PyTorch's
+own ``MultiProcessTestCase`` spawns and initializes fresh processes per test,
+which costs seconds; a round trip through the pool costs milliseconds.
+
+Containment: a case that hangs or kills a rank does not end the session. The
+controller waits at most the case timeout, asks each unfinished rank for its
+Python stack (``SIGUSR1`` -> ``faulthandler``), kills the pool, reports what each
+rank was doing and starts a fresh pool for the next case. Rendezvous uses a
+``FileStore`` in a private temporary directory, so no TCP port is reserved and
+a port already in use cannot break start-up.
+
+Each rank's stdout and stderr go through a pipe to a :class:`~conformance.controller.rank_log.RankLog`
+in the controller, which keeps a bounded part of each case's output. A pool runs
+the cases of one hook (:meth:`conformance.controller.runner.Runner.serve`). A rank whose
+resident memory grew by more than ``PoolConfig.memory_growth_bytes`` since the
+pool was ready (over the hook's cases so far), or that reports its process state
+changed (:mod:`conformance.ranks.process_state`), gets the pool restarted after the
+case, and the result names it: the hook is blamed in its own case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
+from conformance.controller.rank_log import RankLog
+from conformance.controller.settings import DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB
+
+__all__ = ["PoolConfig", "PoolStartError", "RankPool", "SpecLoadError", "close_zygote", "start_zygote"]
+
+#: Seconds the other ranks get to finish after one rank raised or died. A rank
+#: blocked in a collective its peer never joined will not finish at all.
+STRAGGLER_GRACE_S = 5.0
+#: Seconds a rank gets to write its stack after SIGUSR1.
+STACK_DUMP_WAIT_S = 0.5
+
+
+class PoolStartError(RuntimeError):
+    """The pool's processes could not start or join their process group."""
+
+
+class SpecLoadError(PoolStartError):
+    """A hook spec that loaded on the controller could not be loaded inside a rank.
+
+    A usage error, not a hook failure: the message carries the rank's traceback.
+    """
+
+
+def _rank_env() -> dict:
+    """The environment of a rank process (and of the zygote, which imports torch for them): the
+    controller's, with one OpenMP thread unless set, and unbuffered output for the rank logs."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class _Zygote:
+    """The controller's handle on the template process that forks ranks (:mod:`conformance.ranks.zygote`)."""
+
+    def __init__(self) -> None:
+        parent, child = socket.socketpair()
+        env = _rank_env()
+        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.ranks.zygote", str(child.fileno()), str(os.getpid())],
+                                     pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        child.close()
+        self.conn = Connection(parent.detach())
+
+    def spawn(self, sock: socket.socket, out_fd: int, env: Dict[str, str]) -> "_ForkedRank":
+        """Fork a rank that runs ``conformance.ranks.worker`` on (a copy of) ``sock``, its output to (a copy of) ``out_fd``."""
+        from multiprocessing.reduction import send_handle
+
+        send(self.conn, ("spawn", {"env": env}))
+        send_handle(self.conn, sock.fileno(), self.proc.pid)
+        send_handle(self.conn, out_fd, self.proc.pid)
+        kind, pid = recv(self.conn)
+        return _ForkedRank(self, pid)
+
+    def status(self, pids: List[int]) -> Dict[int, Optional[int]]:
+        send(self.conn, ("status", pids))
+        return recv(self.conn)[1]
+
+    def close(self) -> None:
+        self.conn.close()
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _ForkedRank:
+    """A rank forked by the zygote, with the part of ``subprocess.Popen``'s interface the pool uses."""
+
+    def __init__(self, zygote: _Zygote, pid: int):
+        self.zygote = zygote
+        self.pid = pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                self.returncode = self.zygote.status([self.pid])[self.pid]
+            except (EOFError, OSError):  # the zygote is gone, and reaped its children with it
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+_ZYGOTE: Optional[_Zygote] = None
+
+
+def _zygote() -> Optional[_Zygote]:
+    """The session's zygote, started on first use; ``None`` when ranks start as fresh interpreters
+    (``CONFORM_FORK_RANKS=0``, or no ``fork`` on this platform)."""
+    global _ZYGOTE
+    if os.environ.get("CONFORM_FORK_RANKS", "1") == "0" or not hasattr(os, "fork"):
+        return None
+    if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
+        _ZYGOTE = _Zygote()
+    return _ZYGOTE
+
+
+def start_zygote() -> None:
+    """Start the session's zygote now, so its imports overlap the controller's (``conform`` does this
+    before pytest starts). A no-op where ranks start as fresh interpreters."""
+    _zygote()
+
+
+def close_zygote() -> None:
+    """Stop the session's zygote (its ranks are the pools' to stop). Idempotent."""
+    global _ZYGOTE
+    if _ZYGOTE is not None:
+        _ZYGOTE.close()
+        _ZYGOTE = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolConfig:
+    """How to start a pool.
+
+    Attributes:
+        world_size: number of rank processes.
+        backend: ``"gloo"`` or ``"nccl"``.
+        device: ``"cpu"`` or ``"cuda"`` (rank ``r`` uses ``cuda:r``).
+        case_timeout_s: seconds a case may run before it is called hung.
+        start_timeout_s: seconds the ranks get to import torch and rendezvous.
+        sys_path: the module search path of every rank, the controller's own
+            at the time it loaded the specs (empty: the controller's current one),
+            so that the controller and the ranks resolve every module alike.
+        specs: ``(module:ATTR target, spec name)`` pairs each rank loads while
+            it starts; one that fails is a :class:`SpecLoadError`.
+        log_limit_bytes: bytes of each rank's output kept per case (:class:`RankLog`).
+        memory_growth_bytes: bytes a rank's resident memory may grow over the cases
+            the pool runs (one hook's) before the pool is restarted after the case
+            that crossed it; 0 for no check.
+    """
+
+    world_size: int
+    backend: str
+    device: str
+    case_timeout_s: float = 60.0
+    start_timeout_s: float = 180.0
+    sys_path: Tuple[str, ...] = ()
+    specs: Tuple[Tuple[str, str], ...] = ()
+    log_limit_bytes: int = int(DEFAULT_RANK_LOG_LIMIT_MIB * 2**20)
+    memory_growth_bytes: int = int(DEFAULT_RANK_MEMORY_GROWTH_MIB * 2**20)
+
+
+def gather_outcomes(conns: Sequence[Connection], outcomes: Dict[int, RankOutcome], timeout_s: float,
+                    on_lost: Callable[[int, str], RankOutcome]) -> Dict[int, str]:
+    """Collect one :class:`RankOutcome` per rank of ``conns`` into ``outcomes`` (ranks already in it are
+    not waited for), relaying ``phase`` messages, for at most ``timeout_s`` seconds; once a rank failed,
+    the others get :data:`STRAGGLER_GRACE_S` more. A rank whose connection breaks gets
+    ``on_lost(rank, last phase)``. Returns each rank's last announced phase. Both launchers use it: the
+    local :class:`RankPool` and :class:`conformance.controller.remote.RemotePool`.
+    """
+    phases = {r: "" for r in range(len(conns))}
+    deadline = time.monotonic() + timeout_s
+    grace_deadline: Optional[float] = None
+    while len(outcomes) < len(conns):
+        limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+        waiting = [c for r, c in enumerate(conns) if r not in outcomes]
+        ready = wait(waiting, timeout=max(limit - time.monotonic(), 0))
+        if not ready:
+            break
+        for conn in ready:
+            rank = conns.index(conn)
+            try:
+                kind, payload = recv(conn)
+            except (EOFError, OSError):
+                outcomes[rank] = on_lost(rank, phases[rank])
+                continue
+            if kind == "phase":
+                phases[rank] = payload
+            elif kind == "outcome":
+                outcomes[rank] = payload
+        if grace_deadline is None and any(not o.ok for o in outcomes.values()):
+            grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
+    return phases
+
+
+class RankPool:
+    """``world_size`` persistent rank processes and the means to run cases on them.
+
+    Raises:
+        PoolStartError: from :meth:`start` (and so from :meth:`run`) when a rank
+            fails to start; the message carries that rank's log.
+    """
+
+    def __init__(self, config: PoolConfig):
+        self.config = config
+        self.starts = 0
+        self._procs: List[Any] = []  # subprocess.Popen, or _ForkedRank from the zygote
+        self._conns: List[Connection] = []
+        self._logs: List[RankLog] = []
+        self._dir: Optional[str] = None
+        self._seq = 0
+        self._launched_at = 0.0
+        self._ready = False
+        self._rss_ready: List[Optional[int]] = []  # each rank's resident bytes when it was ready
+        self._cases_run = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.poll() is None for p in self._procs)
+
+    def start(self) -> None:
+        """Spawn the ranks and wait until every one has joined the process group."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Spawn the ranks without waiting for them (several pools can start at once).
+
+        An interruption (Ctrl-C) while spawning kills the ranks already started.
+        """
+        self.close()
+        with self._killed_on_error():
+            self._spawn()
+
+    @contextlib.contextmanager
+    def _killed_on_error(self) -> Iterator[None]:
+        """Any exception, Ctrl-C included, kills the ranks before it propagates: none is left running."""
+        try:
+            yield
+        except BaseException:
+            self.kill()
+            raise
+
+    def _spawn(self) -> None:
+        self._logs = []
+        cfg = self.config
+        self.starts += 1
+        self._dir = tempfile.mkdtemp(prefix="commhook-pool-")
+        store_path = os.path.join(self._dir, "store")
+        env = _rank_env()
+        if cfg.backend == "gloo" and sys.platform.startswith("linux"):
+            # Keep gloo's connections on loopback: the pool never leaves the machine.
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        zygote = _zygote()
+        for rank in range(cfg.world_size):
+            parent, child = socket.socketpair()
+            out_r, out_w = os.pipe()
+            self._logs.append(RankLog(out_r, cfg.log_limit_bytes))
+            proc: Any = None
+            env = dict(env, CONFORM_RANK=str(rank))  # tells code that it runs in a rank (and which)
+            try:
+                if zygote is not None:
+                    try:
+                        proc = zygote.spawn(child, out_w, env)
+                    except (EOFError, OSError):  # the zygote died: start this rank and the rest afresh
+                        zygote = None
+                if proc is None:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "conformance.worker", str(child.fileno()), str(os.getpid())],
+                        pass_fds=(child.fileno(),),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out_w,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+            finally:  # the rank holds its own copies; the log sees end of file when the rank is gone
+                os.close(out_w)
+                child.close()
+            conn = Connection(parent.detach())
+            send(conn, ("hello", {
+                "rank": rank,
+                "world_size": cfg.world_size,
+                "backend": cfg.backend,
+                "device": cfg.device,
+                "store_path": store_path,
+                "pg_timeout_s": cfg.case_timeout_s + 60.0,
+                "sys_path": list(cfg.sys_path or sys.path),
+                "specs": list(cfg.specs),
+            }))
+            self._procs.append(proc)
+            self._conns.append(conn)
+        self._launched_at = time.monotonic()
+
+    def wait_ready(self) -> None:
+        """Wait until every launched rank has joined the process group.
+
+        Raises:
+            SpecLoadError: a rank could not load a hook spec.
+            PoolStartError: a rank failed or did not join in time.
+        An interruption (Ctrl-C) while waiting kills the ranks.
+        """
+        with self._killed_on_error():
+            self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        cfg = self.config
+        self._rss_ready = [None] * cfg.world_size
+        deadline = self._launched_at + cfg.start_timeout_s
+        pending = dict(enumerate(self._conns))
+        while pending:
+            remaining = deadline - time.monotonic()
+            ready = wait(list(pending.values()), timeout=max(remaining, 0))
+            if not ready:
+                self._fail_start(f"ranks {sorted(pending)} did not join the process group "
+                                 f"within {cfg.start_timeout_s:.0f} s", sorted(pending))
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    kind, payload = recv(conn)
+                except EOFError:
+                    self._fail_start(f"rank {rank} exited during start-up "
+                                     f"(exit code {self._procs[rank].wait()})", [rank])
+                if kind == "spec_failed":  # _killed_on_error stops the pool
+                    raise SpecLoadError(f"rank {rank} of the {cfg.backend}/{cfg.device} pool of world size "
+                                        f"{cfg.world_size} {payload}")
+                if kind == "failed":
+                    self._fail_start(f"rank {rank} could not join the process group:\n{payload}", [rank])
+                pending.pop(rank)
+                # Memory is counted from here: every case this pool runs is one hook's (conformance.controller.runner).
+                self._rss_ready[rank] = payload.get("rss") if isinstance(payload, dict) else None
+        self._ready = True
+        self._cases_run = 0
+
+    def _fail_start(self, message: str, ranks: List[int]) -> None:
+        logs = "\n".join(f"--- rank {r} log ---\n{self._logs[r].excerpt(1000, 3000)}" for r in ranks)
+        cfg = self.config
+        self.close()
+        raise PoolStartError(
+            f"could not start a {cfg.backend}/{cfg.device} pool of world size {cfg.world_size}: "
+            f"{message}\n{logs}"
+        )
+
+    def serve(self, specs: Sequence[Tuple[str, str]]) -> None:
+        """Give the pool to another hook (``specs``): its ranks, which ran the last hook's code, are stopped;
+        the next :meth:`launch` or :meth:`run` forks fresh ones that load only ``specs``."""
+        if tuple(specs) != tuple(self.config.specs):
+            self.close()
+            self.config = dataclasses.replace(self.config, specs=tuple(specs))
+
+    def close(self) -> None:
+        """Stop the ranks: politely when idle, by SIGKILL otherwise. Idempotent."""
+        for conn in self._conns:
+            try:
+                send(conn, ("shutdown", None))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5.0
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def kill(self) -> None:
+        """SIGKILL every rank's process group at once (no polite shutdown). Idempotent."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    proc.kill()
+                proc.wait()
+        for conn in self._conns:
+            conn.close()
+        for log in self._logs:
+            log.close()
+        self._procs, self._conns = [], []
+        self._ready = False
+
+    # -- running cases -------------------------------------------------------------
+    def run(self, case: Case, timeout_s: Optional[float] = None) -> CaseResult:
+        """Send ``case`` to every rank and gather one outcome per rank.
+
+        The pool is (re)started first if needed. After every case the ranks
+        all-reduce on the default process group (:meth:`_in_step`): after a
+        case in which a rank raised, hung or died, a pool whose ranks no longer
+        match up is rebuilt; after one that every rank finished, a group that no
+        longer works is the hook's doing (``CaseResult.group_broken``). A rank
+        that reports its process state changed (``RankOutcome.leaks``), or whose
+        resident memory grew past the bound since the pool started, also gets
+        the pool rebuilt before the next case. The returned result says which.
+        """
+        if not self.alive:
+            self.start()
+        elif not self._ready:
+            self.wait_ready()
+        timeout_s = self.config.case_timeout_s if timeout_s is None else timeout_s
+        n = self.config.world_size
+        for log in self._logs:
+            log.mark()
+        started = time.perf_counter()
+        self._cases_run += 1
+        for conn in self._conns:
+            send(conn, ("case", case))
+        outcomes: Dict[int, RankOutcome] = {}
+        phases = gather_outcomes(self._conns, outcomes, timeout_s, lambda rank, phase: RankOutcome(
+            rank=rank, exit_code=self._procs[rank].wait(), phase=phase))
+        wall = time.perf_counter() - started
+        timed_out = len(outcomes) < n and not any(not o.ok for o in outcomes.values())
+        unfinished = [r for r in range(n) if r not in outcomes]
+        rebuilt = False
+        group_broken = ""
+        for r, outcome in outcomes.items():
+            if not outcome.ok:
+                outcome.output = self._logs[r].excerpt(1000, 2000)
+        grown: Tuple[Tuple[int, int, int], ...] = ()
+        if unfinished:
+            stacks = self._dump_stacks(unfinished)
+            for r in unfinished:
+                outcomes[r] = RankOutcome(rank=r, phase=phases[r], stack=stacks.get(r, "(no stack written)"))
+            self.kill()
+            rebuilt = True
+        else:
+            problem = self._in_step()
+            if problem is not None:
+                rebuilt = True
+                if all(o.ok for o in outcomes.values()):
+                    group_broken = problem
+        if not rebuilt and self.config.memory_growth_bytes:
+            grown = memory_grown(self._rss_ready, outcomes.values(), self.config.memory_growth_bytes)
+        if not rebuilt and (grown or any(o.leaks for o in outcomes.values())):
+            self.kill()  # the next case gets ranks that never ran this hook's code
+        ordered = tuple(outcomes[r] for r in range(n))
+        return CaseResult(case=case, world_size=n, outcomes=ordered, timed_out=timed_out,
+                          wall_s=wall, pool_rebuilt=rebuilt, memory_grown=grown,
+                          memory_bound=self.config.memory_growth_bytes, cases_on_pool=self._cases_run,
+                          group_broken=group_broken)
+
+    def _in_step(self) -> Optional[str]:
+        """After a case: :func:`in_step`; a pool that is not is killed (rebuilt on the next case)."""
+        if not self.alive:
+            self.kill()
+            return "a rank is gone"
+        self._seq += 1
+        problem = in_step(self._conns, self._seq)
+        if problem is not None:
+            self.kill()
+        return problem
+
+    def _dump_stacks(self, ranks: List[int]) -> Dict[int, str]:
+        for r in ranks:
+            proc = self._procs[r]
+            if proc.poll() is None and hasattr(signal, "SIGUSR1"):
+                os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(STACK_DUMP_WAIT_S)
+        return {r: self._logs[r].excerpt(0, 6000) or "(no stack written)" for r in ranks}
+
+
+def in_step(conns: Sequence[Connection], seq: int) -> Optional[str]:
+    """After a case, every rank all-reduces ``seq`` on the default process group as a hook would find it
+    (``group=None``): ``None`` when each answers ``seq * len(conns)``; else why not (a rank that is gone or
+    silent for :data:`STRAGGLER_GRACE_S`, ranks out of step, or a rank's error: a default group that was
+    destroyed or replaced). Both launchers use it (:class:`RankPool`, :class:`conformance.controller.remote.RemotePool`).
+    """
+    for conn in conns:
+        try:
+            send(conn, ("ping", seq))
+        except OSError:
+            return f"rank {list(conns).index(conn)} is gone"
+    expected = seq * len(conns)
+    deadline = time.monotonic() + STRAGGLER_GRACE_S
+    replies = 0
+    while replies < len(conns):
+        ready = wait(list(conns), timeout=max(deadline - time.monotonic(), 0))
+        if not ready:
+            return f"the ranks did not all answer an all-reduce within {STRAGGLER_GRACE_S:g} s"
+        for conn in ready:
+            rank = list(conns).index(conn)
+            try:
+                kind, payload = recv(conn)
+            except (EOFError, OSError):
+                return f"rank {rank} is gone"
+            if kind != "pong":
+                continue
+            if isinstance(payload, str):
+                return f"rank {rank}: {payload}"
+            if payload != expected:
+                return f"the ranks are out of step (rank {rank} summed {payload}, expected {expected})"
+            replies += 1
+    return None
+
+
+def memory_grown(rss_ready: Sequence[Optional[int]], outcomes: Any, bound: int) -> Tuple[Tuple[int, int, int], ...]:
+    """``(rank, bytes grown, bytes now)`` of each rank whose resident memory (``RankOutcome.rss``) grew by
+    more than ``bound`` bytes since it was ready (``rss_ready[rank]``): over every case of its pool, which are
+    the cases of one hook. Both launchers use it."""
+    grown = []
+    for o in outcomes:
+        before = rss_ready[o.rank] if o.rank < len(rss_ready) else None
+        if before is not None and o.rss is not None and o.rss - before > bound:
+            grown.append((o.rank, o.rss - before, o.rss))
+    return tuple(sorted(grown))

@@ -1,0 +1,276 @@
+"""The pytest plugin: options, the hooks under test, the rank pools, known failures, the report.
+
+Loaded by ``conform`` (``-p conformance.controller.pytest_plugin``) and by the repository's
+``conftest.py``. The test modules in ``conformance/suite/`` ask for the
+``conform`` fixture (a :class:`~conformance.controller.runner.Runner`) and run their
+cases through it; everything heavy (the rank pools) starts lazily on the
+first case, so loading the plugin costs little.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import warnings
+from collections import defaultdict
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+
+from conformance.reports import results_plugin, session_report
+from conformance.controller.interruption import StopSignals
+from conformance.reports.report_files import JUnitReportGuard
+from conformance.controller import settings as settings_mod
+from conformance.controller.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
+from conformance.controller.spec_loading import LoadedSpec, load_specs, user_paths_first
+from conformance.spec import SpecError
+from conformance.reports.summary import Summary, case_hook, case_of
+
+#: The oldest torch the suite runs on (README's compatibility table).
+MIN_TORCH = (2, 4)
+
+
+@dataclasses.dataclass
+class SessionState:
+    settings: settings_mod.Settings
+    specs: List[LoadedSpec]
+    book: KnownFailureBook
+    sys_path: Tuple[str, ...] = ()
+    runner: Optional[object] = None
+    per_hook: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    per_hook_failed_checks: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    xfail_reasons: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    xpassed: List[str] = dataclasses.field(default_factory=list)
+    unused_entries: List[object] = dataclasses.field(default_factory=list)
+    #: Per hook, why its cases were skipped, with counts.
+    skip_reasons: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
+    #: World sizes at which each hook's cases ran (skipped cases excluded).
+    ran_at: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    #: Every world size the run plans a case at that can run here -> its suite tests (the header, the JSON).
+    world_sizes: Dict[int, set] = dataclasses.field(default_factory=dict)
+    #: Per hook, why some of its cases could not run (the run's own failure: a pool that could not start).
+    not_run: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
+
+    def spec(self, name: str) -> LoadedSpec:
+        for item in self.specs:
+            if item.spec.name == name:
+                return item
+        raise KeyError(name)
+
+
+_STATE_KEY = pytest.StashKey[SessionState]()
+
+
+def state_of(config: pytest.Config) -> SessionState:
+    return config.stash[_STATE_KEY]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance", "commhook-conformance")
+    for opt in settings_mod.OPTIONS:
+        if opt.flag in ("--with-builtins", "--no-entry-points", "--strict-known-failures"):
+            group.addoption(opt.flag, action="store_true", dest=opt.dest, default=False, help=opt.full_help())
+        elif opt.flag in ("--hook", "--known-failures"):
+            group.addoption(opt.flag, action="append", dest=opt.dest, default=[], metavar=opt.metavar,
+                            help=opt.full_help())
+        else:
+            group.addoption(opt.flag, action="store", dest=opt.dest, default=None, metavar=opt.metavar,
+                            help=opt.full_help())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "conformance(api): a conformance case run on the rank pool")
+    import torch
+
+    if _release(torch.__version__) < MIN_TORCH:
+        raise pytest.UsageError(f"torch {torch.__version__} is older than {'.'.join(map(str, MIN_TORCH))}, the "
+                                "oldest the suite supports: use a venv with torch>=2.4")
+    # The controller and every rank resolve modules from this one path (see user_paths_first).
+    sys_path = user_paths_first()
+    try:
+        settings = settings_mod.resolve(config.getoption)
+        specs = load_specs(settings.hooks, builtins=settings.builtins, entry_points=settings.entry_points)
+        entries = []
+        for path in settings.known_failures:
+            entries += load_known_failures(path)
+    except (settings_mod.SettingsError, SpecError, KnownFailuresError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    env = RunEnvironment.of_this_process(backend=settings.backend, device=settings.device)
+    state = SessionState(settings=settings, specs=specs, book=KnownFailureBook(entries, env), sys_path=sys_path,
+                         world_sizes=session_report.planned_world_sizes([s.spec for s in specs], settings))
+    config.stash[_STATE_KEY] = state
+    config.pluginmanager.register(Summary(state), "conformance-summary")
+    config.pluginmanager.register(_Stopping(state), "conformance-stopping")
+    # Before any case: an unwritable or busy --junitxml path is a usage error; an old report is marked stale.
+    config.pluginmanager.register(JUnitReportGuard(config), "conformance-junit-report")
+    results_plugin.register(config, state)  # --json, --markdown, --baseline; the per-hook grids
+
+
+def _release(version: str) -> Tuple[int, ...]:
+    from packaging.version import Version
+
+    return Version(version).release
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(_STATE_KEY, None)
+    if state is not None and state.runner is not None:
+        state.runner.close()
+
+
+def pytest_report_header(config: pytest.Config) -> List[str]:
+    state = config.stash.get(_STATE_KEY, None)
+    if state is None:
+        return []
+    import torch
+
+    return session_report.header_lines(state, torch.__version__)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: List[pytest.Item]) -> None:
+    state = config.stash.get(_STATE_KEY, None)
+    if state is None:
+        return
+    # A suite test whose API has no hook under test gets pytest's placeholder
+    # parameter set ("[NOTSET]"): it is not a case, so it is deselected, not skipped.
+    empty = [item for item in items if item.get_closest_marker("conformance") and item.name.endswith("[NOTSET]")]
+    if empty:
+        config.hook.pytest_deselected(items=empty)
+        items[:] = [item for item in items if item not in empty]
+    suite_items = [item for item in items if item.get_closest_marker("conformance")]
+    if not suite_items:
+        return
+    _order_by_hook(items, [item.spec.name for item in state.specs])
+    strict = state.settings.strict_known_failures
+    for item in suite_items:
+        hook = case_hook(item)
+        entry = state.book.lookup(item.name)  # first: an entry about a case that cannot run here is not stale
+        missing = state.spec(hook).spec.missing_requirements() if hook else ()
+        if missing:
+            item.add_marker(pytest.mark.skip(reason=(
+                f"hook {hook} needs {', '.join(missing)}, which is not installed here: "
+                f"{sys.executable} -m pip install {' '.join(missing)}")))
+            continue
+        if entry is not None:
+            prefix = "known failure, not run" if not entry.run else "known failure"
+            item.add_marker(pytest.mark.xfail(reason=f"{prefix} ({entry.source}): {entry.reason}", strict=strict,
+                                              run=entry.run))
+    hooks = [s.spec.name for s in state.specs]
+    # An entry about world size 3 is not stale in a run without 3 ranks (--extra-world-size 0, --listen).
+    sizes = {getattr(case_of(item), "world_size", None) for item in suite_items}
+    state.unused_entries = state.book.unused(hooks, world_sizes=sizes - {None})
+    for entry in state.unused_entries:
+        warnings.warn(pytest.PytestWarning(
+            f"known failure {entry.source} (test = {entry.test!r}, {entry.conditions()}) matches no test in this run; "
+            "the failure may be fixed or the pattern out of date: update or remove the entry"))
+
+
+def _order_by_hook(items: List[pytest.Item], hooks: List[str]) -> None:
+    """Put each hook's cases together, hooks in the order they were given, each hook's cases in their
+    collected order; other items keep their places. Each hook gets rank processes of its own
+    (:meth:`conformance.controller.runner.Runner.serve`), started once for all its cases."""
+    rank = {name: i for i, name in enumerate(hooks)}
+    slots = [i for i, item in enumerate(items) if item.get_closest_marker("conformance")]
+    ordered = sorted((items[i] for i in slots), key=lambda item: rank.get(case_hook(item), len(rank)))
+    for i, item in zip(slots, ordered):
+        items[i] = item
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize a suite test with its API's case plan (:attr:`conformance.apis.HookApi.plans`).
+
+    A case that cannot run here is a skip with its reason: the world size's
+    availability first (:meth:`Settings.world_size_unavailable`), then the plan's.
+    """
+    state = metafunc.config.stash.get(_STATE_KEY, None)
+    if state is None or "case" not in metafunc.fixturenames or not metafunc.definition.get_closest_marker("conformance"):
+        return
+    from conformance.apis.registry import api_of_test, planned_cases
+
+    if api_of_test(metafunc.function.__name__) is None:
+        return
+    params = [pytest.param(case, id=case.id, marks=[pytest.mark.skip(reason=case.skip)] if case.skip else [])
+              for case in planned_cases(metafunc.function.__name__, [item.spec for item in state.specs],
+                                        state.settings)]
+    metafunc.parametrize("case", params)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A :class:`~conformance.controller.runner.ConformanceFailure` is reported as its message alone.
+
+    The message is the whole report of the case (findings, each rank's own
+    traceback, the re-run command); pytest's traceback through the suite's test
+    function and the runner adds nothing a hook author can act on, whatever
+    ``--tb`` says. A string ``longrepr`` is printed as it is by every ``--tb``
+    style and written whole into JUnit XML (``<failure message=...>`` and its text).
+    Any other exception (a bug in the suite) keeps pytest's traceback.
+    """
+    report = yield
+    if call.excinfo is not None:
+        from conformance.controller.runner import ConformanceFailure, NotRun
+
+        exc = call.excinfo.value
+        props: List[Tuple[str, str]] = []
+        if isinstance(exc, ConformanceFailure):
+            report.longrepr = str(exc)
+            kinds = {f.kind for f in exc.findings}
+            props += [("leak", label) for kind, label in LEAK_LABELS.items() if kind in kinds]
+            if kinds and kinds <= set(LEAK_LABELS) and not exc.rank_problems:
+                props.append(("failed_check", "; ".join(LEAK_LABELS[k] for k in sorted(kinds))))
+        elif isinstance(exc, NotRun):
+            props.append(("not_run", exc.reason))
+        # On the item too: JUnit XML and the results file read the properties of the teardown report.
+        item.user_properties.extend(props)
+        report.user_properties.extend(props)
+    return report
+
+
+#: Finding kinds that are something the hook left behind rather than a check's own finding, with what the
+#: verdict calls them (``DOES NOT CONFORM (left process state changed)``).
+LEAK_LABELS = {"process_state": "left process state changed", "memory": "memory growth"}
+
+
+class _Stopping:
+    """SIGTERM is handled as Ctrl-C (:class:`~conformance.controller.interruption.StopSignals`), and an interrupted
+    session kills its pools at once: their ranks are mid-case, so a polite shutdown would only wait."""
+
+    def __init__(self, state: SessionState):
+        self.state = state
+        self.signals = StopSignals()
+        self.signals.install()
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        runner = self.state.runner
+        for pool in getattr(runner, "pools", {}).values():
+            pool.kill()
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.signals.restore()
+
+
+@pytest.fixture(scope="session")
+def conform(request: pytest.FixtureRequest):
+    """The session's :class:`~conformance.controller.runner.Runner`: every spec loaded once inside a rank, then the
+    first hook's pools launched (the rest start when their hook's turn comes)."""
+    from conformance.controller.runner import Runner
+
+    state = state_of(request.config)
+    if state.runner is None:
+        runner = state.runner = Runner(state.settings, state.specs, state.sys_path)
+        s = state.settings
+        first: List[Optional[str]] = []
+        for item in request.session.items:  # the pools that cases which run here need, hook by hook
+            case = case_of(item)
+            ws = getattr(case, "world_size", None)
+            if ws is None or item.get_closest_marker("skip") or s.world_size_unavailable(ws) is not None:
+                continue
+            runner.world_sizes_of.setdefault(case.hook, set()).add(ws)
+            if not first:
+                first.append(case.hook)
+        if not runner.remote:  # torchrun's ranks load each spec when its hook's turn comes
+            runner.check_specs()
+        if first:
+            runner.prestart(first[0])
+    return state.runner

@@ -1,0 +1,463 @@
+"""The controller's side of a case: pick the pool, run, turn rank outcomes into one verdict.
+
+:class:`Runner` is what the suite's tests call. It keeps one
+:class:`~conformance.controller.pool.RankPool` per world size for the whole session and
+raises :class:`ConformanceFailure` (an ``AssertionError``, so pytest reports a
+plain failure) with a message that names the hook, check, strategy, model,
+world size, and per finding the rank, step and parameter FQN, and ends with
+the command that re-runs just that case.
+
+[How a case travels]
+1. Collection (controller). The plugin's ``pytest_generate_tests`` asks the
+   hook API that owns each suite test (``apis.planned_cases``, the adapter's
+   case plan) for its cases over the loaded specs (``spec_loading.load_specs``)
+   and the settings; a case that cannot run here is a skip with its reason,
+   and the known-failures book marks expected failures.
+2. Pools (controller). The plugin orders the cases by hook. Every spec is
+   first loaded once in a throwaway rank of its own (a failure there ends the
+   session with exit 4, before any case). Then the pools of each hook's
+   world sizes, placed by ``Settings.placement`` (backend and device), start
+   together for that hook's cases and are closed before the next hook's:
+   ranks forked from the zygote (which never runs hook code) for one hook, so
+   no code of one hook (its import, its state factory, its calls) ever runs
+   in a process that later checks another. Each rank
+   (``python -m conformance.worker``) takes the controller's ``sys.path``,
+   fingerprints its clean process state, loads the hook's spec, then joins
+   its process group.
+3. Dispatch (controller). A test calls :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
+   case as a picklable :class:`~conformance.protocol.Case` (check name, a
+   ``HookRef`` to re-load the spec, parameters) and sends it to every rank.
+4. The check (every rank). The worker looks the check up in
+   ``conformance.ranks.checks`` (registered by the API's adapter module) and runs it
+   with a ``RankContext``; the check announces its phases (shown if it hangs),
+   agrees with the other ranks before it stops early (``any_rank``), and
+   returns findings (a ``CheckResult``).
+5. Outcomes (controller). Each rank answers with a ``RankOutcome``; a rank
+   that raises, hangs past ``--case-timeout`` (stacks via faulthandler) or
+   dies is reported per rank, and the pool is rebuilt when the ranks no
+   longer match up. What the hook left changed in its ranks' process state,
+   a default process group that no longer works, and memory grown past the
+   bound over the hook's cases fail the case, and the pool is rebuilt. A
+   failure inside the suite's own reference is replayed with the reference
+   alone, and becomes a skip if that fails too. Findings that name no cause
+   of the hook's own are replayed with PyTorch's own default hook for the
+   case (in fresh ranks), and become a skip if it shows the same difference,
+   or if a reference caveat of this torch version explains them
+   (:mod:`conformance.controller.default_replay`). A pool that cannot start is the
+   run's failure, not the hook's: the case is ``NOT RUN`` (:class:`NotRun`).
+6. Verdict (controller). Findings become one ``ConformanceFailure`` message
+   with the re-run command; the plugin's summary turns every report into the
+   per-hook verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import pytest
+from conformance.controller import default_replay
+from conformance.reports import report
+from conformance.ranks.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
+from conformance.ranks.compare import compare_bitwise
+from conformance.controller.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError, close_zygote
+from conformance.protocol import Case, CaseResult, Finding, HookRef
+from conformance.controller.spec_loading import pythonpath_to_rerun
+
+
+
+class ConformanceFailure(AssertionError):
+    """A hook failed a check; the message is the whole report of that case.
+
+    Attributes:
+        findings: the findings behind it; when a rank raised, hung or died, only those of what the
+            hook left behind in its process (kinds ``"process_state"``, ``"memory"``).
+        rank_problems: a rank raised, hung or died.
+    """
+
+    def __init__(self, message: str, findings: Sequence[Finding] = (), rank_problems: bool = False):
+        super().__init__(message)
+        self.findings = tuple(findings)
+        self.rank_problems = rank_problems
+
+
+class NotRun(pytest.skip.Exception):  # type: ignore[misc,name-defined]
+    """A case that the run's own infrastructure could not run (a rank pool that could not start, ranks that
+    never connected). Reported as a skip whose reason starts ``NOT RUN:``; the plugin marks the case
+    (JUnit property ``not_run``), the hook's verdict reads ``NOT RUN (reason)`` unless a case of it
+    failed, and the run exits :data:`conformance.exit_codes.RUN_ERROR`. Never the hook's failure.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(f"NOT RUN: {reason}", pytrace=False)
+        self.reason = reason
+
+
+class Runner:
+    """Runs cases on the session's rank pools.
+
+    Args:
+        settings: the session's :class:`~conformance.controller.settings.Settings`.
+        specs: the loaded specs (:class:`~conformance.controller.spec_loading.LoadedSpec`);
+            every rank loads them all when its pool starts.
+        sys_path: the module search path the controller loaded them with; every
+            rank gets it (:func:`~conformance.controller.spec_loading.user_paths_first`).
+
+    Attributes:
+        restarts: pools restarted after a case hung, killed a rank, or left the
+            ranks out of step.
+        timings: ``(wall_s, max_rank_compute_s)`` per case, for the benchmark.
+        hook_pool_starts: pools started for a hook (each hook gets ranks of its own).
+        not_run: ``(hook, world size) -> why`` its pool could not start; those cases are NOT RUN.
+    """
+
+    def __init__(self, settings: Any, specs: Sequence[Any], sys_path: Sequence[str] = ()):
+        self.settings = settings
+        self.specs = {item.spec.name: item for item in specs}
+        self.sys_path = tuple(sys_path)
+        self.pools: Dict[int, RankPool] = {}
+        self.restarts = 0
+        self.timings: List[tuple] = []
+        #: The world sizes each hook's cases need (the plugin fills it from the collected cases), so
+        #: the pools of a hook start together when its first case comes.
+        self.world_sizes_of: Dict[Optional[str], Set[int]] = {}
+        #: The hook whose ranks the pools hold now.
+        self.serving: Optional[str] = None
+        #: Pools started for a hook (one per hook and world size, plus rebuilds after leaks).
+        self.hook_pool_starts = 0
+        #: ``(hook, world size) -> reason`` of pools that could not start: their cases are NOT RUN.
+        self.not_run: Dict[Tuple[Optional[str], int], str] = {}
+
+    def _specs_of(self, hook: Optional[str]) -> Tuple[Tuple[str, str], ...]:
+        return ((self.specs[hook].target, hook),) if hook is not None else ()
+
+    @property
+    def remote(self) -> bool:
+        """Whether torchrun starts the ranks (``--listen``): they re-exec for each hook instead of forking."""
+        return getattr(self.settings, "listen", None) is not None
+
+    def pool(self, world_size: int, hook: Optional[str] = None) -> RankPool:
+        """The pool of ``world_size`` ranks for ``hook``'s cases, placed by :meth:`Settings.placement` (made,
+        not started). Asking for another hook than the pools serve closes them all first (:meth:`serve`)."""
+        s = self.settings
+        if hook != self.serving:
+            self.serve(hook)
+        if world_size not in self.pools:
+            backend, device = s.placement(world_size)
+            config = PoolConfig(world_size=world_size, backend=backend, device=device,
+                                case_timeout_s=s.case_timeout_s, sys_path=self.sys_path, specs=self._specs_of(hook),
+                                log_limit_bytes=s.rank_log_limit_bytes,
+                                memory_growth_bytes=s.rank_memory_growth_bytes)
+            if self.remote:  # torchrun's ranks, on any node (conformance.controller.remote)
+                from conformance.controller.remote import remote_pool
+
+                self.pools[world_size] = remote_pool(config, s.listen, s.listen_timeout_s)
+            else:
+                self.pools[world_size] = RankPool(config)
+        return self.pools[world_size]
+
+    def serve(self, hook: Optional[str]) -> None:
+        """Give the pools to ``hook``: close every pool whose ranks loaded another hook (they ran its code),
+        and launch, together, the pools of the world sizes ``hook``'s cases need (their start-ups overlap;
+        a pool that fails to launch is retried, and reported, by its first case)."""
+        self.serving = hook
+        specs = self._specs_of(hook)
+        for pool in self.pools.values():
+            pool.serve(specs)
+        for ws in sorted(self.world_sizes_of.get(hook, ())):
+            if (hook, ws) in self.not_run:
+                continue
+            pool = self.pool(ws, hook)
+            if not pool.alive:
+                self.hook_pool_starts += 1
+                try:
+                    pool.launch()
+                except PoolStartError:
+                    pass
+
+    def check_specs(self) -> None:
+        """Load every spec once in a throwaway rank of its own (one per ``--hook`` target, all at once),
+        before any case: a spec that loads on the controller but not inside a rank ends the session as a
+        usage error (exit 4), whichever hook's turn it would have been. Those ranks run no case."""
+        targets: Dict[str, List[str]] = {}
+        for name, item in self.specs.items():
+            targets.setdefault(item.target, []).append(name)
+        loaders = []
+        try:
+            for target, names in targets.items():
+                loader = RankPool(PoolConfig(world_size=1, backend="gloo", device="cpu",
+                                             sys_path=self.sys_path, specs=tuple((target, n) for n in names)))
+                loader.launch()
+                loaders.append(loader)
+            for loader in loaders:
+                try:
+                    loader.wait_ready()
+                except SpecLoadError as exc:
+                    self.usage_error(exc)
+                except PoolStartError:
+                    pass  # the hook's own pool will report it, as the run's failure
+        finally:
+            for loader in loaders:
+                loader.close()
+
+    def prestart(self, hook: Optional[str]) -> None:
+        """Launch the pools of the first hook's cases, so their start-ups overlap with each other and with
+        the rest of collection. An interruption kills every pool."""
+        try:
+            self.serve(hook)
+        except BaseException:
+            for pool in self.pools.values():
+                pool.kill()
+            raise
+
+    def usage_error(self, exc: SpecLoadError) -> None:
+        """End the session with exit code 4: a hook spec that loads on the controller fails inside a rank."""
+        self.close()
+        pytest.exit(f"usage error: a hook spec cannot be loaded inside the rank processes, so no case can run "
+                    f"(no hook is blamed): {exc}\nThe ranks import specs with the controller's sys.path "
+                    "(working directory, then PYTHONPATH); make the module importable there.",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+        close_zygote()
+
+    def run(self, test_name: str, *, check: str, hook: Optional[str], params: Dict[str, Any], world_size: int,
+            describe: Dict[str, Any], findings: bool = True) -> CaseResult:
+        """Run one case on every rank of the ``world_size`` pool.
+
+        Args:
+            test_name: the pytest test name (``item.name``), for messages and the re-run command.
+            check: the rank check's registered name.
+            hook: the spec's name, or ``None``.
+            params: keyword arguments for the rank check.
+            describe: what the case is (check, strategy, model, ...), shown on failure.
+            findings: treat each rank's return value as a list of findings.
+
+        Raises:
+            ConformanceFailure: a rank raised, hung or died, or returned findings.
+        """
+        __tracebackhide__ = True
+        ref = None
+        if hook is not None:
+            ref = HookRef(target=self.specs[hook].target, name=hook)
+        case = Case(check=check, hook=ref, params=params, case_id=test_name)
+        pool = self._pool_or_not_run(world_size, hook)
+        try:
+            result = pool.run(case)
+        except SpecLoadError as exc:
+            self.usage_error(exc)
+        except PoolStartError as exc:
+            self.not_run[(hook, world_size)] = str(exc)
+            raise NotRun(self._not_run_reason(hook, world_size)) from None
+        self.timings.append((result.wall_s, result.max_compute_s))
+        if result.pool_rebuilt:
+            self.restarts += 1
+        problems = report.rank_problems(result)
+        leaks = result.leak_findings()
+        if problems:
+            if leaks:
+                problems += "\n" + report.findings_text(leaks)
+            if report.failed_in_reference(result) and check in REPLAYS_REFERENCE:
+                problems += self._replay_reference(pool, case, describe)
+            self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size, leaks,
+                      rank_problems=True)
+        if findings:
+            self.fail_findings(test_name, hook, describe, world_size,
+                               [f for o in result.outcomes for f in o.value.findings] + leaks)
+        return result
+
+    def _pool_or_not_run(self, world_size: int, hook: Optional[str]) -> RankPool:
+        """The case's pool; :class:`NotRun` at once where that hook's pool at that world size already failed
+        to start (another wait would only fail again)."""
+        __tracebackhide__ = True
+        if (hook, world_size) in self.not_run:
+            raise NotRun(self._not_run_reason(hook, world_size))
+        return self.pool(world_size, hook)
+
+    def _not_run_reason(self, hook: Optional[str], world_size: int) -> str:
+        lines = self.not_run[(hook, world_size)].strip().splitlines() or ["?"]
+        why = lines[0].split(f"pool of world size {world_size}: ", 1)[-1]
+        return (f"its rank pool of world size {world_size} could not start: {why}"
+                f"{' (more in the case report)' if len(lines) > 1 else ''}; the run's failure, not the hook's")
+
+    @staticmethod
+    def tag(request: Any, case: Any, check: str) -> Dict[str, Any]:
+        """Give the test its case's JUnit properties (:meth:`CaseParams.junit_properties`, which the
+        per-hook summary reads); return ``case.describe(check)`` for failure headers."""
+        request.node.user_properties.extend(case.junit_properties(check))
+        return case.describe(check)
+
+    def check(self, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any], *,
+              across_ranks: bool = False, note: Optional[Callable[[CaseResult, List[Finding]], str]] = None
+              ) -> CaseResult:
+        """Run one suite case end to end: what every suite test function calls.
+
+        Gives the test its case's JUnit properties (``case.junit_properties(check)``),
+        runs ``rank_check`` with ``params`` on every rank of the case's pool
+        (:meth:`run`), and fails the case with every rank's findings. With
+        ``across_ranks``, a case without findings compares each rank's per-step
+        gradients (``CheckResult.grads``) with rank 0's (:func:`compare_across_ranks`).
+        ``note(result, findings)`` closes the failure text (it runs on success
+        too, with no findings, and may add JUnit properties of figures).
+
+        Raises:
+            ConformanceFailure: a rank raised, hung or died, or there are findings.
+        """
+        __tracebackhide__ = True
+        describe = self.tag(request, case, check)
+        name = request.node.name
+        result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
+                          describe=describe, findings=False)
+        found = _findings(result, across_ranks)
+        closing = note(result, found) if note is not None else ""
+        if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)
+                and not request.node.get_closest_marker("xfail")):  # a known failure is no red to avoid
+            replayed = self._replay_default_hook(case, rank_check, params, found, across_ranks)
+            closing = "\n".join(text for text in (closing, replayed) if text)
+        self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
+        return result
+
+    def _replay_default_hook(self, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
+                             across_ranks: bool) -> str:
+        """Skip a failure that any hook would get here (:mod:`conformance.controller.default_replay`): one a reference
+        caveat of this torch version explains, or that PyTorch's own default hook for the case shows too
+        (replayed on the same pool, or the hook under test itself). Else the failure's closing note."""
+        __tracebackhide__ = True
+        import torch
+
+        from conformance.apis.registry import HOOK_APIS
+
+        version, item = torch.__version__, self.specs[case.hook]
+        caveat = default_replay.caveat_for(rank_check, params, found, version)
+        if caveat is not None:
+            pytest.skip(default_replay.caveat_reason(caveat, found, version))
+        api = HOOK_APIS[item.spec.api]
+        name = default_replay.default_hook_name(api, item.spec, params, case.world_size)
+        if name is None:
+            return ""
+        if item.target == api.builtin_hooks and case.hook == name:  # the evidence is this very failure
+            if default_replay.after_the_hook_returned(found):
+                pytest.skip(default_replay.default_hook_reason(name, found, version, itself=True))
+            return ""
+        # In ranks of its own (serving no hook under test), as every hook's cases run; the default hook's
+        # spec is loaded there on first use. The hook's next case gets its own ranks again.
+        result = self._replay(self.pool(case.world_size, hook=None), Case(
+            check=rank_check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
+            case_id=f"{case.hook} case replayed with {name}"))
+        theirs = _findings(result, across_ranks) if result.all_ok else []
+        if result.all_ok and default_replay.same_difference(found, theirs):
+            pytest.skip(default_replay.default_hook_reason(name, found, version, itself=False))
+        if not default_replay.after_the_hook_returned(found):
+            return ""
+        return "  " + default_replay.default_hook_note(name, theirs, result.all_ok)
+
+    def _replay_reference(self, pool: RankPool, case: Case, describe: Dict[str, Any]) -> str:
+        """Train the reference alone; skip the case if it fails there too, else say the hook broke it.
+
+        The suite never blames a hook for its own reference: a reference that
+        PyTorch cannot run here (a bug of this torch version, say) makes the
+        case a skip with the reference's error as the reason.
+        """
+        __tracebackhide__ = True
+        import torch
+
+        result = self._replay(pool, Case(check=case.check, hook=case.hook,
+                                         params={**case.params, "reference_only": True}, case_id=case.case_id))
+        bad = [o for o in result.outcomes if not o.ok]
+        if bad:
+            what = " ".join(f"{k}={v}" for k, v in describe.items())
+            pytest.skip(f"the suite's reference ({what}, no hook under test) cannot run here with torch "
+                        f"{torch.__version__}: rank {bad[0].rank} {bad[0].summary().split(': ', 1)[-1]}: "
+                        f"{report.exception_line(bad[0].error or bad[0].stack or '')}")
+        return ("\n(the reference trained alone, with no hook, runs here: the failure above comes from "
+                "training it beside the hooked model)")
+
+    def _replay(self, pool: RankPool, replay: Case) -> CaseResult:
+        """Run a replay of a failed case (another hook, or the reference alone) on ``pool``."""
+        result = pool.run(replay)
+        if result.pool_rebuilt:
+            self.restarts += 1
+        return result
+
+    def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
+             world_size: Optional[int] = None, findings: Sequence[Finding] = (), rank_problems: bool = False) -> None:
+        """Raise the case's :class:`ConformanceFailure`: ``header``, ``body``, then the re-run command."""
+        __tracebackhide__ = True
+        rerun = self.rerun_command(test_name, hook, world_size)
+        raise ConformanceFailure(report.failure_message(header, body, rerun), findings, rank_problems)
+
+    def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
+        """The shell command that re-runs just ``test_name`` from a fresh shell in this working directory.
+
+        ``PYTHONPATH=...`` first where the session imported modules from
+        ``PYTHONPATH`` entries other than the working directory (a hook package
+        outside it, :func:`~conformance.controller.spec_loading.pythonpath_to_rerun`); then
+        ``conform``, or ``/path/to/python -m conformance`` where the ``conform`` on
+        ``PATH`` is not this interpreter's (:func:`~conformance.controller.cli.command_words`:
+        a fresh shell may not have the venv on ``PATH``); then the hook's ``--hook``
+        target (a built-in or entry-point hook needs none), the machine settings of
+        the case's pool and a hypothesis seed where one was given
+        (:meth:`Settings.rerun_args`, paths absolute), ``-k test_name``.
+        """
+        from conformance.controller.cli import command_words
+
+        args = command_words()
+        item = self.specs.get(hook) if hook else None
+        if item is not None and item.origin == "--hook":
+            args += ["--hook", item.target]
+        args += self.settings.rerun_args(world_size)
+        args += ["-k", test_name]
+        command = " ".join(shlex.quote(a) for a in args)
+        path = pythonpath_to_rerun()
+        if path:
+            # Quote the value only: a quoted "NAME=value" word is a command, not an assignment.
+            command = f"PYTHONPATH={shlex.quote(os.pathsep.join(path))} {command}"
+        return command
+
+    def fail_findings(self, test_name: str, hook: Optional[str], describe: Dict[str, Any], world_size: int,
+                      findings: Sequence[Finding], note: str = "") -> None:
+        """Fail the case with ``findings`` (and a closing ``note``), if there are any; else return."""
+        __tracebackhide__ = True
+        if findings:
+            body = report.findings_text(findings) + (f"\n{note}" if note else "")
+            self.fail(test_name, hook, report.header(hook, describe, world_size), body, world_size, findings)
+
+
+def _findings(result: CaseResult, across_ranks: bool) -> List[Finding]:
+    """Every rank's findings; with ``across_ranks`` and none, each rank's gradients against rank 0's; then what
+    the hook left in its ranks (:meth:`CaseResult.leak_findings`)."""
+    found = [f for o in result.outcomes for f in o.value.findings]
+    if not found and across_ranks:
+        found = compare_across_ranks([o.value.grads for o in result.outcomes])
+    return found + result.leak_findings()
+
+
+def compare_across_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Finding]:
+    """Findings where a rank's gradients differ from rank 0's, step by step.
+
+    ``per_rank[r][step][fqn]`` is rank ``r``'s gradient (CPU tensor or ``None``).
+    Mirrors what DDP and FSDP ``NO_SHARD`` guarantee: after the reduction every
+    rank holds the identical gradient.
+    """
+    findings: List[Finding] = []
+    base = per_rank[0]
+    for rank, steps in enumerate(per_rank[1:], start=1):
+        for step, (mine, theirs) in enumerate(zip(steps, base)):
+            for fqn, ref in theirs.items():
+                got = mine.get(fqn)
+                if (got is None) != (ref is None):
+                    findings.append(Finding(rank, "gradient presence differs from rank 0", step=step, fqn=fqn))
+                    continue
+                if got is None:
+                    continue
+                mismatch = compare_bitwise(got, ref)
+                if mismatch is not None:
+                    findings.append(Finding(rank, "gradient differs from rank 0's after the reduction",
+                                            step=step, fqn=fqn, mismatch=mismatch))
+            if findings:
+                return findings
+    return findings

@@ -1,0 +1,394 @@
+"""The suite's settings, resolved once: command line, then environment, then the machine.
+
+Each option is declared once (:data:`conformance.controller.options.OPTIONS`) and read from
+one place (:func:`resolve`); what the machine can hold is :mod:`conformance.controller.capacity`.
+An invalid value raises :class:`SettingsError`, whose message says where the value
+came from (``--world-size`` or ``CONFORM_WORLD_SIZE``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+# Declared in their own modules, and importable from here as before.
+from conformance.controller.capacity import (CPU_RANK_MEMORY_BYTES, MAX_CPU_RANKS_PER_CORE, available_memory,  # noqa: F401
+                                  check_cpu_capacity, cpu_count)
+from conformance.controller.options import (DEFAULT_CASE_TIMEOUT_S, DEFAULT_HYPOTHESIS_EXAMPLES,  # noqa: F401
+                                 DEFAULT_LISTEN_TIMEOUT_S, DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB,
+                                 HYPOTHESIS_SEED_DEST, OPTIONS, Option, SettingsError)
+
+__all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
+
+#: World sizes the default run adds as gloo pools on the CPU when the machine's defaults
+#: give world size 1 (one GPU): averaging over one rank proves nothing.
+CROSS_RANK_WORLD_SIZE = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Resolved settings of one run.
+
+    Attributes:
+        hooks: ``module:ATTR`` targets given with ``--hook``.
+        builtins: whether PyTorch's built-in hooks are under test.
+        entry_points: whether entry-point specs are loaded.
+        world_size: ranks in the main pool.
+        extra_world_size: a second pool's world size, or ``None``.
+        backend: ``"gloo"`` or ``"nccl"``.
+        device: ``"cpu"`` or ``"cuda"``.
+        case_timeout_s: seconds per case before it counts as hung.
+        hypothesis_examples: generated examples per hard-input case (before shrinking).
+        hypothesis_seed: hypothesis's own ``--hypothesis-seed`` (its pytest plugin's
+            option), mixed with each case id; ``""`` when not given.
+        known_failures: paths of known-failures files, the packaged one first.
+        gpu_count: ``torch.cuda.device_count()`` (0 without CUDA).
+        strict_known_failures: a known failure that passes, or an entry that could
+            apply to this run and matches no test, fails the run (for nightly gates).
+        rank_log_limit_bytes: bytes of each rank's output kept per case (``--rank-log-limit``).
+        rank_memory_growth_bytes: bytes a rank's RSS may grow over one hook's cases before the case
+            that crossed it fails and the pool is restarted (``--rank-memory-growth``); 0 for no check.
+        cpu_pools: world sizes that run as gloo pools on the CPU although
+            ``device`` is ``"cuda"``: added when the defaults gave world size 1
+            (one GPU), where averaging proves nothing. Empty otherwise.
+        json_path, markdown_path: absolute paths of the results files to write, or ``None``.
+        baseline_path: absolute path of an earlier run's JSON results, or ``None``.
+        fail_on: ``"failures"`` (any failure fails the run) or ``"regressions"`` (only new
+            failures against the baseline do).
+        listen: ``(host, port)`` where torchrun's ranks connect (``--listen``;
+            :mod:`conformance.controller.remote`), or ``None`` for the local pools.
+        listen_timeout_s: seconds to wait for them, at the start and after a restart.
+    """
+
+    hooks: Tuple[str, ...]
+    builtins: bool
+    entry_points: bool
+    world_size: int
+    extra_world_size: Optional[int]
+    backend: str
+    device: str
+    case_timeout_s: float
+    hypothesis_examples: int
+    known_failures: Tuple[str, ...]
+    gpu_count: int
+    strict_known_failures: bool = False
+    cpu_pools: Tuple[int, ...] = ()
+    hypothesis_seed: str = ""
+    rank_log_limit_bytes: int = int(DEFAULT_RANK_LOG_LIMIT_MIB * 2**20)
+    rank_memory_growth_bytes: int = int(DEFAULT_RANK_MEMORY_GROWTH_MIB * 2**20)
+    json_path: Optional[str] = None
+    markdown_path: Optional[str] = None
+    baseline_path: Optional[str] = None
+    fail_on: str = "failures"
+    listen: Optional[Tuple[str, int]] = None
+    listen_timeout_s: float = DEFAULT_LISTEN_TIMEOUT_S
+
+    @property
+    def world_sizes(self) -> Tuple[int, ...]:
+        """Every world size the run checks: the main one first, then the others."""
+        sizes = [self.world_size, *self.cpu_pools]
+        if self.extra_world_size and self.extra_world_size not in sizes:
+            sizes.append(self.extra_world_size)
+        return tuple(sizes)
+
+    def role(self, world_size: int) -> str:
+        """``"main"`` (the full case plan) or ``"extra"`` (the short plan of the extra world size)."""
+        if world_size == self.world_size or (world_size in self.cpu_pools and world_size != self.extra_world_size):
+            return "main"
+        return "extra"
+
+    def placement(self, world_size: int) -> Tuple[str, str]:
+        """``(backend, device)`` of the pool of ``world_size`` ranks."""
+        if world_size in self.cpu_pools:
+            return "gloo", "cpu"
+        return self.backend, self.device
+
+    def world_size_unavailable(self, world_size: int) -> Optional[str]:
+        """Why a pool of ``world_size`` cannot run here, or ``None`` if it can."""
+        if self.listen is not None:
+            return None if world_size == self.world_size else (
+                f"world size {world_size}: the ranks are torchrun's (--listen), one group of --world-size "
+                f"{self.world_size}; run torchrun with {world_size} ranks and --world-size {world_size} for it")
+        if self.placement(world_size)[1] == "cuda" and world_size > self.gpu_count:
+            return (f"world size {world_size} needs {world_size} GPUs (one rank per GPU), "
+                    f"but this machine has {self.gpu_count}")
+        return None
+
+    def rerun_args(self, world_size: Optional[int] = None) -> List[str]:
+        """Options that reproduce this run's machine settings, as ``[flag, value, ...]``.
+
+        Values that change what a case does or where it runs are always
+        spelled out, so the command does not depend on the caller's environment,
+        and file paths (``--known-failures``) are absolute, so it does not depend on
+        the directory either. A case of world size ``world_size`` that ran on an
+        added CPU pool (:attr:`cpu_pools`) is re-run on a gloo CPU pool of that size.
+        """
+        if world_size in self.cpu_pools:
+            args = ["--world-size", str(world_size), "--extra-world-size", "0", "--backend", "gloo",
+                    "--device", "cpu"]
+        else:
+            args = ["--world-size", str(self.world_size), "--extra-world-size", str(self.extra_world_size or 0),
+                    "--backend", self.backend, "--device", self.device]
+        if self.case_timeout_s != DEFAULT_CASE_TIMEOUT_S:
+            args += ["--case-timeout", f"{self.case_timeout_s:g}"]
+        if self.hypothesis_examples != DEFAULT_HYPOTHESIS_EXAMPLES:
+            args += ["--hypothesis-examples", str(self.hypothesis_examples)]
+        if self.hypothesis_seed:
+            args += ["--hypothesis-seed", str(self.hypothesis_seed)]
+        default_kf = os.path.abspath(_default_known_failures())
+        for path in self.known_failures:
+            if os.path.abspath(path) != default_kf:
+                args += ["--known-failures", os.path.abspath(path)]
+        return args
+
+
+def _default_known_failures() -> str:
+    from conformance import fixtures
+
+    return os.path.join(os.path.dirname(fixtures.__file__), "known_failures.toml")
+
+
+def _pick(cli: Any, option: Option, env: Dict[str, str]) -> Tuple[Any, str]:
+    if cli not in (None, [], False):
+        return cli, option.flag
+    if option.env and env.get(option.env, "").strip():
+        return env[option.env].strip(), option.env
+    return None, ""
+
+
+def _int(value: Any, source: str, *, minimum: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"invalid value {value!r} from {source}: expected an integer") from None
+    if number < minimum:
+        raise SettingsError(f"invalid value {value!r} from {source}: must be at least {minimum}")
+    return number
+
+
+def _mib(value: Any, source: str, default: float, *, minimum: float) -> int:
+    """``value`` MiB (``default`` when ``None``) in bytes; at least ``minimum`` MiB unless 0 is allowed."""
+    if value is None:
+        return int(default * 2**20)
+    try:
+        mib = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"invalid value {value!r} from {source}: expected a number of MiB") from None
+    if not math.isfinite(mib) or mib < minimum:
+        raise SettingsError(f"invalid value {value!r} from {source}: must be a finite number of MiB, "
+                            f"at least {minimum:g}")
+    return int(mib * 2**20)
+
+
+def _flag(value: Any, source: str) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"invalid value {value!r} from {source}: expected 1 or 0 (true/false)")
+
+
+def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = None,
+            gpu_count: Optional[int] = None, cores: Optional[int] = None,
+            memory: Optional[int] = -1) -> Settings:
+    """Resolve every option from ``getoption(dest)``, then ``env``, then the machine.
+
+    ``gpu_count``, ``cores`` and ``memory`` (bytes available, ``None`` for
+    unknown) describe the machine; by default they are read from it.
+
+    Raises:
+        SettingsError: an invalid value, or a combination this machine cannot
+            run (CUDA without GPUs, NCCL on CPU, more ranks than GPUs, more CPU
+            ranks than the cores and memory hold).
+    """
+    env = dict(os.environ) if env is None else env
+    if gpu_count is None:
+        import torch
+
+        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cores = cpu_count() if cores is None else cores
+    memory = available_memory() if memory == -1 else memory
+    by_dest = {o.dest: o for o in OPTIONS}
+
+    def pick(dest: str) -> Tuple[Any, str]:
+        return _pick(getoption(dest), by_dest[dest], env)
+
+    strict_value, strict_source = pick("conform_strict_known_failures")
+    strict = _flag(strict_value, strict_source)
+
+    hooks_value, hooks_source = pick("conform_hooks")
+    if isinstance(hooks_value, str):
+        hooks = tuple(hooks_value.split())
+    else:
+        hooks = tuple(hooks_value or ())
+    with_builtins = bool(getoption("conform_with_builtins"))
+
+    listen_value, listen_source = pick("conform_listen")
+    listen = _listen(listen_value, listen_source, env, pick)  # the nodes' GPUs are not counted here
+    device, device_source = pick("conform_device")
+    device = device or ("cuda" if gpu_count else "cpu")
+    if device not in ("cpu", "cuda"):
+        raise SettingsError(f"invalid device {device!r} from {device_source}: expected cpu or cuda")
+    if device == "cuda" and not gpu_count and listen is None:
+        raise SettingsError(f"device cuda from {device_source} but no CUDA GPU is visible "
+                            "(torch.cuda.is_available() is False); use --device cpu --backend gloo")
+
+    backend, backend_source = pick("conform_backend")
+    backend = backend or ("nccl" if device == "cuda" else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise SettingsError(f"invalid backend {backend!r} from {backend_source}: expected gloo or nccl")
+    if backend == "nccl" and device != "cuda":
+        raise SettingsError(f"backend nccl from {backend_source} needs --device cuda; NCCL has no CPU path "
+                            "(use --backend gloo on CPU)")
+
+    ws_value, ws_source = pick("conform_world_size")
+    if ws_value is None:
+        world_size = gpu_count if device == "cuda" else 2
+    else:
+        world_size = _int(ws_value, ws_source, minimum=1)
+        if device == "cuda" and world_size > gpu_count and listen is None:
+            raise SettingsError(
+                f"--world-size {world_size} (from {ws_source}) is larger than the GPU count: this machine has "
+                f"{gpu_count} GPU(s) (torch.cuda.device_count()), and each rank needs its own GPU. Use "
+                f"--world-size {gpu_count}, or --device cpu --backend gloo for CPU ranks.")
+
+    extra_value, extra_source = pick("conform_extra_world_size")
+    extra = (0 if listen else 3) if extra_value is None else _int(extra_value, extra_source, minimum=0)
+    cpu_pools: Tuple[int, ...] = ()
+    if device == "cuda" and ws_value is None and world_size == 1:
+        # One GPU: averaging over one rank proves nothing, so the cross-rank checks
+        # run on gloo CPU pools, and the extra world size joins them there.
+        cpu_pools = tuple(sorted({CROSS_RANK_WORLD_SIZE, *([extra] if extra > 1 else [])}))
+    cpu_sizes = [(world_size, ws_source or "the default world size")] if device == "cpu" else []
+    cpu_sizes += [(ws, "the default one-GPU cross-rank pools") for ws in cpu_pools]
+    if extra and extra not in (world_size, *cpu_pools) and device == "cpu":
+        cpu_sizes.append((extra, extra_source or "the default extra world size"))
+    check_cpu_capacity(cpu_sizes if listen is None else [], cores, memory)
+
+    timeout_value, timeout_source = pick("conform_case_timeout")
+    try:
+        timeout = DEFAULT_CASE_TIMEOUT_S if timeout_value is None else float(timeout_value)
+    except ValueError:
+        raise SettingsError(f"invalid case timeout {timeout_value!r} from {timeout_source}: expected seconds") from None
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise SettingsError(f"invalid case timeout {timeout_value!r} from {timeout_source}: must be a positive, finite number of seconds")
+
+    ex_value, ex_source = pick("conform_hypothesis_examples")
+    examples = DEFAULT_HYPOTHESIS_EXAMPLES if ex_value is None else _int(ex_value, ex_source, minimum=0)
+    try:  # hypothesis's pytest plugin defines the option; it may be disabled (-p no:hypothesispytest)
+        hypothesis_seed = getoption(HYPOTHESIS_SEED_DEST)
+    except (ValueError, KeyError):
+        hypothesis_seed = None
+    hypothesis_seed = "" if hypothesis_seed is None else str(hypothesis_seed)
+
+    log_value, log_source = pick("conform_rank_log_limit")
+    rank_log_limit = _mib(log_value, log_source, DEFAULT_RANK_LOG_LIMIT_MIB, minimum=0.01)
+    growth_value, growth_source = pick("conform_rank_memory_growth")
+    rank_memory_growth = _mib(growth_value, growth_source, DEFAULT_RANK_MEMORY_GROWTH_MIB, minimum=0)
+
+    kf_value, _ = pick("conform_known_failures")
+    if isinstance(kf_value, str):
+        extra_files = tuple(kf_value.split(os.pathsep))
+    else:
+        extra_files = tuple(kf_value or ())
+    # The packaged file always applies: it explains PyTorch's own hooks, which a
+    # user's file (for their hooks) should not have to repeat.
+    default_file = _default_known_failures()
+    known = (default_file,) + tuple(f for f in extra_files if os.path.abspath(f) != os.path.abspath(default_file))
+    report_paths = _results_paths(pick)
+
+    return Settings(
+        hooks=hooks,
+        builtins=with_builtins or not hooks,
+        entry_points=not getoption("conform_no_entry_points") and (with_builtins or not hooks),
+        world_size=world_size,
+        extra_world_size=extra or None,
+        backend=backend,
+        device=device,
+        case_timeout_s=timeout,
+        hypothesis_examples=examples,
+        known_failures=known,
+        gpu_count=gpu_count,
+        strict_known_failures=strict,
+        cpu_pools=cpu_pools,
+        hypothesis_seed=hypothesis_seed,
+        rank_log_limit_bytes=rank_log_limit,
+        rank_memory_growth_bytes=rank_memory_growth,
+        **report_paths,
+        listen=listen,
+        listen_timeout_s=_listen_timeout(pick) if listen else DEFAULT_LISTEN_TIMEOUT_S,
+    )
+
+
+#: ``--fail-on`` values.
+FAIL_ON = ("failures", "regressions")
+
+
+def _results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
+    """``json_path``, ``markdown_path``, ``baseline_path`` and ``fail_on``, checked before any case runs.
+
+    Raises:
+        SettingsError: a report path that cannot be written (a directory, a directory
+            that cannot be created or written), a baseline that is not a file, an unknown
+            ``--fail-on``, or ``--fail-on regressions`` without a baseline.
+    """
+    from conformance.reports.results import unwritable_reason
+
+    out: Dict[str, Any] = {}
+    for dest, key in (("conform_json", "json_path"), ("conform_markdown", "markdown_path")):
+        value, source = pick(dest)
+        if value:
+            reason = unwritable_reason(str(value))
+            if reason:
+                raise SettingsError(f"cannot write the report {value!r} from {source}: {reason}. Nothing was run.")
+            out[key] = os.path.abspath(str(value))
+    value, source = pick("conform_baseline")
+    if value:
+        if not os.path.isfile(str(value)):
+            raise SettingsError(f"baseline {value!r} from {source} is not a file: give the --json results of an "
+                                "earlier run")
+        out["baseline_path"] = os.path.abspath(str(value))
+    value, source = pick("conform_fail_on")
+    fail_on = str(value).strip().lower() if value else "failures"
+    if fail_on not in FAIL_ON:
+        raise SettingsError(f"invalid value {value!r} from {source}: expected failures or regressions")
+    if fail_on == "regressions" and "baseline_path" not in out:
+        raise SettingsError(f"--fail-on regressions (from {source}) needs a baseline to compare with: add "
+                            "--baseline PREVIOUS.json (or CONFORM_BASELINE)")
+    out["fail_on"] = fail_on
+    return out
+
+
+def _listen(value: Any, source: str, env: Dict[str, str], pick: Callable[[str], Tuple[Any, str]]) -> Optional[Tuple[str, int]]:
+    """``--listen HOST:PORT`` as ``(host, port)``, or ``None``; the run's world size and secret must be given too."""
+    if value is None:
+        return None
+    from conformance.controller.remote_link import LinkError, parse_address, read_authkey
+
+    try:
+        address = parse_address(value, source)
+        read_authkey(env)
+    except LinkError as exc:
+        raise SettingsError(str(exc)) from None
+    if pick("conform_world_size")[0] is None:
+        raise SettingsError(f"{source} needs --world-size N, the WORLD_SIZE of the torchrun job (--nnodes times "
+                            "--nproc-per-node): the cases are planned before the ranks connect")
+    return address
+
+
+def _listen_timeout(pick: Callable[[str], Tuple[Any, str]]) -> float:
+    value, source = pick("conform_listen_timeout")
+    if value is None:
+        return DEFAULT_LISTEN_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise SettingsError(f"invalid value {value!r} from {source}: expected a positive number of seconds")
+    return seconds

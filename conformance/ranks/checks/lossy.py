@@ -1,0 +1,373 @@
+"""Rank-side checks of a :class:`~conformance.spec.LossyContract`: what a lossy hook promises instead of exactness.
+
+A lossy hook (PowerSGD, 8-bit quantization, a bf16 comm that accumulates in
+float32) is not held to bitwise parity. It is compared with the exact mean over
+ranks of the same local gradients, computed in float64, and held to what its
+contract declares. The same three checks serve every API that accepts a
+contract (``ddp``, ``fsdp``, ``fsdp2``), registered per API as
+``<api>.lossy_error``, ``<api>.lossy_loss`` and ``<api>.lossy_determinism``:
+
+* ``lossy_error``: per step and parameter, the relative error of the full
+  (unsharded) gradient against the exact mean (the observed maximum is returned
+  as a figure), the declared ``rel_error_bound``, and no NaN/Inf where the exact
+  mean has none; plus what the API's recorder saw the hook break (DDP's future
+  contract, FSDP1's hook output dtype, FSDP2's ``allocate``);
+* ``lossy_loss``: the training loss after ``loss_steps`` steps is within the
+  declared ``loss_margin`` of the same model under the API with no hook;
+* ``lossy_determinism``: two runs from the same seed give bitwise identical
+  gradients (each rank's local gradient, or local shard).
+
+The checks know no API. The adapter hands them a :class:`LossyModels` per case
+(:func:`register` ties the two together): how to build the hooked model and the
+no-hook one, the plain model whose local gradients feed the exact mean, the
+API's training step, and the full gradients and parameters of a model by FQN.
+
+Where the gradients are sharded (FSDP1 sharded strategies, FSDP2), the
+adapter's ``full_grads`` gathers them (``summon_full_params(with_grads=True)``,
+``DTensor.full_tensor()``), so every rank compares whole parameters: the
+contract's figure is per parameter, and a shard's relative error is a
+different number from its parameter's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from conformance.ranks.checks import rank_check
+from conformance.ranks.checks.common import compare_named, fqn_without_wrappers, named_grads
+from conformance.protocol import CheckResult, Finding
+
+__all__ = ["DECLARE_LOSSY_HINT", "HookedModel", "LossyModels", "exact_mean", "lossy_hint", "register",
+           "relative_error"]
+
+#: Shown under a failed exactness check of a hook that declares no lossy contract, where no named exact
+#: cause (:func:`conformance.reports.report.explained`) explains the difference (:func:`lossy_hint`).
+DECLARE_LOSSY_HINT = (
+    "If this hook is lossy by design (compression, quantization, low-rank, a reduction more accurate than "
+    "native), declare what it promises instead of exactness: "
+    "HookSpec(..., lossy=LossyContract(rel_error_bound=..., loss_margin=...)); "
+    "the suite then checks the declared error bound against the exact float64 mean, no NaN/Inf introduced, "
+    "the training-loss margin and determinism, plus the API's structural rules, instead of bitwise parity"
+)
+
+
+def lossy_hint(spec: Any, found: Sequence[Finding]) -> str:
+    """The closing note of a failed exactness check: :data:`DECLARE_LOSSY_HINT` where it fits, else ``""``.
+
+    It fits a hook with no contract yet whose difference nothing else explains:
+    not a hook that never communicated (a finding of kind ``"local_gradient"``),
+    not a failure made only of what the hook left behind (``"process_state"``, ``"memory"``),
+    and not one whose result a named exact cause reproduces bit for bit
+    (:func:`conformance.reports.report.explained`: a wrong divisor, a stale step, a
+    neighbour's shard are bugs, not a lossy design).
+    """
+    from conformance.reports import report
+
+    found = [f for f in found if f.kind not in ("process_state", "memory")]  # leaks, not a numerical design
+    fits = (spec.lossy is None and bool(found) and not any(f.kind == "local_gradient" for f in found)
+            and not report.explained(found))
+    return "  " + DECLARE_LOSSY_HINT if fits else ""
+
+
+@dataclasses.dataclass
+class HookedModel:
+    """The hooked model of one lossy check, and how its recorder reports.
+
+    Attributes:
+        model: the model under the API with the hook under test installed (through its recorder).
+        run_step: ``run_step(step, run)`` runs ``run()`` (the step's forward/backward) with the recorder
+            told the step; returns findings that end the check (the hook broke the API's contract so the
+            step means nothing: DDP's future), else ``None``.
+        findings: ``findings(step)``: what the recorder saw the hook break in ``step`` without ending it
+            (FSDP1: its output left in another dtype than the parameters'; FSDP2: ``allocate``'s buffer).
+    """
+
+    model: nn.Module
+    run_step: Callable[[int, Callable[[], None]], Optional[List[Finding]]]
+    findings: Callable[[int], List[Finding]] = lambda step: []
+
+
+@dataclasses.dataclass
+class LossyModels:
+    """What an API adapter gives the lossy checks for one case (one variant and reference model), on a rank.
+
+    Attributes:
+        model_cls: the reference model class (``conformance.models``): ``loss``, ``build``.
+        build_hooked: ``build_hooked()``: a fresh :class:`HookedModel` (new model, new hook state).
+        build_native: ``build_native()``: the same model under the API with no hook (the loss check's
+            reference: DDP with no hook, FSDP1's native path, native ``fully_shard``), same reduce dtype.
+        inputs: this rank's inputs of one step, as ``train`` takes them (rank-dependent).
+        micro_inputs: the inputs of each backward pass of one step, for the plain model (DDP's ``no_sync``
+            config runs several); each is a tuple of tensors.
+        train: the API's training step ``train(ctx, label, step, model, optim, inputs, loss_fn)``.
+        full_grads: ``full_grads(model)``: ``{fqn: full (unsharded) gradient or None}`` in the plain
+            model's FQNs; collective where the gradients are sharded, so every rank calls it in order.
+        full_params: ``full_params(model)``: ``{fqn: full parameter}``, collective likewise.
+        local_grads: ``local_grads(model)``: ``{fqn: this rank's gradient or local shard}`` (no collective).
+        forward: the module whose forward gives the loss (DDP: ``model.module``).
+    """
+
+    model_cls: Any
+    build_hooked: Callable[[], HookedModel]
+    build_native: Callable[[], nn.Module]
+    inputs: Any
+    micro_inputs: Sequence[Tuple[torch.Tensor, ...]]
+    train: Callable[..., None]
+    full_grads: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]]
+    full_params: Callable[[nn.Module], Dict[str, torch.Tensor]]
+    local_grads: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]] = named_grads
+    forward: Callable[[nn.Module], nn.Module] = lambda model: model
+
+
+#: ``models(ctx, spec, model=..., **variant) -> LossyModels``: an adapter's builder of its lossy models.
+MakeModels = Callable[..., LossyModels]
+
+
+def _local_grads(ctx: Any, shadow: nn.Module, params: Dict[str, torch.Tensor],
+                 inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any) -> None:
+    """Leave this rank's unreduced gradients at ``params`` (FQN -> full parameter) in ``shadow``, a plain
+    copy of the model with no data-parallel wrapper.
+
+    A frozen parameter (``requires_grad=False``) the hooked model does not list keeps ``shadow``'s own
+    value: both start from the same seed and no optimizer step moves it. On torch 2.13, FSDP1 under
+    ``NO_SHARD`` with ``use_orig_params=True`` stops listing the parameters of a unit whose parameters
+    are all frozen after the first forward and backward (``nonuniform_req_grad``'s root).
+
+    Raises:
+        KeyError: a trainable parameter of ``shadow`` is missing from ``params``.
+    """
+    with torch.no_grad():
+        for name, p in shadow.named_parameters():
+            fqn = fqn_without_wrappers(name)
+            if fqn not in params and not p.requires_grad:
+                continue  # frozen: SGD never moves it (and FSDP1 NO_SHARD stops listing all-frozen units)
+            if fqn not in params:
+                raise KeyError(f"the hooked model has no parameter {fqn!r} of the plain model "
+                               f"(it has {', '.join(sorted(params)) or 'none'})")
+            p.copy_(params[fqn].reshape(p.shape))
+    for p in shadow.parameters():
+        p.grad = None
+    for micro in inputs:
+        loss_fn(micro, shadow(*micro)).backward()
+
+
+def exact_mean(ctx: Any, shadow: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+    """The mean over ranks of ``shadow``'s gradients, summed in float64 in one all-reduce over ``ctx.group``.
+
+    Returns ``{fqn: float64 tensor of the parameter's shape, or None}``. A
+    gradient that is None on every rank stays None; one that is None on some
+    ranks only counts as zeros there.
+    """
+    named = [(fqn_without_wrappers(n), p) for n, p in shadow.named_parameters()]
+    present = torch.tensor([0 if p.grad is None else 1 for _, p in named], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(present, op=dist.ReduceOp.MAX, group=ctx.group)
+    flags = [bool(f) for f in present.tolist()]
+    flat = [(torch.zeros(p.numel(), dtype=torch.float64, device=ctx.device) if p.grad is None
+             else p.grad.detach().to(torch.float64).reshape(-1))
+            for (_, p), flag in zip(named, flags) if flag]
+    total = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(total, group=ctx.group)
+    total /= ctx.world_size
+    out: Dict[str, Optional[torch.Tensor]] = {}
+    offset = 0
+    for (name, p), flag in zip(named, flags):
+        if flag:
+            out[name] = total[offset:offset + p.numel()].reshape(p.shape)
+            offset += p.numel()
+        else:
+            out[name] = None
+    return out
+
+
+def relative_error(actual: torch.Tensor, exact: torch.Tensor) -> float:
+    """``||actual - exact||_2 / ||exact||_2`` in float64, over finite exact entries; 0/0 = 0, x/0 = inf."""
+    a = actual.detach().to(torch.float64).reshape(-1)
+    e = exact.detach().to(torch.float64).reshape(-1)
+    keep = torch.isfinite(e)
+    a, e = a[keep], e[keep]
+    if not bool(torch.isfinite(a).all()):
+        return math.inf
+    num = float(torch.linalg.vector_norm(a - e))
+    den = float(torch.linalg.vector_norm(e))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def _error_findings(ctx: Any, got: Dict[str, Optional[torch.Tensor]], exact: Dict[str, Optional[torch.Tensor]],
+                    step: int, bound: Optional[float], worst: float, at: Any) -> Tuple[List[Finding], float, Any]:
+    """One step's findings of :func:`lossy_error` and the running maximum relative error and where."""
+    findings: List[Finding] = []
+    for fqn, e in exact.items():
+        g = got.get(fqn)
+        if e is None and (g is None or not bool(g.any())):
+            continue  # unused everywhere: no gradient, or zeros the API filled in
+        if e is None or g is None:
+            findings.append(Finding(ctx.rank, f"gradient is {'None' if g is None else 'set'} with the hook "
+                                              f"but {'None' if e is None else 'set'} without it",
+                                    step=step, fqn=fqn))
+            continue
+        g = g.reshape(e.shape)
+        introduced = ~torch.isfinite(g.to(torch.float64)) & torch.isfinite(e)
+        if bool(introduced.any()):
+            idx = tuple(int(i) for i in introduced.nonzero()[0])
+            findings.append(Finding(ctx.rank, f"the hook introduced NaN/Inf where the exact mean is finite: "
+                                              f"{int(introduced.sum())} of {g.numel()} elements, first at index "
+                                              f"{idx} ({float(g[idx])!r} instead of {float(e[idx])!r})",
+                                    step=step, fqn=fqn))
+            worst, at = math.inf, (step, fqn)
+            continue
+        rel = relative_error(g, e)
+        if rel > worst or at is None:
+            worst, at = max(worst, rel), (step, fqn)
+        if bound is not None and rel > bound:
+            findings.append(Finding(ctx.rank, f"relative error {rel:.3e} exceeds the declared rel_error_bound "
+                                              f"{bound:.3e} (||g_hook - g_exact|| / ||g_exact||, g_exact = exact "
+                                              "mean over ranks)", step=step, fqn=fqn))
+    return findings, worst, at
+
+
+def lossy_error(ctx: Any, spec: Any, models: LossyModels, *, steps: int = 6, lr: float = 1e-3) -> CheckResult:
+    """Per step and parameter: relative error vs the exact mean, the declared bound, no NaN/Inf introduced.
+
+    Each step, a plain copy of the model at the hooked model's current
+    parameters computes this rank's local gradients, and their mean over ranks
+    in float64 (:func:`exact_mean`) is what the hooked model's full gradient is
+    compared with. SGD (momentum 0.9) with learning rate ``lr``, ``steps`` steps;
+    stops at the first step with findings, every rank together.
+
+    Returns a :class:`CheckResult` with figures ``{"max_rel_error": float,
+    "at": (step, fqn) or None}`` (the figure is reported even when no bound is
+    declared, and when the check passes).
+    """
+    bound = None if spec.lossy is None else spec.lossy.rel_error_bound
+    ctx.phase("building the hooked model")
+    hooked = models.build_hooked()
+    shadow = models.model_cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
+    optim = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
+    worst, at = 0.0, None
+    findings: List[Finding] = []
+    for step in range(steps):
+        ctx.phase(f"step {step}: local gradients of a plain copy (the exact mean's inputs)")
+        _local_grads(ctx, shadow, models.full_params(hooked.model), models.micro_inputs, models.model_cls.loss)
+        exact = exact_mean(ctx, shadow)
+        broken = hooked.run_step(step, lambda: models.train(ctx, "hooked", step, hooked.model, optim, models.inputs,
+                                                            models.model_cls.loss))
+        if broken:
+            return CheckResult(findings=broken, figures={"max_rel_error": worst, "at": at})
+        ctx.phase(f"step {step}: full gradients of the hooked model")
+        found, worst, at = _error_findings(ctx, models.full_grads(hooked.model), exact, step, bound, worst, at)
+        findings += hooked.findings(step) + found
+        if ctx.any_rank(bool(findings)):
+            break
+        ctx.phase(f"step {step}: optimizer step")
+        optim.step()
+    return CheckResult(findings=findings, figures={"max_rel_error": worst, "at": at})
+
+
+def _global_loss(ctx: Any, models: LossyModels, model: nn.Module) -> float:
+    """The loss over every rank's inputs (mean of the ranks' local losses, in float64)."""
+    with torch.no_grad():
+        local = sum(float(models.model_cls.loss(m, models.forward(model)(*m))) for m in models.micro_inputs)
+    t = torch.tensor([local], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, group=ctx.group)
+    return float(t.item()) / ctx.world_size
+
+
+def lossy_loss(ctx: Any, spec: Any, models: LossyModels, *, lr: float = 0.01) -> CheckResult:
+    """After ``loss_steps`` SGD steps, ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|``.
+
+    ``loss_exact`` is the same model trained under the API with no hook. Returns
+    a :class:`CheckResult` with figures ``{"loss_hook", "loss_exact", "rel_diff"}``
+    (floats; the finding, if any, on rank 0 only: the losses are global).
+    """
+    contract = spec.lossy
+    steps = contract.loss_steps
+    loss_fn = models.model_cls.loss
+    ctx.phase("building the no-hook model")
+    ref = models.build_native()
+    ctx.phase("building the hooked model")
+    hooked = models.build_hooked()
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
+    opt_hooked = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
+    for step in range(steps):
+        models.train(ctx, "no-hook", step, ref, opt_ref, models.inputs, loss_fn)
+        broken = hooked.run_step(step, lambda: models.train(ctx, "hooked", step, hooked.model, opt_hooked,
+                                                            models.inputs, loss_fn))
+        if broken:
+            return CheckResult(findings=broken,
+                               figures={"loss_hook": math.nan, "loss_exact": math.nan, "rel_diff": math.inf})
+        opt_ref.step()
+        opt_hooked.step()
+    ctx.phase(f"evaluating the loss after {steps} steps")
+    loss_exact = _global_loss(ctx, models, ref)
+    loss_hook = _global_loss(ctx, models, hooked.model)
+    if not math.isfinite(loss_hook):
+        rel = math.inf
+    elif loss_exact == 0.0:
+        rel = 0.0 if loss_hook == 0.0 else math.inf
+    else:
+        rel = abs(loss_hook - loss_exact) / abs(loss_exact)
+    findings = []
+    if contract.loss_margin is not None and not rel <= contract.loss_margin:
+        findings.append(Finding(ctx.rank, f"after {steps} steps the training loss is {loss_hook!r} with the hook and "
+                                          f"{loss_exact!r} without: relative difference {rel:.3e} exceeds the "
+                                          f"declared loss_margin {contract.loss_margin:.3e}"))
+    return CheckResult(findings=findings if ctx.rank == 0 else [],
+                       figures={"loss_hook": loss_hook, "loss_exact": loss_exact, "rel_diff": rel})
+
+
+def lossy_determinism(ctx: Any, spec: Any, models: LossyModels, *, steps: int = 4, lr: float = 0.01) -> List[Finding]:
+    """Two trainings from the same seed (fresh model and hook state each) give bitwise identical gradients
+    (each rank's own gradient or local shard, every step)."""
+    runs = []
+    for run in range(2):
+        ctx.phase(f"building the hooked model (run {run + 1} of 2)")
+        hooked = models.build_hooked()
+        optim = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
+        per_step = []
+        for step in range(steps):
+            broken = hooked.run_step(step, lambda: models.train(ctx, f"hooked (run {run + 1})", step, hooked.model,
+                                                                optim, models.inputs, models.model_cls.loss))
+            if broken:
+                return broken
+            per_step.append({k: (None if g is None else g.clone()) for k, g in models.local_grads(hooked.model).items()})
+            optim.step()
+        runs.append(per_step)
+    for step, (first, second) in enumerate(zip(*runs)):
+        findings = compare_named("gradient of the second run", second, first, rank=ctx.rank, step=step,
+                                 reference="the first run from the same seed (the contract declares "
+                                           "deterministic=True)")
+        if findings:
+            return findings
+    return []
+
+
+def register(api: str, make_models: MakeModels) -> None:
+    """Register ``<api>.lossy_error``, ``<api>.lossy_loss`` and ``<api>.lossy_determinism``.
+
+    Each takes the case's ``model`` and the API's variant keyword (``config=``
+    for DDP and FSDP2, ``strategy=`` for FSDP1), builds
+    ``make_models(ctx, spec, model=model, **variant)`` and runs the check above.
+    Called once per API by its adapter module on import.
+    """
+    def error(ctx: Any, spec: Any, *, model: str, steps: int = 6, lr: float = 1e-3, **variant: Any) -> CheckResult:
+        return lossy_error(ctx, spec, make_models(ctx, spec, model=model, **variant), steps=steps, lr=lr)
+
+    def loss(ctx: Any, spec: Any, *, model: str, lr: float = 0.01, **variant: Any) -> CheckResult:
+        return lossy_loss(ctx, spec, make_models(ctx, spec, model=model, **variant), lr=lr)
+
+    def determinism(ctx: Any, spec: Any, *, model: str, steps: int = 4, lr: float = 0.01,
+                    **variant: Any) -> List[Finding]:
+        return lossy_determinism(ctx, spec, make_models(ctx, spec, model=model, **variant), steps=steps, lr=lr)
+
+    for name, fn in (("lossy_error", error), ("lossy_loss", loss), ("lossy_determinism", determinism)):
+        fn.__name__ = fn.__qualname__ = f"{api}_{name}"
+        fn.__doc__ = globals()[name].__doc__
+        rank_check(f"{api}.{name}")(fn)

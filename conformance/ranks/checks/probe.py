@@ -1,0 +1,65 @@
+"""Chosen gradients through the probe model, on the ranks: the hard-input check of every hook API.
+
+``gradient_probe`` (``models/probe.py``) turns its inputs into its local
+gradients bit for bit, so a hook can be fed any gradients: values near the
+reduce dtype's overflow, subnormals, ``-0.0``, NaN on one rank, ``+Inf``
+against ``-Inf``. Each API's adapter registers an ``<api>.hard_inputs`` rank
+check that builds its reference probe and its hooked probe as a
+:class:`~conformance.ranks.checks.common.Lockstep` plan (no optimizer step: only the
+reduction matters) and hands it to :func:`run_examples`.
+
+One case is several dispatches: the named examples first, then hypothesis's
+examples one at a time while it searches and shrinks. The probes of a case
+stay built on the rank between its dispatches (:data:`_RUNS`), so each
+further example costs one forward/backward per model, not a rebuild.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import torch
+
+from conformance.ranks.checks.common import Lockstep, LockstepRun
+from conformance.protocol import Finding
+
+#: ``(label, grads)``: ``grads[rank][i]`` is the gradient of probe parameter ``i`` on ``rank``
+#: (float32, CPU), in the order of ``GradientProbe.input_shapes()``.
+Example = Tuple[str, Sequence[Sequence[torch.Tensor]]]
+
+#: The lock-step run of the case that ran last on this rank, by case id.
+_RUNS: Dict[str, LockstepRun] = {}
+
+
+def run_examples(ctx: Any, case_id: str, examples: Sequence[Example], fresh: bool,
+                 make_plan: Callable[[Callable[[int], Any], Callable[[int], str]], Lockstep],
+                 lr: float = 0.01) -> List[Finding]:
+    """Feed ``examples`` through the hooked and the reference probe, one step each; findings of the first
+    example that differs (every rank stops there together).
+
+    Args:
+        case_id: the case; a dispatch of the same case reuses its probes.
+        examples: ``(label, grads)`` pairs, see :data:`Example`.
+        fresh: build new probes (the first dispatch of a case); every rank gets
+            the same value, so the collective builds match up.
+        make_plan: ``make_plan(inputs, context)`` builds both probes and returns
+            their plan; ``inputs(step)`` gives this rank's gradients of a step
+            and ``context(step)`` its label, for messages.
+    """
+    run = None if fresh else _RUNS.get(case_id)
+    if run is None:  # also after a pool restart, which forgets every run
+        _RUNS.clear()
+        current: Dict[str, Any] = {"examples": [], "first": 0}
+
+        def inputs(step: int) -> Tuple[torch.Tensor, ...]:
+            _, grads = current["examples"][step - current["first"]]
+            return tuple(g.to(ctx.device) for g in grads[ctx.rank])
+
+        def context(step: int) -> str:
+            return f"the {current['examples'][step - current['first']][0]!r} inputs"
+
+        run = LockstepRun(make_plan(inputs, context), lr)
+        run.current = current  # type: ignore[attr-defined]
+        _RUNS[case_id] = run
+    run.current.update(examples=list(examples), first=run.step)  # type: ignore[attr-defined]
+    return run.run(ctx, len(examples))

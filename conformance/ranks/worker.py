@@ -1,0 +1,346 @@
+"""The rank side of the pool: one process per rank, alive for the whole session.
+
+Started by :class:`conformance.controller.pool.RankPool` as ``python -m conformance.worker
+FD`` where ``FD`` is this process's end of a socket pair to the controller
+(torchrun starts it as ``... -m conformance.worker --controller HOST:PORT``
+instead: see :mod:`conformance.ranks.remote_worker`).
+The worker joins the pool's process group once, then loops: receive a
+:class:`~conformance.protocol.Case`, run the registered rank check, send back a
+:class:`~conformance.protocol.RankOutcome`. ``SIGUSR1`` makes it dump every
+thread's stack to its log (the controller asks for that when a case hangs).
+An optional second argument is the parent's pid (the controller, or the
+zygote that forked this rank): the rank then ends by itself when its parent or
+the controller's socket is gone (:mod:`conformance.ranks.lifeline`).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+import warnings
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Dict, List, Optional
+
+from conformance.ranks import lifeline, process_state
+from conformance.protocol import RankOutcome, as_check_result, recv, send
+
+
+_ALL_REDUCE: List[Any] = []
+
+
+def _suite_all_reduce() -> Any:
+    """``torch.distributed.all_reduce`` as it was before any hook code ran in this process (kept by
+    :meth:`_Worker.prepare`): the suite's own collectives must work even where a hook monkeypatched
+    ``torch.distributed`` (which :mod:`conformance.ranks.process_state` then reports)."""
+    if not _ALL_REDUCE:
+        from torch.distributed.distributed_c10d import all_reduce
+
+        _ALL_REDUCE.append(all_reduce)
+    return _ALL_REDUCE[0]
+
+
+class RankContext:
+    """What a rank check gets besides its parameters.
+
+    Attributes:
+        rank: this process's rank in ``group``.
+        world_size: the number of ranks in ``group``.
+        group: the process group the pool joined (the default group).
+        device: ``torch.device("cpu")`` or this rank's ``cuda:N``.
+        backend: ``"gloo"`` or ``"nccl"``.
+
+    Without ``conn`` (a rank started by another launcher, e.g. the
+    spawn-per-case benchmark) phases are kept but not reported.
+    """
+
+    def __init__(self, rank: int, world_size: int, group: Any, device: Any, backend: str,
+                 conn: Optional[Connection] = None):
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self.device = device
+        self.backend = backend
+        self._conn = conn
+        self.current_phase = ""
+        self._on_error: Optional[Callable[[], List[Any]]] = None
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (an all-reduce with MAX over the group).
+
+        Checks stop early only when every rank agrees to: a rank that returned
+        while its peers went on would leave them blocked in the next collective.
+        """
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        _suite_all_reduce()(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
+
+    def phase(self, text: str) -> None:
+        """Announce what this rank is doing now; shown if the case hangs."""
+        self.current_phase = text
+        if self._conn is not None:
+            send(self._conn, ("phase", text))
+
+    def report_on_error(self, collect: Optional[Callable[[], List[Any]]]) -> None:
+        """If the check raises from now on, report ``collect()`` (its findings so far) above the traceback.
+
+        A recorder that saw the hook go wrong (a buffer of the wrong shape) often
+        sees it before PyTorch raises on the consequence (a collective's size
+        check); without this, only the traceback would reach the report.
+        ``collect`` replaces the previous one; ``None`` clears it, and so does
+        the start of every case. It runs after the exception, on this rank, and
+        returns :class:`~conformance.protocol.Finding` objects.
+        """
+        self._on_error = collect
+
+    def findings_before_error(self) -> List[Any]:
+        """What the registered ``collect()`` returns now; empty without one, or if it raises itself (the
+        check's own error is the one to report)."""
+        if self._on_error is None:
+            return []
+        try:
+            return list(self._on_error())
+        except Exception:  # noqa: BLE001 - never hide the check's exception behind the collector's
+            return []
+
+
+class _Worker:
+    def __init__(self, conn: Connection, hello: Dict[str, Any]):
+        self.conn = conn
+        self.rank: int = hello["rank"]
+        self.world_size: int = hello["world_size"]
+        self.backend: str = hello["backend"]
+        self.device_type: str = hello["device"]
+        self._specs: Dict[tuple, Any] = {}
+        self.clean: Optional[process_state.Fingerprint] = None
+        self.import_leaks: List[str] = []
+        #: The controller asked this rank to start afresh for another hook (torchrun's ranks only:
+        #: :func:`conformance.ranks.remote_worker.main` then execs itself).
+        self.rehost = False
+
+    def prepare(self, device_index: Optional[int] = None) -> None:
+        """Set up what the suite itself changes in the process (threads, device, the check registry),
+        then take the clean :class:`~conformance.ranks.process_state.Fingerprint`: before any hook code runs
+        here, so what the hook's module import or its cases change is told apart from the suite's own.
+
+        ``device_index``: the CUDA device of this rank (default: its rank; torchrun's: its local rank).
+        """
+        import torch
+
+        if self.device_type == "cpu":
+            torch.set_num_threads(1)
+            self.device = torch.device("cpu")
+        else:
+            index = self.rank if device_index is None else device_index
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
+        # Fill the check registry before the first case (imports every adapter).
+        from conformance.ranks.checks import register_every_check
+
+        register_every_check()
+        _suite_all_reduce()
+        self.clean = process_state.take()
+
+    def start(self, hello: Dict[str, Any]) -> None:
+        """Join the pool's process group (after :meth:`prepare` and :meth:`load_specs`) and say ready."""
+        import torch.distributed as dist
+
+        store = dist.FileStore(hello["store_path"], self.world_size)
+        kwargs = dict(
+            backend=self.backend,
+            store=store,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=hello["pg_timeout_s"]),
+        )
+        if self.backend == "nccl":
+            kwargs["device_id"] = self.device
+        dist.init_process_group(**kwargs)
+        self.joined()
+        send(self.conn, ("ready", self.ready_info()))
+
+    def ready_info(self) -> Dict[str, Any]:
+        """What the rank says when it is ready: who it is, its torch, and its resident memory in bytes (from
+        which the controller counts the growth over the hook's cases)."""
+        import torch
+
+        return {"rank": self.rank, "pid": os.getpid(), "torch": torch.__version__,
+                "rss": process_state.resident_bytes()}
+
+    def joined(self, conn: Any = None) -> None:
+        """After the rank joined its process group: keep the group, make the check context (reporting on
+        ``conn``, default: the controller connection), and note what the hook's module import already
+        changed (reported with every case, since a rebuilt pool imports it again)."""
+        import torch.distributed as dist
+
+        self.group = dist.group.WORLD
+        self.ctx = RankContext(self.rank, self.world_size, self.group, self.device, self.backend,
+                               conn if conn is not None else self.conn)
+        self.import_leaks = process_state.changes(self.clean, process_state.take(), self.group)
+
+    def load_specs(self, wanted: Any) -> Optional[str]:
+        """Load every ``(target, name)`` spec the controller loaded; why one failed, or ``None``.
+
+        Runs before the rank joins the process group, so a module that imports
+        on the controller but not here is a usage error before the first case,
+        never a hook failure.
+        """
+        from conformance.controller.spec_loading import load_target
+
+        for target, name in wanted:
+            if (target, name) in self._specs:
+                continue
+            try:
+                for spec in load_target(target):
+                    self._specs[(target, spec.name)] = spec
+            except BaseException as exc:  # noqa: BLE001 - reported to the controller as a usage error
+                # load_target's SpecError hides the import's own traceback (raise ... from None);
+                # the user needs it, so report the exception it was raised from.
+                cause = exc.__context__ if exc.__context__ is not None else exc
+                trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+                return (f"could not load hook target {target!r}, which loaded on the controller "
+                        f"(sys.path {sys.path[:3]}...):\n{trace.rstrip()}\n{exc}")
+            if (target, name) not in self._specs:
+                here = sorted(n for t, n in self._specs if t == target)
+                return (f"loaded hook target {target!r}, but it has no spec named {name!r} here; it defines "
+                        f"{', '.join(here) or 'none'}. On the controller it defined {name!r}: the module must build "
+                        "the same spec names in every process (no names from random numbers, time or the pid)")
+        return None
+
+    def load_spec(self, ref: Any) -> Any:
+        """The spec of ``ref`` (a :class:`~conformance.protocol.HookRef`), loaded on first use if the pool
+        was not told to load it at start-up."""
+        problem = self.load_specs([(ref.target, ref.name)])
+        if problem is not None:
+            raise RuntimeError(problem)
+        return self._specs[(ref.target, ref.name)]
+
+    def run_case(self, case: Any) -> Any:
+        from conformance.ranks.checks import get_rank_check
+
+        self.ctx.current_phase = "setting up"
+        self.ctx.report_on_error(None)
+        start = time.perf_counter()
+        try:
+            fn = get_rank_check(case.check)
+            spec = self.load_spec(case.hook) if case.hook is not None else None
+            value = as_check_result(fn(self.ctx, spec, **case.params))
+            outcome = RankOutcome(
+                rank=self.rank, ok=True, value=value,
+                compute_s=time.perf_counter() - start, phase=self.ctx.current_phase,
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported to the controller, rank stays up
+            outcome = RankOutcome(
+                rank=self.rank, ok=False, error=traceback.format_exc(), error_type=type(exc).__name__,
+                compute_s=time.perf_counter() - start, phase=self.ctx.current_phase,
+                findings_before_error=self.ctx.findings_before_error(),
+            )
+        outcome.leaks = self.leaks()
+        outcome.rss = process_state.resident_bytes()
+        return outcome
+
+    def leaks(self) -> List[str]:
+        """What differs from the clean fingerprint now, each phrase saying when it was left: at the
+        module's import (before any case of this pool) or during the case just run."""
+        if self.clean is None:
+            return []
+        try:
+            now = process_state.changes(self.clean, process_state.take(), self.group)
+        except Exception as exc:  # noqa: BLE001 - a state too broken to read is a leak in itself
+            return [f"process state that cannot be read any more ({type(exc).__name__}: {exc})"]
+        return [f"{what}, since the hook's module was imported (before any case ran)" if what in self.import_leaks
+                else what for what in now]
+
+    def ping(self, seq: int) -> Optional[int]:
+        """All-reduce ``seq`` on the default group: proves, after every case, that the group still works and
+        the ranks still match up."""
+        import torch
+
+        t = torch.tensor([seq], dtype=torch.int64, device=self.device)
+        # The default group as a hook would find it (group=None), not the handle kept at start: a hook
+        # that destroyed or replaced it must fail here, not in the next hook's first collective.
+        _suite_all_reduce()(t)
+        return int(t.item())
+
+    def loop(self) -> None:
+        while True:
+            try:
+                kind, payload = recv(self.conn)
+            except EOFError:
+                return
+            if kind == "case":
+                outcome = self.run_case(payload)
+                try:
+                    send(self.conn, ("outcome", outcome))
+                except Exception as exc:  # noqa: BLE001 - an unpicklable result must not kill the rank
+                    send(self.conn, ("outcome", RankOutcome(
+                        rank=self.rank, error=f"the check's result could not be sent to the controller: {exc!r}",
+                        error_type=type(exc).__name__, phase=outcome.phase)))
+            elif kind == "ping":
+                try:
+                    send(self.conn, ("pong", self.ping(payload)))
+                except Exception as exc:  # noqa: BLE001
+                    send(self.conn, ("pong", f"{type(exc).__name__}: {exc}"))
+            elif kind == "rehost":
+                send(self.conn, ("bye", None))
+                self.rehost = True
+                return
+            elif kind == "shutdown":
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                send(self.conn, ("bye", None))
+                return
+
+
+def main(argv: Optional[list] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0].startswith("--"):  # torchrun ... -m conformance.worker --controller HOST:PORT
+        from conformance.ranks.remote_worker import main as remote_main
+
+        return remote_main(argv)
+    sock = socket.socket(fileno=int(argv[0]))
+    conn = Connection(sock.detach())
+    if len(argv) > 1:  # ends this rank when the controller is gone, even mid-hook
+        lifeline.die_with_parent(int(argv[1]))
+        lifeline.exit_when_closed(conn.fileno(), int(argv[1]))
+    faulthandler.enable(all_threads=True)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    # FSDP deprecates NO_SHARD in favour of DDP; checking NO_SHARD hooks is the point here.
+    warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
+    kind, hello = recv(conn)
+    assert kind == "hello", kind
+    sys.path[:] = hello["sys_path"]
+    importlib.invalidate_caches()
+    worker = _Worker(conn, hello)
+    try:
+        worker.prepare()
+    except BaseException:  # noqa: BLE001
+        send(conn, ("failed", traceback.format_exc()))
+        return 1
+    problem = worker.load_specs(hello.get("specs", ()))
+    if problem is not None:
+        send(conn, ("spec_failed", problem))
+        return 1
+    try:
+        worker.start(hello)
+    except BaseException:  # noqa: BLE001
+        send(conn, ("failed", traceback.format_exc()))
+        return 1
+    worker.loop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

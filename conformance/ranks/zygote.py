@@ -1,0 +1,164 @@
+"""A template for rank processes: imports torch and the suite once, then forks every rank from itself.
+
+A rank started as a fresh interpreter spends about 3 s of CPU importing torch,
+its FSDP and DDP modules and the suite's adapters before it can join its
+process group; a run that starts pools of 2, 3 and 4 ranks on a 2-core machine
+spent 13 s on that alone. The zygote imports them once (:data:`PRELOAD`), then
+``fork()``s each rank: the child starts its own session (so ``killpg`` reaches
+it and a terminal's Ctrl-C does not), sends its output to the rank's log (a pipe the controller reads),
+takes the pool's environment and runs :func:`conformance.ranks.worker.main` on the
+socket the controller passed it. Nothing in the zygote starts threads or
+initialises CUDA before it forks.
+
+Protocol (a ``multiprocessing.connection.Connection`` over a socketpair):
+
+* ``("spawn", {"env"})`` followed by the rank's socket and the write end of its
+  output pipe (each passed with ``multiprocessing.reduction.send_handle``)
+  -> ``("pid", pid)``;
+* ``("status", [pid, ...])`` -> ``("status", {pid: exit code or None})``, the
+  exit code as ``subprocess.Popen.returncode`` gives it (``-N`` for signal N);
+  the zygote reaps its children only here.
+
+The zygote exits when the controller closes its end, and the kernel kills it
+when the controller dies (:func:`conformance.ranks.lifeline.die_with_parent`, against
+the controller pid given as the second argument). Each forked rank arms the
+same signal against the zygote, so no rank outlives the pair. The pool falls
+back to starting each rank as a fresh interpreter when the zygote cannot start,
+and ``CONFORM_FORK_RANKS=0`` makes it do so always.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import socket
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
+from typing import Dict, List, Optional
+
+from conformance.ranks import lifeline
+from conformance.protocol import recv, send
+
+#: Modules every rank imports anyway, imported once here before any fork.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.distributed.fsdp",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
+    "conformance.ranks.worker",
+    "conformance.apis.registry",
+    "conformance.ranks.checks.lossy",
+    "conformance.apis.fsdp.builtin_hooks",
+    "conformance.apis.ddp.builtin_hooks",
+    "conformance.apis.fsdp2.builtin_hooks",
+    "conformance.models",
+)
+
+
+def _preload() -> None:
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a rank that needs it will raise with its own traceback
+            pass
+    _warm_up()
+
+
+def _warm_up() -> None:
+    """One SGD step of a small model on the CPU, no process group: what every rank's first case would
+    otherwise pay for in each fresh rank (the first ``torch.optim`` step imports ``torch._dynamo``, about
+    2 s of CPU), paid once here. Each hook gets ranks of its own, forked from here, so without this every
+    hook's first case at every world size would pay it. Starts no thread, initialises no device."""
+    try:
+        import torch
+
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        optim = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(2, 4)).sum().backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+    except Exception:  # noqa: BLE001 - a rank that needs it will raise with its own traceback
+        pass
+
+
+def _child(conn: Connection, fd: int, out_fd: int, env: Dict[str, str], zygote_pid: int) -> None:
+    """In the forked rank: own session, output to the controller's pipe, the pool's environment, then the worker."""
+    code = 1
+    try:
+        conn.close()
+        lifeline.die_with_parent(zygote_pid)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        os.close(null)
+        os.environ.clear()
+        os.environ.update(env)
+        from conformance.ranks import worker
+
+        code = worker.main([str(fd), str(zygote_pid)])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _reap(exits: Dict[int, int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exits[pid] = os.waitstatus_to_exitcode(status)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    conn = Connection(socket.socket(fileno=int(argv[0])).detach())
+    if len(argv) > 1:
+        lifeline.die_with_parent(int(argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when ranks stop
+    _preload()
+    exits: Dict[int, int] = {}
+    while True:
+        try:
+            kind, payload = recv(conn)
+        except (EOFError, OSError):
+            # Nothing to clean up: skip the interpreter's teardown of torch (most of a second).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        if kind == "spawn":
+            fd = recv_handle(conn)
+            out_fd = recv_handle(conn)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            zygote_pid = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                _child(conn, fd, out_fd, payload["env"], zygote_pid)
+            os.close(fd)
+            os.close(out_fd)
+            send(conn, ("pid", pid))
+        elif kind == "status":
+            _reap(exits)
+            send(conn, ("status", {pid: exits.get(pid) for pid in payload}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""This run against an earlier one: new failures, fixed cases, cases that came and went, figures that moved.
+
+``--baseline PREVIOUS.json`` loads a results file of an earlier run
+(:func:`conformance.reports.results.load_results`); :func:`diff_runs` compares its
+cases with this run's, matched by case id (the pytest node id). With
+``--fail-on regressions`` the exit code depends only on
+:attr:`BaselineDiff.regressions`: the new failures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from conformance.reports.results import CaseRecord, figure_value, records_from_json
+
+__all__ = ["BaselineDiff", "Change", "FigureChange", "diff_markdown", "diff_runs", "diff_text"]
+
+#: Cases listed per category in the terminal and the Markdown; the JSON lists them all.
+MAX_LISTED = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """A case's outcome then and now; ``before`` (or ``after``) is ``None`` where the case did not exist."""
+
+    id: str
+    before: Optional[str]
+    after: Optional[str]
+    hook: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def text(self) -> str:
+        return f"{self.id}: {self.before or 'absent'} -> {self.after or 'absent'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FigureChange:
+    """A figure of a case that both runs have, with two different values (``None``: not measured then)."""
+
+    id: str
+    figure: str
+    before: Optional[float]
+    after: Optional[float]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"id": self.id, "figure": self.figure,
+                "before": None if self.before is None else figure_value(self.before),
+                "after": None if self.after is None else figure_value(self.after)}
+
+    def text(self) -> str:
+        def show(x: Optional[float]) -> str:
+            return "none" if x is None else repr(figure_value(x)).strip("'")
+        return f"{self.id}: {self.figure} {show(self.before)} -> {show(self.after)}"
+
+
+@dataclasses.dataclass
+class BaselineDiff:
+    """How this run differs from the baseline.
+
+    Attributes:
+        baseline: the baseline file's path.
+        baseline_started_at: when the baseline run started (its ``run.started_at``), or ``None``.
+        new_failures: cases that fail now (``failed`` or ``error``) and did not fail in the
+            baseline, new cases included: the regressions.
+        fixed: cases that failed in the baseline and pass now (``passed`` or ``xpassed``).
+        appeared: cases of this run that the baseline does not have (``before`` is ``None``).
+        disappeared: cases of the baseline that this run does not have (``after`` is ``None``).
+        changed_outcomes: every other case whose outcome changed (``passed`` -> ``skipped``,
+            ``failed`` -> ``xfailed``, ...).
+        changed_figures: figures (max ULP and absolute differences, lossy errors) of cases in
+            both runs whose values differ; none of a new failure, whose figures are its own
+            (in its case record), not a change to list twice.
+    """
+
+    baseline: str
+    baseline_started_at: Optional[str] = None
+    new_failures: List[Change] = dataclasses.field(default_factory=list)
+    fixed: List[Change] = dataclasses.field(default_factory=list)
+    appeared: List[Change] = dataclasses.field(default_factory=list)
+    disappeared: List[Change] = dataclasses.field(default_factory=list)
+    changed_outcomes: List[Change] = dataclasses.field(default_factory=list)
+    changed_figures: List[FigureChange] = dataclasses.field(default_factory=list)
+
+    @property
+    def regressions(self) -> List[Change]:
+        """What ``--fail-on regressions`` fails the run for: :attr:`new_failures`."""
+        return self.new_failures
+
+    def empty(self) -> bool:
+        return not (self.new_failures or self.fixed or self.appeared or self.disappeared or self.changed_outcomes
+                    or self.changed_figures)
+
+    def counts(self) -> Dict[str, int]:
+        return {name: len(getattr(self, name)) for name in _CATEGORIES}
+
+    def to_json(self) -> Dict[str, Any]:
+        """The JSON ``baseline`` object: the file, counts, and every change of every category."""
+        out: Dict[str, Any] = {"path": self.baseline, "started_at": self.baseline_started_at,
+                               "counts": self.counts()}
+        for name in _CATEGORIES:
+            out[name] = [c.to_json() for c in getattr(self, name)]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "BaselineDiff":
+        """The inverse of :meth:`to_json` (for rendering a results document)."""
+        def changes(name: str) -> List[Any]:
+            if name == "changed_figures":
+                return [FigureChange(c["id"], c["figure"], *(None if c[k] is None else float(c[k])
+                                                              for k in ("before", "after")))
+                        for c in data.get(name, [])]
+            return [Change(c["id"], c.get("before"), c.get("after"), c.get("hook")) for c in data.get(name, [])]
+
+        return cls(baseline=data.get("path", ""), baseline_started_at=data.get("started_at"),
+                   **{name: changes(name) for name in _CATEGORIES})
+
+
+_CATEGORIES = ("new_failures", "fixed", "appeared", "disappeared", "changed_outcomes", "changed_figures")
+_TITLES = {"new_failures": "new failures", "fixed": "fixed", "appeared": "appeared",
+           "disappeared": "disappeared", "changed_outcomes": "other outcome changes",
+           "changed_figures": "changed figures"}
+
+
+def _same(a: Optional[float], b: Optional[float]) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def diff_runs(baseline: Mapping[str, Any], current: Sequence[CaseRecord], baseline_path: str = "") -> BaselineDiff:
+    """Compare this run's case records with a loaded baseline document, case by case (by ``id``)."""
+    before = {r.id: r for r in records_from_json(baseline)}
+    now = {r.id: r for r in current}
+    diff = BaselineDiff(baseline=baseline_path, baseline_started_at=(baseline.get("run") or {}).get("started_at"))
+    for case_id, rec in now.items():
+        old = before.get(case_id)
+        if old is None:
+            change = Change(case_id, None, rec.outcome, rec.hook)
+            diff.appeared.append(change)
+            if rec.failing:
+                diff.new_failures.append(change)
+            continue
+        change = Change(case_id, old.outcome, rec.outcome, rec.hook)
+        if rec.failing and not old.failing:
+            diff.new_failures.append(change)
+            continue  # its figures would repeat it as "none -> X"; they are in its case record
+        if old.failing and rec.outcome in ("passed", "xpassed"):
+            diff.fixed.append(change)
+        elif old.outcome != rec.outcome:
+            diff.changed_outcomes.append(change)
+        for name in sorted(set(old.figures) | set(rec.figures)):
+            a, b = old.figures.get(name), rec.figures.get(name)
+            if not _same(a, b):
+                diff.changed_figures.append(FigureChange(case_id, name, a, b))
+    for case_id, old in before.items():
+        if case_id not in now:
+            diff.disappeared.append(Change(case_id, old.outcome, None, old.hook))
+    return diff
+
+
+def _listed(items: Sequence[Any], code: bool = False) -> List[str]:
+    lines = [f"`{item.text()}`" if code else item.text() for item in items[:MAX_LISTED]]
+    if len(items) > MAX_LISTED:
+        lines.append(f"... and {len(items) - MAX_LISTED} more (all of them are in the JSON results)")
+    return lines
+
+
+def diff_text(diff: BaselineDiff) -> List[str]:
+    """The diff for the terminal: one count line, then each non-empty category with its cases."""
+    counts = diff.counts()
+    lines = [f"against {diff.baseline}" + (f" (run started {diff.baseline_started_at})"
+                                           if diff.baseline_started_at else "") + ": "
+             + ", ".join(f"{counts[name]} {_TITLES[name]}" for name in _CATEGORIES)]
+    for name in _CATEGORIES:
+        items = getattr(diff, name)
+        if items:
+            lines.append(f"{_TITLES[name]}:")
+            lines += [f"  {line}" for line in _listed(items)]
+    return lines
+
+
+def diff_markdown(diff: BaselineDiff) -> str:
+    """The diff as Markdown: the counts, then each non-empty category as a list."""
+    counts = diff.counts()
+    out = [f"Against `{diff.baseline}`: " + ", ".join(f"{counts[name]} {_TITLES[name]}" for name in _CATEGORIES)
+           + "."]
+    for name in _CATEGORIES:
+        items = getattr(diff, name)
+        if items:
+            out += ["", f"**{_TITLES[name].capitalize()}**", ""]
+            out += [f"- {line}" for line in _listed(items, code=True)]
+    return "\n".join(out)

@@ -1,0 +1,178 @@
+"""Turning results into words: one place for the failure text and the per-hook verdict.
+
+The runner (:mod:`conformance.controller.runner`) calls this for each failed case and the
+pytest plugin for the "hook conformance" summary, so a failure reads the same
+whichever API or check produced it: a header naming the hook, check, variant,
+model and world size; the findings (rank, step, FQN, bitwise figures) or what
+each rank did when it raised, hung or died; the command that re-runs the case.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from conformance.protocol import CaseResult, Finding
+
+#: Findings listed in full in one failure message; the rest are counted.
+MAX_FINDINGS_SHOWN = 8
+
+
+def header(hook: Optional[str], describe: Dict[str, Any], world_size: int) -> str:
+    """The failure's first line: ``hook H does not conform: check=... world_size=N``."""
+    what = " ".join(f"{k}={v}" for k, v in describe.items())
+    who = f"hook {hook}" if hook else "case"
+    return f"{who} does not conform: {what} world_size={world_size}"
+
+
+#: Finding kinds that explain other findings (:mod:`conformance.ranks.diagnosis`), listed after them.
+DIAGNOSIS_KINDS = ("diagnosis", "diagnosis_wider_dtype", "no_known_cause", "diagnosis_note", "native_result")
+
+
+def findings_text(found: Sequence[Finding]) -> str:
+    """The findings, step by step then rank by rank, one line each; past MAX_FINDINGS_SHOWN, a count.
+
+    Then the diagnosis (findings of :data:`DIAGNOSIS_KINDS`), every line once, with the ranks that gave it.
+    """
+    observed = [f for f in found if f.kind not in DIAGNOSIS_KINDS]
+    ordered = sorted(observed, key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
+    lines = [f"  {f.describe()}" for f in ordered[:MAX_FINDINGS_SHOWN]]
+    if len(ordered) > MAX_FINDINGS_SHOWN:
+        lines.append(f"  ... and {len(ordered) - MAX_FINDINGS_SHOWN} more findings")
+    return "\n".join(lines + diagnosis_lines(found))
+
+
+def diagnosis_lines(found: Sequence[Finding]) -> List[str]:
+    """``Diagnosis:`` and one line per distinct explanation, naming the ranks (and step) that gave it."""
+    ranks: Dict[Tuple[Optional[int], str], List[int]] = {}
+    for f in found:
+        if f.kind in DIAGNOSIS_KINDS:
+            ranks.setdefault((f.step, f.message), []).append(f.rank)
+    if not ranks:
+        return []
+    lines = ["  Diagnosis (each named cause recomputed with the same collectives from the hook's own inputs):"]
+    for (step, message), who in sorted(ranks.items(), key=lambda kv: (kv[0][0] or -1, min(kv[1]))):
+        who = sorted(set(who))
+        label = f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}"
+        lines.append(f"    [{label}{'' if step is None else f', step {step}'}] {message}")
+    return lines
+
+
+def explained(found: Sequence[Finding]) -> bool:
+    """Whether a diagnosis named a cause for these findings that is a bug, not a possible lossy design (a
+    reduction in a wider dtype than claimed, kind ``"diagnosis_wider_dtype"``, is more accurate than native
+    and may be declared lossy), or found the hook's own result exact (kind ``"native_result"``)."""
+    return any(f.kind in ("diagnosis", "native_result") for f in found)
+
+
+def failure_message(header: str, body: str, rerun: str) -> str:
+    """The whole failure: ``header``, ``body``, then the ``Re-run just this case:`` block."""
+    return f"{header}\n{body}\nRe-run just this case:\n  {rerun}"
+
+
+def rank_problems(result: CaseResult) -> str:
+    """What went wrong per rank when a rank raised, hung or died (empty when every rank finished).
+
+    Per rank: its summary line; for a rank that raised, the findings its check had
+    gathered by then (``RankOutcome.findings_before_error``), then its traceback; for
+    a rank that hung, its stack; else what it printed.
+    """
+    bad = [o for o in result.outcomes if not o.ok]
+    if not bad:
+        return ""
+    if result.timed_out:
+        intro = (f"the case did not finish within the case timeout on {len(bad)} of {result.world_size} ranks "
+                 f"(after {result.wall_s:.1f} s); the pool was restarted")
+    else:
+        intro = f"{len(bad)} of {result.world_size} ranks did not finish the case"
+        if result.pool_rebuilt:
+            intro += "; the pool was restarted"
+    lines = [intro]
+    for o in bad:
+        lines.append(f"--- {o.summary()} ---")
+        if o.findings_before_error:
+            lines.append(f"found on rank {o.rank} before it raised:")
+            lines.append(findings_text(o.findings_before_error))
+        if o.error:
+            lines.append(o.error.rstrip())
+        if o.stack:
+            lines.append(o.stack.rstrip())
+        elif o.output.strip():
+            lines.append(f"(rank {o.rank} printed during the case:)")
+            lines.append(o.output.rstrip())
+    return "\n".join(lines)
+
+
+def failed_in_reference(result: CaseResult) -> bool:
+    """Whether every rank that did not finish raised while building or training the reference model."""
+    bad = [o for o in result.outcomes if not o.ok]
+    return bool(bad) and all(o.error is not None and "reference" in o.phase for o in bad)
+
+
+def exception_line(text: str) -> str:
+    """The exception a traceback ends with (its ``Type: message`` line and what follows), on one line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    starts = [i for i, ln in enumerate(lines) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", ln)]
+    return " ".join(lines[starts[-1]:][:4]) if starts else (lines[-1] if lines else "(no message)")
+
+
+def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: Iterable[int],
+                 interrupted: bool = False, not_run: Sequence[str] = ()) -> str:
+    """One hook's verdict from its case outcomes.
+
+    Args:
+        counts: outcome -> number of cases (``passed``, ``failed``, ``xfailed``,
+            ``xpassed``, ``skipped``).
+        failed_checks: the checks of its failed cases.
+        ran_at: the world sizes at which its cases ran (skipped ones excluded).
+        interrupted: the run was stopped (Ctrl-C, SIGTERM) before every case ran.
+        not_run: why some of its cases could not run (the run's own failure, e.g. a rank
+            pool that could not start); the verdict is then ``NOT RUN (reason)``
+            unless a case of it failed.
+
+    ``DOES NOT CONFORM (checks)``; ``NOT RUN`` when every case was skipped;
+    ``NOT CHECKED ACROSS RANKS`` when every case ran at world size 1 (a mean
+    over one rank is the local gradient); ``known failures``; ``CONFORMS``.
+    Known failures that now pass are counted, never hidden. An interrupted run
+    keeps a failure's verdict (the failure is real) and says ``INTERRUPTED``
+    instead of any other: what did not run may fail.
+    """
+    xpassed = counts.get("xpassed", 0)
+    now_pass = f"; {xpassed} known failure(s) now pass" if xpassed else ""
+    if counts.get("failed"):
+        return "DOES NOT CONFORM (" + ", ".join(sorted(failed_checks)) + ")"
+    if interrupted:
+        return "INTERRUPTED: no verdict" + now_pass
+    if not_run:
+        return f"NOT RUN ({not_run[0]})"
+    if not (counts.get("passed") or counts.get("xfailed") or xpassed):
+        return "NOT RUN: every case was skipped" if counts.get("skipped") else "not run"
+    if max(set(ran_at) or {0}) < 2:
+        return "NOT CHECKED ACROSS RANKS (every case ran at world size 1)"
+    if counts.get("xfailed"):
+        return "known failures" + now_pass
+    return "CONFORMS" + now_pass
+
+
+def figure(x: float) -> str:
+    """A lossy-contract figure for messages and JUnit properties: ``1.234e-03`` or ``inf``."""
+    return "inf" if math.isinf(x) else f"{x:.3e}"
+
+
+def lossy_error_note(worst: Dict[str, Any], bound: Optional[float]) -> str:
+    """The closing line of a ``lossy_error`` case: the observed maximum relative error, where, and the bound.
+
+    ``worst`` is the rank's figures with the largest ``max_rel_error``; ``at``
+    is ``(step, fqn)`` of it, or ``None``.
+    """
+    where = "" if worst["at"] is None else f" (step {worst['at'][0]}, parameter {worst['at'][1]!r})"
+    return (f"  observed max relative error {figure(worst['max_rel_error'])}{where}; declared rel_error_bound "
+            f"{'none' if bound is None else figure(bound)}")
+
+
+def lossy_loss_note(figures: Dict[str, Any], steps: int, margin: float) -> str:
+    """The closing line of a failed ``lossy_loss`` case: both losses and the relative difference against the margin."""
+    return (f"  observed relative loss difference {figure(figures['rel_diff'])} after {steps} steps "
+            f"(loss {figures['loss_hook']!r} with the hook, {figures['loss_exact']!r} without); declared "
+            f"loss_margin {figure(margin)}")

@@ -1,0 +1,270 @@
+"""The run's results as one JSON document: the environment, every case, the per-hook verdicts.
+
+The document's schema is ``conformance/reports/results.schema.json`` (JSON Schema
+draft 2020-12), its fields are described in ``docs/results.md``, and its
+version is :data:`SCHEMA_VERSION`. Start with :class:`CaseRecord` (one case,
+built from pytest's ``TestReport`` by :mod:`conformance.reports.results_plugin`) and
+:func:`build_document`.
+
+Everything here is plain data and standard library: no torch, no pytest, so
+the baseline diff (:mod:`conformance.reports.baseline`), the matrix
+(:mod:`conformance.reports.matrix`) and the tests use it without a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+__all__ = ["CaseRecord", "FAILING", "OUTCOMES", "ResultsError", "SCHEMA_FILE", "SCHEMA_VERSION",
+           "build_document", "figure_value", "hook_status", "load_results", "parse_figure", "records_from_json", "schema",
+           "unwritable_reason", "write_atomic", "write_json"]
+
+#: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
+#: changes the meaning of a field, and a baseline of another major version is refused.
+SCHEMA_VERSION = "1.2"
+#: The JSON Schema of the document (draft 2020-12).
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
+
+#: Every case outcome, as the JSON ``outcome`` field spells it. ``error`` is a failure outside
+#: the test body (setup or teardown); ``xfailed`` a known failure; ``xpassed`` a known failure
+#: that passed.
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+#: The outcomes that fail a run.
+FAILING = frozenset({"failed", "error"})
+
+#: The figures a case may carry, by JUnit property name: the largest ULP and absolute
+#: differences over a failure's findings, and a lossy hook's observed figures.
+FIGURE_NAMES = ("max_ulp_diff", "max_abs_diff", "observed_rel_error", "observed_loss_rel_diff")
+
+
+class ResultsError(ValueError):
+    """A results file cannot be read or is not a results document; the message names the file."""
+
+
+@dataclasses.dataclass
+class CaseRecord:
+    """One case of the run, as the JSON ``cases`` array holds it.
+
+    Attributes:
+        id: the pytest node id (``test_ddp.py::test_ddp_parity[my_hook-default-net-ws2]``),
+            the key a baseline diff matches cases by.
+        name: the test name (``test_ddp_parity[my_hook-default-net-ws2]``), what ``-k`` selects.
+        outcome: one of :data:`OUTCOMES`.
+        duration_s: seconds, setup, call and teardown together (pytest's ``TestReport.duration``).
+        hook, api, check, variant, variant_field, model, rule, world_size: the case's
+            JUnit properties (:meth:`conformance.cases.CaseParams.junit_properties`);
+            ``variant_field`` is ``"strategy"`` (fsdp) or ``"config"`` (ddp, fsdp2).
+        known_failure_reason: the known-failures entry's reason of an ``xfailed`` or
+            ``xpassed`` case.
+        skip_reason: why a ``skipped`` case did not run.
+        figures: by name (:data:`FIGURE_NAMES`), a float, or ``inf`` (see :func:`figure_value`).
+        failure: of a failed case: ``header`` (the failure's first line), ``findings``
+            (the first findings, one line each), ``message`` (the failure text, cut at
+            :data:`MAX_MESSAGE_CHARS`) and ``rerun`` (the command that re-runs it).
+    """
+
+    id: str
+    name: str
+    outcome: str = "passed"
+    duration_s: float = 0.0
+    hook: Optional[str] = None
+    api: Optional[str] = None
+    check: Optional[str] = None
+    variant: Optional[str] = None
+    variant_field: Optional[str] = None
+    model: Optional[str] = None
+    rule: Optional[str] = None
+    world_size: Optional[int] = None
+    known_failure_reason: Optional[str] = None
+    skip_reason: Optional[str] = None
+    figures: Dict[str, float] = dataclasses.field(default_factory=dict)
+    failure: Optional[Dict[str, Any]] = None
+
+    @property
+    def failing(self) -> bool:
+        return self.outcome in FAILING
+
+    def to_json(self) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["duration_s"] = round(self.duration_s, 6)
+        out["figures"] = {k: figure_value(v) for k, v in self.figures.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CaseRecord":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        record = cls(**{k: v for k, v in data.items() if k in fields})
+        record.figures = {k: parse_figure(v) for k, v in (data.get("figures") or {}).items()}
+        return record
+
+
+#: A failure's text kept in the JSON, in characters (the JUnit XML has it whole).
+MAX_MESSAGE_CHARS = 4000
+
+
+def figure_value(x: Any) -> Any:
+    """A figure as JSON can hold it: the number itself, or ``"inf"``, ``"-inf"``, ``"nan"``.
+
+    JSON has no infinity, and an infinite ULP difference (NaN against a number) is a real
+    figure, so non-finite values travel as these three strings.
+    """
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return int(x) if x.is_integer() and abs(x) < 2**53 else x
+
+
+def parse_figure(value: Any) -> float:
+    """The inverse of :func:`figure_value`, also for JUnit property strings (``"1.234e-03"``).
+
+    Raises:
+        ValueError: not a number nor one of ``inf``, ``-inf``, ``nan``.
+    """
+    return float(value)
+
+
+def hook_status(verdict: str) -> str:
+    """The machine-readable status of a verdict string (:func:`conformance.reports.report.hook_verdict`).
+
+    ``conforms``, ``known_failures``, ``does_not_conform``, ``not_checked_across_ranks``,
+    ``not_run``, ``interrupted``, ``running`` (a file written while the run goes on); ``other`` for a
+    verdict this version does not know.
+    """
+    for prefix, status in (("CONFORMS", "conforms"), ("known failures", "known_failures"),
+                           ("DOES NOT CONFORM", "does_not_conform"),
+                           ("NOT CHECKED ACROSS RANKS", "not_checked_across_ranks"),
+                           ("NOT RUN", "not_run"), ("not run", "not_run"), ("INTERRUPTED", "interrupted"),
+                           ("RUNNING", "running")):
+        if verdict.startswith(prefix):
+            return status
+    return "other"
+
+
+def build_document(*, suite_version: str, run: Mapping[str, Any], environment: Mapping[str, Any],
+                   hooks: Sequence[Mapping[str, Any]], cases: Sequence[CaseRecord],
+                   baseline: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The results document (see ``docs/results.md`` for every field).
+
+    Args:
+        suite_version: ``conformance.__version__``.
+        run: ``started_at``, ``finished_at`` (ISO 8601, UTC), ``duration_s``, ``exit_status``
+            (the run's exit code), ``interrupted``, ``args`` (the command line).
+        environment: torch version and build, backend, device, world sizes, ...
+        hooks: per hook: its claims, source, verdict, outcome counts and matrix.
+        cases: every case, in the order they ran.
+        baseline: the baseline diff (:meth:`conformance.reports.baseline.BaselineDiff.to_json`), or ``None``.
+    """
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "suite": {"name": "commhook-conformance", "version": suite_version},
+        "run": dict(run),
+        "environment": dict(environment),
+        "hooks": [dict(h) for h in hooks],
+        "cases": [c.to_json() for c in cases],
+        "baseline": None if baseline is None else dict(baseline),
+    }
+
+
+def schema() -> Dict[str, Any]:
+    """The JSON Schema of the results document, from :data:`SCHEMA_FILE`."""
+    with open(SCHEMA_FILE, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` so that a reader sees the old file or the new one, never half.
+
+    The text goes to a temporary file in the same directory, is flushed to disk
+    (``os.fsync``), then renamed over ``path`` (``os.replace``, atomic on POSIX
+    and Windows within one file system). The file gets the permissions of a
+    file opened for writing (0o666 less the umask), not ``mkstemp``'s 0o600.
+
+    Raises:
+        OSError: the directory is not writable, the disk is full, ...; ``path`` is then unchanged
+            and no temporary file is left behind.
+    """
+    path = os.path.abspath(path)
+    directory, base = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path: str, document: Mapping[str, Any]) -> None:
+    """Write the results document to ``path`` atomically (:func:`write_atomic`), as strict JSON.
+
+    Raises:
+        ValueError: a value JSON cannot hold (NaN or infinity outside :func:`figure_value`).
+        OSError: as :func:`write_atomic`.
+    """
+    write_atomic(path, json.dumps(document, indent=1, allow_nan=False) + "\n")
+
+
+def load_results(path: str) -> Dict[str, Any]:
+    """Read a results document written by this suite, of this major schema version.
+
+    Raises:
+        ResultsError: the file cannot be read, is not JSON, is not a results document, or has
+            another major ``schema_version``; the message names the file.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ResultsError(f"cannot read results file {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ResultsError(f"results file {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or "schema_version" not in data or not isinstance(data.get("cases"), list):
+        raise ResultsError(f"{path} is not a conformance results file (no schema_version or cases): "
+                           "give a file written by --json")
+    version = str(data["schema_version"])
+    if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise ResultsError(f"results file {path} has schema_version {version}, but this suite reads "
+                           f"{SCHEMA_VERSION.split('.')[0]}.x: rerun the baseline with this suite's version")
+    return data
+
+
+def unwritable_reason(path: str) -> Optional[str]:
+    """Why a report cannot be written at ``path``, or ``None`` if it can.
+
+    Creates the parent directories, as pytest does for ``--junitxml``, then
+    creates and removes a probe file there (``os.access`` says yes to root on a
+    read-only directory). Nothing is written at ``path`` itself.
+    """
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".conform-probe.", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot write in {directory}: {exc.strerror or exc}"
+    return None
+
+
+def records_from_json(data: Mapping[str, Any]) -> List[CaseRecord]:
+    """The case records of a loaded results document."""
+    return [CaseRecord.from_json(c) for c in data.get("cases", [])]

@@ -1,0 +1,178 @@
+"""What the terminal says about the run as a whole: its header, what its counts mean, a -k that matched nothing.
+
+A newcomer's first run ends with pytest's own line, ``233 passed, 7 skipped, 8
+deselected, 301 xfailed``: more known failures than passes, and cases
+deselected with no ``-k``. :func:`counts_lines` says what each count is, and
+every world size the cases ran at; :func:`header_lines` names every world size
+the run plans (the main and extra ones, and 4 for the cases that need four
+ranks); :func:`no_case_lines` answers a ``-k`` or ``-m`` that selected no case
+with the hook names and check names there are. The pytest plugin's summary
+(:class:`conformance.reports.summary.Summary`) gathers the figures; everything
+here is plain text from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Mapping, Sequence, Set, Tuple
+
+__all__ = ["counts_lines", "header_lines", "no_case_lines", "notset_cause", "planned_world_sizes", "split_counts"]
+
+#: Names listed in one line before "and N more".
+MAX_NAMES = 8
+
+
+def _join(items: Sequence[Any]) -> str:
+    items = [str(i) for i in items]
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _names(items: Iterable[str]) -> str:
+    names = sorted(set(items))
+    more = f" and {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else ""
+    return ", ".join(names[:MAX_NAMES]) + more
+
+
+def planned_world_sizes(specs: Sequence[Any], settings: Any) -> Dict[int, Set[str]]:
+    """World size -> the suite tests with a case planned there that can run here (not skipped), for ``specs``
+    (:class:`~conformance.spec.HookSpec`) under ``settings``, as collection will plan them."""
+    from conformance.apis.registry import HOOK_APIS, planned_cases
+
+    out: Dict[int, Set[str]] = {}
+    for api in HOOK_APIS.values():
+        for test in api.plans:
+            for case in planned_cases(test, specs, settings):
+                if case.skip is None:
+                    out.setdefault(case.world_size, set()).add(test)
+    return out
+
+
+def _sizes_text(sizes: Mapping[int, Set[str]], usual: Sequence[int]) -> str:
+    """``2, 3 and 4 (4 for test_ddp_parity, ...)``: every size, then the tests of each size the settings did not
+    ask for (``usual``: the main, extra and one-GPU sizes), which only some cases need."""
+    text = _join(sorted(sizes))
+    others = [f"{ws} for {_names(sizes[ws])}" for ws in sorted(sizes) if ws not in usual and sizes[ws]]
+    return f"{text} ({'; '.join(others)})" if others else text
+
+
+def header_lines(state: Any, torch_version: str) -> List[str]:
+    """The report header: torch and its build, backend, device, every world size the run plans, the case
+    timeout; torchrun's or the one-GPU pools where they apply; then each hook under test with its claim."""
+    s = state.settings
+    build = "CUDA build" if state.book.env.cuda_build else "CPU build"
+    sizes = _sizes_text(state.world_sizes or {ws: set() for ws in s.world_sizes}, s.world_sizes)
+    lines = [f"conformance: torch {torch_version} ({build}), backend {s.backend}, device {s.device}, "
+             f"world sizes {sizes}, case timeout {s.case_timeout_s:g} s"]
+    if s.listen is not None:
+        from conformance.controller.remote_link import format_address
+
+        lines.append(f"  ranks: torchrun's, connecting to --listen {format_address(s.listen)} (waiting up to "
+                     f"{s.listen_timeout_s:g} s): on every node, torchrun ... -m conformance.worker --controller "
+                     f"{format_address(s.listen)}")
+    if s.cpu_pools:
+        lines.append(f"  one GPU: world size {s.world_size} alone proves nothing about averaging, so world sizes "
+                     f"{_join(s.cpu_pools)} run as gloo pools on the CPU")
+    for item in state.specs:
+        spec = item.spec
+        claim = "full-precision averaging" if spec.reduce_dtype is None else f"reduce_dtype={spec.reduce_dtype_name}"
+        lines.append(f"  hook {spec.name} [{spec.api}; {claim}; {', '.join(spec.strategies)}] from {item.target}")
+    return lines
+
+
+def counts_lines(counts: Mapping[str, int], xfailed_builtin: int, empty_tests: Mapping[str, Tuple[str, bool]],
+                 deselected: int, ran_at: Mapping[int, Set[str]], usual_sizes: Sequence[int],
+                 environment: str) -> List[str]:
+    """What each count of pytest's closing line means for this run.
+
+    Args:
+        counts: outcome -> cases (``passed``, ``failed``, ``xfailed``, ``xpassed``, ``skipped``).
+        xfailed_builtin: how many of the ``xfailed`` cases are PyTorch's built-in hooks'.
+        empty_tests: suite test -> :func:`notset_cause` for a test with no case for the hooks
+            under test (pytest's ``[NOTSET]`` placeholder, which the plugin deselects).
+        deselected: cases that ``-k`` or ``-m`` deselected.
+        ran_at: world size -> the suite tests whose cases ran there (skipped cases excluded).
+        usual_sizes: the world sizes of the settings (main, extra, one-GPU pools).
+        environment: torch, its build, backend and device, in words.
+    """
+    lines = []
+    if counts.get("passed"):
+        lines.append(f"{counts['passed']} passed: cases where the hook gave PyTorch's own results, bit for bit "
+                     "(or kept the registration rule)")
+    if counts.get("failed"):
+        lines.append(f"{counts['failed']} failed: cases where a hook does not conform; each failure above "
+                     "ends with the command that re-runs it")
+    xfailed = counts.get("xfailed", 0)
+    if xfailed_builtin:
+        lines.append(f"{xfailed_builtin} xfailed: known failures of PyTorch's own built-in hooks on this build "
+                     f"({environment}), listed with their reasons under each hook above; they do not fail the run")
+    if xfailed - xfailed_builtin > 0:
+        lines.append(f"{xfailed - xfailed_builtin} xfailed: known failures of your hooks, from your "
+                     "--known-failures file, listed with their reasons above; they do not fail the run")
+    if counts.get("xpassed"):
+        lines.append(f"{counts['xpassed']} xpassed: known failures that now pass (listed above): narrow or remove "
+                     "their entries")
+    if counts.get("skipped"):
+        lines.append(f"{counts['skipped']} skipped: cases that cannot run here; pytest's short summary (-rs) "
+                     "gives each reason")
+    if empty_tests or deselected:
+        why = [f"{deselected} case(s) by -k or -m"] if deselected else []
+        if empty_tests:
+            apis_without = sorted({api for api, has_hooks in empty_tests.values() if not has_hooks})
+            not_taken: Dict[str, List[str]] = {}
+            for test, (api, has_hooks) in empty_tests.items():
+                if has_hooks:
+                    not_taken.setdefault(api, []).append(test)
+            parts = [f"every test of api {_join(apis_without)} (no hook under test has that api)"] \
+                if apis_without else []
+            parts += [f"{_names(tests)} (its plan takes none of the {api} hooks under test)"
+                      for api, tests in sorted(not_taken.items())]
+            why.append(f"{len(empty_tests)} suite test(s) with no case for the hooks under test, not a -k: "
+                       + "; ".join(parts))
+        lines.append(f"{len(empty_tests) + deselected} deselected: " + "; and ".join(why))
+    if ran_at:
+        lines.append(f"world sizes: the cases ran at {_sizes_text(ran_at, usual_sizes)}")
+    return lines
+
+
+def no_case_lines(keyword: str, markexpr: str, deselected: Sequence[str], hooks: Sequence[str],
+                  empty_tests: int = 0) -> List[str]:
+    """Why no case ran when ``-k`` or ``-m`` deselected every one: what was asked, and the hook and check
+    names (suite test names) that a case id is made of, with one real id as an example. ``empty_tests``:
+    suite tests deselected for having no case for these hooks, counted apart."""
+    asked = " and ".join(x for x in (f"-k {keyword!r}" if keyword else "", f"-m {markexpr!r}" if markexpr else "")
+                         if x) or "the selection"
+    tests = sorted({name.split("[", 1)[0] for name in deselected})
+    others = f"; the other {empty_tests} deselected are suite tests with no case for these hooks" \
+        if empty_tests else ""
+    lines = [f"no case matched {asked}: all {len(deselected)} cases were deselected, so none ran (exit status 5)"
+             + others,
+             f"  hooks: {', '.join(hooks)}",
+             f"  checks (suite tests): {', '.join(tests)}"]
+    if deselected:
+        lines.append(f"  a case's name is test[hook-variant-model-wsN], e.g. {sorted(deselected)[0]}; -k matches "
+                     "words of it, case-insensitively")
+    return lines
+
+
+def notset_cause(test: str, specs: Sequence[Any]) -> Tuple[str, bool]:
+    """Why suite test ``test`` has no case for ``specs``: its API's name, and whether any spec has that API
+    (then its case plan takes none of them: the lossy checks take only hooks with a ``LossyContract``)."""
+    from conformance.apis.registry import api_of_test
+
+    api = api_of_test(test)
+    name = api.name if api is not None else "?"
+    return name, any(spec.api == name for spec in specs)
+
+
+def split_counts(per_hook: Mapping[str, Mapping[str, int]], builtin: Iterable[str]) -> Tuple[Dict[str, int], int]:
+    """The outcome counts over every hook, and the ``xfailed`` count of the ``builtin`` hooks."""
+    totals: Dict[str, int] = {}
+    builtin = set(builtin)
+    xfailed_builtin = 0
+    for hook, counts in per_hook.items():
+        for outcome, n in counts.items():
+            totals[outcome] = totals.get(outcome, 0) + n
+        if hook in builtin:
+            xfailed_builtin += counts.get("xfailed", 0)
+    return totals, xfailed_builtin

@@ -20,7 +20,7 @@ import pytest
 from conformance import report, results_plugin
 from conformance.cases import parse_case_id
 from conformance.interruption import StopSignals
-from conformance.report_files import JUnitReportGuard
+from conformance.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
 from conformance.spec_loading import LoadedSpec, load_specs, user_paths_first
@@ -94,8 +94,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE_KEY] = state
     config.pluginmanager.register(_Summary(state), "conformance-summary")
     config.pluginmanager.register(_Stopping(state), "conformance-stopping")
-    # Before any case: an unwritable or busy --junitxml path is a usage error; an old report is marked stale.
-    config.pluginmanager.register(JUnitReportGuard(config), "conformance-junit-report")
+    # Before any case: an unwritable or busy report path is a usage error (the reports are marked stale later,
+    # once a case is about to run).
+    config.pluginmanager.register(ReportGuard(config, settings.json_path, settings.markdown_path,
+                                              keep=tuple(p for p in (settings.baseline_path,) if p)), REPORT_FILES)
     results_plugin.register(config, state)  # --json, --markdown, --baseline; the per-hook grids
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from conformance import report, results_plugin
 from conformance.cases import parse_case_id
-from conformance.interruption import StopSignals
+from conformance.interruption import session_signals
 from conformance.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
 from conformance import settings as settings_mod
 from conformance.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
@@ -223,20 +223,28 @@ def _case_hook(item: pytest.Item) -> Optional[str]:
 
 class _Stopping:
     """SIGTERM is handled as Ctrl-C (:class:`~conformance.interruption.StopSignals`), and an interrupted
-    session kills its pools at once: their ranks are mid-case, so a polite shutdown would only wait."""
+    session kills its pools at once: their ranks are mid-case, so a polite shutdown would only wait.
+    From the session's finish on, a signal is only acknowledged; handlers this session installed are
+    restored last, after the pools closed (a signal while they close must not end the controller)."""
 
     def __init__(self, state: SessionState):
         self.state = state
-        self.signals = StopSignals()
-        self.signals.install()
+        self.signals, self._owned = session_signals()
 
     def pytest_keyboard_interrupt(self, excinfo) -> None:
         runner = self.state.runner
         for pool in getattr(runner, "pools", {}).values():
             pool.kill()
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session):
+        self.signals.finishing()
+        return (yield)
+
+    @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        self.signals.restore()
+        if self._owned:
+            self.signals.restore()
 
 
 class _Summary:

@@ -109,13 +109,24 @@ class ReportGuard:
         if not self.reports.marked:
             for report in self.reports.files.values():
                 report.discard()
+            self._silence(writer)
             return None
         if self.reports.publish():
             for callback in self._after_publish:
                 callback()
         else:
             session.exitstatus = RUN_ERROR
+            self._silence(writer)
         return None
+
+    def _silence(self, writer: Any) -> None:
+        """pytest's JUnit writer would print "generated xml file" for a report this run did not publish: it
+        is unregistered now (and taken out of the stash, where pytest would look for it to unregister it)."""
+        if writer is not None and self.config.pluginmanager.is_registered(writer):
+            from _pytest.junitxml import xml_key
+
+            self.config.pluginmanager.unregister(writer)
+            del self.config.stash[xml_key]
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

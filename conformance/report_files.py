@@ -59,13 +59,13 @@ class ReportFileError(Exception):
 
 
 def _not_finished(started: str, pid: int, host: str) -> str:
-    return (f"placeholder: the conformance run started at {started} (pid {pid} on {host}) has not finished, "
+    return (f"the conformance run started at {started} (pid {pid} on {host}) has not finished, "
             "or was stopped before it could write its results")
 
 
 def placeholder_junit(started: str, pid: int, host: str) -> str:
     """A JUnit document with one error: the run that started at ``started`` (ISO time) has not finished."""
-    message = _not_finished(started, pid, host)
+    message = f"placeholder: {_not_finished(started, pid, host)}"
     return ('<?xml version="1.0" encoding="utf-8"?>\n'
             '<testsuites name="conformance"><testsuite name="conformance" tests="1" errors="1" failures="0" '
             f'skipped="0" timestamp={quoteattr(started)} hostname={quoteattr(host)}>'
@@ -75,19 +75,24 @@ def placeholder_junit(started: str, pid: int, host: str) -> str:
 
 def placeholder_markdown(started: str, pid: int, host: str) -> str:
     """The Markdown summary's stand-in: a heading that says the run has not finished, and why it may not have."""
-    return (f"# Conformance: the run has not finished\n\nThe {_not_finished(started, pid, host)[len('placeholder: the '):]}"
-            ". This is not a result: see the run's exit code and log.\n")
+    return (f"# Conformance: the run has not finished\n\nThis is a placeholder: "
+            f"{_not_finished(started, pid, host)}. It is not a result: see the run's exit code and log.\n")
 
 
 def placeholder_json(started: str, pid: int, host: str) -> str:
     """A stand-in for ``--json`` that says the run has not finished (the results plugin gives a fuller one:
     a results document with ``complete: false``)."""
-    return json.dumps({"placeholder": _not_finished(started, pid, host), "run": {"complete": False}}) + "\n"
+    return json.dumps({"placeholder": f"placeholder: {_not_finished(started, pid, host)}",
+                       "run": {"complete": False}}) + "\n"
 
 
 def now() -> str:
     """The local time, ISO 8601 to the second, with its offset."""
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+#: The file name suffix of each report, for the example in a message.
+_SUFFIX = {"--junitxml": ".xml", "--json": ".json", "--markdown": ".md"}
 
 
 class ReportFile:
@@ -132,7 +137,7 @@ class ReportFile:
         if os.path.isdir(self.path):
             raise ReportFileError(f"the report path {self.path} ({self.option}) is a directory. Nothing was run. "
                                   f"Give {self.option} a file name, such as "
-                                  f"{os.path.join(self.path, 'conformance' + os.path.splitext(self.path)[1])}")
+                                  f"{os.path.join(self.path, 'conformance' + _SUFFIX.get(self.option, ''))}")
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._lock()

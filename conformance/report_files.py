@@ -296,9 +296,11 @@ class ReportSet:
 
         Raises:
             ReportFileError: a placeholder could not be written. That report is removed instead (so no
-                earlier run's report is left looking current) where it can be; the run must not go on,
-                since its own report could not be written either. The message is also in :attr:`errors`.
+                earlier run's report is left looking current) where it can be, and the others still get
+                their placeholders; the run must not go on, since its own report could not be written
+                either. Each report's message is also in :attr:`errors`.
         """
+        failed = []
         for option, report in self.files.items():
             make = self._placeholders[option]
             if make is None:
@@ -313,11 +315,12 @@ class ReportSet:
                     removed = "there was no earlier report"
                 except OSError as gone:
                     removed = f"the earlier report could not be removed either ({cause(gone)})"
-                message = (f"cannot write the placeholder of the report {report.path} ({option}): {cause(exc)}; "
-                           f"{removed}. No case was run, since this run could not write its own report either. "
-                           f"Free space there, or give {option} another path.")
-                self.errors.append(message)
-                raise ReportFileError(message) from None
+                failed.append(f"cannot write the placeholder of the report {report.path} ({option}): {cause(exc)}; "
+                              f"{removed}")
+        if failed:
+            self.errors += failed
+            raise ReportFileError("; ".join(failed) + ". No case was run, since this run could not write its own "
+                                  "report either. Free space there, or give the option another path.")
         self.marked = True
 
     def set_placeholder(self, option: str, placeholder: Callable[[], str]) -> None:

@@ -97,9 +97,12 @@ class ReportGuard:
         try:
             yield
         except OSError as exc:  # pytest's JUnit writer (a full disk): the hooks after it did not run either
+            about_junit = junit is not None and exc.filename in (None, junit.temp_path)
             if not self.reports.marked:
-                raise
-            if junit is not None and exc.filename in (None, junit.temp_path):
+                if not about_junit:
+                    raise
+                # else: a report that would not be published anyway (no case ran, or the run stopped for it)
+            elif about_junit:
                 self.reports.fail("--junitxml", cause(exc))
             else:
                 self.reports.errors.append(f"could not write {exc.filename} as the session finished: {cause(exc)}")

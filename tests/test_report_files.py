@@ -140,12 +140,15 @@ def test_a_rename_that_fails_midway_removes_the_reports_already_renamed(tmp_path
 
 def test_a_placeholder_that_cannot_be_written_removes_the_earlier_report_and_stops_the_run(tmp_path, monkeypatch):
     reports = _set(tmp_path)
-    _full_disk_for(monkeypatch, "r.md")
-    with pytest.raises(ReportFileError, match=r"cannot write the placeholder of the report .*r\.md \(--markdown\): "
+    _full_disk_for(monkeypatch, "r.json")
+    with pytest.raises(ReportFileError, match=r"cannot write the placeholder of the report .*r\.json \(--json\): "
                                               r"No space left on device; the earlier report there was removed\. "
                                               r"No case was run"):
         reports.mark()
-    assert not (tmp_path / "r.md").exists()
+    assert not (tmp_path / "r.json").exists()
+    # The reports after it still lose the earlier run's text: none is left looking current.
+    assert "has not finished" in (tmp_path / "r.xml").read_text() + (tmp_path / "r.md").read_text()
+    assert "earlier" not in (tmp_path / "r.md").read_text() and "earlier" not in (tmp_path / "r.xml").read_text()
     assert not reports.marked
     reports.release()
 
@@ -269,6 +272,18 @@ def test_a_final_write_that_fails_exits_run_error_and_leaves_no_finished_report(
     assert json.loads((tmp_path / "r.json").read_text())["run"]["complete"] is False
     assert (tmp_path / "r.md").read_text().startswith("# Conformance: the run has not finished")
     assert sorted(os.listdir(tmp_path)) == sorted(NAMES.values()), "a lock or a temporary file was left behind"
+
+
+def test_a_full_disk_before_the_first_case_stops_the_run_with_run_error_and_no_earlier_report(tmp_path):
+    _earlier_reports(tmp_path)
+    run = _conform(*ONE_CASE, *_report_args(tmp_path), "-p", "tests.report_fault",
+                   env_extra={"CONFORM_TEST_FULL_DISK": "r.", "CONFORM_TEST_FULL_DISK_AT": "start"})
+    out = run.stdout + run.stderr
+    assert run.returncode == RUN_ERROR, out[-3000:]
+    assert f"cannot write the placeholder of the report {tmp_path / 'r.json'} (--json): No space left on device; " \
+           "the earlier report there was removed" in out and "No case was run" in out, out[-3000:]
+    assert "passed" not in run.stdout
+    assert sorted(os.listdir(tmp_path)) == [], "an earlier run's report (or a lock, or a temporary file) was left"
 
 
 def test_a_baseline_whose_entries_lack_fields_is_refused_before_the_first_case(tmp_path):

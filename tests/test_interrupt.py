@@ -1,11 +1,13 @@
-"""Stopping the controller mid-case leaves no rank running, and the run says so.
+"""Stopping the controller leaves no rank running, and the run says so, with its reports, exit code 2.
 
-Each test starts ``python -m conformance`` over ``tests/zoo/contained.py:INTERRUPTIBLE``
+Most tests start ``python -m conformance`` over ``tests/zoo/contained.py:INTERRUPTIBLE``
 (a passing hook, then one that never returns: rank 0 waits on a future nobody
-completes, rank 1 sleeps in C holding the GIL), waits until both ranks are inside
-the hanging hook, signals the controller, and then checks within a bound of
+completes, rank 1 sleeps in C holding the GIL), wait until both ranks are inside
+the hanging hook, signal the controller, and then check within a bound of
 seconds that every process of that run (found by an environment marker, which
-the zygote and every rank inherit) is gone.
+the zygote and every rank inherit) is gone and what the reports say. Others
+signal it while its pools start (``tests/zoo/slow_start.py``), or while it
+finishes: writing its reports or closing its pools (``-p tests.slow_finish``).
 """
 
 from __future__ import annotations
@@ -69,26 +71,33 @@ def _marked(marker: str) -> Set[int]:
     return found
 
 
-def _start(tmp_path, env_extra: Optional[dict] = None) -> Run:
+def _start(tmp_path, env_extra: Optional[dict] = None, args: Optional[List[str]] = None,
+           wait_for: Optional[List[str]] = None) -> Run:
+    """Start a run with every report; return once each file of ``wait_for`` exists (default: both ranks are
+    inside the hanging hook of ``INTERRUPTIBLE``'s second case)."""
     tag = uuid.uuid4().hex
     marker = f"CONFORM_TEST_RUN={tag}"
     entered = str(tmp_path / "entered")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                CONFORM_TEST_RUN=tag, CONFORM_TEST_HOOK_ENTERED=entered, PYTHONUNBUFFERED="1", **(env_extra or {}))
+    env.pop("GITHUB_STEP_SUMMARY", None)
     junit = str(tmp_path / "report.xml")
     out_path = str(tmp_path / "out.txt")
+    args = args if args is not None else ["--hook", "tests.zoo.contained:INTERRUPTIBLE", "-k", "test_averaging"]
     with open(out_path, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "conformance", "--hook", "tests.zoo.contained:INTERRUPTIBLE",
-             "--extra-world-size", "0", "--case-timeout", str(CASE_TIMEOUT_S), "-k", "test_averaging",
-             f"--junitxml={junit}", "--json", str(tmp_path / "results.json"), "-p", "no:randomly"],
+            [sys.executable, "-m", "conformance", *args,
+             "--extra-world-size", "0", "--case-timeout", str(CASE_TIMEOUT_S),
+             f"--junitxml={junit}", "--json", str(tmp_path / "results.json"),
+             "--markdown", str(tmp_path / "summary.md"), "-p", "no:randomly"],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     run = Run(proc, marker, junit, out_path)
+    wait_for = wait_for if wait_for is not None else [f"{entered}.rank{r}" for r in (0, 1)]
     deadline = time.monotonic() + 180
-    while not all(os.path.exists(f"{entered}.rank{r}") for r in (0, 1)):
+    while not all(os.path.exists(path) for path in wait_for):
         if proc.poll() is not None or time.monotonic() > deadline:
             _cleanup(run)
-            pytest.fail(f"the hanging case never started (rc {proc.returncode}):\n{run.output[-3000:]}")
+            pytest.fail(f"the run never got where the test signals it (rc {proc.returncode}):\n{run.output[-3000:]}")
         time.sleep(0.1)
     return run
 
@@ -141,8 +150,34 @@ def _junit_cases(path: str) -> List[str]:
     return [tc.get("name") for tc in ET.parse(path).getroot().iter("testcase") if tc.get("name")]
 
 
-@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["SIGTERM", "SIGINT-twice"])
+def _results(tmp_path) -> dict:
+    with open(tmp_path / "results.json") as f:
+        return json.load(f)
+
+
+def _assert_reports_of_a_stopped_run(tmp_path, run: Run, finished: List[str]) -> None:
+    """The reports say the run stopped after ``finished`` (case names) and list no other case."""
+    assert _junit_cases(run.junit) == finished, run.output[-3000:]
+    doc = _results(tmp_path)
+    assert (doc["run"]["complete"], doc["run"]["interrupted"], doc["run"]["exit_status"]) == (False, True, 2)
+    assert [(c["name"], c["outcome"]) for c in doc["cases"]] == [(name, "passed") for name in finished], doc["cases"]
+    assert all(h["status"] == "interrupted" for h in doc["hooks"]), [h["verdict"] for h in doc["hooks"]]
+    assert "INTERRUPTED" in (tmp_path / "summary.md").read_text()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")], "a lock or a temporary file was left behind"
+
+
+SIGNAL_SEQUENCES = {
+    "SIGTERM": [signal.SIGTERM],
+    "SIGINT-twice": [signal.SIGINT, signal.SIGINT],
+    "SIGINT-5-times": [signal.SIGINT] * 5,
+    "SIGTERM-then-SIGINT-and-SIGTERM-6-times": [signal.SIGTERM] + [signal.SIGINT, signal.SIGTERM] * 3,
+}
+
+
+@pytest.mark.parametrize("signals", list(SIGNAL_SEQUENCES.values()), ids=list(SIGNAL_SEQUENCES))
 def test_a_stopped_run_writes_its_report_says_interrupted_and_leaves_no_rank(tmp_path, signals):
+    """However many signals follow the first, the run ends with exit code 2 and its reports: a case cut off
+    by the signal is in none of them (pytest had logged it as passed: its setup had passed)."""
     run = _start(tmp_path)
     try:
         before = _run_processes(run, minimum=3)
@@ -154,11 +189,74 @@ def test_a_stopped_run_writes_its_report_says_interrupted_and_leaves_no_rank(tmp
         assert "INTERRUPTED after 1 of 2 cases" in out, out[-3000:]
         assert "CONFORMS" not in out
         assert "zoo_plain_allreduce          INTERRUPTED: no verdict  [1 of 1 cases: 1 passed]" in out
-        # The report is valid XML and holds the case that finished; nothing of it is left beside it.
-        assert _junit_cases(run.junit) == ["test_averaging[zoo_plain_allreduce-NO_SHARD-ws2]"]
-        assert not [n for n in os.listdir(tmp_path) if n.startswith(".report.xml")]
+        if len(signals) > 1:
+            assert "already stopping" in out, out[-3000:]
+        _assert_reports_of_a_stopped_run(tmp_path, run, ["test_averaging[zoo_plain_allreduce-NO_SHARD-ws2]"])
     finally:
         _cleanup(run)
+
+
+def test_signals_while_the_pools_start_stop_the_run_with_its_reports(tmp_path):
+    starting = str(tmp_path / "starting")
+    run = _start(tmp_path, {"CONFORM_TEST_RANK_STARTING": starting},
+                 args=["--hook", "tests.zoo.slow_start:SPEC", "-k", "test_averaging"],
+                 wait_for=[f"{starting}.rank{r}" for r in (0, 1)])
+    try:
+        before = _run_processes(run, minimum=3)
+        _stop(run, [signal.SIGTERM, signal.SIGINT, signal.SIGTERM])
+        assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, run.output[-3000:]
+        _assert_no_process_left(run, before)
+        assert "INTERRUPTED after 0 of 1 cases" in run.output, run.output[-3000:]
+        _assert_reports_of_a_stopped_run(tmp_path, run, [])
+    finally:
+        _cleanup(run)
+
+
+def test_signals_while_an_interrupted_run_closes_its_pools_are_only_acknowledged(tmp_path):
+    """The flake of issue 15: a second Ctrl-C that landed while the pools closed ended the controller by
+    SIGINT (return code -2), since the handlers had been restored before the pools were closed."""
+    closing = str(tmp_path / "closing")
+    run = _start(tmp_path, {"CONFORM_TEST_SLOW_AT": "close", "CONFORM_TEST_SLOW_MARKER": closing},
+                 args=["--hook", "tests.zoo.contained:INTERRUPTIBLE", "-k", "test_averaging", "-p", "tests.slow_finish"])
+    try:
+        before = _run_processes(run, minimum=3)
+        run.proc.send_signal(signal.SIGINT)
+        _wait_for(run, closing)
+        _stop(run, [signal.SIGINT, signal.SIGTERM, signal.SIGINT])
+        assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, run.output[-3000:]
+        _assert_no_process_left(run, before)
+        _assert_reports_of_a_stopped_run(tmp_path, run, ["test_averaging[zoo_plain_allreduce-NO_SHARD-ws2]"])
+    finally:
+        _cleanup(run)
+
+
+@pytest.mark.parametrize("at", ["report", "close"])
+def test_signals_once_every_case_ran_leave_the_run_its_report_and_exit_code(tmp_path, at):
+    """A signal that lands while a finished run writes its reports or closes its pools changes nothing:
+    the reports are the complete run's, and the exit code (0) agrees with them."""
+    marker = str(tmp_path / "finishing")
+    run = _start(tmp_path, {"CONFORM_TEST_SLOW_AT": at, "CONFORM_TEST_SLOW_MARKER": marker},
+                 args=["--hook", "tests.zoo.contained:GOOD", "-k", "test_averaging", "-p", "tests.slow_finish"],
+                 wait_for=[marker])
+    try:
+        _stop(run, [signal.SIGINT, signal.SIGTERM, signal.SIGINT])
+        assert run.proc.returncode == pytest.ExitCode.OK, run.output[-3000:]
+        assert "the run is finishing: its report is being written, and stands" in run.output, run.output[-3000:]
+        _assert_no_process_left(run, set())
+        assert _junit_cases(run.junit) == ["test_averaging[zoo_plain_allreduce-NO_SHARD-ws2]"]
+        doc = _results(tmp_path)
+        assert (doc["run"]["complete"], doc["run"]["interrupted"], doc["run"]["exit_status"]) == (True, False, 0)
+        assert [h["status"] for h in doc["hooks"]] == ["conforms"]
+    finally:
+        _cleanup(run)
+
+
+def _wait_for(run: Run, path: str) -> None:
+    deadline = time.monotonic() + EXIT_BOUND_S
+    while not os.path.exists(path):
+        if run.proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the run never got to {path} (rc {run.proc.returncode}):\n{run.output[-3000:]}")
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("fork", ["1", "0"], ids=["forked-ranks", "fresh-ranks"])
@@ -189,12 +287,18 @@ def test_a_killed_controller_leaves_no_rank_and_no_stale_report(tmp_path, fork):
 
 
 _STOPPING_CHILD = textwrap.dedent("""
-    import time
+    import sys, time
     from conformance.controller.interruption import StopSignals
     signals = StopSignals()
     signals.install()
+    if sys.argv[1] == "finishing":
+        signals.finishing()
     try:  # "ready" inside the try: the signal may land while print() is still returning
         print("ready", flush=True)
+        if sys.argv[1] == "finishing":
+            time.sleep(1.5)  # writing the report
+            print("report written", flush=True)
+            sys.exit(0)
         time.sleep(60)
     except KeyboardInterrupt as exc:
         print(f"interrupted: {exc}", flush=True)
@@ -203,31 +307,50 @@ _STOPPING_CHILD = textwrap.dedent("""
     """)
 
 
-@pytest.mark.parametrize("count, code, last_line", [
-    (2, 0, "report written"),               # the second signal is acknowledged; the report is finished
-    (3, 128 + signal.SIGTERM, "interrupted: SIGTERM received"),  # the third stops at once
-])
-def test_stop_signals(count, code, last_line):
+def _acknowledged(child: subprocess.Popen, count: int) -> str:
+    """Read the child's stderr until ``count`` signals were acknowledged."""
+    text = ""
+    while text.count("[conformance] SIGTERM:") < count:
+        line = child.stderr.readline()
+        assert line, f"the child's stderr ended before it acknowledged {count} signal(s): {text!r}"
+        text += line
+    return text
+
+
+@pytest.mark.parametrize("count", [2, 3, 6])
+def test_only_the_first_signal_interrupts_and_any_later_one_is_acknowledged(count):
     """Each signal is sent once the child has reacted to the one before (Python coalesces a signal that
     arrives before its handler ran, and a busy machine can delay the handler past a fixed sleep)."""
-    child = subprocess.Popen([sys.executable, "-c", _STOPPING_CHILD], stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-c", _STOPPING_CHILD, "running"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         child.send_signal(signal.SIGTERM)
         assert child.stdout.readline().strip() == "interrupted: SIGTERM received"
-        child.send_signal(signal.SIGTERM)
         acknowledged = ""
-        while "already stopping, the report is being written" not in acknowledged:
-            line = child.stderr.readline()
-            assert line, f"the child's stderr ended before it acknowledged the second signal: {acknowledged!r}"
-            acknowledged += line
-        if count == 3:
+        for _ in range(1, count):
             child.send_signal(signal.SIGTERM)
+            acknowledged += _acknowledged(child, 1)
+        assert "already stopping" in acknowledged and "send SIGKILL" in acknowledged
         out, err = child.communicate(timeout=10)
-        assert child.returncode == code, acknowledged + err
-        lines = ["interrupted: SIGTERM received"] + out.strip().splitlines()
-        assert lines[-1] == last_line
+        assert child.returncode == 0, acknowledged + err
+        assert out.strip().splitlines()[-1] == "report written"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_signal_once_the_run_is_finishing_is_only_acknowledged():
+    child = subprocess.Popen([sys.executable, "-c", _STOPPING_CHILD, "finishing"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        assert "the run is finishing: its report is being written, and stands" in _acknowledged(child, 1)
+        child.send_signal(signal.SIGTERM)
+        _acknowledged(child, 1)
+        out, err = child.communicate(timeout=10)
+        assert child.returncode == 0 and out.strip() == "report written", out + err
     finally:
         child.kill()
         child.wait()
@@ -239,8 +362,8 @@ def test_a_run_stopped_by_maxfail_never_says_conforms(tmp_path):
     from tests.meta_helpers import run_suite
 
     run = run_suite(["--hook", "tests.zoo.fsdp_hooks:ALL", "-x", "--extra-world-size", "0", "-k",
-                     "test_averaging and (good_callable_object or bad_sum_no_average or bad_divide_after)"],
-                    str(tmp_path / "x.xml"), timeout=300)
+                     "test_averaging and (good_callable_object or bad_sum_no_average or bad_divide_after)",
+                     "--json", str(tmp_path / "x.json")], str(tmp_path / "x.xml"), timeout=300)
     assert run.returncode == 2, run.output[-3000:]
     summary = run.output.split("hook conformance", 1)[-1]
     assert "INTERRUPTED after" in summary and "(stopping after 1 failures)" in summary, summary[:2000]
@@ -249,3 +372,7 @@ def test_a_run_stopped_by_maxfail_never_says_conforms(tmp_path):
     assert len(failed) == 1, summary[:2000]
     grid = summary.split(f"{failed[0].hook} ", 1)[1].split("\n\n", 1)[0]
     assert "not run" in grid and " only " not in grid, grid
+    with open(tmp_path / "x.json") as f:
+        doc = json.load(f)
+    assert (doc["run"]["complete"], doc["run"]["interrupted"], doc["run"]["exit_status"]) == (False, True, 2)
+    assert "conforms" not in [h["status"] for h in doc["hooks"]]

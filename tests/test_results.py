@@ -203,6 +203,36 @@ def test_load_results_refuses_other_files_with_the_reason(tmp_path):
         results.load_results(str(path))
 
 
+def test_load_results_refuses_a_document_whose_entries_lack_fields_naming_the_first_bad_entry(tmp_path):
+    """The header is right, so only the schema sees it; unchecked, the diff ended in a TypeError traceback."""
+    doc = json.loads(json.dumps(document(overwritten_records())))
+    del doc["cases"][3]["outcome"], doc["cases"][3]["world_size"]
+    doc["cases"][5]["duration_s"] = "slow"
+    del doc["cases"][7]["id"]
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError) as raised:
+        results.load_results(str(path))
+    assert str(raised.value) == (
+        f"results file {path} does not match the results schema (results.schema.json): cases[3] "
+        f"(id {doc['cases'][3]['id']!r}) lacks the fields 'outcome', 'world_size' (and 2 more problems). Give a "
+        "file written by --json, unedited, or run once without --baseline to write a new one")
+    assert results.schema_problems(doc)[1:] == [
+        f"cases[5] (id {doc['cases'][5]['id']!r}), field 'duration_s': 'slow' is not of type 'number'",
+        f"cases[7] (name {doc['cases'][7]['name']!r}) lacks the field 'id'"]
+
+
+def test_schema_problems_name_a_top_level_field_and_a_nested_one():
+    doc = json.loads(json.dumps(document(overwritten_records())))
+    del doc["run"]["args"]
+    doc["hooks"][1]["status"] = "fine"
+    assert results.schema_problems(doc) == [
+        "hooks[1] (name 'good'), field 'status': 'fine' is not one of ['conforms', 'known_failures', "
+        "'does_not_conform', 'not_checked_across_ranks', 'not_run', 'interrupted', 'running', 'other']",
+        "run lacks the field 'args'"]
+    assert results.schema_problems(document(overwritten_records())) == []
+
+
 # -- the baseline diff ----------------------------------------------------------------------------
 
 

@@ -47,6 +47,7 @@ def test_json_validates_against_the_schema(overwritten_run):
     _, doc, _ = overwritten_run
     jsonschema.validate(doc, results.schema())
     assert doc["schema_version"] == results.SCHEMA_VERSION
+    assert (doc["run"]["complete"], doc["run"]["interrupted"], doc["run"]["exit_status"]) == (True, False, 1)
 
 
 def test_json_agrees_with_junit_case_by_case(overwritten_run):

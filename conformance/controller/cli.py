@@ -117,22 +117,36 @@ def pytest_help(text: str) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Run the suite; the exit code. Meant to be the process's last act: SIGINT and SIGTERM are handled
+    from the start (:func:`conformance.controller.interruption.process_signals`) and ignored once the run
+    is over."""
+    from conformance.controller.interruption import process_signals
+    from conformance.exit_codes import INTERRUPTED
+
+    # Ctrl-C and SIGTERM are handled from here to the process's end, not only while pytest's session is
+    # configured: one landing before it starts or while it closes would otherwise end the run by SIGINT.
+    signals = process_signals()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not _NO_CASES.intersection(argv):
-        # The zygote imports torch for the ranks while this process imports it for itself.
-        from conformance.controller.pool import start_zygote
+    try:
+        if not _NO_CASES.intersection(argv):
+            # The zygote imports torch for the ranks while this process imports it for itself.
+            from conformance.controller.pool import start_zygote
 
-        start_zygote()
-    import pytest
+            start_zygote()
+        import pytest
 
-    if {"-h", "--help"}.intersection(argv):
-        captured = io.StringIO()
-        with contextlib.redirect_stdout(captured):
-            code = int(pytest.main(pytest_args(argv)))
-        print(conformance_help())
-        print(pytest_help(captured.getvalue()))
-        return code
-    return int(pytest.main(pytest_args(argv)))
+        if {"-h", "--help"}.intersection(argv):
+            captured = io.StringIO()
+            with contextlib.redirect_stdout(captured):
+                code = int(pytest.main(pytest_args(argv)))
+            print(conformance_help())
+            print(pytest_help(captured.getvalue()))
+            return code
+        return int(pytest.main(pytest_args(argv)))
+    except KeyboardInterrupt:  # the first signal, before pytest's session began: no case ran, no report changed
+        return INTERRUPTED
+    finally:
+        signals.ignore()  # the run is over and its exit code decided: the process only exits now
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 
 from conformance.reports import results_plugin, session_report
-from conformance.controller.interruption import StopSignals
-from conformance.reports.report_files import JUnitReportGuard
+from conformance.controller.interruption import session_signals
+from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
 from conformance.controller import settings as settings_mod
 from conformance.controller.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
 from conformance.controller.spec_loading import LoadedSpec, load_specs, user_paths_first
@@ -101,8 +101,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE_KEY] = state
     config.pluginmanager.register(Summary(state), "conformance-summary")
     config.pluginmanager.register(_Stopping(state), "conformance-stopping")
-    # Before any case: an unwritable or busy --junitxml path is a usage error; an old report is marked stale.
-    config.pluginmanager.register(JUnitReportGuard(config), "conformance-junit-report")
+    # Before any case: an unwritable or busy report path is a usage error (the reports are marked stale later,
+    # once a case is about to run).
+    config.pluginmanager.register(ReportGuard(config, settings.json_path, settings.markdown_path,
+                                              keep=tuple(p for p in (settings.baseline_path,) if p)), REPORT_FILES)
     results_plugin.register(config, state)  # --json, --markdown, --baseline; the per-hook grids
 
 
@@ -234,20 +236,28 @@ LEAK_LABELS = {"process_state": "left process state changed", "memory": "memory 
 
 class _Stopping:
     """SIGTERM is handled as Ctrl-C (:class:`~conformance.controller.interruption.StopSignals`), and an interrupted
-    session kills its pools at once: their ranks are mid-case, so a polite shutdown would only wait."""
+    session kills its pools at once: their ranks are mid-case, so a polite shutdown would only wait.
+    From the session's finish on, a signal is only acknowledged; handlers this session installed are
+    restored last, after the pools closed (a signal while they close must not end the controller)."""
 
     def __init__(self, state: SessionState):
         self.state = state
-        self.signals = StopSignals()
-        self.signals.install()
+        self.signals, self._owned = session_signals()
 
     def pytest_keyboard_interrupt(self, excinfo) -> None:
         runner = self.state.runner
         for pool in getattr(runner, "pools", {}).values():
             pool.kill()
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session):
+        self.signals.finishing()
+        return (yield)
+
+    @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        self.signals.restore()
+        if self._owned:
+            self.signals.restore()
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 __all__ = ["CaseRecord", "FAILING", "OUTCOMES", "ResultsError", "SCHEMA_FILE", "SCHEMA_VERSION",
            "build_document", "figure_value", "hook_status", "load_results", "parse_figure", "records_from_json", "schema",
+           "schema_problems",
            "unwritable_reason", "write_atomic", "write_json"]
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
@@ -221,11 +222,12 @@ def write_json(path: str, document: Mapping[str, Any]) -> None:
 
 
 def load_results(path: str) -> Dict[str, Any]:
-    """Read a results document written by this suite, of this major schema version.
+    """Read a results document written by this suite, of this major schema version, valid against :func:`schema`.
 
     Raises:
-        ResultsError: the file cannot be read, is not JSON, is not a results document, or has
-            another major ``schema_version``; the message names the file.
+        ResultsError: the file cannot be read, is not JSON, is not a results document, has
+            another major ``schema_version``, or does not match the schema (the message names the
+            first bad entry and field: :func:`schema_problems`); the message names the file.
     """
     try:
         with open(path, encoding="utf-8") as f:
@@ -241,7 +243,46 @@ def load_results(path: str) -> Dict[str, Any]:
     if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
         raise ResultsError(f"results file {path} has schema_version {version}, but this suite reads "
                            f"{SCHEMA_VERSION.split('.')[0]}.x: rerun the baseline with this suite's version")
+    problems = schema_problems(data)
+    if problems:
+        more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
+        raise ResultsError(f"results file {path} does not match the results schema ({os.path.basename(SCHEMA_FILE)}): "
+                           f"{problems[0]}{more}. Give a file written by --json, unedited, or run once without "
+                           "--baseline to write a new one")
     return data
+
+
+def schema_problems(data: Any) -> List[str]:
+    """What makes ``data`` not a results document of :func:`schema`, first in document order, one line each.
+
+    Each line names the entry (``cases[3] (id 'test_ddp.py::...')``, ``hooks[0] (name 'my_hook')``,
+    ``run``) and the field: ``cases[3] (id '...') lacks the field 'outcome'``. Empty when ``data`` is valid.
+    """
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(data),
+                    key=lambda e: tuple((0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in e.absolute_path))
+    # ``required`` reports each missing field of an entry on its own; one line per entry says them all.
+    return list(dict.fromkeys(_problem(error, data) for error in errors))
+
+
+def _problem(error: Any, data: Any) -> str:
+    parts = list(error.absolute_path)
+    # The entry: a top-level field, or one element of an array (named by its id or name, which a reader can find).
+    depth = 2 if len(parts) >= 2 and isinstance(parts[1], int) else min(len(parts), 1)
+    where = "the document" if not depth else (f"{parts[0]}[{parts[1]}]" if depth == 2 else str(parts[0]))
+    if depth == 2:
+        entry = data[parts[0]][parts[1]]
+        key = next((k for k in ("id", "name") if isinstance(entry, dict) and k in entry), None)
+        if key is not None:
+            where += f" ({key} {entry[key]!r})"
+    field = ".".join(str(p) for p in parts[depth:])
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [f for f in error.validator_value if f not in error.instance]
+        names = ", ".join(repr(f"{field}.{m}" if field else m) for m in missing)
+        return f"{where} lacks the field{'s' if len(missing) > 1 else ''} {names}"
+    return f"{where}, field {field!r}: {error.message}" if field else f"{where}: {error.message}"
 
 
 def unwritable_reason(path: str) -> Optional[str]:

@@ -6,16 +6,21 @@ adds one :class:`ResultsRecorder` to the session. It builds one
 ``TestReport`` objects (``pytest_runtest_logreport``: outcome, duration,
 ``user_properties``), after ``pytest_runtest_makereport`` has added a failed
 case's figures (max ULP and absolute differences over its findings) to the
-case's JUnit properties. At the end of the session it diffs the records with
-``--baseline``, applies ``--fail-on regressions`` to the exit status, and
-writes ``--json`` (atomically), ``--markdown`` and ``$GITHUB_STEP_SUMMARY``.
-The terminal summary gets each non-conforming hook's grid
+case's JUnit properties. A case is recorded once it finished
+(``pytest_runtest_logfinish``): one that a Ctrl-C cut off is never listed. At
+the end of the session it diffs the records with ``--baseline``, applies
+``--fail-on regressions`` to the exit status, and hands the ``--json`` and
+``--markdown`` texts to the session's
+:class:`~conformance.reports.report_guard.ReportGuard`, which publishes them with the
+JUnit XML, all or none; ``$GITHUB_STEP_SUMMARY`` gets the Markdown once they
+are published. The terminal summary gets each non-conforming hook's grid
 (:func:`hook_matrix_lines`) and the baseline diff.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import sys
@@ -26,8 +31,10 @@ import pytest
 
 from conformance.reports import baseline as baseline_mod
 from conformance.reports import results
+from conformance.reports.case_records import apply_outcome, apply_properties, fill_from_case
 from conformance.reports.matrix import hook_matrix, matrix_text, not_run_records
-from conformance.reports.results import FAILING, CaseRecord, figure_value, parse_figure
+from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES
+from conformance.reports.results import FAILING, CaseRecord, figure_value
 
 __all__ = ["ResultsRecorder", "failure_figures", "hook_matrix_lines", "register"]
 
@@ -45,14 +52,15 @@ PROGRESS_WRITE_S = 2.0
 def register(config: pytest.Config, state: Any) -> "ResultsRecorder":
     """Add the session's :class:`ResultsRecorder`.
 
-    Loads ``--baseline`` now, so that a bad baseline stops the run before any
-    case, then removes a report left at ``--json`` or ``--markdown`` by an
-    earlier run (never the baseline itself), so that a run killed before its end
-    leaves no earlier run's report looking current.
+    Loads ``--baseline`` now and validates it against the results schema, so that a bad baseline
+    stops the run before any case (a baseline whose entries lack fields would otherwise end the run
+    in a traceback, its reports lost), and gives the report guard the ``--json`` placeholder: a
+    results document with no case, ``complete: false``.
 
     Raises:
-        pytest.UsageError: the baseline cannot be read or is not a results file of this
-            schema's major version (exit code 4).
+        pytest.UsageError: the baseline cannot be read, is not a results file of this schema's
+            major version, or does not match the schema; the message names the first bad entry and
+            field (exit code 4).
     """
     recorder = ResultsRecorder(config, state)
     s = state.settings
@@ -61,10 +69,8 @@ def register(config: pytest.Config, state: Any) -> "ResultsRecorder":
             recorder.baseline_doc = results.load_results(s.baseline_path)
         except results.ResultsError as exc:
             raise pytest.UsageError(f"--baseline: {exc}") from None
-    for path in (s.json_path, s.markdown_path):
-        if path and os.path.exists(path) and not (s.baseline_path and os.path.exists(s.baseline_path)
-                                                  and os.path.samefile(path, s.baseline_path)):
-            os.unlink(path)
+    if recorder.reports is not None:
+        recorder.reports.set_placeholder("--json", lambda: recorder.json_text(recorder.progress_document()))
     config.pluginmanager.register(recorder, PLUGIN_NAME)
     return recorder
 
@@ -74,7 +80,7 @@ def hook_matrix_lines(config: pytest.Config, hook: str, verdict: str, indent: st
     recorder = config.pluginmanager.get_plugin(PLUGIN_NAME)
     if recorder is None or not verdict.startswith("DOES NOT CONFORM"):
         return []
-    return matrix_text(hook_matrix(recorder.grid_records(list(recorder.records.values())), hook), indent=indent)
+    return matrix_text(hook_matrix(recorder.grid_records(recorder.finish_records()), hook), indent=indent)
 
 
 def failure_figures(findings: Any) -> Dict[str, float]:
@@ -102,8 +108,7 @@ class ResultsRecorder:
         records: node id -> :class:`CaseRecord`, in the order the cases ran.
         baseline_doc: the loaded ``--baseline`` document, or ``None``.
         diff: the :class:`~conformance.reports.baseline.BaselineDiff`, once the session finished.
-        written: the paths written at the end.
-        errors: why a results file could not be written at the end.
+        reports: the session's report files (:class:`~conformance.reports.report_files.ReportSet`), or ``None``.
         fail_on_applied: the exit status was set by ``--fail-on regressions``.
         suite_items: conformance cases collected (0 in a run of the project's own tests).
     """
@@ -114,12 +119,15 @@ class ResultsRecorder:
         self.records: Dict[str, CaseRecord] = {}
         self.baseline_doc: Optional[Dict[str, Any]] = None
         self.diff: Optional[baseline_mod.BaselineDiff] = None
-        self.written: List[str] = []
-        self.errors: List[str] = []
+        guard = config.pluginmanager.get_plugin(REPORT_FILES)
+        self.reports = guard.reports if guard is not None else None
+        self._guard = guard
         self.fail_on_applied = False
         self.suite_items = 0
         self._collected: List[Any] = []  # (node id, case) of every conformance case collected
+        self.notes: List[str] = []
         self._cases: Dict[str, Any] = {}
+        self._finished: set = set()
         self._failures: Dict[str, Dict[str, Any]] = {}
         self._started = time.time()
         self._last_progress = 0.0
@@ -164,31 +172,42 @@ class ResultsRecorder:
         rec = self.records.get(report.nodeid)
         if rec is None:
             rec = self.records[report.nodeid] = CaseRecord(id=report.nodeid, name=report.nodeid.split("::")[-1])
-            _fill_from_case(rec, self._cases[report.nodeid])
+            fill_from_case(rec, self._cases[report.nodeid])
         rec.duration_s += report.duration
-        _apply_properties(rec, dict(report.user_properties))
-        _apply_outcome(rec, report)
+        apply_properties(rec, dict(report.user_properties))
+        apply_outcome(rec, report)
         if rec.outcome in FAILING and rec.failure is None:
             rec.failure = self._failures.get(report.nodeid) or {
                 "header": report.head_line or rec.name, "findings": [],
                 "message": str(report.longreprtext)[-results.MAX_MESSAGE_CHARS:], "rerun": None}
-        if report.when == "teardown":
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        """The case is over (setup, call and teardown): only now does its record count. A case that Ctrl-C
+        cut off has a passed setup report and no other, and must not be listed as passed."""
+        if nodeid in self.records:
+            self._finished.add(nodeid)
             self._write_progress()
 
     def _write_progress(self) -> None:
         """Rewrite ``--json`` with the cases so far (``run.complete`` false, every verdict ``RUNNING``), at
         most every :data:`PROGRESS_WRITE_S` seconds, atomically: a run killed mid-way leaves its results up
         to then, marked as incomplete, never a finished-looking file. Never fails the run."""
-        path = self.state.settings.json_path
         now = time.monotonic()
-        if not path or now - self._last_progress < PROGRESS_WRITE_S:
+        if self.reports is None or "--json" not in self.reports.files or now - self._last_progress < PROGRESS_WRITE_S:
             return
         self._last_progress = now
         try:
-            records = self.finish_records()
-            results.write_json(path, self.document(int(pytest.ExitCode.INTERRUPTED), records, complete=False))
+            self.reports.progress("--json", self.json_text(self.progress_document()))
         except Exception as exc:  # noqa: BLE001 - progress is a convenience; the final write reports errors
-            self.errors.append(f"could not write progress to {path}: {exc}")
+            self.notes.append(f"could not write the results so far: {exc}")
+
+    def progress_document(self) -> Dict[str, Any]:
+        """The document of the run so far: exit status 2 (as for a run stopped now), ``complete`` false."""
+        return self.document(int(pytest.ExitCode.INTERRUPTED), self.finish_records(), complete=False, progress=True)
+
+    @staticmethod
+    def json_text(doc: Dict[str, Any]) -> str:
+        return json.dumps(doc, indent=1, allow_nan=False) + "\n"
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.suite_items = sum(1 for item in session.items if item.get_closest_marker("conformance"))
@@ -202,17 +221,18 @@ class ResultsRecorder:
     # -- the end of the session ----------------------------------------------------------------
 
     def finish_records(self) -> List[CaseRecord]:
-        """The records, with the check of a case that never ran (no properties) taken from its
-        test function's other cases, else from the function's name."""
+        """The records of the cases that finished, with the check of a case that never ran (no properties)
+        taken from its test function's other cases, else from the function's name."""
+        done = [rec for rec in self.records.values() if rec.id in self._finished]
         checks: Dict[str, str] = {}
-        for rec in self.records.values():
+        for rec in done:
             if rec.check:
                 checks.setdefault(_function(rec.name), rec.check)
-        for rec in self.records.values():
+        for rec in done:
             if not rec.check:
                 fn = _function(rec.name)
                 rec.check = checks.get(fn) or (fn[len("test_"):] if fn.startswith("test_") else fn)
-        return list(self.records.values())
+        return done
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -227,46 +247,51 @@ class ResultsRecorder:
         # The project's own tests load this plugin too (conftest.py): only a run that collected
         # conformance cases adds to the CI job's summary.
         summary_path = os.environ.get(GITHUB_STEP_SUMMARY, "").strip() if self.suite_items else ""
-        if not (s.json_path or s.markdown_path or summary_path):
+        reports = self.reports
+        if reports is None or not reports.marked:  # no case ran: every report is left as it was
             return
-        doc = self.document(int(session.exitstatus), records)
+        doc = self.document(int(session.exitstatus), records, complete=self._complete(session, records))
         from conformance.reports.markdown_summary import markdown_summary
 
-        if s.json_path:
-            self._write(s.json_path, lambda: results.write_json(s.json_path, doc))
-        markdown = markdown_summary(doc) if (s.markdown_path or summary_path) else ""
-        if s.markdown_path:
-            self._write(s.markdown_path, lambda: results.write_atomic(s.markdown_path, markdown))
-        if summary_path:
-            def append() -> None:
-                with open(summary_path, "a", encoding="utf-8") as f:
-                    f.write(markdown + "\n")
-            self._write(summary_path, append)
+        reports.stage("--json", lambda: self.json_text(doc))
+        reports.stage("--markdown", lambda: markdown_summary(doc))
+        if summary_path and self._guard is not None:
+            def append() -> None:  # once the reports are published: never a summary of a run whose reports failed
+                try:
+                    text = markdown_summary(doc)
+                    with open(summary_path, "a", encoding="utf-8") as f:
+                        f.write(text + "\n")
+                except (OSError, ValueError) as exc:  # the job page's summary is a convenience
+                    self.notes.append(f"could not append the summary to ${GITHUB_STEP_SUMMARY} ({summary_path}): {exc}")
+            self._guard.after_publish(append)
 
-    def _write(self, path: str, write: Any) -> None:
-        try:
-            write()
-            self.written.append(path)
-        except (OSError, ValueError) as exc:
-            self.errors.append(f"could not write {path}: {exc}")
+    def _complete(self, session: pytest.Session, records: List[CaseRecord]) -> bool:
+        """Every collected case finished, and nothing (a signal, -x, --maxfail) stopped the run."""
+        return not self._interrupted(int(session.exitstatus)) and len(records) == self.suite_items
 
-    def document(self, exit_status: int, records: List[CaseRecord], complete: bool = True) -> Dict[str, Any]:
+    def _interrupted(self, exit_status: int) -> bool:
+        summary = self.config.pluginmanager.get_plugin("conformance-summary")
+        return exit_status == int(pytest.ExitCode.INTERRUPTED) or bool(getattr(summary, "interrupted", False))
+
+    def document(self, exit_status: int, records: List[CaseRecord], complete: bool,
+                 progress: bool = False) -> Dict[str, Any]:
         """The results document of this session (:func:`conformance.reports.results.build_document`).
 
-        ``complete=False``: a progress write while cases still run (exit status 2, as for a run stopped
-        there; every hook's verdict ``RUNNING``).
+        ``complete`` is false for a run that stopped before every case finished. ``progress``: a write
+        while cases still run (exit status 2, as for a run stopped there; every hook's verdict ``RUNNING``).
+        ``interrupted`` is true for exit status 2 and for a run that -x or --maxfail stopped early.
         """
         import conformance
 
         finished = time.time()
         run = {"started_at": _utc(self._started), "finished_at": _utc(finished),
                "duration_s": round(finished - self._started, 3), "exit_status": exit_status,
-               "interrupted": exit_status == int(pytest.ExitCode.INTERRUPTED), "complete": complete,
+               "interrupted": self._interrupted(exit_status), "complete": complete,
                "fail_on": self.state.settings.fail_on,
                "args": [str(a) for a in self.config.invocation_params.args]}
         return results.build_document(
             suite_version=conformance.__version__, run=run, environment=self.environment(),
-            hooks=[self.hook_entry(item, records, running=not complete) for item in self.state.specs], cases=records,
+            hooks=[self.hook_entry(item, records, running=progress) for item in self.state.specs], cases=records,
             baseline=None if self.diff is None else self.diff.to_json())
 
     def environment(self) -> Dict[str, Any]:
@@ -317,10 +342,8 @@ class ResultsRecorder:
             if self.fail_on_applied:
                 tr.write_line("--fail-on regressions: exit status 1, for the new failures above" if new else
                               "--fail-on regressions: exit status 0, no new failure against the baseline", red=new)
-        for path in self.written:
-            tr.write_line(f"results: wrote {path}")
-        for error in self.errors:
-            tr.write_line(f"results: {error}", red=True)
+        for note in dict.fromkeys(self.notes):
+            tr.write_line(f"results: {note}", yellow=True)
 
 
 def _source_kind(origin: str) -> str:
@@ -331,67 +354,3 @@ def _source_kind(origin: str) -> str:
 
 def _function(name: str) -> str:
     return name.split("[", 1)[0]
-
-
-def _fill_from_case(rec: CaseRecord, case: Any) -> None:
-    """The case's fields from its parameters, for a case skipped before the test set its properties."""
-    if case is None:
-        return
-    rec.hook, rec.api, rec.variant, rec.world_size = case.hook, case.api, case.variant, case.world_size
-    rec.model, rec.rule = case.model, case.rule
-    try:
-        rec.variant_field = case.variant_field
-    except KeyError:
-        rec.variant_field = None
-
-
-_STR_FIELDS = ("hook", "api", "check", "variant", "model", "rule")
-
-
-def _apply_properties(rec: CaseRecord, props: Dict[str, Any]) -> None:
-    for name in _STR_FIELDS:
-        if props.get(name) is not None:
-            setattr(rec, name, str(props[name]))
-    if props.get("world_size") is not None:
-        rec.world_size = int(props["world_size"])
-    for field in ("strategy", "config"):
-        if field in props:
-            rec.variant_field = field
-    for name in results.FIGURE_NAMES:
-        if name in props:
-            try:
-                rec.figures[name] = parse_figure(props[name])
-            except (TypeError, ValueError):
-                pass
-
-
-def _apply_outcome(rec: CaseRecord, report: pytest.TestReport) -> None:
-    """The case's outcome after this phase's report (setup, call, teardown), pytest's rules for xfail."""
-    wasxfail = getattr(report, "wasxfail", None)
-    if report.when == "setup":
-        if report.skipped:
-            if wasxfail is not None:
-                rec.outcome, rec.known_failure_reason = "xfailed", wasxfail
-            else:
-                rec.outcome, rec.skip_reason = "skipped", _skip_reason(report)
-        elif report.failed:
-            rec.outcome = "error"
-    elif report.when == "call":
-        if wasxfail is not None:
-            rec.outcome = "xpassed" if report.passed else "xfailed"
-            rec.known_failure_reason = wasxfail
-        elif report.failed and str(report.longrepr).startswith("[XPASS(strict)]"):
-            rec.outcome = "xpassed"
-            rec.known_failure_reason = str(report.longrepr)[len("[XPASS(strict)]"):].strip()
-        else:
-            rec.outcome = report.outcome
-            if report.skipped:
-                rec.skip_reason = _skip_reason(report)
-    elif report.failed and rec.outcome not in FAILING:  # teardown
-        rec.outcome = "error"
-
-
-def _skip_reason(report: pytest.TestReport) -> str:
-    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
-        return str(report.longrepr[2]).replace("Skipped: ", "", 1)
-    return str(report.longrepr)

@@ -2,7 +2,7 @@
 
 0 to 5 are pytest's own (:class:`pytest.ExitCode`); the suite adds one, :data:`RUN_ERROR`, for a
 run that the suite itself could not carry out, so a CI job can tell "a hook is wrong" (1) from
-"the suite could not finish its job here; nothing is known about the hooks it did not check" (6).
+"the suite could not finish its job here; nothing is known about the hooks it did not check" (10).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ INTERRUPTED = int(pytest.ExitCode.INTERRUPTED)
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 #: No case was selected (``-k`` or ``-m`` matched nothing).
 NO_TESTS_COLLECTED = int(pytest.ExitCode.NO_TESTS_COLLECTED)
+#: 10, not the next of pytest's codes: pytest 9 took 6 (``--max-warnings``), and may take more.
 #: The run's own infrastructure failed: a rank pool that could not start, ranks that never connected
 #: (``--listen``), a lost link to the ranks, or a report file that could not be written at the end. The
 #: hooks it could not check read ``NOT RUN (reason)``, never ``DOES NOT CONFORM``.
-RUN_ERROR = 6
+RUN_ERROR = 10

@@ -12,7 +12,7 @@ tests check that:
 * containment goes through the elastic agent: a hook that hangs on rank 1 is
   reported with its stack, torchrun restarts the group (``--max-restarts 1``),
   the next case passes on the new ranks, and once the restarts are exhausted
-  the remaining case is NOT RUN with that reason (exit 6) and the report is written;
+  the remaining case is NOT RUN with that reason (exit 10) and the report is written;
 * each hook gets fresh rank processes (the ranks exec afresh, spending no
   torchrun restart), so a hook that patched ``torch.distributed`` cannot make
   the next hook pass.

@@ -32,7 +32,7 @@ class ReportGuard:
     to run, points pytest's JUnit writer at its temporary file, and publishes all
     three once every session-finish hook has written its report (before the
     terminal summary, which names the real paths). A failed write sets the exit
-    status to :data:`~conformance.exit_codes.RUN_ERROR` (6).
+    status to :data:`~conformance.exit_codes.RUN_ERROR` (10).
 
     Args:
         config: the session's config (``--junitxml`` is read from it).

@@ -13,7 +13,10 @@ and xpassed (strict, which pytest reports as a failure).
 
 Usage::
 
-    python scripts/junit_outcomes.py BEFORE.xml AFTER.xml [--messages] [--max-diffs N]
+    python scripts/junit_outcomes.py BEFORE.xml AFTER.xml [--messages] [--subset] [--max-diffs N]
+
+``--subset``: AFTER is a run of some of BEFORE's cases (``-k``); the cases it
+did not run are not reported missing.
 
 Exit status: 0 when every outcome is the same (and, with ``--messages``, every
 message), 1 otherwise, 2 for a file that cannot be read. Standard library only.
@@ -29,9 +32,11 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from typing import Dict, Tuple
 
-#: What differs between two runs of the same code: the interpreter the re-run command names, and timings.
+#: What differs between two runs of the same code: the interpreter the re-run command names, where a
+#: skip was raised (the checkout's path, the suite test's line), and timings.
 _VOLATILE = (
     (re.compile(r"\S*/bin/python[\d.]* -m conformance"), "PYTHON -m conformance"),
+    (re.compile(r"(?m)^\S+\.py:\d+: "), "FILE:LINE: "),
     (re.compile(r"\bin \d+(\.\d+)?s\b"), "in Ns"),
 )
 
@@ -66,6 +71,7 @@ def main(argv=None) -> int:
     parser.add_argument("before")
     parser.add_argument("after")
     parser.add_argument("--messages", action="store_true", help="also compare failure and skip messages")
+    parser.add_argument("--subset", action="store_true", help="AFTER ran some of BEFORE's cases: compare those")
     parser.add_argument("--max-diffs", type=int, default=20, help="message diffs to print (default 20)")
     args = parser.parse_args(argv)
     try:
@@ -73,6 +79,8 @@ def main(argv=None) -> int:
     except (OSError, ET.ParseError) as exc:
         print(f"junit_outcomes: cannot read a report: {exc}", file=sys.stderr)
         return 2
+    if args.subset:
+        before = {test: case for test, case in before.items() if test in after}
     differs = 0
     for test in sorted(set(before) | set(after)):
         if test not in after:

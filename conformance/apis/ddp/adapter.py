@@ -65,7 +65,8 @@ from conformance.ranks.checks import lossy
 from conformance.ranks.checks.groups import on_subgroup, subgroup_world_size
 from conformance.ranks.checks.probe import Example, run_examples
 from conformance.ranks.compare import dtype_name
-from conformance.ranks.diagnosis import Arithmetic, diagnose
+from conformance.apis.ddp.arithmetic import DdpArithmetic
+from conformance.ranks.diagnosis import diagnose
 from conformance.protocol import CheckResult, Finding
 
 #: ``bucket_cap_mb`` of the ``small_buckets`` config: 512 bytes, so every
@@ -247,11 +248,11 @@ def _against_reference(ctx: Any, spec: Any, config: str, model: str, ref: nn.Mod
         findings_so_far=recorder.findings_of, reduce_dtype=spec.reduce_dtype)
 
 
-def arithmetic(ctx: Any, spec: Any) -> Arithmetic:
-    """DDP's native arithmetic for the hook's claim (:class:`conformance.ranks.diagnosis.Arithmetic`): the
+def arithmetic(ctx: Any, spec: Any) -> DdpArithmetic:
+    """DDP's native arithmetic for the hook's claim (:class:`conformance.apis.ddp.arithmetic.DdpArithmetic`): the
     reference of :func:`conformance.apis.ddp.reference.reference_hook` (float32 parameters)."""
     claim = None if spec.reduce_dtype in (None, torch.float32) else spec.reduce_dtype
-    return Arithmetic("ddp", ctx.world_size, claim)
+    return DdpArithmetic(ctx.world_size, claim)
 
 
 @rank_check("ddp.clip_grad_norm")

@@ -43,7 +43,8 @@ from conformance.ranks.checks.common import (Lockstep, averaging_findings, clip_
 from conformance.ranks.checks.groups import on_subgroup, subgroup_world_size
 from conformance.ranks.checks.probe import Example, run_examples
 from conformance.ranks.compare import dtype_name
-from conformance.ranks.diagnosis import Arithmetic, CallLog, HookCall, counting_collectives, diagnose
+from conformance.apis.fsdp.arithmetic import FsdpArithmetic
+from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives, diagnose
 from conformance.protocol import CheckResult, Finding
 from conformance.spec import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
 
@@ -174,7 +175,7 @@ def averaging(ctx: Any, spec: Any, *, strategy: str, steps: int = 4, lr: float =
         findings = averaging_findings(ctx, named_grads(model), step, skip_missing=True)
         if ctx.any_rank(bool(findings)):
             ctx.phase(f"step {step}: diagnosing the difference")
-            return findings + diagnose(ctx, Arithmetic("fsdp", ctx.world_size, spec.reduce_dtype), recorder.log, step)
+            return findings + diagnose(ctx, FsdpArithmetic(ctx.world_size, spec.reduce_dtype), recorder.log, step)
         optim.step()
     return []
 
@@ -269,7 +270,7 @@ def _against_native(ctx: Any, spec: Any, strategy: str, model: str, ref: nn.Modu
         findings_so_far=lambda step: _recorder_findings(recorder, hooked, rank=ctx.rank, step=step, step_done=False,
                                                         param_dtype=getattr(mixed_precision, "param_dtype", None)),
         start_step=start_step, context=context, reduce_dtype=spec.reduce_dtype,
-        diagnose=lambda step: diagnose(ctx, Arithmetic("fsdp", ctx.world_size, spec.reduce_dtype), recorder.log, step))
+        diagnose=lambda step: diagnose(ctx, FsdpArithmetic(ctx.world_size, spec.reduce_dtype), recorder.log, step))
 
 
 @rank_check("fsdp.rank_grads")

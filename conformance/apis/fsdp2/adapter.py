@@ -65,7 +65,9 @@ from conformance.ranks.checks.common import (Lockstep, clip_grad_norm_parity, fq
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.probe import Example, run_examples
 from conformance.ranks.compare import dtype_name
-from conformance.ranks.diagnosis import Arithmetic, diagnose
+from conformance.apis.fsdp2.arithmetic import AllReduceHookArithmetic, CommArithmetic
+from conformance.ranks.arithmetic import Arithmetic
+from conformance.ranks.diagnosis import diagnose
 from conformance.protocol import Finding
 from conformance.spec import SpecError, binds_signature, qualname, signature_text
 
@@ -189,7 +191,7 @@ def _comm_plan(ctx: Any, spec: Any, config: str, model: str, inputs: Any = None,
     reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
                                         f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
     return _plan(ctx, model, ref, hooked, recorder, reference=reference, context=context, inputs=inputs,
-                 arithmetic=Arithmetic("fsdp2", ctx.world_size, spec.reduce_dtype), reduce_dtype=spec.reduce_dtype)
+                 arithmetic=CommArithmetic(ctx.world_size, spec.reduce_dtype), reduce_dtype=spec.reduce_dtype)
 
 
 @rank_check("fsdp2.clip_grad_norm")
@@ -234,8 +236,8 @@ def _all_reduce_plan(ctx: Any, spec: Any, model: str, inputs: Any = None, label:
         return got if label is None else f"{label(step)}; {got}"
 
     return _plan(ctx, model, ref, hooked, recorder, reference="native HSDP without the hook", context=context,
-                 inputs=inputs, arithmetic=Arithmetic("fsdp2_all_reduce", ctx.world_size, None,
-                                                      divisors=(shape[0], shape[1], ctx.world_size)),
+                 inputs=inputs, arithmetic=AllReduceHookArithmetic(ctx.world_size, None,
+                                                                    divisors=(shape[0], shape[1], ctx.world_size)),
                  reduce_dtype=spec.reduce_dtype)
 
 

@@ -3,7 +3,8 @@
 A refactor of the suite must leave every case's outcome as it was. This reads
 two reports (``python -m conformance ... --junitxml=FILE``), keys each case by
 its test id (``classname::name``), and prints every id whose outcome differs,
-every id only one report has, and a count per outcome. With ``--messages`` it
+every id only one report has, every case whose JUnit properties differ (names,
+values and order), and a count per outcome. With ``--messages`` it
 also prints each case whose failure or skip message differs (after removing
 what changes from run to run by design: the interpreter's path in the re-run
 command, and durations), as a unified diff.
@@ -18,8 +19,8 @@ Usage::
 ``--subset``: AFTER is a run of some of BEFORE's cases (``-k``); the cases it
 did not run are not reported missing.
 
-Exit status: 0 when every outcome is the same (and, with ``--messages``, every
-message), 1 otherwise, 2 for a file that cannot be read. Standard library only.
+Exit status: 0 when every outcome and every case's properties are the same (and,
+with ``--messages``, every message), 1 otherwise, 2 for a file that cannot be read. Standard library only.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ _VOLATILE = (
 )
 
 
-def read_cases(path: str) -> Dict[str, Tuple[str, str]]:
-    """``{test id: (outcome, message)}`` of a JUnit XML report; raises ``OSError`` or ``ET.ParseError``."""
-    out: Dict[str, Tuple[str, str]] = {}
+def read_cases(path: str) -> Dict[str, Tuple[str, str, Tuple[Tuple[str, str], ...]]]:
+    """``{test id: (outcome, message, properties)}`` of a JUnit XML report; raises ``OSError`` or ``ET.ParseError``."""
+    out: Dict[str, Tuple[str, str, Tuple[Tuple[str, str], ...]]] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         outcome, message = "passed", ""
         for tag in ("failure", "error", "skipped"):
@@ -56,7 +57,8 @@ def read_cases(path: str) -> Dict[str, Tuple[str, str]]:
             else:
                 outcome = "xpassed" if "XPASS(strict)" in (element.get("message") or "") else "failed"
             break
-        out[f"{case.get('classname')}::{case.get('name')}"] = (outcome, _normalized(message))
+        props = tuple((p.get("name"), p.get("value")) for p in case.iter("property"))
+        out[f"{case.get('classname')}::{case.get('name')}"] = (outcome, _normalized(message), props)
     return out
 
 
@@ -89,6 +91,8 @@ def main(argv=None) -> int:
             print(f"only in {args.after}: {test} ({after[test][0]})")
         elif before[test][0] != after[test][0]:
             print(f"outcome {before[test][0]} -> {after[test][0]}: {test}")
+        elif before[test][2] != after[test][2]:
+            print(f"properties {before[test][2]} -> {after[test][2]}: {test}")
         else:
             continue
         differs += 1
@@ -102,9 +106,9 @@ def main(argv=None) -> int:
             print()
         if len(changed) > args.max_diffs:
             print(f"... and {len(changed) - args.max_diffs} more messages differ")
-    counts = Counter(outcome for outcome, _ in after.values())
+    counts = Counter(outcome for outcome, _, _ in after.values())
     print(f"{len(after)} cases in {args.after}: " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
-          + f"; {differs} outcome(s) differ from {args.before}"
+          + f"; {differs} case(s) differ in outcome or properties from {args.before}"
           + (f"; {len(changed)} message(s) differ" if args.messages else ""))
     return 1 if differs or changed else 0
 

@@ -73,18 +73,48 @@ def test_hook_name_comes_first_so_one_pattern_selects_one_hook():
     assert not any(c.id.startswith("ns_only-") for c in planned_cases("test_averaging", [longer], plan_settings(2)))
 
 
+def _case(hook, variant, world_size, *, api="fsdp", check="parity", **fields):
+    """A case as the plan of ``api``'s suite test of ``check`` makes it."""
+    return HOOK_APIS[api].suite_test(check).case(hook, variant, world_size, **fields)
+
+
 def test_case_params_id_is_case_id():
-    c = CaseParams("h", "FULL_SHARD", 3, model="net_flat")
+    c = _case("h", "FULL_SHARD", 3, model="net_flat")
     assert c.id == case_id("h", "FULL_SHARD", model="net_flat", world_size=3)
-    r = CaseParams("h", "NO_SHARD", 2, rule="non_root_raises")
+    r = _case("h", "NO_SHARD", 2, check="registration", rule="non_root_raises")
     assert r.id == "h-NO_SHARD-non_root_raises"
 
 
 def test_describe_reports_only_what_the_case_has():
-    assert CaseParams("h", "NO_SHARD", 2).describe("averaging") == {"check": "averaging", "api": "fsdp",
-                                                                      "strategy": "NO_SHARD"}
-    assert CaseParams("h", "NO_SHARD", 2, model="m").describe("parity")["model"] == "m"
-    assert "model" not in CaseParams("h", "NO_SHARD", 2, rule="r").describe("registration")
+    assert _case("h", "NO_SHARD", 2, check="averaging").describe() == {"check": "averaging", "api": "fsdp",
+                                                                         "strategy": "NO_SHARD"}
+    assert _case("h", "NO_SHARD", 2, model="m").describe()["model"] == "m"
+    assert "model" not in _case("h", "NO_SHARD", 2, check="registration", rule="r").describe()
+
+
+def test_a_case_has_no_default_api_check_or_variant_field():
+    """Only its API's plan makes a case; one made by hand without them says what is missing and where from."""
+    with pytest.raises(ValueError, match="h-NO_SHARD-ws2 has no api and no check and no variant_field: a case is "
+                                         r"made by its API's plan, SuiteTest.case\(\.\.\.\)"):
+        CaseParams("h", "NO_SHARD", 2)
+    with pytest.raises(ValueError, match="has no check"):
+        CaseParams("h", "NO_SHARD", 2, api="fsdp", variant_field="strategy")
+
+
+def test_every_planned_case_carries_its_api_check_and_variant_field():
+    """What the reports read (api, check, the variant's field) is set by the plan of the suite test that ran it."""
+    specs = [EVERYWHERE, _ddp("d"), _comm("c")]
+    for api in HOOK_APIS.values():
+        for name, test in api.plans.items():
+            for case in planned_cases(name, specs, _settings([2, 3])):
+                assert (case.api, case.check, case.variant_field) == (api.name, test.check, api.variant_field)
+                assert case.check_params()[api.variant_field] == case.variant
+                assert HOOK_APIS[case.api].suite_test(case.check) is test
+
+
+def test_an_unknown_check_names_the_apis_checks():
+    with pytest.raises(KeyError, match="api 'ddp' has no suite test of check 'registration'; its checks: averaging"):
+        HOOK_APIS["ddp"].suite_test("registration")
 
 
 # -- parsing ---------------------------------------------------------------------------------------
@@ -204,17 +234,18 @@ def test_a_world_size_beyond_the_gpus_is_a_skip_that_says_so():
 
 
 def test_every_api_names_its_variant_and_carries_the_same_properties():
-    fsdp = CaseParams("h", "FULL_SHARD", 3, model="net_flat")
-    ddp = CaseParams("h", "small_buckets", 2, model="nested_wrapped", api="ddp")
-    fsdp2 = CaseParams("h", "hsdp", 4, model="nested_wrapped", api="fsdp2")
+    fsdp = _case("h", "FULL_SHARD", 3, model="net_flat")
+    ddp = _case("h", "small_buckets", 2, api="ddp", model="nested_wrapped")
+    fsdp2 = _case("h", "hsdp", 4, api="fsdp2", check="fsdp2_parity", model="nested_wrapped")
     assert (fsdp.variant_field, ddp.variant_field, fsdp2.variant_field) == ("strategy", "config", "config")
-    assert dict(ddp.junit_properties("parity")) == {
+    assert dict(ddp.junit_properties()) == {
         "hook": "h", "api": "ddp", "check": "parity", "variant": "small_buckets", "config": "small_buckets",
         "world_size": 2, "model": "nested_wrapped"}
+    assert ddp.check_params() == {"config": "small_buckets", "model": "nested_wrapped"}
     for case in (fsdp, ddp, fsdp2):
-        props = dict(case.junit_properties("parity"))
+        props = dict(case.junit_properties())
         assert {"hook", "api", "check", "variant", case.variant_field, "world_size"} <= set(props)
-        assert case.describe("parity")[case.variant_field] == case.variant
+        assert case.describe()[case.variant_field] == case.variant
     assert fsdp2.id == "h-hsdp-nested_wrapped-ws4"
 
 
@@ -300,3 +331,12 @@ def test_fsdp2_skips_say_why():
     # fp16 reduces with SUM, never PREMUL_SUM: it runs on gloo.
     low = planned_cases("test_fsdp2_parity", [_comm("c16", torch.float16)], _settings([2, 3]))
     assert not any(c.skip for c in low if c.world_size in (2, 3))
+
+
+def test_every_kind_of_case_has_its_runner_and_a_suite_test_says_which():
+    from conformance.apis import CASE_KINDS, SuiteTest
+    from conformance.controller.case_kinds import KINDS
+
+    assert set(KINDS) == set(CASE_KINDS)
+    with pytest.raises(ValueError, match="kind 'exactly' is not one of exact, plain"):
+        SuiteTest("fsdp", "strategy", "parity", "parity", lambda test, specs, settings: [], kind="exactly")

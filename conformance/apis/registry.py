@@ -17,9 +17,9 @@ import dataclasses
 import importlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from conformance.apis import HookApi
+from conformance.apis import HookApi, SuiteTest
 
-__all__ = ["ADAPTERS", "HOOK_APIS", "HookApi", "api_of_test", "planned_cases"]
+__all__ = ["ADAPTERS", "HOOK_APIS", "HookApi", "api_of_test", "planned_cases", "suite_test"]
 
 #: The adapter modules, in the order the report lists their APIs.
 ADAPTERS: Tuple[str, ...] = (
@@ -39,6 +39,14 @@ def api_of_test(test_name: str) -> Optional[HookApi]:
         if test_name in api.plans:
             return api
     return None
+
+
+def suite_test(case: Any) -> SuiteTest:
+    """The suite test a case was planned for (its API's, by the case's check); ``KeyError`` names the unknown."""
+    api = HOOK_APIS.get(case.api)
+    if api is None:
+        raise KeyError(f"case {case.id} names api {case.api!r}, which no adapter defines; known: {', '.join(HOOK_APIS)}")
+    return api.suite_test(case.check)
 
 
 def planned_cases(test_name: str, specs: Sequence[Any], settings: Any) -> List[Any]:

@@ -57,7 +57,7 @@ import shlex
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
-from conformance.controller import default_replay
+from conformance.controller import case_kinds, default_replay
 from conformance.reports import report
 from conformance.ranks.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.ranks.compare import compare_bitwise
@@ -320,6 +320,12 @@ class Runner:
             closing = "\n".join(text for text in (closing, replayed) if text)
         self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
         return result
+
+    def run_case(self, request: Any, case: Any) -> None:
+        """Run one suite case as its API's suite test says (:func:`conformance.controller.case_kinds.run_case`):
+        what every suite test function calls."""
+        __tracebackhide__ = True
+        case_kinds.run_case(self, request, case)
 
     def _replay_default_hook(self, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
                              across_ranks: bool) -> str:

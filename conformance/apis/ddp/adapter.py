@@ -49,12 +49,13 @@ Checks (each registered with :func:`conformance.ranks.checks.rank_check`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from conformance.apis import HookApi, called_as
+from conformance.apis import CasePlan, HookApi, SuiteTest, called_as
 from conformance.cases import CaseParams
 from conformance.ranks.checks import rank_check
 from conformance.ranks.checks.common import (Lockstep, averaging_findings, clip_grad_norm_parity, fqn_inside_ddp,
@@ -172,7 +173,8 @@ def _params(model: nn.Module) -> Dict[str, torch.Tensor]:
 # -- checks -----------------------------------------------------------------------------
 
 @rank_check("ddp.averaging")
-def averaging(ctx: Any, spec: Any, *, steps: int = 4, lr: float = 0.1) -> List[Finding]:
+def averaging(ctx: Any, spec: Any, *, config: str = "default", model: str = "analytic_linear", steps: int = 4,
+              lr: float = 0.1) -> List[Finding]:
     """Seed ``test_default_communication_hook_behavior`` under DDP: grads equal mean(0..world_size-1).
 
     For a reduced-precision claim the expected value is what the documented
@@ -278,7 +280,7 @@ def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int =
 
 @rank_check("ddp.hard_inputs")
 def hard_inputs(ctx: Any, spec: Any, *, config: str, examples: Sequence[Example], case_id: str,
-                fresh: bool = True) -> List[Finding]:
+                fresh: bool = True, model: str = "gradient_probe") -> List[Finding]:
     """Chosen gradients through the probe (:func:`conformance.ranks.checks.probe.run_examples`), bitwise vs the
     reference, in ``config`` (one bucket, bucket views, a bucket per parameter)."""
     if config == "no_sync":
@@ -376,6 +378,8 @@ LOSSY_ERROR_CASES = (
     ("no_sync", "net_flat"),
 )
 EXTRA_LOSSY_ERROR_CASES = (("default", "nested_wrapped"),)
+#: Steps of the rank-consistency cases (their gradients are compared across ranks after each).
+RANK_CONSISTENCY_STEPS = 4
 #: The training loss needs a real loss (bounded below): the transformer's cross-entropy.
 LOSSY_LOSS_CASES = (("default", "transformer_shared"),)
 LOSSY_DETERMINISM_CASES = (("default", "net_flat"),)
@@ -383,37 +387,40 @@ _ACROSS_RANKS = "needs at least 2 ranks with different inputs"
 
 
 def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = (), *, first_only: bool = False,
-          keep: Callable[[Any], bool] = lambda spec: True, skip_one_rank: Optional[str] = None):
+          keep: Callable[[Any], bool] = lambda spec: True, skip_one_rank: Optional[str] = None) -> CasePlan:
     """A :data:`~conformance.apis.CasePlan`: per kept spec and world size, the ``(config, model)`` pairs
     of its role (``main`` or ``extra``); only the run's first world size when ``first_only``."""
 
-    def plan(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         sizes = settings.world_sizes[:1] if first_only else settings.world_sizes
         out = []
         for spec in filter(keep, specs):
             for ws in sizes:
                 pairs = main if settings.role(ws) == "main" else extra
                 why = skip_one_rank if ws < 2 else None
-                out.extend(CaseParams(spec.name, config, ws, model=model, api="ddp", skip=why)
-                           for config, model in pairs)
+                out.extend(test.case(spec.name, config, ws, model=model, skip=why) for config, model in pairs)
         return out
 
     return plan
 
 
-def _with_subgroup(plan: Callable[[Sequence[Any], Any], List[CaseParams]]):
+def _with_subgroup(plan: CasePlan) -> CasePlan:
     """``plan``, plus per kept spec one ``subgroup`` case (``nested_wrapped``) on the smallest even pool of
     at least four ranks: the run's, else the extra pool FSDP2's HSDP starts."""
-    def with_subgroup(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def with_subgroup(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         ws = subgroup_world_size(settings.world_sizes)
-        return plan(specs, settings) + [CaseParams(spec.name, "subgroup", ws, model="nested_wrapped", api="ddp")
-                                        for spec in specs if _exact(spec)]
+        return plan(test, specs, settings) + [test.case(spec.name, "subgroup", ws, model="nested_wrapped")
+                                              for spec in specs if _exact(spec)]
 
     return with_subgroup
 
 
 def _exact(spec: Any) -> bool:
     return spec.lossy is None
+
+
+#: A suite test of this API: ``_test(check, rank_check, plan, kind=..., params=...)``.
+_test = functools.partial(SuiteTest, "ddp", "config")
 
 
 API = HookApi(
@@ -425,18 +432,26 @@ API = HookApi(
     builtin_hooks="conformance.apis.ddp.builtin_hooks:DDP_HOOKS",
     default_hook="conformance.apis.ddp.builtin_hooks:default_hook",
     plans={
-        "test_ddp_averaging": _plan([("default", "analytic_linear")], [("default", "analytic_linear")], keep=_exact,
-                                    skip_one_rank=_ACROSS_RANKS),
-        "test_ddp_parity": _with_subgroup(_plan(PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact)),
-        "test_ddp_rank_consistency": _plan(CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS),
-        "test_ddp_future_contract": _plan(FUTURE_CASES, FUTURE_CASES),
-        "test_ddp_hard_inputs": _plan(HARD_INPUT_CASES, EXTRA_HARD_INPUT_CASES, keep=_exact),
-        "test_ddp_clip_grad_norm": _plan(CLIP_CASES, keep=_exact),
-        "test_ddp_lossy_error": _plan(LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES, keep=lambda sp: not _exact(sp)),
-        "test_ddp_lossy_loss": _plan(LOSSY_LOSS_CASES, first_only=True,
-                                     keep=lambda sp: sp.lossy is not None and sp.lossy.loss_margin is not None),
-        "test_ddp_lossy_determinism": _plan(LOSSY_DETERMINISM_CASES, first_only=True,
-                                            keep=lambda sp: sp.lossy is not None and sp.lossy.deterministic),
+        "test_ddp_averaging": _test("averaging", "averaging", _plan(
+            [("default", "analytic_linear")], [("default", "analytic_linear")], keep=_exact,
+            skip_one_rank=_ACROSS_RANKS), kind="exact"),
+        "test_ddp_parity": _test("parity", "parity", _with_subgroup(_plan(PARITY_CASES, EXTRA_PARITY_CASES,
+                                                                          keep=_exact)), kind="exact"),
+        "test_ddp_rank_consistency": _test("rank_consistency", "rank_grads", _plan(
+            CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS), kind="across_ranks",
+            params={"steps": RANK_CONSISTENCY_STEPS}),
+        "test_ddp_future_contract": _test("future_contract", "future_contract", _plan(FUTURE_CASES, FUTURE_CASES)),
+        "test_ddp_hard_inputs": _test("hard_inputs", "hard_inputs", _plan(HARD_INPUT_CASES, EXTRA_HARD_INPUT_CASES,
+                                                                          keep=_exact), kind="hard_inputs"),
+        "test_ddp_clip_grad_norm": _test("clip_grad_norm", "clip_grad_norm", _plan(CLIP_CASES, keep=_exact)),
+        "test_ddp_lossy_error": _test("lossy_error", "lossy_error", _plan(
+            LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES, keep=lambda sp: not _exact(sp)), kind="lossy_error"),
+        "test_ddp_lossy_loss": _test("lossy_loss", "lossy_loss", _plan(
+            LOSSY_LOSS_CASES, first_only=True, keep=lambda sp: sp.lossy is not None and sp.lossy.loss_margin is not None),
+            kind="lossy_loss"),
+        "test_ddp_lossy_determinism": _test("lossy_determinism", "lossy_determinism", _plan(
+            LOSSY_DETERMINISM_CASES, first_only=True, keep=lambda sp: sp.lossy is not None and sp.lossy.deterministic),
+            kind="lossy_determinism"),
     },
 )
 APIS = (API,)

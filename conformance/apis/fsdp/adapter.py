@@ -30,12 +30,13 @@ Checks (each registered with :func:`conformance.ranks.checks.rank_check`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from conformance.apis import HookApi
+from conformance.apis import CasePlan, HookApi, SuiteTest
 from conformance.cases import CaseParams
 from conformance.ranks.checks import lossy, rank_check
 from conformance.ranks.checks.common import (Lockstep, averaging_findings, clip_grad_norm_parity, fqn_without_wrappers,
@@ -435,8 +436,8 @@ def validate(spec: Any) -> Tuple[str, ...]:
     return strategies
 
 
-def _training(specs: Sequence[Any], settings: Any, models: Optional[Dict[str, Sequence[str]]] = None, *,
-              strategies: Optional[Sequence[str]] = None, skip: Optional[str] = None) -> List[CaseParams]:
+def _training(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Optional[Dict[str, Sequence[str]]] = None,
+              *, strategies: Optional[Sequence[str]] = None, skip: Optional[str] = None) -> List[CaseParams]:
     """Every spec x strategy it serves x world size (x model, ``models[role]``), in that order.
 
     ``strategies`` restricts the strategies; ``skip`` is the reason a case at
@@ -450,11 +451,11 @@ def _training(specs: Sequence[Any], settings: Any, models: Optional[Dict[str, Se
             for ws in settings.world_sizes:
                 why = skip if ws < 2 else None
                 for model in (None,) if models is None else models[settings.role(ws)]:
-                    out.append(CaseParams(spec.name, strategy, ws, model=model, skip=why))
+                    out.append(test.case(spec.name, strategy, ws, model=model, skip=why))
     return out
 
 
-def _registration(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def _registration(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """Every rule per spec and strategy, at the main world size; the hybrid rule once per spec."""
     ws = settings.world_size
     out = []
@@ -463,26 +464,26 @@ def _registration(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
             if rule == "hybrid_strategy_raises":
                 why = ("HYBRID_SHARD needs at least 2 ranks to shard over; with 1, FSDP falls back to NO_SHARD"
                        if ws < 2 else None)
-                out.append(CaseParams(spec.name, "HYBRID", ws, rule=rule, skip=why))
+                out.append(test.case(spec.name, "HYBRID", ws, rule=rule, skip=why))
                 continue
-            out.extend(CaseParams(spec.name, strategy, ws, rule=rule) for strategy in spec.strategies or ())
+            out.extend(test.case(spec.name, strategy, ws, rule=rule) for strategy in spec.strategies or ())
     return out
 
 
-def _subgroup(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def _subgroup(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """Parity on data-parallel subgroups (``conformance.ranks.checks.groups``): every strategy a spec serves, on
     the smallest even pool of at least four ranks (the run's, else the extra pool FSDP2's HSDP starts)."""
     ws = subgroup_world_size(settings.world_sizes)
-    return [CaseParams(spec.name, strategy, ws, model=SUBGROUP_MODEL) for spec in specs
+    return [test.case(spec.name, strategy, ws, model=SUBGROUP_MODEL) for spec in specs
             for strategy in spec.strategies or ()]
 
 
-def _low_precision_clip(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def _low_precision_clip(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """:data:`LOW_PRECISION_CLIP` at every world size (a float16 sum of three rounds where one of two is
     exact); skipped for a hook that claims a reduce dtype
     other than float16, the one ``test_low_precision_grads`` pins."""
     out = []
-    for case in _training(specs, settings, {"main": LOW_PRECISION_CLIP[1:], "extra": LOW_PRECISION_CLIP[1:]},
+    for case in _training(test, specs, settings, {"main": LOW_PRECISION_CLIP[1:], "extra": LOW_PRECISION_CLIP[1:]},
                           strategies=LOW_PRECISION_CLIP[0]):
         claim = next(spec.reduce_dtype for spec in specs if spec.name == case.hook)
         if claim not in (None, torch.float16) and case.skip is None:
@@ -509,14 +510,19 @@ def _exact(spec: Any) -> bool:
     return spec.lossy is None
 
 
-def _of(keep: Callable[[Any], bool], plan: Callable[[Sequence[Any], Any], List[CaseParams]]):
+def _of(keep: Callable[[Any], bool], plan: CasePlan) -> CasePlan:
     """``plan`` over the specs ``keep`` selects: exact claims get the exact checks, lossy contracts theirs."""
-    return lambda specs, settings: plan([spec for spec in specs if keep(spec)], settings)
+    return lambda test, specs, settings: plan(test, [spec for spec in specs if keep(spec)], settings)
 
 
-def _first_world_size(plan: Callable[[Sequence[Any], Any], List[CaseParams]]):
+def _first_world_size(plan: CasePlan) -> CasePlan:
     """``plan`` at the run's first world size only (a training-loss or determinism case: not about rounding)."""
-    return lambda specs, settings: [c for c in plan(specs, settings) if c.world_size == settings.world_sizes[0]]
+    return lambda test, specs, settings: [c for c in plan(test, specs, settings)
+                                          if c.world_size == settings.world_sizes[0]]
+
+
+#: A suite test of this API: ``_test(check, rank_check, plan, kind=..., params=...)``.
+_test = functools.partial(SuiteTest, "fsdp", "strategy")
 
 
 API = HookApi(
@@ -528,24 +534,30 @@ API = HookApi(
     builtin_hooks="conformance.apis.fsdp.builtin_hooks:FSDP_HOOKS",
     default_hook="conformance.apis.fsdp.builtin_hooks:default_hook",
     plans={
-        "test_averaging": _of(_exact, lambda specs, s: _training(specs, s)),
-        "test_parity": _of(_exact, lambda specs, s: _training(
-            specs, s, {"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})),
-        "test_rank_consistency": lambda specs, s: _training(
-            specs, s, {"main": CONSISTENCY_MODELS, "extra": CONSISTENCY_MODELS[:1]}, strategies=("NO_SHARD",),
-            skip="rank consistency needs at least 2 ranks"),
-        "test_registration": _registration,
-        "test_hard_inputs": _of(_exact, lambda specs, s: _training(specs, s)),
-        "test_subgroup_parity": _of(_exact, _subgroup),
-        "test_clip_grad_norm": _of(_exact, lambda specs, s: _training(specs, s, {"main": CLIP_MODELS, "extra": ()})),
-        "test_clip_grad_norm_low_precision": _of(_exact, _low_precision_clip),
-        "test_lossy_error": _of(lambda spec: not _exact(spec), lambda specs, s: _training(
-            specs, s, LOSSY_ERROR_MODELS, skip="the mean over one rank is its local gradient: nothing to bound")),
-        "test_lossy_loss": _of(lambda spec: spec.lossy is not None and spec.lossy.loss_margin is not None,
-                               _first_world_size(lambda specs, s: _training(specs, s, LOSSY_LOSS_MODELS))),
-        "test_lossy_determinism": _of(lambda spec: spec.lossy is not None and spec.lossy.deterministic,
-                                      _first_world_size(lambda specs, s: _training(specs, s,
-                                                                                   LOSSY_DETERMINISM_MODELS))),
+        "test_averaging": _test("averaging", "averaging", _of(_exact, _training), kind="exact"),
+        "test_parity": _test("parity", "parity", _of(_exact, functools.partial(
+            _training, models={"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})), kind="exact"),
+        "test_rank_consistency": _test("rank_consistency", "rank_grads", functools.partial(
+            _training, models={"main": CONSISTENCY_MODELS, "extra": CONSISTENCY_MODELS[:1]}, strategies=("NO_SHARD",),
+            skip="rank consistency needs at least 2 ranks"), kind="across_ranks"),
+        "test_registration": _test("registration", "registration", _registration),
+        "test_hard_inputs": _test("hard_inputs", "hard_inputs", _of(_exact, _training), kind="hard_inputs"),
+        "test_subgroup_parity": _test("subgroup_parity", "parity", _of(_exact, _subgroup), params={"subgroup": True}),
+        "test_clip_grad_norm": _test("clip_grad_norm", "clip_grad_norm", _of(_exact, functools.partial(
+            _training, models={"main": CLIP_MODELS, "extra": ()}))),
+        "test_clip_grad_norm_low_precision": _test("clip_grad_norm_low_precision", "clip_grad_norm",
+                                                   _of(_exact, _low_precision_clip),
+                                                   params={"low_precision_grads": True}),
+        "test_lossy_error": _test("lossy_error", "lossy_error", _of(lambda spec: not _exact(spec), functools.partial(
+            _training, models=LOSSY_ERROR_MODELS, skip="the mean over one rank is its local gradient: nothing to bound")),
+            kind="lossy_error"),
+        "test_lossy_loss": _test("lossy_loss", "lossy_loss", _of(
+            lambda spec: spec.lossy is not None and spec.lossy.loss_margin is not None,
+            _first_world_size(functools.partial(_training, models=LOSSY_LOSS_MODELS))), kind="lossy_loss"),
+        "test_lossy_determinism": _test("lossy_determinism", "lossy_determinism", _of(
+            lambda spec: spec.lossy is not None and spec.lossy.deterministic,
+            _first_world_size(functools.partial(_training, models=LOSSY_DETERMINISM_MODELS))),
+            kind="lossy_determinism"),
     },
 )
 APIS = (API,)

@@ -49,12 +49,13 @@ a check runs, so this module imports on torch versions without FSDP2.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from conformance.apis import HookApi, called_as, no_strategies
+from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, no_strategies
 from conformance.apis.fsdp2.build import (HSDP_REPLICATE, apply_config, build_fsdp2, fsdp_modules, hsdp_shape,
                                               mesh_for, missing_api)
 from conformance.apis.fsdp2.recorders import CommRecorder, HookRecorder, make_comm
@@ -210,8 +211,9 @@ def clip_grad_norm(ctx: Any, spec: Any, *, config: str, model: str, steps: int =
                                  make_reference=make_reference if reference_only else None)
 
 
-@rank_check("fsdp2.all_reduce_parity")
-def all_reduce_parity(ctx: Any, spec: Any, *, model: str, steps: int = 3, lr: float = 0.01) -> List[Finding]:
+@rank_check("fsdp2_all_reduce.parity")
+def all_reduce_parity(ctx: Any, spec: Any, *, model: str, config: str = "hsdp", steps: int = 3,
+                      lr: float = 0.01) -> List[Finding]:
     """An all-reduce hook under native HSDP leaves every gradient bitwise as native HSDP without it."""
     return lockstep(ctx, _all_reduce_plan(ctx, spec, model), steps=steps, lr=lr)
 
@@ -249,7 +251,7 @@ def _local_only(plan: Lockstep) -> Lockstep:
 
 @rank_check("fsdp2.hard_inputs")
 def hard_inputs(ctx: Any, spec: Any, *, config: str, examples: Sequence[Example], case_id: str,
-                fresh: bool = True) -> List[Finding]:
+                fresh: bool = True, model: str = "gradient_probe") -> List[Finding]:
     """Chosen gradients through the probe (:func:`conformance.ranks.checks.probe.run_examples`), bitwise vs native
     ``fully_shard``, the comm installed."""
     def make_plan(inputs: Any, context: Any) -> Lockstep:
@@ -258,9 +260,9 @@ def hard_inputs(ctx: Any, spec: Any, *, config: str, examples: Sequence[Example]
     return run_examples(ctx, case_id, examples, fresh, make_plan)
 
 
-@rank_check("fsdp2.all_reduce_hard_inputs")
-def all_reduce_hard_inputs(ctx: Any, spec: Any, *, examples: Sequence[Example], case_id: str,
-                           fresh: bool = True) -> List[Finding]:
+@rank_check("fsdp2_all_reduce.hard_inputs")
+def all_reduce_hard_inputs(ctx: Any, spec: Any, *, examples: Sequence[Example], case_id: str, fresh: bool = True,
+                           config: str = "hsdp", model: str = "gradient_probe") -> List[Finding]:
     """Chosen gradients through the probe under native HSDP, the all-reduce hook installed, bitwise vs
     native HSDP without it."""
     def make_plan(inputs: Any, context: Any) -> Lockstep:
@@ -459,7 +461,7 @@ def _exact(spec: Any) -> bool:
     return spec.lossy is None
 
 
-def parity_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def parity_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """The comm cases of a run: per spec that claims exactness, :data:`PLAN` at each world size by its
     role, then HSDP."""
     out = []
@@ -468,69 +470,75 @@ def parity_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         roles = [(settings.role(ws), ws) for ws in settings.world_sizes]
         roles.append(("hsdp", hsdp_world_size(settings.world_sizes)))
         for role, ws in roles:
-            out.extend(CaseParams(spec.name, config, ws, model=model, api=spec.api)
-                       for config, model in PLAN[(role, claim)])
+            out.extend(test.case(spec.name, config, ws, model=model) for config, model in PLAN[(role, claim)])
     return _with_skips(out, specs, settings)
 
 
-def hard_input_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def hard_input_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """The comm's hard-input cases (exact claims): :data:`HARD_INPUT_PLAN` at each world size by its role."""
     out = []
     for spec in filter(_exact, specs):
         for role, ws in [(settings.role(ws), ws) for ws in settings.world_sizes]:
-            out.extend(CaseParams(spec.name, config, ws, model=model, api=spec.api)
-                       for config, model in HARD_INPUT_PLAN[role])
+            out.extend(test.case(spec.name, config, ws, model=model) for config, model in HARD_INPUT_PLAN[role])
     return _with_skips(out, specs, settings)
 
 
-def clip_cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def clip_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """clip_grad_norm_ with the comm installed (exact claims): ``nested_wrapped``, default config, main world
     size."""
     ws = settings.world_sizes[0]
-    return _with_skips([CaseParams(spec.name, "default", ws, model="nested_wrapped", api=spec.api)
-                        for spec in filter(_exact, specs)], specs, settings)
+    return _with_skips([test.case(spec.name, "default", ws, model="nested_wrapped") for spec in filter(_exact, specs)],
+                       specs, settings)
 
 
-def lossy_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_only: bool = False):
+def lossy_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_only: bool = False) -> CasePlan:
     """A case plan of a lossy-contract check: per kept spec, ``plan[role]`` at each world size by its role
     (only the run's first with ``first_only``), then ``plan["hsdp"]`` at the HSDP world size."""
-    def cases(specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         out = []
         for spec in filter(keep, specs):
             sizes = settings.world_sizes[:1] if first_only else settings.world_sizes
             roles = [(settings.role(ws), ws) for ws in sizes] + [("hsdp", hsdp_world_size(settings.world_sizes))]
             for role, ws in roles:
-                out.extend(CaseParams(spec.name, config, ws, model=model, api=spec.api)
-                           for config, model in plan.get(role, ()))
+                out.extend(test.case(spec.name, config, ws, model=model) for config, model in plan.get(role, ()))
         return _with_skips(out, specs, settings)
 
     return cases
 
 
-def all_reduce_cases(specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS
+def all_reduce_cases(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS
                      ) -> List[CaseParams]:
     """An all-reduce hook's cases: each of ``models`` under HSDP."""
     ws = hsdp_world_size(settings.world_sizes)
-    return _with_skips([CaseParams(spec.name, "hsdp", ws, model=model, api=spec.api)
-                        for spec in specs for model in models], specs, settings)
+    return _with_skips([test.case(spec.name, "hsdp", ws, model=model) for spec in specs for model in models],
+                       specs, settings)
 
+
+#: A suite test of each API: ``_comm_test(check, rank_check, plan, kind=..., params=...)``.
+_comm_test = functools.partial(SuiteTest, "fsdp2", "config")
+_all_reduce_test = functools.partial(SuiteTest, "fsdp2_all_reduce", "config")
 
 APIS = (
     HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
             stateful=False, validate=validate, builtin_hooks="conformance.apis.fsdp2.builtin_hooks:FSDP2_HOOKS",
             default_hook="conformance.apis.fsdp2.builtin_hooks:default_hook",
-            plans={"test_fsdp2_parity": parity_cases, "test_fsdp2_hard_inputs": hard_input_cases,
-                   "test_fsdp2_clip_grad_norm": clip_cases,
-                   "test_fsdp2_lossy_error": lossy_plan(LOSSY_ERROR_PLAN, lambda spec: not _exact(spec)),
-                   "test_fsdp2_lossy_loss": lossy_plan(
+            plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", parity_cases, kind="exact"),
+                   "test_fsdp2_hard_inputs": _comm_test("fsdp2_hard_inputs", "hard_inputs", hard_input_cases,
+                                                        kind="hard_inputs"),
+                   "test_fsdp2_clip_grad_norm": _comm_test("fsdp2_clip_grad_norm", "clip_grad_norm", clip_cases),
+                   "test_fsdp2_lossy_error": _comm_test("fsdp2_lossy_error", "lossy_error", lossy_plan(
+                       LOSSY_ERROR_PLAN, lambda spec: not _exact(spec)), kind="lossy_error"),
+                   "test_fsdp2_lossy_loss": _comm_test("fsdp2_lossy_loss", "lossy_loss", lossy_plan(
                        LOSSY_LOSS_PLAN, lambda spec: spec.lossy is not None and spec.lossy.loss_margin is not None,
-                       first_only=True),
-                   "test_fsdp2_lossy_determinism": lossy_plan(
+                       first_only=True), kind="lossy_loss"),
+                   "test_fsdp2_lossy_determinism": _comm_test("fsdp2_lossy_determinism", "lossy_determinism", lossy_plan(
                        LOSSY_DETERMINISM_PLAN, lambda spec: spec.lossy is not None and spec.lossy.deterministic,
-                       first_only=True)}),
+                       first_only=True), kind="lossy_determinism")}),
     HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP)",
             variant_field="config", stateful=False,
             validate=validate_all_reduce_hook, builtin_hooks=None,
-            plans={"test_fsdp2_all_reduce_hook": all_reduce_cases,
-                   "test_fsdp2_all_reduce_hard_inputs": lambda specs, s: all_reduce_cases(specs, s, ("gradient_probe",))}),
+            plans={"test_fsdp2_all_reduce_hook": _all_reduce_test("fsdp2_all_reduce_hook", "parity", all_reduce_cases),
+                   "test_fsdp2_all_reduce_hard_inputs": _all_reduce_test(
+                       "fsdp2_all_reduce_hard_inputs", "hard_inputs",
+                       functools.partial(all_reduce_cases, models=("gradient_probe",)), kind="hard_inputs")}),
 )

@@ -33,11 +33,15 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from typing import Dict, Tuple
 
-#: What differs between two runs of the same code: the interpreter the re-run command names, where a
-#: skip was raised (the checkout's path, the suite test's line), and timings.
+#: What differs between two runs of the same code, or of code moved between files: the interpreter the
+#: re-run command names, where a skip was raised (the checkout's path, the suite test's line), the frames of
+#: a rank's traceback (file, line, source and carets; the exception itself stays), log timestamps, timings.
 _VOLATILE = (
     (re.compile(r"\S*/bin/python[\d.]* -m conformance"), "PYTHON -m conformance"),
     (re.compile(r"(?m)^\S+\.py:\d+: "), "FILE:LINE: "),
+    (re.compile(r'(?m)^( *)File "[^"]*", line \d+, in .*\n(\1 +\S.*\n)?( *[~^]+ *\n)?'), r"\1FRAME\n"),
+    (re.compile(r"(?m)^( *FRAME\n)+"), "  FRAMES\n"),
+    (re.compile(r"\[[A-Z]\d{4} \d\d:\d\d:\d\d\.\d+ "), "[TIMESTAMP "),
     (re.compile(r"\bin \d+(\.\d+)?s\b"), "in Ns"),
 )
 

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.apis.ddp.adapter import CONFIGS as DDP_CONFIGS
-from conformance.apis.fsdp.adapter import CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, PARITY_MODELS, REGISTRATION_RULES
+from conformance.apis.ddp.models import CONFIGS as DDP_CONFIGS
+from conformance.apis.fsdp.plan import CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, PARITY_MODELS, REGISTRATION_RULES
 from conformance.apis.registry import HOOK_APIS, planned_cases
 from conformance.cases import CaseParams, case_id, parse_case_id
 from conformance.spec import FSDP_STRATEGIES, HookSpec
@@ -306,7 +306,7 @@ def _comm(name, reduce_dtype=None):
 
 
 def test_fsdp2_runs_hsdp_on_a_pool_of_its_own_when_no_world_size_fits():
-    from conformance.apis.fsdp2.adapter import HSDP_WORLD_SIZE
+    from conformance.apis.fsdp2.plan import HSDP_WORLD_SIZE
 
     got = planned_cases("test_fsdp2_parity", [_comm("c")], _settings([2, 3]))
     assert {c.world_size for c in got if c.variant == "hsdp"} == {HSDP_WORLD_SIZE}
@@ -316,7 +316,7 @@ def test_fsdp2_runs_hsdp_on_a_pool_of_its_own_when_no_world_size_fits():
 
 
 def test_fsdp2_skips_say_why():
-    from conformance.apis.fsdp2.adapter import GLOO_PREMUL_SUM
+    from conformance.apis.fsdp2.plan import GLOO_PREMUL_SUM
     from conformance.apis.fsdp2.build import missing_api
 
     if missing_api(("set_custom_reduce_scatter", "set_gradient_divide_factor")) is not None:

@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
-__all__ = ["CASE_KINDS", "CasePlan", "HookApi", "SuiteTest", "called_as", "no_strategies"]
+__all__ = ["CASE_KINDS", "SUBGROUP_WORLD_SIZE", "CasePlan", "HookApi", "SuiteTest", "called_as", "no_strategies",
+           "subgroup_world_size"]
 
 #: How the controller runs a case of a suite test (:mod:`conformance.controller.case_kinds`):
 #: ``exact`` (an exactness check whose unexplained failure ends with how to declare a lossy contract),
@@ -115,6 +116,12 @@ class HookApi:
         builtin_hooks: ``module:ATTR`` of PyTorch's own hooks as specs, or ``None``.
         plans: suite test function name -> :class:`SuiteTest`; the suite tests of
             this API are exactly these, and each one's ``check`` is its own.
+        models: ``module:ATTR`` of the API's rank side, its
+            :class:`~conformance.ranks.checks.models.ApiModels` subclass, called as
+            ``models(ctx, spec, model=..., **variant)``; every shared rank check its suite tests
+            run is bound to it (:func:`conformance.ranks.checks.get_rank_check`).
+        checks: the API's own rank checks (not written over its models), ``{name: "module:ATTR"}``
+            of ``check(ctx, spec, **params)``; registered as ``<api>.<name>``.
         default_hook: ``module:ATTR`` of ``default_hook(spec, params, world_size) ->
             Optional[str]``: the name, among ``builtin_hooks``, of PyTorch's own
             default hook for a case of ``spec`` with the rank check's ``params``,
@@ -130,6 +137,8 @@ class HookApi:
     validate: Callable[[Any], Tuple[str, ...]]
     builtin_hooks: Optional[str]
     plans: Mapping[str, SuiteTest]
+    models: str
+    checks: Mapping[str, str] = dataclasses.field(default_factory=dict)
     default_hook: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -148,6 +157,18 @@ class HookApi:
                 return test
         raise KeyError(f"api {self.name!r} has no suite test of check {check!r}; its checks: "
                        f"{', '.join(t.check for t in self.plans.values())}")
+
+
+#: The smallest pool the subgroup cases run on (two data-parallel groups of two,
+#: :mod:`conformance.ranks.checks.groups`).
+SUBGROUP_WORLD_SIZE = 4
+
+
+def subgroup_world_size(world_sizes: Sequence[int]) -> int:
+    """The pool the subgroup cases run on: the smallest even world size of the run of at least
+    :data:`SUBGROUP_WORLD_SIZE`, else :data:`SUBGROUP_WORLD_SIZE` (the extra pool FSDP2's HSDP starts)."""
+    fits = [ws for ws in world_sizes if ws >= SUBGROUP_WORLD_SIZE and ws % 2 == 0]
+    return min(fits) if fits else SUBGROUP_WORLD_SIZE
 
 
 def no_strategies(spec: Any) -> None:

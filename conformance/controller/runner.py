@@ -24,11 +24,12 @@ the command that re-runs just that case.
    (``python -m conformance.worker``) takes the controller's ``sys.path``,
    fingerprints its clean process state, loads the hook's spec, then joins
    its process group.
-3. Dispatch (controller). A test calls :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
+3. Dispatch (controller). A test calls :meth:`Runner.run_case`, which runs its API's suite test
+   (``controller/case_kinds.py``) through :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
    case as a picklable :class:`~conformance.protocol.Case` (check name, a
    ``HookRef`` to re-load the spec, parameters) and sends it to every rank.
 4. The check (every rank). The worker looks the check up in
-   ``conformance.ranks.checks`` (registered by the API's adapter module) and runs it
+   ``conformance.ranks.checks`` (named by the API's ``HookApi``) and runs it
    with a ``RankContext``; the check announces its phases (shown if it hangs),
    agrees with the other ranks before it stops early (``any_rank``), and
    returns findings (a ``CheckResult``).

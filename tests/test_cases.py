@@ -340,3 +340,51 @@ def test_every_kind_of_case_has_its_runner_and_a_suite_test_says_which():
     assert set(KINDS) == set(CASE_KINDS)
     with pytest.raises(ValueError, match="kind 'exactly' is not one of exact, plain"):
         SuiteTest("fsdp", "strategy", "parity", "parity", lambda test, specs, settings: [], kind="exactly")
+
+
+def test_an_api_whose_suite_test_makes_another_apis_cases_is_refused():
+    from conformance.apis import HookApi, SuiteTest
+
+    def plan(test, specs, settings):
+        return []
+
+    with pytest.raises(ValueError, match=r"api 'x' \(variant field 'config'\): its suite test test_x makes cases of api "
+                                         r"'y' \(variant field 'config'\)"):
+        HookApi("x", "x.register(hook)", "config", False, lambda spec: (), None,
+                {"test_x": SuiteTest("y", "config", "x", "parity", plan)}, models="m:M")
+    with pytest.raises(ValueError, match="check 'parity' names more than one suite test"):
+        HookApi("x", "x.register(hook)", "config", False, lambda spec: (), None,
+                {"test_a": SuiteTest("x", "config", "parity", "parity", plan),
+                 "test_b": SuiteTest("x", "config", "parity", "parity", plan)}, models="m:M")
+
+
+class _Recording:
+    """Stands for the Runner: records what a suite case asks it to run."""
+
+    def __init__(self):
+        self.calls = []
+
+    def check(self, request, case, check, rank_check, params, *, across_ranks=False, note=None):
+        self.calls.append((check, rank_check, params, across_ranks, note is not None))
+
+
+@pytest.mark.parametrize("api, check, variant, model, expected", [
+    ("fsdp", "subgroup_parity", "FULL_SHARD", "nested_wrapped",
+     ("subgroup_parity", "fsdp.parity", {"strategy": "FULL_SHARD", "model": "nested_wrapped", "subgroup": True},
+      False, False)),
+    ("fsdp", "parity", "NO_SHARD", "net_flat",  # exact: a failure may end with the lossy-contract hint
+     ("parity", "fsdp.parity", {"strategy": "NO_SHARD", "model": "net_flat"}, False, True)),
+    ("ddp", "rank_consistency", "default", "net_flat",
+     ("rank_consistency", "ddp.rank_grads", {"config": "default", "model": "net_flat", "steps": 4}, True, False)),
+    ("fsdp2_all_reduce", "fsdp2_all_reduce_hook", "hsdp", "nested_wrapped",
+     ("fsdp2_all_reduce_hook", "fsdp2_all_reduce.parity", {"config": "hsdp", "model": "nested_wrapped"}, False,
+      False)),
+    ("ddp", "lossy_error", "default", "transformer_shared",  # its figure becomes a property: a note
+     ("lossy_error", "ddp.lossy_error", {"config": "default", "model": "transformer_shared"}, False, True)),
+])
+def test_a_suite_case_runs_its_suite_tests_rank_check_with_the_cases_parameters(api, check, variant, model, expected):
+    from conformance.controller.case_kinds import run_case
+
+    conform = _Recording()
+    run_case(conform, object(), HOOK_APIS[api].suite_test(check).case("h", variant, 2, model=model))
+    assert conform.calls == [expected]

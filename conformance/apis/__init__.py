@@ -145,8 +145,8 @@ class HookApi:
         checks = [test.check for test in self.plans.values()]
         for name, test in self.plans.items():
             if (test.api, test.variant_field) != (self.name, self.variant_field):
-                raise ValueError(f"api {self.name!r}: suite test {name} is planned for api {test.api!r} with variant "
-                                 f"field {test.variant_field!r}, not {self.variant_field!r}")
+                raise ValueError(f"api {self.name!r} (variant field {self.variant_field!r}): its suite test {name} makes "
+                                 f"cases of api {test.api!r} (variant field {test.variant_field!r})")
             if checks.count(test.check) > 1:
                 raise ValueError(f"api {self.name!r}: check {test.check!r} names more than one suite test")
 

@@ -42,6 +42,8 @@ _VOLATILE = (
     (re.compile(r'(?m)^( *)File "[^"]*", line \d+, in .*\n(\1 +\S.*\n)?( *[~^]+ *\n)?'), r"\1FRAME\n"),
     (re.compile(r"(?m)^( *FRAME\n)+"), "  FRAMES\n"),
     (re.compile(r"\[[A-Z]\d{4} \d\d:\d\d:\d\d\.\d+ "), "[TIMESTAMP "),
+    # The message attribute's count of the lines left to the element text grows with a traceback's frames.
+    (re.compile(r"\[\+\d+ more lines; full report in element text\]"), "[+N more lines; full report in element text]"),
     (re.compile(r"\bin \d+(\.\d+)?s\b"), "in Ns"),
 )
 

@@ -1,17 +1,13 @@
 """commhook-conformance: a conformance suite for PyTorch gradient communication hooks.
 
 Start with :class:`HookSpec` (the plug-in contract, ``conformance/spec.py``).
-The rest of the package, by file:
+The rest of the package, in four parts (README's "Layout" lists every module):
 
-* ``spec_loading.py``: load specs from ``module:ATTR`` and the ``conformance.hooks`` entry points;
-* ``builtin_hooks/``: PyTorch's own hooks as specs, one module per hook API;
-* ``pool.py`` / ``worker.py``: the persistent rank pool (controller and rank side);
-* ``apis.py`` / ``adapters/``: the hook APIs, one adapter module each (validation, case plans,
-  the rank checks);
-* ``checks/``: the rank-check registry and what the adapters' checks share (the lock-step loop);
-* ``compare.py``: bitwise comparison, ULP distance, mismatch reports;
-* ``known_failures.py``: the expected-failure list in ``fixtures/``;
-* ``pytest_plugin.py``: the pytest plugin; ``cli.py``: the ``conform`` command.
+* ``apis/``: the hook APIs, a folder each (its plan, its models, its arithmetic, its extras);
+* ``controller/``: the pytest process (plugin, settings, spec loading, the runner, the rank pools);
+* ``ranks/``: the rank processes (worker, zygote) and what they run (``checks/``, the diagnosis,
+  bitwise comparison);
+* ``reports/``: what a run writes (failure text, verdicts, JSON, grids, baseline, Markdown).
 """
 
 from conformance.spec import HookSpec, LossyContract, SpecError

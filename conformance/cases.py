@@ -1,9 +1,10 @@
 """What a case is and what it is called, for every hook API.
 
 Every suite test of every hook API is parametrized with one :class:`CaseParams`:
-the hook, its **variant** (what the API varies: a sharding strategy for
-``fsdp``, a training config for ``ddp`` and ``fsdp2``), the world size, and a
-model or a registration rule. A case id is the pytest parameter id, fields joined
+the hook, its **variant** (what the API varies: a sharding strategy, a training
+config), the world size, and a model or a registration rule; and what the plan
+that made it set: its API, its check and the variant's field name
+(:meth:`conformance.apis.SuiteTest.case`). A case id is the pytest parameter id, fields joined
 by ``-``: ``{hook}-{variant}-{model}-ws{world_size}`` for training checks,
 ``{hook}-{variant}-{rule}`` for registration rules. The hook name comes first so
 that ``-k my_hook`` and known-failure patterns such as
@@ -18,19 +19,25 @@ from typing import Any, Dict, List, Optional, Tuple
 
 @dataclasses.dataclass(frozen=True)
 class CaseParams:
-    """One parametrization of a suite test, for any hook API.
+    """One parametrization of a suite test, for any hook API; made by its API's plan
+    (:meth:`conformance.apis.SuiteTest.case`).
 
     Attributes:
         hook: the spec's name.
-        variant: what the API varies: a ``ShardingStrategy`` member name or
-            ``"HYBRID"`` (``fsdp``), a DDP config (``ddp``), an FSDP2 config
-            (``fsdp2``, ``fsdp2_all_reduce``); named by :attr:`variant_field`.
+        variant: what the API varies (a ``ShardingStrategy`` member name or ``"HYBRID"``, a training
+            config), named by :attr:`variant_field`.
         world_size: ranks in the pool that runs it.
         model: a reference model name, or ``None``.
         rule: a registration rule, or ``None``.
         api: the hook API (``spec.api``).
+        check: the check's name in reports (the JUnit property ``check``, the failure header).
+        variant_field: the variant's name in reports and in the rank check's parameters
+            (:attr:`conformance.apis.HookApi.variant_field`: ``"strategy"``, ``"config"``).
         skip: why the case cannot run here, or ``None``; set by the API's case
             plan (:attr:`conformance.apis.HookApi.plans`), not part of the id.
+
+    Raises:
+        ValueError: ``api``, ``check`` or ``variant_field`` is missing (a case is made by its API's plan).
     """
 
     hook: str
@@ -38,37 +45,49 @@ class CaseParams:
     world_size: int
     model: Optional[str] = None
     rule: Optional[str] = None
-    api: str = "fsdp"
+    api: str = ""
+    check: str = ""
+    variant_field: str = ""
     skip: Optional[str] = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        missing = [name for name in ("api", "check", "variant_field") if not getattr(self, name)]
+        if missing:
+            raise ValueError(f"case {self.id} has no {' and no '.join(missing)}: a case is made by its API's plan, "
+                             "SuiteTest.case(...), which sets the API, the check and the variant's field")
 
     @property
     def id(self) -> str:
         return case_id(self.hook, self.variant, model=self.model, world_size=self.world_size, rule=self.rule)
 
-    @property
-    def variant_field(self) -> str:
-        """``"strategy"`` (fsdp) or ``"config"`` (ddp, fsdp2): :attr:`HookApi.variant_field`."""
-        from conformance.apis.registry import HOOK_APIS
-
-        return HOOK_APIS[self.api].variant_field
-
-    def describe(self, check: str) -> Dict[str, Any]:
-        """What the case is, for the failure's header: check, API, variant, then model or rule."""
-        out: Dict[str, Any] = {"check": check, "api": self.api, self.variant_field: self.variant}
+    def check_params(self) -> Dict[str, Any]:
+        """The rank check's parameters the case gives: its variant under :attr:`variant_field`, then its model
+        or rule (``{"strategy": "FULL_SHARD", "model": "nested_wrapped"}``)."""
+        out: Dict[str, Any] = {self.variant_field: self.variant}
         if self.model:
             out["model"] = self.model
         if self.rule:
             out["rule"] = self.rule
         return out
 
-    def junit_properties(self, check: str) -> List[Tuple[str, Any]]:
+    def describe(self, check: Optional[str] = None) -> Dict[str, Any]:
+        """What the case is, for the failure's header: check (the case's own by default), API, variant, then
+        model or rule."""
+        out: Dict[str, Any] = {"check": check or self.check, "api": self.api, self.variant_field: self.variant}
+        if self.model:
+            out["model"] = self.model
+        if self.rule:
+            out["rule"] = self.rule
+        return out
+
+    def junit_properties(self, check: Optional[str] = None) -> List[Tuple[str, Any]]:
         """The JUnit properties of the case (the per-hook summary reads them too).
 
-        Every case carries ``hook``, ``api``, ``check``, ``variant``, its variant
-        under its own field name (``strategy`` or ``config``), ``world_size``, and
-        ``model`` or ``rule`` where it has one.
+        Every case carries ``hook``, ``api``, ``check`` (the case's own by default), ``variant``, its
+        variant under its own field name (``strategy`` or ``config``), ``world_size``, and ``model`` or
+        ``rule`` where it has one.
         """
-        props: List[Tuple[str, Any]] = [("hook", self.hook), ("api", self.api), ("check", check),
+        props: List[Tuple[str, Any]] = [("hook", self.hook), ("api", self.api), ("check", check or self.check),
                                         ("variant", self.variant), (self.variant_field, self.variant),
                                         ("world_size", self.world_size)]
         if self.model:

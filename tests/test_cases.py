@@ -13,8 +13,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.apis.ddp.adapter import CONFIGS as DDP_CONFIGS
-from conformance.apis.fsdp.adapter import CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, PARITY_MODELS, REGISTRATION_RULES
+from conformance.apis.ddp.models import CONFIGS as DDP_CONFIGS
+from conformance.apis.fsdp.plan import CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, PARITY_MODELS, REGISTRATION_RULES
 from conformance.apis.registry import HOOK_APIS, planned_cases
 from conformance.cases import CaseParams, case_id, parse_case_id
 from conformance.spec import FSDP_STRATEGIES, HookSpec
@@ -73,18 +73,48 @@ def test_hook_name_comes_first_so_one_pattern_selects_one_hook():
     assert not any(c.id.startswith("ns_only-") for c in planned_cases("test_averaging", [longer], plan_settings(2)))
 
 
+def _case(hook, variant, world_size, *, api="fsdp", check="parity", **fields):
+    """A case as the plan of ``api``'s suite test of ``check`` makes it."""
+    return HOOK_APIS[api].suite_test(check).case(hook, variant, world_size, **fields)
+
+
 def test_case_params_id_is_case_id():
-    c = CaseParams("h", "FULL_SHARD", 3, model="net_flat")
+    c = _case("h", "FULL_SHARD", 3, model="net_flat")
     assert c.id == case_id("h", "FULL_SHARD", model="net_flat", world_size=3)
-    r = CaseParams("h", "NO_SHARD", 2, rule="non_root_raises")
+    r = _case("h", "NO_SHARD", 2, check="registration", rule="non_root_raises")
     assert r.id == "h-NO_SHARD-non_root_raises"
 
 
 def test_describe_reports_only_what_the_case_has():
-    assert CaseParams("h", "NO_SHARD", 2).describe("averaging") == {"check": "averaging", "api": "fsdp",
-                                                                      "strategy": "NO_SHARD"}
-    assert CaseParams("h", "NO_SHARD", 2, model="m").describe("parity")["model"] == "m"
-    assert "model" not in CaseParams("h", "NO_SHARD", 2, rule="r").describe("registration")
+    assert _case("h", "NO_SHARD", 2, check="averaging").describe() == {"check": "averaging", "api": "fsdp",
+                                                                         "strategy": "NO_SHARD"}
+    assert _case("h", "NO_SHARD", 2, model="m").describe()["model"] == "m"
+    assert "model" not in _case("h", "NO_SHARD", 2, check="registration", rule="r").describe()
+
+
+def test_a_case_has_no_default_api_check_or_variant_field():
+    """Only its API's plan makes a case; one made by hand without them says what is missing and where from."""
+    with pytest.raises(ValueError, match="h-NO_SHARD-ws2 has no api and no check and no variant_field: a case is "
+                                         r"made by its API's plan, SuiteTest.case\(\.\.\.\)"):
+        CaseParams("h", "NO_SHARD", 2)
+    with pytest.raises(ValueError, match="has no check"):
+        CaseParams("h", "NO_SHARD", 2, api="fsdp", variant_field="strategy")
+
+
+def test_every_planned_case_carries_its_api_check_and_variant_field():
+    """What the reports read (api, check, the variant's field) is set by the plan of the suite test that ran it."""
+    specs = [EVERYWHERE, _ddp("d"), _comm("c")]
+    for api in HOOK_APIS.values():
+        for name, test in api.plans.items():
+            for case in planned_cases(name, specs, _settings([2, 3])):
+                assert (case.api, case.check, case.variant_field) == (api.name, test.check, api.variant_field)
+                assert case.check_params()[api.variant_field] == case.variant
+                assert HOOK_APIS[case.api].suite_test(case.check) is test
+
+
+def test_an_unknown_check_names_the_apis_checks():
+    with pytest.raises(KeyError, match="api 'ddp' has no suite test of check 'registration'; its checks: averaging"):
+        HOOK_APIS["ddp"].suite_test("registration")
 
 
 # -- parsing ---------------------------------------------------------------------------------------
@@ -204,17 +234,18 @@ def test_a_world_size_beyond_the_gpus_is_a_skip_that_says_so():
 
 
 def test_every_api_names_its_variant_and_carries_the_same_properties():
-    fsdp = CaseParams("h", "FULL_SHARD", 3, model="net_flat")
-    ddp = CaseParams("h", "small_buckets", 2, model="nested_wrapped", api="ddp")
-    fsdp2 = CaseParams("h", "hsdp", 4, model="nested_wrapped", api="fsdp2")
+    fsdp = _case("h", "FULL_SHARD", 3, model="net_flat")
+    ddp = _case("h", "small_buckets", 2, api="ddp", model="nested_wrapped")
+    fsdp2 = _case("h", "hsdp", 4, api="fsdp2", check="fsdp2_parity", model="nested_wrapped")
     assert (fsdp.variant_field, ddp.variant_field, fsdp2.variant_field) == ("strategy", "config", "config")
-    assert dict(ddp.junit_properties("parity")) == {
+    assert dict(ddp.junit_properties()) == {
         "hook": "h", "api": "ddp", "check": "parity", "variant": "small_buckets", "config": "small_buckets",
         "world_size": 2, "model": "nested_wrapped"}
+    assert ddp.check_params() == {"config": "small_buckets", "model": "nested_wrapped"}
     for case in (fsdp, ddp, fsdp2):
-        props = dict(case.junit_properties("parity"))
+        props = dict(case.junit_properties())
         assert {"hook", "api", "check", "variant", case.variant_field, "world_size"} <= set(props)
-        assert case.describe("parity")[case.variant_field] == case.variant
+        assert case.describe()[case.variant_field] == case.variant
     assert fsdp2.id == "h-hsdp-nested_wrapped-ws4"
 
 
@@ -275,7 +306,7 @@ def _comm(name, reduce_dtype=None):
 
 
 def test_fsdp2_runs_hsdp_on_a_pool_of_its_own_when_no_world_size_fits():
-    from conformance.apis.fsdp2.adapter import HSDP_WORLD_SIZE
+    from conformance.apis.fsdp2.plan import HSDP_WORLD_SIZE
 
     got = planned_cases("test_fsdp2_parity", [_comm("c")], _settings([2, 3]))
     assert {c.world_size for c in got if c.variant == "hsdp"} == {HSDP_WORLD_SIZE}
@@ -285,7 +316,7 @@ def test_fsdp2_runs_hsdp_on_a_pool_of_its_own_when_no_world_size_fits():
 
 
 def test_fsdp2_skips_say_why():
-    from conformance.apis.fsdp2.adapter import GLOO_PREMUL_SUM
+    from conformance.apis.fsdp2.plan import GLOO_PREMUL_SUM
     from conformance.apis.fsdp2.build import missing_api
 
     if missing_api(("set_custom_reduce_scatter", "set_gradient_divide_factor")) is not None:
@@ -300,3 +331,60 @@ def test_fsdp2_skips_say_why():
     # fp16 reduces with SUM, never PREMUL_SUM: it runs on gloo.
     low = planned_cases("test_fsdp2_parity", [_comm("c16", torch.float16)], _settings([2, 3]))
     assert not any(c.skip for c in low if c.world_size in (2, 3))
+
+
+def test_every_kind_of_case_has_its_runner_and_a_suite_test_says_which():
+    from conformance.apis import CASE_KINDS, SuiteTest
+    from conformance.controller.case_kinds import KINDS
+
+    assert set(KINDS) == set(CASE_KINDS)
+    with pytest.raises(ValueError, match="kind 'exactly' is not one of exact, plain"):
+        SuiteTest("fsdp", "strategy", "parity", "parity", lambda test, specs, settings: [], kind="exactly")
+
+
+def test_an_api_whose_suite_test_makes_another_apis_cases_is_refused():
+    from conformance.apis import HookApi, SuiteTest
+
+    def plan(test, specs, settings):
+        return []
+
+    with pytest.raises(ValueError, match=r"api 'x' \(variant field 'config'\): its suite test test_x makes cases of api "
+                                         r"'y' \(variant field 'config'\)"):
+        HookApi("x", "x.register(hook)", "config", False, lambda spec: (), None,
+                {"test_x": SuiteTest("y", "config", "x", "parity", plan)}, models="m:M")
+    with pytest.raises(ValueError, match="check 'parity' names more than one suite test"):
+        HookApi("x", "x.register(hook)", "config", False, lambda spec: (), None,
+                {"test_a": SuiteTest("x", "config", "parity", "parity", plan),
+                 "test_b": SuiteTest("x", "config", "parity", "parity", plan)}, models="m:M")
+
+
+class _Recording:
+    """Stands for the Runner: records what a suite case asks it to run."""
+
+    def __init__(self):
+        self.calls = []
+
+    def check(self, request, case, check, rank_check, params, *, across_ranks=False, note=None):
+        self.calls.append((check, rank_check, params, across_ranks, note is not None))
+
+
+@pytest.mark.parametrize("api, check, variant, model, expected", [
+    ("fsdp", "subgroup_parity", "FULL_SHARD", "nested_wrapped",
+     ("subgroup_parity", "fsdp.parity", {"strategy": "FULL_SHARD", "model": "nested_wrapped", "subgroup": True},
+      False, False)),
+    ("fsdp", "parity", "NO_SHARD", "net_flat",  # exact: a failure may end with the lossy-contract hint
+     ("parity", "fsdp.parity", {"strategy": "NO_SHARD", "model": "net_flat"}, False, True)),
+    ("ddp", "rank_consistency", "default", "net_flat",
+     ("rank_consistency", "ddp.rank_grads", {"config": "default", "model": "net_flat", "steps": 4}, True, False)),
+    ("fsdp2_all_reduce", "fsdp2_all_reduce_hook", "hsdp", "nested_wrapped",
+     ("fsdp2_all_reduce_hook", "fsdp2_all_reduce.parity", {"config": "hsdp", "model": "nested_wrapped"}, False,
+      False)),
+    ("ddp", "lossy_error", "default", "transformer_shared",  # its figure becomes a property: a note
+     ("lossy_error", "ddp.lossy_error", {"config": "default", "model": "transformer_shared"}, False, True)),
+])
+def test_a_suite_case_runs_its_suite_tests_rank_check_with_the_cases_parameters(api, check, variant, model, expected):
+    from conformance.controller.case_kinds import run_case
+
+    conform = _Recording()
+    run_case(conform, object(), HOOK_APIS[api].suite_test(check).case("h", variant, 2, model=model))
+    assert conform.calls == [expected]

@@ -17,7 +17,6 @@ from packaging.version import Version
 
 from conformance.controller import default_replay
 from conformance.apis.registry import HOOK_APIS
-from conformance.cases import CaseParams
 from conformance.ranks.compare import compare_bitwise
 from conformance.protocol import CaseResult, CheckResult, Finding, RankOutcome
 from conformance.controller.runner import ConformanceFailure, Runner
@@ -161,7 +160,7 @@ def check(pool, hook="mine", target="pkg.mod:SPEC", rank_check="fsdp.clip_grad_n
     runner.pools[2] = pool
     pool.serve(((target, hook),))
     runner.serving = hook
-    case = CaseParams(hook, "FULL_SHARD", 2, model="nested_wrapped")
+    case = HOOK_APIS["fsdp"].suite_test("clip_grad_norm").case(hook, "FULL_SHARD", 2, model="nested_wrapped")
     request = Request(f"test_clip_grad_norm[{case.id}]", xfail)
     runner.check(request, case, "clip_grad_norm", rank_check, {"strategy": "FULL_SHARD", "model": "nested_wrapped"})
 

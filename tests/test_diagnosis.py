@@ -16,7 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conformance.ranks.diagnosis import Arithmetic, HookCall, explain
+from conformance.apis.ddp.arithmetic import DdpArithmetic
+from conformance.apis.fsdp.arithmetic import FsdpArithmetic
+from conformance.ranks.arithmetic import Arithmetic
+from conformance.ranks.diagnosis import HookCall, explain
 
 WORLD_SIZE = 3
 
@@ -65,8 +68,8 @@ def _run(rank: int, store_path: str) -> None:
     store = dist.FileStore(store_path, WORLD_SIZE)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE)
     try:
-        for api in ("ddp", "fsdp"):
-            arith = Arithmetic(api, WORLD_SIZE, None)
+        for api, arithmetic in (("ddp", DdpArithmetic), ("fsdp", FsdpArithmetic)):
+            arith = arithmetic(WORLD_SIZE, None)
             gen = torch.Generator().manual_seed(1234 + rank)
             x = torch.randn(96, generator=gen) * (rank + 1)
             for name, (result, sharded) in _results(api, x, rank).items():
@@ -104,3 +107,18 @@ def test_each_cause_is_named_and_a_right_result_gets_only_native(tmp_path):
         pytest.skip("torch.distributed with gloo is not available")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     mp.spawn(_run, args=(str(tmp_path / "store"),), nprocs=WORLD_SIZE, join=True)
+
+
+def test_an_api_without_its_own_arithmetic_cannot_be_diagnosed():
+    """The diagnosis asks the API's arithmetic for native's result: the base names no API's, so it cannot stand in."""
+    with pytest.raises(TypeError, match="abstract"):
+        Arithmetic(WORLD_SIZE, None)
+
+
+def test_fsdp_divides_before_the_sum_natively_only_where_its_pre_divide_is_the_world_size():
+    """At 2 ranks FSDP's pre-divide is the world size, so "divided before the SUM" would name native itself."""
+    assert FsdpArithmetic(2, None).factors == (2.0, 1.0) and FsdpArithmetic(2, None).divides_before_sum
+    assert FsdpArithmetic(3, None).factors == (2.0, 1.5) and not FsdpArithmetic(3, None).divides_before_sum
+    assert not DdpArithmetic(2, None).divides_before_sum
+    assert FsdpArithmetic(3, None).dividing_as(4).describe() == "FSDP pre-divides by 2 and post-divides by 2"
+    assert DdpArithmetic(3, None).wrong_world_sizes() == [2, 4]

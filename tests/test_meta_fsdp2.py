@@ -16,7 +16,7 @@ import re
 import pytest
 import torch
 
-from conformance.apis.fsdp2 import adapter as checks
+from conformance.apis.fsdp2 import plan as checks
 from conformance.apis.fsdp2 import build
 from conformance.apis.fsdp2 import recorders
 from tests.meta_helpers import rerun_args, run_suite

@@ -11,9 +11,12 @@ a spec whose hook, state and comm all raise.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from conformance.ranks.checks import REPLAYS_REFERENCE, get_rank_check
 from conformance.spec import HookSpec
@@ -41,6 +44,8 @@ CASES = {
     "fsdp2.parity": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
     "fsdp2.clip_grad_norm": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
 }
+#: Replayed too, but only on an HSDP mesh of 4 ranks: :func:`test_all_reduce_hook_replay_trains_native_hsdp_alone`.
+ON_FOUR_RANKS = {"fsdp2_all_reduce.parity": ("fsdp2_all_reduce", {"config": "hsdp", "model": "nested_wrapped"})}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +59,7 @@ def group(tmp_path_factory):
 
 
 def test_every_replayed_check_is_covered():
-    assert set(CASES) == set(REPLAYS_REFERENCE)
+    assert set(CASES) | set(ON_FOUR_RANKS) == set(REPLAYS_REFERENCE)
 
 
 @pytest.mark.parametrize("low_precision_grads", [False, True])
@@ -73,7 +78,7 @@ def test_reference_only_trains_the_reference_alone(group, check):
     assert not [p for p in phases if "hooked" in p], phases
 
 
-def _replay(group, check, api, params):
+def _replay(group, check, api, params, rank=0, world_size=1):
     hook = _fsdp_hook if api == "fsdp" else _raises
     spec = HookSpec(name="raises", api=api, hook=hook, state=_raises if api in ("fsdp", "ddp") else None)
     phases = []
@@ -83,19 +88,42 @@ def _replay(group, check, api, params):
             phases.append(text)
             super().phase(text)
 
-    ctx = Recording(0, 1, group, torch.device("cpu"), "gloo")
+    ctx = Recording(rank, world_size, group, torch.device("cpu"), "gloo")
     result = get_rank_check(check)(ctx, spec, reference_only=True, **params)
     assert result == [], result
     return phases
+
+
+def _replay_on_four_ranks(rank, store_path):
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 4), rank=rank, world_size=4)
+    try:
+        for check, (api, params) in ON_FOUR_RANKS.items():
+            phases = _replay(dist.group.WORLD, check, api, params, rank=rank, world_size=4)
+            assert any("reference" in p for p in phases), phases
+            assert not [p for p in phases if "hooked" in p], phases
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+def test_all_reduce_hook_replay_trains_native_hsdp_alone(tmp_path):
+    """An all-reduce hook's parity replays its reference, native HSDP on a 2x2 mesh, without the hook."""
+    from conformance.apis.fsdp2.build import missing_api
+
+    why = missing_api(("set_all_reduce_hook",))
+    if why is not None:
+        pytest.skip(why)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_replay_on_four_ranks, args=(str(tmp_path / "store"),), nprocs=4, join=True)
 
 
 def test_clip_without_backward_is_a_float32_zero(group):
     """The no-gradient step of the FSDP clip check sees what PyTorch's test_no_gradients asserts: a float32
     zero. (At one rank FSDP falls back to NO_SHARD and to torch.nn.utils.clip_grad_norm_, which does not
     warn; the sharded path's "with no gradients" warning is compared between the models at 2 ranks.)"""
-    from conformance.apis.fsdp.adapter import build_fsdp, low_precision_grads_mixed_precision
-    from conformance.ranks.checks.common import clip_without_backward
+    from conformance.apis.fsdp.models import build_fsdp, low_precision_grads_mixed_precision
     from conformance.models import get_model
+    from conformance.ranks.checks.clip import clip_without_backward
 
     ctx = RankContext(0, 1, group, torch.device("cpu"), "gloo")
     model = build_fsdp("nested_wrapped", ctx, "FULL_SHARD", mixed_precision=low_precision_grads_mixed_precision())

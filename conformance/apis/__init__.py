@@ -1,27 +1,27 @@
-"""Hook API adapters: one module per hook API, each exporting ``APIS``, its :class:`HookApi` entries.
+"""Hook APIs: what the suite knows about each way of installing a hook, one folder per API.
 
-An adapter is everything the suite knows about one way of installing a hook:
+An API's folder (``conformance/apis/<api>/``) holds everything the suite knows
+about it:
 
-* on the controller: how a spec's hook is validated against the API's calling
-  convention, what its cases vary (the *variant*: a sharding strategy, a DDP
-  config, an FSDP2 config), and its **case plan** per suite test, with the
-  reason a case cannot run here;
-* on the ranks: how the reference model and the hooked model (with a recorder
-  around the hook) are built and trained, and its rank checks, registered with
-  :func:`conformance.ranks.checks.rank_check` and built on the one lock-step loop,
-  :func:`conformance.ranks.checks.common.lockstep`.
+* ``plan.py``: its :class:`HookApi`: how a spec's hook is validated against
+  the API's calling convention, what its cases vary (the *variant*: a sharding
+  strategy, a DDP config, an FSDP2 config), and its suite tests
+  (:class:`SuiteTest`): per suite test function, the check, the rank check it
+  runs, how the controller runs a case, and the **case plan**, with the reason
+  a case cannot run here;
+* ``models.py``: the rank side, its
+  :class:`~conformance.ranks.checks.models.ApiModels`: how the reference model
+  and the hooked model (with a recorder around the hook) are built, trained
+  and read, over which the shared rank checks are written once;
+* ``arithmetic.py``: its native arithmetic, which the diagnosis recomputes;
+* its extras (FSDP1's registration rules, DDP's future contract and
+  reference, FSDP2's meshes and recorders) and ``builtin_hooks.py``.
 
-``conformance.apis.registry`` lists the adapter modules and builds the registry
-:data:`conformance.apis.registry.HOOK_APIS` from their ``APIS``; spec validation, the
-built-in hook sets, the rank-check registry and the suite's parametrization
-(:func:`conformance.controller.pytest_plugin.pytest_generate_tests`) all read it.
-
-Adapters: ``fsdp`` (FSDP1 ``register_comm_hook``), ``ddp`` (DDP
-``register_comm_hook``), ``fsdp2`` (``set_custom_reduce_scatter`` and HSDP
-``set_all_reduce_hook``). API-specific extras live beside them: ``fsdp_registration``
-(``register_comm_hook``'s rules), ``ddp_reference`` (DDP's reference per claim),
-``ddp_future`` (DDP's future contract), ``fsdp2_build`` (meshes and ``fully_shard``),
-``fsdp2_recorders`` (what FSDP2 hands a comm or a hook).
+``conformance.apis.registry`` lists the API plan modules and builds the
+registry :data:`conformance.apis.registry.HOOK_APIS` from their ``APIS``; spec
+validation, the built-in hook sets, the rank checks and the suite's
+parametrization (:func:`conformance.controller.pytest_plugin.pytest_generate_tests`)
+all read it. README's "Adding a hook API" lists the files a new API touches.
 """
 
 from __future__ import annotations
@@ -29,19 +29,75 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
+from conformance.cases import CaseParams
 from conformance.spec import SpecError, binds_signature, qualname, signature_text
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.cases import CaseParams
     from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
-__all__ = ["HookApi", "CasePlan", "called_as", "no_strategies"]
+__all__ = ["CASE_KINDS", "SUBGROUP_WORLD_SIZE", "CasePlan", "HookApi", "SuiteTest", "called_as", "no_strategies",
+           "subgroup_world_size"]
 
-#: ``plan(specs, settings)``: the cases of one suite test for the API's specs, each with its
-#: ``skip`` reason set where it cannot run here (the world size's availability is checked
-#: by the caller, first).
-CasePlan = Callable[[Sequence["HookSpec"], "Settings"], List["CaseParams"]]
+#: How the controller runs a case of a suite test (:mod:`conformance.controller.case_kinds`):
+#: ``exact`` (an exactness check whose unexplained failure ends with how to declare a lossy contract),
+#: ``plain``, ``across_ranks`` (each rank's gradients against rank 0's), ``hard_inputs`` (the named
+#: examples, then hypothesis's, shrunk on failure), and the three lossy-contract checks.
+CASE_KINDS = ("exact", "plain", "across_ranks", "hard_inputs", "lossy_error", "lossy_loss", "lossy_determinism")
+
+#: ``plan(test, specs, settings)``: the cases of one suite test for the API's specs, each made by
+#: ``test.case(...)`` and with its ``skip`` reason set where it cannot run here (the world size's
+#: availability is checked by the caller, first).
+CasePlan = Callable[["SuiteTest", Sequence["HookSpec"], "Settings"], List[CaseParams]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteTest:
+    """One suite test function of a hook API: what its cases check, how each runs, and its case plan.
+
+    Attributes:
+        api: the API's name (:attr:`HookApi.name`).
+        variant_field: what the API's cases vary, by name (:attr:`HookApi.variant_field`).
+        check: the check's name in reports: the JUnit property ``check``, the failure header
+            (``"parity"``, ``"fsdp2_parity"``, ``"subgroup_parity"``).
+        rank_check: the rank check every rank runs, registered as ``<api>.<rank_check>``
+            (:attr:`rank_check_name`): a shared check (``"parity"``) or one of the API's own.
+        plan: the :data:`CasePlan`.
+        kind: how the controller runs a case, one of :data:`CASE_KINDS`.
+        params: the rank check's parameters besides the case's own (:meth:`CaseParams.check_params`),
+            e.g. ``{"subgroup": True}``.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`CASE_KINDS`.
+    """
+
+    api: str
+    variant_field: str
+    check: str
+    rank_check: str
+    plan: CasePlan
+    kind: str = "plain"
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in CASE_KINDS:
+            raise ValueError(f"suite test {self.check!r} of api {self.api!r}: kind {self.kind!r} is not one of "
+                             f"{', '.join(CASE_KINDS)}")
+
+    @property
+    def rank_check_name(self) -> str:
+        """The registered rank check: ``<api>.<rank_check>``."""
+        return f"{self.api}.{self.rank_check}"
+
+    def case(self, hook: str, variant: str, world_size: int, *, model: Optional[str] = None,
+             rule: Optional[str] = None, skip: Optional[str] = None) -> CaseParams:
+        """A case of this suite test: its API, check and variant field set."""
+        return CaseParams(hook, variant, world_size, model=model, rule=rule, api=self.api, check=self.check,
+                          variant_field=self.variant_field, skip=skip)
+
+    def __call__(self, specs: Sequence["HookSpec"], settings: "Settings") -> List[CaseParams]:
+        """The plan's cases for ``specs`` (the API's specs among the run's)."""
+        return self.plan(self, specs, settings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +114,14 @@ class HookApi:
             calling convention and returns the spec's strategies (``fsdp``) or
             ``()``; raises :class:`~conformance.spec.SpecError`.
         builtin_hooks: ``module:ATTR`` of PyTorch's own hooks as specs, or ``None``.
-        plans: suite test function name -> :data:`CasePlan`; the suite tests of
-            this API are exactly these.
+        plans: suite test function name -> :class:`SuiteTest`; the suite tests of
+            this API are exactly these, and each one's ``check`` is its own.
+        models: ``module:ATTR`` of the API's rank side, its
+            :class:`~conformance.ranks.checks.models.ApiModels` subclass, called as
+            ``models(ctx, spec, model=..., **variant)``; every shared rank check its suite tests
+            run is bound to it (:func:`conformance.ranks.checks.get_rank_check`).
+        checks: the API's own rank checks (not written over its models), ``{name: "module:ATTR"}``
+            of ``check(ctx, spec, **params)``; registered as ``<api>.<name>``.
         default_hook: ``module:ATTR`` of ``default_hook(spec, params, world_size) ->
             Optional[str]``: the name, among ``builtin_hooks``, of PyTorch's own
             default hook for a case of ``spec`` with the rank check's ``params``,
@@ -74,8 +136,39 @@ class HookApi:
     stateful: bool
     validate: Callable[[Any], Tuple[str, ...]]
     builtin_hooks: Optional[str]
-    plans: Mapping[str, CasePlan]
+    plans: Mapping[str, SuiteTest]
+    models: str
+    checks: Mapping[str, str] = dataclasses.field(default_factory=dict)
     default_hook: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        checks = [test.check for test in self.plans.values()]
+        for name, test in self.plans.items():
+            if (test.api, test.variant_field) != (self.name, self.variant_field):
+                raise ValueError(f"api {self.name!r} (variant field {self.variant_field!r}): its suite test {name} makes "
+                                 f"cases of api {test.api!r} (variant field {test.variant_field!r})")
+            if checks.count(test.check) > 1:
+                raise ValueError(f"api {self.name!r}: check {test.check!r} names more than one suite test")
+
+    def suite_test(self, check: str) -> SuiteTest:
+        """The suite test whose cases have ``check``; ``KeyError`` names the API's checks."""
+        for test in self.plans.values():
+            if test.check == check:
+                return test
+        raise KeyError(f"api {self.name!r} has no suite test of check {check!r}; its checks: "
+                       f"{', '.join(t.check for t in self.plans.values())}")
+
+
+#: The smallest pool the subgroup cases run on (two data-parallel groups of two,
+#: :mod:`conformance.ranks.checks.groups`).
+SUBGROUP_WORLD_SIZE = 4
+
+
+def subgroup_world_size(world_sizes: Sequence[int]) -> int:
+    """The pool the subgroup cases run on: the smallest even world size of the run of at least
+    :data:`SUBGROUP_WORLD_SIZE`, else :data:`SUBGROUP_WORLD_SIZE` (the extra pool FSDP2's HSDP starts)."""
+    fits = [ws for ws in world_sizes if ws >= SUBGROUP_WORLD_SIZE and ws % 2 == 0]
+    return min(fits) if fits else SUBGROUP_WORLD_SIZE
 
 
 def no_strategies(spec: Any) -> None:

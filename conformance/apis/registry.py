@@ -1,14 +1,11 @@
-"""The hook APIs the suite knows: :data:`HOOK_APIS`, built from the adapter modules in :data:`ADAPTERS`.
+"""The hook APIs the suite knows: :data:`HOOK_APIS`, built from the API plan modules in :data:`ADAPTERS`.
 
-Each adapter module (``conformance/apis/<api>.py``) exports ``APIS``, its
-:class:`~conformance.apis.HookApi` entries, and registers its rank checks
-when imported. ``HookSpec`` validation, the built-in hook targets, the
-rank-check registry, the case types and the suite's parametrization all read
-this registry.
-
-Adding a hook API: its adapter module, one line in :data:`ADAPTERS`, its
-built-in set under ``conformance/apis/<api>/builtin_hooks.py``, its suite test functions
-under ``conformance/suite/``, a zoo in ``tests/zoo/``, and its README section.
+Each API's plan module (``conformance/apis/<api>/plan.py``) exports ``APIS``, its
+:class:`~conformance.apis.HookApi` entries. ``HookSpec`` validation, the
+built-in hook targets, the rank checks (:func:`conformance.ranks.checks.get_rank_check`),
+the case types and the suite's parametrization all read this registry, the one
+place outside an API's folder that names it. README's "Adding a hook API" lists
+the files a new API touches.
 """
 
 from __future__ import annotations
@@ -17,15 +14,15 @@ import dataclasses
 import importlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from conformance.apis import HookApi
+from conformance.apis import HookApi, SuiteTest
 
-__all__ = ["ADAPTERS", "HOOK_APIS", "HookApi", "api_of_test", "planned_cases"]
+__all__ = ["ADAPTERS", "HOOK_APIS", "HookApi", "api_of_test", "planned_cases", "suite_test"]
 
-#: The adapter modules, in the order the report lists their APIs.
+#: The API plan modules, in the order the report lists their APIs.
 ADAPTERS: Tuple[str, ...] = (
-    "conformance.apis.fsdp.adapter",
-    "conformance.apis.ddp.adapter",
-    "conformance.apis.fsdp2.adapter",
+    "conformance.apis.fsdp.plan",
+    "conformance.apis.ddp.plan",
+    "conformance.apis.fsdp2.plan",
 )
 
 #: Every hook API, by ``HookSpec.api``.
@@ -39,6 +36,14 @@ def api_of_test(test_name: str) -> Optional[HookApi]:
         if test_name in api.plans:
             return api
     return None
+
+
+def suite_test(case: Any) -> SuiteTest:
+    """The suite test a case was planned for (its API's, by the case's check); ``KeyError`` names the unknown."""
+    api = HOOK_APIS.get(case.api)
+    if api is None:
+        raise KeyError(f"case {case.id} names api {case.api!r}, which no API plan defines; known: {', '.join(HOOK_APIS)}")
+    return api.suite_test(case.check)
 
 
 def planned_cases(test_name: str, specs: Sequence[Any], settings: Any) -> List[Any]:

@@ -79,7 +79,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "conformance(api): a conformance case run on the rank pool")
+    config.addinivalue_line("markers", "conformance: a conformance case run on the rank pool")
     import torch
 
     if _release(torch.__version__) < MIN_TORCH:

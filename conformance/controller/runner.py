@@ -24,11 +24,12 @@ the command that re-runs just that case.
    (``python -m conformance.worker``) takes the controller's ``sys.path``,
    fingerprints its clean process state, loads the hook's spec, then joins
    its process group.
-3. Dispatch (controller). A test calls :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
+3. Dispatch (controller). A test calls :meth:`Runner.run_case`, which runs its API's suite test
+   (``controller/case_kinds.py``) through :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
    case as a picklable :class:`~conformance.protocol.Case` (check name, a
    ``HookRef`` to re-load the spec, parameters) and sends it to every rank.
 4. The check (every rank). The worker looks the check up in
-   ``conformance.ranks.checks`` (registered by the API's adapter module) and runs it
+   ``conformance.ranks.checks`` (named by the API's ``HookApi``) and runs it
    with a ``RankContext``; the check announces its phases (shown if it hangs),
    agrees with the other ranks before it stops early (``any_rank``), and
    returns findings (a ``CheckResult``).
@@ -57,7 +58,7 @@ import shlex
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
-from conformance.controller import default_replay
+from conformance.controller import case_kinds, default_replay
 from conformance.reports import report
 from conformance.ranks.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.ranks.compare import compare_bitwise
@@ -320,6 +321,12 @@ class Runner:
             closing = "\n".join(text for text in (closing, replayed) if text)
         self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
         return result
+
+    def run_case(self, request: Any, case: Any) -> None:
+        """Run one suite case as its API's suite test says (:func:`conformance.controller.case_kinds.run_case`):
+        what every suite test function calls."""
+        __tracebackhide__ = True
+        case_kinds.run_case(self, request, case)
 
     def _replay_default_hook(self, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
                              across_ranks: bool) -> str:

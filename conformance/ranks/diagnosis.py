@@ -1,14 +1,18 @@
 """Why a hook's result differs from native: named causes, each tested bit for bit on the hook's own calls.
 
-The recorders of the FSDP1 and DDP adapters keep, for every call of the hook
-under test, a :class:`HookCall`: the local gradient the hook received (a clone
-taken before the call), the result it produced (FSDP1: its ``output`` shard, or
-the gradient it reduced in place under ``NO_SHARD``; DDP: the tensor its future
-holds), and how many ``torch.distributed`` collectives it issued. When a case
-finds a difference, every rank runs :func:`diagnose` on the calls of the failing
-step: it recomputes, **with the same collectives on the same process group**,
-what each named cause would have produced from those inputs, and reports every
-cause whose result equals the hook's bit for bit:
+Every API's recorder keeps, for every call of the hook under test, a
+:class:`HookCall`: the local gradient the hook received (a clone taken before
+the call), the result it produced (FSDP1: its ``output`` shard, or the gradient
+it reduced in place under ``NO_SHARD``; DDP: the tensor its future holds; FSDP2:
+the comm's output buffer, or the tensor an all-reduce hook left), and how many
+``torch.distributed`` collectives it issued. When a case finds a difference,
+every rank runs :func:`diagnose` on the calls of the failing step: it
+recomputes, **with the same collectives on the same process group**, what each
+named cause would have produced from those inputs, and reports every cause
+whose result equals the hook's bit for bit.
+
+The causes of a reduction are the API's own :class:`~conformance.ranks.arithmetic.Arithmetic`
+(its models hand it over; this module names no API):
 
 * native's own arithmetic (the hook's result is right; the difference arose after it);
 * SUM without averaging; averaged twice;
@@ -18,6 +22,10 @@ cause whose result equals the hook's bit for bit:
 * native's arithmetic in another dtype than the one claimed;
 * the shard of another rank (reduce-scatter, or an all-reduce and the wrong chunk);
 * an all-reduce then this rank's chunk, where native reduce-scatters (another summation order);
+* for an FSDP2 all-reduce hook, a second division or reduction of native HSDP's result.
+
+and here, for every API:
+
 * the result of the previous step (stale);
 * the local, unreduced gradient, telling "never communicated" (no collective
   seen) from "communicated, but returned the local gradient" (DDP then copies
@@ -35,12 +43,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 
-from conformance.ranks.compare import compare_bitwise, dtype_name
 from conformance.protocol import Finding
+from conformance.ranks.compare import compare_bitwise, dtype_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.arithmetic import Arithmetic
 
 #: ``torch.distributed`` functions counted while the hook runs (:func:`counting_collectives`).
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter", "all_gather",
@@ -123,8 +135,6 @@ def counting_collectives() -> Iterator[List[int]]:
     through a name imported before the block (``from torch.distributed import
     all_reduce``) are not seen, so "no collective seen" is worded as such.
     """
-    import torch.distributed as dist
-
     count = [0]
     saved: Dict[str, Any] = {}
     for name in COLLECTIVES:
@@ -143,168 +153,6 @@ def counting_collectives() -> Iterator[List[int]]:
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-
-
-@dataclasses.dataclass(frozen=True)
-class Arithmetic:
-    """How the native path reduces one buffer: the API, the world size, the claimed reduce dtype.
-
-    * ``"ddp"``, no claim: ``Reducer`` copies the gradient into the bucket
-      multiplied by ``1/world_size`` (``at::mul_out`` with a wrapped scalar), then
-      SUM; a claim ``X``: cast to ``X``, divide by ``world_size``, SUM, cast back
-      (``fp16_compress_wrapper(allreduce_hook)``).
-    * ``"fsdp"``: cast to the reduce dtype, divide by the pre-divide factor,
-      SUM (all-reduce, or reduce-scatter when sharded), divide by the
-      post-divide factor, cast back (``_reduce_grad`` with ``_div_if_needed``).
-    * ``"fsdp2_all_reduce"``: an all-reduce hook runs after native HSDP has
-      reduced the gradient (``foreach_reduce`` calls it on the result), so native
-      is the tensor unchanged; ``divisors`` are the mesh's sizes (replicate,
-      shard, world) a hook might wrongly divide by.
-    * ``"fsdp2"``: a custom reduce-scatter comm performs exactly the collective
-      FSDP2 asks for, ``reduce_scatter_tensor(output, input, op=op, group=group)``
-      on the reduce-dtype buffer FSDP2 filled (``foreach_reduce``); FSDP2 does
-      any pre- and post-division itself.
-    """
-
-    api: str
-    world_size: int
-    reduce_dtype: Optional[torch.dtype]
-    op: Any = None
-    divisors: Tuple[int, ...] = ()
-
-    @property
-    def factors(self) -> Tuple[float, float]:
-        """FSDP's ``(predivide, postdivide)``: ``_get_gradient_predivide_factor`` and its complement."""
-        factor = 1
-        while self.world_size % factor == 0 and self.world_size / factor > factor:
-            factor *= 2
-        return float(factor), self.world_size / factor
-
-    def dividing_as(self, world_size: int) -> "Arithmetic":
-        """The same arithmetic dividing as for ``world_size`` ranks (the collectives stay on the real group)."""
-        return dataclasses.replace(self, world_size=world_size)
-
-    def describe(self) -> str:
-        ws = self.world_size
-        if self.api == "fsdp2":
-            from conformance.apis.fsdp2.recorders import op_name
-
-            return f"FSDP2 asked the comm for op={op_name(self.op)} over {ws} ranks"
-        if self.api == "ddp":
-            if self.reduce_dtype is None:
-                return f"DDP with no hook multiplies by 1/{ws} before the SUM"
-            return f"native divides by {ws} in {dtype_name(self.reduce_dtype)} before the SUM"
-        pre, post = self.factors
-        return f"FSDP pre-divides by {pre:g} and post-divides by {post:g}"
-
-
-def _reduced(x: torch.Tensor, call: HookCall, group: Any, world_size: int, shift: int = 0,
-             op: Any = None) -> torch.Tensor:
-    """SUM (or ``op``) of ``x`` over the group: an all-reduce, or (``call.sharded``) a reduce-scatter giving
-    this rank the shard of rank ``rank - shift`` (every rank rotates its chunks by ``shift`` first)."""
-    import torch.distributed as dist
-
-    op = dist.ReduceOp.SUM if op is None else op
-    if not call.sharded:
-        t = x.clone()
-        dist.all_reduce(t, op=op, group=group)
-        return t
-    chunks = list(x.chunk(world_size))
-    rotated = torch.cat([chunks[(j - shift) % world_size] for j in range(world_size)])
-    out = torch.empty_like(chunks[0])
-    dist.reduce_scatter_tensor(out, rotated, op=op, group=group)
-    return out
-
-
-def _native(arith: Arithmetic, x: torch.Tensor, call: HookCall, group: Any, dtype: Optional[torch.dtype],
-            shift: int = 0, group_size: Optional[int] = None) -> torch.Tensor:
-    """Native's arithmetic on ``x`` in ``dtype`` (``None``: the input's own), as ``call.output``'s dtype.
-
-    ``group_size``: the ranks the collective spans, when ``arith`` divides as for another world size.
-    """
-    ws, size = arith.world_size, group_size or arith.world_size
-    t = x.to(dtype) if dtype is not None else x.clone()
-    if arith.api == "fsdp2":
-        s = _reduced(t, call, group, size, shift, op=arith.op)
-    elif arith.api == "ddp":
-        t = t.mul(1.0 / ws) if dtype is None or dtype == x.dtype else t.div(ws)
-        s = _reduced(t, call, group, size, shift)
-    else:
-        pre, post = arith.factors
-        if pre > 1:
-            t = t.div(pre)
-        s = _reduced(t, call, group, size, shift)
-        if post > 1:
-            s = s.div(post)
-    return s.to(call.output.dtype)
-
-
-def _local(call: HookCall, rank: int, world_size: int) -> torch.Tensor:
-    """The hook's input as its result would hold it unreduced (this rank's chunk when sharded)."""
-    x = call.input.chunk(world_size)[rank] if call.sharded else call.input
-    return x.to(call.output.dtype)
-
-
-def _native_result(arith: Arithmetic, call: HookCall, group: Any) -> torch.Tensor:
-    """What native produces from ``call.input`` (the first candidate of :func:`_candidates`), one collective."""
-    if arith.api == "fsdp2_all_reduce":
-        return call.input.to(call.output.dtype)
-    return _native(arith, call.input, call, group, arith.reduce_dtype)
-
-
-def _all_reduce_hook_candidates(arith: Arithmetic, call: HookCall, group: Any) -> List[Tuple[str, torch.Tensor]]:
-    """The causes of an FSDP2 all-reduce hook: native leaves the reduced tensor as it is."""
-    import torch.distributed as dist
-
-    x = call.input.to(call.output.dtype)
-    out: List[Tuple[str, torch.Tensor]] = [("native", x.clone())]
-    for d in sorted(set(arith.divisors)):
-        out.append((f"divided by {d} after native HSDP had already averaged it", x.div(d)))
-    summed = x.clone()
-    dist.all_reduce(summed, group=group)
-    out.append(("all-reduced (SUM) again over the default group, mixing the shards of different ranks", summed))
-    out.append(("averaged again over the default group, mixing the shards of different ranks",
-                summed.div(arith.world_size)))
-    return out
-
-
-def _candidates(arith: Arithmetic, call: HookCall, group: Any, rank: int) -> List[Tuple[str, torch.Tensor]]:
-    """``(cause, the result it would give)`` for ``call``; the same collectives, in the same order, on every
-    rank (the list depends only on the API, the claim, the world size and the call's shape)."""
-    if arith.api == "fsdp2_all_reduce":
-        return _all_reduce_hook_candidates(arith, call, group)
-    ws, x, claim = arith.world_size, call.input, arith.reduce_dtype
-    reduce_in = claim or x.dtype
-    out: List[Tuple[str, torch.Tensor]] = [("native", _native(arith, x, call, group, claim))]
-    summed = _reduced(x.to(reduce_in), call, group, ws)
-    out.append((f"SUM without averaging: {ws} times native's average (the world size)", summed.to(call.output.dtype)))
-    out.append((f"averaged twice: native's average divided by {ws} again",
-                out[0][1].to(reduce_in).div(ws).to(call.output.dtype)))
-    out.append((f"SUM, then divided by {ws}, where {arith.describe()}", summed.div(ws).to(call.output.dtype)))
-    if arith.api != "fsdp" or arith.factors[0] != ws:
-        out.append((f"divided by {ws} before the SUM, where {arith.describe()}",
-                    _reduced(x.to(reduce_in).div(ws), call, group, ws).to(call.output.dtype)))
-    for other in (torch.float32, torch.bfloat16, torch.float16):
-        if other != reduce_in:
-            claimed = "no reduce dtype (the gradient's own)" if claim is None else dtype_name(claim)
-            out.append((f"reduced in {dtype_name(other)}, where the hook claims {claimed}",
-                        _native(arith, x, call, group, other)))
-    for wrong in sorted({1 << (ws - 1).bit_length(), ws - 1, ws + 1} - {ws, 0, 1}) if arith.api != "fsdp2" else ():
-        out.append((f"divided as for {wrong} ranks ({arith.dividing_as(wrong).describe().split(' ', 1)[1]}), "
-                    f"where the group has {ws}",
-                    _native(arith.dividing_as(wrong), x, call, group, claim, group_size=ws)))
-    if call.sharded:
-        for shift in range(1, ws):
-            out.append((f"the reduced shard of rank {(rank - shift) % ws}, not this rank's ({rank})",
-                        _native(arith, x, call, group, claim, shift=shift)))
-        # A hand-rolled reduce-scatter: all-reduce the whole buffer, keep one chunk (summed in the
-        # all-reduce's order, which need not be the reduce-scatter's at 3 or more ranks).
-        full = _native(arith, x, dataclasses.replace(call, sharded=False), group, claim).chunk(ws)
-        for k in range(ws):
-            out.append((f"an all-reduce of the whole buffer, then rank {k}'s chunk" + (
-                " (native's values, summed in the all-reduce's order, not the reduce-scatter's)" if k == rank else
-                f": the reduced shard of rank {k}, not this rank's ({rank})"), full[k]))
-    return out
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -343,13 +191,18 @@ def _nonfinite_replaced(output: torch.Tensor, native: torch.Tensor) -> Optional[
             f"NaN/Inf and the hook left {', '.join(repr(v) for v in values)}")
 
 
-def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], group: Any, rank: int) -> List[str]:
-    """Every named cause that reproduces ``call.output`` bit for bit (collective: every rank calls it)."""
-    candidates = _candidates(arith, call, group, rank)
+def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], group: Any, rank: int) -> List[str]:
+    """Every named cause that reproduces ``call.output`` bit for bit (collective: every rank calls it).
+
+    The causes are ``arith``'s (:meth:`~conformance.ranks.arithmetic.Arithmetic.candidates`, native first),
+    then what any API's hook may do: return its local gradient, a step's old result, NaN or Inf replaced,
+    a range left unreduced.
+    """
+    candidates = arith.candidates(call, group, rank)
     out = call.output
     causes = [name for name, value in candidates if _same(out, value)]
     native = candidates[0][1]
-    local = _local(call, rank, arith.world_size) if arith.api != "fsdp2_all_reduce" else native
+    local = arith.unreduced(call, rank)
     if _same(out, local) and not _same(native, local):
         causes.append("the local, unreduced gradient: " + (
             f"the hook issued {call.collectives} collective(s), but its result is the local gradient it "
@@ -366,7 +219,7 @@ def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], gro
     return causes
 
 
-def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Finding]:
+def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Finding]:
     """The diagnosis of ``step`` on this rank: one finding per group of calls with the same explanation, of
     kind ``"diagnosis"`` (named causes), ``"diagnosis_wider_dtype"`` (only a reduction in a wider dtype
     than claimed explains it: more accurate than native), ``"no_known_cause"``, or ``"native_result"``
@@ -376,8 +229,6 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     Returns a single "cannot diagnose" finding when the ranks recorded
     different numbers of calls (the candidates' collectives would not match).
     """
-    import torch.distributed as dist
-
     calls = log.of_step(step)
     counts = torch.tensor([len(calls), -len(calls)], dtype=torch.int64)
     dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=ctx.group)
@@ -389,16 +240,15 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     previous = {c.index: c for c in log.calls if c.step == step - 1}
     groups: Dict[Tuple[str, ...], List[HookCall]] = {}
     native_ok: List[HookCall] = []
-    def context(call: HookCall) -> Tuple[Any, int, Arithmetic]:
-        if call.group is None:  # the check's group: a subgroup context keeps the global rank in ctx.rank
-            return ctx.group, dist.get_rank(ctx.group), arith
-        # FSDP2: the group and op it passed the comm
-        return call.group, dist.get_rank(call.group), dataclasses.replace(arith, world_size=call.group.size(),
-                                                                           op=call.op)
+    def context(call: HookCall) -> Tuple[Any, int, "Arithmetic"]:
+        # The group the API passed the hook (FSDP2), else the check's: a subgroup context keeps the global
+        # rank in ctx.rank, so the rank in the group is asked for.
+        group = ctx.group if call.group is None else call.group
+        return group, dist.get_rank(group), arith.for_call(call)
 
     # Phase 1, one collective per call: which calls differ from native on any rank. Phase 2 explains at
     # most MAX_DIAGNOSED_CALLS of those (each costs a dozen collectives).
-    differs = torch.tensor([0 if _same(c.output, _native_result(context(c)[2], c, context(c)[0])) else 1
+    differs = torch.tensor([0 if _same(c.output, context(c)[2].native_result(c, context(c)[0])) else 1
                             for c in calls], dtype=torch.int64)
     mine = differs.clone()
     dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=ctx.group)

@@ -143,7 +143,7 @@ class _Worker:
             index = self.rank if device_index is None else device_index
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
-        # Fill the check registry before the first case (imports every adapter).
+        # Fill the check registry before the first case (imports every API's rank side).
         from conformance.ranks.checks import register_every_check
 
         register_every_check()

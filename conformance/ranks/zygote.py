@@ -1,7 +1,7 @@
 """A template for rank processes: imports torch and the suite once, then forks every rank from itself.
 
 A rank started as a fresh interpreter spends about 3 s of CPU importing torch,
-its FSDP and DDP modules and the suite's adapters before it can join its
+its FSDP and DDP modules and the suite's API modules before it can join its
 process group; a run that starts pools of 2, 3 and 4 ranks on a 2-core machine
 spent 13 s on that alone. The zygote imports them once (:data:`PRELOAD`), then
 ``fork()``s each rank: the child starts its own session (so ``killpg`` reaches
@@ -37,7 +37,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from conformance.ranks import lifeline
 from conformance.protocol import recv, send
@@ -51,16 +51,23 @@ PRELOAD = (
     "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
     "conformance.ranks.worker",
     "conformance.apis.registry",
-    "conformance.ranks.checks.lossy",
-    "conformance.apis.fsdp.builtin_hooks",
-    "conformance.apis.ddp.builtin_hooks",
-    "conformance.apis.fsdp2.builtin_hooks",
+    "conformance.ranks.checks",
     "conformance.models",
 )
 
 
+def _api_modules() -> Tuple[str, ...]:
+    """Each hook API's built-in hooks and rank side (its models, its own checks), as the registry names them."""
+    try:
+        apis = importlib.import_module("conformance.apis.registry").HOOK_APIS.values()
+    except Exception:  # noqa: BLE001 - a rank that needs them will raise with its own traceback
+        return ()
+    targets = [t for api in apis for t in (api.builtin_hooks, api.models, *api.checks.values()) if t]
+    return tuple(dict.fromkeys(t.partition(":")[0] for t in targets))
+
+
 def _preload() -> None:
-    for name in PRELOAD:
+    for name in PRELOAD + _api_modules():
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a rank that needs it will raise with its own traceback

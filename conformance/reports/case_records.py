@@ -21,11 +21,7 @@ def fill_from_case(rec: CaseRecord, case: Any) -> None:
     if case is None:
         return
     rec.hook, rec.api, rec.variant, rec.world_size = case.hook, case.api, case.variant, case.world_size
-    rec.model, rec.rule = case.model, case.rule
-    try:
-        rec.variant_field = case.variant_field
-    except KeyError:
-        rec.variant_field = None
+    rec.model, rec.rule, rec.variant_field = case.model, case.rule, case.variant_field
 
 
 _STR_FIELDS = ("hook", "api", "check", "variant", "model", "rule")
@@ -37,9 +33,6 @@ def apply_properties(rec: CaseRecord, props: Dict[str, Any]) -> None:
             setattr(rec, name, str(props[name]))
     if props.get("world_size") is not None:
         rec.world_size = int(props["world_size"])
-    for field in ("strategy", "config"):
-        if field in props:
-            rec.variant_field = field
     for name in results.FIGURE_NAMES:
         if name in props:
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Tuple
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from conformance.ranks.compare import dtype_name
 
@@ -33,11 +34,9 @@ class _CastAllreduce:
         self.__qualname__ = f"cast_allreduce_{dtype_name(dtype)}"
 
     def __call__(self, state: Any, bucket: Any) -> Any:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
         out = bucket.buffer()
         bucket.set_buffer(out.to(self.dtype))
-        fut = allreduce_hook(state, bucket)
+        fut = default_hooks.allreduce_hook(state, bucket)
         return fut.then(lambda f: out.copy_(f.value()))
 
 
@@ -50,8 +49,6 @@ def reference_hook(reduce_dtype: Optional[torch.dtype], param_dtype: torch.dtype
     ``fp16_compress_hook`` / ``bf16_compress_hook``; ``allreduce_hook``'s
     state is the process group.
     """
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
     if reduce_dtype is None or reduce_dtype == param_dtype:
         return None
     if reduce_dtype == torch.float16:

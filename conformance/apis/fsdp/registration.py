@@ -5,7 +5,8 @@ The rules come from PyTorch's ``test/distributed/fsdp/test_fsdp_comm_hooks.py``
 ``test_registering_hook_hybrid_strategy``, ...): the hook is unset before
 registration, registering on the root reaches every FSDP unit, a second
 registration and registration on a non-root unit raise, and hybrid sharding
-strategies refuse hooks. The rank check is ``fsdp.registration``, one rule per case.
+strategies refuse hooks. The rank check is ``fsdp.registration`` (the API's own,
+:attr:`conformance.apis.HookApi.checks`), one rule per case.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from typing import Any, Dict, List
 
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from conformance.apis.fsdp.adapter import REGISTRATION_RULES, build_fsdp, fsdp_classes
-from conformance.ranks.checks import rank_check
+from conformance.apis.fsdp.models import build_fsdp
+from conformance.apis.fsdp.plan import REGISTRATION_RULES
+from conformance.models import get_model
 from conformance.protocol import Finding
 
 _ALREADY = r"^A communication hook is already registered$"
@@ -56,15 +61,12 @@ def _hybrid_groups(ctx: Any) -> Any:
     return _HYBRID_GROUPS[key]
 
 
-@rank_check("fsdp.registration")
 def registration(ctx: Any, spec: Any, *, strategy: str, rule: str) -> List[Finding]:
-    """One rule of ``FullyShardedDataParallel.register_comm_hook``, with the hook under test."""
-    FSDP, _, ShardingStrategy = fsdp_classes()
+    """One rule of ``FullyShardedDataParallel.register_comm_hook``, with the hook under test, under ``strategy``
+    (the hybrid rule, whose case variant is ``HYBRID``, tries each hybrid strategy itself)."""
     hook = spec.hook
     ctx.phase(f"registration rule {rule}")
     if rule == "hybrid_strategy_raises":
-        from conformance.models import get_model
-
         findings: List[Finding] = []
         for name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
             base = get_model("net_flat").build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
@@ -109,6 +111,4 @@ def registration(ctx: Any, spec: Any, *, strategy: str, rule: str) -> List[Findi
 
 
 def _linear_wrap_policy() -> Any:
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
     return ModuleWrapPolicy({nn.Linear})

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from conformance.models import get_model
+
 #: Size of the replicate dimension of the HSDP mesh; the shard dimension takes the rest.
 HSDP_REPLICATE = 2
 
@@ -59,7 +61,7 @@ def missing_api(methods: Sequence[str] = ()) -> Optional[str]:
     api = fsdp2_api()
     if api is None:
         return f"torch {version} has no FSDP2 fully_shard (torch.distributed.fsdp.fully_shard)"
-    try:
+    try:  # an optional import: the answer to whether this torch has it
         from torch.distributed.device_mesh import init_device_mesh  # noqa: F401
     except ImportError:
         return f"torch {version} has no torch.distributed.device_mesh.init_device_mesh"
@@ -83,7 +85,7 @@ def mesh_for(ctx: Any, shape: Tuple[int, ...]) -> Any:
     pool. Every rank asks for the same meshes in the same order (cases run in
     lockstep), so the collective creation matches up.
     """
-    import torch.distributed as dist
+    # Looked up here, not at import: the plan imports this module on torch versions without FSDP2 (missing_api).
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     key = (id(ctx.group), ctx.world_size, ctx.device.type, tuple(shape))
@@ -153,8 +155,6 @@ def build_fsdp2(model_name: str, ctx: Any, mesh: Any, *, reduce_dtype: Optional[
     ``mixture_of_experts`` shards its expert over a 1-rank mesh of its own
     (``MixtureOfExperts.apply_fully_shard``).
     """
-    from conformance.models import get_model
-
     fully_shard, MixedPrecisionPolicy, _ = fsdp2_api()
     cls = get_model(model_name)
     model = cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)

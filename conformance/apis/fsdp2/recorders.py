@@ -10,13 +10,14 @@ groups and dtypes it was called with (the context of a gradient finding).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 
+from conformance.protocol import Finding
+from conformance.ranks.checks.models import Recorder
 from conformance.ranks.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
-from conformance.protocol import Finding
 
 
 def op_name(op: Any) -> str:
@@ -31,7 +32,7 @@ def op_name(op: Any) -> str:
     return str(op).split(".")[-1]
 
 
-class CommRecorder:
+class CommRecorder(Recorder):
     """Wraps the comm under test; forwards FSDP2's calls unchanged and records them.
 
     ``allocate`` and ``__call__`` are forwarded with exactly the arguments FSDP2
@@ -40,10 +41,12 @@ class CommRecorder:
     fails here as it would in training. ``allocate`` results are checked against
     the request: FSDP2 views them as ``(world_size, -1)`` and writes the cast
     gradients into them, so a wrong size, dtype or device changes the result.
+    ``rank``: this rank, for findings.
     """
 
-    def __init__(self, comm: Any):
+    def __init__(self, comm: Any, rank: int):
         self.comm = comm
+        self.rank = rank
         self.step = 0
         self.calls: List[Dict[str, Any]] = []
         self.bad_allocations: List[Dict[str, Any]] = []
@@ -91,29 +94,36 @@ class CommRecorder:
         seen = sorted({(c["op"], c["group_size"], dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})
         return "; ".join(f"op={o} over a group of {g} in {d}" for o, g, d in seen) or "not called"
 
-    def findings_so_far(self, rank: int, step: int) -> List[Finding]:
+    def context(self, step: int) -> str:
+        """What FSDP2 called the comm with in ``step``: the note on a gradient finding."""
+        return f"FSDP2 called the comm with {self.summary(step)}"
+
+    def findings_so_far(self, step: int) -> List[Finding]:
         """The first wrong ``allocate`` of ``step``, as a finding; what a step that raised can still report."""
         for bad in self.bad_allocations:
             if bad["step"] == step:
-                return [Finding(rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
+                return [Finding(self.rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
                                       f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
                                       "exactly that buffer", step=step)]
         return []
 
-    def findings(self, rank: int, step: int) -> List[Finding]:
+    def findings(self, step: int) -> List[Finding]:
         """What the finished ``step`` shows: :meth:`findings_so_far`, and a step in which the comm was never called."""
-        out = self.findings_so_far(rank, step)
+        out = self.findings_so_far(step)
         if not any(c["step"] == step for c in self.calls):
-            out.append(Finding(rank, "FSDP2 never called the comm in this step (set_custom_reduce_scatter did "
+            out.append(Finding(self.rank, "FSDP2 never called the comm in this step (set_custom_reduce_scatter did "
                                      "not take effect)", step=step))
         return out
 
 
-class HookRecorder:
-    """Wraps an all-reduce hook; records each call's dtype and size."""
+class HookRecorder(Recorder):
+    """Wraps an all-reduce hook; records each call's dtype and size. ``rank``: this rank, for findings;
+    ``mesh_shape``: the HSDP mesh's ``(replicate, shard)``, for the note on a gradient finding."""
 
-    def __init__(self, hook: Any):
+    def __init__(self, hook: Any, rank: int, mesh_shape: Tuple[int, int]):
         self.hook = hook
+        self.rank = rank
+        self.mesh_shape = mesh_shape
         self.step = 0
         self.calls: List[Dict[str, Any]] = []
         self.log = CallLog()
@@ -129,13 +139,17 @@ class HookRecorder:
         call.settle_from(tensor)
         return result
 
-    def findings_so_far(self, rank: int, step: int) -> List[Finding]:
-        """Nothing: every call is forwarded as it is, and only a finished step can lack one."""
-        return []
+    def context(self, step: int) -> str:
+        """The dtypes of the all-reduced gradients the hook got in ``step``: the note on a gradient finding."""
+        seen = sorted({dtype_name(c["dtype"]) for c in self.calls if c["step"] == step})
+        replicate, shard = self.mesh_shape
+        return f"the hook got the all-reduced {'/'.join(seen) or '?'} gradients of a {replicate}x{shard} HSDP mesh"
 
-    def findings(self, rank: int, step: int) -> List[Finding]:
+    def findings(self, step: int) -> List[Finding]:
+        """A finished step in which FSDP2 never called the hook (every call is forwarded as it is, so only a
+        finished step can show something)."""
         if not any(c["step"] == step for c in self.calls):
-            return [Finding(rank, "FSDP2 never called the all-reduce hook in this step", step=step)]
+            return [Finding(self.rank, "FSDP2 never called the all-reduce hook in this step", step=step)]
         return []
 
 

@@ -1,75 +1,136 @@
-"""Rank-side checks: the code each rank runs for one case.
+"""Rank-side checks: the code each rank runs for one case, found by name (:func:`get_rank_check`).
 
-A rank check is a function ``check(ctx, spec, **params) -> value`` registered
-under a name with :func:`rank_check`. It runs in every rank process of a pool
-(``ctx`` is a :class:`conformance.ranks.worker.RankContext`) and returns picklable
-results: a list of :class:`conformance.protocol.Finding` (empty when the hook
-conforms), or a :class:`conformance.protocol.CheckResult` with figures or the
-per-step gradients the controller compares across ranks. A check that may
-raise after it has seen the hook go wrong registers what it has found so far
-with ``ctx.report_on_error`` (the lock-step loop does, per step), so the
-failure shows it above the rank's traceback.
+A rank check is ``check(ctx, spec, **params) -> value``, registered as
+``<api>.<name>``. It runs in every rank process of a pool (``ctx`` is a
+:class:`conformance.ranks.worker.RankContext`) and returns picklable results: a
+list of :class:`conformance.protocol.Finding` (empty when the hook conforms),
+or a :class:`conformance.protocol.CheckResult` with figures or the per-step
+gradients the controller compares across ranks. A check that may raise after
+it has seen the hook go wrong registers what it has found so far with
+``ctx.report_on_error`` (the lock-step loop does, per step), so the failure
+shows it above the rank's traceback.
 
-Each hook API's checks live in its adapter module (``conformance/apis/``,
-listed in :data:`conformance.apis.registry.ADAPTERS`); here is what they share:
-``common.py`` (the lock-step loop, named gradients, ``clipped``), ``groups.py``
-(data-parallel subgroups), ``probe.py`` (hard inputs) and ``lossy.py`` (lossy contracts).
+Two kinds, both named by the API's :class:`~conformance.apis.HookApi`:
+
+* the **shared checks** (:data:`SHARED_CHECKS`), written once over
+  :class:`~conformance.ranks.checks.models.ApiModels`: averaging, parity,
+  clip_grad_norm_, hard inputs, rank gradients and the three lossy-contract
+  checks. Each one an API's suite tests run is registered for it, bound to its
+  models class (``HookApi.models``), as PyTorch's ``_get_grads`` takes the hook
+  type. The same table says which of them the controller may replay with the
+  reference alone (:data:`REPLAYS_REFERENCE`) or with PyTorch's default hook
+  (:data:`REPLAYS_DEFAULT_HOOK`);
+* an API's **own checks** (``HookApi.checks``): FSDP1's registration rules,
+  DDP's future contract.
+
+The modules: ``models.py`` (the protocol), ``common.py`` (named tensors, the
+training step), ``lockstep.py`` (the lock-step loop), ``exact.py``,
+``clip.py``, ``probe.py`` and ``lossy.py`` (the shared checks), ``groups.py``
+(data-parallel subgroups).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+import dataclasses
+import functools
+import importlib
+from typing import Any, Callable, Dict, FrozenSet
 
-_RANK_CHECKS: Dict[str, Callable] = {}
-#: Checks that accept ``reference_only=True``: train the reference model alone, no hook.
-REPLAYS_REFERENCE = frozenset({"fsdp.parity", "ddp.parity", "fsdp2.parity", "fsdp.clip_grad_norm",
-                               "ddp.clip_grad_norm", "fsdp2.clip_grad_norm"})
-#: Checks whose parameters hold for any spec of their API, and whose reference is PyTorch's behaviour on
-#: this torch version: a failure that no cause of the hook's own explains is replayed with PyTorch's own
-#: default hook in its place (:mod:`conformance.controller.default_replay`).
-REPLAYS_DEFAULT_HOOK = frozenset({"fsdp.averaging", "fsdp.parity", "fsdp.clip_grad_norm", "fsdp.rank_grads",
-                                  "ddp.averaging", "ddp.parity", "ddp.clip_grad_norm", "ddp.rank_grads",
-                                  "fsdp2.parity", "fsdp2.clip_grad_norm"})
+from conformance.apis.registry import HOOK_APIS
+from conformance.ranks.checks import clip, exact, lossy, probe
+
+__all__ = ["REPLAYS_DEFAULT_HOOK", "REPLAYS_REFERENCE", "SHARED_CHECKS", "SharedCheck", "get_rank_check",
+           "register_every_check"]
 
 
-def rank_check(name: str) -> Callable[[Callable], Callable]:
-    """Register ``fn`` as the rank check called ``name`` (e.g. ``"fsdp.parity"``).
+@dataclasses.dataclass(frozen=True)
+class SharedCheck:
+    """A rank check written once over :class:`~conformance.ranks.checks.models.ApiModels`.
 
-    A check in :data:`REPLAYS_REFERENCE` takes ``reference_only=True``: it then
-    builds and trains only its reference model (the native path, no hook), so
-    the controller can tell a reference that PyTorch cannot run here from a
-    hook that broke it (:meth:`conformance.controller.runner.Runner.run`). A check in
-    :data:`REPLAYS_DEFAULT_HOOK` runs the same with any spec of its API, so the
-    controller can replay a case with PyTorch's own default hook.
+    Attributes:
+        run: ``run(ctx, spec, make, **params)``, ``make`` the API's models class.
+        replays_reference: it takes ``reference_only=True``: it then builds and trains only its reference
+            model (the native path, no hook), so the controller can tell a reference that PyTorch cannot run
+            here from a hook that broke it (:meth:`conformance.controller.runner.Runner.run`).
+        replays_default_hook: it runs the same with any spec of its API, and its reference is PyTorch's
+            behaviour on this torch version: a failure that no cause of the hook's own explains is replayed
+            with PyTorch's own default hook in its place (:mod:`conformance.controller.default_replay`).
     """
 
-    def register(fn: Callable) -> Callable:
-        if name in _RANK_CHECKS:
-            raise ValueError(f"rank check {name!r} registered twice")
-        _RANK_CHECKS[name] = fn
-        return fn
-
-    return register
+    run: Callable[..., Any]
+    replays_reference: bool = False
+    replays_default_hook: bool = False
 
 
-def register_every_check() -> None:
-    """Import every adapter module (:data:`conformance.apis.registry.ADAPTERS`), which registers its API's
-    checks, and the lossy-contract checks. Idempotent."""
-    import importlib
+#: The shared checks, by name: every API registers those its suite tests run as ``<api>.<name>``.
+SHARED_CHECKS: Dict[str, SharedCheck] = {
+    "averaging": SharedCheck(exact.averaging, replays_default_hook=True),
+    "parity": SharedCheck(exact.parity, replays_reference=True, replays_default_hook=True),
+    "clip_grad_norm": SharedCheck(clip.clip_grad_norm, replays_reference=True, replays_default_hook=True),
+    "hard_inputs": SharedCheck(probe.hard_inputs),
+    "rank_grads": SharedCheck(exact.rank_grads, replays_default_hook=True),
+    "lossy_error": SharedCheck(lossy.lossy_error),
+    "lossy_loss": SharedCheck(lossy.lossy_loss),
+    "lossy_determinism": SharedCheck(lossy.lossy_determinism),
+}
 
-    from conformance.apis.registry import ADAPTERS
 
-    for module in ADAPTERS + ("conformance.ranks.checks.lossy",):
-        importlib.import_module(module)
+def _shared(flag: str) -> FrozenSet[str]:
+    """The registered names of the shared checks any API runs whose :class:`SharedCheck` has ``flag``."""
+    return frozenset(test.rank_check_name for api in HOOK_APIS.values() for test in api.plans.values()
+                     if test.rank_check in SHARED_CHECKS and getattr(SHARED_CHECKS[test.rank_check], flag))
 
 
-def get_rank_check(name: str) -> Callable:
-    """The rank check called ``name``; ``KeyError`` names the known checks.
+#: Checks that accept ``reference_only=True`` (:attr:`SharedCheck.replays_reference`).
+REPLAYS_REFERENCE = _shared("replays_reference")
+#: Checks the controller may replay with PyTorch's own default hook (:attr:`SharedCheck.replays_default_hook`).
+REPLAYS_DEFAULT_HOOK = _shared("replays_default_hook")
 
-    The first call registers every check (:func:`register_every_check`).
+
+def _resolve(target: str) -> Any:
+    """``module:ATTR`` -> the object (the API's models class, or one of its own checks)."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _bind(api: str, name: str, shared: SharedCheck, make: Callable[..., Any]) -> Callable[..., Any]:
+    """``shared`` for ``api``: ``check(ctx, spec, **params)`` with the API's models class ``make``."""
+    def check(ctx: Any, spec: Any, **params: Any) -> Any:
+        return shared.run(ctx, spec, make, **params)
+
+    functools.update_wrapper(check, shared.run)
+    check.__name__ = check.__qualname__ = f"{api}_{name}"
+    return check
+
+
+@functools.lru_cache(maxsize=None)
+def register_every_check() -> Dict[str, Callable[..., Any]]:
+    """Every API's rank checks by name (``<api>.<name>``): the shared checks its suite tests run, bound to its
+    models class, and its own checks. Imports every API's rank-side modules the first time (the worker
+    calls it before its first case, so that import is not inside a case).
+
+    Raises:
+        KeyError: a suite test names a rank check that is neither shared nor the API's own.
     """
-    register_every_check()
+    checks: Dict[str, Callable[..., Any]] = {}
+    for api in HOOK_APIS.values():
+        make = _resolve(api.models)
+        for test in api.plans.values():
+            name = test.rank_check
+            if name in SHARED_CHECKS:
+                checks[test.rank_check_name] = _bind(api.name, name, SHARED_CHECKS[name], make)
+            elif name in api.checks:
+                checks[test.rank_check_name] = _resolve(api.checks[name])
+            else:
+                raise KeyError(f"api {api.name!r}: suite test {test.check!r} runs rank check {name!r}, which is "
+                               f"neither shared ({', '.join(SHARED_CHECKS)}) nor in its checks")
+    return checks
+
+
+def get_rank_check(name: str) -> Callable[..., Any]:
+    """The rank check called ``name`` (``"fsdp.parity"``); ``KeyError`` names the known checks."""
+    checks = register_every_check()
     try:
-        return _RANK_CHECKS[name]
+        return checks[name]
     except KeyError:
-        raise KeyError(f"no rank check {name!r}; known: {', '.join(sorted(_RANK_CHECKS))}") from None
+        raise KeyError(f"no rank check {name!r}; known: {', '.join(sorted(checks))}") from None

@@ -1,15 +1,14 @@
-"""What the rank checks of every API share: one training step, one lock-step loop, comparing named tensors.
+"""What the rank checks of every API share: named tensors, one training step, comparing them bit for bit.
 
 ``compare_named`` is the one place where "the hooked model's gradient (or
-parameter) for this FQN equals the reference's bit for bit" becomes findings,
-and :func:`lockstep` the one loop that trains a reference model and a hooked
-model side by side and compares them after every step, for FSDP, DDP and FSDP2
-alike (modelled on ``_get_grads`` in PyTorch's ``test_ddp_hooks.py``).
+parameter) for this FQN equals the reference's bit for bit" becomes findings;
+:func:`train_step` is the one training step of every API (DDP's ``no_sync``
+micro-steps included). The lock-step loop built on them is
+:mod:`conformance.ranks.checks.lockstep`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -83,18 +82,27 @@ def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
 
 
 def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-               inputs: Sequence[torch.Tensor], loss_fn: Any) -> None:
-    """Zero the gradients, then one forward/backward of ``model`` on ``inputs``, announced as a phase."""
-    ctx.phase(f"step {step}: forward/backward of the {label} model")
+               inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any) -> None:
+    """Zero the gradients, then forward/backward ``model`` on each micro-step's inputs, announced as phases;
+    all but the last micro-step under ``model.no_sync()`` (DDP's gradient accumulation; one micro-step
+    otherwise, as every API but DDP's ``no_sync`` config has)."""
     optim.zero_grad(set_to_none=True)
-    loss_fn(inputs, model(*inputs)).backward()
+    for k, micro in enumerate(inputs):
+        last = k == len(inputs) - 1
+        ctx.phase(f"step {step}: forward/backward of the {label} model"
+                  + ("" if len(inputs) == 1 else f" (micro-step {k}{'' if last else ', no_sync'})"))
+        if last:
+            loss_fn(micro, model(*micro)).backward()
+        else:
+            with model.no_sync():
+                loss_fn(micro, model(*micro)).backward()
 
 
 def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
                 loss_fn: Any, steps: int, train: Any = train_step) -> List[Any]:
     """Train the reference model alone for ``steps`` steps, comparing nothing (``reference_only=True``).
 
-    ``train`` is the API's training step (DDP's runs ``no_sync`` micro-steps).
+    ``train`` is the training step (:func:`train_step`, or it followed by ``clip_grad_norm_``).
     The same phases as in lock-step training, so a failure here reads the same.
     Returns no findings: the controller only asks whether this raises.
     """
@@ -109,253 +117,11 @@ def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs
 View = Tuple[str, Callable[[nn.Module], Dict[str, Any]], str]
 
 
-@dataclasses.dataclass
-class Lockstep:
-    """A reference model and a hooked model, and how one API compares them.
-
-    Attributes:
-        ref, hooked: the two models, built alike but for the hook.
-        inputs: this rank's inputs, as the API's ``train`` takes them: the same
-            every step, or ``inputs(step)`` when callable (hard inputs: one
-            example per step).
-        loss_fn: ``loss_fn(inputs, output)`` of the reference model class.
-        reference: the reference's name in messages (``"DDP with no hook"``).
-        grads: gradient views compared after each backward, in order; the ranks
-            agree to stop after each view that found something.
-        params: the parameter view compared after each optimizer step, or
-            ``None``: no optimizer step (hard inputs, where only the reduction
-            of the gradients matters).
-        hook_findings: ``hook_findings(step)``: what the hook's recorder saw in
-            the step (wrong dtype, never called, a broken contract).
-        start_step: ``start_step(step)``, called before the step's backward
-            passes (the recorder learns the step).
-        train: the API's training step (DDP's runs ``no_sync`` micro-steps).
-        guard_hooked: wraps the hooked model's step; returns findings that end
-            the check when the hook broke the API's contract (DDP's future).
-        context: ``context(step)``, a note for gradient findings (what FSDP2
-            passed the comm).
-        diagnose: ``diagnose(step)``, run on every rank once any rank found a
-            difference in ``step``: findings of kind ``"diagnosis"`` naming the
-            causes that reproduce the hook's result (:mod:`conformance.ranks.diagnosis`).
-        reduce_dtype: the hook's claimed reduce dtype (``spec.reduce_dtype``):
-            gradient mismatches count their ULPs in it too; ``None`` for a
-            full-precision claim.
-        findings_so_far: ``findings_so_far(step)``: what the recorder has seen
-            go wrong in the step so far (a buffer of the wrong shape), never what
-            only a finished step shows (a hook never called). Reported above the
-            traceback when the step raises (:meth:`RankContext.report_on_error`).
-    """
-
-    ref: nn.Module
-    hooked: nn.Module
-    inputs: Any
-    loss_fn: Any
-    reference: str
-    grads: Sequence[View]
-    params: Optional[View]
-    hook_findings: Callable[[int], List[Finding]]
-    start_step: Callable[[int], None] = lambda step: None
-    train: Callable[..., None] = train_step
-    guard_hooked: Optional[Callable[[int, Callable[[], None]], Optional[List[Finding]]]] = None
-    context: Optional[Callable[[int], str]] = None
-    diagnose: Optional[Callable[[int], List[Finding]]] = None
-    findings_so_far: Optional[Callable[[int], List[Finding]]] = None
-    reduce_dtype: Optional[torch.dtype] = None
-
-
-class LockstepRun:
-    """One lock-step training of ``plan``: its optimizers and step count, kept between calls.
-
-    :func:`lockstep` runs one from scratch; hard inputs keep one per case on
-    the rank (:mod:`conformance.ranks.checks.hard_inputs`), so each further example
-    costs one forward/backward, not a rebuild. Steps are numbered from 0 across
-    calls; ``plan.inputs(step)`` and ``plan.context(step)`` see that number.
-    """
-
-    def __init__(self, plan: Lockstep, lr: float):
-        self.plan = plan
-        self.step = 0
-        self.opt_ref = torch.optim.SGD(plan.ref.parameters(), lr=lr, momentum=0.9)
-        self.opt_hooked = torch.optim.SGD(plan.hooked.parameters(), lr=lr, momentum=0.9)
-
-    def run(self, ctx: Any, steps: int) -> List[Finding]:
-        """Train ``steps`` more steps; stop at the first with findings, once every rank agrees."""
-        so_far = self.plan.findings_so_far
-        for _ in range(steps):
-            step = self.step
-            if so_far is not None:
-                ctx.report_on_error(lambda: so_far(step))
-            stop, findings = self._one_step(ctx, step)
-            if so_far is not None:
-                ctx.report_on_error(None)
-            self.step += 1
-            if stop:
-                return findings
-        return []
-
-    def _one_step(self, ctx: Any, step: int) -> Tuple[bool, List[Finding]]:
-        """One step; ``(stop, findings)``: ``stop`` when any rank found something (the same on every rank)."""
-        plan = self.plan
-        plan.start_step(step)
-        inputs = plan.inputs(step) if callable(plan.inputs) else plan.inputs
-        plan.train(ctx, "reference", step, plan.ref, self.opt_ref, inputs, plan.loss_fn)
-
-        def hooked_step() -> None:
-            plan.train(ctx, "hooked", step, plan.hooked, self.opt_hooked, inputs, plan.loss_fn)
-
-        if plan.guard_hooked is None:
-            hooked_step()
-        else:
-            broken = plan.guard_hooked(step, hooked_step)
-            if broken:
-                return True, broken
-        findings = plan.hook_findings(step)
-        note = plan.context(step) if plan.context else ""
-        against = f"{plan.reference} ({note})" if note else plan.reference
-        for what, named, phase in plan.grads:
-            if phase:
-                ctx.phase(f"step {step}: {phase}")
-            findings += compare_named(what, named(plan.hooked), named(plan.ref), rank=ctx.rank, step=step,
-                                      reference=against, reduce_dtype=plan.reduce_dtype)
-            if ctx.any_rank(bool(findings)):
-                if plan.diagnose is not None:
-                    ctx.phase(f"step {step}: diagnosing the difference")
-                    findings += plan.diagnose(step)
-                return True, findings
-        if plan.params is None:
-            return False, []
-        ctx.phase(f"step {step}: optimizer step")
-        self.opt_ref.step()
-        self.opt_hooked.step()
-        what, named, _ = plan.params
-        findings = compare_named(what, named(plan.hooked), named(plan.ref), rank=ctx.rank, step=step,
-                                 reference=plan.reference)
-        return ctx.any_rank(bool(findings)), findings
-
-
-#: ``max_norm`` of the clip_grad_norm_ cases: small enough that every reference model's gradients
-#: are scaled down (so the clipped gradients, not only the norm, carry the result).
-CLIP_MAX_NORM = 1e-2
-#: The norm types of the clip_grad_norm_ cases (PyTorch's test_fsdp_clip_grad_norm.py uses 2 and inf).
-CLIP_NORM_TYPES = (2.0, float("inf"))
-
-
-def clipping(train: Callable[..., None], clip: Callable[[nn.Module], torch.Tensor], norm_type: float,
-             norms: Dict[int, torch.Tensor]) -> Callable[..., None]:
-    """The API's training step ``train`` followed by ``clip(model)``, announced as a phase; the total norm
-    each model's ``clip`` returns is kept in ``norms[id(model)]`` (flattened, detached)."""
-    def train_and_clip(ctx: Any, label: str, step: int, model: nn.Module, optim: Any, inputs: Any,
-                       loss_fn: Any) -> None:
-        train(ctx, label, step, model, optim, inputs, loss_fn)
-        ctx.phase(f"step {step}: clip_grad_norm_(max_norm={CLIP_MAX_NORM}, norm_type={norm_type}) of the "
-                  f"{label} model")
-        norms[id(model)] = clip(model).detach().reshape(-1)
-
-    return train_and_clip
-
-
-def clipped(plan: Lockstep, clip: Callable[[nn.Module], torch.Tensor], norm_type: float) -> Lockstep:
-    """``plan`` with ``clip(model)`` (the API's ``clip_grad_norm_``) after every backward of both models.
-
-    The total norm each returns is compared bitwise first (the view ``"total gradient norm"``),
-    then the clipped gradients as ``plan`` compares them. ``clip`` returns the total norm as a
-    plain tensor (an FSDP2 ``DTensor`` norm as its ``full_tensor()``).
-    """
-    norms: Dict[int, torch.Tensor] = {}
-
-    def total_norm(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
-        return {f"total norm (norm_type={norm_type})": norms.get(id(model))}
-
-    note = plan.context
-    return dataclasses.replace(
-        plan, train=clipping(plan.train, clip, norm_type, norms), grads=[("total gradient norm", total_norm, "")] + [
-            (f"clipped {what}", named, phase) for what, named, phase in plan.grads],
-        context=lambda step: f"clip_grad_norm_ norm_type={norm_type}" + (f"; {note(step)}" if note else ""))
-
-
 def clip_with_torch(model: nn.Module, max_norm: float, norm_type: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` over ``model``'s parameters (DDP, FSDP2); a ``DTensor`` total norm
     (FSDP2) as its ``full_tensor()``."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
-
-def clip_without_backward(ctx: Any, model: nn.Module, label: str, inputs: Any,
-                          clip: Callable[[nn.Module], torch.Tensor]) -> Tuple[torch.Tensor, List[str]]:
-    """``zero_grad(set_to_none=True)``, one forward of ``model`` on ``inputs`` with no backward, then
-    ``clip(model)``: the total norm and the warnings ``clip`` gave (PyTorch's ``test_no_gradients`` in
-    test_fsdp_clip_grad_norm.py: FSDP's ``clip_grad_norm_`` returns a float32 zero and warns that the rank
-    has no gradients)."""
-    import warnings
-
-    ctx.phase(f"after training: a forward of the {label} model with no backward, then clip_grad_norm_")
-    model.zero_grad(set_to_none=True)
-    model(*inputs)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        norm = clip(model).detach().reshape(-1)
-    return norm, sorted({str(w.message) for w in caught})
-
-
-def _without_backward_findings(ctx: Any, plan: Lockstep, inputs: Any, clip: Callable[[nn.Module], torch.Tensor],
-                               norm_type: float) -> List[Finding]:
-    """Both models of ``plan`` through :func:`clip_without_backward`: the total norms bitwise (dtype too), and
-    the same warnings, with the hook registered as without it."""
-    ref_norm, ref_warned = clip_without_backward(ctx, plan.ref, "reference", inputs, clip)
-    norm, warned = clip_without_backward(ctx, plan.hooked, "hooked", inputs, clip)
-    where = f"{plan.reference} (a forward with no backward, then clip_grad_norm_ norm_type={norm_type})"
-    findings = compare_named("total gradient norm", {"total norm": norm}, {"total norm": ref_norm}, rank=ctx.rank,
-                             step=None, reference=where)
-    if warned != ref_warned:
-        findings.append(Finding(ctx.rank, f"clip_grad_norm_ warned {warned or 'nothing'} with the hook, but "
-                                          f"{ref_warned or 'nothing'} on {where}"))
-    return findings
-
-
-def clip_grad_norm_parity(ctx: Any, make_plan: Callable[[], Lockstep], *, steps: int, lr: float,
-                          clip: Callable[[nn.Module, float, float], torch.Tensor] = clip_with_torch,
-                          without_backward: Optional[Callable[[Lockstep], Any]] = None,
-                          make_reference: Optional[Callable[[], Tuple[nn.Module, Any, Any]]] = None,
-                          train: Callable[..., None] = train_step) -> List[Finding]:
-    """The clip_grad_norm_ check of every API: for each of :data:`CLIP_NORM_TYPES`, a fresh plan from
-    ``make_plan()`` trained in lock step with ``clip(model, CLIP_MAX_NORM, norm_type)`` after every backward
-    (:func:`clipped`); the findings of the first norm type that differs, every rank stopping together.
-
-    ``without_backward(plan)``: the inputs of a last forward with no backward after training, on both
-    models, whose ``clip`` must give the same total norm and warnings (:func:`clip_without_backward`);
-    ``None`` leaves it out. ``make_reference()``: the reference alone, ``(model, inputs, loss_fn)``, trained
-    with ``train`` and clipped the same way, with no hooked model built (the runner's ``reference_only``
-    replay, :data:`conformance.ranks.checks.REPLAYS_REFERENCE`); returns no findings.
-    """
-    for norm_type in CLIP_NORM_TYPES:
-        clip_one = lambda m, t=norm_type: clip(m, CLIP_MAX_NORM, t)  # noqa: E731
-        if make_reference is not None:
-            ref, inputs, loss_fn = make_reference()
-            train_alone(ctx, ref, torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9), inputs, loss_fn, steps,
-                        train=clipping(train, clip_one, norm_type, {}))
-            continue
-        plan = clipped(make_plan(), clip_one, norm_type)
-        findings = lockstep(ctx, plan, steps=steps, lr=lr)
-        if not ctx.any_rank(bool(findings)) and without_backward is not None:
-            findings = _without_backward_findings(ctx, plan, without_backward(plan), clip_one, norm_type)
-        if ctx.any_rank(bool(findings)):
-            return findings
-    return []
-
-
-def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding]:
-    """Train ``plan.ref`` and ``plan.hooked`` side by side with SGD (momentum 0.9) for ``steps`` steps.
-
-    Per step: the reference's forward/backward, the hooked model's, the hook
-    recorder's findings and every gradient view compared bitwise; then both
-    optimizer steps and the parameters compared bitwise (unless ``plan.params``
-    is ``None``). Stops at the first step with findings, once every rank agrees
-    (``ctx.any_rank``), so no rank is left waiting in a collective.
-
-    Returns:
-        this rank's findings (empty when the hook conforms).
-    """
-    return LockstepRun(plan, lr).run(ctx, steps)
 
 
 def averaging_findings(ctx: Any, grads: Dict[str, Optional[torch.Tensor]], step: int, *,
@@ -401,24 +167,23 @@ def averaging_findings(ctx: Any, grads: Dict[str, Optional[torch.Tensor]], step:
 
 def grads_per_step(ctx: Any, hooked: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any], loss_fn: Any,
                    steps: int, *, named: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]],
-                   train: Callable[..., None] = train_step, start_step: Callable[[int], None] = lambda step: None,
-                   guard_hooked: Optional[Callable[[int, Callable[[], None]], Optional[List[Finding]]]] = None
-                   ) -> CheckResult:
+                   run_step: Callable[[int, Callable[[], None]], Optional[List[Finding]]]) -> CheckResult:
     """Train the hooked model alone and keep its gradients after every step, for a cross-rank comparison.
+
+    ``run_step(step, run)`` runs each step's ``run()`` as the hook's recorder
+    does (:meth:`conformance.ranks.checks.models.Recorder.run_step`).
 
     Returns:
         a :class:`CheckResult` whose ``grads`` are ``{fqn: CPU tensor or None}``
-        per step, and whose findings are what ``guard_hooked`` reported when the
+        per step, and whose findings are what ``run_step`` reported when the
         hook broke the API's contract, which ends the training early.
     """
     per_step: List[Dict[str, Optional[torch.Tensor]]] = []
     for step in range(steps):
-        start_step(step)
-
         def run() -> None:
-            train(ctx, "hooked", step, hooked, optim, inputs, loss_fn)
+            train_step(ctx, "hooked", step, hooked, optim, inputs, loss_fn)
 
-        broken = run() if guard_hooked is None else guard_hooked(step, run)
+        broken = run_step(step, run)
         if broken:
             return CheckResult(findings=broken, grads=per_step)
         per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in named(hooked).items()})

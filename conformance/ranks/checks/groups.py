@@ -12,23 +12,19 @@ takes its shard index from the global rank (2 is rank 1 of ``{0, 2}``) too.
 ``RankContext`` with ``group`` and ``world_size`` of this rank's subgroup. Its
 ``rank`` stays the global rank, so inputs (and findings) differ per group;
 ``any_rank`` still agrees over the whole pool, so every rank stops together.
+Which pool the subgroup cases run on is the plans' business
+(:func:`conformance.apis.subgroup_world_size`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Tuple
 
-#: The smallest pool the subgroup cases run on (two groups of two).
-SUBGROUP_WORLD_SIZE = 4
+import torch.distributed as dist
+
+from conformance.apis import SUBGROUP_WORLD_SIZE
 
 _SUBGROUPS: Dict[Tuple[int, int], Any] = {}
-
-
-def subgroup_world_size(world_sizes: Sequence[int]) -> int:
-    """The pool the subgroup cases run on: the smallest even world size of the run of at least
-    :data:`SUBGROUP_WORLD_SIZE`, else :data:`SUBGROUP_WORLD_SIZE` (the extra pool FSDP2's HSDP cases start)."""
-    fits = [ws for ws in world_sizes if ws >= SUBGROUP_WORLD_SIZE and ws % 2 == 0]
-    return min(fits) if fits else SUBGROUP_WORLD_SIZE
 
 
 def subgroup_ranks(world_size: int) -> List[List[int]]:
@@ -79,8 +75,6 @@ class SubgroupContext:
 
 def on_subgroup(ctx: Any) -> SubgroupContext:
     """This rank's :class:`SubgroupContext`; the groups are made once per pool (collective over WORLD)."""
-    import torch.distributed as dist
-
     key = (id(ctx.group), ctx.world_size)
     if key not in _SUBGROUPS:
         mine, _ = dist.new_subgroups_by_enumeration(subgroup_ranks(ctx.world_size))

@@ -17,13 +17,15 @@ contract (``ddp``, ``fsdp``, ``fsdp2``), registered per API as
 * ``lossy_determinism``: two runs from the same seed give bitwise identical
   gradients (each rank's local gradient, or local shard).
 
-The checks know no API. The adapter hands them a :class:`LossyModels` per case
-(:func:`register` ties the two together): how to build the hooked model and the
-no-hook one, the plain model whose local gradients feed the exact mean, the
-API's training step, and the full gradients and parameters of a model by FQN.
+The checks know no API: each takes the API's models class and builds the
+case's :class:`~conformance.ranks.checks.models.ApiModels`, which say how to
+build the hooked model and the no-hook one in full precision, the plain model
+whose local gradients feed the exact mean (``model_cls``), and the full
+gradients and parameters of a model by FQN. The registry binds them per API,
+as every shared check (:data:`conformance.ranks.checks.SHARED_CHECKS`).
 
 Where the gradients are sharded (FSDP1 sharded strategies, FSDP2), the
-adapter's ``full_grads`` gathers them (``summon_full_params(with_grads=True)``,
+models' ``full_grads`` gathers them (``summon_full_params(with_grads=True)``,
 ``DTensor.full_tensor()``), so every rank compares whole parameters: the
 contract's figure is per parameter, and a shard's relative error is a
 different number from its parameter's.
@@ -31,19 +33,19 @@ different number from its parameter's.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from conformance.ranks.checks import rank_check
-from conformance.ranks.checks.common import compare_named, fqn_without_wrappers, named_grads
 from conformance.protocol import CheckResult, Finding
+from conformance.reports import report
+from conformance.ranks.checks.common import compare_named, fqn_without_wrappers, train_step
+from conformance.ranks.checks.models import ApiModels, MakeModels
 
-__all__ = ["DECLARE_LOSSY_HINT", "HookedModel", "LossyModels", "exact_mean", "lossy_hint", "register",
+__all__ = ["DECLARE_LOSSY_HINT", "exact_mean", "lossy_determinism", "lossy_error", "lossy_hint", "lossy_loss",
            "relative_error"]
 
 #: Shown under a failed exactness check of a hook that declares no lossy contract, where no named exact
@@ -67,66 +69,10 @@ def lossy_hint(spec: Any, found: Sequence[Finding]) -> str:
     (:func:`conformance.reports.report.explained`: a wrong divisor, a stale step, a
     neighbour's shard are bugs, not a lossy design).
     """
-    from conformance.reports import report
-
     found = [f for f in found if f.kind not in ("process_state", "memory")]  # leaks, not a numerical design
     fits = (spec.lossy is None and bool(found) and not any(f.kind == "local_gradient" for f in found)
             and not report.explained(found))
     return "  " + DECLARE_LOSSY_HINT if fits else ""
-
-
-@dataclasses.dataclass
-class HookedModel:
-    """The hooked model of one lossy check, and how its recorder reports.
-
-    Attributes:
-        model: the model under the API with the hook under test installed (through its recorder).
-        run_step: ``run_step(step, run)`` runs ``run()`` (the step's forward/backward) with the recorder
-            told the step; returns findings that end the check (the hook broke the API's contract so the
-            step means nothing: DDP's future), else ``None``.
-        findings: ``findings(step)``: what the recorder saw the hook break in ``step`` without ending it
-            (FSDP1: its output left in another dtype than the parameters'; FSDP2: ``allocate``'s buffer).
-    """
-
-    model: nn.Module
-    run_step: Callable[[int, Callable[[], None]], Optional[List[Finding]]]
-    findings: Callable[[int], List[Finding]] = lambda step: []
-
-
-@dataclasses.dataclass
-class LossyModels:
-    """What an API adapter gives the lossy checks for one case (one variant and reference model), on a rank.
-
-    Attributes:
-        model_cls: the reference model class (``conformance.models``): ``loss``, ``build``.
-        build_hooked: ``build_hooked()``: a fresh :class:`HookedModel` (new model, new hook state).
-        build_native: ``build_native()``: the same model under the API with no hook (the loss check's
-            reference: DDP with no hook, FSDP1's native path, native ``fully_shard``), same reduce dtype.
-        inputs: this rank's inputs of one step, as ``train`` takes them (rank-dependent).
-        micro_inputs: the inputs of each backward pass of one step, for the plain model (DDP's ``no_sync``
-            config runs several); each is a tuple of tensors.
-        train: the API's training step ``train(ctx, label, step, model, optim, inputs, loss_fn)``.
-        full_grads: ``full_grads(model)``: ``{fqn: full (unsharded) gradient or None}`` in the plain
-            model's FQNs; collective where the gradients are sharded, so every rank calls it in order.
-        full_params: ``full_params(model)``: ``{fqn: full parameter}``, collective likewise.
-        local_grads: ``local_grads(model)``: ``{fqn: this rank's gradient or local shard}`` (no collective).
-        forward: the module whose forward gives the loss (DDP: ``model.module``).
-    """
-
-    model_cls: Any
-    build_hooked: Callable[[], HookedModel]
-    build_native: Callable[[], nn.Module]
-    inputs: Any
-    micro_inputs: Sequence[Tuple[torch.Tensor, ...]]
-    train: Callable[..., None]
-    full_grads: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]]
-    full_params: Callable[[nn.Module], Dict[str, torch.Tensor]]
-    local_grads: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]] = named_grads
-    forward: Callable[[nn.Module], nn.Module] = lambda model: model
-
-
-#: ``models(ctx, spec, model=..., **variant) -> LossyModels``: an adapter's builder of its lossy models.
-MakeModels = Callable[..., LossyModels]
 
 
 def _local_grads(ctx: Any, shadow: nn.Module, params: Dict[str, torch.Tensor],
@@ -233,37 +179,41 @@ def _error_findings(ctx: Any, got: Dict[str, Optional[torch.Tensor]], exact: Dic
     return findings, worst, at
 
 
-def lossy_error(ctx: Any, spec: Any, models: LossyModels, *, steps: int = 6, lr: float = 1e-3) -> CheckResult:
+def lossy_error(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 6, lr: float = 1e-3,
+                **variant: Any) -> CheckResult:
     """Per step and parameter: relative error vs the exact mean, the declared bound, no NaN/Inf introduced.
 
     Each step, a plain copy of the model at the hooked model's current
     parameters computes this rank's local gradients, and their mean over ranks
     in float64 (:func:`exact_mean`) is what the hooked model's full gradient is
-    compared with. SGD (momentum 0.9) with learning rate ``lr``, ``steps`` steps;
-    stops at the first step with findings, every rank together.
+    compared with; what the hook's recorder saw it break joins the findings.
+    SGD (momentum 0.9) with learning rate ``lr``, ``steps`` steps; stops at the
+    first step with findings, every rank together.
 
     Returns a :class:`CheckResult` with figures ``{"max_rel_error": float,
     "at": (step, fqn) or None}`` (the figure is reported even when no bound is
     declared, and when the check passes).
     """
+    models = make(ctx, spec, model=model, **variant)
+    ctx = models.ctx
     bound = None if spec.lossy is None else spec.lossy.rel_error_bound
     ctx.phase("building the hooked model")
-    hooked = models.build_hooked()
+    hooked = models.build(hooked=True)
     shadow = models.model_cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
     optim = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
     worst, at = 0.0, None
     findings: List[Finding] = []
     for step in range(steps):
         ctx.phase(f"step {step}: local gradients of a plain copy (the exact mean's inputs)")
-        _local_grads(ctx, shadow, models.full_params(hooked.model), models.micro_inputs, models.model_cls.loss)
+        _local_grads(ctx, shadow, models.full_params(hooked.model), models.inputs, models.loss_fn)
         exact = exact_mean(ctx, shadow)
-        broken = hooked.run_step(step, lambda: models.train(ctx, "hooked", step, hooked.model, optim, models.inputs,
-                                                            models.model_cls.loss))
+        broken = hooked.recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim,
+                                                                   models.inputs, models.loss_fn))
         if broken:
             return CheckResult(findings=broken, figures={"max_rel_error": worst, "at": at})
         ctx.phase(f"step {step}: full gradients of the hooked model")
         found, worst, at = _error_findings(ctx, models.full_grads(hooked.model), exact, step, bound, worst, at)
-        findings += hooked.findings(step) + found
+        findings += hooked.recorder.findings(step) + found
         if ctx.any_rank(bool(findings)):
             break
         ctx.phase(f"step {step}: optimizer step")
@@ -271,35 +221,38 @@ def lossy_error(ctx: Any, spec: Any, models: LossyModels, *, steps: int = 6, lr:
     return CheckResult(findings=findings, figures={"max_rel_error": worst, "at": at})
 
 
-def _global_loss(ctx: Any, models: LossyModels, model: nn.Module) -> float:
+def _global_loss(ctx: Any, models: ApiModels, model: nn.Module) -> float:
     """The loss over every rank's inputs (mean of the ranks' local losses, in float64)."""
     with torch.no_grad():
-        local = sum(float(models.model_cls.loss(m, models.forward(model)(*m))) for m in models.micro_inputs)
+        local = sum(float(models.loss_fn(m, models.forward(model)(*m))) for m in models.inputs)
     t = torch.tensor([local], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t, group=ctx.group)
     return float(t.item()) / ctx.world_size
 
 
-def lossy_loss(ctx: Any, spec: Any, models: LossyModels, *, lr: float = 0.01) -> CheckResult:
+def lossy_loss(ctx: Any, spec: Any, make: MakeModels, *, model: str, lr: float = 0.01, **variant: Any) -> CheckResult:
     """After ``loss_steps`` SGD steps, ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|``.
 
-    ``loss_exact`` is the same model trained under the API with no hook. Returns
-    a :class:`CheckResult` with figures ``{"loss_hook", "loss_exact", "rel_diff"}``
+    ``loss_exact`` is the same model trained under the API with no hook, in full
+    precision (``build(hooked=False, full_precision=True)``). Returns a
+    :class:`CheckResult` with figures ``{"loss_hook", "loss_exact", "rel_diff"}``
     (floats; the finding, if any, on rank 0 only: the losses are global).
     """
+    models = make(ctx, spec, model=model, **variant)
+    ctx = models.ctx
     contract = spec.lossy
     steps = contract.loss_steps
-    loss_fn = models.model_cls.loss
+    loss_fn = models.loss_fn
     ctx.phase("building the no-hook model")
-    ref = models.build_native()
+    ref = models.build(hooked=False, full_precision=True).model
     ctx.phase("building the hooked model")
-    hooked = models.build_hooked()
+    hooked = models.build(hooked=True)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
     opt_hooked = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
-        models.train(ctx, "no-hook", step, ref, opt_ref, models.inputs, loss_fn)
-        broken = hooked.run_step(step, lambda: models.train(ctx, "hooked", step, hooked.model, opt_hooked,
-                                                            models.inputs, loss_fn))
+        train_step(ctx, "no-hook", step, ref, opt_ref, models.inputs, loss_fn)
+        broken = hooked.recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, opt_hooked,
+                                                                   models.inputs, loss_fn))
         if broken:
             return CheckResult(findings=broken,
                                figures={"loss_hook": math.nan, "loss_exact": math.nan, "rel_diff": math.inf})
@@ -323,18 +276,22 @@ def lossy_loss(ctx: Any, spec: Any, models: LossyModels, *, lr: float = 0.01) ->
                        figures={"loss_hook": loss_hook, "loss_exact": loss_exact, "rel_diff": rel})
 
 
-def lossy_determinism(ctx: Any, spec: Any, models: LossyModels, *, steps: int = 4, lr: float = 0.01) -> List[Finding]:
+def lossy_determinism(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 4, lr: float = 0.01,
+                      **variant: Any) -> List[Finding]:
     """Two trainings from the same seed (fresh model and hook state each) give bitwise identical gradients
     (each rank's own gradient or local shard, every step)."""
+    models = make(ctx, spec, model=model, **variant)
+    ctx = models.ctx
     runs = []
     for run in range(2):
         ctx.phase(f"building the hooked model (run {run + 1} of 2)")
-        hooked = models.build_hooked()
+        hooked = models.build(hooked=True)
         optim = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
         per_step = []
         for step in range(steps):
-            broken = hooked.run_step(step, lambda: models.train(ctx, f"hooked (run {run + 1})", step, hooked.model,
-                                                                optim, models.inputs, models.model_cls.loss))
+            broken = hooked.recorder.run_step(step, lambda: train_step(ctx, f"hooked (run {run + 1})", step,
+                                                                       hooked.model, optim, models.inputs,
+                                                                       models.loss_fn))
             if broken:
                 return broken
             per_step.append({k: (None if g is None else g.clone()) for k, g in models.local_grads(hooked.model).items()})
@@ -347,27 +304,3 @@ def lossy_determinism(ctx: Any, spec: Any, models: LossyModels, *, steps: int = 
         if findings:
             return findings
     return []
-
-
-def register(api: str, make_models: MakeModels) -> None:
-    """Register ``<api>.lossy_error``, ``<api>.lossy_loss`` and ``<api>.lossy_determinism``.
-
-    Each takes the case's ``model`` and the API's variant keyword (``config=``
-    for DDP and FSDP2, ``strategy=`` for FSDP1), builds
-    ``make_models(ctx, spec, model=model, **variant)`` and runs the check above.
-    Called once per API by its adapter module on import.
-    """
-    def error(ctx: Any, spec: Any, *, model: str, steps: int = 6, lr: float = 1e-3, **variant: Any) -> CheckResult:
-        return lossy_error(ctx, spec, make_models(ctx, spec, model=model, **variant), steps=steps, lr=lr)
-
-    def loss(ctx: Any, spec: Any, *, model: str, lr: float = 0.01, **variant: Any) -> CheckResult:
-        return lossy_loss(ctx, spec, make_models(ctx, spec, model=model, **variant), lr=lr)
-
-    def determinism(ctx: Any, spec: Any, *, model: str, steps: int = 4, lr: float = 0.01,
-                    **variant: Any) -> List[Finding]:
-        return lossy_determinism(ctx, spec, make_models(ctx, spec, model=model, **variant), steps=steps, lr=lr)
-
-    for name, fn in (("lossy_error", error), ("lossy_loss", loss), ("lossy_determinism", determinism)):
-        fn.__name__ = fn.__qualname__ = f"{api}_{name}"
-        fn.__doc__ = globals()[name].__doc__
-        rank_check(f"{api}.{name}")(fn)

@@ -3,10 +3,11 @@
 ``gradient_probe`` (``models/probe.py``) turns its inputs into its local
 gradients bit for bit, so a hook can be fed any gradients: values near the
 reduce dtype's overflow, subnormals, ``-0.0``, NaN on one rank, ``+Inf``
-against ``-Inf``. Each API's adapter registers an ``<api>.hard_inputs`` rank
-check that builds its reference probe and its hooked probe as a
-:class:`~conformance.ranks.checks.common.Lockstep` plan (no optimizer step: only the
-reduction matters) and hands it to :func:`run_examples`.
+against ``-Inf``. :func:`hard_inputs` is every API's ``<api>.hard_inputs``
+rank check: it builds the API's reference probe and hooked probe as a
+:class:`~conformance.ranks.checks.lockstep.Lockstep` plan (the local gradients
+only, no optimizer step: only the reduction matters) and hands it to
+:func:`run_examples`.
 
 One case is several dispatches: the named examples first, then hypothesis's
 examples one at a time while it searches and shrinks. The probes of a case
@@ -16,12 +17,14 @@ further example costs one forward/backward per model, not a rebuild.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from conformance.ranks.checks.common import Lockstep, LockstepRun
 from conformance.protocol import Finding
+from conformance.ranks.checks.lockstep import Lockstep, LockstepRun
+from conformance.ranks.checks.models import MakeModels
 
 #: ``(label, grads)``: ``grads[rank][i]`` is the gradient of probe parameter ``i`` on ``rank``
 #: (float32, CPU), in the order of ``GradientProbe.input_shapes()``.
@@ -42,9 +45,9 @@ def run_examples(ctx: Any, case_id: str, examples: Sequence[Example], fresh: boo
         examples: ``(label, grads)`` pairs, see :data:`Example`.
         fresh: build new probes (the first dispatch of a case); every rank gets
             the same value, so the collective builds match up.
-        make_plan: ``make_plan(inputs, context)`` builds both probes and returns
+        make_plan: ``make_plan(inputs, label)`` builds both probes and returns
             their plan; ``inputs(step)`` gives this rank's gradients of a step
-            and ``context(step)`` its label, for messages.
+            and ``label(step)`` its name, for messages.
     """
     run = None if fresh else _RUNS.get(case_id)
     if run is None:  # also after a pool restart, which forgets every run
@@ -55,11 +58,31 @@ def run_examples(ctx: Any, case_id: str, examples: Sequence[Example], fresh: boo
             _, grads = current["examples"][step - current["first"]]
             return tuple(g.to(ctx.device) for g in grads[ctx.rank])
 
-        def context(step: int) -> str:
+        def label(step: int) -> str:
             return f"the {current['examples'][step - current['first']][0]!r} inputs"
 
-        run = LockstepRun(make_plan(inputs, context), lr)
+        run = LockstepRun(make_plan(inputs, label), lr)
         run.current = current  # type: ignore[attr-defined]
         _RUNS[case_id] = run
     run.current.update(examples=list(examples), first=run.step)  # type: ignore[attr-defined]
     return run.run(ctx, len(examples))
+
+
+def hard_inputs(ctx: Any, spec: Any, make: MakeModels, *, examples: Sequence[Example], case_id: str,
+                fresh: bool = True, model: str = "gradient_probe", **variant: Any) -> List[Finding]:
+    """Chosen gradients through the API's probe (:func:`run_examples`), bitwise against its reference probe:
+    every rank's local gradient (together, every element), one example per step, no optimizer step.
+
+    Raises:
+        ValueError: the case's variant runs several backward passes per step (DDP's ``no_sync``).
+    """
+    def make_plan(inputs: Callable[[int], Any], label: Callable[[int], str]) -> Lockstep:
+        models = make(ctx, spec, model=model, **variant)
+        if models.micro_steps != 1:
+            case = ", ".join(f"{k}={v}" for k, v in variant.items())
+            raise ValueError(f"hard inputs feed one backward per step; {case} accumulates {models.micro_steps}")
+        plan = Lockstep.of(models, models.build(hooked=False), models.build(hooked=True),
+                           inputs=lambda step: [inputs(step)], label=label)
+        return dataclasses.replace(plan, grads=plan.grads[:1], params=None)
+
+    return run_examples(ctx, case_id, examples, fresh, make_plan)

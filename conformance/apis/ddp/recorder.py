@@ -1,0 +1,187 @@
+"""DDP's future contract, as the suite records it: what a ``DistributedDataParallel`` comm hook must return.
+
+``DistributedDataParallel.register_comm_hook(state, hook)``: DDP calls
+``hook(state, bucket)`` once per gradient bucket of a synchronising backward,
+and the hook returns a ``torch.futures.Future`` whose value is one tensor with
+the shape, dtype and device of ``bucket.buffer()``. DDP copies whatever it gets
+into the gradients, converting dtypes silently, and fails deep inside its
+reducer on a wrong shape or a value that is not a tensor. :class:`DDPHookRecorder`
+stands between DDP and the hook under test and writes a finding first; its
+:meth:`~DDPHookRecorder.run_step` turns DDP's later failure into that finding,
+and :meth:`~DDPHookRecorder.findings` says when DDP never called the hook. The
+rank check ``ddp.future_contract`` (:mod:`conformance.apis.ddp.future`, the
+API's own) trains with the recorder and also registers the bare hook, as DDP's
+own checks see it; every other check of the API gets it from
+:class:`~conformance.apis.ddp.models.DdpModels`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from conformance.protocol import Finding
+from conformance.ranks.checks.models import Recorder
+from conformance.ranks.compare import dtype_name
+from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}, {dtype_name(value.dtype)}, on {value.device}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_describe_value(v) for v in list(value)[:2])
+        more = ", ..." if len(value) > 2 else ""
+        return f"a {type(value).__name__} of {len(value)} ({inner}{more})"
+    if value is None:
+        return "None"
+    return f"a {type(value).__name__} ({value!r:.60})"
+
+
+def _short_error(exc: BaseException) -> str:
+    """The innermost message of an exception that crossed DDP's C++ reducer and future callbacks."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    marker = "Got the following error when running the callback: "
+    while marker in first:
+        first = first.split(marker, 1)[1]
+    if "tensor(" in first:  # DDP quotes the whole value it could not use
+        first = first[:first.index("tensor(")] + "tensor(...)"
+    return first[:300]
+
+
+class DDPHookRecorder(Recorder):
+    """Calls the hook under test for DDP and checks the future it returns.
+
+    The contract (``DistributedDataParallel.register_comm_hook``): the hook
+    returns a ``torch.futures.Future`` whose value is one tensor with the shape,
+    dtype and device of ``bucket.buffer()`` as DDP handed it to the hook. DDP
+    itself copies whatever it gets into the gradients, converting dtypes
+    silently, and fails deep inside its reducer on a wrong shape or a value
+    that is not a tensor; the recorder writes a :class:`Finding` first, so a
+    check can report that instead of the reducer's error.
+
+    Attributes:
+        step: the training step, set by :meth:`run_step` before each backward.
+        calls: ``(step, bucket index)`` per hook call.
+        violations: contract violations seen so far (at most 20).
+        fatal: the hook returned something that is not a Future. DDP would
+            crash the process on it (SIGSEGV with torch 2.13), so the recorder
+            hands DDP a completed Future holding the untouched bucket instead,
+            and the check stops with the finding.
+    """
+
+    def __init__(self, hook: Any, rank: int, names: Dict[int, str]):
+        self.hook = hook
+        self.rank = rank
+        self.names = names
+        self.step = 0
+        self.calls: List[Tuple[int, int]] = []
+        self.violations: List[Finding] = []
+        self.fatal = False
+        self.log = CallLog()
+        # DDP's register_comm_hook reads hook.__qualname__ (for its logger) and hook.__name__ (it refuses
+        # the bf16 hooks by name where NCCL is missing): answer as the hook would, so DDP treats the
+        # recorder as it treats the hook. Whether DDP accepts the bare hook is checked on its own.
+        self.__qualname__ = getattr(hook, "__qualname__", type(hook).__qualname__)
+        self.__name__ = getattr(hook, "__name__", type(hook).__name__)
+
+    def findings_so_far(self, step: int) -> List[Finding]:
+        """The contract violations recorded in ``step``: reported even where DDP went on without an error
+        (a future longer than the bucket, whose leading elements DDP reads)."""
+        return [f for f in self.violations if f.step == step]
+
+    def never_called(self, step: int) -> List[Finding]:
+        """A finding if DDP never called the hook in the synchronising ``step``."""
+        if any(s == step for s, _ in self.calls):
+            return []
+        return [Finding(self.rank, "DDP never called the hook in this synchronising step", step=step)]
+
+    def findings(self, step: int) -> List[Finding]:
+        """:meth:`never_called`, then the step's violations."""
+        return self.never_called(step) + self.findings_so_far(step)
+
+    def run_step(self, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
+        """Run one training step of the hooked model; the contract findings if the hook broke DDP's contract
+        in a way that makes the step meaningless, else ``None``.
+
+        A DDP failure after a recorded contract violation (a list, a wrong shape)
+        becomes that violation plus one line with DDP's own error; a failure with
+        no violation recorded (the hook itself raised) propagates unchanged.
+        """
+        self.step = step
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001
+            if not self.violations:
+                raise
+            return list(self.violations) + [Finding(
+                self.rank, f"DDP then failed while using the hook's result: {_short_error(exc)}", step=step)]
+        if self.fatal:
+            return list(self.violations)
+        return None
+
+    def _bucket_text(self, bucket: Any, index: int) -> str:
+        try:
+            params = [self.names.get(id(p), "?") for p in bucket.parameters()]
+        except Exception:  # noqa: BLE001 - older GradBucket without parameters()
+            params = []
+        shown = ", ".join(params[:3]) + (f", ... ({len(params)} parameters)" if len(params) > 3 else "")
+        return f"bucket {index}" + (f" [{shown}]" if shown else "")
+
+    def _note(self, message: str) -> None:
+        if len(self.violations) < 20:
+            self.violations.append(Finding(self.rank, message, step=self.step))
+
+    # No annotations: DDP's _check_comm_hook compares them with dist.GradBucket, and under
+    # ``from __future__ import annotations`` they would be strings.
+    def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
+        buffer = bucket.buffer()
+        index = bucket.index()
+        shape, dtype, device = tuple(buffer.shape), buffer.dtype, buffer.device
+        where = self._bucket_text(bucket, index)
+        self.calls.append((self.step, index))
+        call = self.log.add(HookCall(self.step, index, where, buffer.detach().reshape(-1).clone()))
+        with counting_collectives() as count:
+            fut = self.hook(state, bucket)
+        call.collectives = count[0]
+        if not isinstance(fut, torch._C.Future):
+            # Handing DDP anything but a Future kills the process (SIGSEGV with torch 2.13), and the
+            # finding with it: give DDP the untouched bucket instead and report the violation.
+            self.fatal = True
+            self._note(f"{where}: the hook returned {_describe_value(fut)}, not a torch.futures.Future; DDP needs "
+                       "a Future whose value is the bucket's new contents (e.g. "
+                       "dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])), and "
+                       "crashes the process without one")
+            substitute: Any = torch.futures.Future()
+            substitute.set_result(buffer)
+            return substitute
+
+        def check(f: Any) -> Any:
+            value = f.value()
+            if not isinstance(value, torch.Tensor):
+                hint = ""
+                if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+                    hint = ("; a collective's get_future() holds a list of tensors: take its first element "
+                            "(.then(lambda f: f.value()[0]))")
+                self._note(f"{where}: the hook's future holds {_describe_value(value)}, but DDP needs one tensor "
+                           f"of shape {shape}, {dtype_name(dtype)}, on {device}{hint}")
+                return value
+            bad = []
+            if tuple(value.shape) != shape:
+                bad.append(f"shape {tuple(value.shape)} instead of {shape}")
+            if value.dtype != dtype:
+                bad.append(f"dtype {dtype_name(value.dtype)} instead of {dtype_name(dtype)}")
+            if value.device != device:
+                bad.append(f"device {value.device} instead of {device}")
+            if bad:
+                self._note(f"{where}: the hook's future holds a tensor with {' and '.join(bad)}: its value must "
+                           "keep the bucket buffer's shape, dtype and device (DDP converts a wrong dtype "
+                           "silently and fails inside its reducer on a wrong shape)")
+            else:
+                call.output = value.detach().reshape(-1).clone()
+            return value
+
+        return fut.then(check)

@@ -1,0 +1,44 @@
+"""FSDP1's native reduction of one buffer, for the diagnosis (an FSDP extra).
+
+``_reduce_grad`` / ``_reduce_grad_no_shard`` in ``torch/distributed/fsdp/_runtime_utils.py``:
+cast to the reduce dtype, divide by the pre-divide factor, SUM (an all-reduce,
+or a reduce-scatter when sharded), divide by the post-divide factor, cast back
+(``_div_if_needed`` with ``_get_gradient_predivide_factor``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import torch
+
+from conformance.ranks.arithmetic import Arithmetic, reduced
+
+
+class FsdpArithmetic(Arithmetic):
+    """FSDP1's pre-divide, SUM, post-divide (see the module docstring)."""
+
+    @property
+    def factors(self) -> Tuple[float, float]:
+        """FSDP's ``(predivide, postdivide)``: ``_get_gradient_predivide_factor`` and its complement."""
+        factor = 1
+        while self.world_size % factor == 0 and self.world_size / factor > factor:
+            factor *= 2
+        return float(factor), self.world_size / factor
+
+    @property
+    def divides_before_sum(self) -> bool:  # type: ignore[override]
+        """Where the pre-divide factor is the world size (1 or 2 ranks), dividing first is native's order."""
+        return self.factors[0] == self.world_size
+
+    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
+               shift: int) -> torch.Tensor:
+        pre, post = self.factors
+        if pre > 1:
+            t = t.div(pre)
+        s = reduced(t, call, group, group_size, shift)
+        return s.div(post) if post > 1 else s
+
+    def describe(self) -> str:
+        pre, post = self.factors
+        return f"FSDP pre-divides by {pre:g} and post-divides by {post:g}"

@@ -1,0 +1,214 @@
+"""The FSDP1 API's rank side: its models (:class:`FsdpModels`), its recorder, its native mixed precision.
+
+Every shared check (:mod:`conformance.ranks.checks.exact`, ``clip``, ``probe``,
+``lossy``) builds FSDP models through :class:`FsdpModels` on this rank's device
+in the pool's process group (or a data-parallel subgroup). The reference for
+each claim is the native FSDP path with no hook: ``_reduce_grad`` /
+``_reduce_grad_no_shard`` in ``torch/distributed/fsdp/_runtime_utils.py``
+(pre-divide, SUM reduce, post-divide), under ``MixedPrecision(reduce_dtype=X)``
+for a ``reduce_dtype=X`` claim. The hook is registered through a
+:class:`HookRecorder`, which sees its own output before FSDP touches it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+
+from conformance.apis.fsdp.arithmetic import FsdpArithmetic
+from conformance.models import get_model
+from conformance.protocol import Finding
+from conformance.ranks.checks.common import fqn_without_wrappers, named_grads, named_params
+from conformance.ranks.checks.groups import on_subgroup
+from conformance.ranks.checks.models import ApiModels, Built, Recorder
+from conformance.ranks.compare import dtype_name
+from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
+
+
+def native_mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Optional[MixedPrecision]:
+    """``MixedPrecision(reduce_dtype=X)``, the native path a ``reduce_dtype=X`` hook must equal.
+
+    ``_module_classes_to_ignore`` is emptied: by default FSDP puts batch-norm
+    modules in their own FSDP units that reduce in full precision, which
+    changes the unit structure between the reference and the hooked model and
+    is not something a communication hook can (or should) reproduce.
+    """
+    if reduce_dtype is None:
+        return None
+    mp = MixedPrecision(reduce_dtype=reduce_dtype)
+    if hasattr(mp, "_module_classes_to_ignore"):
+        mp = MixedPrecision(reduce_dtype=reduce_dtype, _module_classes_to_ignore=())
+    return mp
+
+
+def low_precision_grads_mixed_precision() -> MixedPrecision:
+    """``MixedPrecision(param_dtype=float16, reduce_dtype=float16, keep_low_precision_grads=True)``, the setting of
+    ``test_low_precision_grads`` in PyTorch's test_fsdp_clip_grad_norm.py: forward and backward in float16,
+    the gradients kept in float16 after the reduction.
+
+    ``reduce_dtype`` is float16, as there (the plan skips hooks that claim another); the reduction of a hook
+    that claims none, which keeps its input's dtype, is float16 too. The reference and the hooked model get
+    the same setting: FSDP casts the gradient to ``reduce_dtype`` before it calls a hook.
+    """
+    kw: Dict[str, Any] = dict(param_dtype=torch.float16, keep_low_precision_grads=True, reduce_dtype=torch.float16)
+    try:
+        return MixedPrecision(**kw, _module_classes_to_ignore=())
+    except TypeError:
+        return MixedPrecision(**kw)
+
+
+def build_fsdp(model_name: str, ctx: Any, strategy: str, *, mixed_precision: Any = None,
+               use_orig_params: bool = True) -> nn.Module:
+    """``model_name`` wrapped by FSDP under ``strategy`` in ``ctx.group``, its units as the model defines them."""
+    return get_model(model_name).build(
+        group=ctx.group,
+        device=ctx.device,
+        fsdp_kwargs=dict(
+            sharding_strategy=ShardingStrategy[strategy],
+            mixed_precision=mixed_precision,
+            use_orig_params=use_orig_params,
+        ),
+    )
+
+
+class HookRecorder(Recorder):
+    """Calls the hook under test and records what it left behind.
+
+    FSDP casts a reduced gradient back to the parameter dtype itself unless the
+    registered hook is one of its built-in low-precision hooks
+    (``_low_precision_hook_enabled``), so the gradient dtype after backward
+    says nothing about the hook. The recorder sees the hook's own output
+    (``grad`` for ``NO_SHARD``, ``output`` for sharded strategies) before FSDP
+    touches it. It compares equal to the wrapped hook, so FSDP's
+    ``state._comm_hook in LOW_PRECISION_HOOKS`` test answers exactly as it
+    would for the bare hook and FSDP's behaviour is unchanged.
+
+    Args:
+        hook: the hook under test.
+        rank: this rank, for findings.
+        param_dtype: the dtype the hook's output must be in (the parameters', or
+            ``MixedPrecision.param_dtype`` under mixed precision).
+    """
+
+    def __init__(self, hook: Any, rank: int, param_dtype: torch.dtype):
+        self.hook = hook
+        self.rank = rank
+        self.param_dtype = param_dtype
+        self.step = 0
+        self.calls: List[Dict[str, Any]] = []
+        self.log = CallLog()
+
+    def __call__(self, state: Any, grad: torch.Tensor, *rest: Any) -> Any:
+        index = sum(1 for c in self.calls if c["step"] == self.step)
+        call = self.log.add(HookCall(self.step, index, f"call {index} ({grad.numel()} elements)",
+                                     grad.detach().reshape(-1).clone(), sharded=bool(rest)))
+        with counting_collectives() as count:
+            result = self.hook(state, grad, *rest)
+        out = rest[0] if rest else grad
+        call.output, call.collectives = out.detach().reshape(-1).clone(), count[0]
+        self.calls.append({"step": self.step, "dtype": out.dtype, "shape": tuple(out.shape)})
+        return result
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self.hook or other == self.hook
+
+    def __hash__(self) -> int:
+        return hash(self.hook)
+
+    def findings_so_far(self, step: int) -> List[Finding]:
+        """The hook's output left in a dtype other than :attr:`param_dtype` in ``step``."""
+        for call in self.calls:
+            if call["step"] == step and call["dtype"] != self.param_dtype:
+                return [Finding(
+                    self.rank,
+                    f"the hook left its reduced gradient in {dtype_name(call['dtype'])}, "
+                    f"but the parameters are {dtype_name(self.param_dtype)}: a reduced-precision "
+                    "hook must cast back to the parameter dtype (as LowPrecisionState.parameter_type does); "
+                    "FSDP only skips its own cast for its built-in fp16/bf16 hooks",
+                    step=step)]
+        return []
+
+    def findings(self, step: int) -> List[Finding]:
+        """:meth:`findings_so_far`, and a finished step in which FSDP never called the hook."""
+        findings = self.findings_so_far(step)
+        if not any(c["step"] == step for c in self.calls):
+            findings.append(Finding(self.rank, "FSDP never called the hook in this step", step=step))
+        return findings
+
+
+def _summoned(model: nn.Module, with_grads: bool) -> Dict[str, Optional[torch.Tensor]]:
+    """Every parameter (``with_grads``: its gradient) unsharded, by FQN, copied out of
+    ``FullyShardedDataParallel.summon_full_params(model, writeback=False, with_grads=...)``.
+
+    Collective (all-gathers over each FSDP unit's process group), so every rank calls it at the same point.
+    ``with_grads`` needs ``use_orig_params=True``, which :func:`build_fsdp` sets; under ``NO_SHARD`` it
+    gathers nothing. A gradient FSDP leaves as ``None`` on every rank stays ``None``.
+    """
+    with FullyShardedDataParallel.summon_full_params(model, writeback=False, with_grads=with_grads):
+        out: Dict[str, Optional[torch.Tensor]] = {}
+        for name, p in model.named_parameters():
+            t = p.grad if with_grads else p
+            out[fqn_without_wrappers(name)] = None if t is None else t.detach().clone()
+        return out
+
+
+class FsdpModels(ApiModels):
+    """FSDP1 models of a case under ``strategy`` (a ``ShardingStrategy`` name), ``use_orig_params=True``.
+
+    Args:
+        ctx, spec, model: as :class:`~conformance.ranks.checks.models.ApiModels`.
+        strategy: the case's sharding strategy.
+        low_precision_grads: both models under :func:`low_precision_grads_mixed_precision` (PyTorch's
+            ``test_low_precision_grads``: float16 gradients kept, so a clipped total norm is float16 too).
+        subgroup: both models, and the hook's state, on this rank's data-parallel subgroup
+            (:func:`~conformance.ranks.checks.groups.on_subgroup`), not WORLD.
+
+    The hook's state is ``spec.state(ctx.group)``. Full gradients of the sharded strategies are gathered with
+    ``summon_full_params(with_grads=True)`` (:func:`_summoned`): a lossy contract bounds each parameter's
+    relative error, and a shard's (or a flat parameter's) is another number; under ``NO_SHARD`` every rank
+    holds them whole already. ``clip_grad_norm_`` is FSDP's own, whose rule for a rank without gradients
+    (a float32 zero and a warning) is checked too.
+    """
+
+    empty_shards = True
+    clips_without_backward = True
+    reference = "the native path"
+    grad_views = [("gradient", named_grads, "")]
+    param_view = ("parameter after the optimizer step", named_params, "")
+
+    def __init__(self, ctx: Any, spec: Any, *, model: str, strategy: str, low_precision_grads: bool = False,
+                 subgroup: bool = False):
+        super().__init__(on_subgroup(ctx) if subgroup else ctx, spec, model)
+        self.strategy = strategy
+        if low_precision_grads:
+            self.mixed_precision = self.hooked_mixed_precision = low_precision_grads_mixed_precision()
+        else:
+            self.mixed_precision, self.hooked_mixed_precision = native_mixed_precision(spec.reduce_dtype), None
+        self.arithmetic = FsdpArithmetic(self.ctx.world_size, spec.reduce_dtype)
+
+    def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
+        ctx = self.ctx
+        if not hooked:
+            ctx.phase(f"building the reference {self.noun} (no hook)")
+            mixed = None if full_precision else self.mixed_precision
+            return Built(build_fsdp(self.model_name, ctx, self.strategy, mixed_precision=mixed))
+        ctx.phase(f"building the hooked {self.noun}")
+        model = build_fsdp(self.model_name, ctx, self.strategy, mixed_precision=self.hooked_mixed_precision)
+        param_dtype = getattr(self.hooked_mixed_precision, "param_dtype", None) or next(model.parameters()).dtype
+        recorder = HookRecorder(self.spec.hook, ctx.rank, param_dtype)
+        model.register_comm_hook(self.spec.state(ctx.group), recorder)
+        return Built(model, recorder)
+
+    def full_grads(self, model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+        # Already unsharded under NO_SHARD: every rank holds whole gradients, no all-gather needed.
+        return named_grads(model) if self.strategy == "NO_SHARD" else _summoned(model, with_grads=True)
+
+    def full_params(self, model: nn.Module) -> Dict[str, Any]:
+        return named_params(model) if self.strategy == "NO_SHARD" else _summoned(model, with_grads=False)
+
+    def clip(self, model: nn.Module, max_norm: float, norm_type: float) -> torch.Tensor:
+        """``FullyShardedDataParallel.clip_grad_norm_``, FSDP's own (it all-reduces the shards' norms)."""
+        return model.clip_grad_norm_(max_norm, norm_type)

@@ -1,0 +1,229 @@
+"""The FSDP1 API (``FullyShardedDataParallel.register_comm_hook``): validation and its suite tests.
+
+FSDP calls ``hook(state, grad)`` under ``NO_SHARD`` and ``hook(state, grad, output)``
+under the sharded strategies; a spec is checked under every strategy its hook
+serves (its *variant*, the case field ``strategy``). The rank side (models,
+recorder, native mixed precision) is ``models.py``; the diagnosis's arithmetic
+``arithmetic.py``; the registration rules ``registration.py``.
+
+Suite tests (``conformance/suite/test_fsdp.py``), each a :class:`~conformance.apis.SuiteTest`:
+
+* ``averaging``, ``parity``, ``subgroup_parity``, ``clip_grad_norm``,
+  ``clip_grad_norm_low_precision``, ``hard_inputs``, ``rank_consistency``: the
+  shared rank checks (:data:`conformance.ranks.checks.SHARED_CHECKS`) over
+  :class:`~conformance.apis.fsdp.models.FsdpModels`;
+* ``registration``: ``register_comm_hook``'s contract with the hook under test
+  (``fsdp.registration``, this API's own);
+* ``lossy_error``, ``lossy_loss``, ``lossy_determinism``: a spec with
+  ``lossy=LossyContract(...)`` gets those instead of the exact checks (averaging,
+  parity, subgroup parity, clip_grad_norm_, hard inputs), and keeps the
+  structural ones: the registration rules and rank consistency under ``NO_SHARD``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from conformance.apis import CasePlan, HookApi, SuiteTest, subgroup_world_size
+from conformance.cases import CaseParams
+from conformance.ranks.ulps import dtype_name
+from conformance.spec import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
+
+#: Reference models for parity at the main world size (``models.MODELS`` keys).
+#: ``mixture_of_experts`` is left out on purpose: ``register_comm_hook`` gives
+#: every FSDP unit the same hook and state, so a hook whose state holds the whole
+#: group also reduces the expert unit's gradients (which the native path keeps
+#: local to its one-rank group), and FSDP forces that unit to NO_SHARD, so a
+#: sharded-only hook is called with two arguments. No hook can conform there.
+PARITY_MODELS = ("net_wrapped", "net_flat", "nested_wrapped", "always_wrap_nested", "transformer_shared",
+                 "nonuniform_req_grad")
+#: Reference models for parity at an extra world size (kept short: it is a second pool).
+EXTRA_PARITY_MODELS = ("net_wrapped", "nested_wrapped")
+#: Models of the clip_grad_norm_ cases (main world size): several FSDP units, and parameters without
+#: gradients on some ranks' units (``nonuniform_req_grad``: frozen parameters), as in PyTorch's
+#: test_fsdp_clip_grad_norm.py.
+CLIP_MODELS = ("nested_wrapped", "nonuniform_req_grad")
+#: The strategies and model of the low-precision-gradient clip cases (``test_low_precision_grads`` of
+#: test_fsdp_clip_grad_norm.py: FULL_SHARD and NO_SHARD, NestedWrappedModule).
+LOW_PRECISION_CLIP = (("FULL_SHARD", "NO_SHARD"), "nested_wrapped")
+#: The model of the subgroup cases: several FSDP units, shards that need padding.
+SUBGROUP_MODEL = "nested_wrapped"
+#: Models whose NO_SHARD gradients are compared across ranks (the first only at an extra world size).
+CONSISTENCY_MODELS = ("net_wrapped", "transformer_shared")
+
+#: The registration rules (``conformance/apis/fsdp/registration.py``), from PyTorch's
+#: test_fsdp_comm_hooks.py; ``hybrid_strategy_raises`` runs once per hook, as variant ``HYBRID``.
+REGISTRATION_RULES = (
+    "unset_before_registration",
+    "reaches_every_unit",
+    "second_registration_raises",
+    "non_root_raises",
+    "preset_submodule_raises",
+    "hybrid_strategy_raises",
+)
+
+
+def validate(spec: Any) -> Tuple[str, ...]:
+    """FSDP calls ``hook(state, grad)`` under NO_SHARD and ``hook(state, grad, output)`` when sharded.
+
+    Returns the strategies the spec is checked under: ``spec.strategies``, or
+    every one its hook's signature serves. Raises :class:`SpecError` naming
+    the strategy and the signature that do not fit.
+    """
+    supported = strategies_from_signature(spec.hook)
+    if not supported:
+        raise SpecError(
+            f"HookSpec {spec.name!r}: hook {qualname(spec.hook)}{signature_text(spec.hook)} "
+            "accepts neither (state, grad) for NO_SHARD nor (state, grad, output) for "
+            "sharded strategies"
+        )
+    if spec.strategies is None:
+        return supported
+    strategies = (spec.strategies,) if isinstance(spec.strategies, str) else tuple(spec.strategies)
+    unknown = [s for s in strategies if s not in FSDP_STRATEGIES]
+    if unknown or not strategies:
+        raise SpecError(
+            f"HookSpec {spec.name!r}: unknown strategies {unknown or strategies!r}; "
+            f"expected names from {', '.join(FSDP_STRATEGIES)}"
+        )
+    unfit = [s for s in strategies if s not in supported]
+    if unfit:
+        raise SpecError(
+            f"HookSpec {spec.name!r}: strategies {unfit} need a hook signature of "
+            f"{'(state, grad)' if 'NO_SHARD' in unfit else '(state, grad, output)'}, but the "
+            f"hook is {qualname(spec.hook)}{signature_text(spec.hook)}"
+        )
+    return strategies
+
+
+def _training(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Optional[Dict[str, Sequence[str]]] = None,
+              *, strategies: Optional[Sequence[str]] = None, skip: Optional[str] = None) -> List[CaseParams]:
+    """Every spec x strategy it serves x world size (x model, ``models[role]``), in that order.
+
+    ``strategies`` restricts the strategies; ``skip`` is the reason a case at
+    world size 1 cannot run (``None``: it can).
+    """
+    out = []
+    for spec in specs:
+        for strategy in spec.strategies or ():
+            if strategies is not None and strategy not in strategies:
+                continue
+            for ws in settings.world_sizes:
+                why = skip if ws < 2 else None
+                for model in (None,) if models is None else models[settings.role(ws)]:
+                    out.append(test.case(spec.name, strategy, ws, model=model, skip=why))
+    return out
+
+
+def _registration(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """Every rule per spec and strategy, at the main world size; the hybrid rule once per spec."""
+    ws = settings.world_size
+    out = []
+    for spec in specs:
+        for rule in REGISTRATION_RULES:
+            if rule == "hybrid_strategy_raises":
+                why = ("HYBRID_SHARD needs at least 2 ranks to shard over; with 1, FSDP falls back to NO_SHARD"
+                       if ws < 2 else None)
+                out.append(test.case(spec.name, "HYBRID", ws, rule=rule, skip=why))
+                continue
+            out.extend(test.case(spec.name, strategy, ws, rule=rule) for strategy in spec.strategies or ())
+    return out
+
+
+def _subgroup(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """Parity on data-parallel subgroups (``conformance.ranks.checks.groups``): every strategy a spec serves, on
+    the smallest even pool of at least four ranks (the run's, else the extra pool FSDP2's HSDP starts)."""
+    ws = subgroup_world_size(settings.world_sizes)
+    return [test.case(spec.name, strategy, ws, model=SUBGROUP_MODEL) for spec in specs
+            for strategy in spec.strategies or ()]
+
+
+def _low_precision_clip(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """:data:`LOW_PRECISION_CLIP` at every world size (a float16 sum of three rounds where one of two is
+    exact); skipped for a hook that claims a reduce dtype
+    other than float16, the one ``test_low_precision_grads`` pins."""
+    out = []
+    for case in _training(test, specs, settings, {"main": LOW_PRECISION_CLIP[1:], "extra": LOW_PRECISION_CLIP[1:]},
+                          strategies=LOW_PRECISION_CLIP[0]):
+        claim = next(spec.reduce_dtype for spec in specs if spec.name == case.hook)
+        if claim not in (None, torch.float16) and case.skip is None:
+            case = dataclasses.replace(case, skip=(
+                f"float16 gradients kept (keep_low_precision_grads) are checked for hooks that claim no reduce "
+                f"dtype or float16, as PyTorch's test_low_precision_grads pins; under NO_SHARD native FSDP "
+                f"leaves a {dtype_name(claim)} reduction's gradient in {dtype_name(claim)}, which FSDP, not "
+                f"the hook, decides"))
+        out.append(case)
+    return out
+
+
+#: Lossy contracts, every strategy a hook serves: the relative error per step and parameter on several FSDP
+#: units of uneven sizes whose shards need padding (``nested_wrapped``), and on units whose parameters are
+#: partly frozen, so FSDP leaves some gradients None (``nonuniform_req_grad``); at an extra world size, the first.
+LOSSY_ERROR_MODELS = {"main": ("nested_wrapped", "nonuniform_req_grad"), "extra": ("nested_wrapped",)}
+#: The training loss needs a real loss (bounded below): the transformer's cross-entropy (first world size only).
+LOSSY_LOSS_MODELS = {"main": ("transformer_shared",), "extra": ()}
+#: Two runs from the same seed (first world size only).
+LOSSY_DETERMINISM_MODELS = {"main": ("net_flat",), "extra": ()}
+
+
+def _exact(spec: Any) -> bool:
+    return spec.lossy is None
+
+
+def _of(keep: Callable[[Any], bool], plan: CasePlan) -> CasePlan:
+    """``plan`` over the specs ``keep`` selects: exact claims get the exact checks, lossy contracts theirs."""
+    return lambda test, specs, settings: plan(test, [spec for spec in specs if keep(spec)], settings)
+
+
+def _first_world_size(plan: CasePlan) -> CasePlan:
+    """``plan`` at the run's first world size only (a training-loss or determinism case: not about rounding)."""
+    return lambda test, specs, settings: [c for c in plan(test, specs, settings)
+                                          if c.world_size == settings.world_sizes[0]]
+
+
+#: A suite test of this API: ``_test(check, rank_check, plan, kind=..., params=...)``.
+_test = functools.partial(SuiteTest, "fsdp", "strategy")
+
+
+API = HookApi(
+    name="fsdp",
+    installed_with="FullyShardedDataParallel.register_comm_hook(state, hook)",
+    variant_field="strategy",
+    stateful=True,
+    validate=validate,
+    builtin_hooks="conformance.apis.fsdp.builtin_hooks:FSDP_HOOKS",
+    default_hook="conformance.apis.fsdp.builtin_hooks:default_hook",
+    models="conformance.apis.fsdp.models:FsdpModels",
+    checks={"registration": "conformance.apis.fsdp.registration:registration"},
+    plans={
+        "test_averaging": _test("averaging", "averaging", _of(_exact, _training), kind="exact"),
+        "test_parity": _test("parity", "parity", _of(_exact, functools.partial(
+            _training, models={"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})), kind="exact"),
+        "test_rank_consistency": _test("rank_consistency", "rank_grads", functools.partial(
+            _training, models={"main": CONSISTENCY_MODELS, "extra": CONSISTENCY_MODELS[:1]}, strategies=("NO_SHARD",),
+            skip="rank consistency needs at least 2 ranks"), kind="across_ranks"),
+        "test_registration": _test("registration", "registration", _registration),
+        "test_hard_inputs": _test("hard_inputs", "hard_inputs", _of(_exact, _training), kind="hard_inputs"),
+        "test_subgroup_parity": _test("subgroup_parity", "parity", _of(_exact, _subgroup), params={"subgroup": True}),
+        "test_clip_grad_norm": _test("clip_grad_norm", "clip_grad_norm", _of(_exact, functools.partial(
+            _training, models={"main": CLIP_MODELS, "extra": ()}))),
+        "test_clip_grad_norm_low_precision": _test("clip_grad_norm_low_precision", "clip_grad_norm",
+                                                   _of(_exact, _low_precision_clip),
+                                                   params={"low_precision_grads": True}),
+        "test_lossy_error": _test("lossy_error", "lossy_error", _of(lambda spec: not _exact(spec), functools.partial(
+            _training, models=LOSSY_ERROR_MODELS, skip="the mean over one rank is its local gradient: nothing to bound")),
+            kind="lossy_error"),
+        "test_lossy_loss": _test("lossy_loss", "lossy_loss", _of(
+            lambda spec: spec.lossy is not None and spec.lossy.loss_margin is not None,
+            _first_world_size(functools.partial(_training, models=LOSSY_LOSS_MODELS))), kind="lossy_loss"),
+        "test_lossy_determinism": _test("lossy_determinism", "lossy_determinism", _of(
+            lambda spec: spec.lossy is not None and spec.lossy.deterministic,
+            _first_world_size(functools.partial(_training, models=LOSSY_DETERMINISM_MODELS))),
+            kind="lossy_determinism"),
+    },
+)
+APIS = (API,)

@@ -1,0 +1,79 @@
+"""FSDP2's native reduction, as a comm or an all-reduce hook sees it, for the diagnosis (an FSDP2 extra).
+
+* A custom reduce-scatter comm performs exactly the collective FSDP2 asks for,
+  ``reduce_scatter_tensor(output, input, op=op, group=group)`` on the
+  reduce-dtype buffer FSDP2 filled (``foreach_reduce``); FSDP2 does any pre- and
+  post-division itself (:class:`CommArithmetic`).
+* An all-reduce hook runs after native HSDP has reduced the gradient
+  (``foreach_reduce`` calls it on the result), so native is the tensor unchanged,
+  and the causes are the mesh's sizes a hook might divide by again, or a second
+  reduction over the default group (:class:`AllReduceHookArithmetic`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from conformance.apis.fsdp2.recorders import op_name
+from conformance.ranks.arithmetic import Arithmetic, reduced
+
+
+@dataclasses.dataclass(frozen=True)
+class CommArithmetic(Arithmetic):
+    """The collective FSDP2 asks a comm for. ``op``: the ``ReduceOp`` it passed (set per call by
+    :meth:`for_call`, from the recorded call)."""
+
+    op: Any = None
+
+    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
+               shift: int) -> torch.Tensor:
+        return reduced(t, call, group, group_size, shift, op=self.op)
+
+    def describe(self) -> str:
+        return f"FSDP2 asked the comm for op={op_name(self.op)} over {self.world_size} ranks"
+
+    def wrong_world_sizes(self) -> Sequence[int]:
+        """None: FSDP2 divides itself, and the op the comm got says how; no world size is the comm's to pick."""
+        return ()
+
+    def for_call(self, call: Any) -> "CommArithmetic":
+        """Over the group, and with the op, FSDP2 passed the comm in that call."""
+        return self if call.group is None else dataclasses.replace(self, world_size=call.group.size(), op=call.op)
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceHookArithmetic(Arithmetic):
+    """Native HSDP's already reduced gradient, left as it is. ``divisors``: the mesh's sizes (replicate, shard,
+    world) a hook might divide it by again."""
+
+    divisors: Tuple[int, ...] = ()
+
+    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
+               shift: int) -> torch.Tensor:
+        return t
+
+    def describe(self) -> str:
+        return "native HSDP hands the hook its already reduced gradient, to leave as it is"
+
+    def native_result(self, call: Any, group: Any) -> torch.Tensor:
+        return call.input.to(call.output.dtype)
+
+    def unreduced(self, call: Any, rank: int) -> torch.Tensor:
+        """Native itself: the hook's input is reduced already."""
+        return call.input.to(call.output.dtype)
+
+    def candidates(self, call: Any, group: Any, rank: int) -> List[Tuple[str, torch.Tensor]]:
+        x = call.input.to(call.output.dtype)
+        out: List[Tuple[str, torch.Tensor]] = [("native", x.clone())]
+        for d in sorted(set(self.divisors)):
+            out.append((f"divided by {d} after native HSDP had already averaged it", x.div(d)))
+        summed = x.clone()
+        dist.all_reduce(summed, group=group)
+        out.append(("all-reduced (SUM) again over the default group, mixing the shards of different ranks", summed))
+        out.append(("averaged again over the default group, mixing the shards of different ranks",
+                    summed.div(self.world_size)))
+        return out

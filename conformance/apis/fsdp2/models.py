@@ -1,0 +1,137 @@
+"""The FSDP2 APIs' rank side: a comm's models (:class:`CommModels`) and an all-reduce hook's (:class:`AllReduceHookModels`).
+
+``api="fsdp2"``: the comm is installed with ``FSDPModule.set_custom_reduce_scatter``
+on every FSDP module of a model under ``fully_shard`` (:mod:`conformance.apis.fsdp2.build`),
+in a config of :data:`conformance.apis.fsdp2.plan.CONFIGS`, through a
+:class:`~conformance.apis.fsdp2.recorders.CommRecorder`; the reference is the
+same model with no custom comm and the same ``MixedPrecisionPolicy(reduce_dtype=...)``.
+
+``api="fsdp2_all_reduce"``: the hook is installed with ``FSDPModule.set_all_reduce_hook``
+on every FSDP module of a native HSDP model (a 2-D replicate x shard mesh),
+through a :class:`~conformance.apis.fsdp2.recorders.HookRecorder`; the reference
+is native HSDP without it.
+
+Both compare, after each backward, the local shard of every DTensor gradient
+(``p.grad.to_local()``), then the full gradient (``p.grad.full_tensor()``,
+collective, in the same order on every rank); after the optimizer step, the
+local shard of every parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from conformance.apis.fsdp2.arithmetic import AllReduceHookArithmetic, CommArithmetic
+from conformance.apis.fsdp2.build import apply_config, build_fsdp2, fsdp_modules, hsdp_shape, mesh_for
+from conformance.apis.fsdp2.plan import CONFIGS
+from conformance.apis.fsdp2.recorders import CommRecorder, HookRecorder, make_comm
+from conformance.ranks.checks.common import View, fqn_without_wrappers, named_grads, named_params
+from conformance.ranks.checks.groups import on_subgroup
+from conformance.ranks.checks.models import ApiModels, Built
+from conformance.ranks.compare import dtype_name
+
+
+def full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+    """``p.grad.full_tensor()`` per FQN: collective, so every rank walks the same parameters in order."""
+    out: Dict[str, Optional[torch.Tensor]] = {}
+    for n, p in model.named_parameters():
+        g = p.grad
+        out[fqn_without_wrappers(n)] = None if g is None else (g.full_tensor() if hasattr(g, "full_tensor") else g)
+    return out
+
+
+def full_params(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """``p.full_tensor()`` per FQN (collective, in the same order on every rank)."""
+    with torch.no_grad():
+        return {fqn_without_wrappers(n): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+                for n, p in model.named_parameters()}
+
+
+#: The gradient views of both APIs: local shards, then full tensors (the ranks agree to stop between).
+GRAD_VIEWS = [("local gradient shard", named_grads, ""),
+              ("full gradient", full_grads, "full_tensor() of every gradient")]
+PARAM_VIEW: View = ("local parameter shard after the optimizer step", named_params, "")
+
+
+class _Fsdp2Models(ApiModels):
+    """What both FSDP2 APIs share: the views, the device mesh of ``shape`` (announced, built once per pool)."""
+
+    grad_views = GRAD_VIEWS
+    param_view = PARAM_VIEW
+
+    def _mesh(self, shape: Tuple[int, ...]) -> Any:
+        self.ctx.phase(f"building the {'x'.join(map(str, shape))} device mesh")
+        return mesh_for(self.ctx, shape)
+
+    def full_grads(self, model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+        return full_grads(model)
+
+    def full_params(self, model: nn.Module) -> Dict[str, torch.Tensor]:
+        return full_params(model)
+
+
+class CommModels(_Fsdp2Models):
+    """A custom reduce-scatter comm's models in ``config``: ``fully_shard`` on a 1-D mesh over the pool (or
+    over this rank's data-parallel subgroup for ``subgroup``), or a 2-D mesh for ``hsdp``; the config's divide
+    factor or forced SUM on every FSDP module of both models.
+
+    Raises:
+        ValueError: ``config`` is not one of :data:`~conformance.apis.fsdp2.plan.CONFIGS`.
+    """
+
+    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str):
+        if config not in CONFIGS:
+            raise ValueError(f"unknown FSDP2 config {config!r}; known: {', '.join(CONFIGS)}")
+        super().__init__(on_subgroup(ctx) if config == "subgroup" else ctx, spec, model)
+        self.config = config
+        self.mesh = self._mesh(hsdp_shape(self.ctx.world_size) if config == "hsdp" else (self.ctx.world_size,))
+        self.reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
+                                                 f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
+        self.arithmetic = CommArithmetic(self.ctx.world_size, spec.reduce_dtype)
+
+    def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
+        ctx = self.ctx
+        ctx.phase("building the hooked model" if hooked else "building the reference model (native reduce-scatter)")
+        model = build_fsdp2(self.model_name, ctx, self.mesh, reduce_dtype=None if full_precision else
+                            self.spec.reduce_dtype)
+        apply_config(model, self.config, ctx.world_size)
+        if not hooked:
+            return Built(model)
+        recorder = CommRecorder(make_comm(self.spec), ctx.rank)
+        for module in fsdp_modules(model):
+            module.set_custom_reduce_scatter(recorder)
+        return Built(model, recorder)
+
+
+class AllReduceHookModels(_Fsdp2Models):
+    """An all-reduce hook's models: native HSDP on a 2-D (replicate x shard) mesh of the pool, the only
+    setting in which FSDP2 calls the hook.
+
+    Raises:
+        ValueError: ``config`` is not ``"hsdp"``.
+    """
+
+    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str = "hsdp"):
+        if config != "hsdp":
+            raise ValueError(f"an all-reduce hook runs under HSDP (config 'hsdp'), not {config!r}")
+        super().__init__(ctx, spec, model)
+        self.shape = hsdp_shape(ctx.world_size)
+        self.mesh = self._mesh(self.shape)
+        self.reference = "native HSDP without the hook"
+        self.arithmetic = AllReduceHookArithmetic(ctx.world_size, None,
+                                                  divisors=(self.shape[0], self.shape[1], ctx.world_size))
+
+    def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
+        ctx = self.ctx
+        ctx.phase("building the hooked model" if hooked else "building the reference model (native HSDP, no hook)")
+        model = build_fsdp2(self.model_name, ctx, self.mesh, reduce_dtype=None if full_precision else
+                            self.spec.reduce_dtype)
+        if not hooked:
+            return Built(model)
+        recorder = HookRecorder(self.spec.hook, ctx.rank, self.shape)
+        for module in fsdp_modules(model):
+            module.set_all_reduce_hook(recorder)
+        return Built(model, recorder)

@@ -1,0 +1,284 @@
+"""The FSDP2 APIs (``fully_shard`` custom comms and HSDP all-reduce hooks): validation and their suite tests.
+
+``api="fsdp2"``: a ``ReduceScatter`` comm installed with
+``FSDPModule.set_custom_reduce_scatter(comm)``; its cases vary the FSDP module
+configuration (the case field ``config``, :data:`CONFIGS`), which decides the
+``op`` FSDP2 hands the comm. ``api="fsdp2_all_reduce"``: a hook installed with
+``FSDPModule.set_all_reduce_hook(hook)`` under native HSDP, its only config.
+The rank side (the models of both) is ``models.py``, with ``build.py`` (meshes,
+``fully_shard``), ``recorders.py`` (what FSDP2 hands a comm or a hook) and
+``arithmetic.py`` (the diagnosis's).
+
+Suite tests (``conformance/suite/test_fsdp2.py``), each a :class:`~conformance.apis.SuiteTest`
+of one of the two APIs: ``fsdp2_parity``, ``fsdp2_hard_inputs``,
+``fsdp2_clip_grad_norm`` and the lossy contracts (``fsdp2_lossy_*``, which a comm
+with ``lossy=LossyContract(...)`` gets instead of the first three);
+``fsdp2_all_reduce_hook`` and ``fsdp2_all_reduce_hard_inputs``. Every one is a
+shared rank check (:data:`conformance.ranks.checks.SHARED_CHECKS`). An
+``fsdp2_all_reduce`` hook cannot declare a contract (:func:`validate_all_reduce_hook`).
+
+Only ``torch`` is imported at module level: what FSDP2 offers is looked up when
+a case is planned (:func:`conformance.apis.fsdp2.build.missing_api`), so this
+module imports on torch versions without FSDP2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, no_strategies
+from conformance.apis.fsdp2.build import HSDP_REPLICATE, missing_api
+from conformance.cases import CaseParams
+from conformance.models import MODELS
+from conformance.spec import SpecError, binds_signature, qualname, signature_text
+
+
+#: Configurations of the FSDP modules a comm is checked under.
+#: ``default``: nothing set; ``divide_factor``: ``set_gradient_divide_factor``;
+#: ``force_sum``: ``set_force_sum_reduction_for_comms(True)``;
+#: ``divide_factor_force_sum``: both; ``hsdp``: a 2-D (replicate, shard) mesh; ``subgroup``: a
+#: 1-D mesh over this rank's data-parallel subgroup (``conformance.ranks.checks.groups``), not WORLD.
+CONFIGS = ("default", "divide_factor", "force_sum", "divide_factor_force_sum", "hsdp", "subgroup")
+
+#: FSDPModule methods each config needs (besides ``set_custom_reduce_scatter``).
+CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
+    "default": (),
+    "divide_factor": ("set_gradient_divide_factor",),
+    "force_sum": ("set_force_sum_reduction_for_comms",),
+    "divide_factor_force_sum": ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms"),
+    "hsdp": (),
+    "subgroup": (),
+}
+
+#: Why gloo cannot run the native reference of a ``divide_factor`` config in float32/bfloat16.
+GLOO_PREMUL_SUM = (
+    "gloo has no ReduceOp.PREMUL_SUM (RuntimeError: Cannot use ReduceOp.PREMUL_SUM with Gloo): for a "
+    "float32/bfloat16 reduce dtype, FSDP2's set_gradient_divide_factor(factor) with factor != the shard "
+    "group size reduces with ReduceOp.PREMUL_SUM(1/factor), so the native reference cannot run on gloo; "
+    "this case runs on NCCL"
+)
+
+
+def uses_premul_sum(config: str, reduce_dtype: Optional[torch.dtype], param_dtype: torch.dtype = torch.float32) -> bool:
+    """Whether FSDP2 reduces with ``PREMUL_SUM`` under ``config`` (see ``_get_gradient_divide_factors``)."""
+    dtype = reduce_dtype or param_dtype
+    return config == "divide_factor" and dtype in (torch.float32, torch.bfloat16)
+
+
+#: ``(config, model)`` pairs per world-size role and claim. The full-precision claim runs
+#: every reference model at the main world size; a reduced-precision claim (its comm sees
+#: the same ops on bfloat16/float16 buffers) runs fewer. The divide-factor and forced-SUM
+#: configs run on one model: they change the op FSDP2 passes, not the model.
+FACTOR_CONFIGS = ("divide_factor", "force_sum", "divide_factor_force_sum")
+PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
+    ("main", "full"): tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested",
+                                                     "gradient_probe", "mixture_of_experts"))
+    + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS),
+    ("extra", "full"): (("default", "nested_wrapped"), ("default", "gradient_probe"),
+                        ("divide_factor", "nested_wrapped"), ("divide_factor_force_sum", "nested_wrapped"),
+                        ("force_sum", "gradient_probe")),
+    ("main", "low"): (("default", "nested_wrapped"), ("divide_factor", "nested_wrapped"),
+                      ("divide_factor_force_sum", "nested_wrapped")),
+    ("extra", "low"): (("default", "nested_wrapped"),),
+    ("hsdp", "full"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
+    ("hsdp", "low"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
+}
+#: Hard inputs through the probe, per world-size role, in the default config: the op FSDP2
+#: passes for the claim (AVG for float32/bfloat16; for float16, SUM with FSDP2's own pre- and
+#: post-divide, where an undivided sum overflows first). Not under HSDP or the other configs:
+#: the comm sees the same ops there, and the default run's 60 s budget is better spent at 2
+#: and 3 ranks (an all-reduce hook's hard inputs run under HSDP, its only setting).
+HARD_INPUT_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    "main": (("default", "gradient_probe"),),
+    "extra": (("default", "gradient_probe"),),
+}
+#: Lossy contracts: the relative error per step and parameter, per world-size role, in the configs whose
+#: native reference gloo runs: ``default`` (FSDP2 passes AVG for float32/bfloat16, SUM with its own divides
+#: for float16), ``force_sum`` (SUM, FSDP2 divides) and ``hsdp`` (the comm over the shard group, then
+#: FSDP2's own replicate all-reduce). Not ``divide_factor``: PREMUL_SUM, which gloo cannot run.
+LOSSY_ERROR_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    "main": (("default", "nested_wrapped"), ("default", "always_wrap_nested"), ("force_sum", "nested_wrapped")),
+    "extra": (("default", "nested_wrapped"),),
+    "hsdp": (("hsdp", "nested_wrapped"),),
+}
+#: The training loss needs a real loss (bounded below): the transformer's cross-entropy (first world size).
+LOSSY_LOSS_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {"main": (("default", "transformer_shared"),)}
+#: Two runs from the same seed (first world size).
+LOSSY_DETERMINISM_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {"main": (("default", "nested_wrapped"),)}
+#: Models an all-reduce hook runs under native HSDP.
+ALL_REDUCE_MODELS = ("nested_wrapped",)
+#: The smallest HSDP world size: a HSDP_REPLICATE x 2 (replicate x shard) mesh.
+HSDP_WORLD_SIZE = 2 * HSDP_REPLICATE
+#: Whether a run none of whose world sizes fits HSDP (the default CPU run: 2 and 3) starts an
+#: extra HSDP_WORLD_SIZE-rank pool for the HSDP cases (gloo on CPU runs HSDP). Measured on the
+#: project's 2-core machine: about +6 s (under load up to +13 s) for the pool's start-up and
+#: first FSDP2 use plus its cases. ``False`` skips HSDP in such runs, saying how to get it
+#: (``--extra-world-size 4``). Runs on 4+ GPUs use their main pool either way.
+START_HSDP_POOL = True
+
+
+def validate(spec: Any) -> Tuple[str, ...]:
+    """A ``ReduceScatter`` comm (``allocate`` and ``__call__``), or a zero-argument factory of one."""
+    no_strategies(spec)
+    # A class is a factory (called with no arguments), even though it has an allocate attribute.
+    is_comm = not isinstance(spec.hook, type) and callable(getattr(spec.hook, "allocate", None))
+    if not is_comm and not binds_signature(spec.hook, 0):
+        raise SpecError(
+            f"HookSpec {spec.name!r}: for api='fsdp2' the hook is a ReduceScatter comm (an object "
+            "with allocate() and __call__(output, input, group, op, async_op)) or a factory "
+            f"called with no arguments that returns one; got {qualname(spec.hook)}"
+            f"{signature_text(spec.hook)}"
+        )
+    return ()
+
+
+_validate_hook_call = called_as(1, "an FSDP2 all-reduce hook is called as hook(tensor)")
+
+
+def validate_all_reduce_hook(spec: Any) -> Tuple[str, ...]:
+    """An all-reduce hook is called as ``hook(tensor)``, and claims exactness.
+
+    Raises :class:`SpecError` for a ``lossy=`` contract: under native HSDP, FSDP2 calls the hook after its
+    own replicate all-reduce and before the post-divide (``foreach_reduce``), so the hook carries out no
+    data-parallel reduction whose error a contract could bound; lossy communication belongs in the
+    reduce-scatter comm (``api="fsdp2"``), which may declare one.
+    """
+    if spec.lossy is not None:
+        raise SpecError(
+            f"HookSpec {spec.name!r}: api='fsdp2_all_reduce' takes no lossy contract: FSDP2 calls an all-reduce "
+            "hook under HSDP after its own native replicate all-reduce and before the post-divide, so the hook "
+            "does no data-parallel reduction for a LossyContract to bound; put lossy communication in a "
+            "reduce-scatter comm (api='fsdp2'), which may declare lossy=LossyContract(...)")
+    return _validate_hook_call(spec)
+
+
+def hsdp_world_size(sizes: Sequence[int]) -> int:
+    """The HSDP cases' world size: the smallest of the run's that fits a 2-D mesh, else HSDP_WORLD_SIZE."""
+    fits = [ws for ws in sizes if ws >= HSDP_WORLD_SIZE and ws % HSDP_REPLICATE == 0]
+    return min(fits) if fits else HSDP_WORLD_SIZE
+
+
+def hsdp_unavailable(sizes: Sequence[int]) -> Optional[str]:
+    """Why this run leaves HSDP out (``None``: it runs), see :data:`START_HSDP_POOL`."""
+    if START_HSDP_POOL or hsdp_world_size(sizes) in sizes:
+        return None
+    return (f"HSDP needs a 2-D (replicate x shard) mesh of at least {HSDP_WORLD_SIZE} ranks and this run's world "
+            f"sizes are {' and '.join(map(str, sizes))}; gloo on CPU does run HSDP, but the default run leaves "
+            f"the extra {HSDP_WORLD_SIZE}-rank pool out to stay fast: add --extra-world-size {HSDP_WORLD_SIZE} "
+            "to run these cases")
+
+
+def skip_reason(case: CaseParams, spec: Any, settings: Any) -> Optional[str]:
+    """Why ``case`` cannot run here, after its world size's availability (``None``: it runs)."""
+    if case.variant in ("hsdp", "subgroup"):
+        why = hsdp_unavailable(settings.world_sizes)
+        if why is not None:
+            return why
+    if case.world_size < 2:
+        return "FSDP2 calls no reduce-scatter over a single rank (it copies the gradient), so there is nothing to check"
+    needed = ("set_all_reduce_hook",) if case.api == "fsdp2_all_reduce" else (
+        ("set_custom_reduce_scatter",) + CONFIG_APIS[case.variant])
+    why = missing_api(needed)
+    if why is not None:
+        return why
+    if settings.backend == "gloo" and uses_premul_sum(case.variant, spec.reduce_dtype):
+        return GLOO_PREMUL_SUM
+    return None
+
+
+def _with_skips(cases: List[CaseParams], specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    by_name = {spec.name: spec for spec in specs}
+    return [dataclasses.replace(c, skip=skip_reason(c, by_name[c.hook], settings)) for c in cases if c.model in MODELS]
+
+
+def _exact(spec: Any) -> bool:
+    return spec.lossy is None
+
+
+def parity_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """The comm cases of a run: per spec that claims exactness, :data:`PLAN` at each world size by its
+    role, then HSDP."""
+    out = []
+    for spec in filter(_exact, specs):
+        claim = "full" if spec.reduce_dtype is None else "low"
+        roles = [(settings.role(ws), ws) for ws in settings.world_sizes]
+        roles.append(("hsdp", hsdp_world_size(settings.world_sizes)))
+        for role, ws in roles:
+            out.extend(test.case(spec.name, config, ws, model=model) for config, model in PLAN[(role, claim)])
+    return _with_skips(out, specs, settings)
+
+
+def hard_input_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """The comm's hard-input cases (exact claims): :data:`HARD_INPUT_PLAN` at each world size by its role."""
+    out = []
+    for spec in filter(_exact, specs):
+        for role, ws in [(settings.role(ws), ws) for ws in settings.world_sizes]:
+            out.extend(test.case(spec.name, config, ws, model=model) for config, model in HARD_INPUT_PLAN[role])
+    return _with_skips(out, specs, settings)
+
+
+def clip_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """clip_grad_norm_ with the comm installed (exact claims): ``nested_wrapped``, default config, main world
+    size."""
+    ws = settings.world_sizes[0]
+    return _with_skips([test.case(spec.name, "default", ws, model="nested_wrapped") for spec in filter(_exact, specs)],
+                       specs, settings)
+
+
+def lossy_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_only: bool = False) -> CasePlan:
+    """A case plan of a lossy-contract check: per kept spec, ``plan[role]`` at each world size by its role
+    (only the run's first with ``first_only``), then ``plan["hsdp"]`` at the HSDP world size."""
+    def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        out = []
+        for spec in filter(keep, specs):
+            sizes = settings.world_sizes[:1] if first_only else settings.world_sizes
+            roles = [(settings.role(ws), ws) for ws in sizes] + [("hsdp", hsdp_world_size(settings.world_sizes))]
+            for role, ws in roles:
+                out.extend(test.case(spec.name, config, ws, model=model) for config, model in plan.get(role, ()))
+        return _with_skips(out, specs, settings)
+
+    return cases
+
+
+def all_reduce_cases(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS
+                     ) -> List[CaseParams]:
+    """An all-reduce hook's cases: each of ``models`` under HSDP."""
+    ws = hsdp_world_size(settings.world_sizes)
+    return _with_skips([test.case(spec.name, "hsdp", ws, model=model) for spec in specs for model in models],
+                       specs, settings)
+
+
+#: A suite test of each API: ``_comm_test(check, rank_check, plan, kind=..., params=...)``.
+_comm_test = functools.partial(SuiteTest, "fsdp2", "config")
+_all_reduce_test = functools.partial(SuiteTest, "fsdp2_all_reduce", "config")
+
+APIS = (
+    HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
+            stateful=False, validate=validate, builtin_hooks="conformance.apis.fsdp2.builtin_hooks:FSDP2_HOOKS",
+            default_hook="conformance.apis.fsdp2.builtin_hooks:default_hook",
+            models="conformance.apis.fsdp2.models:CommModels",
+            plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", parity_cases, kind="exact"),
+                   "test_fsdp2_hard_inputs": _comm_test("fsdp2_hard_inputs", "hard_inputs", hard_input_cases,
+                                                        kind="hard_inputs"),
+                   "test_fsdp2_clip_grad_norm": _comm_test("fsdp2_clip_grad_norm", "clip_grad_norm", clip_cases),
+                   "test_fsdp2_lossy_error": _comm_test("fsdp2_lossy_error", "lossy_error", lossy_plan(
+                       LOSSY_ERROR_PLAN, lambda spec: not _exact(spec)), kind="lossy_error"),
+                   "test_fsdp2_lossy_loss": _comm_test("fsdp2_lossy_loss", "lossy_loss", lossy_plan(
+                       LOSSY_LOSS_PLAN, lambda spec: spec.lossy is not None and spec.lossy.loss_margin is not None,
+                       first_only=True), kind="lossy_loss"),
+                   "test_fsdp2_lossy_determinism": _comm_test("fsdp2_lossy_determinism", "lossy_determinism", lossy_plan(
+                       LOSSY_DETERMINISM_PLAN, lambda spec: spec.lossy is not None and spec.lossy.deterministic,
+                       first_only=True), kind="lossy_determinism")}),
+    HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP)",
+            variant_field="config", stateful=False,
+            validate=validate_all_reduce_hook, builtin_hooks=None,
+            models="conformance.apis.fsdp2.models:AllReduceHookModels",
+            plans={"test_fsdp2_all_reduce_hook": _all_reduce_test("fsdp2_all_reduce_hook", "parity", all_reduce_cases),
+                   "test_fsdp2_all_reduce_hard_inputs": _all_reduce_test(
+                       "fsdp2_all_reduce_hard_inputs", "hard_inputs",
+                       functools.partial(all_reduce_cases, models=("gradient_probe",)), kind="hard_inputs")}),
+)

@@ -1,0 +1,146 @@
+"""How the native path reduces one buffer: the arithmetic a hook API's diagnosis recomputes a hook call against.
+
+Each hook API has its own :class:`Arithmetic` in its folder (FSDP1's pre- and
+post-divide, DDP's ``1/N`` before the SUM, the op FSDP2 hands a comm, native
+HSDP's result an all-reduce hook receives), and its models hand it to the
+diagnosis (:attr:`conformance.ranks.checks.models.ApiModels.arithmetic`). The
+diagnosis (:mod:`conformance.ranks.diagnosis`) knows no API: it asks the
+arithmetic for native's result and for the named causes, so an API without one
+cannot be diagnosed at all rather than as another API.
+
+:meth:`Arithmetic.candidates` is written once here over one primitive, the
+API's :meth:`Arithmetic.reduce`, and a few facts the API states: whether
+dividing by the world size before the SUM is its own order, and which wrong
+world sizes a hook might divide as for. Candidates run collectives, so every
+rank must ask for them at the same point, and the list depends only on the
+API, the claim, the world size and the call's shape.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from conformance.ranks.ulps import dtype_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.diagnosis import HookCall
+
+__all__ = ["Arithmetic", "reduced"]
+
+
+def reduced(x: torch.Tensor, call: "HookCall", group: Any, world_size: int, shift: int = 0,
+            op: Any = None) -> torch.Tensor:
+    """SUM (or ``op``) of ``x`` over the group: an all-reduce, or (``call.sharded``) a reduce-scatter giving
+    this rank the shard of rank ``rank - shift`` (every rank rotates its chunks by ``shift`` first)."""
+    op = dist.ReduceOp.SUM if op is None else op
+    if not call.sharded:
+        t = x.clone()
+        dist.all_reduce(t, op=op, group=group)
+        return t
+    chunks = list(x.chunk(world_size))
+    rotated = torch.cat([chunks[(j - shift) % world_size] for j in range(world_size)])
+    out = torch.empty_like(chunks[0])
+    dist.reduce_scatter_tensor(out, rotated, op=op, group=group)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Arithmetic(abc.ABC):
+    """How one hook API's native path reduces one buffer, and the causes a hook's result is tested against.
+
+    Attributes:
+        world_size: the ranks the native reduction averages over.
+        reduce_dtype: the dtype the hook claims native reduces in, or ``None`` (the gradient's own).
+    """
+
+    world_size: int
+    reduce_dtype: Optional[torch.dtype]
+
+    #: Whether dividing by the world size before the SUM is native's own order here, so that cause would
+    #: name native (FSDP1 where the pre-divide factor is the world size).
+    divides_before_sum = False
+
+    @abc.abstractmethod
+    def reduce(self, t: torch.Tensor, cast: bool, call: "HookCall", group: Any, group_size: int,
+               shift: int) -> torch.Tensor:
+        """Native's reduction of ``t`` (the hook's input, already in the dtype reduced in; ``cast``: not the
+        input's own dtype) over ``group`` of ``group_size`` ranks, with :func:`reduced` (``shift`` as there)."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Native's arithmetic in a few words, for causes (``"FSDP pre-divides by 2 and post-divides by 1.5"``)."""
+
+    def wrong_world_sizes(self) -> Sequence[int]:
+        """World sizes a hook might divide as for, where the group has :attr:`world_size`: the next power of two
+        and the neighbours."""
+        ws = self.world_size
+        return sorted({1 << (ws - 1).bit_length(), ws - 1, ws + 1} - {ws, 0, 1})
+
+    def dividing_as(self, world_size: int) -> "Arithmetic":
+        """The same arithmetic dividing as for ``world_size`` ranks (the collectives stay on the real group)."""
+        return dataclasses.replace(self, world_size=world_size)
+
+    def for_call(self, call: "HookCall") -> "Arithmetic":
+        """The arithmetic of one call: over the group the API passed the hook, where it passed one."""
+        return self if call.group is None else dataclasses.replace(self, world_size=call.group.size())
+
+    def native(self, x: torch.Tensor, call: "HookCall", group: Any, dtype: Optional[torch.dtype], shift: int = 0,
+               group_size: Optional[int] = None) -> torch.Tensor:
+        """Native's arithmetic on ``x`` in ``dtype`` (``None``: the input's own), as ``call.output``'s dtype.
+
+        ``group_size``: the ranks the collective spans, when this arithmetic divides as for another world size.
+        """
+        t = x.to(dtype) if dtype is not None else x.clone()
+        s = self.reduce(t, t.dtype != x.dtype, call, group, group_size or self.world_size, shift)
+        return s.to(call.output.dtype)
+
+    def native_result(self, call: "HookCall", group: Any) -> torch.Tensor:
+        """What native produces from ``call.input`` (the first of :meth:`candidates`), one collective."""
+        return self.native(call.input, call, group, self.reduce_dtype)
+
+    def unreduced(self, call: "HookCall", rank: int) -> torch.Tensor:
+        """The hook's input as its result would hold it unreduced (this rank's chunk when sharded)."""
+        x = call.input.chunk(self.world_size)[rank] if call.sharded else call.input
+        return x.to(call.output.dtype)
+
+    def candidates(self, call: "HookCall", group: Any, rank: int) -> List[Tuple[str, torch.Tensor]]:
+        """``(cause, the result it would give)`` for ``call``, native first; the same collectives, in the same
+        order, on every rank."""
+        ws, x, claim = self.world_size, call.input, self.reduce_dtype
+        reduce_in = claim or x.dtype
+        dtype = call.output.dtype
+        out: List[Tuple[str, torch.Tensor]] = [("native", self.native(x, call, group, claim))]
+        summed = reduced(x.to(reduce_in), call, group, ws)
+        out.append((f"SUM without averaging: {ws} times native's average (the world size)", summed.to(dtype)))
+        out.append((f"averaged twice: native's average divided by {ws} again",
+                    out[0][1].to(reduce_in).div(ws).to(dtype)))
+        out.append((f"SUM, then divided by {ws}, where {self.describe()}", summed.div(ws).to(dtype)))
+        if not self.divides_before_sum:
+            out.append((f"divided by {ws} before the SUM, where {self.describe()}",
+                        reduced(x.to(reduce_in).div(ws), call, group, ws).to(dtype)))
+        for other in (torch.float32, torch.bfloat16, torch.float16):
+            if other != reduce_in:
+                claimed = "no reduce dtype (the gradient's own)" if claim is None else dtype_name(claim)
+                out.append((f"reduced in {dtype_name(other)}, where the hook claims {claimed}",
+                            self.native(x, call, group, other)))
+        for wrong in self.wrong_world_sizes():
+            out.append((f"divided as for {wrong} ranks ({self.dividing_as(wrong).describe().split(' ', 1)[1]}), "
+                        f"where the group has {ws}",
+                        self.dividing_as(wrong).native(x, call, group, claim, group_size=ws)))
+        if call.sharded:
+            for shift in range(1, ws):
+                out.append((f"the reduced shard of rank {(rank - shift) % ws}, not this rank's ({rank})",
+                            self.native(x, call, group, claim, shift=shift)))
+            # A hand-rolled reduce-scatter: all-reduce the whole buffer, keep one chunk (summed in the
+            # all-reduce's order, which need not be the reduce-scatter's at 3 or more ranks).
+            full = self.native(x, dataclasses.replace(call, sharded=False), group, claim).chunk(ws)
+            for k in range(ws):
+                out.append((f"an all-reduce of the whole buffer, then rank {k}'s chunk" + (
+                    " (native's values, summed in the all-reduce's order, not the reduce-scatter's)" if k == rank else
+                    f": the reduced shard of rank {k}, not this rank's ({rank})"), full[k]))
+        return out

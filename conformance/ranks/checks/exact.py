@@ -1,0 +1,96 @@
+"""The exact checks of every hook API, written once over :class:`~conformance.ranks.checks.models.ApiModels`.
+
+Each takes ``make``, the API's models class, and the case's parameters; the
+registry binds it per API as ``<api>.<check>`` (:data:`conformance.ranks.checks.SHARED_CHECKS`):
+
+* :func:`averaging`: analytic ``Linear(1, world_size)``, input = rank; every
+  gradient element must equal ``mean(0..world_size-1)`` exactly (or, where the
+  API's reference for the claim computes another value, the reference's), as
+  PyTorch's ``test_default_communication_hook_behavior``;
+* :func:`parity`: gradients and parameters bitwise equal to the reference after
+  every step (:func:`~conformance.ranks.checks.lockstep.lockstep`);
+* :func:`rank_grads`: the hooked model's gradients per step, for the
+  controller's cross-rank comparison (rank consistency).
+
+The clip check is :mod:`conformance.ranks.checks.clip`'s, the hard inputs
+:mod:`conformance.ranks.checks.probe`'s, the lossy contracts
+:mod:`conformance.ranks.checks.lossy`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import torch
+
+from conformance.protocol import CheckResult, Finding
+from conformance.ranks.checks.common import averaging_findings, grads_per_step, train_alone, train_step
+from conformance.ranks.checks.lockstep import Lockstep, lockstep
+from conformance.ranks.checks.models import MakeModels
+from conformance.ranks.diagnosis import diagnose
+
+
+def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = "analytic_linear", steps: int = 4,
+              lr: float = 0.1, **variant: Any) -> List[Finding]:
+    """Seed ``test_default_communication_hook_behavior``: every gradient equals mean(0..world_size-1), each step.
+
+    Where the API's reference for the hook's claim computes another average
+    (:meth:`~conformance.ranks.checks.models.ApiModels.reference_average`: DDP's
+    documented reduced-precision equivalent), the reference is trained beside
+    it and its gradients are the expected values. A hook whose result equals
+    each rank's own local gradient on every rank is reported as such
+    (:func:`~conformance.ranks.checks.common.averaging_findings`); the diagnosis
+    (:func:`conformance.ranks.diagnosis.diagnose`) says whether it communicated.
+    """
+    models = make(ctx, spec, model=model, **variant)
+    ctx = models.ctx
+    hooked = models.build(hooked=True)
+    recorder = hooked.recorder
+    optim = torch.optim.SGD(hooked.model.parameters(), lr=lr)
+    what = models.reference_average(hooked.model)
+    ref = ref_optim = None
+    if what is not None:
+        ref = models.build(hooked=False).model
+        ref_optim = torch.optim.SGD(ref.parameters(), lr=lr)
+    for step in range(steps):
+        broken = recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim, models.inputs,
+                                                            models.loss_fn))
+        if broken:
+            return broken
+        expected = None
+        if ref is not None:
+            train_step(ctx, "reference", step, ref, ref_optim, models.inputs, models.loss_fn)
+            expected = models.local_grads(ref)
+        findings = averaging_findings(ctx, models.local_grads(hooked.model), step, expected=expected,
+                                      what=what or "", skip_missing=models.empty_shards)
+        if ctx.any_rank(bool(findings)):  # a "local_gradient" finding is on every rank
+            ctx.phase(f"step {step}: diagnosing the difference")
+            return findings + diagnose(ctx, models.arithmetic, recorder.log, step)
+        optim.step()
+        if ref_optim is not None:
+            ref_optim.step()
+    return []
+
+
+def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
+           reference_only: bool = False, **variant: Any) -> List[Finding]:
+    """Gradients and parameters bitwise equal to the reference (the native path for the hook's claim) after
+    every step, per parameter FQN. ``reference_only``: train the reference alone, with no hooked model built
+    (the runner's replay, :data:`conformance.ranks.checks.REPLAYS_REFERENCE`); returns no findings."""
+    models = make(ctx, spec, model=model, **variant)
+    ref = models.build(hooked=False)
+    if reference_only:
+        optim = torch.optim.SGD(ref.model.parameters(), lr=lr, momentum=0.9)
+        return train_alone(models.ctx, ref.model, optim, models.inputs, models.loss_fn, steps)
+    return lockstep(models.ctx, Lockstep.of(models, ref, models.build(hooked=True)), steps=steps, lr=lr)
+
+
+def rank_grads(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
+               **variant: Any) -> CheckResult:
+    """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`); its
+    findings are what the recorder reported when the hook broke the API's contract, which stopped the training."""
+    models = make(ctx, spec, model=model, **variant)
+    hooked = models.build(hooked=True)
+    optim = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
+    return grads_per_step(models.ctx, hooked.model, optim, models.inputs, models.loss_fn, steps,
+                          named=models.local_grads, run_step=hooked.recorder.run_step)

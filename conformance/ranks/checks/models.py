@@ -1,0 +1,170 @@
+"""The rank side of one hook API: :class:`ApiModels`, what every shared rank check is written over.
+
+A shared check (averaging, parity, clip_grad_norm_, hard inputs, rank
+gradients in :mod:`conformance.ranks.checks.exact`; the lossy contracts in
+:mod:`conformance.ranks.checks.lossy`) knows no API. It asks the case's
+:class:`ApiModels` for the reference model or the hooked one
+(``build(hooked=False)`` is the reference, as ``hook_type=None`` is in
+``_get_grads(process_group, hook_type=None)`` of PyTorch's
+``test_ddp_hooks.py``), the inputs of a step, the views of gradients and
+parameters, and the API's native arithmetic for the diagnosis. Each hook API
+subclasses it in its folder (``conformance/apis/<api>/models.py``); its
+:class:`~conformance.apis.HookApi` names the subclass (``models``), and the
+registry binds every shared check its suite tests run to it
+(:func:`conformance.ranks.checks.get_rank_check`).
+
+The hooked model comes with its :class:`Recorder`: the API's wrapper around the
+hook under test, which keeps every call for the diagnosis and says what the hook
+broke of the API's contract.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from conformance.models import get_model
+from conformance.protocol import Finding
+from conformance.ranks.arithmetic import Arithmetic
+from conformance.ranks.checks.common import View, clip_with_torch, named_grads, named_params
+from conformance.ranks.diagnosis import CallLog
+
+__all__ = ["ApiModels", "Built", "MakeModels", "Recorder"]
+
+
+class Recorder:
+    """What an API's recorder (its wrapper around the hook under test) tells the shared checks.
+
+    Attributes:
+        step: the training step, set by :meth:`run_step` before the step's backward passes.
+        log: the hook's calls (:class:`~conformance.ranks.diagnosis.CallLog`), for the diagnosis.
+    """
+
+    step: int = 0
+    log: CallLog
+
+    def run_step(self, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
+        """Run one training step of the hooked model (``run()``) as ``step``; the findings that end the check
+        when the hook broke the API's contract so that the step means nothing (DDP's future), else ``None``."""
+        self.step = step
+        run()
+        return None
+
+    def findings(self, step: int) -> List[Finding]:
+        """What the recorder saw the hook break in the finished ``step`` (a wrong dtype, never called)."""
+        return []
+
+    def findings_so_far(self, step: int) -> List[Finding]:
+        """What it has seen go wrong in ``step`` so far, never what only a finished step shows; reported
+        above the traceback when the step raises."""
+        return []
+
+    def context(self, step: int) -> str:
+        """A note for the step's gradient findings (what FSDP2 passed the comm), or ``""``."""
+        return ""
+
+
+@dataclasses.dataclass
+class Built:
+    """A model a check built: the reference (``recorder`` is ``None``) or the hooked model and its recorder."""
+
+    model: nn.Module
+    recorder: Optional[Recorder] = None
+
+
+class ApiModels(abc.ABC):
+    """One case's models under one hook API, on one rank: ``Models(ctx, spec, model=..., **variant)``.
+
+    Every rank constructs it at the same point (building a model may be
+    collective: device meshes, subgroups). ``variant`` is the case's variant
+    under the API's field name (``strategy=``, ``config=``) and the suite
+    test's own parameters (FSDP1's ``low_precision_grads``, ``subgroup``).
+
+    Attributes:
+        ctx: the rank context the models train in; for a subgroup case, the
+            subgroup's (:func:`conformance.ranks.checks.groups.on_subgroup`).
+        spec: the hook's spec.
+        model_cls: the reference model class (``conformance.models``): ``build``, ``make_input``, ``loss``.
+        inputs: this rank's inputs of one step, one tuple per backward pass
+            (:attr:`micro_steps`; each ``make_input(rank + k * world_size)``, rank-dependent and distinct).
+        reference: what the hooked model is compared with, in messages (``"DDP with no hook"``).
+        arithmetic: the API's native arithmetic for the hook's claim, which the diagnosis recomputes.
+        grad_views: the gradient views compared bitwise after each backward in lock step, in order
+            (FSDP2: the local shards, then the full tensors).
+        param_view: the parameter view compared after each optimizer step.
+        micro_steps: backward passes per step (DDP's ``no_sync``: several; all but the last under ``no_sync()``).
+        empty_shards: a parameter's local gradient may be an empty shard (FSDP1), which averaging skips.
+        clips_without_backward: the clip check ends with a forward and no backward (FSDP1's
+            ``clip_grad_norm_`` warns and returns a float32 zero, as PyTorch's ``test_no_gradients`` pins).
+    """
+
+    micro_steps = 1
+    empty_shards = False
+    clips_without_backward = False
+    reference: str
+    arithmetic: Arithmetic
+    grad_views: Sequence[View]
+    param_view: View
+
+    def __init__(self, ctx: Any, spec: Any, model: str):
+        self.ctx = ctx
+        self.spec = spec
+        self.model_name = model
+        self.model_cls = get_model(model)
+        self.inputs: List[Tuple[torch.Tensor, ...]] = [
+            self.model_cls.make_input(ctx.rank + k * ctx.world_size, ctx.world_size, ctx.device)
+            for k in range(self.micro_steps)]
+
+    @abc.abstractmethod
+    def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
+        """A fresh model of the case under the API, announced as a phase: with ``hooked``, the hook under test
+        installed through its recorder (fresh hook state); else the reference, the native path for the
+        hook's claim (``full_precision``: with no reduce dtype, the lossy loss's reference)."""
+
+    @property
+    def loss_fn(self) -> Callable[..., torch.Tensor]:
+        """``loss_fn(inputs, output)`` of the reference model class."""
+        return self.model_cls.loss
+
+    @property
+    def reduce_dtype(self) -> Optional[torch.dtype]:
+        """The hook's claimed reduce dtype: gradient mismatches count their ULPs in it too."""
+        return self.spec.reduce_dtype
+
+    @property
+    def noun(self) -> str:
+        """What the model is called in phases: ``"analytic model"``, ``"probe"``, else ``"model"``."""
+        return {"analytic_linear": "analytic model", "gradient_probe": "probe"}.get(self.model_name, "model")
+
+    def local_grads(self, model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+        """``{fqn: this rank's gradient or local shard}``, no collective."""
+        return named_grads(model)
+
+    def full_grads(self, model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+        """``{fqn: full (unsharded) gradient or None}``; collective where sharded, so every rank calls it in order."""
+        return self.local_grads(model)
+
+    def full_params(self, model: nn.Module) -> Dict[str, torch.Tensor]:
+        """``{fqn: full parameter}``, collective likewise."""
+        return named_params(model)
+
+    def forward(self, model: nn.Module) -> nn.Module:
+        """The module whose forward gives the loss (DDP: ``model.module``)."""
+        return model
+
+    def clip(self, model: nn.Module, max_norm: float, norm_type: float) -> torch.Tensor:
+        """The API's ``clip_grad_norm_`` over ``model``; the total norm as a plain tensor."""
+        return clip_with_torch(model, max_norm, norm_type)
+
+    def reference_average(self, hooked: nn.Module) -> Optional[str]:
+        """Where the averaging check's expected value is not the exact mean but what the reference computes
+        (DDP under a reduced-precision claim), what that is, for messages; else ``None``."""
+        return None
+
+
+#: ``make(ctx, spec, model=..., **variant) -> ApiModels``: an API's models class.
+MakeModels = Callable[..., ApiModels]

@@ -58,11 +58,15 @@ def _fsdp_coverage(spec):
                      "clip_grad_norm"} | low_precision, True
 
 
-#: The run skips the two largest parity models to stay quick; ``make conform`` exercises them.
+#: The run skips the two largest parity models to stay quick; ``make conform`` exercises them. It also
+#: leaves out the stale hook's hard-input cases: a generated example fails there and is shrunk one
+#: dispatch per example, while the hook is caught (and asserted on) by parity; the shrink itself is
+#: asserted on the DDP run (bad_saturates_inf_off_rank0).
 FSDP = MetaZoo(
     name="fsdp_hooks",
     args=("--hook", "tests.zoo.fsdp_hooks:ALL", "--hypothesis-examples", "2", "-q",
-          "-k", "not transformer_shared and not always_wrap_nested"),
+          "-k", "not transformer_shared and not always_wrap_nested "
+                "and not (test_hard_inputs and bad_stale_after_first_step)"),
     bad=frozenset(s.name for s in fsdp_hooks.KNOWN_BAD),
     documented=frozenset(fsdp_hooks.EXPECTED_CATCH),
     catches=_catches(FSDP_MUST_CATCH),

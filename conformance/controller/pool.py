@@ -36,7 +36,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
+from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
 from conformance.controller.rank_log import RankLog
 from conformance.controller.settings import DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB
 
@@ -85,14 +85,14 @@ class _Zygote:
         """Fork a rank that runs ``conformance.ranks.worker`` on (a copy of) ``sock``, its output to (a copy of) ``out_fd``."""
         from multiprocessing.reduction import send_handle
 
-        send(self.conn, ("spawn", {"env": env}))
+        send(self.conn, (Msg.SPAWN, {"env": env}))
         send_handle(self.conn, sock.fileno(), self.proc.pid)
         send_handle(self.conn, out_fd, self.proc.pid)
         kind, pid = recv(self.conn)
         return _ForkedRank(self, pid)
 
     def status(self, pids: List[int]) -> Dict[int, Optional[int]]:
-        send(self.conn, ("status", pids))
+        send(self.conn, (Msg.STATUS, pids))
         return recv(self.conn)[1]
 
     def close(self) -> None:
@@ -219,9 +219,9 @@ def gather_outcomes(conns: Sequence[Connection], outcomes: Dict[int, RankOutcome
             except (EOFError, OSError):
                 outcomes[rank] = on_lost(rank, phases[rank])
                 continue
-            if kind == "phase":
+            if kind == Msg.PHASE:
                 phases[rank] = payload
-            elif kind == "outcome":
+            elif kind == Msg.OUTCOME:
                 outcomes[rank] = payload
         if grace_deadline is None and any(not o.ok for o in outcomes.values()):
             grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
@@ -314,7 +314,7 @@ class RankPool:
                 os.close(out_w)
                 child.close()
             conn = Connection(parent.detach())
-            send(conn, ("hello", {
+            send(conn, (Msg.HELLO, {
                 "rank": rank,
                 "world_size": cfg.world_size,
                 "backend": cfg.backend,
@@ -359,10 +359,10 @@ class RankPool:
                 except EOFError:
                     self._fail_start(f"rank {rank} exited during start-up "
                                      f"(exit code {self._procs[rank].wait()})", [rank])
-                if kind == "spec_failed":  # _killed_on_error stops the pool
+                if kind == Msg.SPEC_FAILED:  # _killed_on_error stops the pool
                     raise SpecLoadError(f"rank {rank} of the {cfg.backend}/{cfg.device} pool of world size "
                                         f"{cfg.world_size} {payload}")
-                if kind == "failed":
+                if kind == Msg.FAILED:
                     self._fail_start(f"rank {rank} could not join the process group:\n{payload}", [rank])
                 pending.pop(rank)
                 # Memory is counted from here: every case this pool runs is one hook's (conformance.controller.runner).
@@ -390,7 +390,7 @@ class RankPool:
         """Stop the ranks: politely when idle, by SIGKILL otherwise. Idempotent."""
         for conn in self._conns:
             try:
-                send(conn, ("shutdown", None))
+                send(conn, (Msg.SHUTDOWN, None))
             except OSError:
                 pass
         deadline = time.monotonic() + 5.0
@@ -444,7 +444,7 @@ class RankPool:
         started = time.perf_counter()
         self._cases_run += 1
         for conn in self._conns:
-            send(conn, ("case", case))
+            send(conn, (Msg.CASE, case))
         outcomes: Dict[int, RankOutcome] = {}
         phases = gather_outcomes(self._conns, outcomes, timeout_s, lambda rank, phase: RankOutcome(
             rank=rank, exit_code=self._procs[rank].wait(), phase=phase))
@@ -507,7 +507,7 @@ def in_step(conns: Sequence[Connection], seq: int) -> Optional[str]:
     """
     for conn in conns:
         try:
-            send(conn, ("ping", seq))
+            send(conn, (Msg.PING, seq))
         except OSError:
             return f"rank {list(conns).index(conn)} is gone"
     expected = seq * len(conns)
@@ -523,7 +523,7 @@ def in_step(conns: Sequence[Connection], seq: int) -> Optional[str]:
                 kind, payload = recv(conn)
             except (EOFError, OSError):
                 return f"rank {rank} is gone"
-            if kind != "pong":
+            if kind != Msg.PONG:
                 continue
             if isinstance(payload, str):
                 return f"rank {rank}: {payload}"

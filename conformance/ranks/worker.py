@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable, Dict, List, Optional
 
 from conformance.ranks import lifeline, process_state
-from conformance.protocol import RankOutcome, as_check_result, recv, send
+from conformance.protocol import Msg, RankOutcome, as_check_result, recv, send
 
 
 _ALL_REDUCE: List[Any] = []
@@ -88,7 +88,7 @@ class RankContext:
         """Announce what this rank is doing now; shown if the case hangs."""
         self.current_phase = text
         if self._conn is not None:
-            send(self._conn, ("phase", text))
+            send(self._conn, (Msg.PHASE, text))
 
     def report_on_error(self, collect: Optional[Callable[[], List[Any]]]) -> None:
         """If the check raises from now on, report ``collect()`` (its findings so far) above the traceback.
@@ -166,7 +166,7 @@ class _Worker:
             kwargs["device_id"] = self.device
         dist.init_process_group(**kwargs)
         self.joined()
-        send(self.conn, ("ready", self.ready_info()))
+        send(self.conn, (Msg.READY, self.ready_info()))
 
     def ready_info(self) -> Dict[str, Any]:
         """What the rank says when it is ready: who it is, its torch, and its resident memory in bytes (from
@@ -277,29 +277,29 @@ class _Worker:
                 kind, payload = recv(self.conn)
             except EOFError:
                 return
-            if kind == "case":
+            if kind == Msg.CASE:
                 outcome = self.run_case(payload)
                 try:
-                    send(self.conn, ("outcome", outcome))
+                    send(self.conn, (Msg.OUTCOME, outcome))
                 except Exception as exc:  # noqa: BLE001 - an unpicklable result must not kill the rank
-                    send(self.conn, ("outcome", RankOutcome(
+                    send(self.conn, (Msg.OUTCOME, RankOutcome(
                         rank=self.rank, error=f"the check's result could not be sent to the controller: {exc!r}",
                         error_type=type(exc).__name__, phase=outcome.phase)))
-            elif kind == "ping":
+            elif kind == Msg.PING:
                 try:
-                    send(self.conn, ("pong", self.ping(payload)))
+                    send(self.conn, (Msg.PONG, self.ping(payload)))
                 except Exception as exc:  # noqa: BLE001
-                    send(self.conn, ("pong", f"{type(exc).__name__}: {exc}"))
-            elif kind == "rehost":
-                send(self.conn, ("bye", None))
+                    send(self.conn, (Msg.PONG, f"{type(exc).__name__}: {exc}"))
+            elif kind == Msg.REHOST:
+                send(self.conn, (Msg.BYE, None))
                 self.rehost = True
                 return
-            elif kind == "shutdown":
+            elif kind == Msg.SHUTDOWN:
                 import torch.distributed as dist
 
                 if dist.is_initialized():
                     dist.destroy_process_group()
-                send(self.conn, ("bye", None))
+                send(self.conn, (Msg.BYE, None))
                 return
 
 
@@ -320,23 +320,23 @@ def main(argv: Optional[list] = None) -> int:
     # FSDP deprecates NO_SHARD in favour of DDP; checking NO_SHARD hooks is the point here.
     warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
     kind, hello = recv(conn)
-    assert kind == "hello", kind
+    assert kind == Msg.HELLO, kind
     sys.path[:] = hello["sys_path"]
     importlib.invalidate_caches()
     worker = _Worker(conn, hello)
     try:
         worker.prepare()
     except BaseException:  # noqa: BLE001
-        send(conn, ("failed", traceback.format_exc()))
+        send(conn, (Msg.FAILED, traceback.format_exc()))
         return 1
     problem = worker.load_specs(hello.get("specs", ()))
     if problem is not None:
-        send(conn, ("spec_failed", problem))
+        send(conn, (Msg.SPEC_FAILED, problem))
         return 1
     try:
         worker.start(hello)
     except BaseException:  # noqa: BLE001
-        send(conn, ("failed", traceback.format_exc()))
+        send(conn, (Msg.FAILED, traceback.format_exc()))
         return 1
     worker.loop()
     return 0

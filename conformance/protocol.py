@@ -192,7 +192,7 @@ class CaseResult:
     ``memory_grown`` holds ``(rank, bytes grown, resident bytes after)`` for each rank
     whose resident memory grew beyond the pool's bound since the pool started for this
     hook (over all the hook's cases so far); the pool was then restarted after the case
-    (:class:`~conformance.controller.pool.PoolConfig`). ``group_broken`` says why the default process
+    (:class:`~conformance.controller.pools.PoolConfig`). ``group_broken`` says why the default process
     group no longer ran a collective after a case that every rank finished, if it did not.
     Both, and every rank's :attr:`RankOutcome.leaks`, fail the case: :meth:`leak_findings`.
     """

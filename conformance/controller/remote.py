@@ -34,7 +34,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from conformance.controller.pool import PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step, memory_grown
+from conformance.controller.pools import PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step, memory_grown
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
 from conformance.controller.remote_link import Address, format_address, read_authkey
 from conformance.controller.remote_listener import RankListener, shutdown_rank
@@ -68,7 +68,8 @@ class RanksNotConnected(PoolStartError):
 
 
 class RemotePool:
-    """The ranks torchrun started, with :class:`conformance.controller.pool.RankPool`'s interface.
+    """The ranks torchrun started, a :class:`~conformance.controller.pools.Pool` as
+    :class:`conformance.controller.pool.RankPool` is.
 
     Args:
         config: as for a local pool; ``world_size`` must equal torchrun's

@@ -143,7 +143,7 @@ def user_paths_first() -> Tuple[str, ...]:
     """Put the working directory, then each ``PYTHONPATH`` entry, at the front of ``sys.path``.
 
     The controller calls this before it loads any spec and hands the result to
-    every rank (:attr:`conformance.controller.pool.PoolConfig.sys_path`), so both resolve
+    every rank (:attr:`conformance.controller.pools.PoolConfig.sys_path`), so both resolve
     ``--hook my_pkg.hooks:SPEC`` alike, as ``python -m`` would from here. Paths
     are made absolute, so a rank started elsewhere finds the same files.
 

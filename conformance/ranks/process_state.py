@@ -27,7 +27,7 @@ computes or reports):
   descriptors 1 and 2 (still open, on the same file).
 
 Resident memory (:func:`resident_bytes`) goes to the controller with each case's outcome, which
-counts its growth over the hook's cases (:func:`conformance.controller.pool.memory_grown`).
+counts its growth over the hook's cases (:func:`conformance.controller.pools.memory_grown`).
 """
 
 from __future__ import annotations

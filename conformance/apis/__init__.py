@@ -30,7 +30,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.cases import CaseParams
-from conformance.spec import SpecError, binds_signature, qualname, signature_text
+from conformance.signatures import SpecError, binds_signature, qualname, signature_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.controller.settings import Settings

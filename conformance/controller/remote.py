@@ -34,6 +34,8 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import pytest
+
 from conformance.controller.pools import PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step, memory_grown
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
 from conformance.controller.remote_link import Address, format_address, read_authkey
@@ -154,8 +156,6 @@ class RemotePool:
                 _refuse_join(conn, reason)
                 for other, _ in joined.values():
                     _refuse_join(other, reason)
-                import pytest
-
                 pytest.exit(f"usage error: {reason}", returncode=pytest.ExitCode.USAGE_ERROR)
             old = joined.pop(info["rank"], None)
             if old is not None:  # a rank of an earlier worker group that had not gone yet
@@ -362,8 +362,6 @@ def remote_pool(config: PoolConfig, address: Address, listen_timeout_s: float) -
     missing or exposed, or ``address`` cannot be listened on.
     """
     global _LISTENER
-    import pytest
-
     if _LISTENER is None or _LISTENER.closed:
         where = format_address(address)
         try:

@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import os
 import sys
+from importlib import metadata
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.controller import suite_checkout
@@ -96,8 +97,6 @@ def _describe(obj: object) -> str:
 
 def entry_point_targets() -> List[str]:
     """``module:ATTR`` values of the installed ``conformance.hooks`` entry points."""
-    from importlib import metadata
-
     eps = metadata.entry_points()
     if hasattr(eps, "select"):
         selected: Iterable = eps.select(group=ENTRY_POINT_GROUP)

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib
 import os
+import pickle
 import queue
 import re
 import signal
@@ -43,9 +45,14 @@ import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
-from conformance.ranks import lifeline
-from conformance.protocol import Msg, recv, send
+import torch.distributed as dist
+
+from conformance.controller.rank_log import RankLog
 from conformance.controller.remote_link import AuthenticationError, LinkError, connect, parse_address, read_authkey
+from conformance.protocol import Msg, recv, send
+from conformance.ranks import lifeline
+from conformance.ranks.worker import _Worker
+from conformance.ranks.zygote import PRELOAD
 
 #: Exit code when the controller closes the connection (the local ranks' code for it). Any
 #: non-zero code makes torchrun's agent restart the worker group while restarts remain.
@@ -76,8 +83,6 @@ class _KeptOutput:
     """
 
     def __init__(self, limit_bytes: int) -> None:
-        from conformance.controller.rank_log import RankLog
-
         log_read, self._log_write = os.pipe()
         self.log = RankLog(log_read, limit_bytes)
         self._lock = threading.Lock()
@@ -136,8 +141,6 @@ class _ControllerLink:
         return self._inbox.get()
 
     def _watch(self) -> None:
-        import pickle
-
         while True:
             try:
                 data = self._conn.recv_bytes()
@@ -233,10 +236,6 @@ def _warm_up() -> None:
     FSDP and ``torch._dynamo`` (which the first ``torch.optim`` optimizer pulls
     in): several seconds on a busy node, longer than a short ``--case-timeout``.
     """
-    import importlib
-
-    from conformance.ranks.zygote import PRELOAD
-
     for name in (*PRELOAD, "torch._dynamo"):
         try:
             importlib.import_module(name)
@@ -247,8 +246,6 @@ def _warm_up() -> None:
 def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any]) -> None:
     """Join torchrun's process group and make ``worker`` ready for cases (as ``_Worker.start`` does locally),
     after :meth:`~conformance.ranks.worker._Worker.prepare` and the hook's spec were loaded."""
-    import torch.distributed as dist
-
     timeout = timedelta(seconds=hello["pg_timeout_s"])
     # torchrun's env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), under a key prefix
     # that is new for every start of the pool. With the c10d rendezvous, the agents share one TCPStore
@@ -272,8 +269,6 @@ def _exec_afresh(kept: Optional[_KeptOutput]) -> None:
     """Replace this process with a fresh interpreter running the same command (``os.execv``): the next hook's
     cases get a process that never ran the last hook's code. The pid stays, so torchrun's agent sees nothing
     and spends no restart; the new image connects to the controller again."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.destroy_process_group()
     sys.stdout.flush()
@@ -340,9 +335,6 @@ def main(argv: Optional[list] = None) -> int:
         return 0
     kept = _KeptOutput(hello["log_limit_bytes"])
     link.output = kept.log
-
-    from conformance.ranks.worker import _Worker
-
     worker = _Worker(link, {"rank": info["rank"], "world_size": info["world_size"], "backend": hello["backend"],
                             "device": hello["device"]})
     try:

@@ -39,6 +39,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from typing import Dict, List, Optional, Tuple
 
+import torch
+
 from conformance.ranks import lifeline
 from conformance.protocol import Msg, recv, send
 
@@ -81,8 +83,6 @@ def _warm_up() -> None:
     2 s of CPU), paid once here. Each hook gets ranks of its own, forked from here, so without this every
     hook's first case at every world size would pay it. Starts no thread, initialises no device."""
     try:
-        import torch
-
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
         optim = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.ones(2, 4)).sum().backward()
@@ -107,7 +107,7 @@ def _child(conn: Connection, fd: int, out_fd: int, env: Dict[str, str], zygote_p
         os.close(null)
         os.environ.clear()
         os.environ.update(env)
-        from conformance.ranks import worker
+        from conformance.ranks import worker  # late: in the rank, whose log shows an import error, not the zygote's
 
         code = worker.main([str(fd), str(zygote_pid)])
     except SystemExit as exc:

@@ -16,15 +16,20 @@ from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
 import pytest
+import torch
+from packaging.version import Version
 
-from conformance.reports import results_plugin, session_report
-from conformance.controller.interruption import session_signals
-from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
+from conformance.apis.registry import api_of_test, planned_cases
 from conformance.controller import settings as settings_mod
+from conformance.controller.failures import ConformanceFailure, NotRun
+from conformance.controller.interruption import session_signals
 from conformance.controller.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
+from conformance.controller.runner import Runner
 from conformance.controller.spec_loading import LoadedSpec, load_specs, user_paths_first
-from conformance.spec import SpecError
+from conformance.reports import results_plugin, session_report
+from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
 from conformance.reports.summary import Summary, case_hook, case_of
+from conformance.spec import SpecError
 
 #: The oldest torch the suite runs on (README's compatibility table).
 MIN_TORCH = (2, 4)
@@ -80,8 +85,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance case run on the rank pool")
-    import torch
-
     if _release(torch.__version__) < MIN_TORCH:
         raise pytest.UsageError(f"torch {torch.__version__} is older than {'.'.join(map(str, MIN_TORCH))}, the "
                                 "oldest the suite supports: use a venv with torch>=2.4")
@@ -109,8 +112,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _release(version: str) -> Tuple[int, ...]:
-    from packaging.version import Version
-
     return Version(version).release
 
 
@@ -124,8 +125,6 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
     state = config.stash.get(_STATE_KEY, None)
     if state is None:
         return []
-    import torch
-
     return session_report.header_lines(state, torch.__version__)
 
 
@@ -188,8 +187,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     state = metafunc.config.stash.get(_STATE_KEY, None)
     if state is None or "case" not in metafunc.fixturenames or not metafunc.definition.get_closest_marker("conformance"):
         return
-    from conformance.apis.registry import api_of_test, planned_cases
-
     if api_of_test(metafunc.function.__name__) is None:
         return
     params = [pytest.param(case, id=case.id, marks=[pytest.mark.skip(reason=case.skip)] if case.skip else [])
@@ -211,8 +208,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     """
     report = yield
     if call.excinfo is not None:
-        from conformance.controller.runner import ConformanceFailure, NotRun
-
         exc = call.excinfo.value
         props: List[Tuple[str, str]] = []
         if isinstance(exc, ConformanceFailure):
@@ -264,8 +259,6 @@ class _Stopping:
 def conform(request: pytest.FixtureRequest):
     """The session's :class:`~conformance.controller.runner.Runner`: every spec loaded once inside a rank, then the
     first hook's pools launched (the rest start when their hook's turn comes)."""
-    from conformance.controller.runner import Runner
-
     state = state_of(request.config)
     if state.runner is None:
         runner = state.runner = Runner(state.settings, state.specs, state.sys_path)

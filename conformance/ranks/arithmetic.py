@@ -28,7 +28,7 @@ import torch.distributed as dist
 from conformance.ranks.ulps import dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.ranks.diagnosis import HookCall
+    from conformance.ranks.diagnosis import HookCall  # typing only: diagnosis imports this module
 
 __all__ = ["Arithmetic", "reduced"]
 

@@ -52,7 +52,7 @@ from conformance.protocol import Finding
 from conformance.ranks.compare import compare_bitwise, dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.ranks.arithmetic import Arithmetic
+    from conformance.ranks.arithmetic import Arithmetic  # typing only
 
 #: ``torch.distributed`` functions counted while the hook runs (:func:`counting_collectives`).
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter", "all_gather",

@@ -207,6 +207,15 @@ def bad_returns_none(process_group, bucket):
     return None
 
 
+def bad_returns_tensor(process_group, bucket):
+    """Averages right, then returns the tensor itself instead of a Future holding it (DDP raises
+    "must return a torch.futures.Future object, but got torch.Tensor")."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / process_group.size())
+    dist.all_reduce(buffer, group=process_group)
+    return buffer
+
+
 def bad_wrong_shape(process_group, bucket):
     """Hands back a copy of the average without its last element."""
     return _mean_allreduce(process_group, bucket.buffer()).then(lambda f: f.value()[:-1].clone())
@@ -366,6 +375,7 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_averages_param_grads", api="ddp", hook=bad_averages_param_grads, state=process_group_state),
     HookSpec(name="bad_sum_then_divide", api="ddp", hook=bad_sum_then_divide, state=process_group_state),
     HookSpec(name="bad_returns_none", api="ddp", hook=bad_returns_none, state=process_group_state),
+    HookSpec(name="bad_returns_tensor", api="ddp", hook=bad_returns_tensor, state=process_group_state),
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
     HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
     HookSpec(name="bad_nan_to_zero", api="ddp", hook=bad_nan_to_zero, state=process_group_state),
@@ -423,6 +433,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_returns_none": (
         "future_contract: not a Future, which would crash the rank process inside DDP; every training "
         "check reports the violation instead"
+    ),
+    "bad_returns_tensor": (
+        "future_contract: a Tensor, not a Future; the finding says DDP raises a RuntimeError on it (only None "
+        "crashes the process), and no failure offers the LossyContract hint: a broken contract is a bug"
     ),
     "bad_wrong_shape": (
         "future_contract: one element short; DDP reads the missing element from the storage behind the "

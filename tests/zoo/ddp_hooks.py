@@ -192,6 +192,16 @@ def bad_sum_then_divide(process_group, bucket):
         lambda f: f.value()[0].div_(process_group.size()))
 
 
+def bad_world_size_divisor(process_group, bucket):
+    """Multiplies by 1/dist.get_world_size(), the default group's size, then SUMs over its process group:
+    DDP's own arithmetic wherever the process group is WORLD; half the average on a subgroup of half the
+    ranks."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / dist.get_world_size())
+    return dist.all_reduce(buffer, group=process_group, async_op=True).get_future().then(
+        lambda f: f.value()[0])
+
+
 def bad_returns_list(process_group, bucket):
     """Returns the collective's own future, whose value is a list holding the tensor."""
     buffer = bucket.buffer()
@@ -376,6 +386,7 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_sum_then_divide", api="ddp", hook=bad_sum_then_divide, state=process_group_state),
     HookSpec(name="bad_returns_none", api="ddp", hook=bad_returns_none, state=process_group_state),
     HookSpec(name="bad_returns_tensor", api="ddp", hook=bad_returns_tensor, state=process_group_state),
+    HookSpec(name="bad_world_size_divisor", api="ddp", hook=bad_world_size_divisor, state=process_group_state),
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
     HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
     HookSpec(name="bad_nan_to_zero", api="ddp", hook=bad_nan_to_zero, state=process_group_state),
@@ -425,6 +436,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_sum_then_divide": (
         "parity at world size 3 only: (a + b + c) / 3 rounds unlike DDP's a/3 + b/3 + c/3 computed as x * (1/3); "
         "the diagnosis names the rounding order"
+    ),
+    "bad_world_size_divisor": (
+        "parity in the subgroup config only; the diagnosis names the divisor's source, the default group's "
+        "size, and says to ask the process group (today it says 'averaged twice')"
     ),
     "bad_returns_list": (
         "future_contract: the future holds [tensor]; every check reports that instead of DDP's "

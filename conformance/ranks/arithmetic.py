@@ -65,6 +65,11 @@ class Arithmetic(abc.ABC):
     #: name native (FSDP1 where the pre-divide factor is the world size).
     divides_before_sum = False
 
+    #: Whether the hook picks its own divisor (FSDP1, DDP): then a divisor read off the default group
+    #: (``dist.get_world_size()`` with no group) where the hook's process group is smaller is a cause.
+    #: FSDP2 tells a comm the op and divides itself.
+    hook_picks_divisor = True
+
     @abc.abstractmethod
     def reduce(self, t: torch.Tensor, cast: bool, call: "HookCall", group: Any, group_size: int,
                shift: int) -> torch.Tensor:
@@ -116,6 +121,15 @@ class Arithmetic(abc.ABC):
         dtype = call.output.dtype
         out: List[Tuple[str, torch.Tensor]] = [("native", self.native(x, call, group, claim))]
         summed = reduced(x.to(reduce_in), call, group, ws)
+        # Named before "averaged twice", which it equals bit for bit where both sizes are powers of two.
+        default_ws = dist.get_world_size() if self.hook_picks_divisor else ws
+        if default_ws != ws:
+            source = (f"{default_ws} ranks, the default group's size (dist.get_world_size() with no group), where "
+                      f"the hook's process group has {ws}: ask the process group, dist.get_world_size(group)")
+            out.append((f"divided as for {source}", self.dividing_as(default_ws).native(x, call, group, claim,
+                                                                                     group_size=ws)))
+            out.append((f"SUM, then divided by {default_ws} (the default group's size, not the process group's {ws})",
+                        summed.div(default_ws).to(dtype)))
         out.append((f"SUM without averaging: {ws} times native's average (the world size)", summed.to(dtype)))
         out.append((f"averaged twice: native's average divided by {ws} again",
                     out[0][1].to(reduce_in).div(ws).to(dtype)))
@@ -128,7 +142,7 @@ class Arithmetic(abc.ABC):
                 claimed = "no reduce dtype (the gradient's own)" if claim is None else dtype_name(claim)
                 out.append((f"reduced in {dtype_name(other)}, where the hook claims {claimed}",
                             self.native(x, call, group, other)))
-        for wrong in self.wrong_world_sizes():
+        for wrong in [w for w in self.wrong_world_sizes() if w != default_ws]:
             out.append((f"divided as for {wrong} ranks ({self.dividing_as(wrong).describe().split(' ', 1)[1]}), "
                         f"where the group has {ws}",
                         self.dividing_as(wrong).native(x, call, group, claim, group_size=ws)))

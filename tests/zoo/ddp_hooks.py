@@ -280,6 +280,20 @@ def bad_fp16_divide_after(process_group, bucket):
     return dist.all_reduce(half, group=process_group, async_op=True).get_future().then(back)
 
 
+def bad_fp16_cast_back_then_divide(process_group, bucket):
+    """Claims float16: casts to float16, SUM all-reduce, casts the sum back to the bucket's float32, then
+    divides there. Its float32 division rounds unlike fp16_compress_hook's float16 one at 3 ranks, and the
+    undivided float16 sum overflows near 65504."""
+    buffer = bucket.buffer()
+    half = buffer.to(torch.float16)
+
+    def back(f: Any) -> torch.Tensor:
+        buffer.copy_(f.value()[0])
+        return buffer.div_(process_group.size())
+
+    return dist.all_reduce(half, group=process_group, async_op=True).get_future().then(back)
+
+
 def bad_param_not_named_bucket(process_group, grads):
     """Correct averaging, but DDP's register_comm_hook looks the parameter up by the name ``bucket``."""
     return _mean_allreduce(process_group, grads.buffer())
@@ -395,6 +409,8 @@ KNOWN_BAD: List[HookSpec] = [
              state=process_group_state),
     HookSpec(name="bad_fp16_divide_after", api="ddp", hook=bad_fp16_divide_after, state=process_group_state,
              reduce_dtype=torch.float16),
+    HookSpec(name="bad_fp16_cast_back_then_divide", api="ddp", hook=bad_fp16_cast_back_then_divide,
+             state=process_group_state, reduce_dtype=torch.float16),
     HookSpec(name="bad_param_not_named_bucket", api="ddp", hook=bad_param_not_named_bucket,
              state=process_group_state),
     HookSpec(name="bad_noop_hook", api="ddp", hook=noop_hook, state=no_state,
@@ -466,6 +482,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_fp16_divide_after": (
         "hard_inputs: near 65504 the undivided float16 sum overflows to inf where fp16_compress_hook's "
         "divided one stays finite; on the models' ordinary values it passes at 2 ranks"
+    ),
+    "bad_fp16_cast_back_then_divide": (
+        "parity at 3 ranks and hard_inputs (the float16 sum overflows); parity and hard inputs must tell the "
+        "same story: a float16 SUM, cast back, then divided by 3 in float32"
     ),
     "bad_padded_future": (
         "future_contract and parity: a bucket whose length does not divide by the world size comes back "

@@ -137,6 +137,13 @@ class Arithmetic(abc.ABC):
         if not self.divides_before_sum:
             out.append((f"divided by {ws} before the SUM, where {self.describe()}",
                         reduced(x.to(reduce_in).div(ws), call, group, ws).to(dtype)))
+        if reduce_in != dtype:
+            # Where the hook divides matters as much as when: in the reduce dtype or in the gradient's own.
+            low, own = dtype_name(reduce_in), dtype_name(dtype)
+            out.append((f"SUM in {low}, cast back to {own}, then divided by {ws} in {own}, where {self.describe()}",
+                        summed.to(dtype).div(ws)))
+            out.append((f"divided by {ws} in {own}, then cast to {low} and SUMmed, where {self.describe()}",
+                        reduced(x.div(ws).to(reduce_in), call, group, ws).to(dtype)))
         for other in (torch.float32, torch.bfloat16, torch.float16):
             if other != reduce_in:
                 claimed = "no reduce dtype (the gradient's own)" if claim is None else dtype_name(claim)

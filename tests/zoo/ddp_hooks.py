@@ -202,6 +202,22 @@ def bad_world_size_divisor(process_group, bucket):
         lambda f: f.value()[0])
 
 
+def bad_rank_order_mean(process_group, bucket):
+    """A "deterministic" average: all-gathers every rank's bucket, sums in rank order, then divides by the
+    world size. Exact at 2 ranks; at 3, (a + b + c) / 3 in rank order rounds unlike DDP's 1/3 before the
+    SUM."""
+    buffer = bucket.buffer()
+    gathered = [torch.empty_like(buffer) for _ in range(process_group.size())]
+    dist.all_gather(gathered, buffer, group=process_group)
+    total = gathered[0].clone()
+    for other in gathered[1:]:
+        total += other
+    buffer.copy_(total.div_(process_group.size()))
+    fut: Any = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
 def bad_returns_list(process_group, bucket):
     """Returns the collective's own future, whose value is a list holding the tensor."""
     buffer = bucket.buffer()
@@ -400,6 +416,7 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_sum_then_divide", api="ddp", hook=bad_sum_then_divide, state=process_group_state),
     HookSpec(name="bad_returns_none", api="ddp", hook=bad_returns_none, state=process_group_state),
     HookSpec(name="bad_returns_tensor", api="ddp", hook=bad_returns_tensor, state=process_group_state),
+    HookSpec(name="bad_rank_order_mean", api="ddp", hook=bad_rank_order_mean, state=process_group_state),
     HookSpec(name="bad_world_size_divisor", api="ddp", hook=bad_world_size_divisor, state=process_group_state),
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
     HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
@@ -452,6 +469,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_sum_then_divide": (
         "parity at world size 3 only: (a + b + c) / 3 rounds unlike DDP's a/3 + b/3 + c/3 computed as x * (1/3); "
         "the diagnosis names the rounding order"
+    ),
+    "bad_rank_order_mean": (
+        "parity at world size 3 only; the diagnosis names a sum in rank order, then a divide, where DDP "
+        "multiplies by 1/3 before the SUM (today: no known cause, and the LossyContract hint)"
     ),
     "bad_world_size_divisor": (
         "parity in the subgroup config only; the diagnosis names the divisor's source, the default group's "

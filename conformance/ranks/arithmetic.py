@@ -49,6 +49,27 @@ def reduced(x: torch.Tensor, call: "HookCall", group: Any, world_size: int, shif
     return out
 
 
+def rank_values(x: torch.Tensor, group: Any, world_size: int) -> List[torch.Tensor]:
+    """Every rank's ``x`` (same shape and dtype on every rank), in rank order: an all-gather.
+
+    The values travel as float64, which holds every float16, bfloat16 and float32 value exactly (gloo
+    gathers no bfloat16), and come back in ``x``'s dtype.
+    """
+    wide = x.detach().to(torch.float64).contiguous()
+    out = [torch.empty_like(wide) for _ in range(world_size)]
+    dist.all_gather(out, wide, group=group)
+    return [t.to(x.dtype) for t in out]
+
+
+def in_rank_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``((values[0] + values[1]) + values[2]) + ...`` in their own dtype: the sum a hook that gathered them
+    computes in a loop."""
+    total = values[0].clone()
+    for v in values[1:]:
+        total += v
+    return total
+
+
 @dataclasses.dataclass(frozen=True)
 class Arithmetic(abc.ABC):
     """How one hook API's native path reduces one buffer, and the causes a hook's result is tested against.
@@ -137,6 +158,15 @@ class Arithmetic(abc.ABC):
         if not self.divides_before_sum:
             out.append((f"divided by {ws} before the SUM, where {self.describe()}",
                         reduced(x.to(reduce_in).div(ws), call, group, ws).to(dtype)))
+        # A hook that gathers every rank's values and reduces them itself sums in rank order, not in the
+        # collective's order (which need not be rank order at 3 or more ranks).
+        gathered = rank_values(x.to(reduce_in), group, ws)
+        mine = (lambda t: t.chunk(ws)[rank]) if call.sharded else (lambda t: t)
+        order = " + ".join(f"rank {i}" for i in range(ws))
+        out.append((f"summed in rank order ({order}), then divided by {ws}, where {self.describe()}",
+                    mine(in_rank_order(gathered).div(ws)).to(dtype)))
+        out.append((f"each rank's values multiplied by 1/{ws}, then summed in rank order ({order}), where "
+                    f"{self.describe()}", mine(in_rank_order([g.mul(1.0 / ws) for g in gathered])).to(dtype)))
         if reduce_in != dtype:
             # Where the hook divides matters as much as when: in the reduce dtype or in the gradient's own.
             low, own = dtype_name(reduce_in), dtype_name(dtype)

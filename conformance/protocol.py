@@ -260,6 +260,9 @@ class Finding:
             ``"no_known_cause"`` (a difference that no named cause explains),
             ``"native_result"`` (the hook's own result equals native's arithmetic
             in every call: what differs arose after it returned),
+            ``"contract"`` (the hook broke its API's calling contract: what it
+            returned, the dtype it left, a buffer it allocated, a registration
+            the API refused, a step in which it was never called),
             ``"process_state"`` (the hook left the rank process changed,
             :mod:`conformance.ranks.process_state`), ``"memory"`` (the rank's memory grew
             past the bound over the hook's cases).

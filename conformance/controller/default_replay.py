@@ -36,7 +36,7 @@ from conformance.protocol import Finding
 from conformance.reports.report import DIAGNOSIS_KINDS
 
 #: Finding kinds that name a cause of the hook's own: such a failure is never replayed.
-HOOK_CAUSES = frozenset({"diagnosis", "diagnosis_wider_dtype", "no_known_cause", "local_gradient",
+HOOK_CAUSES = frozenset({"diagnosis", "diagnosis_wider_dtype", "no_known_cause", "local_gradient", "contract",
                          # what the hook left in its own ranks (conformance.ranks.process_state): never PyTorch's
                          "process_state", "memory"})
 

@@ -7,16 +7,18 @@ from typing import Any, Dict, List, Sequence
 
 from conformance.protocol import CaseResult, Finding
 from conformance.ranks.compare import compare_bitwise
+from conformance.reports.report import DIAGNOSIS_KINDS
 
 __all__ = ["compare_across_ranks", "findings_of"]
 
 
 def findings_of(result: CaseResult, across_ranks: bool) -> List[Finding]:
-    """Every rank's findings; with ``across_ranks`` and none, each rank's gradients against rank 0's; then what
+    """Every rank's findings; with ``across_ranks`` and none but a diagnosis (the ranks diagnose the first step
+    whose gradients differ across them), each rank's gradients against rank 0's, then that diagnosis; then what
     the hook left in its ranks (:meth:`CaseResult.leak_findings`)."""
     found = [f for o in result.outcomes for f in o.value.findings]
-    if not found and across_ranks:
-        found = compare_across_ranks([o.value.grads for o in result.outcomes])
+    if across_ranks and all(f.kind in DIAGNOSIS_KINDS for f in found):
+        found = compare_across_ranks([o.value.grads for o in result.outcomes]) + found
     return found + result.leak_findings()
 
 

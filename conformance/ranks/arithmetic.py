@@ -70,6 +70,39 @@ def in_rank_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+def _chunks_differ(values: Sequence[torch.Tensor], n: int, a: int, b: int) -> bool:
+    """Whether chunk ``a`` and chunk ``b`` (of ``n``) differ in the bits of any rank's values: where they do not
+    (symmetric or constant inputs), a shard of the wrong rank cannot be told from the right one."""
+    for v in values:
+        ca, cb = v.chunk(n)[a], v.chunk(n)[b]
+        if ca.shape != cb.shape or not bool(_bits_equal(ca, cb)):
+            return True
+    return False
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return bool(torch.equal(a.contiguous().reshape(-1).view(bits), b.contiguous().reshape(-1).view(bits)))
+
+
+def in_ring_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum a ring all-reduce over ``len(values)`` ranks computes: the first ``numel - numel % N`` elements
+    in ``N`` equal chunks, chunk ``c`` summed from rank ``c`` round the ring (``(v[c] + v[c+1]) + ...``);
+    the remaining elements in rank order (:func:`in_rank_order`)."""
+    n = len(values)
+    total = in_rank_order(values)
+    body = values[0].numel() - values[0].numel() % n
+    if body:
+        flat = total.view(-1)[:body].view(n, -1)
+        parts = [v.reshape(-1)[:body].view(n, -1) for v in values]
+        for c in range(n):
+            acc = parts[c][c].clone()
+            for k in range(1, n):
+                acc += parts[(c + k) % n][c]
+            flat[c] = acc
+    return total
+
+
 @dataclasses.dataclass(frozen=True)
 class Arithmetic(abc.ABC):
     """How one hook API's native path reduces one buffer, and the causes a hook's result is tested against.
@@ -167,6 +200,15 @@ class Arithmetic(abc.ABC):
                     mine(in_rank_order(gathered).div(ws)).to(dtype)))
         out.append((f"each rank's values multiplied by 1/{ws}, then summed in rank order ({order}), where "
                     f"{self.describe()}", mine(in_rank_order([g.mul(1.0 / ws) for g in gathered])).to(dtype)))
+        if ws >= 3 and not call.sharded:
+            # A ring all-reduce (a reduce-scatter pass, then an all-gather) sums chunk c from rank c on; at 2
+            # ranks every order is the same.
+            ring = "in ring order (chunk c summed from rank c round the ring)"
+            out.append((f"SUM {ring}, without averaging", in_ring_order(gathered).to(dtype)))
+            out.append((f"SUM {ring}, then divided by {ws}, where {self.describe()}",
+                        in_ring_order(gathered).div(ws).to(dtype)))
+            out.append((f"multiplied by 1/{ws}, then summed {ring}, where {self.describe()}",
+                        in_ring_order([g.mul(1.0 / ws) for g in gathered]).to(dtype)))
         if reduce_in != dtype:
             # Where the hook divides matters as much as when: in the reduce dtype or in the gradient's own.
             low, own = dtype_name(reduce_in), dtype_name(dtype)
@@ -185,12 +227,13 @@ class Arithmetic(abc.ABC):
                         self.dividing_as(wrong).native(x, call, group, claim, group_size=ws)))
         if call.sharded:
             for shift in range(1, ws):
-                out.append((f"the reduced shard of rank {(rank - shift) % ws}, not this rank's ({rank})",
-                            self.native(x, call, group, claim, shift=shift)))
+                other = self.native(x, call, group, claim, shift=shift)  # a collective: computed on every rank
+                if _chunks_differ(gathered, ws, (rank - shift) % ws, rank):  # else no data tells them apart
+                    out.append((f"the reduced shard of rank {(rank - shift) % ws}, not this rank's ({rank})", other))
             # A hand-rolled reduce-scatter: all-reduce the whole buffer, keep one chunk (summed in the
             # all-reduce's order, which need not be the reduce-scatter's at 3 or more ranks).
             full = self.native(x, dataclasses.replace(call, sharded=False), group, claim).chunk(ws)
-            for k in range(ws):
+            for k in [k for k in range(ws) if k == rank or _chunks_differ(gathered, ws, k, rank)]:
                 out.append((f"an all-reduce of the whole buffer, then rank {k}'s chunk" + (
                     " (native's values, summed in the all-reduce's order, not the reduce-scatter's)" if k == rank else
                     f": the reduced shard of rank {k}, not this rank's ({rank})"), full[k]))

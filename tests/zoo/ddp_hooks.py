@@ -218,6 +218,54 @@ def bad_rank_order_mean(process_group, bucket):
     return fut
 
 
+def _done(tensor: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
+    fut: Any = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+def bad_ring_no_average_tail(process_group, bucket):
+    """A ring all-reduce written with isend/irecv: a reduce-scatter pass, then an all-gather pass, over the
+    first numel - numel % world_size elements. It never divides, and never exchanges the last
+    numel % world_size elements, which keep the local gradient: two causes at once."""
+    buffer = bucket.buffer()
+    ws, me = process_group.size(), dist.get_rank(process_group)
+    n = buffer.numel() - buffer.numel() % ws
+    if ws == 1 or n == 0:
+        return _done(buffer)
+    chunks = list(buffer[:n].view(ws, -1))
+    right = dist.get_global_rank(process_group, (me + 1) % ws)
+    left = dist.get_global_rank(process_group, (me - 1) % ws)
+    incoming = torch.empty_like(chunks[0])
+
+    def exchange(send: torch.Tensor) -> None:
+        for req in (dist.isend(send.contiguous(), right, group=process_group),
+                    dist.irecv(incoming, left, group=process_group)):
+            req.wait()
+
+    for s in range(ws - 1):  # chunk c is summed in ring order: rank c first, then c + 1, ...
+        exchange(chunks[(me - s) % ws])
+        chunks[(me - s - 1) % ws] += incoming
+    for s in range(ws - 1):
+        exchange(chunks[(me + 1 - s) % ws])
+        chunks[(me - s) % ws].copy_(incoming)
+    return _done(buffer)
+
+
+def bad_rs_ag_tail_unreduced(process_group, bucket):
+    """Scales by 1/world_size as DDP does, then a reduce-scatter and an all-gather over the first
+    numel - numel % world_size elements; the last numel % world_size keep the scaled local gradient."""
+    buffer = bucket.buffer()
+    ws = process_group.size()
+    buffer.mul_(1.0 / ws)
+    n = buffer.numel() - buffer.numel() % ws
+    if n:
+        shard = torch.empty(n // ws, dtype=buffer.dtype)
+        dist.reduce_scatter_tensor(shard, buffer[:n].clone(), group=process_group)
+        dist.all_gather_into_tensor(buffer[:n], shard, group=process_group)
+    return _done(buffer)
+
+
 def bad_returns_list(process_group, bucket):
     """Returns the collective's own future, whose value is a list holding the tensor."""
     buffer = bucket.buffer()
@@ -417,6 +465,8 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_returns_none", api="ddp", hook=bad_returns_none, state=process_group_state),
     HookSpec(name="bad_returns_tensor", api="ddp", hook=bad_returns_tensor, state=process_group_state),
     HookSpec(name="bad_rank_order_mean", api="ddp", hook=bad_rank_order_mean, state=process_group_state),
+    HookSpec(name="bad_ring_no_average_tail", api="ddp", hook=bad_ring_no_average_tail, state=process_group_state),
+    HookSpec(name="bad_rs_ag_tail_unreduced", api="ddp", hook=bad_rs_ag_tail_unreduced, state=process_group_state),
     HookSpec(name="bad_world_size_divisor", api="ddp", hook=bad_world_size_divisor, state=process_group_state),
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
     HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
@@ -473,6 +523,14 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_rank_order_mean": (
         "parity at world size 3 only; the diagnosis names a sum in rank order, then a divide, where DDP "
         "multiplies by 1/3 before the SUM (today: no known cause, and the LossyContract hint)"
+    ),
+    "bad_ring_no_average_tail": (
+        "averaging and parity: no averaging on the ring's body, and a tail of numel % world_size elements "
+        "left with the local gradient; the diagnosis names both, with the index ranges"
+    ),
+    "bad_rs_ag_tail_unreduced": (
+        "parity wherever a bucket's length is not a multiple of the world size: the tail holds the local "
+        "gradient already scaled by 1/world_size; the diagnosis names it"
     ),
     "bad_world_size_divisor": (
         "parity in the subgroup config only; the diagnosis names the divisor's source, the default group's "

@@ -20,6 +20,7 @@ from typing import Any, Dict
 
 from conformance.ranks.checks.lossy import lossy_hint
 from conformance.reports import report
+from conformance.reports.results import ShortFigure
 
 
 def _spec(conform: Any, case: Any) -> Any:
@@ -46,7 +47,7 @@ def error_case(conform: Any, request: Any, case: Any, check: str, api: str, vari
 
     def observed(result: Any, found: Any) -> str:
         worst = max((o.value.figures for o in result.outcomes), key=lambda f: f["max_rel_error"])
-        request.node.user_properties.append(("observed_rel_error", report.figure(worst["max_rel_error"])))
+        request.node.user_properties.append(("observed_rel_error", ShortFigure(worst["max_rel_error"])))
         return report.lossy_error_note(worst, _spec(conform, case).lossy.rel_error_bound)
 
     conform.check(request, case, check, f"{api}.lossy_error", _params(case, variant), note=observed)
@@ -58,7 +59,7 @@ def loss_case(conform: Any, request: Any, case: Any, check: str, api: str, varia
 
     def observed(result: Any, found: Any) -> str:
         figures = result.outcomes[0].value.figures
-        request.node.user_properties.append(("observed_loss_rel_diff", report.figure(figures["rel_diff"])))
+        request.node.user_properties.append(("observed_loss_rel_diff", ShortFigure(figures["rel_diff"])))
         contract = _spec(conform, case).lossy
         return report.lossy_loss_note(figures, contract.loss_steps, contract.loss_margin) if found else ""
 

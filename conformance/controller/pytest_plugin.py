@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
-from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
 import pytest
@@ -27,6 +26,7 @@ from conformance.controller.known_failures import KnownFailureBook, KnownFailure
 from conformance.controller.runner import Runner
 from conformance.controller.spec_loading import LoadedSpec, load_specs, user_paths_first
 from conformance.reports import results_plugin, session_report
+from conformance.reports.bookkeeper import PLUGIN_NAME as BOOKKEEPER, Bookkeeper
 from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
 from conformance.reports.summary import Summary, case_hook, case_of
 from conformance.spec import SpecError
@@ -42,19 +42,9 @@ class SessionState:
     book: KnownFailureBook
     sys_path: Tuple[str, ...] = ()
     runner: Optional[object] = None
-    per_hook: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
-    per_hook_failed_checks: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
-    xfail_reasons: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
-    xpassed: List[str] = dataclasses.field(default_factory=list)
     unused_entries: List[object] = dataclasses.field(default_factory=list)
-    #: Per hook, why its cases were skipped, with counts.
-    skip_reasons: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
-    #: World sizes at which each hook's cases ran (skipped cases excluded).
-    ran_at: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
     #: Every world size the run plans a case at that can run here -> its suite tests (the header, the JSON).
     world_sizes: Dict[int, set] = dataclasses.field(default_factory=dict)
-    #: Per hook, why some of its cases could not run (the run's own failure: a pool that could not start).
-    not_run: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
 
     def spec(self, name: str) -> LoadedSpec:
         for item in self.specs:
@@ -102,13 +92,15 @@ def pytest_configure(config: pytest.Config) -> None:
     state = SessionState(settings=settings, specs=specs, book=KnownFailureBook(entries, env), sys_path=sys_path,
                          world_sizes=session_report.planned_world_sizes([s.spec for s in specs], settings))
     config.stash[_STATE_KEY] = state
-    config.pluginmanager.register(Summary(state), "conformance-summary")
+    keeper = Bookkeeper(state)  # classifies every case's reports, for the summary and the results files
+    config.pluginmanager.register(keeper, BOOKKEEPER)
+    config.pluginmanager.register(Summary(state, keeper), "conformance-summary")
     config.pluginmanager.register(_Stopping(state), "conformance-stopping")
     # Before any case: an unwritable or busy report path is a usage error (the reports are marked stale later,
     # once a case is about to run).
     config.pluginmanager.register(ReportGuard(config, settings.json_path, settings.markdown_path,
                                               keep=tuple(p for p in (settings.baseline_path,) if p)), REPORT_FILES)
-    results_plugin.register(config, state)  # --json, --markdown, --baseline; the per-hook grids
+    results_plugin.register(config, state, keeper)  # --json, --markdown, --baseline; the per-hook grids
 
 
 def _release(version: str) -> Tuple[int, ...]:

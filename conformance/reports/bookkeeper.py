@@ -195,7 +195,8 @@ class Bookkeeper:
         message = str(exc).strip() or type(exc).__name__
         self._failures[item.nodeid] = {
             "header": message.splitlines()[0], "findings": [f.describe() for f in findings[:MAX_FINDINGS_KEPT]],
-            "message": message[:results.MAX_MESSAGE_CHARS], "rerun": self._rerun(item)}
+            "message": message[:results.MAX_MESSAGE_CHARS], "rerun": self._rerun(item),
+            "causes": list(dict.fromkeys(f.cause for f in findings if getattr(f, "cause", None)))}
         return None
 
     def _rerun(self, item: pytest.Item) -> Optional[str]:

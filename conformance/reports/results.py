@@ -17,8 +17,9 @@ import dataclasses
 import json
 import math
 import os
+import re
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "ResultsError", "SCHEMA_FILE",
            "SCHEMA_VERSION", "ShortFigure", "build_document", "figure_value", "load_results", "parse_figure",
@@ -26,7 +27,7 @@ __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "Resul
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 #: The JSON Schema of the document (draft 2020-12).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
 
@@ -310,3 +311,32 @@ def unwritable_reason(path: str) -> Optional[str]:
 def records_from_json(data: Mapping[str, Any]) -> List[CaseRecord]:
     """The case records of a loaded results document."""
     return [CaseRecord.from_json(c) for c in data.get("cases", [])]
+
+
+def hook_causes(records: Iterable[CaseRecord], hook: str) -> List[Tuple[str, int]]:
+    """The causes the diagnosis named across ``hook``'s failed cases, ``(cause, failed cases naming it)``, most
+    cases first (ties in the order the cases ran): one story per hook where a case alone would tell several.
+
+    Causes that differ only in their numbers (the world size, a rank, an index range) are one cause, worded as
+    its first case words it."""
+    counts: Dict[str, int] = {}
+    wording: Dict[str, str] = {}
+    for rec in records:
+        if rec.hook == hook and rec.failing and rec.failure:
+            for key, cause in {re.sub(r"\d+", "#", c): c for c in rec.failure.get("causes") or ()}.items():
+                wording.setdefault(key, cause)
+                counts[key] = counts.get(key, 0) + 1
+    order = {key: i for i, key in enumerate(counts)}
+    return [(wording[key], n) for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], order[kv[0]]))]
+
+
+def cause_line(records: Sequence[CaseRecord], hook: str) -> Optional[str]:
+    """``hook``'s most common named cause, in one line for the terminal and the Markdown, or ``None``."""
+    causes = hook_causes(records, hook)
+    if not causes:
+        return None
+    failed = sum(1 for rec in records if rec.hook == hook and rec.failing)
+    cause, n = causes[0]
+    rest = f"; {len(causes) - 1} other cause(s) named" if len(causes) > 1 else ""
+    return f"most failures explained by: {cause} ({n} of {failed} failed cases{rest})"
+

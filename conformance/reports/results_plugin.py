@@ -242,6 +242,7 @@ class ResultsRecorder:
             "source": {"kind": _source_kind(item.origin), "target": item.target},
             "verdict": verdict.text, "status": verdict.status.value, "counts": counts,
             "matrix": hook_matrix(self.grid_records(records), spec.name).to_json(),
+            "causes": [{"cause": cause, "cases": n} for cause, n in results.hook_causes(records, spec.name)],
         }
 
     @pytest.hookimpl(trylast=True)

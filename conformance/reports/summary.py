@@ -20,7 +20,7 @@ import pytest
 
 from conformance import exit_codes
 from conformance.controller.remote import summary_lines as remote_summary_lines
-from conformance.reports import report, results_plugin, session_report
+from conformance.reports import report, results, results_plugin, session_report
 from conformance.reports.bookkeeper import Bookkeeper, case_hook, case_of
 from conformance.reports.verdict import Status, Verdict
 
@@ -122,6 +122,9 @@ class Summary:
                     tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
             for line in results_plugin.hook_matrix_lines(tr.config, name, verdict, indent=" " * 4):
                 tr.write_line(line)
+            cause = results.cause_line(keeper.finished_records(), name)
+            if cause:  # under the grid: where it fails, then why
+                tr.write_line(f"    {cause}")
         if keeper.xpassed:
             tr.section("known failures that now pass")
             for nodeid in keeper.xpassed:

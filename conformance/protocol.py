@@ -266,8 +266,8 @@ class Finding:
             ``"process_state"`` (the hook left the rank process changed,
             :mod:`conformance.ranks.process_state`), ``"memory"`` (the rank's memory grew
             past the bound over the hook's cases).
-        cause: of a diagnosis (kinds ``"diagnosis"``, ``"diagnosis_wider_dtype"``): the named cause(s)
-            alone, as the message states them, for the per-hook summary of causes.
+        causes: of a diagnosis (kinds ``"diagnosis"``, ``"diagnosis_wider_dtype"``): each named cause
+            alone (the message joins them with "; or "), for the per-hook summary of causes.
     """
 
     rank: int
@@ -276,7 +276,7 @@ class Finding:
     fqn: Optional[str] = None
     mismatch: Any = None
     kind: str = "mismatch"
-    cause: Optional[str] = None
+    causes: Tuple[str, ...] = ()
 
     def describe(self) -> str:
         where = [f"rank {self.rank}"]

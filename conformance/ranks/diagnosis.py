@@ -345,7 +345,7 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
             text = "; or ".join(causes)
             kind = "diagnosis_wider_dtype" if _only_wider_dtype(causes, arith.reduce_dtype) else "diagnosis"
             findings.append(Finding(ctx.rank, f"in {where}, the hook's result is explained, bit for bit, by: {text}",
-                                    step=step, kind=kind, cause=text))
+                                    step=step, kind=kind, causes=tuple(causes)))
         else:
             findings.append(Finding(ctx.rank, f"no known cause explains the hook's result in {where}",
                                     step=step, kind="no_known_cause"))

@@ -196,7 +196,7 @@ class Bookkeeper:
         self._failures[item.nodeid] = {
             "header": message.splitlines()[0], "findings": [f.describe() for f in findings[:MAX_FINDINGS_KEPT]],
             "message": message[:results.MAX_MESSAGE_CHARS], "rerun": self._rerun(item),
-            "causes": list(dict.fromkeys(f.cause for f in findings if getattr(f, "cause", None)))}
+            "causes": list(dict.fromkeys(c for f in findings for c in getattr(f, "causes", ())))}
         return None
 
     def _rerun(self, item: pytest.Item) -> Optional[str]:

@@ -3,14 +3,53 @@
 Everything here is small and picklable: a case travels from the controller to
 every rank, and each rank sends back one :class:`RankOutcome`. Tensors that a
 check must compare across ranks travel on CPU inside ``RankOutcome.value``.
+
+Every message is a ``(kind, payload)`` pair sent with :func:`send`; ``kind`` is
+a :class:`Msg` (which equals its string value, so a peer's plain string still
+compares equal).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import pickle
 from multiprocessing.connection import Connection
 from typing import Any, Dict, List, Optional, Tuple
+
+
+@enum.unique
+class Msg(str, enum.Enum):
+    """The kind of a ``(kind, payload)`` message: who sends it, when, and its payload.
+
+    Controller and rank (local ranks over a socketpair, :mod:`conformance.controller.pool`;
+    torchrun's ranks over the authenticated link, :mod:`conformance.controller.remote`):
+    """
+
+    # -- controller -> rank ---------------------------------------------------------------------
+    HELLO = "hello"  # controller, once a rank is connected: the pool's settings and specs (a dict)
+    CASE = "case"  # controller, to every rank of the pool, for each case: a Case
+    PING = "ping"  # controller, after every case: a sequence number every rank all-reduces
+    SHUTDOWN = "shutdown"  # controller, when it closes the pool or the run ends: None (the rank says BYE, exits 0)
+    REHOST = "rehost"  # controller, to torchrun's ranks when it moves on to another hook: None (the rank execs afresh)
+    STACKS = "stacks"  # controller, to a torchrun rank that did not finish a case: None (its watchdog answers STACK)
+    OUTPUT = "output"  # controller asks a torchrun rank that failed a case for its recent output: None; the rank
+    #                    answers with the same kind and the excerpt (a str)
+    REFUSED = "refused"  # controller, to a torchrun rank whose join it refuses: why (a str); the rank exits
+    # -- rank -> controller ---------------------------------------------------------------------
+    JOIN = "join"  # a torchrun rank, first thing after authenticating: who it is (torchrun's environment, a dict)
+    READY = "ready"  # a rank, once it joined its process group: its rank, pid, torch version, resident bytes (a dict)
+    FAILED = "failed"  # a rank that could not start or join its process group: the traceback (a str)
+    SPEC_FAILED = "spec_failed"  # a rank that could not load a hook spec at start-up: why (a str; a usage error)
+    PHASE = "phase"  # a rank, while it runs a case, at each phase the check announces: the phase (a str)
+    OUTCOME = "outcome"  # a rank, when it finished a case (or raised in it): its RankOutcome
+    PONG = "pong"  # a rank, answering PING: the all-reduced sum (an int), or why the all-reduce failed (a str)
+    BYE = "bye"  # a rank, answering SHUTDOWN or REHOST, just before it exits or execs: None
+    STACK = "stack"  # a torchrun rank's watchdog, answering STACKS: its threads' stacks (a str)
+    # -- controller <-> zygote (:mod:`conformance.ranks.zygote`) ----------------------------------
+    SPAWN = "spawn"  # controller, for each local rank: {"env": ...}, then the rank's socket and output pipe
+    PID = "pid"  # zygote, answering SPAWN: the forked rank's pid
+    STATUS = "status"  # controller asks for [pid, ...]; the zygote answers with the same kind, {pid: exit code or None}
 
 
 def send(conn: Connection, message: Any) -> None:
@@ -153,7 +192,7 @@ class CaseResult:
     ``memory_grown`` holds ``(rank, bytes grown, resident bytes after)`` for each rank
     whose resident memory grew beyond the pool's bound since the pool started for this
     hook (over all the hook's cases so far); the pool was then restarted after the case
-    (:class:`~conformance.controller.pool.PoolConfig`). ``group_broken`` says why the default process
+    (:class:`~conformance.controller.pools.PoolConfig`). ``group_broken`` says why the default process
     group no longer ran a collective after a case that every rank finished, if it did not.
     Both, and every rank's :attr:`RankOutcome.leaks`, fail the case: :meth:`leak_findings`.
     """
@@ -221,9 +260,14 @@ class Finding:
             ``"no_known_cause"`` (a difference that no named cause explains),
             ``"native_result"`` (the hook's own result equals native's arithmetic
             in every call: what differs arose after it returned),
+            ``"contract"`` (the hook broke its API's calling contract: what it
+            returned, the dtype it left, a buffer it allocated, a registration
+            the API refused, a step in which it was never called),
             ``"process_state"`` (the hook left the rank process changed,
             :mod:`conformance.ranks.process_state`), ``"memory"`` (the rank's memory grew
             past the bound over the hook's cases).
+        causes: of a diagnosis (kinds ``"diagnosis"``, ``"diagnosis_wider_dtype"``): each named cause
+            alone (the message joins them with "; or "), for the per-hook summary of causes.
     """
 
     rank: int
@@ -232,6 +276,7 @@ class Finding:
     fqn: Optional[str] = None
     mismatch: Any = None
     kind: str = "mismatch"
+    causes: Tuple[str, ...] = ()
 
     def describe(self) -> str:
         where = [f"rank {self.rank}"]

@@ -17,33 +17,35 @@ spec must be importable by module path (``pkg.module:ATTR``).
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import importlib.util
 import re
 from typing import Any, Callable, Optional, Tuple
 
 import torch
+
+from conformance.apis.registry import HOOK_APIS
+from conformance.ranks.ulps import dtype_name
+# The helpers every API's validation uses live below the registry, so that it need not import this module;
+# imported from here too (their home before).
+from conformance.signatures import (FSDP_STRATEGIES, SpecError, binds_signature, qualname, signature_text,
+                                    strategies_from_signature)
 
 __all__ = [
     "FSDP_STRATEGIES",
     "HookSpec",
     "LossyContract",
     "SpecError",
+    "binds_signature",
+    "qualname",
+    "signature_text",
+    "strategies_from_signature",
 ]
-
-#: FSDP sharding strategies the ``fsdp`` checks run under (names of
-#: ``torch.distributed.fsdp.ShardingStrategy`` members).
-FSDP_STRATEGIES = ("NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP")
-_SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP")
 
 #: Spec names become part of every test id, so they are kept to characters that
 #: survive in pytest ids, ``-k`` expressions and JUnit XML unchanged.
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 _REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-class SpecError(ValueError):
-    """A hook spec is unusable. The message names the spec and how to fix it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,8 +162,6 @@ class HookSpec:
                 f"HookSpec name {self.name!r} is not usable in test ids: use letters, "
                 "digits, '_' and '.', not starting with a digit (e.g. 'my_fp16_hook')"
             )
-        from conformance.apis.registry import HOOK_APIS
-
         api = HOOK_APIS.get(self.api)
         if api is None:
             raise SpecError(
@@ -191,8 +191,6 @@ class HookSpec:
 
     def missing_requirements(self) -> Tuple[str, ...]:
         """The modules of :attr:`requires` that cannot be imported here."""
-        import importlib.util
-
         missing = []
         for module in self.requires:
             try:
@@ -208,57 +206,4 @@ class HookSpec:
         """``"full"`` for the full-precision claim, else the dtype's short name."""
         if self.reduce_dtype is None:
             return "full"
-        from conformance.ranks.compare import dtype_name
-
         return dtype_name(self.reduce_dtype)
-
-
-def strategies_from_signature(hook: Callable[..., Any]) -> Tuple[str, ...]:
-    """Which sharding strategies a hook's signature can serve.
-
-    Mirrors how FSDP calls the hook: ``_reduce_grad_no_shard`` passes
-    ``(state, grad)``; ``_reduce_grad`` passes ``(state, grad, output)``.
-    A signature Python cannot inspect is assumed to serve all strategies.
-    """
-    try:
-        sig = inspect.signature(hook)
-    except (TypeError, ValueError):
-        return FSDP_STRATEGIES
-    out = []
-    if _binds(sig, 2):
-        out.append("NO_SHARD")
-    if _binds(sig, 3):
-        out.extend(_SHARDED)
-    return tuple(out)
-
-
-def binds_signature(fn: Any, nargs: int) -> bool:
-    """Whether ``fn`` can be called with ``nargs`` positional arguments (True if not inspectable)."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return True
-    return _binds(sig, nargs)
-
-
-def _binds(sig: inspect.Signature, nargs: int) -> bool:
-    try:
-        sig.bind(*([None] * nargs))
-    except TypeError:
-        return False
-    return True
-
-
-def qualname(obj: Any) -> str:
-    """``module.QualifiedName`` of a hook, for messages."""
-    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    module = getattr(obj, "__module__", None) or type(obj).__module__
-    return f"{module}.{name}"
-
-
-def signature_text(obj: Any) -> str:
-    """The hook's signature as text, ``(...)`` where Python cannot inspect it."""
-    try:
-        return str(inspect.signature(obj))
-    except (TypeError, ValueError):
-        return "(...)"

@@ -119,3 +119,17 @@ def test_every_allowed_exception_is_still_needed():
         with open(os.path.join(REPO, path), encoding="utf-8") as f:
             source = f.read()
         assert f'"{text}"' in source or f"'{text}'" in source, (path, text)
+
+
+def test_the_scan_covers_the_controller_the_ranks_and_every_module_outside_the_api_folders():
+    """Every module of ``controller/`` and ``ranks/`` (new ones too) is scanned; no API folder's is."""
+    scanned = set(_modules())
+    for part in ("controller", "ranks"):
+        for root, dirs, files in os.walk(os.path.join(REPO, "conformance", part)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            missing = [f for f in files if f.endswith(".py") and os.path.relpath(os.path.join(root, f), REPO)
+                       not in scanned]
+            assert not missing, (root, missing)
+    assert any(p.startswith(os.path.join("conformance", "controller", "")) for p in scanned)
+    assert any(p.startswith(os.path.join("conformance", "ranks", "checks", "")) for p in scanned)
+    assert not [p for p in scanned if _api_module(p[:-3].replace(os.sep, "."))]

@@ -80,10 +80,11 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
 def test_an_interrupted_start_kills_the_forked_ranks_already_spawned(monkeypatch):
     """The same with ranks forked by the zygote: Ctrl-C after the first rank leaves none running."""
     from conformance.controller import pool as pool_mod
+    from conformance.controller import zygote_client
 
     pool_mod.close_zygote()
     spawned = []
-    real_spawn = pool_mod._Zygote.spawn
+    real_spawn = zygote_client._Zygote.spawn
 
     def spawn(self, sock, log_path, env):
         if spawned:
@@ -92,7 +93,7 @@ def test_an_interrupted_start_kills_the_forked_ranks_already_spawned(monkeypatch
         spawned.append(proc)
         return proc
 
-    monkeypatch.setattr(pool_mod._Zygote, "spawn", spawn)
+    monkeypatch.setattr(zygote_client._Zygote, "spawn", spawn)
     pool = pool_mod.RankPool(pool_mod.PoolConfig(world_size=3, backend="gloo", device="cpu"))
     try:
         with pytest.raises(KeyboardInterrupt):

@@ -2,7 +2,7 @@
 
 The runner tells "PyTorch cannot run the suite's reference here" (a skip) from
 "the hook broke it" (a failure) by replaying a failed case with
-``reference_only=True`` (``conformance.controller.runner.Runner._replay_reference``). That
+``reference_only=True`` (``conformance.controller.replays.replay_reference``). That
 replay must never build the hooked model or call anything of the hook's: if it
 did, a hook that raises would turn its own failure into a skip. Each check of
 ``conformance.ranks.checks.REPLAYS_REFERENCE`` runs here on a one-rank gloo group with

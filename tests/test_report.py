@@ -20,7 +20,8 @@ from conformance.protocol import Finding
     ({}, (), set(), "not run"),
 ])
 def test_hook_verdict(counts, failed, ran_at, verdict):
-    assert report.hook_verdict(counts, failed, ran_at) == verdict
+    assert report.hook_verdict(counts, failed, ran_at).text == verdict
+    assert str(report.hook_verdict(counts, failed, ran_at)) == verdict
 
 
 @pytest.mark.parametrize("counts, failed, verdict", [
@@ -29,7 +30,7 @@ def test_hook_verdict(counts, failed, ran_at, verdict):
     ({"passed": 3, "failed": 1}, ("parity",), "DOES NOT CONFORM (parity)"),  # a failure found is real
 ])
 def test_an_interrupted_run_gives_no_hook_a_conforming_verdict(counts, failed, verdict):
-    assert report.hook_verdict(counts, failed, {2, 3}, interrupted=True) == verdict
+    assert report.hook_verdict(counts, failed, {2, 3}, interrupted=True).text == verdict
 
 
 def test_failure_message_ends_with_the_rerun_block():

@@ -19,6 +19,7 @@ from conformance.reports.baseline import BaselineDiff, diff_runs, diff_text
 from conformance.reports.markdown_summary import markdown_summary
 from conformance.reports.matrix import hook_matrix, matrix_markdown, matrix_text, pattern
 from conformance.reports.results import CaseRecord, ResultsError
+from conformance.reports.verdict import Status, Verdict
 from conformance.controller.settings import SettingsError
 from tests.test_settings import settings
 
@@ -52,10 +53,11 @@ def overwritten_records():
 def document(records, hooks=None, baseline=None):
     hooks = hooks if hooks is not None else [
         {"name": name, "api": "ddp", "reduce_dtype": "full", "lossy": None, "strategies": [], "description": "",
-         "source": {"kind": "--hook", "target": "zoo:SPECS"}, "verdict": verdict,
-         "status": results.hook_status(verdict), "counts": {"passed": 1},
+         "source": {"kind": "--hook", "target": "zoo:SPECS"}, "verdict": verdict.text,
+         "status": verdict.status.value, "counts": {"passed": 1},
          "matrix": hook_matrix(records, name).to_json()}
-        for name, verdict in (("overwritten", "DOES NOT CONFORM (parity)"), ("good", "known failures"))]
+        for name, verdict in (("overwritten", Verdict(Status.DOES_NOT_CONFORM, failed_checks=("parity",))),
+                              ("good", Verdict(Status.KNOWN_FAILURES)))]
     return results.build_document(
         suite_version="0.1.0",
         run={"started_at": "2026-01-01T00:00:00+00:00", "finished_at": "2026-01-01T00:01:00+00:00",
@@ -102,16 +104,6 @@ def test_a_case_record_survives_the_json_round_trip():
     recs = overwritten_records()
     back = results.records_from_json(json.loads(json.dumps(document(recs))))
     assert back == recs
-
-
-@pytest.mark.parametrize("verdict, status", [
-    ("CONFORMS", "conforms"), ("CONFORMS; 1 known failure(s) now pass", "conforms"),
-    ("known failures", "known_failures"), ("DOES NOT CONFORM (parity)", "does_not_conform"),
-    ("NOT CHECKED ACROSS RANKS (every case ran at world size 1)", "not_checked_across_ranks"),
-    ("NOT RUN: every case was skipped", "not_run"), ("not run", "not_run"),
-    ("RUNNING: 3 case(s) so far", "running"), ("something new", "other")])
-def test_hook_status_names_each_verdict(verdict, status):
-    assert results.hook_status(verdict) == status
 
 
 # -- the atomic write ---------------------------------------------------------------------------
@@ -340,7 +332,7 @@ def test_failure_figures_take_the_largest_value_mismatch_and_ignore_others():
 
     from conformance.ranks.compare import compare_bitwise
     from conformance.protocol import Finding
-    from conformance.reports.results_plugin import failure_figures
+    from conformance.reports.bookkeeper import failure_figures
 
     one_ulp = compare_bitwise(torch.tensor([1.0]).nextafter(torch.tensor([2.0])), torch.tensor([1.0]))
     big = compare_bitwise(torch.tensor([1.5, 1.0]), torch.tensor([1.0, 1.0]))

@@ -150,3 +150,30 @@ def test_another_hook_gets_fresh_pools_at_every_world_size_it_needs():
     assert made[2].events[1:] == [("close", (("pkg.a:SPEC", "a"),)), ("launch", (("pkg.b:SPEC", "b"),))]
     assert made[3].events[1:] == [("close", (("pkg.a:SPEC", "a"),))], "b needs no 3-rank pool: a's is closed"
     assert made[3].config.specs == (("pkg.b:SPEC", "b"),)
+
+
+def test_both_launchers_offer_every_method_of_the_pool_protocol_with_its_signature():
+    """The runner is typed against :class:`~conformance.controller.pools.Pool` alone: the local pool and
+    torchrun's must each offer all of it, each method taking the protocol's parameters (by name, in order;
+    a launcher may add optional ones after them)."""
+    import inspect
+
+    from conformance.controller.pool import RankPool
+    from conformance.controller.pools import Pool
+    from conformance.controller.remote import RemotePool
+
+    members = [name for name, value in vars(Pool).items() if not name.startswith("_") and
+               (callable(value) or isinstance(value, property))]
+    assert {"alive", "launch", "wait_ready", "serve", "run", "close", "kill"} <= set(members)
+    for launcher in (RankPool, RemotePool):
+        for name in members:
+            ours, theirs = getattr(Pool, name), getattr(launcher, name, None)
+            assert theirs is not None, f"{launcher.__name__} has no {name}"
+            if isinstance(ours, property):
+                assert isinstance(theirs, property), f"{launcher.__name__}.{name} is no property"
+                continue
+            want = list(inspect.signature(ours).parameters.values())
+            got = list(inspect.signature(theirs).parameters.values())
+            assert [p.name for p in got[:len(want)]] == [p.name for p in want], f"{launcher.__name__}.{name}"
+            assert all(p.default is not inspect.Parameter.empty for p in got[len(want):]), f"{launcher.__name__}.{name}"
+            assert [p.default for p in got[:len(want)]] == [p.default for p in want], f"{launcher.__name__}.{name}"

@@ -14,15 +14,15 @@ import time
 
 import pytest
 
-from conformance.controller import pool as pool_mod
+from conformance.controller import zygote_client
 from conformance.controller.pool import PoolConfig, RankPool
 
 
 @pytest.fixture
 def fresh_zygote():
-    pool_mod.close_zygote()
+    zygote_client.close_zygote()
     yield
-    pool_mod.close_zygote()
+    zygote_client.close_zygote()
 
 
 def _pool() -> RankPool:
@@ -34,9 +34,9 @@ def test_forked_ranks_join_their_group_in_sessions_of_their_own(fresh_zygote):
     try:
         pool.start()
         assert pool.alive
-        assert all(isinstance(p, pool_mod._ForkedRank) for p in pool._procs)
+        assert all(isinstance(p, zygote_client._ForkedRank) for p in pool._procs)
         assert all(os.getpgid(p.pid) == p.pid for p in pool._procs), "a rank shares a process group"
-        zygote = pool_mod._ZYGOTE
+        zygote = zygote_client._ZYGOTE
         if os.path.exists(f"/proc/{zygote.proc.pid}/stat"):  # Linux: each rank is the zygote's child
             parents = {int(open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[1]) for p in pool._procs}
             assert parents == {zygote.proc.pid}
@@ -62,9 +62,9 @@ def test_closing_the_controller_side_ends_the_zygote(fresh_zygote):
     pool = _pool()
     pool.start()
     pool.close()
-    zygote = pool_mod._ZYGOTE
+    zygote = zygote_client._ZYGOTE
     assert zygote is not None and zygote.proc.poll() is None
-    pool_mod.close_zygote()
+    zygote_client.close_zygote()
     assert zygote.proc.wait(timeout=10) is not None
 
 
@@ -74,7 +74,7 @@ def test_no_fork_starts_every_rank_as_a_fresh_interpreter(fresh_zygote, monkeypa
     try:
         pool.start()
         assert all(isinstance(p, subprocess.Popen) for p in pool._procs)
-        assert pool_mod._ZYGOTE is None
+        assert zygote_client._ZYGOTE is None
     finally:
         pool.close()
 
@@ -83,14 +83,14 @@ def test_a_dead_zygote_is_replaced_on_the_next_start(fresh_zygote):
     first = _pool()
     first.start()
     first.close()
-    dead = pool_mod._ZYGOTE
+    dead = zygote_client._ZYGOTE
     os.kill(dead.proc.pid, signal.SIGKILL)
     dead.proc.wait(timeout=10)
     second = _pool()
     try:
         started = time.monotonic()
         second.start()
-        assert pool_mod._ZYGOTE is not dead and pool_mod._ZYGOTE.proc.poll() is None
+        assert zygote_client._ZYGOTE is not dead and zygote_client._ZYGOTE.proc.poll() is None
         assert time.monotonic() - started < 120
     finally:
         second.close()

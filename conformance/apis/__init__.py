@@ -30,11 +30,11 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.cases import CaseParams
-from conformance.spec import SpecError, binds_signature, qualname, signature_text
+from conformance.signatures import SpecError, binds_signature, qualname, signature_text
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.controller.settings import Settings
-    from conformance.spec import HookSpec
+    from conformance.controller.settings import Settings  # typing only: the controller imports the APIs
+    from conformance.spec import HookSpec  # typing only: spec.py validates specs against this registry
 
 __all__ = ["CASE_KINDS", "SUBGROUP_WORLD_SIZE", "CasePlan", "HookApi", "SuiteTest", "called_as", "no_strategies",
            "subgroup_world_size"]

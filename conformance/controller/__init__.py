@@ -4,6 +4,8 @@ rank and turns their outcomes into one verdict per case.
 Start at :mod:`~conformance.controller.runner` ("how a case travels"). The command is
 :mod:`~conformance.controller.cli` (``conform``, ``python -m conformance``); the pytest plugin is
 :mod:`~conformance.controller.pytest_plugin`; options come from :mod:`~conformance.controller.options`
-and :mod:`~conformance.controller.settings`; the local rank pool is :mod:`~conformance.controller.pool`,
-torchrun's is :mod:`~conformance.controller.remote`.
+and :mod:`~conformance.controller.settings`; the rank pools (:mod:`~conformance.controller.pools`, the protocol the
+runner uses) are local, :mod:`~conformance.controller.pool` (ranks forked by
+:mod:`~conformance.controller.zygote_client`), or
+torchrun's, :mod:`~conformance.controller.remote`.
 """

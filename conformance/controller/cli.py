@@ -19,6 +19,11 @@ import sys
 import textwrap
 from typing import List, Optional
 
+from conformance.controller.interruption import process_signals
+from conformance.controller.options import OPTIONS
+from conformance.controller.zygote_client import start_zygote
+from conformance.exit_codes import INTERRUPTED
+
 SUITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "suite")
 
 
@@ -67,8 +72,6 @@ _NO_CASES = {"-h", "--help", "--version", "--co", "--collect-only", "--fixtures"
 
 def conformance_help() -> str:
     """The suite's part of ``conform --help``: its usage line, then each option with its variable and default."""
-    from conformance.controller.options import OPTIONS
-
     lines = ["usage: conform [--hook MODULE:ATTR ...] [conformance options] [pytest options]",
              "       python -m conformance ...  (the same command, with this interpreter)",
              "",
@@ -120,9 +123,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run the suite; the exit code. Meant to be the process's last act: SIGINT and SIGTERM are handled
     from the start (:func:`conformance.controller.interruption.process_signals`) and ignored once the run
     is over."""
-    from conformance.controller.interruption import process_signals
-    from conformance.exit_codes import INTERRUPTED
-
     # Ctrl-C and SIGTERM are handled from here to the process's end, not only while pytest's session is
     # configured: one landing before it starts or while it closes would otherwise end the run by SIGINT.
     signals = process_signals()
@@ -130,10 +130,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if not _NO_CASES.intersection(argv):
             # The zygote imports torch for the ranks while this process imports it for itself.
-            from conformance.controller.pool import start_zygote
-
             start_zygote()
-        import pytest
+        import pytest  # late: after the zygote started, so that its imports overlap pytest's
 
         if {"-h", "--help"}.intersection(argv):
             captured = io.StringIO()

@@ -29,11 +29,14 @@ import dataclasses
 import importlib
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
 from conformance.protocol import Finding
 from conformance.reports.report import DIAGNOSIS_KINDS
 
 #: Finding kinds that name a cause of the hook's own: such a failure is never replayed.
-HOOK_CAUSES = frozenset({"diagnosis", "diagnosis_wider_dtype", "no_known_cause", "local_gradient",
+HOOK_CAUSES = frozenset({"diagnosis", "diagnosis_wider_dtype", "no_known_cause", "local_gradient", "contract",
                          # what the hook left in its own ranks (conformance.ranks.process_state): never PyTorch's
                          "process_state", "memory"})
 
@@ -101,9 +104,6 @@ class ReferenceCaveat:
     def covers(self, check: str, params: Dict[str, Any], found: Sequence[Finding], torch_version: str) -> bool:
         """Whether this caveat explains a failure of ``check`` with ``found`` on ``torch_version``: the
         hook's own result was native's in every call and every difference is within :attr:`max_ulp`."""
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import Version
-
         if check not in self.checks or not self.applies(params) or not after_the_hook_returned(found):
             return False
         if not SpecifierSet(self.torch).contains(Version(Version(torch_version).base_version), prereleases=True):

@@ -15,7 +15,13 @@ import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import seed as hypothesis_seed
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+
+from conformance.controller.failures import ConformanceFailure
+from conformance.models import get_model
 
 Shapes = Sequence[Tuple[int, ...]]
 
@@ -159,8 +165,6 @@ def named_hard_values(world_size: int, shapes: Shapes, reduce_dtype: Optional[to
 
 def probe_layout() -> Tuple[List[Tuple[int, ...]], List[str]]:
     """``(shapes, FQNs)`` of ``gradient_probe``'s parameters, in ``named_parameters()`` order."""
-    from conformance.models import get_model
-
     probe = get_model("gradient_probe")
     return probe.input_shapes(), [name for name, _ in probe._construct(1).named_parameters()]
 
@@ -191,17 +195,9 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
         ConformanceFailure: with the findings of the first differing example;
             for a generated one, shrunk, with its elements listed.
     """
-    from hypothesis import HealthCheck, Phase, given
-    from hypothesis import seed as hypothesis_seed
-    from hypothesis import settings as hypothesis_settings
-
-    from conformance.controller.pytest_plugin import state_of
-    from conformance.controller.runner import ConformanceFailure
-
     __tracebackhide__ = True
-    state = state_of(request.config)
-    reduce_dtype = state.spec(case.hook).spec.reduce_dtype
-    examples, seed = state.settings.hypothesis_examples, state.settings.hypothesis_seed
+    reduce_dtype = conform.specs[case.hook].spec.reduce_dtype
+    examples, seed = conform.settings.hypothesis_examples, conform.settings.hypothesis_seed
     describe = conform.tag(request, case, check)
     name = request.node.name
     shapes, names = probe_layout()

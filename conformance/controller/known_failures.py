@@ -36,8 +36,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python < 3.11
     import tomli as tomllib
 
+import torch
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
+
+from conformance import fixtures
 
 __all__ = ["KnownFailure", "KnownFailureBook", "KnownFailuresError", "RunEnvironment", "load_known_failures"]
 
@@ -71,8 +74,6 @@ class RunEnvironment:
     @classmethod
     def of_this_process(cls, backend: str, device: str) -> "RunEnvironment":
         """The environment of the imported torch, on ``backend``/``device``."""
-        import torch
-
         cuda_build = getattr(torch.version, "cuda", None) is not None or getattr(torch.version, "hip", None) is not None
         return cls(backend=backend, device=device, torch_version=torch.__version__, cuda_build=cuda_build)
 
@@ -147,8 +148,6 @@ def display_path(path: str) -> str:
     """How messages name a known-failures file: the packaged one by its path in the
     repository (``fixtures/known_failures.toml``), another one relative to the working
     directory when it lies below it, else as given."""
-    from conformance import fixtures
-
     full = os.path.abspath(path)
     packaged = os.path.dirname(os.path.abspath(fixtures.__file__))
     if os.path.dirname(full) == packaged:

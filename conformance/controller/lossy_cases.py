@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from conformance.reports import report
 from conformance.ranks.checks.lossy import lossy_hint
-from conformance.controller.pytest_plugin import state_of
+from conformance.reports import report
+from conformance.reports.results import ShortFigure
 
 
-def _spec(request: Any, case: Any) -> Any:
-    return state_of(request.config).spec(case.hook).spec
+def _spec(conform: Any, case: Any) -> Any:
+    """The case's hook spec, as the runner (``conform``) loaded it."""
+    return conform.specs[case.hook].spec
 
 
 def _params(case: Any, variant: str) -> Dict[str, Any]:
@@ -36,7 +37,7 @@ def exact_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
     to declare one."""
     __tracebackhide__ = True
     conform.check(request, case, check, rank_check, params, note=lambda result, found: lossy_hint(
-        _spec(request, case), found) if found else "")
+        _spec(conform, case), found) if found else "")
 
 
 def error_case(conform: Any, request: Any, case: Any, check: str, api: str, variant: str) -> None:
@@ -46,8 +47,8 @@ def error_case(conform: Any, request: Any, case: Any, check: str, api: str, vari
 
     def observed(result: Any, found: Any) -> str:
         worst = max((o.value.figures for o in result.outcomes), key=lambda f: f["max_rel_error"])
-        request.node.user_properties.append(("observed_rel_error", report.figure(worst["max_rel_error"])))
-        return report.lossy_error_note(worst, _spec(request, case).lossy.rel_error_bound)
+        request.node.user_properties.append(("observed_rel_error", ShortFigure(worst["max_rel_error"])))
+        return report.lossy_error_note(worst, _spec(conform, case).lossy.rel_error_bound)
 
     conform.check(request, case, check, f"{api}.lossy_error", _params(case, variant), note=observed)
 
@@ -58,8 +59,8 @@ def loss_case(conform: Any, request: Any, case: Any, check: str, api: str, varia
 
     def observed(result: Any, found: Any) -> str:
         figures = result.outcomes[0].value.figures
-        request.node.user_properties.append(("observed_loss_rel_diff", report.figure(figures["rel_diff"])))
-        contract = _spec(request, case).lossy
+        request.node.user_properties.append(("observed_loss_rel_diff", ShortFigure(figures["rel_diff"])))
+        contract = _spec(conform, case).lossy
         return report.lossy_loss_note(figures, contract.loss_steps, contract.loss_margin) if found else ""
 
     conform.check(request, case, check, f"{api}.lossy_loss", _params(case, variant), note=observed)

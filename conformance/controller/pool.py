@@ -34,198 +34,19 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
+from conformance.controller.pools import (Pool, PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step,
+                                          memory_grown)
 from conformance.controller.rank_log import RankLog
-from conformance.controller.settings import DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB
+from conformance.controller.zygote_client import close_zygote, rank_env, start_zygote, zygote as _session_zygote
+from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
 
-__all__ = ["PoolConfig", "PoolStartError", "RankPool", "SpecLoadError", "close_zygote", "start_zygote"]
+# PoolConfig, the errors and the zygote's start and stop are imported from here too (their home before the split).
+__all__ = ["Pool", "PoolConfig", "PoolStartError", "RankPool", "SpecLoadError", "close_zygote", "start_zygote"]
 
-#: Seconds the other ranks get to finish after one rank raised or died. A rank
-#: blocked in a collective its peer never joined will not finish at all.
-STRAGGLER_GRACE_S = 5.0
 #: Seconds a rank gets to write its stack after SIGUSR1.
 STACK_DUMP_WAIT_S = 0.5
-
-
-class PoolStartError(RuntimeError):
-    """The pool's processes could not start or join their process group."""
-
-
-class SpecLoadError(PoolStartError):
-    """A hook spec that loaded on the controller could not be loaded inside a rank.
-
-    A usage error, not a hook failure: the message carries the rank's traceback.
-    """
-
-
-def _rank_env() -> dict:
-    """The environment of a rank process (and of the zygote, which imports torch for them): the
-    controller's, with one OpenMP thread unless set, and unbuffered output for the rank logs."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class _Zygote:
-    """The controller's handle on the template process that forks ranks (:mod:`conformance.ranks.zygote`)."""
-
-    def __init__(self) -> None:
-        parent, child = socket.socketpair()
-        env = _rank_env()
-        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.ranks.zygote", str(child.fileno()), str(os.getpid())],
-                                     pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)
-        child.close()
-        self.conn = Connection(parent.detach())
-
-    def spawn(self, sock: socket.socket, out_fd: int, env: Dict[str, str]) -> "_ForkedRank":
-        """Fork a rank that runs ``conformance.ranks.worker`` on (a copy of) ``sock``, its output to (a copy of) ``out_fd``."""
-        from multiprocessing.reduction import send_handle
-
-        send(self.conn, ("spawn", {"env": env}))
-        send_handle(self.conn, sock.fileno(), self.proc.pid)
-        send_handle(self.conn, out_fd, self.proc.pid)
-        kind, pid = recv(self.conn)
-        return _ForkedRank(self, pid)
-
-    def status(self, pids: List[int]) -> Dict[int, Optional[int]]:
-        send(self.conn, ("status", pids))
-        return recv(self.conn)[1]
-
-    def close(self) -> None:
-        self.conn.close()
-        try:
-            self.proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-class _ForkedRank:
-    """A rank forked by the zygote, with the part of ``subprocess.Popen``'s interface the pool uses."""
-
-    def __init__(self, zygote: _Zygote, pid: int):
-        self.zygote = zygote
-        self.pid = pid
-        self.returncode: Optional[int] = None
-
-    def poll(self) -> Optional[int]:
-        if self.returncode is None:
-            try:
-                self.returncode = self.zygote.status([self.pid])[self.pid]
-            except (EOFError, OSError):  # the zygote is gone, and reaped its children with it
-                self.returncode = -signal.SIGKILL
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
-            time.sleep(0.005)
-        return self.returncode  # type: ignore[return-value]
-
-    def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-_ZYGOTE: Optional[_Zygote] = None
-
-
-def _zygote() -> Optional[_Zygote]:
-    """The session's zygote, started on first use; ``None`` when ranks start as fresh interpreters
-    (``CONFORM_FORK_RANKS=0``, or no ``fork`` on this platform)."""
-    global _ZYGOTE
-    if os.environ.get("CONFORM_FORK_RANKS", "1") == "0" or not hasattr(os, "fork"):
-        return None
-    if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
-        _ZYGOTE = _Zygote()
-    return _ZYGOTE
-
-
-def start_zygote() -> None:
-    """Start the session's zygote now, so its imports overlap the controller's (``conform`` does this
-    before pytest starts). A no-op where ranks start as fresh interpreters."""
-    _zygote()
-
-
-def close_zygote() -> None:
-    """Stop the session's zygote (its ranks are the pools' to stop). Idempotent."""
-    global _ZYGOTE
-    if _ZYGOTE is not None:
-        _ZYGOTE.close()
-        _ZYGOTE = None
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolConfig:
-    """How to start a pool.
-
-    Attributes:
-        world_size: number of rank processes.
-        backend: ``"gloo"`` or ``"nccl"``.
-        device: ``"cpu"`` or ``"cuda"`` (rank ``r`` uses ``cuda:r``).
-        case_timeout_s: seconds a case may run before it is called hung.
-        start_timeout_s: seconds the ranks get to import torch and rendezvous.
-        sys_path: the module search path of every rank, the controller's own
-            at the time it loaded the specs (empty: the controller's current one),
-            so that the controller and the ranks resolve every module alike.
-        specs: ``(module:ATTR target, spec name)`` pairs each rank loads while
-            it starts; one that fails is a :class:`SpecLoadError`.
-        log_limit_bytes: bytes of each rank's output kept per case (:class:`RankLog`).
-        memory_growth_bytes: bytes a rank's resident memory may grow over the cases
-            the pool runs (one hook's) before the pool is restarted after the case
-            that crossed it; 0 for no check.
-    """
-
-    world_size: int
-    backend: str
-    device: str
-    case_timeout_s: float = 60.0
-    start_timeout_s: float = 180.0
-    sys_path: Tuple[str, ...] = ()
-    specs: Tuple[Tuple[str, str], ...] = ()
-    log_limit_bytes: int = int(DEFAULT_RANK_LOG_LIMIT_MIB * 2**20)
-    memory_growth_bytes: int = int(DEFAULT_RANK_MEMORY_GROWTH_MIB * 2**20)
-
-
-def gather_outcomes(conns: Sequence[Connection], outcomes: Dict[int, RankOutcome], timeout_s: float,
-                    on_lost: Callable[[int, str], RankOutcome]) -> Dict[int, str]:
-    """Collect one :class:`RankOutcome` per rank of ``conns`` into ``outcomes`` (ranks already in it are
-    not waited for), relaying ``phase`` messages, for at most ``timeout_s`` seconds; once a rank failed,
-    the others get :data:`STRAGGLER_GRACE_S` more. A rank whose connection breaks gets
-    ``on_lost(rank, last phase)``. Returns each rank's last announced phase. Both launchers use it: the
-    local :class:`RankPool` and :class:`conformance.controller.remote.RemotePool`.
-    """
-    phases = {r: "" for r in range(len(conns))}
-    deadline = time.monotonic() + timeout_s
-    grace_deadline: Optional[float] = None
-    while len(outcomes) < len(conns):
-        limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
-        waiting = [c for r, c in enumerate(conns) if r not in outcomes]
-        ready = wait(waiting, timeout=max(limit - time.monotonic(), 0))
-        if not ready:
-            break
-        for conn in ready:
-            rank = conns.index(conn)
-            try:
-                kind, payload = recv(conn)
-            except (EOFError, OSError):
-                outcomes[rank] = on_lost(rank, phases[rank])
-                continue
-            if kind == "phase":
-                phases[rank] = payload
-            elif kind == "outcome":
-                outcomes[rank] = payload
-        if grace_deadline is None and any(not o.ok for o in outcomes.values()):
-            grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
-    return phases
 
 
 class RankPool:
@@ -283,11 +104,11 @@ class RankPool:
         self.starts += 1
         self._dir = tempfile.mkdtemp(prefix="commhook-pool-")
         store_path = os.path.join(self._dir, "store")
-        env = _rank_env()
+        env = rank_env()
         if cfg.backend == "gloo" and sys.platform.startswith("linux"):
             # Keep gloo's connections on loopback: the pool never leaves the machine.
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        zygote = _zygote()
+        zygote = _session_zygote()
         for rank in range(cfg.world_size):
             parent, child = socket.socketpair()
             out_r, out_w = os.pipe()
@@ -314,7 +135,7 @@ class RankPool:
                 os.close(out_w)
                 child.close()
             conn = Connection(parent.detach())
-            send(conn, ("hello", {
+            send(conn, (Msg.HELLO, {
                 "rank": rank,
                 "world_size": cfg.world_size,
                 "backend": cfg.backend,
@@ -359,10 +180,10 @@ class RankPool:
                 except EOFError:
                     self._fail_start(f"rank {rank} exited during start-up "
                                      f"(exit code {self._procs[rank].wait()})", [rank])
-                if kind == "spec_failed":  # _killed_on_error stops the pool
+                if kind == Msg.SPEC_FAILED:  # _killed_on_error stops the pool
                     raise SpecLoadError(f"rank {rank} of the {cfg.backend}/{cfg.device} pool of world size "
                                         f"{cfg.world_size} {payload}")
-                if kind == "failed":
+                if kind == Msg.FAILED:
                     self._fail_start(f"rank {rank} could not join the process group:\n{payload}", [rank])
                 pending.pop(rank)
                 # Memory is counted from here: every case this pool runs is one hook's (conformance.controller.runner).
@@ -390,7 +211,7 @@ class RankPool:
         """Stop the ranks: politely when idle, by SIGKILL otherwise. Idempotent."""
         for conn in self._conns:
             try:
-                send(conn, ("shutdown", None))
+                send(conn, (Msg.SHUTDOWN, None))
             except OSError:
                 pass
         deadline = time.monotonic() + 5.0
@@ -444,7 +265,7 @@ class RankPool:
         started = time.perf_counter()
         self._cases_run += 1
         for conn in self._conns:
-            send(conn, ("case", case))
+            send(conn, (Msg.CASE, case))
         outcomes: Dict[int, RankOutcome] = {}
         phases = gather_outcomes(self._conns, outcomes, timeout_s, lambda rank, phase: RankOutcome(
             rank=rank, exit_code=self._procs[rank].wait(), phase=phase))
@@ -497,49 +318,3 @@ class RankPool:
                 os.kill(proc.pid, signal.SIGUSR1)
         time.sleep(STACK_DUMP_WAIT_S)
         return {r: self._logs[r].excerpt(0, 6000) or "(no stack written)" for r in ranks}
-
-
-def in_step(conns: Sequence[Connection], seq: int) -> Optional[str]:
-    """After a case, every rank all-reduces ``seq`` on the default process group as a hook would find it
-    (``group=None``): ``None`` when each answers ``seq * len(conns)``; else why not (a rank that is gone or
-    silent for :data:`STRAGGLER_GRACE_S`, ranks out of step, or a rank's error: a default group that was
-    destroyed or replaced). Both launchers use it (:class:`RankPool`, :class:`conformance.controller.remote.RemotePool`).
-    """
-    for conn in conns:
-        try:
-            send(conn, ("ping", seq))
-        except OSError:
-            return f"rank {list(conns).index(conn)} is gone"
-    expected = seq * len(conns)
-    deadline = time.monotonic() + STRAGGLER_GRACE_S
-    replies = 0
-    while replies < len(conns):
-        ready = wait(list(conns), timeout=max(deadline - time.monotonic(), 0))
-        if not ready:
-            return f"the ranks did not all answer an all-reduce within {STRAGGLER_GRACE_S:g} s"
-        for conn in ready:
-            rank = list(conns).index(conn)
-            try:
-                kind, payload = recv(conn)
-            except (EOFError, OSError):
-                return f"rank {rank} is gone"
-            if kind != "pong":
-                continue
-            if isinstance(payload, str):
-                return f"rank {rank}: {payload}"
-            if payload != expected:
-                return f"the ranks are out of step (rank {rank} summed {payload}, expected {expected})"
-            replies += 1
-    return None
-
-
-def memory_grown(rss_ready: Sequence[Optional[int]], outcomes: Any, bound: int) -> Tuple[Tuple[int, int, int], ...]:
-    """``(rank, bytes grown, bytes now)`` of each rank whose resident memory (``RankOutcome.rss``) grew by
-    more than ``bound`` bytes since it was ready (``rss_ready[rank]``): over every case of its pool, which are
-    the cases of one hook. Both launchers use it."""
-    grown = []
-    for o in outcomes:
-        before = rss_ready[o.rank] if o.rank < len(rss_ready) else None
-        if before is not None and o.rss is not None and o.rss - before > bound:
-            grown.append((o.rank, o.rss - before, o.rss))
-    return tuple(sorted(grown))

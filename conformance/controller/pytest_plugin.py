@@ -12,19 +12,24 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
-from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
 import pytest
+import torch
+from packaging.version import Version
 
-from conformance.reports import results_plugin, session_report
-from conformance.controller.interruption import session_signals
-from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
+from conformance.apis.registry import api_of_test, planned_cases
 from conformance.controller import settings as settings_mod
+from conformance.controller.failures import ConformanceFailure, NotRun
+from conformance.controller.interruption import session_signals
 from conformance.controller.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
+from conformance.controller.runner import Runner
 from conformance.controller.spec_loading import LoadedSpec, load_specs, user_paths_first
-from conformance.spec import SpecError
+from conformance.reports import results_plugin, session_report
+from conformance.reports.bookkeeper import PLUGIN_NAME as BOOKKEEPER, Bookkeeper
+from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
 from conformance.reports.summary import Summary, case_hook, case_of
+from conformance.spec import SpecError
 
 #: The oldest torch the suite runs on (README's compatibility table).
 MIN_TORCH = (2, 4)
@@ -37,19 +42,9 @@ class SessionState:
     book: KnownFailureBook
     sys_path: Tuple[str, ...] = ()
     runner: Optional[object] = None
-    per_hook: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
-    per_hook_failed_checks: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
-    xfail_reasons: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
-    xpassed: List[str] = dataclasses.field(default_factory=list)
     unused_entries: List[object] = dataclasses.field(default_factory=list)
-    #: Per hook, why its cases were skipped, with counts.
-    skip_reasons: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
-    #: World sizes at which each hook's cases ran (skipped cases excluded).
-    ran_at: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
     #: Every world size the run plans a case at that can run here -> its suite tests (the header, the JSON).
     world_sizes: Dict[int, set] = dataclasses.field(default_factory=dict)
-    #: Per hook, why some of its cases could not run (the run's own failure: a pool that could not start).
-    not_run: Dict[str, set] = dataclasses.field(default_factory=lambda: defaultdict(set))
 
     def spec(self, name: str) -> LoadedSpec:
         for item in self.specs:
@@ -80,8 +75,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance case run on the rank pool")
-    import torch
-
     if _release(torch.__version__) < MIN_TORCH:
         raise pytest.UsageError(f"torch {torch.__version__} is older than {'.'.join(map(str, MIN_TORCH))}, the "
                                 "oldest the suite supports: use a venv with torch>=2.4")
@@ -99,18 +92,18 @@ def pytest_configure(config: pytest.Config) -> None:
     state = SessionState(settings=settings, specs=specs, book=KnownFailureBook(entries, env), sys_path=sys_path,
                          world_sizes=session_report.planned_world_sizes([s.spec for s in specs], settings))
     config.stash[_STATE_KEY] = state
-    config.pluginmanager.register(Summary(state), "conformance-summary")
+    keeper = Bookkeeper(state)  # classifies every case's reports, for the summary and the results files
+    config.pluginmanager.register(keeper, BOOKKEEPER)
+    config.pluginmanager.register(Summary(state, keeper), "conformance-summary")
     config.pluginmanager.register(_Stopping(state), "conformance-stopping")
     # Before any case: an unwritable or busy report path is a usage error (the reports are marked stale later,
     # once a case is about to run).
     config.pluginmanager.register(ReportGuard(config, settings.json_path, settings.markdown_path,
                                               keep=tuple(p for p in (settings.baseline_path,) if p)), REPORT_FILES)
-    results_plugin.register(config, state)  # --json, --markdown, --baseline; the per-hook grids
+    results_plugin.register(config, state, keeper)  # --json, --markdown, --baseline; the per-hook grids
 
 
 def _release(version: str) -> Tuple[int, ...]:
-    from packaging.version import Version
-
     return Version(version).release
 
 
@@ -124,8 +117,6 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
     state = config.stash.get(_STATE_KEY, None)
     if state is None:
         return []
-    import torch
-
     return session_report.header_lines(state, torch.__version__)
 
 
@@ -188,8 +179,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     state = metafunc.config.stash.get(_STATE_KEY, None)
     if state is None or "case" not in metafunc.fixturenames or not metafunc.definition.get_closest_marker("conformance"):
         return
-    from conformance.apis.registry import api_of_test, planned_cases
-
     if api_of_test(metafunc.function.__name__) is None:
         return
     params = [pytest.param(case, id=case.id, marks=[pytest.mark.skip(reason=case.skip)] if case.skip else [])
@@ -211,8 +200,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     """
     report = yield
     if call.excinfo is not None:
-        from conformance.controller.runner import ConformanceFailure, NotRun
-
         exc = call.excinfo.value
         props: List[Tuple[str, str]] = []
         if isinstance(exc, ConformanceFailure):
@@ -264,8 +251,6 @@ class _Stopping:
 def conform(request: pytest.FixtureRequest):
     """The session's :class:`~conformance.controller.runner.Runner`: every spec loaded once inside a rank, then the
     first hook's pools launched (the rest start when their hook's turn comes)."""
-    from conformance.controller.runner import Runner
-
     state = state_of(request.config)
     if state.runner is None:
         runner = state.runner = Runner(state.settings, state.specs, state.sys_path)

@@ -34,8 +34,10 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from conformance.controller.pool import PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step, memory_grown
-from conformance.protocol import Case, CaseResult, RankOutcome, recv, send
+import pytest
+
+from conformance.controller.pools import PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step, memory_grown
+from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
 from conformance.controller.remote_link import Address, format_address, read_authkey
 from conformance.controller.remote_listener import RankListener, shutdown_rank
 
@@ -68,7 +70,8 @@ class RanksNotConnected(PoolStartError):
 
 
 class RemotePool:
-    """The ranks torchrun started, with :class:`conformance.controller.pool.RankPool`'s interface.
+    """The ranks torchrun started, a :class:`~conformance.controller.pools.Pool` as
+    :class:`conformance.controller.pool.RankPool` is.
 
     Args:
         config: as for a local pool; ``world_size`` must equal torchrun's
@@ -153,8 +156,6 @@ class RemotePool:
                 _refuse_join(conn, reason)
                 for other, _ in joined.values():
                     _refuse_join(other, reason)
-                import pytest
-
                 pytest.exit(f"usage error: {reason}", returncode=pytest.ExitCode.USAGE_ERROR)
             old = joined.pop(info["rank"], None)
             if old is not None:  # a rank of an earlier worker group that had not gone yet
@@ -168,7 +169,7 @@ class RemotePool:
                  "log_limit_bytes": cfg.log_limit_bytes}
         for rank, conn in enumerate(self._conns):
             try:
-                send(conn, ("hello", hello))
+                send(conn, (Msg.HELLO, hello))
             except OSError:
                 raise PoolStartError(f"rank {rank} ({self._where(rank)}) lost its connection before it joined the "
                                      "process group; see the torchrun agent's output there") from None
@@ -187,10 +188,10 @@ class RemotePool:
                 except (EOFError, OSError):
                     raise PoolStartError(f"rank {rank} ({self._where(rank)}) exited while joining the process "
                                          "group; see the torchrun agent's output there") from None
-                if kind == "spec_failed":
+                if kind == Msg.SPEC_FAILED:
                     raise SpecLoadError(f"rank {rank} ({self._where(rank)}) of torchrun's worker group of world size "
                                         f"{n} {payload}")
-                if kind == "failed":
+                if kind == Msg.FAILED:
                     raise PoolStartError(f"rank {rank} ({self._where(rank)}) could not join the process group:\n"
                                          f"{payload}")
                 pending.pop(rank)
@@ -241,7 +242,7 @@ class RemotePool:
             return
         for conn in self._conns:
             try:
-                send(conn, ("rehost", None))
+                send(conn, (Msg.REHOST, None))
             except OSError:
                 pass
         if self._conns:
@@ -281,7 +282,7 @@ class RemotePool:
         lost: set = set()
         for r, conn in enumerate(self._conns):
             try:
-                send(conn, ("case", case))
+                send(conn, (Msg.CASE, case))
             except OSError:
                 lost.add(r)
                 outcomes[r] = RankOutcome(rank=r, lost=LOST.format(host=self._info[r]["host"]))
@@ -296,14 +297,14 @@ class RemotePool:
         unfinished = [r for r in range(n) if r not in outcomes]
         for r, outcome in outcomes.items():
             if not outcome.ok and r not in lost:
-                outcome.output = self._ask(r, "output")
+                outcome.output = self._ask(r, Msg.OUTPUT)
         rebuilt = False
         group_broken = ""
         grown: Tuple[Tuple[int, int, int], ...] = ()
         self._cases_run += 1
         if unfinished:
             for r in unfinished:
-                stack = self._ask(r, "stacks") or "(no stack written)"
+                stack = self._ask(r, Msg.STACKS) or "(no stack written)"
                 outcomes[r] = RankOutcome(rank=r, phase=phases[r], stack=stack)
             self.kill()
             rebuilt = True
@@ -328,10 +329,10 @@ class RemotePool:
                           pool_rebuilt=rebuilt, memory_grown=grown, memory_bound=self.config.memory_growth_bytes,
                           cases_on_pool=self._cases_run, group_broken=group_broken)
 
-    def _ask(self, rank: int, what: str) -> str:
-        """Rank ``rank``'s reply to ``("stacks" | "output", None)``, answered by its watchdog thread; ``""`` if none."""
+    def _ask(self, rank: int, what: Msg) -> str:
+        """Rank ``rank``'s reply to ``(Msg.STACKS | Msg.OUTPUT, None)``, answered by its watchdog thread; ``""`` if none."""
         conn = self._conns[rank]
-        reply = {"stacks": "stack", "output": "output"}[what]
+        reply = {Msg.STACKS: Msg.STACK, Msg.OUTPUT: Msg.OUTPUT}[what]
         try:
             send(conn, (what, None))
             deadline = time.monotonic() + ASK_TIMEOUT_S
@@ -345,7 +346,7 @@ class RemotePool:
 
 def _refuse_join(conn: Connection, reason: str) -> None:
     try:
-        send(conn, ("refused", reason))
+        send(conn, (Msg.REFUSED, reason))
     except OSError:
         pass
     conn.close()
@@ -361,8 +362,6 @@ def remote_pool(config: PoolConfig, address: Address, listen_timeout_s: float) -
     missing or exposed, or ``address`` cannot be listened on.
     """
     global _LISTENER
-    import pytest
-
     if _LISTENER is None or _LISTENER.closed:
         where = format_address(address)
         try:

@@ -3,7 +3,7 @@
 :class:`RankListener` accepts connections in one background thread, only on the
 address the user named, and runs each peer's handshake
 (:class:`conformance.controller.remote_link.Handshake`: the shared secret both ways, then
-the rank's ``("join", info)``) in a thread of its own. It holds under abuse:
+the rank's ``(Msg.JOIN, info)``) in a thread of its own. It holds under abuse:
 
 * at most ``max_handshakes`` handshakes run at once; a peer that connects
   while they all are under way is closed at once (a real rank retries);
@@ -30,7 +30,7 @@ import uuid
 from multiprocessing.connection import Connection
 from typing import Any, Dict, List, Optional, Tuple
 
-from conformance.protocol import recv, send
+from conformance.protocol import Msg, recv, send
 from conformance.controller.remote_link import (HANDSHAKE_TIMEOUT_S, Address, AuthenticationError, Handshake, HandshakeTimeout,
                                      format_address)
 
@@ -107,7 +107,7 @@ class RankListener:
 
     Each peer gets a :class:`conformance.controller.remote_link.Handshake` (the
     challenge/response of ``multiprocessing.connection``, both ways) before
-    anything it sends is unpickled; then its ``("join", info)`` is read, and the
+    anything it sends is unpickled; then its ``(Msg.JOIN, info)`` is read, and the
     rank waits in :meth:`next_join`.
 
     Args:
@@ -207,7 +207,7 @@ class RankListener:
             return
         try:
             kind, info = pickle.loads(handshake.recv_bytes(MAX_JOIN_BYTES))  # authenticated: it knows the secret
-            if kind != "join" or not isinstance(info, dict):
+            if kind != Msg.JOIN or not isinstance(info, dict):
                 raise ValueError(f"sent {kind!r} instead of join")
         except HandshakeTimeout as exc:
             handshake.close()
@@ -264,7 +264,7 @@ class RankListener:
 def shutdown_rank(conn: Connection) -> None:
     """Tell a rank to shut down (it exits 0) and close its connection; a rank already gone is fine."""
     try:
-        send(conn, ("shutdown", None))
+        send(conn, (Msg.SHUTDOWN, None))
         if conn.poll(2.0):
             recv(conn)
     except (OSError, EOFError):

@@ -1,7 +1,9 @@
 """The controller's side of a case: pick the pool, run, turn rank outcomes into one verdict.
 
 :class:`Runner` is what the suite's tests call. It keeps one
-:class:`~conformance.controller.pool.RankPool` per world size for the whole session and
+:class:`~conformance.controller.pools.Pool` per world size for the whole session (local
+ranks, :class:`~conformance.controller.pool.RankPool`, or torchrun's,
+:class:`~conformance.controller.remote.RemotePool`) and
 raises :class:`ConformanceFailure` (an ``AssertionError``, so pytest reports a
 plain failure) with a message that names the hook, check, strategy, model,
 world size, and per finding the rank, step and parameter FQN, and ends with
@@ -58,41 +60,24 @@ import shlex
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
+
 from conformance.controller import case_kinds, default_replay
-from conformance.reports import report
-from conformance.ranks.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
-from conformance.ranks.compare import compare_bitwise
-from conformance.controller.pool import PoolConfig, PoolStartError, RankPool, SpecLoadError, close_zygote
-from conformance.protocol import Case, CaseResult, Finding, HookRef
+from conformance.controller.across_ranks import compare_across_ranks, findings_of
+from conformance.controller.cli import command_words
+from conformance.controller.failures import ConformanceFailure, NotRun
+from conformance.controller.pool import RankPool
+from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
+from conformance.controller.remote import remote_pool
+from conformance.controller.replays import replay_default_hook, replay_reference
 from conformance.controller.spec_loading import pythonpath_to_rerun
+from conformance.controller.zygote_client import close_zygote
+from conformance.protocol import Case, CaseResult, Finding, HookRef
+from conformance.ranks.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
+from conformance.reports import report
 
+# ConformanceFailure, NotRun and compare_across_ranks are imported from here too (their home before the split).
+__all__ = ["ConformanceFailure", "NotRun", "Runner", "compare_across_ranks"]
 
-
-class ConformanceFailure(AssertionError):
-    """A hook failed a check; the message is the whole report of that case.
-
-    Attributes:
-        findings: the findings behind it; when a rank raised, hung or died, only those of what the
-            hook left behind in its process (kinds ``"process_state"``, ``"memory"``).
-        rank_problems: a rank raised, hung or died.
-    """
-
-    def __init__(self, message: str, findings: Sequence[Finding] = (), rank_problems: bool = False):
-        super().__init__(message)
-        self.findings = tuple(findings)
-        self.rank_problems = rank_problems
-
-
-class NotRun(pytest.skip.Exception):  # type: ignore[misc,name-defined]
-    """A case that the run's own infrastructure could not run (a rank pool that could not start, ranks that
-    never connected). Reported as a skip whose reason starts ``NOT RUN:``; the plugin marks the case
-    (JUnit property ``not_run``), the hook's verdict reads ``NOT RUN (reason)`` unless a case of it
-    failed, and the run exits :data:`conformance.exit_codes.RUN_ERROR`. Never the hook's failure.
-    """
-
-    def __init__(self, reason: str):
-        super().__init__(f"NOT RUN: {reason}", pytrace=False)
-        self.reason = reason
 
 
 class Runner:
@@ -117,7 +102,7 @@ class Runner:
         self.settings = settings
         self.specs = {item.spec.name: item for item in specs}
         self.sys_path = tuple(sys_path)
-        self.pools: Dict[int, RankPool] = {}
+        self.pools: Dict[int, Pool] = {}
         self.restarts = 0
         self.timings: List[tuple] = []
         #: The world sizes each hook's cases need (the plugin fills it from the collected cases), so
@@ -138,7 +123,7 @@ class Runner:
         """Whether torchrun starts the ranks (``--listen``): they re-exec for each hook instead of forking."""
         return getattr(self.settings, "listen", None) is not None
 
-    def pool(self, world_size: int, hook: Optional[str] = None) -> RankPool:
+    def pool(self, world_size: int, hook: Optional[str] = None) -> Pool:
         """The pool of ``world_size`` ranks for ``hook``'s cases, placed by :meth:`Settings.placement` (made,
         not started). Asking for another hook than the pools serve closes them all first (:meth:`serve`)."""
         s = self.settings
@@ -151,8 +136,6 @@ class Runner:
                                 log_limit_bytes=s.rank_log_limit_bytes,
                                 memory_growth_bytes=s.rank_memory_growth_bytes)
             if self.remote:  # torchrun's ranks, on any node (conformance.controller.remote)
-                from conformance.controller.remote import remote_pool
-
                 self.pools[world_size] = remote_pool(config, s.listen, s.listen_timeout_s)
             else:
                 self.pools[world_size] = RankPool(config)
@@ -184,7 +167,7 @@ class Runner:
         targets: Dict[str, List[str]] = {}
         for name, item in self.specs.items():
             targets.setdefault(item.target, []).append(name)
-        loaders = []
+        loaders: List[Pool] = []
         try:
             for target, names in targets.items():
                 loader = RankPool(PoolConfig(world_size=1, backend="gloo", device="cpu",
@@ -263,7 +246,7 @@ class Runner:
             if leaks:
                 problems += "\n" + report.findings_text(leaks)
             if report.failed_in_reference(result) and check in REPLAYS_REFERENCE:
-                problems += self._replay_reference(pool, case, describe)
+                problems += replay_reference(self, pool, case, describe)
             self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size, leaks,
                       rank_problems=True)
         if findings:
@@ -271,7 +254,7 @@ class Runner:
                                [f for o in result.outcomes for f in o.value.findings] + leaks)
         return result
 
-    def _pool_or_not_run(self, world_size: int, hook: Optional[str]) -> RankPool:
+    def _pool_or_not_run(self, world_size: int, hook: Optional[str]) -> Pool:
         """The case's pool; :class:`NotRun` at once where that hook's pool at that world size already failed
         to start (another wait would only fail again)."""
         __tracebackhide__ = True
@@ -313,11 +296,11 @@ class Runner:
         name = request.node.name
         result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
                           describe=describe, findings=False)
-        found = _findings(result, across_ranks)
+        found = findings_of(result, across_ranks)
         closing = note(result, found) if note is not None else ""
         if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)
                 and not request.node.get_closest_marker("xfail")):  # a known failure is no red to avoid
-            replayed = self._replay_default_hook(case, rank_check, params, found, across_ranks)
+            replayed = replay_default_hook(self, case, rank_check, params, found, across_ranks)
             closing = "\n".join(text for text in (closing, replayed) if text)
         self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
         return result
@@ -328,62 +311,7 @@ class Runner:
         __tracebackhide__ = True
         case_kinds.run_case(self, request, case)
 
-    def _replay_default_hook(self, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
-                             across_ranks: bool) -> str:
-        """Skip a failure that any hook would get here (:mod:`conformance.controller.default_replay`): one a reference
-        caveat of this torch version explains, or that PyTorch's own default hook for the case shows too
-        (replayed on the same pool, or the hook under test itself). Else the failure's closing note."""
-        __tracebackhide__ = True
-        import torch
-
-        from conformance.apis.registry import HOOK_APIS
-
-        version, item = torch.__version__, self.specs[case.hook]
-        caveat = default_replay.caveat_for(rank_check, params, found, version)
-        if caveat is not None:
-            pytest.skip(default_replay.caveat_reason(caveat, found, version))
-        api = HOOK_APIS[item.spec.api]
-        name = default_replay.default_hook_name(api, item.spec, params, case.world_size)
-        if name is None:
-            return ""
-        if item.target == api.builtin_hooks and case.hook == name:  # the evidence is this very failure
-            if default_replay.after_the_hook_returned(found):
-                pytest.skip(default_replay.default_hook_reason(name, found, version, itself=True))
-            return ""
-        # In ranks of its own (serving no hook under test), as every hook's cases run; the default hook's
-        # spec is loaded there on first use. The hook's next case gets its own ranks again.
-        result = self._replay(self.pool(case.world_size, hook=None), Case(
-            check=rank_check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
-            case_id=f"{case.hook} case replayed with {name}"))
-        theirs = _findings(result, across_ranks) if result.all_ok else []
-        if result.all_ok and default_replay.same_difference(found, theirs):
-            pytest.skip(default_replay.default_hook_reason(name, found, version, itself=False))
-        if not default_replay.after_the_hook_returned(found):
-            return ""
-        return "  " + default_replay.default_hook_note(name, theirs, result.all_ok)
-
-    def _replay_reference(self, pool: RankPool, case: Case, describe: Dict[str, Any]) -> str:
-        """Train the reference alone; skip the case if it fails there too, else say the hook broke it.
-
-        The suite never blames a hook for its own reference: a reference that
-        PyTorch cannot run here (a bug of this torch version, say) makes the
-        case a skip with the reference's error as the reason.
-        """
-        __tracebackhide__ = True
-        import torch
-
-        result = self._replay(pool, Case(check=case.check, hook=case.hook,
-                                         params={**case.params, "reference_only": True}, case_id=case.case_id))
-        bad = [o for o in result.outcomes if not o.ok]
-        if bad:
-            what = " ".join(f"{k}={v}" for k, v in describe.items())
-            pytest.skip(f"the suite's reference ({what}, no hook under test) cannot run here with torch "
-                        f"{torch.__version__}: rank {bad[0].rank} {bad[0].summary().split(': ', 1)[-1]}: "
-                        f"{report.exception_line(bad[0].error or bad[0].stack or '')}")
-        return ("\n(the reference trained alone, with no hook, runs here: the failure above comes from "
-                "training it beside the hooked model)")
-
-    def _replay(self, pool: RankPool, replay: Case) -> CaseResult:
+    def _replay(self, pool: Pool, replay: Case) -> CaseResult:
         """Run a replay of a failed case (another hook, or the reference alone) on ``pool``."""
         result = pool.run(replay)
         if result.pool_rebuilt:
@@ -410,8 +338,6 @@ class Runner:
         the case's pool and a hypothesis seed where one was given
         (:meth:`Settings.rerun_args`, paths absolute), ``-k test_name``.
         """
-        from conformance.controller.cli import command_words
-
         args = command_words()
         item = self.specs.get(hook) if hook else None
         if item is not None and item.origin == "--hook":
@@ -432,39 +358,3 @@ class Runner:
         if findings:
             body = report.findings_text(findings) + (f"\n{note}" if note else "")
             self.fail(test_name, hook, report.header(hook, describe, world_size), body, world_size, findings)
-
-
-def _findings(result: CaseResult, across_ranks: bool) -> List[Finding]:
-    """Every rank's findings; with ``across_ranks`` and none, each rank's gradients against rank 0's; then what
-    the hook left in its ranks (:meth:`CaseResult.leak_findings`)."""
-    found = [f for o in result.outcomes for f in o.value.findings]
-    if not found and across_ranks:
-        found = compare_across_ranks([o.value.grads for o in result.outcomes])
-    return found + result.leak_findings()
-
-
-def compare_across_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Finding]:
-    """Findings where a rank's gradients differ from rank 0's, step by step.
-
-    ``per_rank[r][step][fqn]`` is rank ``r``'s gradient (CPU tensor or ``None``).
-    Mirrors what DDP and FSDP ``NO_SHARD`` guarantee: after the reduction every
-    rank holds the identical gradient.
-    """
-    findings: List[Finding] = []
-    base = per_rank[0]
-    for rank, steps in enumerate(per_rank[1:], start=1):
-        for step, (mine, theirs) in enumerate(zip(steps, base)):
-            for fqn, ref in theirs.items():
-                got = mine.get(fqn)
-                if (got is None) != (ref is None):
-                    findings.append(Finding(rank, "gradient presence differs from rank 0", step=step, fqn=fqn))
-                    continue
-                if got is None:
-                    continue
-                mismatch = compare_bitwise(got, ref)
-                if mismatch is not None:
-                    findings.append(Finding(rank, "gradient differs from rank 0's after the reduction",
-                                            step=step, fqn=fqn, mismatch=mismatch))
-            if findings:
-                return findings
-    return findings

@@ -13,6 +13,12 @@ import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import torch
+
+from conformance import fixtures
+from conformance.controller.remote_link import LinkError, parse_address, read_authkey
+from conformance.reports.results import unwritable_reason
+
 # Declared in their own modules, and importable from here as before.
 from conformance.controller.capacity import (CPU_RANK_MEMORY_BYTES, MAX_CPU_RANKS_PER_CORE, available_memory,  # noqa: F401
                                   check_cpu_capacity, cpu_count)
@@ -145,8 +151,6 @@ class Settings:
 
 
 def _default_known_failures() -> str:
-    from conformance import fixtures
-
     return os.path.join(os.path.dirname(fixtures.__file__), "known_failures.toml")
 
 
@@ -208,8 +212,6 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     """
     env = dict(os.environ) if env is None else env
     if gpu_count is None:
-        import torch
-
         gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cores = cpu_count() if cores is None else cores
     memory = available_memory() if memory == -1 else memory
@@ -337,8 +339,6 @@ def _results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
             that cannot be created or written), a baseline that is not a file, an unknown
             ``--fail-on``, or ``--fail-on regressions`` without a baseline.
     """
-    from conformance.reports.results import unwritable_reason
-
     out: Dict[str, Any] = {}
     for dest, key in (("conform_json", "json_path"), ("conform_markdown", "markdown_path")):
         value, source = pick(dest)
@@ -368,8 +368,6 @@ def _listen(value: Any, source: str, env: Dict[str, str], pick: Callable[[str], 
     """``--listen HOST:PORT`` as ``(host, port)``, or ``None``; the run's world size and secret must be given too."""
     if value is None:
         return None
-    from conformance.controller.remote_link import LinkError, parse_address, read_authkey
-
     try:
         address = parse_address(value, source)
         read_authkey(env)

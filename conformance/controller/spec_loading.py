@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import os
 import sys
+from importlib import metadata
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.controller import suite_checkout
@@ -96,8 +97,6 @@ def _describe(obj: object) -> str:
 
 def entry_point_targets() -> List[str]:
     """``module:ATTR`` values of the installed ``conformance.hooks`` entry points."""
-    from importlib import metadata
-
     eps = metadata.entry_points()
     if hasattr(eps, "select"):
         selected: Iterable = eps.select(group=ENTRY_POINT_GROUP)
@@ -143,7 +142,7 @@ def user_paths_first() -> Tuple[str, ...]:
     """Put the working directory, then each ``PYTHONPATH`` entry, at the front of ``sys.path``.
 
     The controller calls this before it loads any spec and hands the result to
-    every rank (:attr:`conformance.controller.pool.PoolConfig.sys_path`), so both resolve
+    every rank (:attr:`conformance.controller.pools.PoolConfig.sys_path`), so both resolve
     ``--hook my_pkg.hooks:SPEC`` alike, as ``python -m`` would from here. Paths
     are made absolute, so a rank started elsewhere finds the same files.
 

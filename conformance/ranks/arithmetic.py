@@ -28,7 +28,7 @@ import torch.distributed as dist
 from conformance.ranks.ulps import dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.ranks.diagnosis import HookCall
+    from conformance.ranks.diagnosis import HookCall  # typing only: diagnosis imports this module
 
 __all__ = ["Arithmetic", "reduced"]
 
@@ -49,6 +49,60 @@ def reduced(x: torch.Tensor, call: "HookCall", group: Any, world_size: int, shif
     return out
 
 
+def rank_values(x: torch.Tensor, group: Any, world_size: int) -> List[torch.Tensor]:
+    """Every rank's ``x`` (same shape and dtype on every rank), in rank order: an all-gather.
+
+    The values travel as float64, which holds every float16, bfloat16 and float32 value exactly (gloo
+    gathers no bfloat16), and come back in ``x``'s dtype.
+    """
+    wide = x.detach().to(torch.float64).contiguous()
+    out = [torch.empty_like(wide) for _ in range(world_size)]
+    dist.all_gather(out, wide, group=group)
+    return [t.to(x.dtype) for t in out]
+
+
+def in_rank_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``((values[0] + values[1]) + values[2]) + ...`` in their own dtype: the sum a hook that gathered them
+    computes in a loop."""
+    total = values[0].clone()
+    for v in values[1:]:
+        total += v
+    return total
+
+
+def _chunks_differ(values: Sequence[torch.Tensor], n: int, a: int, b: int) -> bool:
+    """Whether chunk ``a`` and chunk ``b`` (of ``n``) differ in the bits of any rank's values: where they do not
+    (symmetric or constant inputs), a shard of the wrong rank cannot be told from the right one."""
+    for v in values:
+        ca, cb = v.chunk(n)[a], v.chunk(n)[b]
+        if ca.shape != cb.shape or not bool(_bits_equal(ca, cb)):
+            return True
+    return False
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return bool(torch.equal(a.contiguous().reshape(-1).view(bits), b.contiguous().reshape(-1).view(bits)))
+
+
+def in_ring_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum a ring all-reduce over ``len(values)`` ranks computes: the first ``numel - numel % N`` elements
+    in ``N`` equal chunks, chunk ``c`` summed from rank ``c`` round the ring (``(v[c] + v[c+1]) + ...``);
+    the remaining elements in rank order (:func:`in_rank_order`)."""
+    n = len(values)
+    total = in_rank_order(values)
+    body = values[0].numel() - values[0].numel() % n
+    if body:
+        flat = total.view(-1)[:body].view(n, -1)
+        parts = [v.reshape(-1)[:body].view(n, -1) for v in values]
+        for c in range(n):
+            acc = parts[c][c].clone()
+            for k in range(1, n):
+                acc += parts[(c + k) % n][c]
+            flat[c] = acc
+    return total
+
+
 @dataclasses.dataclass(frozen=True)
 class Arithmetic(abc.ABC):
     """How one hook API's native path reduces one buffer, and the causes a hook's result is tested against.
@@ -64,6 +118,11 @@ class Arithmetic(abc.ABC):
     #: Whether dividing by the world size before the SUM is native's own order here, so that cause would
     #: name native (FSDP1 where the pre-divide factor is the world size).
     divides_before_sum = False
+
+    #: Whether the hook picks its own divisor (FSDP1, DDP): then a divisor read off the default group
+    #: (``dist.get_world_size()`` with no group) where the hook's process group is smaller is a cause.
+    #: FSDP2 tells a comm the op and divides itself.
+    hook_picks_divisor = True
 
     @abc.abstractmethod
     def reduce(self, t: torch.Tensor, cast: bool, call: "HookCall", group: Any, group_size: int,
@@ -116,6 +175,15 @@ class Arithmetic(abc.ABC):
         dtype = call.output.dtype
         out: List[Tuple[str, torch.Tensor]] = [("native", self.native(x, call, group, claim))]
         summed = reduced(x.to(reduce_in), call, group, ws)
+        # Named before "averaged twice", which it equals bit for bit where both sizes are powers of two.
+        default_ws = dist.get_world_size() if self.hook_picks_divisor else ws
+        if default_ws != ws:
+            source = (f"{default_ws} ranks, the default group's size (dist.get_world_size() with no group), where "
+                      f"the hook's process group has {ws}: ask the process group, dist.get_world_size(group)")
+            out.append((f"divided as for {source}", self.dividing_as(default_ws).native(x, call, group, claim,
+                                                                                     group_size=ws)))
+            out.append((f"SUM, then divided by {default_ws} (the default group's size, not the process group's {ws})",
+                        summed.div(default_ws).to(dtype)))
         out.append((f"SUM without averaging: {ws} times native's average (the world size)", summed.to(dtype)))
         out.append((f"averaged twice: native's average divided by {ws} again",
                     out[0][1].to(reduce_in).div(ws).to(dtype)))
@@ -123,23 +191,49 @@ class Arithmetic(abc.ABC):
         if not self.divides_before_sum:
             out.append((f"divided by {ws} before the SUM, where {self.describe()}",
                         reduced(x.to(reduce_in).div(ws), call, group, ws).to(dtype)))
+        # A hook that gathers every rank's values and reduces them itself sums in rank order, not in the
+        # collective's order (which need not be rank order at 3 or more ranks).
+        gathered = rank_values(x.to(reduce_in), group, ws)
+        mine = (lambda t: t.chunk(ws)[rank]) if call.sharded else (lambda t: t)
+        order = " + ".join(f"rank {i}" for i in range(ws))
+        out.append((f"summed in rank order ({order}), then divided by {ws}, where {self.describe()}",
+                    mine(in_rank_order(gathered).div(ws)).to(dtype)))
+        out.append((f"each rank's values multiplied by 1/{ws}, then summed in rank order ({order}), where "
+                    f"{self.describe()}", mine(in_rank_order([g.mul(1.0 / ws) for g in gathered])).to(dtype)))
+        if ws >= 3 and not call.sharded:
+            # A ring all-reduce (a reduce-scatter pass, then an all-gather) sums chunk c from rank c on; at 2
+            # ranks every order is the same.
+            ring = "in ring order (chunk c summed from rank c round the ring)"
+            out.append((f"SUM {ring}, without averaging", in_ring_order(gathered).to(dtype)))
+            out.append((f"SUM {ring}, then divided by {ws}, where {self.describe()}",
+                        in_ring_order(gathered).div(ws).to(dtype)))
+            out.append((f"multiplied by 1/{ws}, then summed {ring}, where {self.describe()}",
+                        in_ring_order([g.mul(1.0 / ws) for g in gathered]).to(dtype)))
+        if reduce_in != dtype:
+            # Where the hook divides matters as much as when: in the reduce dtype or in the gradient's own.
+            low, own = dtype_name(reduce_in), dtype_name(dtype)
+            out.append((f"SUM in {low}, cast back to {own}, then divided by {ws} in {own}, where {self.describe()}",
+                        summed.to(dtype).div(ws)))
+            out.append((f"divided by {ws} in {own}, then cast to {low} and SUMmed, where {self.describe()}",
+                        reduced(x.div(ws).to(reduce_in), call, group, ws).to(dtype)))
         for other in (torch.float32, torch.bfloat16, torch.float16):
             if other != reduce_in:
                 claimed = "no reduce dtype (the gradient's own)" if claim is None else dtype_name(claim)
                 out.append((f"reduced in {dtype_name(other)}, where the hook claims {claimed}",
                             self.native(x, call, group, other)))
-        for wrong in self.wrong_world_sizes():
+        for wrong in [w for w in self.wrong_world_sizes() if w != default_ws]:
             out.append((f"divided as for {wrong} ranks ({self.dividing_as(wrong).describe().split(' ', 1)[1]}), "
                         f"where the group has {ws}",
                         self.dividing_as(wrong).native(x, call, group, claim, group_size=ws)))
         if call.sharded:
             for shift in range(1, ws):
-                out.append((f"the reduced shard of rank {(rank - shift) % ws}, not this rank's ({rank})",
-                            self.native(x, call, group, claim, shift=shift)))
+                other = self.native(x, call, group, claim, shift=shift)  # a collective: computed on every rank
+                if _chunks_differ(gathered, ws, (rank - shift) % ws, rank):  # else no data tells them apart
+                    out.append((f"the reduced shard of rank {(rank - shift) % ws}, not this rank's ({rank})", other))
             # A hand-rolled reduce-scatter: all-reduce the whole buffer, keep one chunk (summed in the
             # all-reduce's order, which need not be the reduce-scatter's at 3 or more ranks).
             full = self.native(x, dataclasses.replace(call, sharded=False), group, claim).chunk(ws)
-            for k in range(ws):
+            for k in [k for k in range(ws) if k == rank or _chunks_differ(gathered, ws, k, rank)]:
                 out.append((f"an all-reduce of the whole buffer, then rank {k}'s chunk" + (
                     " (native's values, summed in the all-reduce's order, not the reduce-scatter's)" if k == rank else
                     f": the reduced shard of rank {k}, not this rank's ({rank})"), full[k]))

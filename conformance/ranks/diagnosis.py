@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -52,12 +53,12 @@ from conformance.protocol import Finding
 from conformance.ranks.compare import compare_bitwise, dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.ranks.arithmetic import Arithmetic
+    from conformance.ranks.arithmetic import Arithmetic  # typing only
 
 #: ``torch.distributed`` functions counted while the hook runs (:func:`counting_collectives`).
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter", "all_gather",
                "all_gather_into_tensor", "_all_gather_base", "broadcast", "reduce", "all_to_all_single",
-               "all_to_all", "gather", "scatter")
+               "all_to_all", "gather", "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv")
 #: Recorded calls kept per recorder: the failing step and the one before it (for "stale").
 KEEP_STEPS = 2
 #: Calls explained per failing step: each costs a dozen collectives, and the first ones tell the cause.
@@ -209,14 +210,84 @@ def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], g
             "received (the reduced values went elsewhere, and the API copied the unreduced result over them)"
             if call.collectives else
             "the hook never communicated (no torch.distributed collective was seen during the call)"))
+    # Stale only where the inputs changed: with the same input, the last step's result is this one's too.
     if previous is not None and previous.output is not None and _same(out, previous.output) \
-            and not _same(out, native):
+            and not _same(out, native) and not _same(previous.input, call.input):
         causes.append(f"the result of step {previous.step} (stale): the hook returned what it produced a step earlier")
     partial = None if _same(out, local) else _partial(out, native, local)
     for extra in (_nonfinite_replaced(out, native), partial):
         if extra:
             causes.append(extra)
+    if not causes:
+        causes.extend(_combined(out, candidates, _local_tails(arith, call, local)))
     return causes
+
+
+def agreed(causes: List[str], group: Any) -> List[str]:
+    """``causes`` narrowed to those every rank of ``group`` also found, where some are: a cause that explains one
+    rank's result alone is a coincidence of that rank's values (at 2 ranks, rank 1's local gradient can equal
+    the SUM), not what the hook did. Causes compare by their text with the numbers left out (each rank names
+    its own rank and shard). Collective: an all-gather of the texts."""
+    everyone: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, [_template(c) for c in causes], group=group)
+    common = set.intersection(*(set(c) for c in everyone))
+    return [c for c in causes if _template(c) in common] if common else causes
+
+
+def _template(cause: str) -> str:
+    return re.sub(r"\d+", "#", cause)
+
+
+def _local_tails(arith: "Arithmetic", call: HookCall, local: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
+    """What a part of the buffer a hook never exchanged holds: the local gradient, as it arrived or already
+    scaled as the API scales it before the SUM (``1/N``, or ``/N``), in the reduce dtype."""
+    ws = arith.world_size
+    low = arith.reduce_dtype or call.input.dtype
+    return [("the local, unreduced gradient", local),
+            (f"the local gradient multiplied by 1/{ws}, never reduced", local.to(low).mul(1.0 / ws).to(local.dtype)),
+            (f"the local gradient divided by {ws}, never reduced", local.to(low).div(ws).to(local.dtype))]
+
+
+def _combined(out: torch.Tensor, bodies: Sequence[Tuple[str, torch.Tensor]],
+              tails: Sequence[Tuple[str, torch.Tensor]]) -> List[str]:
+    """Two causes at once, each explaining a disjoint part of ``out`` bit for bit: the first of ``bodies``
+    (native first) that explains some elements, with the first of ``tails`` that explains every other one.
+    Named with the index ranges of the second; empty when no pair covers ``out``."""
+    for body_name, body in bodies:
+        if body.shape != out.shape:
+            continue
+        rest = ~_equal(out, body)
+        if not bool(rest.any()) or bool(rest.all()):
+            continue
+        for tail_name, tail in tails:
+            if tail.shape == out.shape and bool(_equal(out[rest], tail[rest]).all()):
+                elsewhere = "native's result" if body_name == "native" else body_name
+                return [f"two causes: {tail_name} at {_ranges(rest)}; elsewhere {elsewhere}"]
+    return []
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise bit equality of two tensors of one dtype (NaN equals NaN; +0 and -0 differ)."""
+    x, y = a.reshape(-1), b.reshape(-1)
+    if x.dtype != y.dtype:
+        return torch.zeros(x.shape, dtype=torch.bool)
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return (x.contiguous().view(bits) == y.contiguous().view(bits)) | (torch.isnan(x) & torch.isnan(y))
+
+
+def _ranges(mask: torch.Tensor, shown: int = 3) -> str:
+    """The index ranges where ``mask`` (1-D bool) is set: ``"elements 0..9 and 20..21 (12 of 30)"``."""
+    idx = mask.nonzero().flatten().tolist()
+    runs: List[Tuple[int, int]] = []
+    for i in idx:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    text = [f"{a}..{b}" if b > a else str(a) for a, b in runs[:shown]]
+    more = f" and {len(runs) - shown} more ranges" if len(runs) > shown else ""
+    word = "element" if len(idx) == 1 else "elements"
+    return f"{word} {', '.join(text)}{more} ({len(idx)} of {mask.numel()})"
 
 
 def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Finding]:
@@ -256,7 +327,7 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
     skipped = int(differs.sum()) - len(chosen)
     for call in chosen:
         group, rank, arith_call = context(call)
-        causes = explain(arith_call, call, previous.get(call.index), group, rank)
+        causes = agreed(explain(arith_call, call, previous.get(call.index), group, rank), group)
         if causes and causes[0] == "native":
             continue
         groups.setdefault(tuple(causes), []).append(call)
@@ -274,7 +345,7 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
             text = "; or ".join(causes)
             kind = "diagnosis_wider_dtype" if _only_wider_dtype(causes, arith.reduce_dtype) else "diagnosis"
             findings.append(Finding(ctx.rank, f"in {where}, the hook's result is explained, bit for bit, by: {text}",
-                                    step=step, kind=kind))
+                                    step=step, kind=kind, causes=tuple(causes)))
         else:
             findings.append(Finding(ctx.rank, f"no known cause explains the hook's result in {where}",
                                     step=step, kind="no_known_cause"))

@@ -1,8 +1,8 @@
 """A rank (or the zygote) ends by itself when the process that started it is gone.
 
 Pool processes run in sessions of their own, so a terminal's Ctrl-C never
-reaches them, and a controller that dies (SIGKILL, a crash, a second Ctrl-C)
-cannot stop them. Two lifelines, so that neither alone has to be perfect:
+reaches them, and a controller that dies (SIGKILL, a crash, the kernel's
+out-of-memory killer) cannot stop them. Two lifelines, so that neither alone has to be perfect:
 
 * :func:`die_with_parent`: Linux's parent-death signal
   (``prctl(PR_SET_PDEATHSIG, SIGKILL)``): the kernel kills this process the

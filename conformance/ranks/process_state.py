@@ -27,14 +27,19 @@ computes or reports):
   descriptors 1 and 2 (still open, on the same file).
 
 Resident memory (:func:`resident_bytes`) goes to the controller with each case's outcome, which
-counts its growth over the hook's cases (:func:`conformance.controller.pool.memory_grown`).
+counts its growth over the hook's cases (:func:`conformance.controller.pools.memory_grown`).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.nn.modules import module as torch_module
 
 __all__ = ["Fingerprint", "changes", "resident_bytes", "take"]
 
@@ -55,8 +60,6 @@ _DISTRIBUTED_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d
 
 def _modes() -> Dict[str, Any]:
     """``{expression: value}`` of torch's global modes, each read by the expression that names it."""
-    import torch
-
     probes: List[Tuple[str, Callable[[], Any]]] = [
         ("torch.get_default_dtype()", torch.get_default_dtype),
         ("torch.is_grad_enabled()", torch.is_grad_enabled),
@@ -83,16 +86,12 @@ def _modes() -> Dict[str, Any]:
 
 
 def _module_hooks() -> Dict[str, Tuple[Any, ...]]:
-    from torch.nn.modules import module
-
-    return {register: tuple(getattr(module, attr).keys()) for attr, register in _GLOBAL_MODULE_HOOKS
-            if isinstance(getattr(module, attr, None), dict)}
+    return {register: tuple(getattr(torch_module, attr).keys()) for attr, register in _GLOBAL_MODULE_HOOKS
+            if isinstance(getattr(torch_module, attr, None), dict)}
 
 
 def _distributed_callables() -> Dict[str, Any]:
     """``{"torch.distributed.all_reduce": the object, ...}``: the objects themselves, so identity is exact."""
-    import importlib
-
     out: Dict[str, Any] = {}
     for modname in _DISTRIBUTED_MODULES:
         mod = importlib.import_module(modname)
@@ -103,11 +102,9 @@ def _distributed_callables() -> Dict[str, Any]:
 
 
 def _default_group() -> Any:
-    import torch.distributed as dist
-
     if not dist.is_available() or not dist.is_initialized():
         return None
-    from torch.distributed.distributed_c10d import _get_default_group
+    from torch.distributed.distributed_c10d import _get_default_group  # optional: a torch built without distributed lacks it
 
     return _get_default_group()
 

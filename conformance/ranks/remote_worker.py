@@ -6,12 +6,12 @@ per rank, with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
 
 1. connects to the controller (``conform --listen HOST:PORT``) and proves it
    knows the shared secret (:mod:`conformance.controller.remote_link`);
-2. says who it is (``("join", {...})``) and gets the run's backend, device and
-   hook specs (``("hello", {...})``);
+2. says who it is (``(Msg.JOIN, {...})``) and gets the run's backend, device and
+   hook specs (``(Msg.HELLO, {...})``);
 3. fingerprints its clean process state, loads the hook's spec, joins the
    process group from torchrun's environment (``env://`` rendezvous), and
    serves cases with the local pool's :class:`conformance.ranks.worker._Worker` loop;
-4. when the controller moves on to the next hook (``("rehost", None)``), it
+4. when the controller moves on to the next hook (``(Msg.REHOST, None)``), it
    replaces itself with a fresh interpreter running the same command
    (``os.execv``: the same pid, so torchrun's agent sees nothing and spends no
    restart), which connects again: no process runs two hooks' code.
@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib
 import os
+import pickle
 import queue
 import re
 import signal
@@ -43,9 +45,14 @@ import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
-from conformance.ranks import lifeline
-from conformance.protocol import recv, send
+import torch.distributed as dist
+
+from conformance.controller.rank_log import RankLog
 from conformance.controller.remote_link import AuthenticationError, LinkError, connect, parse_address, read_authkey
+from conformance.protocol import Msg, recv, send
+from conformance.ranks import lifeline
+from conformance.ranks.worker import _Worker
+from conformance.ranks.zygote import PRELOAD
 
 #: Exit code when the controller closes the connection (the local ranks' code for it). Any
 #: non-zero code makes torchrun's agent restart the worker group while restarts remain.
@@ -76,8 +83,6 @@ class _KeptOutput:
     """
 
     def __init__(self, limit_bytes: int) -> None:
-        from conformance.controller.rank_log import RankLog
-
         log_read, self._log_write = os.pipe()
         self.log = RankLog(log_read, limit_bytes)
         self._lock = threading.Lock()
@@ -115,7 +120,7 @@ class _ControllerLink:
     """The connection to the controller, read by a watchdog thread; what ``protocol.send``/``recv`` take.
 
     The watchdog exits the process (``os._exit(EXIT_CONTROLLER_CLOSED)``) when
-    the connection closes, answers ``("stacks", None)`` and ``("output", None)``
+    the connection closes, answers ``(Msg.STACKS, None)`` and ``(Msg.OUTPUT, None)``
     itself, and queues every other message for the main thread.
     """
 
@@ -125,7 +130,7 @@ class _ControllerLink:
         self.output: Any = None
         self._send_lock = threading.Lock()
         self._inbox: "queue.Queue[bytes]" = queue.Queue()
-        self._finished = False  # the controller said "shutdown": a closed connection is then the normal end
+        self._finished = False  # the controller said SHUTDOWN or REHOST: a closed connection is then the normal end
         threading.Thread(target=self._watch, daemon=True, name="conformance-controller-watchdog").start()
 
     def send_bytes(self, data: bytes) -> None:
@@ -136,8 +141,6 @@ class _ControllerLink:
         return self._inbox.get()
 
     def _watch(self) -> None:
-        import pickle
-
         while True:
             try:
                 data = self._conn.recv_bytes()
@@ -148,20 +151,20 @@ class _ControllerLink:
                       "restart the worker group", file=sys.stderr, flush=True)
                 os._exit(EXIT_CONTROLLER_CLOSED)
             kind, payload = pickle.loads(data)
-            if kind == "refused":
+            if kind == Msg.REFUSED:
                 print(f"error: the controller refused this rank: {payload}", file=sys.stderr, flush=True)
                 os._exit(EXIT_USAGE)
             # The same excerpts as the local pool takes from its RankLog (pool.RankPool.run, _dump_stacks).
-            if kind == "stacks":
+            if kind == Msg.STACKS:
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 time.sleep(STACK_FLUSH_S)
-                send(self, ("stack", without_own_threads(self.output.excerpt(0, 6000) if self.output else "")))
-            elif kind == "output":
-                send(self, ("output", self.output.excerpt(1000, 2000) if self.output else ""))
+                send(self, (Msg.STACK, without_own_threads(self.output.excerpt(0, 6000) if self.output else "")))
+            elif kind == Msg.OUTPUT:
+                send(self, (Msg.OUTPUT, self.output.excerpt(1000, 2000) if self.output else ""))
             else:
-                if kind == "case" and self.output is not None:
+                if kind == Msg.CASE and self.output is not None:
                     self.output.mark()
-                elif kind in ("shutdown", "rehost"):
+                elif kind in (Msg.SHUTDOWN, Msg.REHOST):
                     self._finished = True
                 self._inbox.put(data)
 
@@ -233,10 +236,6 @@ def _warm_up() -> None:
     FSDP and ``torch._dynamo`` (which the first ``torch.optim`` optimizer pulls
     in): several seconds on a busy node, longer than a short ``--case-timeout``.
     """
-    import importlib
-
-    from conformance.ranks.zygote import PRELOAD
-
     for name in (*PRELOAD, "torch._dynamo"):
         try:
             importlib.import_module(name)
@@ -247,8 +246,6 @@ def _warm_up() -> None:
 def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any]) -> None:
     """Join torchrun's process group and make ``worker`` ready for cases (as ``_Worker.start`` does locally),
     after :meth:`~conformance.ranks.worker._Worker.prepare` and the hook's spec were loaded."""
-    import torch.distributed as dist
-
     timeout = timedelta(seconds=hello["pg_timeout_s"])
     # torchrun's env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), under a key prefix
     # that is new for every start of the pool. With the c10d rendezvous, the agents share one TCPStore
@@ -265,15 +262,13 @@ def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any]) -> None:
         raise RuntimeError(f"the process group has rank {dist.get_rank()} of {dist.get_world_size()}, but torchrun "
                            f"set RANK={worker.rank} WORLD_SIZE={worker.world_size}")
     worker.joined(link)
-    send(link, ("ready", worker.ready_info()))
+    send(link, (Msg.READY, worker.ready_info()))
 
 
 def _exec_afresh(kept: Optional[_KeptOutput]) -> None:
     """Replace this process with a fresh interpreter running the same command (``os.execv``): the next hook's
     cases get a process that never ran the last hook's code. The pid stays, so torchrun's agent sees nothing
     and spends no restart; the new image connects to the controller again."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.destroy_process_group()
     sys.stdout.flush()
@@ -333,32 +328,29 @@ def main(argv: Optional[list] = None) -> int:
     warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
     sys.stdout.reconfigure(write_through=True)  # type: ignore[union-attr]
     link = _ControllerLink(conn)
-    send(link, ("join", info))
+    send(link, (Msg.JOIN, info))
     kind, hello = recv(link)
-    if kind == "shutdown":
-        send(link, ("bye", None))
+    if kind == Msg.SHUTDOWN:
+        send(link, (Msg.BYE, None))
         return 0
     kept = _KeptOutput(hello["log_limit_bytes"])
     link.output = kept.log
-
-    from conformance.ranks.worker import _Worker
-
     worker = _Worker(link, {"rank": info["rank"], "world_size": info["world_size"], "backend": hello["backend"],
                             "device": hello["device"]})
     try:
         _warm_up()
         worker.prepare(info["local_rank"])  # the clean fingerprint, before the hook's module is imported
     except BaseException:  # noqa: BLE001 - reported to the controller
-        send(link, ("failed", traceback.format_exc()))
+        send(link, (Msg.FAILED, traceback.format_exc()))
         return 1
     problem = worker.load_specs(hello.get("specs", ()))
     if problem is not None:
-        send(link, ("spec_failed", problem))
+        send(link, (Msg.SPEC_FAILED, problem))
         return 1
     try:
         _start(worker, link, hello)
     except BaseException:  # noqa: BLE001 - reported to the controller
-        send(link, ("failed", traceback.format_exc()))
+        send(link, (Msg.FAILED, traceback.format_exc()))
         return 1
     worker.loop()
     if worker.rehost:  # the next hook's cases: a fresh process image under the same pid

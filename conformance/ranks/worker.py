@@ -28,22 +28,23 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Dict, List, Optional
 
+import torch
+import torch.distributed as dist
+# Bound here, when this module is imported: before any hook's module is (see _suite_all_reduce).
+from torch.distributed.distributed_c10d import all_reduce as _all_reduce_before_hooks
+
+from conformance.controller.spec_loading import load_target
+from conformance.protocol import Msg, RankOutcome, as_check_result, recv, send
 from conformance.ranks import lifeline, process_state
-from conformance.protocol import RankOutcome, as_check_result, recv, send
-
-
-_ALL_REDUCE: List[Any] = []
+from conformance.ranks.checks import get_rank_check, register_every_check
 
 
 def _suite_all_reduce() -> Any:
-    """``torch.distributed.all_reduce`` as it was before any hook code ran in this process (kept by
-    :meth:`_Worker.prepare`): the suite's own collectives must work even where a hook monkeypatched
-    ``torch.distributed`` (which :mod:`conformance.ranks.process_state` then reports)."""
-    if not _ALL_REDUCE:
-        from torch.distributed.distributed_c10d import all_reduce
-
-        _ALL_REDUCE.append(all_reduce)
-    return _ALL_REDUCE[0]
+    """``torch.distributed.all_reduce`` as it was before any hook code ran in this process (bound when this
+    module is imported, before :meth:`_Worker.load_specs` imports a hook's module): the suite's own
+    collectives must work even where a hook monkeypatched ``torch.distributed`` (which
+    :mod:`conformance.ranks.process_state` then reports)."""
+    return _all_reduce_before_hooks
 
 
 class RankContext:
@@ -77,9 +78,6 @@ class RankContext:
         Checks stop early only when every rank agrees to: a rank that returned
         while its peers went on would leave them blocked in the next collective.
         """
-        import torch
-        import torch.distributed as dist
-
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
         _suite_all_reduce()(t, op=dist.ReduceOp.MAX, group=self.group)
         return bool(t.item())
@@ -88,7 +86,7 @@ class RankContext:
         """Announce what this rank is doing now; shown if the case hangs."""
         self.current_phase = text
         if self._conn is not None:
-            send(self._conn, ("phase", text))
+            send(self._conn, (Msg.PHASE, text))
 
     def report_on_error(self, collect: Optional[Callable[[], List[Any]]]) -> None:
         """If the check raises from now on, report ``collect()`` (its findings so far) above the traceback.
@@ -134,8 +132,6 @@ class _Worker:
 
         ``device_index``: the CUDA device of this rank (default: its rank; torchrun's: its local rank).
         """
-        import torch
-
         if self.device_type == "cpu":
             torch.set_num_threads(1)
             self.device = torch.device("cpu")
@@ -144,16 +140,12 @@ class _Worker:
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
         # Fill the check registry before the first case (imports every API's rank side).
-        from conformance.ranks.checks import register_every_check
-
         register_every_check()
         _suite_all_reduce()
         self.clean = process_state.take()
 
     def start(self, hello: Dict[str, Any]) -> None:
         """Join the pool's process group (after :meth:`prepare` and :meth:`load_specs`) and say ready."""
-        import torch.distributed as dist
-
         store = dist.FileStore(hello["store_path"], self.world_size)
         kwargs = dict(
             backend=self.backend,
@@ -166,13 +158,11 @@ class _Worker:
             kwargs["device_id"] = self.device
         dist.init_process_group(**kwargs)
         self.joined()
-        send(self.conn, ("ready", self.ready_info()))
+        send(self.conn, (Msg.READY, self.ready_info()))
 
     def ready_info(self) -> Dict[str, Any]:
         """What the rank says when it is ready: who it is, its torch, and its resident memory in bytes (from
         which the controller counts the growth over the hook's cases)."""
-        import torch
-
         return {"rank": self.rank, "pid": os.getpid(), "torch": torch.__version__,
                 "rss": process_state.resident_bytes()}
 
@@ -180,8 +170,6 @@ class _Worker:
         """After the rank joined its process group: keep the group, make the check context (reporting on
         ``conn``, default: the controller connection), and note what the hook's module import already
         changed (reported with every case, since a rebuilt pool imports it again)."""
-        import torch.distributed as dist
-
         self.group = dist.group.WORLD
         self.ctx = RankContext(self.rank, self.world_size, self.group, self.device, self.backend,
                                conn if conn is not None else self.conn)
@@ -194,8 +182,6 @@ class _Worker:
         on the controller but not here is a usage error before the first case,
         never a hook failure.
         """
-        from conformance.controller.spec_loading import load_target
-
         for target, name in wanted:
             if (target, name) in self._specs:
                 continue
@@ -225,8 +211,6 @@ class _Worker:
         return self._specs[(ref.target, ref.name)]
 
     def run_case(self, case: Any) -> Any:
-        from conformance.ranks.checks import get_rank_check
-
         self.ctx.current_phase = "setting up"
         self.ctx.report_on_error(None)
         start = time.perf_counter()
@@ -263,8 +247,6 @@ class _Worker:
     def ping(self, seq: int) -> Optional[int]:
         """All-reduce ``seq`` on the default group: proves, after every case, that the group still works and
         the ranks still match up."""
-        import torch
-
         t = torch.tensor([seq], dtype=torch.int64, device=self.device)
         # The default group as a hook would find it (group=None), not the handle kept at start: a hook
         # that destroyed or replaced it must fail here, not in the next hook's first collective.
@@ -277,38 +259,35 @@ class _Worker:
                 kind, payload = recv(self.conn)
             except EOFError:
                 return
-            if kind == "case":
+            if kind == Msg.CASE:
                 outcome = self.run_case(payload)
                 try:
-                    send(self.conn, ("outcome", outcome))
+                    send(self.conn, (Msg.OUTCOME, outcome))
                 except Exception as exc:  # noqa: BLE001 - an unpicklable result must not kill the rank
-                    send(self.conn, ("outcome", RankOutcome(
+                    send(self.conn, (Msg.OUTCOME, RankOutcome(
                         rank=self.rank, error=f"the check's result could not be sent to the controller: {exc!r}",
                         error_type=type(exc).__name__, phase=outcome.phase)))
-            elif kind == "ping":
+            elif kind == Msg.PING:
                 try:
-                    send(self.conn, ("pong", self.ping(payload)))
+                    send(self.conn, (Msg.PONG, self.ping(payload)))
                 except Exception as exc:  # noqa: BLE001
-                    send(self.conn, ("pong", f"{type(exc).__name__}: {exc}"))
-            elif kind == "rehost":
-                send(self.conn, ("bye", None))
+                    send(self.conn, (Msg.PONG, f"{type(exc).__name__}: {exc}"))
+            elif kind == Msg.REHOST:
+                send(self.conn, (Msg.BYE, None))
                 self.rehost = True
                 return
-            elif kind == "shutdown":
-                import torch.distributed as dist
-
+            elif kind == Msg.SHUTDOWN:
                 if dist.is_initialized():
                     dist.destroy_process_group()
-                send(self.conn, ("bye", None))
+                send(self.conn, (Msg.BYE, None))
                 return
 
 
 def main(argv: Optional[list] = None) -> int:
+    """Serve the local pool's cases on the socket ``argv[0]`` (a file descriptor; ``argv[1]``, optional: the
+    parent's pid) until the controller says :attr:`~conformance.protocol.Msg.SHUTDOWN`. torchrun's ranks
+    start with :func:`conformance.ranks.remote_worker.main` instead (:mod:`conformance.worker` picks)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0].startswith("--"):  # torchrun ... -m conformance.worker --controller HOST:PORT
-        from conformance.ranks.remote_worker import main as remote_main
-
-        return remote_main(argv)
     sock = socket.socket(fileno=int(argv[0]))
     conn = Connection(sock.detach())
     if len(argv) > 1:  # ends this rank when the controller is gone, even mid-hook
@@ -320,23 +299,23 @@ def main(argv: Optional[list] = None) -> int:
     # FSDP deprecates NO_SHARD in favour of DDP; checking NO_SHARD hooks is the point here.
     warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
     kind, hello = recv(conn)
-    assert kind == "hello", kind
+    assert kind == Msg.HELLO, kind
     sys.path[:] = hello["sys_path"]
     importlib.invalidate_caches()
     worker = _Worker(conn, hello)
     try:
         worker.prepare()
     except BaseException:  # noqa: BLE001
-        send(conn, ("failed", traceback.format_exc()))
+        send(conn, (Msg.FAILED, traceback.format_exc()))
         return 1
     problem = worker.load_specs(hello.get("specs", ()))
     if problem is not None:
-        send(conn, ("spec_failed", problem))
+        send(conn, (Msg.SPEC_FAILED, problem))
         return 1
     try:
         worker.start(hello)
     except BaseException:  # noqa: BLE001
-        send(conn, ("failed", traceback.format_exc()))
+        send(conn, (Msg.FAILED, traceback.format_exc()))
         return 1
     worker.loop()
     return 0

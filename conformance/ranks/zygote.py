@@ -12,10 +12,10 @@ initialises CUDA before it forks.
 
 Protocol (a ``multiprocessing.connection.Connection`` over a socketpair):
 
-* ``("spawn", {"env"})`` followed by the rank's socket and the write end of its
+* ``(Msg.SPAWN, {"env"})`` followed by the rank's socket and the write end of its
   output pipe (each passed with ``multiprocessing.reduction.send_handle``)
-  -> ``("pid", pid)``;
-* ``("status", [pid, ...])`` -> ``("status", {pid: exit code or None})``, the
+  -> ``(Msg.PID, pid)``;
+* ``(Msg.STATUS, [pid, ...])`` -> ``(Msg.STATUS, {pid: exit code or None})``, the
   exit code as ``subprocess.Popen.returncode`` gives it (``-N`` for signal N);
   the zygote reaps its children only here.
 
@@ -39,8 +39,10 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from typing import Dict, List, Optional, Tuple
 
+import torch
+
 from conformance.ranks import lifeline
-from conformance.protocol import recv, send
+from conformance.protocol import Msg, recv, send
 
 #: Modules every rank imports anyway, imported once here before any fork.
 PRELOAD = (
@@ -81,8 +83,6 @@ def _warm_up() -> None:
     2 s of CPU), paid once here. Each hook gets ranks of its own, forked from here, so without this every
     hook's first case at every world size would pay it. Starts no thread, initialises no device."""
     try:
-        import torch
-
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
         optim = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.ones(2, 4)).sum().backward()
@@ -107,7 +107,7 @@ def _child(conn: Connection, fd: int, out_fd: int, env: Dict[str, str], zygote_p
         os.close(null)
         os.environ.clear()
         os.environ.update(env)
-        from conformance.ranks import worker
+        from conformance.ranks import worker  # late: in the rank, whose log shows an import error, not the zygote's
 
         code = worker.main([str(fd), str(zygote_pid)])
     except SystemExit as exc:
@@ -149,7 +149,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
-        if kind == "spawn":
+        if kind == Msg.SPAWN:
             fd = recv_handle(conn)
             out_fd = recv_handle(conn)
             sys.stdout.flush()
@@ -161,10 +161,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 _child(conn, fd, out_fd, payload["env"], zygote_pid)
             os.close(fd)
             os.close(out_fd)
-            send(conn, ("pid", pid))
-        elif kind == "status":
+            send(conn, (Msg.PID, pid))
+        elif kind == Msg.STATUS:
             _reap(exits)
-            send(conn, ("status", {pid: exits.get(pid) for pid in payload}))
+            send(conn, (Msg.STATUS, {pid: exits.get(pid) for pid in payload}))
 
 
 if __name__ == "__main__":

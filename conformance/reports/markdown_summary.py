@@ -100,6 +100,11 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         if not failed:
             continue
         out += [f"### `{hook['name']}`: {hook.get('verdict', '')}", ""]
+        causes = hook.get("causes") or []
+        if causes:
+            more = f"; {len(causes) - 1} other cause(s) named" if len(causes) > 1 else ""
+            out += [f"Most failures explained by: {causes[0]['cause']} ({causes[0]['cases']} of {len(failed)} failed "
+                    f"cases{more}).", ""]
         # The document's own grid: it holds the cells of cases a stopped run never reached, which no case record does.
         matrix = HookMatrix.from_json(hook["name"], hook["matrix"]) if hook.get("matrix") else \
             hook_matrix(records, hook["name"])

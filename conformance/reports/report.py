@@ -9,11 +9,12 @@ each rank did when it raised, hung or died; the command that re-runs the case.
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.protocol import CaseResult, Finding
+from conformance.reports.results import ShortFigure
+from conformance.reports.verdict import Status, Verdict
 
 #: Findings listed in full in one failure message; the rest are counted.
 MAX_FINDINGS_SHOWN = 8
@@ -117,9 +118,10 @@ def exception_line(text: str) -> str:
     return " ".join(lines[starts[-1]:][:4]) if starts else (lines[-1] if lines else "(no message)")
 
 
-def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: Iterable[int],
-                 interrupted: bool = False, not_run: Sequence[str] = ()) -> str:
-    """One hook's verdict from its case outcomes.
+def hook_verdict(counts: Mapping[str, int], failed_checks: Iterable[str], ran_at: Iterable[int],
+                 interrupted: bool = False, not_run: Sequence[str] = (),
+                 known_failure_reasons: Iterable[str] = ()) -> Verdict:
+    """One hook's verdict (:class:`~conformance.reports.verdict.Verdict`) from its case outcomes.
 
     Args:
         counts: outcome -> number of cases (``passed``, ``failed``, ``xfailed``,
@@ -130,6 +132,7 @@ def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: I
         not_run: why some of its cases could not run (the run's own failure, e.g. a rank
             pool that could not start); the verdict is then ``NOT RUN (reason)``
             unless a case of it failed.
+        known_failure_reasons: the reasons of its known failures, kept in the verdict.
 
     ``DOES NOT CONFORM (checks)``; ``NOT RUN`` when every case was skipped;
     ``NOT CHECKED ACROSS RANKS`` when every case ran at world size 1 (a mean
@@ -138,26 +141,28 @@ def hook_verdict(counts: Dict[str, int], failed_checks: Iterable[str], ran_at: I
     keeps a failure's verdict (the failure is real) and says ``INTERRUPTED``
     instead of any other: what did not run may fail.
     """
-    xpassed = counts.get("xpassed", 0)
-    now_pass = f"; {xpassed} known failure(s) now pass" if xpassed else ""
+    now_pass = counts.get("xpassed", 0)
+    reasons = tuple(sorted(set(known_failure_reasons)))
     if counts.get("failed"):
-        return "DOES NOT CONFORM (" + ", ".join(sorted(failed_checks)) + ")"
+        return Verdict(Status.DOES_NOT_CONFORM, failed_checks=tuple(sorted(set(failed_checks))), now_pass=now_pass,
+                       known_failure_reasons=reasons)
     if interrupted:
-        return "INTERRUPTED: no verdict" + now_pass
+        return Verdict(Status.INTERRUPTED, now_pass=now_pass, known_failure_reasons=reasons)
     if not_run:
-        return f"NOT RUN ({not_run[0]})"
-    if not (counts.get("passed") or counts.get("xfailed") or xpassed):
-        return "NOT RUN: every case was skipped" if counts.get("skipped") else "not run"
+        return Verdict(Status.NOT_RUN, not_run_reason=not_run[0], now_pass=now_pass, known_failure_reasons=reasons)
+    if not (counts.get("passed") or counts.get("xfailed") or now_pass):
+        return Verdict(Status.NOT_RUN, all_skipped=bool(counts.get("skipped")))
     if max(set(ran_at) or {0}) < 2:
-        return "NOT CHECKED ACROSS RANKS (every case ran at world size 1)"
+        return Verdict(Status.NOT_CHECKED_ACROSS_RANKS, now_pass=now_pass, known_failure_reasons=reasons)
     if counts.get("xfailed"):
-        return "known failures" + now_pass
-    return "CONFORMS" + now_pass
+        return Verdict(Status.KNOWN_FAILURES, now_pass=now_pass, known_failure_reasons=reasons)
+    return Verdict(Status.CONFORMS, now_pass=now_pass, known_failure_reasons=reasons)
 
 
 def figure(x: float) -> str:
-    """A lossy-contract figure for messages and JUnit properties: ``1.234e-03`` or ``inf``."""
-    return "inf" if math.isinf(x) else f"{x:.3e}"
+    """A lossy-contract figure for messages: ``1.234e-03`` or ``inf`` (as its JUnit property,
+    :class:`~conformance.reports.results.ShortFigure`, writes it)."""
+    return str(ShortFigure(x))
 
 
 def lossy_error_note(worst: Dict[str, Any], bound: Optional[float]) -> str:

@@ -69,7 +69,7 @@ class ReportGuard:
 
     def _writer(self) -> Any:
         try:
-            from _pytest.junitxml import xml_key
+            from _pytest.junitxml import xml_key  # pytest's private module: optional, checked here
         except ImportError:  # pragma: no cover - a pytest without it writes the report in place
             return None
         return self.config.stash.get(xml_key, None)
@@ -126,7 +126,7 @@ class ReportGuard:
         """pytest's JUnit writer would print "generated xml file" for a report this run did not publish: it
         is unregistered now (and taken out of the stash, where pytest would look for it to unregister it)."""
         if writer is not None and self.config.pluginmanager.is_registered(writer):
-            from _pytest.junitxml import xml_key
+            from _pytest.junitxml import xml_key  # pytest's private module: a writer means it imported
 
             self.config.pluginmanager.unregister(writer)
             del self.config.stash[xml_key]

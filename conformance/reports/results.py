@@ -17,17 +17,17 @@ import dataclasses
 import json
 import math
 import os
+import re
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["CaseRecord", "FAILING", "OUTCOMES", "ResultsError", "SCHEMA_FILE", "SCHEMA_VERSION",
-           "build_document", "figure_value", "hook_status", "load_results", "parse_figure", "records_from_json", "schema",
-           "schema_problems",
-           "unwritable_reason", "write_atomic", "write_json"]
+__all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "ResultsError", "SCHEMA_FILE",
+           "SCHEMA_VERSION", "ShortFigure", "build_document", "figure_value", "load_results", "parse_figure",
+           "records_from_json", "schema", "schema_problems", "unwritable_reason", "write_atomic", "write_json"]
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 #: The JSON Schema of the document (draft 2020-12).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
 
@@ -63,7 +63,8 @@ class CaseRecord:
         known_failure_reason: the known-failures entry's reason of an ``xfailed`` or
             ``xpassed`` case.
         skip_reason: why a ``skipped`` case did not run.
-        figures: by name (:data:`FIGURE_NAMES`), a float, or ``inf`` (see :func:`figure_value`).
+        figures: by name (:data:`FIGURE_NAMES`), a float (``inf`` and ``nan`` too), as measured; JSON
+            writes it with :func:`figure_value`.
         failure: of a failed case: ``header`` (the failure's first line), ``findings``
             (the first findings, one line each), ``message`` (the failure text, cut at
             :data:`MAX_MESSAGE_CHARS`) and ``rerun`` (the command that re-runs it).
@@ -123,7 +124,8 @@ def figure_value(x: Any) -> Any:
 
 
 def parse_figure(value: Any) -> float:
-    """The inverse of :func:`figure_value`, also for JUnit property strings (``"1.234e-03"``).
+    """The inverse of :func:`figure_value`: a figure of a results file (a number, ``"inf"``, ``"-inf"``,
+    ``"nan"``) as a float.
 
     Raises:
         ValueError: not a number nor one of ``inf``, ``-inf``, ``nan``.
@@ -131,21 +133,21 @@ def parse_figure(value: Any) -> float:
     return float(value)
 
 
-def hook_status(verdict: str) -> str:
-    """The machine-readable status of a verdict string (:func:`conformance.reports.report.hook_verdict`).
+class Figure(float):
+    """A figure of a case (ULPs, an absolute or relative error) as the float it is, carried in the case's
+    ``user_properties`` to its :class:`CaseRecord`; only its ``str``, which pytest's JUnit writer calls,
+    is text: exact, as JSON has it (``2``, ``2.384185791015625e-07``, ``inf``)."""
 
-    ``conforms``, ``known_failures``, ``does_not_conform``, ``not_checked_across_ranks``,
-    ``not_run``, ``interrupted``, ``running`` (a file written while the run goes on); ``other`` for a
-    verdict this version does not know.
-    """
-    for prefix, status in (("CONFORMS", "conforms"), ("known failures", "known_failures"),
-                           ("DOES NOT CONFORM", "does_not_conform"),
-                           ("NOT CHECKED ACROSS RANKS", "not_checked_across_ranks"),
-                           ("NOT RUN", "not_run"), ("not run", "not_run"), ("INTERRUPTED", "interrupted"),
-                           ("RUNNING", "running")):
-        if verdict.startswith(prefix):
-            return status
-    return "other"
+    def __str__(self) -> str:
+        return str(figure_value(self))
+
+
+class ShortFigure(Figure):
+    """A lossy contract's figure: a float whose JUnit property text has four significant digits
+    (``1.234e-03``), or ``inf``."""
+
+    def __str__(self) -> str:
+        return "inf" if math.isinf(self) else f"{float(self):.3e}"
 
 
 def build_document(*, suite_version: str, run: Mapping[str, Any], environment: Mapping[str, Any],
@@ -258,7 +260,7 @@ def schema_problems(data: Any) -> List[str]:
     Each line names the entry (``cases[3] (id 'test_ddp.py::...')``, ``hooks[0] (name 'my_hook')``,
     ``run``) and the field: ``cases[3] (id '...') lacks the field 'outcome'``. Empty when ``data`` is valid.
     """
-    import jsonschema
+    import jsonschema  # heavy (about 0.2 s), and only a --baseline or a test validates a document
 
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(data),
@@ -309,3 +311,32 @@ def unwritable_reason(path: str) -> Optional[str]:
 def records_from_json(data: Mapping[str, Any]) -> List[CaseRecord]:
     """The case records of a loaded results document."""
     return [CaseRecord.from_json(c) for c in data.get("cases", [])]
+
+
+def hook_causes(records: Iterable[CaseRecord], hook: str) -> List[Tuple[str, int]]:
+    """The causes the diagnosis named across ``hook``'s failed cases, ``(cause, failed cases naming it)``, most
+    cases first (ties in the order the cases ran): one story per hook where a case alone would tell several.
+
+    Causes that differ only in their numbers (the world size, a rank, an index range) are one cause, worded as
+    its first case words it."""
+    counts: Dict[str, int] = {}
+    wording: Dict[str, str] = {}
+    for rec in records:
+        if rec.hook == hook and rec.failing and rec.failure:
+            for key, cause in {re.sub(r"\d+", "#", c): c for c in rec.failure.get("causes") or ()}.items():
+                wording.setdefault(key, cause)
+                counts[key] = counts.get(key, 0) + 1
+    order = {key: i for i, key in enumerate(counts)}
+    return [(wording[key], n) for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], order[kv[0]]))]
+
+
+def cause_line(records: Sequence[CaseRecord], hook: str) -> Optional[str]:
+    """``hook``'s most common named cause, in one line for the terminal and the Markdown, or ``None``."""
+    causes = hook_causes(records, hook)
+    if not causes:
+        return None
+    failed = sum(1 for rec in records if rec.hook == hook and rec.failing)
+    cause, n = causes[0]
+    rest = f"; {len(causes) - 1} other cause(s) named" if len(causes) > 1 else ""
+    return f"most failures explained by: {cause} ({n} of {failed} failed cases{rest})"
+

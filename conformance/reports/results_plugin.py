@@ -1,13 +1,11 @@
-"""The pytest side of the results files: case records from pytest's reports, files written at the end.
+"""The pytest side of the results files: the files written at the end, from the bookkeeper's case records.
 
 :func:`register` (called from :func:`conformance.controller.pytest_plugin.pytest_configure`)
-adds one :class:`ResultsRecorder` to the session. It builds one
+adds one :class:`ResultsRecorder` to the session. The session's
+:class:`~conformance.reports.bookkeeper.Bookkeeper` builds one
 :class:`~conformance.reports.results.CaseRecord` per case from pytest's own
-``TestReport`` objects (``pytest_runtest_logreport``: outcome, duration,
-``user_properties``), after ``pytest_runtest_makereport`` has added a failed
-case's figures (max ULP and absolute differences over its findings) to the
-case's JUnit properties. A case is recorded once it finished
-(``pytest_runtest_logfinish``): one that a Ctrl-C cut off is never listed. At
+``TestReport`` objects; a case counts once it finished: one that a Ctrl-C cut off is
+never listed. While cases run, the recorder rewrites ``--json`` with the cases so far. At
 the end of the session it diffs the records with ``--baseline``, applies
 ``--fail-on regressions`` to the exit status, and hands the ``--json`` and
 ``--markdown`` texts to the session's
@@ -28,19 +26,21 @@ import time
 from typing import Any, Dict, List, Optional
 
 import pytest
+import torch
 
+import conformance
 from conformance.reports import baseline as baseline_mod
 from conformance.reports import results
-from conformance.reports.case_records import apply_outcome, apply_properties, fill_from_case
+from conformance.reports.bookkeeper import Bookkeeper
+from conformance.reports.markdown_summary import markdown_summary
 from conformance.reports.matrix import hook_matrix, matrix_text, not_run_records
 from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES
-from conformance.reports.results import FAILING, CaseRecord, figure_value
+from conformance.reports.results import CaseRecord
+from conformance.reports.verdict import Status, Verdict
 
-__all__ = ["ResultsRecorder", "failure_figures", "hook_matrix_lines", "register"]
+__all__ = ["ResultsRecorder", "hook_matrix_lines", "register"]
 
 PLUGIN_NAME = "conformance-results"
-#: Findings kept per failed case in the JSON (the JUnit XML has the whole failure).
-MAX_FINDINGS_KEPT = 8
 #: Where GitHub Actions collects a job's Markdown summary.
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
@@ -49,7 +49,7 @@ GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 PROGRESS_WRITE_S = 2.0
 
 
-def register(config: pytest.Config, state: Any) -> "ResultsRecorder":
+def register(config: pytest.Config, state: Any, keeper: Bookkeeper) -> "ResultsRecorder":
     """Add the session's :class:`ResultsRecorder`.
 
     Loads ``--baseline`` now and validates it against the results schema, so that a bad baseline
@@ -62,7 +62,7 @@ def register(config: pytest.Config, state: Any) -> "ResultsRecorder":
             major version, or does not match the schema; the message names the first bad entry and
             field (exit code 4).
     """
-    recorder = ResultsRecorder(config, state)
+    recorder = ResultsRecorder(config, state, keeper)
     s = state.settings
     if s.baseline_path:
         try:
@@ -75,26 +75,12 @@ def register(config: pytest.Config, state: Any) -> "ResultsRecorder":
     return recorder
 
 
-def hook_matrix_lines(config: pytest.Config, hook: str, verdict: str, indent: str = "  ") -> List[str]:
-    """The terminal grid of ``hook`` when its verdict is ``DOES NOT CONFORM``; else no lines."""
+def hook_matrix_lines(config: pytest.Config, hook: str, verdict: Verdict, indent: str = "  ") -> List[str]:
+    """The terminal grid of ``hook`` when its verdict's status is ``DOES_NOT_CONFORM``; else no lines."""
     recorder = config.pluginmanager.get_plugin(PLUGIN_NAME)
-    if recorder is None or not verdict.startswith("DOES NOT CONFORM"):
+    if recorder is None or verdict.status is not Status.DOES_NOT_CONFORM:
         return []
     return matrix_text(hook_matrix(recorder.grid_records(recorder.finish_records()), hook), indent=indent)
-
-
-def failure_figures(findings: Any) -> Dict[str, float]:
-    """``max_ulp_diff`` and ``max_abs_diff`` over the value mismatches among ``findings``.
-
-    ``findings`` are :class:`conformance.protocol.Finding` objects; a finding
-    without a value mismatch (a wrong dtype, shape, or a missing gradient) has no
-    figure. Empty when none has one.
-    """
-    mismatches = [f.mismatch for f in findings if getattr(getattr(f, "mismatch", None), "reason", None) == "values"]
-    if not mismatches:
-        return {}
-    return {"max_ulp_diff": max(float(m.max_ulp_diff) for m in mismatches),
-            "max_abs_diff": max(float(m.max_abs_diff) for m in mismatches)}
 
 
 def _utc(t: float) -> str:
@@ -102,90 +88,38 @@ def _utc(t: float) -> str:
 
 
 class ResultsRecorder:
-    """Records every conformance case of the session and writes the results files.
+    """Writes the results files of the session from the case records its bookkeeper keeps.
 
     Attributes:
-        records: node id -> :class:`CaseRecord`, in the order the cases ran.
+        keeper: the session's :class:`~conformance.reports.bookkeeper.Bookkeeper`, which classified every case.
         baseline_doc: the loaded ``--baseline`` document, or ``None``.
         diff: the :class:`~conformance.reports.baseline.BaselineDiff`, once the session finished.
         reports: the session's report files (:class:`~conformance.reports.report_files.ReportSet`), or ``None``.
         fail_on_applied: the exit status was set by ``--fail-on regressions``.
-        suite_items: conformance cases collected (0 in a run of the project's own tests).
     """
 
-    def __init__(self, config: pytest.Config, state: Any):
+    def __init__(self, config: pytest.Config, state: Any, keeper: Bookkeeper):
         self.config = config
         self.state = state
-        self.records: Dict[str, CaseRecord] = {}
+        self.keeper = keeper
         self.baseline_doc: Optional[Dict[str, Any]] = None
         self.diff: Optional[baseline_mod.BaselineDiff] = None
         guard = config.pluginmanager.get_plugin(REPORT_FILES)
         self.reports = guard.reports if guard is not None else None
         self._guard = guard
         self.fail_on_applied = False
-        self.suite_items = 0
-        self._collected: List[Any] = []  # (node id, case) of every conformance case collected
         self.notes: List[str] = []
-        self._cases: Dict[str, Any] = {}
-        self._finished: set = set()
-        self._failures: Dict[str, Dict[str, Any]] = {}
         self._started = time.time()
         self._last_progress = 0.0
 
-    # -- building records from pytest's reports ------------------------------------------------
+    @property
+    def suite_items(self) -> int:
+        """Conformance cases collected (0 in a run of the project's own tests)."""
+        return len(self.keeper.collected)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> None:
-        """Before pytest builds the report: a failed case's figures join its JUnit properties, and its
-        failure text, first findings and re-run command are kept for its record."""
-        if not item.get_closest_marker("conformance"):
-            return None
-        self._cases.setdefault(item.nodeid, getattr(getattr(item, "callspec", None), "params", {}).get("case"))
-        excinfo = call.excinfo
-        if excinfo is None or excinfo.errisinstance((pytest.skip.Exception, pytest.xfail.Exception)):
-            return None
-        exc = excinfo.value
-        if call.when == "call":
-            for name, value in failure_figures(getattr(exc, "findings", ())).items():
-                item.user_properties.append((name, str(figure_value(value))))
-        findings = sorted(getattr(exc, "findings", ()),  # as report.findings_text orders them
-                          key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
-        message = str(exc).strip() or type(exc).__name__
-        self._failures[item.nodeid] = {
-            "header": message.splitlines()[0], "findings": [f.describe() for f in findings[:MAX_FINDINGS_KEPT]],
-            "message": message[:results.MAX_MESSAGE_CHARS], "rerun": self._rerun(item)}
-        return None
-
-    def _rerun(self, item: pytest.Item) -> Optional[str]:
-        runner = self.state.runner
-        case = self._cases.get(item.nodeid)
-        if runner is None or case is None:
-            return None
-        try:
-            return runner.rerun_command(item.name, case.hook, case.world_size)
-        except Exception:  # the re-run command is a convenience; never lose the record for it
-            return None
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.nodeid not in self._cases:
-            return
-        rec = self.records.get(report.nodeid)
-        if rec is None:
-            rec = self.records[report.nodeid] = CaseRecord(id=report.nodeid, name=report.nodeid.split("::")[-1])
-            fill_from_case(rec, self._cases[report.nodeid])
-        rec.duration_s += report.duration
-        apply_properties(rec, dict(report.user_properties))
-        apply_outcome(rec, report)
-        if rec.outcome in FAILING and rec.failure is None:
-            rec.failure = self._failures.get(report.nodeid) or {
-                "header": report.head_line or rec.name, "findings": [],
-                "message": str(report.longreprtext)[-results.MAX_MESSAGE_CHARS:], "rerun": None}
-
+    @pytest.hookimpl(trylast=True)  # after the bookkeeper has counted the case
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        """The case is over (setup, call and teardown): only now does its record count. A case that Ctrl-C
-        cut off has a passed setup report and no other, and must not be listed as passed."""
-        if nodeid in self.records:
-            self._finished.add(nodeid)
+        if nodeid in self.keeper.records:
             self._write_progress()
 
     def _write_progress(self) -> None:
@@ -209,30 +143,15 @@ class ResultsRecorder:
     def json_text(doc: Dict[str, Any]) -> str:
         return json.dumps(doc, indent=1, allow_nan=False) + "\n"
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.suite_items = sum(1 for item in session.items if item.get_closest_marker("conformance"))
-        self._collected = [(item.nodeid, getattr(getattr(item, "callspec", None), "params", {}).get("case"))
-                           for item in session.items if item.get_closest_marker("conformance")]
-
     def grid_records(self, records: List[CaseRecord]) -> List[CaseRecord]:
         """``records``, and a not-run record for each collected case that never ran (the grid's only)."""
-        return list(records) + not_run_records(self._collected, records)
+        return list(records) + not_run_records(self.keeper.collected, records)
 
     # -- the end of the session ----------------------------------------------------------------
 
     def finish_records(self) -> List[CaseRecord]:
-        """The records of the cases that finished, with the check of a case that never ran (no properties)
-        taken from its test function's other cases, else from the function's name."""
-        done = [rec for rec in self.records.values() if rec.id in self._finished]
-        checks: Dict[str, str] = {}
-        for rec in done:
-            if rec.check:
-                checks.setdefault(_function(rec.name), rec.check)
-        for rec in done:
-            if not rec.check:
-                fn = _function(rec.name)
-                rec.check = checks.get(fn) or (fn[len("test_"):] if fn.startswith("test_") else fn)
-        return done
+        """The records of the cases that finished (:meth:`Bookkeeper.finished_records`)."""
+        return self.keeper.finished_records()
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -251,8 +170,6 @@ class ResultsRecorder:
         if reports is None or not reports.marked:  # no case ran: every report is left as it was
             return
         doc = self.document(int(session.exitstatus), records, complete=self._complete(session, records))
-        from conformance.reports.markdown_summary import markdown_summary
-
         reports.stage("--json", lambda: self.json_text(doc))
         reports.stage("--markdown", lambda: markdown_summary(doc))
         if summary_path and self._guard is not None:
@@ -281,8 +198,6 @@ class ResultsRecorder:
         while cases still run (exit status 2, as for a run stopped there; every hook's verdict ``RUNNING``).
         ``interrupted`` is true for exit status 2 and for a run that -x or --maxfail stopped early.
         """
-        import conformance
-
         finished = time.time()
         run = {"started_at": _utc(self._started), "finished_at": _utc(finished),
                "duration_s": round(finished - self._started, 3), "exit_status": exit_status,
@@ -295,8 +210,6 @@ class ResultsRecorder:
             baseline=None if self.diff is None else self.diff.to_json())
 
     def environment(self) -> Dict[str, Any]:
-        import torch
-
         s = self.state.settings
         hip = getattr(torch.version, "hip", None)
         cuda = getattr(torch.version, "cuda", None)
@@ -312,9 +225,9 @@ class ResultsRecorder:
         """One hook of the JSON ``hooks`` array: its claims, source, verdict, outcome counts, grid."""
         spec = item.spec
         summary = self.config.pluginmanager.get_plugin("conformance-summary")
-        verdict = summary.verdict(spec.name) if summary is not None else ""
+        verdict = summary.verdict(spec.name) if summary is not None else Verdict(Status.OTHER)
         if running:
-            verdict = f"RUNNING: {sum(1 for r in records if r.hook == spec.name)} case(s) so far"
+            verdict = Verdict.running(sum(1 for r in records if r.hook == spec.name))
         counts: Dict[str, int] = {}
         for rec in records:
             if rec.hook == spec.name:
@@ -327,8 +240,9 @@ class ResultsRecorder:
                                                  "loss_margin": lossy.loss_margin, "loss_steps": lossy.loss_steps},
             "strategies": list(spec.strategies or ()), "description": spec.description,
             "source": {"kind": _source_kind(item.origin), "target": item.target},
-            "verdict": verdict, "status": results.hook_status(verdict), "counts": counts,
+            "verdict": verdict.text, "status": verdict.status.value, "counts": counts,
             "matrix": hook_matrix(self.grid_records(records), spec.name).to_json(),
+            "causes": [{"cause": cause, "cases": n} for cause, n in results.hook_causes(records, spec.name)],
         }
 
     @pytest.hookimpl(trylast=True)
@@ -350,7 +264,3 @@ def _source_kind(origin: str) -> str:
     if origin.startswith("entry point"):
         return "entry point"
     return origin  # "--hook" or "built-in"
-
-
-def _function(name: str) -> str:
-    return name.split("[", 1)[0]

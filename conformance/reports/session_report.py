@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Set, Tuple
 
+from conformance.apis.registry import HOOK_APIS, api_of_test, planned_cases
+from conformance.controller.remote_link import format_address
+
 __all__ = ["counts_lines", "header_lines", "no_case_lines", "notset_cause", "planned_world_sizes", "split_counts"]
 
 #: Names listed in one line before "and N more".
@@ -37,8 +40,6 @@ def _names(items: Iterable[str]) -> str:
 def planned_world_sizes(specs: Sequence[Any], settings: Any) -> Dict[int, Set[str]]:
     """World size -> the suite tests with a case planned there that can run here (not skipped), for ``specs``
     (:class:`~conformance.spec.HookSpec`) under ``settings``, as collection will plan them."""
-    from conformance.apis.registry import HOOK_APIS, planned_cases
-
     out: Dict[int, Set[str]] = {}
     for api in HOOK_APIS.values():
         for test in api.plans:
@@ -65,8 +66,6 @@ def header_lines(state: Any, torch_version: str) -> List[str]:
     lines = [f"conformance: torch {torch_version} ({build}), backend {s.backend}, device {s.device}, "
              f"world sizes {sizes}, case timeout {s.case_timeout_s:g} s"]
     if s.listen is not None:
-        from conformance.controller.remote_link import format_address
-
         lines.append(f"  ranks: torchrun's, connecting to --listen {format_address(s.listen)} (waiting up to "
                      f"{s.listen_timeout_s:g} s): on every node, torchrun ... -m conformance.worker --controller "
                      f"{format_address(s.listen)}")
@@ -158,8 +157,6 @@ def no_case_lines(keyword: str, markexpr: str, deselected: Sequence[str], hooks:
 def notset_cause(test: str, specs: Sequence[Any]) -> Tuple[str, bool]:
     """Why suite test ``test`` has no case for ``specs``: its API's name, and whether any spec has that API
     (then its case plan takes none of them: the lossy checks take only hooks with a ``LossyContract``)."""
-    from conformance.apis.registry import api_of_test
-
     api = api_of_test(test)
     name = api.name if api is not None else "?"
     return name, any(spec.api == name for spec in specs)

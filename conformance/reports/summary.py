@@ -2,10 +2,10 @@
 
 :class:`Summary` is a pytest plugin object, registered by
 :func:`conformance.controller.pytest_plugin.pytest_configure` as ``conformance-summary``. It
-reads every case's report (its JUnit properties: hook, check, world size),
-keeps per-hook counts in the session's
-:class:`~conformance.controller.pytest_plugin.SessionState`, decides each hook's verdict
-(:func:`conformance.reports.report.hook_verdict`), sets the exit status where pytest's
+reads what the session's :class:`~conformance.reports.bookkeeper.Bookkeeper` made of every
+case's reports (per-hook counts, failed checks, reasons, world sizes), decides each hook's
+verdict (:func:`conformance.reports.report.hook_verdict`, a
+:class:`~conformance.reports.verdict.Verdict`), sets the exit status where pytest's
 would mislead (a run stopped by ``-x`` is interrupted; a hook checked only at
 world size 1, or a stale known-failures entry under ``--strict-known-failures``,
 fails the run), and writes the terminal section; the text of the run's
@@ -14,30 +14,21 @@ closing lines is :mod:`conformance.reports.session_report`.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List
 
 import pytest
 
 from conformance import exit_codes
-from conformance.reports import report, results_plugin, session_report
-from conformance.cases import parse_case_id
+from conformance.controller.remote import summary_lines as remote_summary_lines
+from conformance.reports import report, results, results_plugin, session_report
+from conformance.reports.bookkeeper import Bookkeeper, case_hook, case_of
+from conformance.reports.verdict import Status, Verdict
 
 __all__ = ["Summary", "case_hook", "case_of"]
 
 
-def case_of(item: pytest.Item) -> Optional[Any]:
-    """The item's :class:`~conformance.cases.CaseParams`, or ``None`` for a test that is not a case."""
-    return getattr(getattr(item, "callspec", None), "params", {}).get("case")
-
-
-def case_hook(item: pytest.Item) -> Optional[str]:
-    """The hook name of the item's case, or ``None``."""
-    return getattr(case_of(item), "hook", None)
-
-
 class Summary:
-    """Collects per-hook outcomes, writes the "hook conformance" section, and sets the exit status.
+    """Gives each hook its verdict, writes the "hook conformance" section, and sets the exit status.
 
     A hook's verdict is one of: ``DOES NOT CONFORM (checks)``; ``known failures``
     (each reason listed); ``CONFORMS``; ``NOT CHECKED ACROSS RANKS`` when every case
@@ -49,106 +40,45 @@ class Summary:
     hook without a failure is ``INTERRUPTED``; ``-x``/``--maxfail`` then exit 2, as Ctrl-C does.
     A run closes with what pytest's counts mean (:func:`conformance.reports.session_report.counts_lines`);
     a ``-k`` or ``-m`` that selected no case, with the hooks and checks there are.
+
+    Args:
+        state: the session's :class:`~conformance.controller.pytest_plugin.SessionState`.
+        keeper: the session's :class:`~conformance.reports.bookkeeper.Bookkeeper`, which classified every case.
     """
 
-    def __init__(self, state: Any):
+    def __init__(self, state: Any, keeper: Bookkeeper):
         self.state = state
+        self.keeper = keeper
         self.interrupted = False
         self.stopped_by = ""
-        self.cases_run = 0
-        self.cases_planned: Dict[Optional[str], int] = defaultdict(int)
-        self._planned_ids: set = set()
-        #: Suite tests with no case for the hooks under test (pytest's [NOTSET] placeholder) -> why.
-        self.empty_tests: Dict[str, Tuple[str, bool]] = {}
-        #: Names of the cases -k or -m deselected.
-        self.deselected: List[str] = []
-        #: World size -> the suite tests whose cases ran there (skipped ones excluded).
-        self.tests_at: Dict[int, set] = defaultdict(set)
-
-    def pytest_deselected(self, items: List[pytest.Item]) -> None:
-        for item in items:
-            if not item.get_closest_marker("conformance"):
-                continue
-            if item.name.endswith("[NOTSET]"):
-                test = item.name[:-len("[NOTSET]")]
-                self.empty_tests[test] = session_report.notset_cause(test, [i.spec for i in self.state.specs])
-            else:
-                self.deselected.append(item.name)
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        for item in session.items:
-            if item.get_closest_marker("conformance"):  # the project's own tests load this plugin too
-                self.cases_planned[case_hook(item)] += 1
-                self._planned_ids.add(item.nodeid)
-
-    def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        if nodeid in self._planned_ids:
-            self.cases_run += 1
 
     def pytest_keyboard_interrupt(self, excinfo) -> None:
         self.interrupted = True
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        props = dict(report.user_properties)
-        hook = props.get("hook")
-        state = self.state
-        if hook is None and report.when == "setup" and report.skipped:
-            # Skipped (or an unrun known failure) before the test body set its properties:
-            # the hook's name leads the case id.
-            try:
-                hook = parse_case_id(report.nodeid)["hook"]
-            except ValueError:
-                hook = None
-            if hook not in {item.spec.name for item in state.specs}:
-                hook = None
-            elif not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
-                reason = report.longrepr[2].replace("Skipped: ", "", 1)
-                state.skip_reasons[hook][reason] = state.skip_reasons[hook].get(reason, 0) + 1
-        if hook is None or not (report.when == "call" or (report.when == "setup" and not report.passed)):
-            return
-        strict_xpass = report.failed and str(report.longrepr).startswith("[XPASS(strict)]")
-        if hasattr(report, "wasxfail") or strict_xpass:
-            outcome = "xpassed" if report.passed or strict_xpass else "xfailed"
-            if outcome == "xpassed":
-                state.xpassed.append(report.nodeid)
-            else:
-                state.xfail_reasons[hook].add(report.wasxfail)
-        else:
-            outcome = report.outcome
-            if report.failed:
-                failed = state.per_hook_failed_checks[hook]
-                failed.add(props.get("failed_check") or props.get("check", "?"))
-                failed.update(label for key, label in report.user_properties if key == "leak")
-            if "not_run" in props:
-                state.not_run[hook].add(props["not_run"])
-        if outcome != "skipped" and props.get("world_size") is not None:
-            state.ran_at[hook].add(int(props["world_size"]))
-            self.tests_at[int(props["world_size"])].add(report.nodeid.rsplit("::", 1)[-1].split("[", 1)[0])
-        state.per_hook[hook][outcome] += 1
-
-    def verdict(self, name: str) -> str:
+    def verdict(self, name: str) -> Verdict:
         """The hook's verdict (:func:`conformance.reports.report.hook_verdict`); never ``CONFORMS`` in a run that
         stopped before every case ran (the issue's rule: an interrupted run never says CONFORMS)."""
-        state = self.state
-        return report.hook_verdict(state.per_hook.get(name) or {}, state.per_hook_failed_checks.get(name, ()),
-                                   state.ran_at.get(name, ()), interrupted=self.interrupted,
-                                   not_run=sorted(state.not_run.get(name, ())))
+        tally = self.keeper.tally(name)
+        return report.hook_verdict(tally.counts, tally.failed_checks, tally.ran_at, interrupted=self.interrupted,
+                                   not_run=sorted(tally.not_run), known_failure_reasons=tally.known_failure_reasons)
 
     def unchecked_hooks(self) -> List[str]:
         return [item.spec.name for item in self.state.specs
-                if self.verdict(item.spec.name).startswith("NOT CHECKED ACROSS RANKS")]
+                if self.verdict(item.spec.name).status is Status.NOT_CHECKED_ACROSS_RANKS]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         stopped = session.shouldfail or session.shouldstop
-        if stopped and self.cases_run < sum(self.cases_planned.values()):
+        keeper = self.keeper
+        if stopped and keeper.cases_run < sum(keeper.planned.values()):
             # -x / --maxfail stopped the run: the cases not run might fail, as after Ctrl-C, and it exits so.
             self.interrupted = True
             self.stopped_by = str(stopped)
             session.exitstatus = exit_codes.INTERRUPTED
             return
         state = self.state
-        if state.not_run and exitstatus in (0, 1):
+        not_run = any(tally.not_run for tally in keeper.hooks.values())
+        if not_run and exitstatus in (0, 1):
             # Some hook could not be checked: the run did not do its job, whatever the others gave.
             session.exitstatus = exit_codes.RUN_ERROR
             return
@@ -158,41 +88,46 @@ class Summary:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        state = self.state
+        state, keeper = self.state, self.keeper
         tr = terminalreporter
-        if not self.cases_planned and self.deselected:
+        planned = keeper.planned
+        if not planned and keeper.deselected:
             tr.section("no case matched")
             for line in session_report.no_case_lines(tr.config.option.keyword, tr.config.option.markexpr,
-                                                     self.deselected, [i.spec.name for i in state.specs],
-                                                     len(self.empty_tests)):
+                                                     keeper.deselected, [i.spec.name for i in state.specs],
+                                                     len(keeper.empty_tests)):
                 tr.write_line(line, yellow=True)
             return
-        if state.per_hook or (self.interrupted and self.cases_planned):
+        if keeper.hooks or (self.interrupted and planned):
             tr.section("hook conformance")
-        if self.interrupted and self.cases_planned:
+        if self.interrupted and planned:
             why = f" ({self.stopped_by})" if self.stopped_by else ""
-            tr.write_line(f"INTERRUPTED after {self.cases_run} of {sum(self.cases_planned.values())} cases{why}: "
+            tr.write_line(f"INTERRUPTED after {keeper.cases_run} of {sum(planned.values())} cases{why}: "
                           "a hook without a failure gets no verdict, since not every case ran", red=True)
         for item in state.specs:
             name = item.spec.name
-            counts = state.per_hook.get(name)
-            planned = f" of {self.cases_planned[name]}" if self.interrupted else ""
-            if not counts:
-                if self.interrupted and self.cases_planned.get(name):
-                    tr.write_line(f"{name:<28} {self.verdict(name)}  [0{planned} cases]")
+            of_planned = f" of {planned[name]}" if self.interrupted else ""
+            if name not in keeper.hooks:
+                if self.interrupted and planned.get(name):
+                    tr.write_line(f"{name:<28} {self.verdict(name)}  [0{of_planned} cases]")
                 continue
+            tally, verdict = keeper.hooks[name], self.verdict(name)
+            counts = tally.counts
             detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-            tr.write_line(f"{name:<28} {self.verdict(name)}  [{sum(counts.values())}{planned} cases: {detail}]")
-            for reason in sorted(state.xfail_reasons.get(name, ())):
+            tr.write_line(f"{name:<28} {verdict}  [{sum(counts.values())}{of_planned} cases: {detail}]")
+            for reason in verdict.known_failure_reasons:
                 tr.write_line(f"{'':<28}   expected: {reason}")
             if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):
-                for reason, n in sorted(state.skip_reasons.get(name, {}).items()):
+                for reason, n in sorted(tally.skip_reasons.items()):
                     tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
-            for line in results_plugin.hook_matrix_lines(tr.config, name, self.verdict(name), indent=" " * 4):
+            for line in results_plugin.hook_matrix_lines(tr.config, name, verdict, indent=" " * 4):
                 tr.write_line(line)
-        if state.xpassed:
+            cause = results.cause_line(keeper.finished_records(), name)
+            if cause:  # under the grid: where it fails, then why
+                tr.write_line(f"    {cause}")
+        if keeper.xpassed:
             tr.section("known failures that now pass")
-            for nodeid in state.xpassed:
+            for nodeid in keeper.xpassed:
                 tr.write_line(f"XPASS {nodeid}: remove or narrow its entry in the known-failures file")
         unchecked = self.unchecked_hooks()
         if unchecked:
@@ -206,22 +141,21 @@ class Summary:
         runner = state.runner
         if runner is not None and getattr(runner, "restarts", 0):
             tr.write_line(f"rank pools restarted {runner.restarts} time(s) after hung or broken cases")
-        if state.not_run and not self.interrupted:
+        if any(tally.not_run for tally in keeper.hooks.values()) and not self.interrupted:
             tr.write_line(f"exit status {exit_codes.RUN_ERROR}: the run could not check every hook (NOT RUN above: "
                           "its rank pools could not start); no hook is blamed for that. Fix what the reason says "
                           "and run again", red=True)
         if state.settings.listen is not None:  # connections refused for want of the shared secret
-            from conformance.controller.remote import summary_lines
-
-            for line in summary_lines():
+            for line in remote_summary_lines():
                 tr.write_line(line, yellow=True)
-        if state.per_hook:
+        if keeper.hooks:
             totals, xfailed_builtin = session_report.split_counts(
-                state.per_hook, [i.spec.name for i in state.specs if i.origin == "built-in"])
+                {name: tally.counts for name, tally in keeper.hooks.items()},
+                [i.spec.name for i in state.specs if i.origin == "built-in"])
             env = state.book.env
             tr.section("what the counts mean")
             for line in session_report.counts_lines(
-                    totals, xfailed_builtin, self.empty_tests, len(self.deselected), self.tests_at,
+                    totals, xfailed_builtin, keeper.empty_tests, len(keeper.deselected), keeper.tests_at,
                     state.settings.world_sizes, f"torch {env.torch_version}, "
                     f"{'CUDA' if env.cuda_build else 'CPU'} build, {env.backend}, {env.device}"):
                 tr.write_line(line)

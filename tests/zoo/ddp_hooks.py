@@ -192,6 +192,80 @@ def bad_sum_then_divide(process_group, bucket):
         lambda f: f.value()[0].div_(process_group.size()))
 
 
+def bad_world_size_divisor(process_group, bucket):
+    """Multiplies by 1/dist.get_world_size(), the default group's size, then SUMs over its process group:
+    DDP's own arithmetic wherever the process group is WORLD; half the average on a subgroup of half the
+    ranks."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / dist.get_world_size())
+    return dist.all_reduce(buffer, group=process_group, async_op=True).get_future().then(
+        lambda f: f.value()[0])
+
+
+def bad_rank_order_mean(process_group, bucket):
+    """A "deterministic" average: all-gathers every rank's bucket, sums in rank order, then divides by the
+    world size. Exact at 2 ranks; at 3, (a + b + c) / 3 in rank order rounds unlike DDP's 1/3 before the
+    SUM."""
+    buffer = bucket.buffer()
+    gathered = [torch.empty_like(buffer) for _ in range(process_group.size())]
+    dist.all_gather(gathered, buffer, group=process_group)
+    total = gathered[0].clone()
+    for other in gathered[1:]:
+        total += other
+    buffer.copy_(total.div_(process_group.size()))
+    fut: Any = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+def _done(tensor: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
+    fut: Any = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+def bad_ring_no_average_tail(process_group, bucket):
+    """A ring all-reduce written with isend/irecv: a reduce-scatter pass, then an all-gather pass, over the
+    first numel - numel % world_size elements. It never divides, and never exchanges the last
+    numel % world_size elements, which keep the local gradient: two causes at once."""
+    buffer = bucket.buffer()
+    ws, me = process_group.size(), dist.get_rank(process_group)
+    n = buffer.numel() - buffer.numel() % ws
+    if ws == 1 or n == 0:
+        return _done(buffer)
+    chunks = list(buffer[:n].view(ws, -1))
+    right = dist.get_global_rank(process_group, (me + 1) % ws)
+    left = dist.get_global_rank(process_group, (me - 1) % ws)
+    incoming = torch.empty_like(chunks[0])
+
+    def exchange(send: torch.Tensor) -> None:
+        for req in (dist.isend(send.contiguous(), right, group=process_group),
+                    dist.irecv(incoming, left, group=process_group)):
+            req.wait()
+
+    for s in range(ws - 1):  # chunk c is summed in ring order: rank c first, then c + 1, ...
+        exchange(chunks[(me - s) % ws])
+        chunks[(me - s - 1) % ws] += incoming
+    for s in range(ws - 1):
+        exchange(chunks[(me + 1 - s) % ws])
+        chunks[(me - s) % ws].copy_(incoming)
+    return _done(buffer)
+
+
+def bad_rs_ag_tail_unreduced(process_group, bucket):
+    """Scales by 1/world_size as DDP does, then a reduce-scatter and an all-gather over the first
+    numel - numel % world_size elements; the last numel % world_size keep the scaled local gradient."""
+    buffer = bucket.buffer()
+    ws = process_group.size()
+    buffer.mul_(1.0 / ws)
+    n = buffer.numel() - buffer.numel() % ws
+    if n:
+        shard = torch.empty(n // ws, dtype=buffer.dtype)
+        dist.reduce_scatter_tensor(shard, buffer[:n].clone(), group=process_group)
+        dist.all_gather_into_tensor(buffer[:n], shard, group=process_group)
+    return _done(buffer)
+
+
 def bad_returns_list(process_group, bucket):
     """Returns the collective's own future, whose value is a list holding the tensor."""
     buffer = bucket.buffer()
@@ -205,6 +279,15 @@ def bad_returns_none(process_group, bucket):
     buffer.mul_(1.0 / process_group.size())
     dist.all_reduce(buffer, group=process_group)
     return None
+
+
+def bad_returns_tensor(process_group, bucket):
+    """Averages right, then returns the tensor itself instead of a Future holding it (DDP raises
+    "must return a torch.futures.Future object, but got torch.Tensor")."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / process_group.size())
+    dist.all_reduce(buffer, group=process_group)
+    return buffer
 
 
 def bad_wrong_shape(process_group, bucket):
@@ -257,6 +340,20 @@ def bad_fp16_divide_after(process_group, bucket):
     def back(f: Any) -> torch.Tensor:
         buffer.copy_(f.value()[0].div_(process_group.size()))
         return buffer
+
+    return dist.all_reduce(half, group=process_group, async_op=True).get_future().then(back)
+
+
+def bad_fp16_cast_back_then_divide(process_group, bucket):
+    """Claims float16: casts to float16, SUM all-reduce, casts the sum back to the bucket's float32, then
+    divides there. Its float32 division rounds unlike fp16_compress_hook's float16 one at 3 ranks, and the
+    undivided float16 sum overflows near 65504."""
+    buffer = bucket.buffer()
+    half = buffer.to(torch.float16)
+
+    def back(f: Any) -> torch.Tensor:
+        buffer.copy_(f.value()[0])
+        return buffer.div_(process_group.size())
 
     return dist.all_reduce(half, group=process_group, async_op=True).get_future().then(back)
 
@@ -366,6 +463,11 @@ KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_averages_param_grads", api="ddp", hook=bad_averages_param_grads, state=process_group_state),
     HookSpec(name="bad_sum_then_divide", api="ddp", hook=bad_sum_then_divide, state=process_group_state),
     HookSpec(name="bad_returns_none", api="ddp", hook=bad_returns_none, state=process_group_state),
+    HookSpec(name="bad_returns_tensor", api="ddp", hook=bad_returns_tensor, state=process_group_state),
+    HookSpec(name="bad_rank_order_mean", api="ddp", hook=bad_rank_order_mean, state=process_group_state),
+    HookSpec(name="bad_ring_no_average_tail", api="ddp", hook=bad_ring_no_average_tail, state=process_group_state),
+    HookSpec(name="bad_rs_ag_tail_unreduced", api="ddp", hook=bad_rs_ag_tail_unreduced, state=process_group_state),
+    HookSpec(name="bad_world_size_divisor", api="ddp", hook=bad_world_size_divisor, state=process_group_state),
     HookSpec(name="bad_wrong_shape", api="ddp", hook=bad_wrong_shape, state=process_group_state),
     HookSpec(name="bad_padded_future", api="ddp", hook=bad_padded_future, state=process_group_state),
     HookSpec(name="bad_nan_to_zero", api="ddp", hook=bad_nan_to_zero, state=process_group_state),
@@ -374,6 +476,8 @@ KNOWN_BAD: List[HookSpec] = [
              state=process_group_state),
     HookSpec(name="bad_fp16_divide_after", api="ddp", hook=bad_fp16_divide_after, state=process_group_state,
              reduce_dtype=torch.float16),
+    HookSpec(name="bad_fp16_cast_back_then_divide", api="ddp", hook=bad_fp16_cast_back_then_divide,
+             state=process_group_state, reduce_dtype=torch.float16),
     HookSpec(name="bad_param_not_named_bucket", api="ddp", hook=bad_param_not_named_bucket,
              state=process_group_state),
     HookSpec(name="bad_noop_hook", api="ddp", hook=noop_hook, state=no_state,
@@ -416,6 +520,22 @@ EXPECTED_CATCH: Dict[str, str] = {
         "parity at world size 3 only: (a + b + c) / 3 rounds unlike DDP's a/3 + b/3 + c/3 computed as x * (1/3); "
         "the diagnosis names the rounding order"
     ),
+    "bad_rank_order_mean": (
+        "parity at world size 3 only; the diagnosis names a sum in rank order, then a divide, where DDP "
+        "multiplies by 1/3 before the SUM (today: no known cause, and the LossyContract hint)"
+    ),
+    "bad_ring_no_average_tail": (
+        "averaging and parity: no averaging on the ring's body, and a tail of numel % world_size elements "
+        "left with the local gradient; the diagnosis names both, with the index ranges"
+    ),
+    "bad_rs_ag_tail_unreduced": (
+        "parity wherever a bucket's length is not a multiple of the world size: the tail holds the local "
+        "gradient already scaled by 1/world_size; the diagnosis names it"
+    ),
+    "bad_world_size_divisor": (
+        "parity in the subgroup config only; the diagnosis names the divisor's source, the default group's "
+        "size, and says to ask the process group (today it says 'averaged twice')"
+    ),
     "bad_returns_list": (
         "future_contract: the future holds [tensor]; every check reports that instead of DDP's "
         "'Unable to cast' error"
@@ -423,6 +543,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_returns_none": (
         "future_contract: not a Future, which would crash the rank process inside DDP; every training "
         "check reports the violation instead"
+    ),
+    "bad_returns_tensor": (
+        "future_contract: a Tensor, not a Future; the finding says DDP raises a RuntimeError on it (only None "
+        "crashes the process), and no failure offers the LossyContract hint: a broken contract is a bug"
     ),
     "bad_wrong_shape": (
         "future_contract: one element short; DDP reads the missing element from the storage behind the "
@@ -437,6 +561,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_fp16_divide_after": (
         "hard_inputs: near 65504 the undivided float16 sum overflows to inf where fp16_compress_hook's "
         "divided one stays finite; on the models' ordinary values it passes at 2 ranks"
+    ),
+    "bad_fp16_cast_back_then_divide": (
+        "parity at 3 ranks and hard_inputs (the float16 sum overflows); parity and hard inputs must tell the "
+        "same story: a float16 SUM, cast back, then divided by 3 in float32"
     ),
     "bad_padded_future": (
         "future_contract and parity: a bucket whose length does not divide by the world size comes back "

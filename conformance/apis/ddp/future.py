@@ -34,7 +34,8 @@ def _bare_registration(ctx: Any, spec: Any) -> List[Finding]:
                     "set them, e.g. self.__name__ = self.__qualname__ = type(self).__qualname__ in __init__")
         else:
             hint = "see DistributedDataParallel.register_comm_hook for what it accepts"
-        return [Finding(ctx.rank, f"DistributedDataParallel.register_comm_hook rejects the hook: {text}; {hint}")]
+        return [Finding(ctx.rank, f"DistributedDataParallel.register_comm_hook rejects the hook: {text}; {hint}",
+                        kind="contract")]
     return []
 
 

@@ -39,6 +39,15 @@ def _describe_value(value: Any) -> str:
     return f"a {type(value).__name__} ({value!r:.60})"
 
 
+def _what_ddp_does_with(value: Any) -> str:
+    """What DDP's reducer does with a hook result that is not a Future (read off torch 2.13's reducer:
+    pybind11 fails to cast it to ``c10::ivalue::Future``, except ``None``, which it dereferences)."""
+    if value is None:
+        return "crashes the process on None (SIGSEGV with torch 2.13)"
+    return (f"raises a RuntimeError on {type(value).__module__}.{type(value).__qualname__} "
+            "(\"DDP communication hook's callback must return a torch.futures.Future object\")")
+
+
 def _short_error(exc: BaseException) -> str:
     """The innermost message of an exception that crossed DDP's C++ reducer and future callbacks."""
     text = f"{type(exc).__name__}: {exc}".strip()
@@ -67,10 +76,13 @@ class DDPHookRecorder(Recorder):
         step: the training step, set by :meth:`run_step` before each backward.
         calls: ``(step, bucket index)`` per hook call.
         violations: contract violations seen so far (at most 20).
-        fatal: the hook returned something that is not a Future. DDP would
-            crash the process on it (SIGSEGV with torch 2.13), so the recorder
-            hands DDP a completed Future holding the untouched bucket instead,
-            and the check stops with the finding.
+        fatal: the hook returned something that is not a Future. DDP's reducer
+            raises a ``RuntimeError`` on a Tensor or any other object ("DDP
+            communication hook's callback must return a torch.futures.Future
+            object, but got torch.Tensor") and crashes the process on ``None``
+            (SIGSEGV with torch 2.13), so the recorder hands DDP a completed
+            Future holding the untouched bucket instead, and the check stops
+            with the finding.
     """
 
     def __init__(self, hook: Any, rank: int, names: Dict[int, str]):
@@ -97,7 +109,8 @@ class DDPHookRecorder(Recorder):
         """A finding if DDP never called the hook in the synchronising ``step``."""
         if any(s == step for s, _ in self.calls):
             return []
-        return [Finding(self.rank, "DDP never called the hook in this synchronising step", step=step)]
+        return [Finding(self.rank, "DDP never called the hook in this synchronising step", step=step,
+                        kind="contract")]
 
     def findings(self, step: int) -> List[Finding]:
         """:meth:`never_called`, then the step's violations."""
@@ -118,7 +131,8 @@ class DDPHookRecorder(Recorder):
             if not self.violations:
                 raise
             return list(self.violations) + [Finding(
-                self.rank, f"DDP then failed while using the hook's result: {_short_error(exc)}", step=step)]
+                self.rank, f"DDP then failed while using the hook's result: {_short_error(exc)}", step=step,
+                kind="contract")]
         if self.fatal:
             return list(self.violations)
         return None
@@ -133,7 +147,7 @@ class DDPHookRecorder(Recorder):
 
     def _note(self, message: str) -> None:
         if len(self.violations) < 20:
-            self.violations.append(Finding(self.rank, message, step=self.step))
+            self.violations.append(Finding(self.rank, message, step=self.step, kind="contract"))
 
     # No annotations: DDP's _check_comm_hook compares them with dist.GradBucket, and under
     # ``from __future__ import annotations`` they would be strings.
@@ -148,13 +162,13 @@ class DDPHookRecorder(Recorder):
             fut = self.hook(state, bucket)
         call.collectives = count[0]
         if not isinstance(fut, torch._C.Future):
-            # Handing DDP anything but a Future kills the process (SIGSEGV with torch 2.13), and the
+            # DDP raises on anything but a Future, and None kills the process (SIGSEGV with torch 2.13), the
             # finding with it: give DDP the untouched bucket instead and report the violation.
             self.fatal = True
             self._note(f"{where}: the hook returned {_describe_value(fut)}, not a torch.futures.Future; DDP needs "
                        "a Future whose value is the bucket's new contents (e.g. "
                        "dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])), and "
-                       "crashes the process without one")
+                       f"{_what_ddp_does_with(fut)}")
             substitute: Any = torch.futures.Future()
             substitute.set_result(buffer)
             return substitute

@@ -128,14 +128,14 @@ class HookRecorder(Recorder):
                     f"but the parameters are {dtype_name(self.param_dtype)}: a reduced-precision "
                     "hook must cast back to the parameter dtype (as LowPrecisionState.parameter_type does); "
                     "FSDP only skips its own cast for its built-in fp16/bf16 hooks",
-                    step=step)]
+                    step=step, kind="contract")]
         return []
 
     def findings(self, step: int) -> List[Finding]:
         """:meth:`findings_so_far`, and a finished step in which FSDP never called the hook."""
         findings = self.findings_so_far(step)
         if not any(c["step"] == step for c in self.calls):
-            findings.append(Finding(self.rank, "FSDP never called the hook in this step", step=step))
+            findings.append(Finding(self.rank, "FSDP never called the hook in this step", step=step, kind="contract"))
         return findings
 
 

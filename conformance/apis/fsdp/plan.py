@@ -31,7 +31,7 @@ import torch
 from conformance.apis import CasePlan, HookApi, SuiteTest, subgroup_world_size
 from conformance.cases import CaseParams
 from conformance.ranks.ulps import dtype_name
-from conformance.spec import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
+from conformance.signatures import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
 
 #: Reference models for parity at the main world size (``models.MODELS`` keys).
 #: ``mixture_of_experts`` is left out on purpose: ``register_comm_hook`` gives

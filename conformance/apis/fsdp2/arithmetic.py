@@ -28,6 +28,7 @@ class CommArithmetic(Arithmetic):
     :meth:`for_call`, from the recorded call)."""
 
     op: Any = None
+    hook_picks_divisor = False
 
     def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
                shift: int) -> torch.Tensor:
@@ -51,6 +52,7 @@ class AllReduceHookArithmetic(Arithmetic):
     world) a hook might divide it by again."""
 
     divisors: Tuple[int, ...] = ()
+    hook_picks_divisor = False  # the mesh's sizes, the world's among them, are in ``divisors``
 
     def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
                shift: int) -> torch.Tensor:

@@ -62,7 +62,7 @@ def missing_api(methods: Sequence[str] = ()) -> Optional[str]:
     if api is None:
         return f"torch {version} has no FSDP2 fully_shard (torch.distributed.fsdp.fully_shard)"
     try:  # an optional import: the answer to whether this torch has it
-        from torch.distributed.device_mesh import init_device_mesh  # noqa: F401
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: F401 - optional: probed, not used
     except ImportError:
         return f"torch {version} has no torch.distributed.device_mesh.init_device_mesh"
     missing = [m for m in methods if not hasattr(api[2], m)]
@@ -86,7 +86,7 @@ def mesh_for(ctx: Any, shape: Tuple[int, ...]) -> Any:
     lockstep), so the collective creation matches up.
     """
     # Looked up here, not at import: the plan imports this module on torch versions without FSDP2 (missing_api).
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # optional: see above
 
     key = (id(ctx.group), ctx.world_size, ctx.device.type, tuple(shape))
     if key not in _MESHES:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from conformance.spec import HookSpec
 
 try:  # torch >= 2.7; older torch has no custom comms (the checks skip there)
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase  # optional
 except ImportError:  # pragma: no cover - depends on the torch version
     _ReduceScatterBase = object  # type: ignore[assignment,misc]
 

@@ -34,7 +34,7 @@ from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, no_strateg
 from conformance.apis.fsdp2.build import HSDP_REPLICATE, missing_api
 from conformance.cases import CaseParams
 from conformance.models import MODELS
-from conformance.spec import SpecError, binds_signature, qualname, signature_text
+from conformance.signatures import SpecError, binds_signature, qualname, signature_text
 
 
 #: Configurations of the FSDP modules a comm is checked under.

@@ -104,7 +104,7 @@ class CommRecorder(Recorder):
             if bad["step"] == step:
                 return [Finding(self.rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
                                       f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
-                                      "exactly that buffer", step=step)]
+                                      "exactly that buffer", step=step, kind="contract")]
         return []
 
     def findings(self, step: int) -> List[Finding]:
@@ -112,7 +112,7 @@ class CommRecorder(Recorder):
         out = self.findings_so_far(step)
         if not any(c["step"] == step for c in self.calls):
             out.append(Finding(self.rank, "FSDP2 never called the comm in this step (set_custom_reduce_scatter did "
-                                     "not take effect)", step=step))
+                                     "not take effect)", step=step, kind="contract"))
         return out
 
 
@@ -149,7 +149,8 @@ class HookRecorder(Recorder):
         """A finished step in which FSDP2 never called the hook (every call is forwarded as it is, so only a
         finished step can show something)."""
         if not any(c["step"] == step for c in self.calls):
-            return [Finding(self.rank, "FSDP2 never called the all-reduce hook in this step", step=step)]
+            return [Finding(self.rank, "FSDP2 never called the all-reduce hook in this step", step=step,
+                            kind="contract")]
         return []
 
 

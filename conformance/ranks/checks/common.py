@@ -13,6 +13,7 @@ import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from conformance.ranks.compare import compare_bitwise
@@ -167,16 +168,21 @@ def averaging_findings(ctx: Any, grads: Dict[str, Optional[torch.Tensor]], step:
 
 def grads_per_step(ctx: Any, hooked: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any], loss_fn: Any,
                    steps: int, *, named: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]],
-                   run_step: Callable[[int, Callable[[], None]], Optional[List[Finding]]]) -> CheckResult:
+                   run_step: Callable[[int, Callable[[], None]], Optional[List[Finding]]],
+                   diagnose: Optional[Callable[[int], List[Finding]]] = None) -> CheckResult:
     """Train the hooked model alone and keep its gradients after every step, for a cross-rank comparison.
 
     ``run_step(step, run)`` runs each step's ``run()`` as the hook's recorder
     does (:meth:`conformance.ranks.checks.models.Recorder.run_step`).
+    ``diagnose(step)`` (collective): the diagnosis of a step after which the
+    ranks' gradients differ (:func:`differs_across_ranks`); the training stops
+    there, since the controller reports the first such step.
 
     Returns:
         a :class:`CheckResult` whose ``grads`` are ``{fqn: CPU tensor or None}``
         per step, and whose findings are what ``run_step`` reported when the
-        hook broke the API's contract, which ends the training early.
+        hook broke the API's contract, which ends the training early, or the
+        diagnosis of the first step whose gradients differ across ranks.
     """
     per_step: List[Dict[str, Optional[torch.Tensor]]] = []
     for step in range(steps):
@@ -186,6 +192,35 @@ def grads_per_step(ctx: Any, hooked: nn.Module, optim: torch.optim.Optimizer, in
         broken = run_step(step, run)
         if broken:
             return CheckResult(findings=broken, grads=per_step)
-        per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in named(hooked).items()})
+        grads = named(hooked)
+        per_step.append({k: (None if g is None else g.cpu().clone()) for k, g in grads.items()})
+        if diagnose is not None and differs_across_ranks(ctx, grads):
+            ctx.phase(f"step {step}: diagnosing why the ranks' gradients differ")
+            return CheckResult(findings=diagnose(step), grads=per_step)
         optim.step()
     return CheckResult(grads=per_step)
+
+
+def differs_across_ranks(ctx: Any, grads: Dict[str, Optional[torch.Tensor]]) -> bool:
+    """Whether any rank of ``ctx.group`` holds other bits than another in ``grads`` (FQN -> tensor or ``None``;
+    the same FQNs on every rank, and the same shapes and dtypes where every rank has a gradient).
+
+    Collective, the same answer on every rank: an all-reduce (MAX) of which gradients are present and of
+    their negation, then one of every value's bit pattern (at most 32 bits a piece, widened to int64 so its
+    negation cannot overflow) and of its negation: the maximum equals the minimum wherever all ranks agree,
+    NaN payloads and signed zeros included.
+    """
+    def spread(values: torch.Tensor) -> bool:
+        both = torch.stack([values, -values])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=ctx.group)
+        return bool((both[0] != -both[1]).any())
+
+    if spread(torch.tensor([0 if g is None else 1 for g in grads.values()] or [0], dtype=torch.int64)):
+        return True
+    parts = [torch.zeros(1, dtype=torch.int64)]
+    for g in grads.values():
+        if g is not None and g.numel():
+            flat = g.detach().reshape(-1).cpu().contiguous()
+            bits = {1: torch.int8, 2: torch.int16}.get(flat.element_size(), torch.int32)
+            parts.append(flat.view(bits).to(torch.int64))
+    return spread(torch.cat(parts))

@@ -88,9 +88,12 @@ def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3,
 def rank_grads(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
                **variant: Any) -> CheckResult:
     """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`); its
-    findings are what the recorder reported when the hook broke the API's contract, which stopped the training."""
+    findings are what the recorder reported when the hook broke the API's contract, which stopped the training,
+    or the diagnosis (:func:`conformance.ranks.diagnosis.diagnose`) of the first step after which the ranks'
+    gradients differ."""
     models = make(ctx, spec, model=model, **variant)
     hooked = models.build(hooked=True)
     optim = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
     return grads_per_step(models.ctx, hooked.model, optim, models.inputs, models.loss_fn, steps,
-                          named=models.local_grads, run_step=hooked.recorder.run_step)
+                          named=models.local_grads, run_step=hooked.recorder.run_step,
+                          diagnose=lambda step: diagnose(models.ctx, models.arithmetic, hooked.recorder.log, step))

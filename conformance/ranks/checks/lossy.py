@@ -64,13 +64,16 @@ def lossy_hint(spec: Any, found: Sequence[Finding]) -> str:
 
     It fits a hook with no contract yet whose difference nothing else explains:
     not a hook that never communicated (a finding of kind ``"local_gradient"``),
+    not a hook that broke its API's contract (kind ``"contract"``: a Tensor returned
+    where DDP needs a Future, a gradient left in the wrong dtype; a bug whatever
+    the design),
     not a failure made only of what the hook left behind (``"process_state"``, ``"memory"``),
     and not one whose result a named exact cause reproduces bit for bit
     (:func:`conformance.reports.report.explained`: a wrong divisor, a stale step, a
     neighbour's shard are bugs, not a lossy design).
     """
     found = [f for f in found if f.kind not in ("process_state", "memory")]  # leaks, not a numerical design
-    fits = (spec.lossy is None and bool(found) and not any(f.kind == "local_gradient" for f in found)
+    fits = (spec.lossy is None and bool(found) and not any(f.kind in ("local_gradient", "contract") for f in found)
             and not report.explained(found))
     return "  " + DECLARE_LOSSY_HINT if fits else ""
 

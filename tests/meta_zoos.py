@@ -113,6 +113,12 @@ DDP_MUST_CATCH = {
     "bad_lossy_rank_dependent": {"rank_consistency"},
     "bad_lossy_nondeterministic": {"lossy_determinism"},
     "bad_lossy_diverges": {"lossy_loss"},
+    "bad_returns_tensor": {"future_contract"},
+    "bad_rank_order_mean": {"parity"},
+    "bad_ring_no_average_tail": {"averaging", "parity"},
+    "bad_rs_ag_tail_unreduced": {"parity"},
+    "bad_world_size_divisor": {"parity"},
+    "bad_fp16_cast_back_then_divide": {"parity", "hard_inputs"},
 }
 DDP_EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract", "hard_inputs", "clip_grad_norm"}
 DDP_LOSSY_CHECKS = {"lossy_error", "lossy_loss", "lossy_determinism", "rank_consistency", "future_contract"}

@@ -146,3 +146,101 @@ def planned_test_names(specs: Sequence, settings=None) -> List[str]:
     settings = settings or plan_settings()
     return [f"{test}[{case.id}]" for api in HOOK_APIS.values() for test in api.plans
             for case in planned_cases(test, specs, settings)]
+
+
+# -- the meta-test shape: a zoo run, described as data ----------------------------------------
+
+
+def select(run: SuiteRun, hook: str, outcome: str = "", **where) -> List[CaseReport]:
+    """The cases of ``hook`` in ``run`` with that ``outcome`` (any, if empty) whose JUnit properties match
+    ``where``: a string value must equal the property, a tuple or set value must contain it."""
+    def matches(case: CaseReport) -> bool:
+        for key, want in where.items():
+            have = case.properties.get(key)
+            if have not in want if isinstance(want, (tuple, set, frozenset)) else have != want:
+                return False
+        return not outcome or case.outcome == outcome
+
+    return [c for c in run.by_hook()[hook] if matches(c)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Catch:
+    """A known-bad hook and what must fail on it: the cases whose property ``by`` (``check`` or ``config``)
+    takes each value in ``values`` include a failed one; with ``only``, no other value fails."""
+    hook: str
+    values: frozenset
+    by: str = "check"
+    only: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """Failed cases of ``hook`` at ``check`` (narrowed by ``where``) each carry every text of ``texts``
+    (a named cause, a hint); with ``no_lossy_hint``, none says ``LossyContract``."""
+    hook: str
+    check: object  # one check, or a tuple of them
+    texts: tuple
+    where: tuple = ()  # (property, value or tuple of values) pairs
+    no_lossy_hint: bool = False
+
+    def cases(self, run: SuiteRun) -> List[CaseReport]:
+        checks = self.check if isinstance(self.check, tuple) else (self.check,)
+        return select(run, self.hook, "failed", check=checks, **dict(self.where))
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """One case of ``hook``: the first with that ``outcome`` (any, if empty) whose properties match ``where``."""
+    hook: str
+    where: tuple = ()
+    outcome: str = ""
+
+    def case(self, run: SuiteRun) -> CaseReport:
+        cases = select(run, self.hook, self.outcome, **dict(self.where))
+        assert cases, f"no case of {self.hook} with {dict(self.where)} ({self.outcome or 'any outcome'})"
+        return cases[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaZoo:
+    """One meta-run: the suite over a zoo (``args`` to ``python -m conformance``), and what its JUnit must show.
+
+    ``bad``: the zoo's known-bad spec names; ``documented``: the names its ``EXPECTED_CATCH`` (or
+    ``LOSSY_EXPECTED``) explains; ``catches``: what must catch each, and ``caught_elsewhere``: bad specs
+    caught only where this run cannot (another backend), tested by their own test. ``good``: the known-good
+    specs; ``good_coverage(spec)``: (property, the values that must pass, whether exactly those);
+    ``good_outcomes``: the outcomes a good spec's case may have (a skip with its reason, where planned).
+    ``acting``: a failure that must name everything needed to act on it, with ``acting_needles``;
+    ``rerun``: a failed case whose re-run command must reproduce exactly it. ``causes``: failures and the
+    texts they must carry (named cause, no lossy hint where one explains, the hint where none does).
+    """
+    name: str
+    args: tuple
+    bad: frozenset
+    documented: frozenset
+    catches: tuple
+    good: tuple
+    good_coverage: object = None  # Callable[[HookSpec], Tuple[str, set, bool]] or None: cases only
+    good_outcomes: frozenset = frozenset({"passed"})
+    caught_elsewhere: frozenset = frozenset()
+    acting: object = None  # Pick or None
+    acting_needles: tuple = ()
+    rerun: object = None  # Pick or None
+    causes: tuple = ()
+
+
+class ZooRuns:
+    """Each :class:`MetaZoo` run once per pytest session, on first use, and shared by every test that needs it."""
+
+    def __init__(self, tmp_path_factory):
+        self._tmp = tmp_path_factory
+        self._runs: Dict[str, SuiteRun] = {}
+
+    def __call__(self, zoo: MetaZoo) -> SuiteRun:
+        if zoo.name not in self._runs:
+            junit = str(self._tmp.mktemp(zoo.name) / f"{zoo.name}.xml")
+            self._runs[zoo.name] = run_suite(list(zoo.args), junit)  # kept even if it failed: never run twice
+        run = self._runs[zoo.name]
+        assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
+        return run

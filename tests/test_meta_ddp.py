@@ -1,10 +1,9 @@
-"""Meta-tests for the DDP checks: the suite catches every known-bad DDP hook and passes every
-known-good one.
+"""Meta-tests specific to DDP (``register_comm_hook`` on DistributedDataParallel).
 
-One run of the conformance suite (``python -m conformance``, as a user runs it) over the zoo in
-``tests/zoo/ddp_hooks.py``, restricted to the DDP module, judged by its JUnit XML. The run
-skips ``transformer_shared`` except for the loss-margin check (the only case that needs a
-real training loss); the default ``make conform`` run covers it for the built-in hooks.
+They read the DDP zoo's run (``tests/meta_zoos.py``: DDP, one run per session, restricted to
+the DDP module); the shape every zoo shares (each bad hook caught, each good one passing,
+failures that name everything, re-run commands, named causes) is in ``tests/test_meta.py``.
+Plus checks, without a run, of the DDP entries of the packaged known-failures file.
 """
 
 from __future__ import annotations
@@ -13,78 +12,18 @@ import os
 
 import pytest
 
-from tests.meta_helpers import REPO, rerun_args, run_suite
+from tests.meta_helpers import REPO
+from tests.meta_zoos import DDP
 from tests.zoo import ddp_hooks as zoo
 
-#: The checks that must catch each known-bad hook (zoo.EXPECTED_CATCH says why).
-MUST_CATCH = {
-    "bad_sum_no_average": {"averaging", "parity", "clip_grad_norm"},
-    "bad_wrong_dtype": {"future_contract"},
-    "bad_stale_second_step": {"parity"},
-    "bad_divides_by_world_size": {"parity"},
-    "bad_averages_param_grads": {"averaging", "parity"},
-    "bad_sum_then_divide": {"parity"},
-    "bad_returns_list": {"future_contract", "averaging", "parity", "rank_consistency"},
-    "bad_returns_none": {"future_contract", "averaging", "parity", "rank_consistency"},
-    "bad_wrong_shape": {"future_contract"},
-    "bad_padded_future": {"future_contract", "parity"},
-    "bad_nan_to_zero": {"hard_inputs"},
-    "bad_default_group": {"parity"},
-    "bad_saturates_inf_off_rank0": {"hard_inputs"},
-    "bad_fp16_divide_after": {"hard_inputs"},
-    "bad_param_not_named_bucket": {"future_contract"},
-    "bad_noop_hook": {"averaging", "parity", "rank_consistency"},
-    "bad_lossy_undeclared": {"parity"},
-    "bad_bf16_undeclared": {"parity"},
-    "bad_lossy_exceeds_bound": {"lossy_error"},
-    "bad_lossy_nan": {"lossy_error"},
-    "bad_lossy_rank_dependent": {"rank_consistency"},
-    "bad_lossy_nondeterministic": {"lossy_determinism"},
-    "bad_lossy_diverges": {"lossy_loss"},
-}
-EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract", "hard_inputs", "clip_grad_norm"}
-LOSSY_CHECKS = {"lossy_error", "lossy_loss", "lossy_determinism", "rank_consistency", "future_contract"}
 
-
-@pytest.fixture(scope="module")
-def zoo_run(tmp_path_factory):
-    junit = str(tmp_path_factory.mktemp("ddp_zoo") / "zoo.xml")
-    run = run_suite(["--hook", "tests.zoo.ddp_hooks:ALL", "-q",
-                     "-k", "test_ddp and (not transformer_shared or lossy_loss)"], junit)
-    assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
-    return run
+@pytest.fixture
+def zoo_run(zoo_runs):
+    return zoo_runs(DDP)
 
 
 def _cases(run, hook, check=None):
     return [c for c in run.by_hook()[hook] if check is None or c.check == check]
-
-
-def test_ddp_every_bad_hook_has_an_expected_catch():
-    assert set(MUST_CATCH) == {s.name for s in zoo.KNOWN_BAD} == set(zoo.EXPECTED_CATCH)
-
-
-def test_ddp_run_fails_because_of_bad_hooks(zoo_run):
-    assert zoo_run.returncode == 1, zoo_run.output[-3000:]
-
-
-@pytest.mark.parametrize("name", [s.name for s in zoo.KNOWN_GOOD])
-def test_ddp_known_good_hook_passes_every_check(zoo_run, name):
-    spec = next(s for s in zoo.KNOWN_GOOD if s.name == name)
-    cases = _cases(zoo_run, name)
-    assert {c.check for c in cases} == (EXACT_CHECKS if spec.lossy is None else LOSSY_CHECKS)
-    bad = [f"{c.name}: {c.outcome}\n{c.message[:2000]}" for c in cases if c.outcome != "passed"]
-    assert not bad, "\n".join(bad)
-
-
-@pytest.mark.parametrize("name", sorted(MUST_CATCH))
-def test_ddp_known_bad_hook_is_caught(zoo_run, name):
-    cases = _cases(zoo_run, name)
-    assert cases, f"{name} was not run"
-    failed_checks = {c.check for c in cases if c.outcome == "failed"}
-    missing = MUST_CATCH[name] - failed_checks
-    assert not missing, f"{name} was not caught by {sorted(missing)} (failed: {sorted(failed_checks)})"
-    errors = [c.name for c in cases if c.outcome == "error"]
-    assert not errors, f"{name} produced setup/teardown errors instead of verdicts: {errors}"
 
 
 @pytest.mark.parametrize("name", ["bad_returns_list", "bad_returns_none", "bad_wrong_shape", "bad_wrong_dtype"])
@@ -152,37 +91,11 @@ def test_ddp_hook_that_communicates_but_returns_the_bucket_unreduced_is_told_apa
     assert passed == {"bucket_view"} and "default" in failed, (passed, failed)
 
 
-def test_ddp_rounding_order_is_named(zoo_run):
-    """Sum-then-divide and divide-before-SUM, 1-2 ULP off at 3 ranks, get their arithmetic named and no
-    lossy hint; the same failures at 2 ranks do not exist."""
-    for hook, cause in (("bad_sum_then_divide", "SUM, then divided by 3, where DDP with no hook multiplies by 1/3"),
-                        ("bad_divides_by_world_size", "divided by 3 before the SUM, where DDP with no hook "
-                                                      "multiplies by 1/3")):
-        failed = [c for c in _cases(zoo_run, hook, "parity") if c.outcome == "failed"]
-        assert failed, hook
-        for case in failed:
-            assert cause in case.message, case.message[-1500:]
-            assert "LossyContract" not in case.message, case.name
-
-
-def test_ddp_diagnosis_names_sum_stale_and_nan_replacement(zoo_run):
-    for hook, check, cause in (
-            ("bad_sum_no_average", "parity", "SUM without averaging"),
-            ("bad_stale_second_step", "parity", "the result of step 0 (stale)"),
-            ("bad_nan_to_zero", "hard_inputs", "NaN or Inf replaced")):
-        failed = [c for c in _cases(zoo_run, hook, check) if c.outcome == "failed"]
-        assert failed and all(cause in c.message for c in failed), (hook, [c.message[-800:] for c in failed][:1])
-
-
-def test_ddp_undeclared_lossy_hook_is_told_how_to_declare_it(zoo_run):
-    messages = [c.message for c in _cases(zoo_run, "bad_lossy_undeclared", "parity") if c.outcome == "failed"]
-    assert messages and all("lossy=LossyContract(rel_error_bound=..., loss_margin=...)" in m for m in messages)
-    # A hook that never communicates is not told to declare itself lossy.
-    assert all("LossyContract" not in c.message for c in _cases(zoo_run, "bad_noop_hook", "averaging"))
-    # Nor is one whose failure an exact cause explains: it is told the cause instead.
-    bf16 = [c.message for c in _cases(zoo_run, "bad_bf16_undeclared", "parity") if c.outcome == "failed"]
-    assert bf16 and all("reduced in bfloat16, where the hook claims no reduce dtype" in m and "LossyContract" not in m
-                        for m in bf16)
+def test_ddp_hook_that_never_communicates_is_not_told_to_declare_itself_lossy(zoo_run):
+    """No LossyContract hint for a hook that never communicates. (The hint where nothing explains the
+    difference, and its absence where an exact cause does: DDP.causes in tests/meta_zoos.py.)"""
+    cases = _cases(zoo_run, "bad_noop_hook", "averaging")
+    assert cases and all("LossyContract" not in c.message for c in cases)
 
 
 def test_ddp_observed_error_is_reported_as_a_figure(zoo_run):
@@ -209,25 +122,6 @@ def test_ddp_loss_margin_reports_both_losses(zoo_run):
     assert case.outcome == "failed"
     assert float(case.properties["observed_loss_rel_diff"]) > 0.01
     assert "with the hook" in case.message and "declared loss_margin 1.000e-02" in case.message
-
-
-def test_ddp_failure_names_everything_needed_to_act(zoo_run):
-    """Hook, check, config, model, world size, rank, step, FQN, index, ULP diff, re-run command."""
-    case = next(c for c in _cases(zoo_run, "bad_divides_by_world_size", "parity") if c.outcome == "failed")
-    msg = case.message
-    for needle in ("hook bad_divides_by_world_size does not conform", "check=parity", "api=ddp",
-                   "config=default", "model=nested_wrapped", "world_size=3", "[rank 0, step 0, parameter '",
-                   "first difference at index", "max ULP diff", "Re-run just this case:",
-                   "-k 'test_ddp_parity[bad_divides_by_world_size-default-nested_wrapped-ws3]'"):
-        assert needle in msg, f"{needle!r} missing from:\n{msg}"
-
-
-def test_ddp_rerun_command_reproduces_exactly_that_case(zoo_run, tmp_path):
-    case = next(c for c in _cases(zoo_run, "bad_stale_second_step", "parity") if c.outcome == "failed")
-    rerun = run_suite(rerun_args(case.message), str(tmp_path / "rerun.xml"))
-    assert rerun.returncode == 1, rerun.output[-3000:]
-    assert [c.name for c in rerun.cases] == [case.name]
-    assert rerun.cases[0].outcome == "failed"
 
 
 # -- the DDP entries of the packaged known-failures file (no suite run) ----------------------

@@ -1,0 +1,267 @@
+"""The meta-runs, as data: each zoo, the arguments it runs with, and what its JUnit XML must show.
+
+``tests/test_meta.py`` holds the meta-test shape once, parametrized over ``ZOOS``; the few tests truly
+specific to one API read the same run (``tests/conftest.py``: one run per zoo per session) from
+``tests/test_meta_fsdp.py``, ``test_meta_ddp.py``, ``test_meta_fsdp2.py`` and ``test_meta_lossy.py``.
+Each zoo module's ``EXPECTED_CATCH`` (or ``LOSSY_EXPECTED``) says why each catch below must hold.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.meta_helpers import Catch, Cause, MetaZoo, Pick
+from tests.zoo import ddp_hooks, fsdp2_comms, fsdp_hooks
+
+#: The hint an exact-claiming hook gets where no named exact cause explains its difference.
+LOSSY_HINT = "lossy=LossyContract(rel_error_bound=..., loss_margin=...)"
+#: Where a named exact cause explains a difference, the diagnosis says so with these words.
+EXPLAINED = "explained, bit for bit, by"
+
+
+def _catches(table, by="check", only=False):
+    return tuple(Catch(hook, frozenset(values), by, only) for hook, values in table.items())
+
+
+# -- FSDP1 (register_comm_hook on FullyShardedDataParallel) ------------------------------------------
+
+#: The checks that must catch each known-bad FSDP hook (see fsdp_hooks.EXPECTED_CATCH for why).
+FSDP_MUST_CATCH = {
+    "bad_sum_no_average": {"averaging", "parity", "clip_grad_norm"},
+    "bad_divide_after": {"hard_inputs"},
+    "bad_wrong_shard": {"parity"},
+    "bad_stale_after_first_step": {"parity"},
+    "bad_no_cast_back": {"parity"},
+    "bad_local_only": {"averaging", "parity", "rank_consistency"},
+    "bad_power_of_two_divisor": {"averaging", "parity"},
+    "bad_rank0_only_noise": {"parity", "rank_consistency"},
+    "bad_nan_to_zero": {"hard_inputs"},
+    "bad_default_group": {"subgroup_parity"},
+    "bad_sum_then_divide": {"hard_inputs"},
+    "bad_fp32_accumulate": {"clip_grad_norm_low_precision"},
+}
+#: hook -> (check, the diagnosis its failures must carry).
+FSDP_DIAGNOSED = {
+    "bad_sum_no_average": ("parity", "SUM without averaging"),
+    "bad_wrong_shard": ("parity", "the reduced shard of rank"),
+    "bad_stale_after_first_step": ("parity", "the result of step 0 (stale)"),
+    "bad_local_only": ("parity", "the hook never communicated"),
+    "bad_nan_to_zero": ("hard_inputs", "NaN or Inf replaced"),
+    "bad_power_of_two_divisor": ("parity", "divided as for 4 ranks"),
+}
+
+
+def _fsdp_coverage(spec):
+    # The float16-gradient clip case is planned, and skipped with its reason, for other claims.
+    low_precision = {"clip_grad_norm_low_precision"} if spec.reduce_dtype in (None, torch.float16) else set()
+    return "check", {"averaging", "parity", "rank_consistency", "registration", "hard_inputs", "subgroup_parity",
+                     "clip_grad_norm"} | low_precision, True
+
+
+#: The run skips the two largest parity models to stay quick; ``make conform`` exercises them. It also
+#: leaves out the stale hook's hard-input cases: a generated example fails there and is shrunk one
+#: dispatch per example, while the hook is caught (and asserted on) by parity; the shrink itself is
+#: asserted on the DDP run (bad_saturates_inf_off_rank0).
+FSDP = MetaZoo(
+    name="fsdp_hooks",
+    args=("--hook", "tests.zoo.fsdp_hooks:ALL", "--hypothesis-examples", "2", "-q",
+          "-k", "not transformer_shared and not always_wrap_nested "
+                "and not (test_hard_inputs and bad_stale_after_first_step)"),
+    bad=frozenset(s.name for s in fsdp_hooks.KNOWN_BAD),
+    documented=frozenset(fsdp_hooks.EXPECTED_CATCH),
+    catches=_catches(FSDP_MUST_CATCH),
+    good=tuple(fsdp_hooks.KNOWN_GOOD),
+    good_coverage=_fsdp_coverage,
+    acting=Pick("bad_rank0_only_noise", (("check", "parity"), ("model", "net_wrapped"), ("strategy", "NO_SHARD"),
+                                         ("world_size", "2"))),
+    acting_needles=("hook bad_rank0_only_noise does not conform", "check=parity", "strategy=NO_SHARD",
+                    "model=net_wrapped", "world_size=2", "[rank 0, step 0, parameter '", "first difference at index",
+                    "max abs diff", "max ULP diff 1", "Re-run just this case:",
+                    "-k 'test_parity[bad_rank0_only_noise-NO_SHARD-net_wrapped-ws2]'"),
+    rerun=Pick("bad_wrong_shard", outcome="failed"),
+    causes=tuple(Cause(hook, check, (cause,)) for hook, (check, cause) in FSDP_DIAGNOSED.items()) + (
+        # A sum without averaging is a named exact cause, not a lossy design: no LossyContract hint.
+        Cause("bad_sum_no_average", ("averaging", "parity"), (EXPLAINED,), no_lossy_hint=True),
+    ),
+)
+
+
+# -- DDP (register_comm_hook on DistributedDataParallel) ------------------------------------------------
+
+#: The checks that must catch each known-bad DDP hook (ddp_hooks.EXPECTED_CATCH says why).
+DDP_MUST_CATCH = {
+    "bad_sum_no_average": {"averaging", "parity", "clip_grad_norm"},
+    "bad_wrong_dtype": {"future_contract"},
+    "bad_stale_second_step": {"parity"},
+    "bad_divides_by_world_size": {"parity"},
+    "bad_averages_param_grads": {"averaging", "parity"},
+    "bad_sum_then_divide": {"parity"},
+    "bad_returns_list": {"future_contract", "averaging", "parity", "rank_consistency"},
+    "bad_returns_none": {"future_contract", "averaging", "parity", "rank_consistency"},
+    "bad_wrong_shape": {"future_contract"},
+    "bad_padded_future": {"future_contract", "parity"},
+    "bad_nan_to_zero": {"hard_inputs"},
+    "bad_default_group": {"parity"},
+    "bad_saturates_inf_off_rank0": {"hard_inputs"},
+    "bad_fp16_divide_after": {"hard_inputs"},
+    "bad_param_not_named_bucket": {"future_contract"},
+    "bad_noop_hook": {"averaging", "parity", "rank_consistency"},
+    "bad_lossy_undeclared": {"parity"},
+    "bad_bf16_undeclared": {"parity"},
+    "bad_lossy_exceeds_bound": {"lossy_error"},
+    "bad_lossy_nan": {"lossy_error"},
+    "bad_lossy_rank_dependent": {"rank_consistency"},
+    "bad_lossy_nondeterministic": {"lossy_determinism"},
+    "bad_lossy_diverges": {"lossy_loss"},
+    "bad_returns_tensor": {"future_contract"},
+    "bad_rank_order_mean": {"parity"},
+    "bad_ring_no_average_tail": {"averaging", "parity"},
+    "bad_rs_ag_tail_unreduced": {"parity"},
+    "bad_world_size_divisor": {"parity"},
+    "bad_fp16_cast_back_then_divide": {"parity", "hard_inputs"},
+}
+DDP_EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract", "hard_inputs", "clip_grad_norm"}
+DDP_LOSSY_CHECKS = {"lossy_error", "lossy_loss", "lossy_determinism", "rank_consistency", "future_contract"}
+
+#: Restricted to the DDP module; ``transformer_shared`` only for the loss-margin check (the only case
+#: that needs a real training loss); the default ``make conform`` run covers it for the built-in hooks.
+#: Hard inputs, where a generated example fails, shrink it one dispatch per example (about half this
+#: run's time): the stale hook's hard-input cases (caught by parity; nothing asserts on them) are left
+#: out, and the shrink of bad_saturates_inf_off_rank0 runs at world size 2, in each bucket config.
+DDP = MetaZoo(
+    name="ddp_hooks",
+    args=("--hook", "tests.zoo.ddp_hooks:ALL", "-q",
+          "-k", "test_ddp and (not transformer_shared or lossy_loss) and not (test_ddp_hard_inputs and "
+                "(bad_stale_second_step or (bad_saturates_inf_off_rank0 and ws3)))"),
+    bad=frozenset(s.name for s in ddp_hooks.KNOWN_BAD),
+    documented=frozenset(ddp_hooks.EXPECTED_CATCH),
+    catches=_catches(DDP_MUST_CATCH),
+    good=tuple(ddp_hooks.KNOWN_GOOD),
+    good_coverage=lambda spec: ("check", DDP_EXACT_CHECKS if spec.lossy is None else DDP_LOSSY_CHECKS, True),
+    acting=Pick("bad_divides_by_world_size", (("check", "parity"),), "failed"),
+    acting_needles=("hook bad_divides_by_world_size does not conform", "check=parity", "api=ddp",
+                    "config=default", "model=nested_wrapped", "world_size=3", "[rank 0, step 0, parameter '",
+                    "first difference at index", "max ULP diff", "Re-run just this case:",
+                    "-k 'test_ddp_parity[bad_divides_by_world_size-default-nested_wrapped-ws3]'"),
+    rerun=Pick("bad_stale_second_step", (("check", "parity"),), "failed"),
+    causes=(
+        Cause("bad_sum_no_average", "parity", ("SUM without averaging",)),
+        Cause("bad_stale_second_step", "parity", ("the result of step 0 (stale)",)),
+        Cause("bad_nan_to_zero", "hard_inputs", ("NaN or Inf replaced",)),
+        # Sum-then-divide and divide-before-SUM, 1-2 ULP off at 3 ranks, get their arithmetic named and no
+        # lossy hint (the same failures at 2 ranks do not exist).
+        Cause("bad_sum_then_divide", "parity", ("SUM, then divided by 3, where DDP with no hook multiplies by 1/3",),
+              no_lossy_hint=True),
+        Cause("bad_divides_by_world_size", "parity",
+              ("divided by 3 before the SUM, where DDP with no hook multiplies by 1/3",), no_lossy_hint=True),
+        # A failure an exact cause explains is told the cause instead of the hint.
+        Cause("bad_bf16_undeclared", "parity", ("reduced in bfloat16, where the hook claims no reduce dtype",),
+              no_lossy_hint=True),
+        Cause("bad_lossy_undeclared", "parity", (LOSSY_HINT,)),
+    ),
+)
+
+
+# -- FSDP2 (fully_shard's custom reduce-scatter and all-reduce hooks) -------------------------------------
+
+#: The configs (``config`` property) that must catch each known-bad spec; see fsdp2_comms.EXPECTED_CATCH.
+FSDP2_MUST_CATCH = {
+    "bad_always_sum": {"default", "hsdp"},
+    "bad_self_average": {"force_sum", "divide_factor_force_sum"},
+    "bad_self_average_fp16": {"default", "divide_factor", "hsdp"},
+    "bad_wrong_shard": {"default", "force_sum", "divide_factor_force_sum", "hsdp"},
+    "bad_default_group": {"hsdp", "subgroup"},
+    "bad_fp32_alloc_bf16": {"default", "hsdp"},
+    "bad_padded_alloc": {"default", "hsdp"},
+    "bad_bf16_wire": {"default", "hsdp"},
+    "bad_staging_buffer": {"default", "hsdp"},
+    "bad_stale_replay": {"default", "hsdp"},
+    "bad_rank0_noise": {"default", "hsdp"},
+    "bad_world_average_hook": {"hsdp"},
+    "bad_replica_divide_hook": {"hsdp"},
+}
+#: Caught only by hard inputs (NaN, Inf): the check, not the config, is what matters.
+FSDP2_MUST_CATCH_BY_CHECK = {"bad_nan_to_zero": {"fsdp2_hard_inputs"},
+                             "bad_nan_to_zero_hook": {"fsdp2_all_reduce_hard_inputs"}}
+#: Caught only where ReduceOp.PREMUL_SUM runs natively (NCCL); skipped with the reason on gloo.
+FSDP2_MUST_CATCH_WITH_PREMUL_SUM = {"bad_premul_as_avg": {"divide_factor"}}
+#: comm -> (check, the diagnosis its failures must carry), recomputed with the op and group FSDP2 passed.
+FSDP2_DIAGNOSED = {
+    "bad_always_sum": ("fsdp2_parity", "SUM without averaging"),
+    "bad_bf16_wire": ("fsdp2_parity", "reduced in bfloat16, where the hook claims no reduce dtype"),
+    "bad_stale_replay": ("fsdp2_parity", "the result of step 0 (stale)"),
+    "bad_wrong_shard": ("fsdp2_parity", "the reduced shard of rank"),
+    "bad_self_average_fp16": ("fsdp2_parity", "SUM, then divided by 2, where FSDP2 asked the comm for op=SUM"),
+    "bad_nan_to_zero": ("fsdp2_hard_inputs", "NaN or Inf replaced"),
+    "bad_world_average_hook": ("fsdp2_all_reduce_hook", "averaged again over the default group"),
+    "bad_replica_divide_hook": ("fsdp2_all_reduce_hook", "divided by 2 after native HSDP had already averaged it"),
+}
+
+
+def _fsdp2_coverage(spec):
+    if spec.api == "fsdp2_all_reduce":
+        return "config", {"hsdp"}, True
+    want = {"default", "divide_factor_force_sum", "hsdp"}
+    if spec.reduce_dtype == torch.float16:
+        want.add("divide_factor")  # float16 reduces with SUM: no PREMUL_SUM, runs on gloo too
+    return "config", want, False
+
+
+#: Limited to ``nested_wrapped``, which every config (default, divide factor, forced SUM, both, HSDP) uses,
+#: and to the main world size plus HSDP on a 4-rank pool (``--extra-world-size 4``, which the default CPU
+#: run leaves out; no zoo entry depends on world size 3); ``make conform`` covers the rest.
+FSDP2 = MetaZoo(
+    name="fsdp2_comms",
+    args=("--hook", "tests.zoo.fsdp2_comms:ALL", "--extra-world-size", "4", "-q",
+          "-k", "fsdp2 and (nested_wrapped or hard_inputs) and (ws2 or hsdp or subgroup)"),
+    bad=frozenset(s.name for s in fsdp2_comms.KNOWN_BAD + fsdp2_comms.NCCL_ONLY_BAD),
+    documented=frozenset(fsdp2_comms.EXPECTED_CATCH),
+    catches=_catches(FSDP2_MUST_CATCH, by="config") + _catches(FSDP2_MUST_CATCH_BY_CHECK, only=True),
+    caught_elsewhere=frozenset(FSDP2_MUST_CATCH_WITH_PREMUL_SUM),
+    good=tuple(fsdp2_comms.KNOWN_GOOD),
+    good_coverage=_fsdp2_coverage,
+    good_outcomes=frozenset({"passed", "skipped"}),
+    acting=Pick("bad_rank0_noise", (("config", "default"), ("world_size", "2"))),
+    acting_needles=("hook bad_rank0_noise does not conform", "check=fsdp2_parity", "config=default",
+                    "model=nested_wrapped", "world_size=2", "[rank 0, step 0, parameter '",
+                    "differs from native fully_shard", "FSDP2 called the comm with op=", "over a group of 2",
+                    "max ULP diff 1", "Re-run just this case:",
+                    "-k 'test_fsdp2_parity[bad_rank0_noise-default-nested_wrapped-ws2]'"),
+    rerun=Pick("bad_wrong_shard", (("world_size", "2"),), "failed"),
+    causes=tuple(Cause(hook, check, (cause,), (("config", ("default", "hsdp")),))
+                 for hook, (check, cause) in FSDP2_DIAGNOSED.items()) + (
+        # An always-SUM comm and a bfloat16 wire are named exact causes, not lossy designs: no hint.
+        Cause("bad_always_sum", "fsdp2_parity", (EXPLAINED,), no_lossy_hint=True),
+        Cause("bad_bf16_wire", "fsdp2_parity", (EXPLAINED,), no_lossy_hint=True),
+    ),
+)
+
+
+# -- lossy contracts, FSDP1 and FSDP2 -----------------------------------------------------------------
+
+#: Specs whose declared rel_error_bound the hook exceeds: every lossy_error case must fail.
+LOSSY_EXCEEDS_BOUND = ("bad_int8_exceeds_bound", "bad_lossy_bf16_wire_exceeds_bound")
+#: Lossy by design but declared exact, and no exact cause explains them: told how to declare a contract.
+LOSSY_UNDECLARED_UNEXPLAINED = {"bad_int8_undeclared": {"averaging", "parity"},
+                                "bad_int8_comm_undeclared": {"fsdp2_parity"}}
+#: More accurate than native (float32 accumulation of a bfloat16 claim), declared exact: fails parity.
+LOSSY_MORE_ACCURATE = {"bad_fp32_accumulate_bf16_undeclared": {"fsdp2_parity"}}
+
+#: Parity kept to ``nested_wrapped`` (every config and world size of it); hard inputs and clip_grad_norm_
+#: left out: the exact zoo runs cover those.
+LOSSY = MetaZoo(
+    name="lossy",
+    args=("--hook", "tests.zoo.fsdp_hooks:LOSSY", "--hook", "tests.zoo.fsdp2_comms:LOSSY", "-q",
+          "-k", "lossy or registration or rank_consistency or averaging "
+                "or (parity and nested_wrapped and not subgroup)"),
+    bad=frozenset(s.name for s in fsdp_hooks.LOSSY_BAD + fsdp2_comms.LOSSY_BAD),
+    documented=frozenset(fsdp_hooks.LOSSY_EXPECTED) | frozenset(fsdp2_comms.LOSSY_EXPECTED),
+    catches=_catches({"bad_int8_exceeds_bound": {"lossy_error"},
+                      "bad_lossy_bf16_wire_exceeds_bound": {"fsdp2_lossy_error"}})
+    + _catches(LOSSY_UNDECLARED_UNEXPLAINED) + _catches(LOSSY_MORE_ACCURATE),
+    good=tuple(fsdp_hooks.LOSSY_GOOD + fsdp2_comms.LOSSY_GOOD),
+    causes=tuple(Cause(hook, tuple(sorted(checks)), (LOSSY_HINT, "no known cause explains the hook's result"))
+                 for hook, checks in LOSSY_UNDECLARED_UNEXPLAINED.items()),
+)
+
+ZOOS = (FSDP, DDP, FSDP2, LOSSY)

@@ -82,6 +82,8 @@ FSDP = MetaZoo(
     causes=tuple(Cause(hook, check, (cause,)) for hook, (check, cause) in FSDP_DIAGNOSED.items()) + (
         # A sum without averaging is a named exact cause, not a lossy design: no LossyContract hint.
         Cause("bad_sum_no_average", ("averaging", "parity"), (EXPLAINED,), no_lossy_hint=True),
+        # Rank consistency failures carry the diagnosis too.
+        Cause("bad_local_only", "rank_consistency", ("the local, unreduced gradient",)),
     ),
 )
 
@@ -158,6 +160,29 @@ DDP = MetaZoo(
         Cause("bad_bf16_undeclared", "parity", ("reduced in bfloat16, where the hook claims no reduce dtype",),
               no_lossy_hint=True),
         Cause("bad_lossy_undeclared", "parity", (LOSSY_HINT,)),
+        # Issue 18's causes, each named on its zoo hook, and no hint under any of them.
+        Cause("bad_returns_tensor", ("future_contract", "averaging", "parity"),
+              ("not a torch.futures.Future", "raises a RuntimeError on torch.Tensor"), no_lossy_hint=True),
+        Cause("bad_world_size_divisor", "parity",
+              ("divided as for 4 ranks, the default group's size (dist.get_world_size() with no group), where the "
+               "hook's process group has 2: ask the process group, dist.get_world_size(group)",),
+              no_lossy_hint=True),
+        Cause("bad_fp16_cast_back_then_divide", ("parity", "hard_inputs"),
+              ("SUM in float16, cast back to float32, then divided by",), no_lossy_hint=True),
+        Cause("bad_rank_order_mean", "parity", ("summed in rank order (rank 0 + rank 1 + rank 2), then divided by 3, "
+                                                "where DDP with no hook multiplies by 1/3 before the SUM",),
+              (("world_size", "3"),), no_lossy_hint=True),
+        Cause("bad_ring_no_average_tail", "parity", ("two causes: the local, unreduced gradient at element",
+                                                     "elsewhere SUM in ring order"),
+              (("world_size", "3"),), no_lossy_hint=True),
+        Cause("bad_ring_no_average_tail", ("averaging", "parity"), (EXPLAINED,), no_lossy_hint=True),
+        Cause("bad_rs_ag_tail_unreduced", "parity", ("two causes: the local gradient multiplied by 1/",
+                                                     "never reduced at element", "elsewhere native's result"),
+              no_lossy_hint=True),
+        Cause("bad_default_group", "parity", ("the hook ran a collective over the default group (4 ranks: no group= "
+                                              "given), where its process group has 2",), no_lossy_hint=True),
+        # Rank consistency failures carry the diagnosis too.
+        Cause("bad_noop_hook", "rank_consistency", ("the local, unreduced gradient: the hook never communicated",)),
     ),
 )
 

@@ -17,6 +17,7 @@ from conformance.apis.fsdp2 import plan as checks
 from conformance.apis.fsdp2 import build
 from conformance.apis.fsdp2 import recorders
 from tests.meta_zoos import FSDP2, FSDP2_MUST_CATCH_WITH_PREMUL_SUM
+from tests.zoo import fsdp2_comms as zoo
 
 @pytest.fixture
 def zoo_run(zoo_runs):
@@ -163,3 +164,12 @@ def test_a_comm_whose_buffer_is_clobbered_later_is_told_the_difference_arose_aft
     assert failed and all("what differs arose after the hook returned" in c.message for c in failed)
 
 
+
+
+def test_no_bad_comm_is_told_to_declare_itself_lossy(zoo_run):
+    """Every bad spec of this zoo claims exactness and is wrong for a reason the suite names (a divisor, a shard,
+    a dtype, a buffer): none of its failures may offer the LossyContract hint. (The lossy-by-design specs that
+    do get it are in the lossy zoo, tests/test_meta_lossy.py.)"""
+    hinted = {c.hook for c in zoo_run.cases if c.outcome == "failed" and "LossyContract" in c.message}
+    exact_bad = {s.name for s in zoo.KNOWN_BAD + zoo.NCCL_ONLY_BAD if s.lossy is None}
+    assert not hinted & exact_bad, sorted(hinted & exact_bad)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -78,6 +79,7 @@ class HookCall:
         sharded: ``output`` is this rank's shard of a reduce-scatter over ``input``
             (``input.numel() == world_size * output.numel()``), else an all-reduce.
         collectives: ``torch.distributed`` collectives the hook issued during the call.
+        group_sizes: the size of the process group each of those ran over.
         group: the process group the API passed the hook (FSDP2), else ``None``
             (the rank check's group).
         op: the ``ReduceOp`` the API asked for (FSDP2), else ``None``.
@@ -92,6 +94,7 @@ class HookCall:
     output: Optional[torch.Tensor] = None
     sharded: bool = False
     collectives: int = 0
+    group_sizes: Tuple[int, ...] = ()
     group: Any = None
     op: Any = None
     pending: Optional[torch.Tensor] = None
@@ -128,15 +131,37 @@ class CallLog:
         return sorted((c for c in self.calls if c.step == step and c.output is not None), key=lambda c: c.index)
 
 
-@contextlib.contextmanager
-def counting_collectives() -> Iterator[List[int]]:
-    """Count calls of the :data:`COLLECTIVES` through ``torch.distributed`` inside the block.
+class Collectives(List[int]):
+    """What :func:`counting_collectives` saw: ``[count]``, and ``group_sizes``, the size of the process group
+    each call ran over (the default group's where it was given none)."""
 
-    Yields a one-element list whose item is the count so far. Calls made
+    def __init__(self) -> None:
+        super().__init__([0])
+        self.group_sizes: List[int] = []
+
+
+def _group_size(fn: Callable, args: Any, kwargs: Any) -> int:
+    """The size of the group a ``torch.distributed`` call runs over (``group=None``: the default group)."""
+    try:
+        group = inspect.signature(fn).bind_partial(*args, **kwargs).arguments.get("group")
+    except (TypeError, ValueError):  # a signature it cannot bind: the call itself will say what is wrong
+        group = kwargs.get("group")
+    try:
+        return dist.get_world_size(group)
+    except Exception:  # noqa: BLE001 - a group object this torch does not take; sizes are a diagnosis aid
+        return -1
+
+
+@contextlib.contextmanager
+def counting_collectives() -> Iterator[Collectives]:
+    """Count calls of the :data:`COLLECTIVES` through ``torch.distributed`` inside the block, and the size of
+    the process group each ran over.
+
+    Yields a :class:`Collectives`, whose item 0 is the count so far. Calls made
     through a name imported before the block (``from torch.distributed import
     all_reduce``) are not seen, so "no collective seen" is worded as such.
     """
-    count = [0]
+    count = Collectives()
     saved: Dict[str, Any] = {}
     for name in COLLECTIVES:
         fn = getattr(dist, name, None)
@@ -146,6 +171,7 @@ def counting_collectives() -> Iterator[List[int]]:
 
         def counted(*args: Any, __fn: Callable = fn, **kwargs: Any) -> Any:
             count[0] += 1
+            count.group_sizes.append(_group_size(__fn, args, kwargs))
             return __fn(*args, **kwargs)
 
         setattr(dist, name, counted)
@@ -221,6 +247,16 @@ def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], g
     if not causes:
         causes.extend(_combined(out, candidates, _local_tails(arith, call, local)))
     return causes
+
+
+def wrong_group(call: HookCall, group: Any) -> Optional[str]:
+    """What the hook's own calls show, whatever its result's bits: a collective over the default group where
+    the hook's process group (``group``) is smaller (the ``group=`` argument forgotten), or ``None``."""
+    ws, everyone = dist.get_world_size(group), dist.get_world_size()
+    if ws == everyone or everyone not in call.group_sizes:
+        return None
+    return (f"the hook ran a collective over the default group ({everyone} ranks: no group= given), where its "
+            f"process group has {ws}: pass the process group the API gives the hook to every collective")
 
 
 def agreed(causes: List[str], group: Any) -> List[str]:
@@ -311,6 +347,7 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
     previous = {c.index: c for c in log.calls if c.step == step - 1}
     groups: Dict[Tuple[str, ...], List[HookCall]] = {}
     native_ok: List[HookCall] = []
+    observed: Dict[str, List[HookCall]] = {}
     def context(call: HookCall) -> Tuple[Any, int, "Arithmetic"]:
         # The group the API passed the hook (FSDP2), else the check's: a subgroup context keeps the global
         # rank in ctx.rank, so the rank in the group is asked for.
@@ -328,6 +365,9 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
     for call in chosen:
         group, rank, arith_call = context(call)
         causes = agreed(explain(arith_call, call, previous.get(call.index), group, rank), group)
+        seen = wrong_group(call, group)
+        if seen:
+            observed.setdefault(seen, []).append(call)
         if causes and causes[0] == "native":
             continue
         groups.setdefault(tuple(causes), []).append(call)
@@ -338,6 +378,10 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
         findings.append(Finding(ctx.rank, f"{skipped} more hook call(s) of the step differ from native on some rank; "
                                           f"the diagnosis explains the first {MAX_DIAGNOSED_CALLS}", step=step,
                                 kind="diagnosis_note"))
+    for text, which in observed.items():
+        where = "every hook call of the step" if len(which) == len(calls) else \
+            f"{len(which)} of {len(calls)} hook calls ({_names(which)})"
+        findings.append(Finding(ctx.rank, f"in {where}, {text}", step=step, kind="diagnosis", causes=(text,)))
     for causes, which in groups.items():
         where = "every hook call of the step" if len(which) == len(calls) else \
             f"{len(which)} of {len(calls)} hook calls ({_names(which)})"

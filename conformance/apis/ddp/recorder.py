@@ -160,7 +160,7 @@ class DDPHookRecorder(Recorder):
         call = self.log.add(HookCall(self.step, index, where, buffer.detach().reshape(-1).clone()))
         with counting_collectives() as count:
             fut = self.hook(state, bucket)
-        call.collectives = count[0]
+        call.collectives, call.group_sizes = count[0], tuple(count.group_sizes)
         if not isinstance(fut, torch._C.Future):
             # DDP raises on anything but a Future, and None kills the process (SIGSEGV with torch 2.13), the
             # finding with it: give DDP the untouched bucket instead and report the violation.

@@ -109,6 +109,7 @@ class HookRecorder(Recorder):
             result = self.hook(state, grad, *rest)
         out = rest[0] if rest else grad
         call.output, call.collectives = out.detach().reshape(-1).clone(), count[0]
+        call.group_sizes = tuple(count.group_sizes)
         self.calls.append({"step": self.step, "dtype": out.dtype, "shape": tuple(out.shape)})
         return result
 

@@ -84,7 +84,7 @@ class CommRecorder(Recorder):
         if call is not None:
             # Read the result now, before FSDP2 post-divides the output buffer in place; a comm that
             # returned unfinished work is read when the diagnosis needs it (CallLog.of_step).
-            call.pending, call.collectives = out, count[0]
+            call.pending, call.collectives, call.group_sizes = out, count[0], tuple(count.group_sizes)
             done = getattr(result, "is_completed", None)
             if not callable(done) or done():
                 call.settle()

@@ -2,8 +2,10 @@
 
 Inside a rank (``CONFORM_RANK`` is set there, not in the controller), importing
 this module creates ``$CONFORM_TEST_RANK_STARTING.rank<r>`` when that variable
-is set, then sleeps ``CONFORM_TEST_START_DELAY_S`` seconds (default 120): the
-pool is still starting while the tests signal the controller.
+is set; on every rank but 0 it then sleeps ``CONFORM_TEST_START_DELAY_S`` seconds
+(default 120): the pool is still starting while the tests signal the controller.
+Rank 0 imports it at once, so the one-rank preflight that loads every spec before
+the run (``Runner.check_specs``) does not wait for the delay.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ if os.environ.get("CONFORM_RANK") is not None:
     _marker = os.environ.get("CONFORM_TEST_RANK_STARTING")
     if _marker:
         open(f"{_marker}.rank{os.environ['CONFORM_RANK']}", "w").close()
-    time.sleep(float(os.environ.get("CONFORM_TEST_START_DELAY_S", "120")))
+    if os.environ["CONFORM_RANK"] != "0":
+        time.sleep(float(os.environ.get("CONFORM_TEST_START_DELAY_S", "120")))
 
 SPEC = HookSpec(name="zoo_slow_start", api="fsdp", hook=allreduce_hook, state=DefaultState,
                 description="PyTorch's allreduce_hook, from a module slow to import inside a rank")

@@ -434,7 +434,7 @@ BF16_ONE_ROUNDING_BOUND = 2.0 ** -7
 BF16_ONE_ROUNDING = LossyContract(rel_error_bound=BF16_ONE_ROUNDING_BOUND, deterministic=True, loss_margin=0.01,
                                   loss_steps=10)
 
-#: The lossy-contract story (``tests/test_meta_lossy.py``).
+#: The lossy-contract story (``tests/meta_zoos.py``'s ``LOSSY``, and ``tests/test_meta_lossy.py``).
 LOSSY_GOOD: List[HookSpec] = [
     HookSpec(name="good_fp32_accumulate_bf16", api="fsdp2", hook=Fp32AccumulateComm, reduce_dtype=torch.bfloat16,
              lossy=BF16_ONE_ROUNDING,
@@ -456,8 +456,8 @@ LOSSY: List[HookSpec] = LOSSY_GOOD + LOSSY_BAD
 LOSSY_EXPECTED: Dict[str, str] = {
     "bad_fp32_accumulate_bf16_undeclared": (
         "fsdp2_parity at 3 ranks: native bfloat16 rounds each partial sum and the divide, the comm the float32 "
-        "mean once; at 2 ranks both round the exact sum once. The diagnosis names the float32 reduction, an "
-        "exact cause, so no lossy hint is offered"),
+        "mean once; at 2 ranks both round the exact sum once. The diagnosis names the float32 reduction, more "
+        "precise than claimed, which a contract can declare: the lossy hint is offered"),
     "bad_lossy_bf16_wire_exceeds_bound": (
         "fsdp2_lossy_error: bfloat16 rounding gives a relative error near 1e-3, against a declared 1e-5"),
     "bad_int8_comm_undeclared": (

@@ -612,7 +612,7 @@ ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
 #: by 2 and post-divide by 1.5 round once more); loss 1.5e-4 relative after 10 steps.
 GENEROUS_BF16 = LossyContract(rel_error_bound=1e-2, deterministic=True, loss_margin=0.05, loss_steps=10)
 
-#: The lossy-contract story (``tests/test_meta_lossy.py``).
+#: The lossy-contract story (``tests/meta_zoos.py``'s ``LOSSY``, and ``tests/test_meta_lossy.py``).
 LOSSY_GOOD: List[HookSpec] = [
     HookSpec(name="good_bf16_compress_lossy", api="fsdp", hook=bf16_compress_hook, state=DefaultState,
              lossy=GENEROUS_BF16, description="bfloat16 compression of a float32 model, declared lossy"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import pickle
+import re
 from multiprocessing.connection import Connection
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -240,6 +241,12 @@ class CaseResult:
                                  "call to call (a cache or a list that only grows?). The ranks were rebuilt before "
                                  "the next case; this case re-run alone may stay under the bound", kind="memory"))
         return found
+
+
+def cause_key(cause: str) -> str:
+    """What makes two named causes (:attr:`Finding.causes`) the same cause: their words, whatever their numbers
+    (each rank names its own rank and shard; each world size its own divisor; each case its index range)."""
+    return re.sub(r"\d+", "#", cause)
 
 
 @dataclasses.dataclass(frozen=True)

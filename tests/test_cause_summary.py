@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
+
+from conformance.reports import results
+from conformance.reports.markdown_summary import markdown_summary
 from conformance.reports.results import CaseRecord, cause_line, hook_causes
+from tests.test_results import document, overwritten_records
 
 
 def _failed(name: str, hook: str, *causes: str) -> CaseRecord:
@@ -20,18 +27,36 @@ def test_causes_are_counted_once_per_failed_case_most_cases_first():
     ]
     # The world size in a cause's words does not make it another cause; a case names a cause once.
     assert hook_causes(records, "h") == [("SUM, then divided by 2", 2), ("the result of step 1 (stale)", 1)]
-    assert cause_line(records, "h") == ("most failures explained by: SUM, then divided by 2 "
-                                        "(2 of 3 failed cases; 1 other cause(s) named)")
+    assert cause_line(hook_causes(records, "h"), 3) == ("most failures explained by: SUM, then divided by 2 "
+                                                         "(2 of 3 failed cases; 1 other cause(s) named)")
     assert hook_causes(records, "other") == [("the result of step 1 (stale)", 1)]
 
 
 def test_a_hook_whose_failures_name_no_cause_gets_no_line():
     records = [_failed("a", "h"), CaseRecord(id="t.py::b", name="b", outcome="passed", hook="h")]
     assert hook_causes(records, "h") == []
-    assert cause_line(records, "h") is None
+    assert cause_line(hook_causes(records, "h"), 1) is None
 
 
 def test_files_of_older_versions_without_causes_still_read():
     old = CaseRecord(id="t.py::a", name="a", outcome="failed", hook="h",
                      failure={"header": "h", "findings": [], "message": "m", "rerun": None})
     assert hook_causes([old], "h") == []
+
+
+def test_the_markdown_states_the_hooks_cause_from_the_document():
+    """The Markdown renders a results file alone: it reads the hook's ``causes`` there, with the count of its
+    failed cases, under the hook's heading (and a hook with none gets no line)."""
+    records = overwritten_records()
+    failed = sum(1 for r in records if r.hook == "overwritten" and r.failing)
+    doc = document(records)
+    for hook in doc["hooks"]:
+        hook["causes"] = ([{"cause": "SUM, then divided by 2", "cases": 4}, {"cause": "the result of step 0 (stale)",
+                                                                              "cases": 1}]
+                          if hook["name"] == "overwritten" else [])
+    jsonschema.validate(doc, results.schema())
+    text = markdown_summary(json.loads(json.dumps(doc)))
+    section = text.split("### `overwritten`", 1)[1]
+    assert (f"Most failures explained by: SUM, then divided by 2 (4 of {failed} failed cases; 1 other cause(s) "
+            "named).") in section
+    assert text.count("Most failures explained by") == 1

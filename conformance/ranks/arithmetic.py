@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from conformance.ranks.ulps import dtype_name
+from conformance.ranks.ulps import bits_equal, dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.diagnosis import HookCall  # typing only: diagnosis imports this module
@@ -75,14 +75,9 @@ def _chunks_differ(values: Sequence[torch.Tensor], n: int, a: int, b: int) -> bo
     (symmetric or constant inputs), a shard of the wrong rank cannot be told from the right one."""
     for v in values:
         ca, cb = v.chunk(n)[a], v.chunk(n)[b]
-        if ca.shape != cb.shape or not bool(_bits_equal(ca, cb)):
+        if ca.shape != cb.shape or not bool(bits_equal(ca, cb).all()):
             return True
     return False
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return bool(torch.equal(a.contiguous().reshape(-1).view(bits), b.contiguous().reshape(-1).view(bits)))
 
 
 def in_ring_order(values: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -44,14 +44,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from conformance.protocol import Finding
+from conformance.protocol import Finding, cause_key
 from conformance.ranks.compare import compare_bitwise, dtype_name
+from conformance.ranks.ulps import bits_equal
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.arithmetic import Arithmetic  # typing only
@@ -265,13 +265,9 @@ def agreed(causes: List[str], group: Any) -> List[str]:
     the SUM), not what the hook did. Causes compare by their text with the numbers left out (each rank names
     its own rank and shard). Collective: an all-gather of the texts."""
     everyone: List[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, [_template(c) for c in causes], group=group)
+    dist.all_gather_object(everyone, [cause_key(c) for c in causes], group=group)
     common = set.intersection(*(set(c) for c in everyone))
-    return [c for c in causes if _template(c) in common] if common else causes
-
-
-def _template(cause: str) -> str:
-    return re.sub(r"\d+", "#", cause)
+    return [c for c in causes if cause_key(c) in common] if common else causes
 
 
 def _local_tails(arith: "Arithmetic", call: HookCall, local: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
@@ -290,25 +286,16 @@ def _combined(out: torch.Tensor, bodies: Sequence[Tuple[str, torch.Tensor]],
     (native first) that explains some elements, with the first of ``tails`` that explains every other one.
     Named with the index ranges of the second; empty when no pair covers ``out``."""
     for body_name, body in bodies:
-        if body.shape != out.shape:
+        if body.shape != out.shape or body.dtype != out.dtype:
             continue
-        rest = ~_equal(out, body)
+        rest = ~bits_equal(out, body)
         if not bool(rest.any()) or bool(rest.all()):
             continue
         for tail_name, tail in tails:
-            if tail.shape == out.shape and bool(_equal(out[rest], tail[rest]).all()):
+            if tail.shape == out.shape and tail.dtype == out.dtype and bool(bits_equal(out[rest], tail[rest]).all()):
                 elsewhere = "native's result" if body_name == "native" else body_name
                 return [f"two causes: {tail_name} at {_ranges(rest)}; elsewhere {elsewhere}"]
     return []
-
-
-def _equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise bit equality of two tensors of one dtype (NaN equals NaN; +0 and -0 differ)."""
-    x, y = a.reshape(-1), b.reshape(-1)
-    if x.dtype != y.dtype:
-        return torch.zeros(x.shape, dtype=torch.bool)
-    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
-    return (x.contiguous().view(bits) == y.contiguous().view(bits)) | (torch.isnan(x) & torch.isnan(y))
 
 
 def _ranges(mask: torch.Tensor, shown: int = 3) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 from conformance.reports.baseline import BaselineDiff, diff_markdown
 from conformance.reports.matrix import HookMatrix, hook_matrix, matrix_markdown
-from conformance.reports.results import records_from_json
+from conformance.reports.results import cause_line, records_from_json
 
 __all__ = ["markdown_summary", "MAX_FAILURES_SHOWN", "MAX_FINDINGS_SHOWN"]
 
@@ -100,11 +100,9 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         if not failed:
             continue
         out += [f"### `{hook['name']}`: {hook.get('verdict', '')}", ""]
-        causes = hook.get("causes") or []
-        if causes:
-            more = f"; {len(causes) - 1} other cause(s) named" if len(causes) > 1 else ""
-            out += [f"Most failures explained by: {causes[0]['cause']} ({causes[0]['cases']} of {len(failed)} failed "
-                    f"cases{more}).", ""]
+        line = cause_line([(c["cause"], c["cases"]) for c in hook.get("causes") or ()], len(failed))
+        if line:
+            out += [f"{line[0].upper()}{line[1:]}.", ""]
         # The document's own grid: it holds the cells of cases a stopped run never reached, which no case record does.
         matrix = HookMatrix.from_json(hook["name"], hook["matrix"]) if hook.get("matrix") else \
             hook_matrix(records, hook["name"])

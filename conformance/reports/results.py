@@ -17,12 +17,14 @@ import dataclasses
 import json
 import math
 import os
-import re
 import tempfile
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from conformance.protocol import cause_key
+
 __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "ResultsError", "SCHEMA_FILE",
-           "SCHEMA_VERSION", "ShortFigure", "build_document", "figure_value", "load_results", "parse_figure",
+           "SCHEMA_VERSION", "ShortFigure", "build_document", "cause_line", "figure_value", "hook_causes",
+           "load_results", "parse_figure",
            "records_from_json", "schema", "schema_problems", "unwritable_reason", "write_atomic", "write_json"]
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
@@ -323,19 +325,22 @@ def hook_causes(records: Iterable[CaseRecord], hook: str) -> List[Tuple[str, int
     wording: Dict[str, str] = {}
     for rec in records:
         if rec.hook == hook and rec.failing and rec.failure:
-            for key, cause in {re.sub(r"\d+", "#", c): c for c in rec.failure.get("causes") or ()}.items():
+            for key, cause in {cause_key(c): c for c in rec.failure.get("causes") or ()}.items():
                 wording.setdefault(key, cause)
                 counts[key] = counts.get(key, 0) + 1
     order = {key: i for i, key in enumerate(counts)}
     return [(wording[key], n) for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], order[kv[0]]))]
 
 
-def cause_line(records: Sequence[CaseRecord], hook: str) -> Optional[str]:
-    """``hook``'s most common named cause, in one line for the terminal and the Markdown, or ``None``."""
-    causes = hook_causes(records, hook)
+def cause_line(causes: Sequence[Tuple[str, int]], failed: int) -> Optional[str]:
+    """A hook's most common named cause in one line, for the terminal and the Markdown, or ``None``.
+
+    Args:
+        causes: :func:`hook_causes` of the hook (from the case records, or the JSON's ``hooks[].causes``).
+        failed: the hook's failed cases.
+    """
     if not causes:
         return None
-    failed = sum(1 for rec in records if rec.hook == hook and rec.failing)
     cause, n = causes[0]
     rest = f"; {len(causes) - 1} other cause(s) named" if len(causes) > 1 else ""
     return f"most failures explained by: {cause} ({n} of {failed} failed cases{rest})"

@@ -104,6 +104,7 @@ class Summary:
             why = f" ({self.stopped_by})" if self.stopped_by else ""
             tr.write_line(f"INTERRUPTED after {keeper.cases_run} of {sum(planned.values())} cases{why}: "
                           "a hook without a failure gets no verdict, since not every case ran", red=True)
+        records = keeper.finished_records()  # once: each hook's cause line reads them
         for item in state.specs:
             name = item.spec.name
             of_planned = f" of {planned[name]}" if self.interrupted else ""
@@ -122,7 +123,8 @@ class Summary:
                     tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
             for line in results_plugin.hook_matrix_lines(tr.config, name, verdict, indent=" " * 4):
                 tr.write_line(line)
-            cause = results.cause_line(keeper.finished_records(), name)
+            failed = [rec for rec in records if rec.hook == name and rec.failing]
+            cause = results.cause_line(results.hook_causes(failed, name), len(failed))
             if cause:  # under the grid: where it fails, then why
                 tr.write_line(f"    {cause}")
         if keeper.xpassed:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.ranks.compare import compare_bitwise
+from conformance.ranks.ulps import INT_OF_SIZE
 from conformance.protocol import CheckResult, Finding
 
 #: Prefixes FSDP (and activation checkpointing, torch.compile) insert into parameter names.
@@ -221,6 +222,5 @@ def differs_across_ranks(ctx: Any, grads: Dict[str, Optional[torch.Tensor]]) -> 
     for g in grads.values():
         if g is not None and g.numel():
             flat = g.detach().reshape(-1).cpu().contiguous()
-            bits = {1: torch.int8, 2: torch.int16}.get(flat.element_size(), torch.int32)
-            parts.append(flat.view(bits).to(torch.int64))
+            parts.append(flat.view(INT_OF_SIZE[min(flat.element_size(), 4)]).to(torch.int64))
     return spread(torch.cat(parts))

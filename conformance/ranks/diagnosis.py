@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -140,10 +141,15 @@ class Collectives(List[int]):
         self.group_sizes: List[int] = []
 
 
+#: ``inspect.signature`` of each wrapped ``torch.distributed`` function, once: it is read on every collective a
+#: hook issues, in every case.
+_signature = functools.lru_cache(maxsize=None)(inspect.signature)
+
+
 def _group_size(fn: Callable, args: Any, kwargs: Any) -> int:
     """The size of the group a ``torch.distributed`` call runs over (``group=None``: the default group)."""
     try:
-        group = inspect.signature(fn).bind_partial(*args, **kwargs).arguments.get("group")
+        group = _signature(fn).bind_partial(*args, **kwargs).arguments.get("group")
     except (TypeError, ValueError):  # a signature it cannot bind: the call itself will say what is wrong
         group = kwargs.get("group")
     try:

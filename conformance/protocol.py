@@ -53,6 +53,12 @@ class Msg(str, enum.Enum):
     STATUS = "status"  # controller asks for [pid, ...]; the zygote answers with the same kind, {pid: exit code or None}
 
 
+#: The zygote's exit status when, after its imports, it cannot fork ranks safely (threads running, CUDA
+#: initialised: :func:`conformance.ranks.zygote.fork_unsafe`); the controller then starts every rank as a
+#: fresh interpreter for the rest of the session (:func:`conformance.controller.zygote_client.zygote`).
+ZYGOTE_FORK_UNSAFE_EXIT = 3
+
+
 def send(conn: Connection, message: Any) -> None:
     """Send ``message`` with plain pickle.
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -19,8 +21,9 @@ from conformance.controller.pool import PoolConfig, RankPool
 
 
 @pytest.fixture
-def fresh_zygote():
+def fresh_zygote(monkeypatch):
     zygote_client.close_zygote()
+    monkeypatch.setattr(zygote_client, "_FORK_UNSAFE", False)
     yield
     zygote_client.close_zygote()
 
@@ -94,3 +97,75 @@ def test_a_dead_zygote_is_replaced_on_the_next_start(fresh_zygote):
         assert time.monotonic() - started < 120
     finally:
         second.close()
+
+
+#: Run in a fresh interpreter: records every call that would make a later fork() unsafe on a machine with a
+#: GPU (a backward pass starts autograd's per-device threads there; CUDA initialised), then runs the
+#: zygote's imports and warm-up.
+_PRELOAD_PROBE = textwrap.dedent("""
+    import json, torch
+    calls = []
+    def record(name, real):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return wrapper
+    torch.autograd.backward = record("torch.autograd.backward", torch.autograd.backward)
+    torch.autograd.grad = record("torch.autograd.grad", torch.autograd.grad)
+    torch.cuda.is_available = record("torch.cuda.is_available", torch.cuda.is_available)
+    torch.cuda.device_count = record("torch.cuda.device_count", torch.cuda.device_count)
+    torch.cuda._lazy_init = record("torch.cuda._lazy_init", torch.cuda._lazy_init)
+    from conformance.ranks import zygote
+    zygote._preload()
+    import torch._dynamo  # what the warm-up is for: the first optimizer step imports it
+    print(json.dumps({"calls": calls, "unsafe": zygote.fork_unsafe()}))
+""")
+
+
+def test_the_zygote_warms_up_without_a_backward_pass_or_cuda():
+    """On a GPU machine, a backward pass in the zygote made every forked rank's first backward raise
+    ("Unable to handle autograd's threading in combination with fork-based multiprocessing"), and the
+    suite blamed PyTorch's own hooks for it. The zygote's imports and warm-up call no backward and touch
+    no CUDA, and leave it safe to fork."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", _PRELOAD_PROBE], capture_output=True, text=True, timeout=300,
+                         env=dict(zygote_client.rank_env()))
+    assert out.returncode == 0, out.stderr
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    assert probe == {"calls": [], "unsafe": None}
+
+
+def test_fork_unsafe_names_a_running_thread():
+    code = textwrap.dedent("""
+        import threading
+        from conformance.ranks import zygote
+        assert zygote.fork_unsafe() is None, zygote.fork_unsafe()
+        done = threading.Event()
+        threading.Thread(target=done.wait, daemon=True).start()
+        print(zygote.fork_unsafe())
+        done.set()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(zygote_client.rank_env()))
+    assert out.returncode == 0, out.stderr
+    assert "it runs 2 threads" in out.stdout
+
+
+def test_a_zygote_that_cannot_fork_safely_leaves_ranks_to_fresh_interpreters(fresh_zygote, monkeypatch, tmp_path):
+    """A zygote with a thread running after its imports (here started by a sitecustomize module, as an
+    import of a GPU build can) exits with ZYGOTE_FORK_UNSAFE_EXIT and says why; the pool starts its ranks
+    as fresh interpreters, which join and answer, and no zygote is started again this session."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    pool = _pool()
+    try:
+        pool.start()
+        assert all(isinstance(p, subprocess.Popen) for p in pool._procs)
+        assert pool._in_step() is None, "the fresh ranks do not answer over their process group"
+        assert zygote_client._ZYGOTE.proc.wait(timeout=60) == zygote_client.ZYGOTE_FORK_UNSAFE_EXIT
+    finally:
+        pool.close()
+    assert zygote_client.zygote() is None
+    assert zygote_client._FORK_UNSAFE

@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from typing import Dict, List, Optional
 
-from conformance.protocol import Msg, recv, send
+from conformance.protocol import ZYGOTE_FORK_UNSAFE_EXIT, Msg, recv, send
 
 __all__ = ["close_zygote", "rank_env", "start_zygote", "zygote"]
 
@@ -40,6 +40,9 @@ class _Zygote:
     def __init__(self) -> None:
         parent, child = socket.socketpair()
         env = rank_env()
+        # Should anything the zygote imports ask torch.cuda.is_available(), it asks NVML, which leaves the
+        # CUDA driver uninitialised: a child forked after cuInit cannot use CUDA.
+        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         self.proc = subprocess.Popen([sys.executable, "-m", "conformance.ranks.zygote", str(child.fileno()), str(os.getpid())],
                                      pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
@@ -101,11 +104,21 @@ class _ForkedRank:
 _ZYGOTE: Optional[_Zygote] = None
 
 
+#: Set once the session's zygote exited because it could not fork ranks safely: no zygote is started again.
+_FORK_UNSAFE = False
+
+
 def zygote() -> Optional[_Zygote]:
     """The session's zygote, started on first use; ``None`` when ranks start as fresh interpreters
-    (``CONFORM_FORK_RANKS=0``, or no ``fork`` on this platform)."""
-    global _ZYGOTE
+    (``CONFORM_FORK_RANKS=0``, no ``fork`` on this platform, or a zygote that exited with
+    :data:`~conformance.protocol.ZYGOTE_FORK_UNSAFE_EXIT`: it could not fork safely on this machine, and said
+    why on stderr)."""
+    global _ZYGOTE, _FORK_UNSAFE
     if os.environ.get("CONFORM_FORK_RANKS", "1") == "0" or not hasattr(os, "fork"):
+        return None
+    if _ZYGOTE is not None and _ZYGOTE.proc.poll() == ZYGOTE_FORK_UNSAFE_EXIT:
+        _FORK_UNSAFE = True
+    if _FORK_UNSAFE:
         return None
     if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
         _ZYGOTE = _Zygote()

@@ -8,7 +8,14 @@ spent 13 s on that alone. The zygote imports them once (:data:`PRELOAD`), then
 it and a terminal's Ctrl-C does not), sends its output to the rank's log (a pipe the controller reads),
 takes the pool's environment and runs :func:`conformance.ranks.worker.main` on the
 socket the controller passed it. Nothing in the zygote starts threads or
-initialises CUDA before it forks.
+initialises CUDA before it forks: a child forked from a process that did cannot
+run a backward pass (autograd starts a thread per GPU at its first backward and
+marks every later fork bad: "Unable to handle autograd's threading in combination
+with fork-based multiprocessing") nor use CUDA. The warm-up therefore runs no
+backward, and after the imports the zygote checks (:func:`fork_unsafe`): where
+it holds more than one thread or CUDA is initialised, it exits with
+:data:`conformance.protocol.ZYGOTE_FORK_UNSAFE_EXIT` and the reason on stderr, and the controller starts
+every rank as a fresh interpreter for the rest of the session.
 
 Protocol (a ``multiprocessing.connection.Connection`` over a socketpair):
 
@@ -34,6 +41,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
@@ -42,7 +50,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from conformance.ranks import lifeline
-from conformance.protocol import Msg, recv, send
+from conformance.protocol import ZYGOTE_FORK_UNSAFE_EXIT, Msg, recv, send
 
 #: Modules every rank imports anyway, imported once here before any fork.
 PRELOAD = (
@@ -81,15 +89,41 @@ def _warm_up() -> None:
     """One SGD step of a small model on the CPU, no process group: what every rank's first case would
     otherwise pay for in each fresh rank (the first ``torch.optim`` step imports ``torch._dynamo``, about
     2 s of CPU), paid once here. Each hook gets ranks of its own, forked from here, so without this every
-    hook's first case at every world size would pay it. Starts no thread, initialises no device."""
+    hook's first case at every world size would pay it.
+
+    No backward pass: on a machine with a GPU, autograd's first backward starts a thread per device
+    (``Engine::start_device_threads``) and marks every later ``fork()`` bad, so each forked rank's first
+    backward would raise. The gradients are set by hand instead. Starts no thread, initialises no device."""
     try:
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
         optim = torch.optim.SGD(model.parameters(), lr=0.1)
-        model(torch.ones(2, 4)).sum().backward()
+        with torch.no_grad():
+            model(torch.ones(2, 4))
+        for param in model.parameters():
+            param.grad = torch.ones_like(param)
         optim.step()
         optim.zero_grad(set_to_none=True)
     except Exception:  # noqa: BLE001 - a rank that needs it will raise with its own traceback
         pass
+
+
+def fork_unsafe() -> Optional[str]:
+    """Why ranks forked from this process now could not run a case, or ``None`` where forking is safe.
+
+    Unsafe: more than one thread (a forked child gets only the calling thread, so a lock another thread
+    held stays locked, and autograd's per-device threads mark the fork bad), or CUDA initialised here
+    (``torch.cuda.is_initialized()``: a forked child cannot use it). Threads are counted from
+    ``/proc/self/task`` where it exists (Linux), else from :mod:`threading`."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        threads = threading.active_count()
+    reasons = []
+    if threads > 1:
+        reasons.append(f"it runs {threads} threads after importing torch and the suite")
+    if torch.cuda.is_initialized():
+        reasons.append("CUDA was initialised while importing torch and the suite")
+    return "; ".join(reasons) or None
 
 
 def _child(conn: Connection, fd: int, out_fd: int, env: Dict[str, str], zygote_pid: int) -> None:
@@ -140,6 +174,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         lifeline.die_with_parent(int(argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when ranks stop
     _preload()
+    unsafe = fork_unsafe()
+    if unsafe is not None:
+        print(f"zygote: cannot fork ranks safely: {unsafe}; ranks start as fresh interpreters", file=sys.stderr,
+              flush=True)
+        os._exit(ZYGOTE_FORK_UNSAFE_EXIT)
     exits: Dict[int, int] = {}
     while True:
         try:

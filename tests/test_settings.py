@@ -429,3 +429,19 @@ def test_invalid_rank_limits_name_their_source(cli, env, source):
 
 def test_rank_memory_growth_zero_turns_the_check_off():
     assert settings(cli={"conform_rank_memory_growth": "0"}).rank_memory_growth_bytes == 0
+
+
+def test_cpu_ranks_see_no_gpu_and_gpu_ranks_see_theirs(monkeypatch):
+    """A one-GPU machine's cross-rank pools run on the CPU: their ranks must see no GPU, as on a CPU machine
+    (PyTorch's own hooks take CUDA paths whenever CUDA is available); the NCCL pool's ranks keep the GPUs."""
+    from conformance.controller.pool import PoolConfig, pool_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    one_gpu = settings(gpus=1)
+    cpu = pool_env(PoolConfig(world_size=2, backend=one_gpu.placement(2)[0], device=one_gpu.placement(2)[1]))
+    assert cpu["CUDA_VISIBLE_DEVICES"] == ""
+    if sys.platform.startswith("linux"):
+        assert cpu["GLOO_SOCKET_IFNAME"] == "lo"
+    gpu = pool_env(PoolConfig(world_size=1, backend=one_gpu.placement(1)[0], device=one_gpu.placement(1)[1]))
+    assert gpu["CUDA_VISIBLE_DEVICES"] == "0"
+    assert gpu.get("GLOO_SOCKET_IFNAME") == os.environ.get("GLOO_SOCKET_IFNAME")  # NCCL's pool: left as it was

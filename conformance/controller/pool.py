@@ -43,10 +43,28 @@ from conformance.controller.zygote_client import close_zygote, rank_env, start_z
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
 
 # PoolConfig, the errors and the zygote's start and stop are imported from here too (their home before the split).
-__all__ = ["Pool", "PoolConfig", "PoolStartError", "RankPool", "SpecLoadError", "close_zygote", "start_zygote"]
+__all__ = ["Pool", "PoolConfig", "PoolStartError", "RankPool", "SpecLoadError", "close_zygote", "pool_env", "start_zygote"]
 
 #: Seconds a rank gets to write its stack after SIGUSR1.
 STACK_DUMP_WAIT_S = 0.5
+
+
+def pool_env(config: PoolConfig) -> Dict[str, str]:
+    """The environment of a local pool's ranks (:func:`~conformance.controller.zygote_client.rank_env`), and:
+
+    * gloo on Linux: ``GLOO_SOCKET_IFNAME=lo`` unless set (the pool never leaves the machine);
+    * CPU ranks: ``CUDA_VISIBLE_DEVICES=""``, so that ``torch.cuda.is_available()`` is ``False`` in them as
+      on a machine without a GPU. A one-GPU machine runs its cross-rank cases in CPU pools, and PyTorch's
+      own hooks take CUDA paths whenever CUDA is available (FSDP's fp16 hook calls ``record_stream`` on its
+      CPU gradient, PowerSGD synchronises a CUDA stream): with the GPU visible, those cases failed the
+      hooks for the machine, not for their arithmetic.
+    """
+    env = rank_env()
+    if config.backend == "gloo" and sys.platform.startswith("linux"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if config.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
 
 
 class RankPool:
@@ -104,10 +122,7 @@ class RankPool:
         self.starts += 1
         self._dir = tempfile.mkdtemp(prefix="commhook-pool-")
         store_path = os.path.join(self._dir, "store")
-        env = rank_env()
-        if cfg.backend == "gloo" and sys.platform.startswith("linux"):
-            # Keep gloo's connections on loopback: the pool never leaves the machine.
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env = pool_env(cfg)
         zygote = _session_zygote()
         for rank in range(cfg.world_size):
             parent, child = socket.socketpair()

@@ -290,6 +290,15 @@ def test_book_from_a_file(write_toml):
     assert cpu_book.lookup("test_parity[h-NO_SHARD-ws2]").reason == "on cpu"
     assert cuda_book.lookup("test_parity[h-NO_SHARD-ws2]").reason == "on cuda"
 
+    # A one-GPU machine: world size 1 on NCCL, its cross-rank pools (2, 3) gloo on the CPU. Each case is
+    # matched where its ranks run, so PyTorch's CPU-only bugs stay known failures in the CPU pools.
+    one_gpu = KnownFailureBook(load_known_failures(path), CUDA, placements={1: ("nccl", "cuda"), 2: ("gloo", "cpu"),
+                                                                            3: ("gloo", "cpu")})
+    assert one_gpu.lookup("test_parity[h-NO_SHARD-ws1]").reason == "on cuda"
+    assert one_gpu.lookup("test_parity[h-NO_SHARD-ws2]").reason == "on cpu"
+    assert one_gpu.lookup("test_parity[h-NO_SHARD-ws3]").reason == "on cpu"
+    assert one_gpu.lookup("test_parity[h-NO_SHARD]").reason == "on cuda"  # no world size: the run's
+
 
 # -- the repository's own file --------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ The file is TOML, one ``[[failure]]`` table per entry::
     cuda_build = false                          # CUDA or ROCm: torch.version.cuda/hip)
     run = false                                 # optional: do not even run it (it deadlocks
                                                 # or kills a rank); reported as XFAIL unrun
+    min_world_size = 2                          # optional: only cases of at least this many
+                                                # ranks (a cross-rank bug passes at 1)
 
 A matching test is reported as an expected failure with its reason and does
 not fail the run; if it passes, it is flagged. An entry that could apply to this
@@ -44,7 +46,7 @@ from conformance import fixtures
 
 __all__ = ["KnownFailure", "KnownFailureBook", "KnownFailuresError", "RunEnvironment", "load_known_failures"]
 
-_KEYS = {"test", "reason", "hook", "backend", "device", "torch", "cuda_build", "run"}
+_KEYS = {"test", "reason", "hook", "backend", "device", "torch", "cuda_build", "run", "min_world_size"}
 _WORLD_SIZE_AT_END = re.compile(r"-ws(\d+)\]$")
 
 
@@ -89,6 +91,8 @@ class KnownFailure:
         source: ``file#index`` of the entry, for messages.
         run: ``False`` for a case that deadlocks or kills a rank: it is reported
             as an expected failure without being run (pytest's ``xfail(run=False)``).
+        min_world_size: where set, a case whose id names fewer ranks (``-ws1]``) does not match: a bug
+            between ranks (a hook that never communicates) passes at one rank, which a one-GPU machine runs.
     """
 
     test: Tuple[str, ...]
@@ -100,6 +104,7 @@ class KnownFailure:
     torch: Optional[str] = None
     cuda_build: Optional[bool] = None
     run: bool = True
+    min_world_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         tests = (self.test,) if isinstance(self.test, str) else tuple(self.test)
@@ -110,6 +115,10 @@ class KnownFailure:
     def matches(self, test_name: str) -> bool:
         """Whether a pattern matches the whole test name (or the tail of a node id)."""
         name = test_name.rsplit("::", 1)[-1]
+        if self.min_world_size is not None:
+            found = _WORLD_SIZE_AT_END.search(name)
+            if found is not None and int(found.group(1)) < self.min_world_size:
+                return False
         return bool(self._regex.match(name))  # type: ignore[attr-defined]
 
     def world_sizes(self) -> Optional[FrozenSet[int]]:
@@ -195,6 +204,9 @@ def load_known_failures(path: str) -> List[KnownFailure]:
             raise KnownFailuresError(f"{where}: each entry must be a table; write it as [[failure]] with keys")
         if "run" in raw and not isinstance(raw["run"], bool):
             raise KnownFailuresError(f"{where}: run = {raw['run']!r} must be true or false")
+        if "min_world_size" in raw and (type(raw["min_world_size"]) is not int or raw["min_world_size"] < 1):
+            raise KnownFailuresError(f"{where}: min_world_size = {raw['min_world_size']!r} must be a whole number "
+                                     "of ranks, at least 1")
         if "cuda_build" in raw and not isinstance(raw["cuda_build"], bool):
             raise KnownFailuresError(f"{where}: cuda_build = {raw['cuda_build']!r} must be true or false")
         for key in ("hook", "backend", "device", "torch"):
@@ -226,17 +238,30 @@ def load_known_failures(path: str) -> List[KnownFailure]:
 class KnownFailureBook:
     """The entries that apply to this run, and which of them matched a test."""
 
-    def __init__(self, entries: Iterable[KnownFailure], env: RunEnvironment):
+    def __init__(self, entries: Iterable[KnownFailure], env: RunEnvironment,
+                 placements: Optional[Dict[int, Tuple[str, str]]] = None):
+        """``env`` is the run's (its main world size's backend and device); ``placements`` maps a world size
+        whose pool runs elsewhere to its ``(backend, device)`` (``Settings.placement``: a one-GPU machine's
+        cross-rank pools run gloo on the CPU), so a case is matched against the backend and device its
+        ranks use, read from the ``-ws<N>]`` of its id."""
         self.env = env
-        self.entries = [e for e in entries if e.applies(env)]
+        self.envs = {ws: dataclasses.replace(env, backend=b, device=d) for ws, (b, d) in (placements or {}).items()}
+        every = [env, *self.envs.values()]
+        self.entries = [e for e in entries if any(e.applies(where) for where in every)]
         self.used: Dict[str, int] = {}
 
+    def env_of(self, test_name: str) -> RunEnvironment:
+        """The environment a case runs in: its world size's placement, else the run's."""
+        found = _WORLD_SIZE_AT_END.search(test_name)
+        return self.envs.get(int(found.group(1)), self.env) if found else self.env
+
     def lookup(self, test_name: str) -> Optional[KnownFailure]:
-        """The first entry that matches ``test_name``; every matching entry counts as used
-        (a later entry can cover the same test on another build, e.g. ``cuda_build``)."""
+        """The first entry that matches ``test_name`` where its case runs (:meth:`env_of`); every matching
+        entry counts as used (a later entry can cover the same test on another build, e.g. ``cuda_build``)."""
         found = None
+        env = self.env_of(test_name)
         for entry in self.entries:
-            if entry.matches(test_name):
+            if entry.applies(env) and entry.matches(test_name):
                 self.used[entry.source] = self.used.get(entry.source, 0) + 1
                 found = found or entry
         return found

@@ -413,3 +413,29 @@ def test_repo_file_bf16_refusal_applies_to_cpu_builds_only(repo_entries):
     assert KnownFailureBook(repo_entries, CUDA_BUILD_ON_CPU).lookup(name) is None
     contract = "test_ddp_future_contract[ddp_bf16_compress_wrapper_allreduce-default-net_flat-ws2]"
     assert KnownFailureBook(repo_entries, CUDA_BUILD_ON_CPU).lookup(contract) is not None
+
+
+def test_min_world_size_leaves_one_rank_cases_out(write_toml):
+    path = write_toml("""
+        [[failure]]
+        test = "test_ddp_parity[noop-*]"
+        reason = "never communicates"
+        min_world_size = 2
+    """)
+    (noop,) = load_known_failures(path)
+    assert noop.matches("test_ddp_parity[noop-default-net_flat-ws2]")
+    assert noop.matches("test_ddp_parity[noop-default-net_flat-ws3]")
+    assert not noop.matches("test_ddp_parity[noop-default-net_flat-ws1]")
+    assert noop.matches("test_ddp_parity[noop-default-net_flat]")  # no world size in the id: it applies
+
+
+@pytest.mark.parametrize("value", ["2", 0, 1.5, True])
+def test_min_world_size_must_be_a_whole_number_of_ranks(write_toml, value):
+    path = write_toml(f"""
+        [[failure]]
+        test = "t"
+        reason = "r"
+        min_world_size = {value!r}
+    """.replace("True", "true").replace("'2'", '"2"'))
+    with pytest.raises(KnownFailuresError, match="min_world_size"):
+        load_known_failures(path)

@@ -6,6 +6,7 @@ sizes asked for, not from the implementation's loops.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -14,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.apis.ddp.models import CONFIGS as DDP_CONFIGS
-from conformance.apis.fsdp.plan import CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, PARITY_MODELS, REGISTRATION_RULES
+from conformance.apis.fsdp.plan import (CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, ONE_RANK_RUNS_NO_SHARD, PARITY_MODELS,
+                                        REGISTRATION_RULES)
 from conformance.apis.registry import HOOK_APIS, planned_cases
 from conformance.cases import CaseParams, case_id, parse_case_id
 from conformance.spec import FSDP_STRATEGIES, HookSpec
@@ -182,7 +184,11 @@ def test_training_cases_are_every_served_strategy_at_every_world_size(world_size
     for spec in SPECS:
         mine = {(c.variant, c.world_size) for c in got if c.hook == spec.name}
         assert mine == set(itertools.product(spec.strategies, world_sizes))
-    assert all(c.model is None and c.rule is None and c.skip is None for c in got)
+    assert all(c.model is None and c.rule is None for c in got)
+    # With one rank FSDP runs NO_SHARD whatever the strategy: those cases are skipped, and only those.
+    assert {(c.variant, c.world_size) for c in got if c.skip} == {
+        (c.variant, 1) for c in got if c.world_size == 1 and c.variant != "NO_SHARD"}
+    assert all(c.skip == ONE_RANK_RUNS_NO_SHARD for c in got if c.skip)
 
 
 def test_parity_models_per_world_size_role():
@@ -199,6 +205,29 @@ def test_rank_consistency_keeps_specs_that_serve_no_shard_and_skips_one_rank():
     assert len(got) == 2 * (len(CONSISTENCY_MODELS) + 1)
     assert {c.world_size for c in got if c.skip} == {1}
     assert all("at least 2 ranks" in c.skip for c in got if c.skip)
+
+
+def test_a_one_gpu_run_checks_one_world_size_cases_on_its_first_cross_rank_pool():
+    """On a one-GPU machine (world sizes 1 on NCCL, then 2 and 3 on CPU pools) a lossy contract's training
+    loss and determinism run at 2 ranks, as on a CPU machine: at 1 rank the mean is the local gradient."""
+    from conformance.spec import LossyContract
+
+    one_gpu = plan_settings(1, 3, backend="nccl", device="cuda", gpu_count=1, cpu_pools=(2, 3))
+    lossy = HookSpec(name="lossy", api="ddp", hook=lambda state, bucket: None, state=lambda pg: pg,
+                     lossy=LossyContract(rel_error_bound=0.5, loss_margin=0.5, deterministic=True))
+    from conformance.apis.fsdp2.builtin_hooks import PlainReduceScatter
+
+    comm = HookSpec(name="lossy2", api="fsdp2", hook=PlainReduceScatter, lossy=LossyContract(rel_error_bound=0.5,
+                    loss_margin=0.5, deterministic=True))
+    fsdp = dataclasses.replace(make_spec("lossy3", _all), lossy=LossyContract(rel_error_bound=0.5, loss_margin=0.5,
+                                                                             deterministic=True))
+    for api, spec in (("ddp", lossy), ("fsdp2", comm), ("fsdp", fsdp)):
+        for test in (t for t in HOOK_APIS[api].plans if "lossy_loss" in t or "lossy_determinism" in t):
+            got = [c for c in planned_cases(test, [spec], one_gpu) if c.variant != "hsdp"]
+            assert got and {c.world_size for c in got if "hsdp" not in str(c.variant)} == {2}, (api, test, got)
+    cpu = plan_settings(2, 3)
+    got = planned_cases("test_ddp_lossy_loss", [lossy], cpu)
+    assert got and {c.world_size for c in got} == {2}
 
 
 def test_specs_of_other_apis_get_no_fsdp_cases():
@@ -328,6 +357,11 @@ def test_fsdp2_skips_say_why():
     nccl = planned_cases("test_fsdp2_parity", [_comm("c")], plan_settings(2, None, backend="nccl", device="cuda",
                                                                            gpu_count=2))
     assert [c for c in nccl if c.variant == "divide_factor"] and not any(c.skip for c in nccl if c.world_size == 2)
+    # A one-GPU machine: its NCCL rank is alone, its world size 2 runs gloo on the CPU, so PREMUL_SUM skips there.
+    one_gpu = planned_cases("test_fsdp2_parity", [_comm("c")], plan_settings(1, 3, backend="nccl", device="cuda",
+                                                                             gpu_count=1, cpu_pools=(2, 3)))
+    assert all(c.skip == GLOO_PREMUL_SUM for c in one_gpu if c.world_size == 2 and c.variant == "divide_factor")
+    assert [c for c in one_gpu if c.world_size == 2 and c.variant == "divide_factor"]
     # fp16 reduces with SUM, never PREMUL_SUM: it runs on gloo.
     low = planned_cases("test_fsdp2_parity", [_comm("c16", torch.float16)], _settings([2, 3]))
     assert not any(c.skip for c in low if c.world_size in (2, 3))

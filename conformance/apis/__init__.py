@@ -171,6 +171,14 @@ def subgroup_world_size(world_sizes: Sequence[int]) -> int:
     return min(fits) if fits else SUBGROUP_WORLD_SIZE
 
 
+def first_cross_rank_world_size(world_sizes: Sequence[int]) -> int:
+    """Where the run's one-world-size cases (a lossy contract's training loss, its determinism) run: the
+    first world size of the run with at least 2 ranks, else the first. On a one-GPU machine the run's first
+    world size is 1, where a mean over one rank is the local gradient and a contract calibrated across ranks
+    says nothing; its cross-rank pools are the ones a CPU machine runs these cases on."""
+    return next((ws for ws in world_sizes if ws >= 2), world_sizes[0])
+
+
 def no_strategies(spec: Any) -> None:
     """Raise :class:`SpecError` if ``spec.strategies`` is set: only ``api="fsdp"`` takes strategies."""
     if spec.strategies is not None:

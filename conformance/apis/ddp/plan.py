@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, subgroup_world_size
+from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, first_cross_rank_world_size, subgroup_world_size
 from conformance.cases import CaseParams
 
 
@@ -86,10 +86,11 @@ _ACROSS_RANKS = "needs at least 2 ranks with different inputs"
 def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = (), *, first_only: bool = False,
           keep: Callable[[Any], bool] = lambda spec: True, skip_one_rank: Optional[str] = None) -> CasePlan:
     """A :data:`~conformance.apis.CasePlan`: per kept spec and world size, the ``(config, model)`` pairs
-    of its role (``main`` or ``extra``); only the run's first world size when ``first_only``."""
+    of its role (``main`` or ``extra``); only one world size when ``first_only``
+    (:func:`~conformance.apis.first_cross_rank_world_size`)."""
 
     def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
-        sizes = settings.world_sizes[:1] if first_only else settings.world_sizes
+        sizes = (first_cross_rank_world_size(settings.world_sizes),) if first_only else settings.world_sizes
         out = []
         for spec in filter(keep, specs):
             for ws in sizes:

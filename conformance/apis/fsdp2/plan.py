@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, no_strategies
+from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, first_cross_rank_world_size, no_strategies
 from conformance.apis.fsdp2.build import HSDP_REPLICATE, missing_api
 from conformance.cases import CaseParams
 from conformance.models import MODELS
@@ -185,7 +185,7 @@ def skip_reason(case: CaseParams, spec: Any, settings: Any) -> Optional[str]:
     why = missing_api(needed)
     if why is not None:
         return why
-    if settings.backend == "gloo" and uses_premul_sum(case.variant, spec.reduce_dtype):
+    if settings.placement(case.world_size)[0] == "gloo" and uses_premul_sum(case.variant, spec.reduce_dtype):
         return GLOO_PREMUL_SUM
     return None
 
@@ -231,11 +231,11 @@ def clip_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[Cas
 
 def lossy_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_only: bool = False) -> CasePlan:
     """A case plan of a lossy-contract check: per kept spec, ``plan[role]`` at each world size by its role
-    (only the run's first with ``first_only``), then ``plan["hsdp"]`` at the HSDP world size."""
+    (only one with ``first_only``: :func:`~conformance.apis.first_cross_rank_world_size`), then ``plan["hsdp"]`` at the HSDP world size."""
     def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         out = []
         for spec in filter(keep, specs):
-            sizes = settings.world_sizes[:1] if first_only else settings.world_sizes
+            sizes = (first_cross_rank_world_size(settings.world_sizes),) if first_only else settings.world_sizes
             roles = [(settings.role(ws), ws) for ws in sizes] + [("hsdp", hsdp_world_size(settings.world_sizes))]
             for role, ws in roles:
                 out.extend(test.case(spec.name, config, ws, model=model) for config, model in plan.get(role, ()))

@@ -330,7 +330,7 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
     different numbers of calls (the candidates' collectives would not match).
     """
     calls = log.of_step(step)
-    counts = torch.tensor([len(calls), -len(calls)], dtype=torch.int64)
+    counts = torch.tensor([len(calls), -len(calls)], dtype=torch.int64, device=ctx.device)
     dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=ctx.group)
     if int(counts[0]) != -int(counts[1]):
         return [Finding(ctx.rank, "not attempted: the ranks recorded different numbers of hook calls in this step",
@@ -350,7 +350,7 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
     # Phase 1, one collective per call: which calls differ from native on any rank. Phase 2 explains at
     # most MAX_DIAGNOSED_CALLS of those (each costs a dozen collectives).
     differs = torch.tensor([0 if _same(c.output, context(c)[2].native_result(c, context(c)[0])) else 1
-                            for c in calls], dtype=torch.int64)
+                            for c in calls], dtype=torch.int64, device=ctx.device)
     mine = differs.clone()
     dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=ctx.group)
     chosen = [c for c, d in zip(calls, differs.tolist()) if d][:MAX_DIAGNOSED_CALLS]

@@ -16,7 +16,7 @@ import torch
 
 from conformance.apis.ddp.models import DdpModels, build_ddp
 from conformance.protocol import Finding
-from conformance.ranks.checks.common import train_step
+from conformance.ranks.checks.common import sgd, train_step
 
 
 def _bare_registration(ctx: Any, spec: Any) -> List[Finding]:
@@ -52,7 +52,7 @@ def future_contract(ctx: Any, spec: Any, *, config: str, model: str, steps: int 
     models = DdpModels(ctx, spec, model=model, config=config)
     hooked = models.build(hooked=True)
     recorder = hooked.recorder
-    optim = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
+    optim = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
         broken = recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim, models.inputs,
                                                             models.loss_fn))

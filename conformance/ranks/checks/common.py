@@ -83,6 +83,17 @@ def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
     return findings
 
 
+def sgd(params: Any, lr: float, momentum: float = 0.0) -> torch.optim.SGD:
+    """``torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)``: every check's optimizer, the
+    reference's and the hooked model's alike.
+
+    ``foreach=False`` keeps one code path on every device: left to choose, SGD takes its for-loop on the
+    CPU and its ``_foreach`` kernels where every tensor is on CUDA, which raise on a parameter whose
+    gradient a hook left in another dtype ("Tensors of the same index must be on the same device and the
+    same dtype"), where the for-loop adds it. A check must judge the hook alike on CPU and GPU ranks."""
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)
+
+
 def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
                inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any) -> None:
     """Zero the gradients, then forward/backward ``model`` on each micro-step's inputs, announced as phases;
@@ -212,7 +223,7 @@ def differs_across_ranks(ctx: Any, grads: Dict[str, Optional[torch.Tensor]]) -> 
     NaN payloads and signed zeros included.
     """
     def spread(values: torch.Tensor) -> bool:
-        both = torch.stack([values, -values])
+        both = torch.stack([values, -values]).to(ctx.device)  # NCCL reduces no CPU tensor
         dist.all_reduce(both, op=dist.ReduceOp.MAX, group=ctx.group)
         return bool((both[0] != -both[1]).any())
 

@@ -24,7 +24,7 @@ from typing import Any, List
 import torch
 
 from conformance.protocol import CheckResult, Finding
-from conformance.ranks.checks.common import averaging_findings, grads_per_step, train_alone, train_step
+from conformance.ranks.checks.common import averaging_findings, grads_per_step, sgd, train_alone, train_step
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
 from conformance.ranks.diagnosis import diagnose
@@ -46,12 +46,12 @@ def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = "analytic_l
     ctx = models.ctx
     hooked = models.build(hooked=True)
     recorder = hooked.recorder
-    optim = torch.optim.SGD(hooked.model.parameters(), lr=lr)
+    optim = sgd(hooked.model.parameters(), lr=lr)
     what = models.reference_average(hooked.model)
     ref = ref_optim = None
     if what is not None:
         ref = models.build(hooked=False).model
-        ref_optim = torch.optim.SGD(ref.parameters(), lr=lr)
+        ref_optim = sgd(ref.parameters(), lr=lr)
     for step in range(steps):
         broken = recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim, models.inputs,
                                                             models.loss_fn))
@@ -80,7 +80,7 @@ def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3,
     models = make(ctx, spec, model=model, **variant)
     ref = models.build(hooked=False)
     if reference_only:
-        optim = torch.optim.SGD(ref.model.parameters(), lr=lr, momentum=0.9)
+        optim = sgd(ref.model.parameters(), lr=lr, momentum=0.9)
         return train_alone(models.ctx, ref.model, optim, models.inputs, models.loss_fn, steps)
     return lockstep(models.ctx, Lockstep.of(models, ref, models.build(hooked=True)), steps=steps, lr=lr)
 
@@ -93,7 +93,7 @@ def rank_grads(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int 
     gradients differ."""
     models = make(ctx, spec, model=model, **variant)
     hooked = models.build(hooked=True)
-    optim = torch.optim.SGD(hooked.model.parameters(), lr=lr, momentum=0.9)
+    optim = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
     return grads_per_step(models.ctx, hooked.model, optim, models.inputs, models.loss_fn, steps,
                           named=models.local_grads, run_step=hooked.recorder.run_step,
                           diagnose=lambda step: diagnose(models.ctx, models.arithmetic, hooked.recorder.log, step))

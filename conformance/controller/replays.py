@@ -5,13 +5,17 @@
 * :func:`replay_default_hook`: findings that name no cause of the hook's own: replay the case with PyTorch's
   own default hook for it (:mod:`conformance.controller.default_replay`); a skip when it shows the same
   difference, or when a reference caveat of this torch version explains it.
+* :func:`replay_crash`: a rank raised, hung or died outside the reference: replay the case with PyTorch's own
+  default hook for it, in ranks of their own; ``NOT RUN`` when that fails the same way (the machine, the
+  suite or this torch cannot run the case, whatever the hook).
 
-Both run on the runner's pools (``runner._replay``) and skip with ``pytest.skip``.
+They run on the runner's pools (``runner._replay``) and skip with ``pytest.skip`` or :class:`NotRun`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import re
+from typing import Any, Dict, FrozenSet, List, Tuple
 
 import pytest
 import torch
@@ -19,11 +23,12 @@ import torch
 from conformance.apis.registry import HOOK_APIS
 from conformance.controller import default_replay
 from conformance.controller.across_ranks import findings_of
-from conformance.controller.pools import Pool
-from conformance.protocol import Case, Finding, HookRef
+from conformance.controller.failures import NotRun
+from conformance.controller.pools import Pool, PoolStartError
+from conformance.protocol import Case, CaseResult, Finding, HookRef, RankOutcome
 from conformance.reports import report
 
-__all__ = ["replay_default_hook", "replay_reference"]
+__all__ = ["crash_signatures", "replay_crash", "replay_default_hook", "replay_reference"]
 
 
 def replay_default_hook(runner: Any, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
@@ -37,7 +42,7 @@ def replay_default_hook(runner: Any, case: Any, rank_check: str, params: Dict[st
     if caveat is not None:
         pytest.skip(default_replay.caveat_reason(caveat, found, version))
     api = HOOK_APIS[item.spec.api]
-    name = default_replay.default_hook_name(api, item.spec, params, case.world_size)
+    name = default_replay.default_hook_name(api, item.spec, params, world_size)
     if name is None:
         return ""
     if item.target == api.builtin_hooks and case.hook == name:  # the evidence is this very failure
@@ -46,7 +51,7 @@ def replay_default_hook(runner: Any, case: Any, rank_check: str, params: Dict[st
         return ""
     # In ranks of its own (serving no hook under test), as every hook's cases run; the default hook's
     # spec is loaded there on first use. The hook's next case gets its own ranks again.
-    result = runner._replay(runner.pool(case.world_size, hook=None), Case(
+    result = runner._replay(runner.pool(world_size, hook=None), Case(
         check=rank_check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
         case_id=f"{case.hook} case replayed with {name}"))
     theirs = findings_of(result, across_ranks) if result.all_ok else []
@@ -75,3 +80,71 @@ def replay_reference(runner: Any, pool: Pool, case: Case, describe: Dict[str, An
                     f"{report.exception_line(bad[0].error or bad[0].stack or '')}")
     return ("\n(the reference trained alone, with no hook, runs here: the failure above comes from "
             "training it beside the hooked model)")
+
+
+def _signature(o: RankOutcome, timed_out: bool) -> Tuple[str, ...]:
+    """How one rank did not finish: raised (phase, exception type, its line with addresses blanked), hung
+    (phase), died (phase, exit code) or was lost."""
+    if o.error is not None:
+        line = re.sub(r"0x[0-9a-fA-F]+", "0x...", report.exception_line(o.error))
+        return ("raised", o.phase, o.error_type or "", line)
+    if o.stack is not None or timed_out:
+        return ("hung", o.phase)
+    if o.exit_code is not None:
+        return ("died", o.phase, str(o.exit_code))
+    return ("lost", o.phase)
+
+
+def crash_signatures(result: CaseResult) -> FrozenSet[Tuple[str, ...]]:
+    """How the ranks of ``result`` that did not finish failed (:func:`_signature`), as a set: two runs of a case
+    failed the same way where they share one."""
+    return frozenset(_signature(o, result.timed_out) for o in result.outcomes if not o.ok)
+
+
+def _describe(signature: Tuple[str, ...]) -> str:
+    kind, phase, *rest = signature
+    what = {"raised": f"raised {rest[-1] if rest else ''}", "hung": "hung", "died": f"died (exit code {rest[0]})"
+            if rest else "died", "lost": "was lost"}[kind]
+    return f"a rank {what} during {phase!r}"
+
+
+def replay_crash(runner: Any, case: Case, world_size: int, params: Dict[str, Any], result: CaseResult,
+                 problems: str) -> str:
+    """A rank raised, hung or died while the hook's model trained: is that the hook's doing?
+
+    Replays the case with PyTorch's own default hook for it (``HookApi.default_hook``) in ranks of their own,
+    once per case shape (the replay's outcome is kept for the session). Where it fails the same way (a rank
+    that raised the same exception in the same phase, hung or died in the same phase: :func:`crash_signatures`),
+    the case is :class:`NotRun`: the machine, the suite or this torch cannot run it, whatever the hook (a GPU
+    machine once failed every forked rank's first backward pass; PyTorch's hooks blamed). Where the hook
+    under test is itself that default hook, it is its own evidence: ``NOT RUN`` too. Else the failure stands,
+    and the note returned says so. No default hook for the case (an API without one): ``""``, it stands.
+    """
+    __tracebackhide__ = True
+    item = runner.specs[case.hook.name]
+    api = HOOK_APIS[item.spec.api]
+    name = default_replay.default_hook_name(api, item.spec, params, world_size)
+    if name is None:
+        return ""
+    mine = crash_signatures(result)
+    whose = f"the run's failure (this machine's, the suite's or torch {torch.__version__}'s), not the hook's"
+    if item.target == api.builtin_hooks and case.hook.name == name:
+        raise NotRun(f"PyTorch's own default hook for this case ({name}, the hook under test) cannot run it here: "
+                     f"{_describe(min(mine))}; {whose}", detail=problems)
+    key = (case.check, name, world_size, repr(sorted(params.items())))
+    theirs = runner.crash_replays.get(key)
+    if theirs is None:
+        try:
+            replayed = runner._replay(runner.pool(world_size, hook=None), Case(
+                check=case.check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
+                case_id=f"{case.case_id} replayed with {name}"))
+        except PoolStartError as exc:  # no evidence either way: the failure stands, and says so
+            return f"\n(PyTorch's own default hook for this case, {name}, could not be replayed: {exc})"
+        theirs = runner.crash_replays[key] = crash_signatures(replayed)
+    same = mine & theirs
+    if same:
+        raise NotRun(f"PyTorch's own default hook for this case ({name}), replayed in ranks of its own, fails it "
+                     f"the same way: {_describe(min(same))}; {whose}", detail=problems)
+    how = "runs it to the end" if not theirs else f"fails it otherwise ({_describe(min(theirs))})"
+    return (f"\n(PyTorch's own default hook for this case, {name}, replayed in ranks of its own, {how}: "
+            "what failed above is this hook's doing)")

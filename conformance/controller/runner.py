@@ -46,8 +46,11 @@ the command that re-runs just that case.
    of the hook's own are replayed with PyTorch's own default hook for the
    case (in fresh ranks), and become a skip if it shows the same difference,
    or if a reference caveat of this torch version explains them
-   (:mod:`conformance.controller.default_replay`). A pool that cannot start is the
-   run's failure, not the hook's: the case is ``NOT RUN`` (:class:`NotRun`).
+   (:mod:`conformance.controller.default_replay`). A rank that raised, hung or died
+   while the hook's model trained is replayed with that default hook too; where it
+   fails the same way, no hook could pass the case here (:func:`replay_crash`). That,
+   and a pool that cannot start, is the run's failure, not the hook's: the case is
+   ``NOT RUN`` (:class:`NotRun`).
 6. Verdict (controller). Findings become one ``ConformanceFailure`` message
    with the re-run command; the plugin's summary turns every report into the
    per-hook verdict.
@@ -57,18 +60,18 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import pytest
 
 from conformance.controller import case_kinds, default_replay
 from conformance.controller.across_ranks import compare_across_ranks, findings_of
 from conformance.controller.cli import command_words
-from conformance.controller.failures import ConformanceFailure, NotRun
+from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
 from conformance.controller.pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
 from conformance.controller.remote import remote_pool
-from conformance.controller.replays import replay_default_hook, replay_reference
+from conformance.controller.replays import replay_crash, replay_default_hook, replay_reference
 from conformance.controller.spec_loading import pythonpath_to_rerun
 from conformance.controller.zygote_client import close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
@@ -96,6 +99,7 @@ class Runner:
         timings: ``(wall_s, max_rank_compute_s)`` per case, for the benchmark.
         hook_pool_starts: pools started for a hook (each hook gets ranks of its own).
         not_run: ``(hook, world size) -> why`` its pool could not start; those cases are NOT RUN.
+        crash_replays: the outcomes of PyTorch's default hook replayed on crashed cases, by case shape.
     """
 
     def __init__(self, settings: Any, specs: Sequence[Any], sys_path: Sequence[str] = ()):
@@ -114,6 +118,10 @@ class Runner:
         self.hook_pool_starts = 0
         #: ``(hook, world size) -> reason`` of pools that could not start: their cases are NOT RUN.
         self.not_run: Dict[Tuple[Optional[str], int], str] = {}
+        #: ``(rank check, default hook, world size, params) ->`` how PyTorch's default hook, replayed on a case
+        #: where a hook's rank raised, hung or died, failed it (:func:`~conformance.controller.replays.replay_crash`;
+        #: empty: it ran to the end). Zoo and user hooks that crash share their cases' replays.
+        self.crash_replays: Dict[Tuple[Any, ...], FrozenSet[Tuple[str, ...]]] = {}
 
     def _specs_of(self, hook: Optional[str]) -> Tuple[Tuple[str, str], ...]:
         return ((self.specs[hook].target, hook),) if hook is not None else ()
@@ -210,7 +218,7 @@ class Runner:
         close_zygote()
 
     def run(self, test_name: str, *, check: str, hook: Optional[str], params: Dict[str, Any], world_size: int,
-            describe: Dict[str, Any], findings: bool = True) -> CaseResult:
+            describe: Dict[str, Any], findings: bool = True, known_failure: bool = False) -> CaseResult:
         """Run one case on every rank of the ``world_size`` pool.
 
         Args:
@@ -220,9 +228,13 @@ class Runner:
             params: keyword arguments for the rank check.
             describe: what the case is (check, strategy, model, ...), shown on failure.
             findings: treat each rank's return value as a list of findings.
+            known_failure: the case is an expected failure (xfail): a crash is not replayed
+                (:func:`~conformance.controller.replays.replay_crash`), there being no red to avoid.
 
         Raises:
             ConformanceFailure: a rank raised, hung or died, or returned findings.
+            NotRun: the pool could not start, or PyTorch's own default hook fails the case the same way
+                (:func:`~conformance.controller.replays.replay_crash`).
         """
         __tracebackhide__ = True
         ref = None
@@ -236,7 +248,7 @@ class Runner:
             self.usage_error(exc)
         except PoolStartError as exc:
             self.not_run[(hook, world_size)] = str(exc)
-            raise NotRun(self._not_run_reason(hook, world_size)) from None
+            raise self._not_run(hook, world_size) from None
         self.timings.append((result.wall_s, result.max_compute_s))
         if result.pool_rebuilt:
             self.restarts += 1
@@ -247,6 +259,8 @@ class Runner:
                 problems += "\n" + report.findings_text(leaks)
             if report.failed_in_reference(result) and check in REPLAYS_REFERENCE:
                 problems += replay_reference(self, pool, case, describe)
+            elif ref is not None and not leaks and not known_failure:
+                problems += replay_crash(self, case, world_size, params, result, problems)
             self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size, leaks,
                       rank_problems=True)
         if findings:
@@ -259,14 +273,11 @@ class Runner:
         to start (another wait would only fail again)."""
         __tracebackhide__ = True
         if (hook, world_size) in self.not_run:
-            raise NotRun(self._not_run_reason(hook, world_size))
+            raise self._not_run(hook, world_size)
         return self.pool(world_size, hook)
 
-    def _not_run_reason(self, hook: Optional[str], world_size: int) -> str:
-        lines = self.not_run[(hook, world_size)].strip().splitlines() or ["?"]
-        why = lines[0].split(f"pool of world size {world_size}: ", 1)[-1]
-        return (f"its rank pool of world size {world_size} could not start: {why}"
-                f"{' (more in the case report)' if len(lines) > 1 else ''}; the run's failure, not the hook's")
+    def _not_run(self, hook: Optional[str], world_size: int) -> NotRun:
+        return pool_not_run(self.not_run[(hook, world_size)], world_size)
 
     @staticmethod
     def tag(request: Any, case: Any, check: str) -> Dict[str, Any]:
@@ -295,7 +306,8 @@ class Runner:
         describe = self.tag(request, case, check)
         name = request.node.name
         result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
-                          describe=describe, findings=False)
+                          describe=describe, findings=False,
+                          known_failure=request.node.get_closest_marker("xfail") is not None)
         found = findings_of(result, across_ranks)
         closing = note(result, found) if note is not None else ""
         if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)

@@ -145,7 +145,8 @@ class Summary:
             tr.write_line(f"rank pools restarted {runner.restarts} time(s) after hung or broken cases")
         if any(tally.not_run for tally in keeper.hooks.values()) and not self.interrupted:
             tr.write_line(f"exit status {exit_codes.RUN_ERROR}: the run could not check every hook (NOT RUN above: "
-                          "its rank pools could not start); no hook is blamed for that. Fix what the reason says "
+                          "rank pools that could not start, or cases that even PyTorch's own default hook cannot run here); no "
+                          "hook is blamed for that. Fix what the reason says "
                           "and run again", red=True)
         if state.settings.listen is not None:  # connections refused for want of the shared secret
             for line in remote_summary_lines():

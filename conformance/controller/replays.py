@@ -42,7 +42,7 @@ def replay_default_hook(runner: Any, case: Any, rank_check: str, params: Dict[st
     if caveat is not None:
         pytest.skip(default_replay.caveat_reason(caveat, found, version))
     api = HOOK_APIS[item.spec.api]
-    name = default_replay.default_hook_name(api, item.spec, params, world_size)
+    name = default_replay.default_hook_name(api, item.spec, params, case.world_size)
     if name is None:
         return ""
     if item.target == api.builtin_hooks and case.hook == name:  # the evidence is this very failure
@@ -51,7 +51,7 @@ def replay_default_hook(runner: Any, case: Any, rank_check: str, params: Dict[st
         return ""
     # In ranks of its own (serving no hook under test), as every hook's cases run; the default hook's
     # spec is loaded there on first use. The hook's next case gets its own ranks again.
-    result = runner._replay(runner.pool(world_size, hook=None), Case(
+    result = runner._replay(runner.pool(case.world_size, hook=None), Case(
         check=rank_check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
         case_id=f"{case.hook} case replayed with {name}"))
     theirs = findings_of(result, across_ranks) if result.all_ok else []

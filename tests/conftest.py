@@ -1,17 +1,53 @@
 """Fixtures shared by the project's tests.
 
-``zoo_runs``: each meta-run (``tests/meta_zoos.py``) once per pytest session, on first use, shared by
-every test that needs it, whatever its file: a zoo run costs minutes on a 2-core machine.
+``zoo_runs``: each meta-run (``tests/meta_zoos.py``) once per pytest session, shared by every test that
+needs it, whatever its file: a zoo run costs minutes on a 2-core machine. Once the tests are collected,
+the runs they will need start in the background (:meth:`~tests.meta_helpers.ZooRuns.prefetch`), in the
+order the tests need them.
 """
 
 from __future__ import annotations
 
+import tempfile
+from typing import List
+
 import pytest
 
-from tests.meta_helpers import ZooRuns
+from tests.meta_helpers import MetaZoo, ZooRuns
+
+_ZOO_RUNS = pytest.StashKey[ZooRuns]()
+
+
+def _zoo_runs(config: pytest.Config) -> ZooRuns:
+    if _ZOO_RUNS not in config.stash:
+        factory = getattr(config, "_tmp_path_factory", None)  # the tmp_path_factory fixture's, --basetemp and all
+        config.stash[_ZOO_RUNS] = ZooRuns(lambda name: str(factory.mktemp(name)) if factory is not None
+                                          else tempfile.mkdtemp(prefix=f"{name}-"))
+    return config.stash[_ZOO_RUNS]
+
+
+def zoos_needed(items: List[pytest.Item]) -> List[MetaZoo]:
+    """The zoo runs ``items`` will ask ``zoo_runs`` for, in the order they first need them: a test's own
+    ``zoo`` parameter, else every zoo its module names (a ``test_meta_<api>.py`` module's fixture)."""
+    out: List[MetaZoo] = []
+    for item in items:
+        if "zoo_runs" not in getattr(item, "fixturenames", ()):
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if isinstance(params.get("zoo"), MetaZoo):
+            found = [params["zoo"]]
+        else:
+            found = [v for v in vars(item.module).values() if isinstance(v, MetaZoo)]
+        out.extend(z for z in found if z not in out)
+    return out
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        _zoo_runs(session.config).prefetch(zoos_needed(session.items))
 
 
 @pytest.fixture(scope="session")
-def zoo_runs(tmp_path_factory) -> ZooRuns:
+def zoo_runs(pytestconfig) -> ZooRuns:
     """``zoo_runs(zoo)``: the :class:`~tests.meta_helpers.SuiteRun` of a :class:`~tests.meta_helpers.MetaZoo`."""
-    return ZooRuns(tmp_path_factory)
+    return _zoo_runs(pytestconfig)

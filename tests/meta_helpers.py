@@ -12,9 +12,10 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,15 +50,16 @@ class SuiteRun:
 
 
 def run_suite(args: Sequence[str], junit_path: str, *, timeout: float = 900, cwd: str = REPO,
-              pythonpath: Sequence[str] = ()) -> SuiteRun:
+              pythonpath: Sequence[str] = (), env: Optional[Dict[str, str]] = None) -> SuiteRun:
     """``python -m conformance ARGS --junitxml JUNIT``, from ``cwd`` (default: the repository root).
 
     From the repository root, the repository is put on ``PYTHONPATH`` (for
     ``tests.zoo``); from anywhere else the run sees only what a user's shell
     would: the installed package, the working directory and ``pythonpath``
-    (which leads ``PYTHONPATH`` in both cases).
+    (which leads ``PYTHONPATH`` in both cases). ``env``: the environment to start
+    from (default: this process's, now).
     """
-    env = dict(os.environ)
+    env = dict(os.environ if env is None else env)
     if cwd == REPO:
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     else:
@@ -231,16 +233,52 @@ class MetaZoo:
 
 
 class ZooRuns:
-    """Each :class:`MetaZoo` run once per pytest session, on first use, and shared by every test that needs it."""
+    """Each :class:`MetaZoo` run once per pytest session, and shared by every test that needs it.
 
-    def __init__(self, tmp_path_factory):
-        self._tmp = tmp_path_factory
+    :meth:`prefetch` starts the runs the session's tests will need at once, one after another in a
+    background thread, in the environment of that moment (a test that later changes ``os.environ`` does not
+    reach them): the other tests keep about 60% of a 2-core machine busy, and the zoo runs fill the rest. A
+    test that needs a run waits for it; a run nobody prefetched starts on first use.
+    """
+
+    def __init__(self, tmp_dir: Callable[[str], str]):
+        self._tmp_dir = tmp_dir
         self._runs: Dict[str, SuiteRun] = {}
+        self._errors: Dict[str, BaseException] = {}
+        self._pending: Dict[str, threading.Event] = {}
+
+    def _run(self, zoo: MetaZoo, junit: str, env: Optional[Dict[str, str]] = None) -> None:
+        try:
+            self._runs[zoo.name] = run_suite(list(zoo.args), junit, env=env)  # kept even if it failed
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test that needs the run
+            self._errors[zoo.name] = exc
+
+    def prefetch(self, zoos: Iterable[MetaZoo]) -> None:
+        todo = [z for z in dict.fromkeys(zoos) if z.name not in self._runs and z.name not in self._pending]
+        if not todo:
+            return
+        env = dict(os.environ)
+        jobs = [(zoo, str(os.path.join(self._tmp_dir(zoo.name), f"{zoo.name}.xml"))) for zoo in todo]
+        for zoo in todo:
+            self._pending[zoo.name] = threading.Event()
+
+        def work() -> None:
+            for zoo, junit in jobs:
+                try:
+                    self._run(zoo, junit, env)
+                finally:
+                    self._pending[zoo.name].set()
+
+        threading.Thread(target=work, name="zoo-runs", daemon=True).start()
 
     def __call__(self, zoo: MetaZoo) -> SuiteRun:
-        if zoo.name not in self._runs:
-            junit = str(self._tmp.mktemp(zoo.name) / f"{zoo.name}.xml")
-            self._runs[zoo.name] = run_suite(list(zoo.args), junit)  # kept even if it failed: never run twice
+        pending = self._pending.get(zoo.name)
+        if pending is not None:
+            pending.wait()
+        elif zoo.name not in self._runs and zoo.name not in self._errors:
+            self._run(zoo, str(os.path.join(self._tmp_dir(zoo.name), f"{zoo.name}.xml")))  # never run twice
+        if zoo.name in self._errors:
+            raise self._errors[zoo.name]
         run = self._runs[zoo.name]
         assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
         return run

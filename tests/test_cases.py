@@ -228,6 +228,9 @@ def test_a_one_gpu_run_checks_one_world_size_cases_on_its_first_cross_rank_pool(
     cpu = plan_settings(2, 3)
     got = planned_cases("test_ddp_lossy_loss", [lossy], cpu)
     assert got and {c.world_size for c in got} == {2}
+    # The subgroup cases need 4 ranks: on the one-GPU machine they run on a CPU pool, not skipped for GPUs.
+    subgroup = planned_cases("test_subgroup_parity", [make_spec("s", _all)], one_gpu)
+    assert subgroup and {c.world_size for c in subgroup} == {4} and not any(c.skip for c in subgroup)
 
 
 def test_specs_of_other_apis_get_no_fsdp_cases():

@@ -343,6 +343,10 @@ def test_one_gpu_default_adds_gloo_cpu_pools_at_two_and_three():
     assert all(s.world_size_unavailable(ws) is None for ws in s.world_sizes)
     # world size 2 gets the full plan (it is where averaging is checked); 3 the extra one
     assert [s.role(ws) for ws in s.world_sizes] == ["main", "main", "extra"]
+    # A larger pool a case needs (4 ranks: subgroups, HSDP) runs on the CPU too, as on a CPU machine.
+    assert s.placement(4) == ("gloo", "cpu") and s.world_size_unavailable(4) is None
+    assert s.rerun_args(4)[:8] == ["--world-size", "4", "--extra-world-size", "0", "--backend", "gloo",
+                                   "--device", "cpu"]
 
 
 def test_one_gpu_without_extra_world_size_still_checks_two_ranks():

@@ -89,10 +89,11 @@ def pytest_configure(config: pytest.Config) -> None:
     except (settings_mod.SettingsError, SpecError, KnownFailuresError) as exc:
         raise pytest.UsageError(str(exc)) from None
     env = RunEnvironment.of_this_process(backend=settings.backend, device=settings.device)
+    planned = session_report.planned_world_sizes([s.spec for s in specs], settings)
     # Each case is matched where its ranks run: a one-GPU machine's cross-rank pools are gloo on the CPU.
-    book = KnownFailureBook(entries, env, placements={ws: settings.placement(ws) for ws in settings.world_sizes})
-    state = SessionState(settings=settings, specs=specs, book=book, sys_path=sys_path,
-                         world_sizes=session_report.planned_world_sizes([s.spec for s in specs], settings))
+    book = KnownFailureBook(entries, env, placements={ws: settings.placement(ws)
+                                                      for ws in {*settings.world_sizes, *planned}})
+    state = SessionState(settings=settings, specs=specs, book=book, sys_path=sys_path, world_sizes=planned)
     config.stash[_STATE_KEY] = state
     keeper = Bookkeeper(state)  # classifies every case's reports, for the summary and the results files
     config.pluginmanager.register(keeper, BOOKKEEPER)

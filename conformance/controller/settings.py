@@ -58,7 +58,8 @@ class Settings:
             that crossed it fails and the pool is restarted (``--rank-memory-growth``); 0 for no check.
         cpu_pools: world sizes that run as gloo pools on the CPU although
             ``device`` is ``"cuda"``: added when the defaults gave world size 1
-            (one GPU), where averaging proves nothing. Empty otherwise.
+            (one GPU), where averaging proves nothing; larger pools that cases
+            need run there too (:meth:`on_cpu_pool`). Empty otherwise.
         json_path, markdown_path: absolute paths of the results files to write, or ``None``.
         baseline_path: absolute path of an earlier run's JSON results, or ``None``.
         fail_on: ``"failures"`` (any failure fails the run) or ``"regressions"`` (only new
@@ -105,9 +106,15 @@ class Settings:
             return "main"
         return "extra"
 
+    def on_cpu_pool(self, world_size: int) -> bool:
+        """Whether the pool of ``world_size`` ranks runs gloo on the CPU although ``device`` is ``"cuda"``: one
+        of :attr:`cpu_pools`, or, on that one-GPU machine, any larger pool a case needs (4 ranks for the
+        subgroup and HSDP cases), which a CPU machine would run too."""
+        return world_size in self.cpu_pools or (bool(self.cpu_pools) and world_size > self.gpu_count)
+
     def placement(self, world_size: int) -> Tuple[str, str]:
         """``(backend, device)`` of the pool of ``world_size`` ranks."""
-        if world_size in self.cpu_pools:
+        if self.on_cpu_pool(world_size):
             return "gloo", "cpu"
         return self.backend, self.device
 
@@ -129,9 +136,9 @@ class Settings:
         spelled out, so the command does not depend on the caller's environment,
         and file paths (``--known-failures``) are absolute, so it does not depend on
         the directory either. A case of world size ``world_size`` that ran on an
-        added CPU pool (:attr:`cpu_pools`) is re-run on a gloo CPU pool of that size.
+        CPU pool (:meth:`on_cpu_pool`) is re-run on a gloo CPU pool of that size.
         """
-        if world_size in self.cpu_pools:
+        if world_size is not None and self.on_cpu_pool(world_size):
             args = ["--world-size", str(world_size), "--extra-world-size", "0", "--backend", "gloo",
                     "--device", "cpu"]
         else:

@@ -71,7 +71,7 @@ def header_lines(state: Any, torch_version: str) -> List[str]:
                      f"{format_address(s.listen)}")
     if s.cpu_pools:
         lines.append(f"  one GPU: world size {s.world_size} alone proves nothing about averaging, so world sizes "
-                     f"{_join(s.cpu_pools)} run as gloo pools on the CPU")
+                     f"{_join(s.cpu_pools)} (and any larger one a case needs) run as gloo pools on the CPU")
     for item in state.specs:
         spec = item.spec
         claim = "full-precision averaging" if spec.reduce_dtype is None else f"reduce_dtype={spec.reduce_dtype_name}"

@@ -488,6 +488,28 @@ def int8_quantize_hook(state: DefaultState, grad: torch.Tensor, output: Optional
         output.copy_(q_out.to(output.dtype) * scale / world_size)
 
 
+def int8_own_scale_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """Lossy and wrong: :func:`int8_quantize_hook` with each rank's own scale instead of one shared scale.
+
+    Each rank rounds its gradient to integers with the scale of its own largest magnitude, the
+    integers of every rank are summed, and each rank scales the sum back with its own scale: right only
+    where every rank's gradients are about as large as this rank's. A data-parallel batch on one rank
+    can give gradients 100x another's; then the other ranks' integers are read in this rank's units.
+    """
+    group = state.process_group
+    amax = float(grad.detach().abs().max())
+    scale = amax / 127 if amax > 0 else 1.0
+    q = torch.round(grad.detach() / scale).to(torch.int32)
+    world_size = dist.get_world_size(group)
+    if output is None:
+        dist.all_reduce(q, group=group)
+        grad.copy_(q.to(grad.dtype) * scale / world_size)
+    else:
+        q_out = torch.empty(output.shape, dtype=torch.int32, device=output.device)
+        _reduce_scatter(q_out, q, group)
+        output.copy_(q_out.to(output.dtype) * scale / world_size)
+
+
 # ---------------------------------------------------------------------------
 # Specs
 # ---------------------------------------------------------------------------
@@ -612,10 +634,19 @@ ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
 #: by 2 and post-divide by 1.5 round once more); loss 1.5e-4 relative after 10 steps.
 GENEROUS_BF16 = LossyContract(rel_error_bound=1e-2, deterministic=True, loss_margin=0.05, loss_steps=10)
 
+#: A contract an 8-bit quantizer with one shared scale keeps: 0.1 relative error per step and parameter, the
+#: training loss within 10% after 10 steps. Observed (gloo, CPU, torch 2.13): at most 4.2e-2 in
+#: test_lossy_error, also in its steps whose per-rank gradient magnitudes differ (1x, 0.01x, 0.0001x); loss
+#: 5.4e-2 relative. With each rank's own scale: 2.7e-2 while the ranks' gradients are alike, 0.98 to 2.0 once
+#: they differ.
+INT8_BOUND = LossyContract(rel_error_bound=0.1, loss_margin=0.1, loss_steps=10)
+
 #: The lossy-contract story (``tests/meta_zoos.py``'s ``LOSSY``, and ``tests/test_meta_lossy.py``).
 LOSSY_GOOD: List[HookSpec] = [
     HookSpec(name="good_bf16_compress_lossy", api="fsdp", hook=bf16_compress_hook, state=DefaultState,
              lossy=GENEROUS_BF16, description="bfloat16 compression of a float32 model, declared lossy"),
+    HookSpec(name="good_int8_shared_scale", api="fsdp", hook=int8_quantize_hook, state=DefaultState,
+             lossy=INT8_BOUND, description="8-bit quantization, one scale shared by every rank, declared 0.1"),
 ]
 LOSSY_BAD: List[HookSpec] = [
     HookSpec(name="bad_int8_exceeds_bound", api="fsdp", hook=int8_quantize_hook, state=DefaultState,
@@ -623,6 +654,9 @@ LOSSY_BAD: List[HookSpec] = [
              description="8-bit quantization, one scale per FSDP unit, declared within a bfloat16-like 1e-2"),
     HookSpec(name="bad_int8_undeclared", api="fsdp", hook=int8_quantize_hook, state=DefaultState,
              description="the same 8-bit quantization claiming FSDP's full-precision averaging"),
+    HookSpec(name="bad_int8_own_scale", api="fsdp", hook=int8_own_scale_hook, state=DefaultState,
+             strategies=("FULL_SHARD", "SHARD_GRAD_OP"), lossy=LossyContract(rel_error_bound=0.1),
+             description="8-bit quantization with each rank's own scale, sharded strategies, declared 0.1"),
 ]
 LOSSY: List[HookSpec] = LOSSY_GOOD + LOSSY_BAD
 
@@ -634,6 +668,11 @@ LOSSY_EXPECTED: Dict[str, str] = {
     "bad_int8_undeclared": (
         "averaging and parity, with the hint to declare a LossyContract: no exact cause (a divisor, a dtype, "
         "a stale step) reproduces 8-bit rounding"),
+    "bad_int8_own_scale": (
+        "lossy_error, in its steps whose per-rank gradient magnitudes differ (1x, 0.01x, 0.0001x): each rank reads "
+        "the summed integers in its own units. While every rank's gradients are alike its error (2.7e-2) is the "
+        "shared-scale quantizer's, inside the declared 0.1; sharded, it has no rank-consistency case (NO_SHARD "
+        "only, where the ranks' gradients part), and it declares no loss margin"),
 }
 
 #: For each known-bad spec, the check that must catch it and why.

@@ -11,7 +11,10 @@ contract (``ddp``, ``fsdp``, ``fsdp2``), registered per API as
   (unsharded) gradient against the exact mean (the observed maximum is returned
   as a figure), the declared ``rel_error_bound``, and no NaN/Inf where the exact
   mean has none; plus what the API's recorder saw the hook break (DDP's future
-  contract, FSDP1's hook output dtype, FSDP2's ``allocate``);
+  contract, FSDP1's hook output dtype, FSDP2's ``allocate``). Its last steps give
+  the ranks gradients of very different sizes (:func:`rank_scale`), as real
+  data-parallel batches can: a quantizer that reads every rank's values in its own
+  rank's scale stays inside a bound while the ranks' gradients are alike;
 * ``lossy_loss``: the training loss after ``loss_steps`` steps is within the
   declared ``loss_margin`` of the same model under the API with no hook;
 * ``lossy_determinism``: two runs from the same seed give bitwise identical
@@ -33,6 +36,7 @@ different number from its parameter's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -134,6 +138,13 @@ def exact_mean(ctx: Any, shadow: nn.Module) -> Dict[str, Optional[torch.Tensor]]
     return out
 
 
+def _scaled(loss_fn: Any, factor: float) -> Any:
+    """``loss_fn`` times ``factor``: this rank's gradients scaled so."""
+    def scaled(*args: Any, **kwargs: Any) -> Any:
+        return loss_fn(*args, **kwargs) * factor
+    return scaled
+
+
 def relative_error(actual: torch.Tensor, exact: torch.Tensor) -> float:
     """``||actual - exact||_2 / ||exact||_2`` in float64, over finite exact entries; 0/0 = 0, x/0 = inf."""
     a = actual.detach().to(torch.float64).reshape(-1)
@@ -182,16 +193,30 @@ def _error_findings(ctx: Any, got: Dict[str, Optional[torch.Tensor]], exact: Dic
     return findings, worst, at
 
 
+def rank_scale(rank: int) -> float:
+    """The factor :func:`lossy_error`'s uneven steps scale rank ``rank``'s loss (so its gradients) by: 1 on
+    rank 0, 1/100 on odd ranks, 1/10000 on the other even ranks. Real data-parallel batches differ so: one
+    rank's gradients can be 100x another's, and a hook that scales or quantizes by its own rank's values
+    alone shows it only then. Only smaller, never larger: a float16 wire that holds the even steps' gradients
+    holds these (it loses digits of the small ones, which weigh 1/100 or less in the mean)."""
+    return 1.0 if rank == 0 else (0.01 if rank % 2 else 1e-4)
+
+
 def lossy_error(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 6, lr: float = 1e-3,
-                **variant: Any) -> CheckResult:
+                uneven_steps: int = 3, **variant: Any) -> CheckResult:
     """Per step and parameter: relative error vs the exact mean, the declared bound, no NaN/Inf introduced.
 
     Each step, a plain copy of the model at the hooked model's current
     parameters computes this rank's local gradients, and their mean over ranks
     in float64 (:func:`exact_mean`) is what the hooked model's full gradient is
     compared with; what the hook's recorder saw it break joins the findings.
-    SGD (momentum 0.9) with learning rate ``lr``, ``steps`` steps; stops at the
-    first step with findings, every rank together.
+    SGD (momentum 0.9) with learning rate ``lr``, ``steps`` steps; then a fresh
+    hooked model (and hook state) from the same seed trains ``uneven_steps``
+    more, numbered on, whose ranks' gradients differ in size by orders of
+    magnitude (each rank's loss times :func:`rank_scale`). Fresh, so that a hook
+    with error feedback (PowerSGD) is judged on such steps, not on the jump
+    from the first run's magnitudes to these. Stops at the first step with
+    findings, every rank together.
 
     Returns a :class:`CheckResult` with figures ``{"max_rel_error": float,
     "at": (step, fqn) or None}`` (the figure is reported even when no bound is
@@ -200,28 +225,38 @@ def lossy_error(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int
     models = make(ctx, spec, model=model, **variant)
     ctx = models.ctx
     bound = None if spec.lossy is None else spec.lossy.rel_error_bound
-    ctx.phase("building the hooked model")
-    hooked = models.build(hooked=True)
     shadow = models.model_cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-    optim = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
+    scale = rank_scale(dist.get_rank(ctx.group))
+    scales = ", ".join(f"{rank_scale(r):g}" for r in range(ctx.world_size)) + " on ranks 0.." + str(ctx.world_size - 1)
     worst, at = 0.0, None
-    findings: List[Finding] = []
-    for step in range(steps):
-        ctx.phase(f"step {step}: local gradients of a plain copy (the exact mean's inputs)")
-        _local_grads(ctx, shadow, models.full_params(hooked.model), models.inputs, models.loss_fn)
-        exact = exact_mean(ctx, shadow)
-        broken = hooked.recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim,
-                                                                   models.inputs, models.loss_fn))
-        if broken:
-            return CheckResult(findings=broken, figures={"max_rel_error": worst, "at": at})
-        ctx.phase(f"step {step}: full gradients of the hooked model")
-        found, worst, at = _error_findings(ctx, models.full_grads(hooked.model), exact, step, bound, worst, at)
-        findings += hooked.recorder.findings(step) + found
-        if ctx.any_rank(bool(findings)):
-            break
-        ctx.phase(f"step {step}: optimizer step")
-        optim.step()
-    return CheckResult(findings=findings, figures={"max_rel_error": worst, "at": at})
+    runs = [(range(steps), models.loss_fn, ""), (range(steps, steps + uneven_steps), _scaled(models.loss_fn, scale),
+                                               f"a fresh run whose ranks' gradients differ in size as real batches "
+                                               f"can: each rank's loss times {scales}")]
+    for numbers, loss_fn, what in runs:
+        if not numbers:
+            continue
+        ctx.phase("building the hooked model" + (f" ({what})" if what else ""))
+        hooked = models.build(hooked=True)
+        optim = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
+        for step in numbers:
+            ctx.phase(f"step {step}: local gradients of a plain copy (the exact mean's inputs)"
+                      + (f", this rank's loss times {scale:g}" if what else ""))
+            _local_grads(ctx, shadow, models.full_params(hooked.model), models.inputs, loss_fn)
+            exact = exact_mean(ctx, shadow)
+            broken = hooked.recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim,
+                                                                       models.inputs, loss_fn))
+            if broken:
+                return CheckResult(findings=broken, figures={"max_rel_error": worst, "at": at})
+            ctx.phase(f"step {step}: full gradients of the hooked model")
+            found, worst, at = _error_findings(ctx, models.full_grads(hooked.model), exact, step, bound, worst, at)
+            if what:
+                found = [dataclasses.replace(f, message=f"{f.message}, in {what}") for f in found]
+            findings = hooked.recorder.findings(step) + found
+            if ctx.any_rank(bool(findings)):
+                return CheckResult(findings=findings, figures={"max_rel_error": worst, "at": at})
+            ctx.phase(f"step {step}: optimizer step")
+            optim.step()
+    return CheckResult(findings=[], figures={"max_rel_error": worst, "at": at})
 
 
 def _global_loss(ctx: Any, models: ApiModels, model: nn.Module) -> float:

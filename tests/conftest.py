@@ -3,7 +3,7 @@
 ``zoo_runs``: each meta-run (``tests/meta_zoos.py``) once per pytest session, shared by every test that
 needs it, whatever its file: a zoo run costs minutes on a 2-core machine. Once the tests are collected,
 the runs they will need start in the background (:meth:`~tests.meta_helpers.ZooRuns.prefetch`), in the
-order the tests need them.
+order the tests need them, and those tests run last.
 """
 
 from __future__ import annotations
@@ -40,6 +40,13 @@ def zoos_needed(items: List[pytest.Item]) -> List[MetaZoo]:
             found = [v for v in vars(item.module).values() if isinstance(v, MetaZoo)]
         out.extend(z for z in found if z not in out)
     return out
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: List[pytest.Item]) -> None:
+    """The tests that read a zoo run go last (in their order), so the others keep the cores busy while the zoo
+    runs go on in the background, instead of waiting for a run midway."""
+    items[:] = ([item for item in items if "zoo_runs" not in getattr(item, "fixturenames", ())]
+                + [item for item in items if "zoo_runs" in getattr(item, "fixturenames", ())])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

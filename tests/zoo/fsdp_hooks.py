@@ -473,10 +473,14 @@ def int8_quantize_hook(state: DefaultState, grad: torch.Tensor, output: Optional
     Parameters whose gradients are small beside the unit's largest lose most of their digits.
     Realistic: per-tensor int8 gradient compression (as PyTorch's ``quantization_pertensor_hook``).
     """
-    group = state.process_group
     amax = grad.detach().abs().max().reshape(1).to(torch.float32)
-    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
-    scale = float(amax) / 127 if float(amax) > 0 else 1.0
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=state.process_group)
+    _int8_average(state.process_group, grad, output, float(amax) / 127 if float(amax) > 0 else 1.0)
+
+
+def _int8_average(group: Any, grad: torch.Tensor, output: Optional[torch.Tensor], scale: float) -> None:
+    """Round ``grad / scale`` to int32, SUM the integers over ``group`` (all-reduce, or reduce-scatter into
+    ``output``), and write them back times ``scale`` / the group size."""
     q = torch.round(grad.detach() / scale).to(torch.int32)
     world_size = dist.get_world_size(group)
     if output is None:
@@ -496,18 +500,8 @@ def int8_own_scale_hook(state: DefaultState, grad: torch.Tensor, output: Optiona
     where every rank's gradients are about as large as this rank's. A data-parallel batch on one rank
     can give gradients 100x another's; then the other ranks' integers are read in this rank's units.
     """
-    group = state.process_group
     amax = float(grad.detach().abs().max())
-    scale = amax / 127 if amax > 0 else 1.0
-    q = torch.round(grad.detach() / scale).to(torch.int32)
-    world_size = dist.get_world_size(group)
-    if output is None:
-        dist.all_reduce(q, group=group)
-        grad.copy_(q.to(grad.dtype) * scale / world_size)
-    else:
-        q_out = torch.empty(output.shape, dtype=torch.int32, device=output.device)
-        _reduce_scatter(q_out, q, group)
-        output.copy_(q_out.to(output.dtype) * scale / world_size)
+    _int8_average(state.process_group, grad, output, amax / 127 if amax > 0 else 1.0)
 
 
 # ---------------------------------------------------------------------------

@@ -97,6 +97,7 @@ def _run(rank: int, store_path: str) -> None:
                 call = HookCall(step=0, index=0, where="call 0", input=z, output=cleaned)
                 causes = explain(arith, call, None, dist.group.WORLD, rank)
                 assert any("NaN or Inf replaced" in c for c in causes), causes
+        dist.barrier()  # every rank done before any tears the group down (see test_reference_replay.py)
     finally:
         dist.destroy_process_group()
 

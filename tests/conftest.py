@@ -26,13 +26,15 @@ def _zoo_runs(config: pytest.Config) -> ZooRuns:
     return config.stash[_ZOO_RUNS]
 
 
+def _reads_a_zoo(item: pytest.Item) -> bool:
+    return "zoo_runs" in getattr(item, "fixturenames", ())
+
+
 def zoos_needed(items: List[pytest.Item]) -> List[MetaZoo]:
     """The zoo runs ``items`` will ask ``zoo_runs`` for, in the order they first need them: a test's own
     ``zoo`` parameter, else every zoo its module names (a ``test_meta_<api>.py`` module's fixture)."""
     out: List[MetaZoo] = []
-    for item in items:
-        if "zoo_runs" not in getattr(item, "fixturenames", ()):
-            continue
+    for item in filter(_reads_a_zoo, items):
         params = getattr(getattr(item, "callspec", None), "params", {})
         if isinstance(params.get("zoo"), MetaZoo):
             found = [params["zoo"]]
@@ -45,8 +47,7 @@ def zoos_needed(items: List[pytest.Item]) -> List[MetaZoo]:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: List[pytest.Item]) -> None:
     """The tests that read a zoo run go last (in their order), so the others keep the cores busy while the zoo
     runs go on in the background, instead of waiting for a run midway."""
-    items[:] = ([item for item in items if "zoo_runs" not in getattr(item, "fixturenames", ())]
-                + [item for item in items if "zoo_runs" in getattr(item, "fixturenames", ())])
+    items[:] = [item for item in items if not _reads_a_zoo(item)] + [item for item in items if _reads_a_zoo(item)]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

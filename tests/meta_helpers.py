@@ -247,6 +247,9 @@ class ZooRuns:
         self._errors: Dict[str, BaseException] = {}
         self._pending: Dict[str, threading.Event] = {}
 
+    def _junit(self, zoo: MetaZoo) -> str:
+        return os.path.join(self._tmp_dir(zoo.name), f"{zoo.name}.xml")
+
     def _run(self, zoo: MetaZoo, junit: str, env: Optional[Dict[str, str]] = None) -> None:
         try:
             self._runs[zoo.name] = run_suite(list(zoo.args), junit, env=env)  # kept even if it failed
@@ -258,7 +261,7 @@ class ZooRuns:
         if not todo:
             return
         env = dict(os.environ)
-        jobs = [(zoo, str(os.path.join(self._tmp_dir(zoo.name), f"{zoo.name}.xml"))) for zoo in todo]
+        jobs = [(zoo, self._junit(zoo)) for zoo in todo]
         for zoo in todo:
             self._pending[zoo.name] = threading.Event()
 
@@ -276,7 +279,7 @@ class ZooRuns:
         if pending is not None:
             pending.wait()
         elif zoo.name not in self._runs and zoo.name not in self._errors:
-            self._run(zoo, str(os.path.join(self._tmp_dir(zoo.name), f"{zoo.name}.xml")))  # never run twice
+            self._run(zoo, self._junit(zoo))  # never run twice
         if zoo.name in self._errors:
             raise self._errors[zoo.name]
         run = self._runs[zoo.name]

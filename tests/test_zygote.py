@@ -130,7 +130,7 @@ def test_the_zygote_warms_up_without_a_backward_pass_or_cuda():
     import json
 
     out = subprocess.run([sys.executable, "-c", _PRELOAD_PROBE], capture_output=True, text=True, timeout=300,
-                         env=dict(zygote_client.rank_env()))
+                         env=zygote_client.rank_env())
     assert out.returncode == 0, out.stderr
     probe = json.loads(out.stdout.strip().splitlines()[-1])
     assert probe == {"calls": [], "unsafe": None}
@@ -147,7 +147,7 @@ def test_fork_unsafe_names_a_running_thread():
         done.set()
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env=dict(zygote_client.rank_env()))
+                         env=zygote_client.rank_env())
     assert out.returncode == 0, out.stderr
     assert "it runs 2 threads" in out.stdout
 

@@ -41,7 +41,6 @@ class NotRun(pytest.skip.Exception):  # type: ignore[misc,name-defined]
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"NOT RUN: {reason}" + (f"\n{detail.rstrip()}" if detail.strip() else ""), pytrace=False)
         self.reason = reason
-        self.detail = detail
 
 
 def pool_not_run(error: str, world_size: int) -> NotRun:

@@ -15,7 +15,7 @@ They run on the runner's pools (``runner._replay``) and skip with ``pytest.skip`
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, FrozenSet, List, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import pytest
 import torch
@@ -31,29 +31,44 @@ from conformance.reports import report
 __all__ = ["crash_signatures", "replay_crash", "replay_default_hook", "replay_reference"]
 
 
+def _default_hook(runner: Any, hook: str, params: Dict[str, Any], world_size: int) -> Tuple[Any, Optional[str], bool]:
+    """``(api, name, itself)``: the hook's API, the name of PyTorch's own default hook for the case
+    (``HookApi.default_hook``; ``None`` where the API names none), and whether the hook under test is that
+    very built-in hook."""
+    item = runner.specs[hook]
+    api = HOOK_APIS[item.spec.api]
+    name = default_replay.default_hook_name(api, item.spec, params, world_size)
+    return api, name, name is not None and item.target == api.builtin_hooks and hook == name
+
+
+def _run_default_hook(runner: Any, api: Any, name: str, check: str, params: Dict[str, Any], world_size: int,
+                      case_id: str) -> CaseResult:
+    """Run ``check`` with PyTorch's default hook ``name`` in ranks of its own (serving no hook under test), as
+    every hook's cases run; its spec is loaded there on first use. The hook's next case gets its own ranks
+    again."""
+    return runner._replay(runner.pool(world_size, hook=None), Case(
+        check=check, hook=HookRef(target=api.builtin_hooks, name=name), params=params, case_id=case_id))
+
+
 def replay_default_hook(runner: Any, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
                          across_ranks: bool) -> str:
     """Skip a failure that any hook would get here (:mod:`conformance.controller.default_replay`): one a reference
     caveat of this torch version explains, or that PyTorch's own default hook for the case shows too
     (replayed on the same pool, or the hook under test itself). Else the failure's closing note."""
     __tracebackhide__ = True
-    version, item = torch.__version__, runner.specs[case.hook]
+    version = torch.__version__
     caveat = default_replay.caveat_for(rank_check, params, found, version)
     if caveat is not None:
         pytest.skip(default_replay.caveat_reason(caveat, found, version))
-    api = HOOK_APIS[item.spec.api]
-    name = default_replay.default_hook_name(api, item.spec, params, case.world_size)
+    api, name, itself = _default_hook(runner, case.hook, params, case.world_size)
     if name is None:
         return ""
-    if item.target == api.builtin_hooks and case.hook == name:  # the evidence is this very failure
+    if itself:  # the evidence is this very failure
         if default_replay.after_the_hook_returned(found):
             pytest.skip(default_replay.default_hook_reason(name, found, version, itself=True))
         return ""
-    # In ranks of its own (serving no hook under test), as every hook's cases run; the default hook's
-    # spec is loaded there on first use. The hook's next case gets its own ranks again.
-    result = runner._replay(runner.pool(case.world_size, hook=None), Case(
-        check=rank_check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
-        case_id=f"{case.hook} case replayed with {name}"))
+    result = _run_default_hook(runner, api, name, rank_check, params, case.world_size,
+                               f"{case.hook} case replayed with {name}")
     theirs = findings_of(result, across_ranks) if result.all_ok else []
     if result.all_ok and default_replay.same_difference(found, theirs):
         pytest.skip(default_replay.default_hook_reason(name, found, version, itself=False))
@@ -103,8 +118,12 @@ def crash_signatures(result: CaseResult) -> FrozenSet[Tuple[str, ...]]:
 
 def _describe(signature: Tuple[str, ...]) -> str:
     kind, phase, *rest = signature
-    what = {"raised": f"raised {rest[-1] if rest else ''}", "hung": "hung", "died": f"died (exit code {rest[0]})"
-            if rest else "died", "lost": "was lost"}[kind]
+    if kind == "raised":
+        what = f"raised {rest[-1]}"
+    elif kind == "died":
+        what = f"died (exit code {rest[0]})"
+    else:
+        what = "hung" if kind == "hung" else "was lost"
     return f"a rank {what} during {phase!r}"
 
 
@@ -121,23 +140,20 @@ def replay_crash(runner: Any, case: Case, world_size: int, params: Dict[str, Any
     and the note returned says so. No default hook for the case (an API without one): ``""``, it stands.
     """
     __tracebackhide__ = True
-    item = runner.specs[case.hook.name]
-    api = HOOK_APIS[item.spec.api]
-    name = default_replay.default_hook_name(api, item.spec, params, world_size)
+    api, name, itself = _default_hook(runner, case.hook.name, params, world_size)
     if name is None:
         return ""
     mine = crash_signatures(result)
     whose = f"the run's failure (this machine's, the suite's or torch {torch.__version__}'s), not the hook's"
-    if item.target == api.builtin_hooks and case.hook.name == name:
+    if itself:
         raise NotRun(f"PyTorch's own default hook for this case ({name}, the hook under test) cannot run it here: "
                      f"{_describe(min(mine))}; {whose}", detail=problems)
     key = (case.check, name, world_size, repr(sorted(params.items())))
     theirs = runner.crash_replays.get(key)
     if theirs is None:
         try:
-            replayed = runner._replay(runner.pool(world_size, hook=None), Case(
-                check=case.check, hook=HookRef(target=api.builtin_hooks, name=name), params=params,
-                case_id=f"{case.case_id} replayed with {name}"))
+            replayed = _run_default_hook(runner, api, name, case.check, params, world_size,
+                                         f"{case.case_id} replayed with {name}")
         except PoolStartError as exc:  # no evidence either way: the failure stands, and says so
             return f"\n(PyTorch's own default hook for this case, {name}, could not be replayed: {exc})"
         theirs = runner.crash_replays[key] = crash_signatures(replayed)

@@ -190,8 +190,11 @@ def _of(keep: Callable[[Any], bool], plan: CasePlan) -> CasePlan:
 def _first_world_size(plan: CasePlan) -> CasePlan:
     """``plan`` at one world size only (a training-loss or determinism case: not about rounding): the run's
     first of at least 2 ranks (:func:`~conformance.apis.first_cross_rank_world_size`)."""
-    return lambda test, specs, settings: [c for c in plan(test, specs, settings)
-                                          if c.world_size == first_cross_rank_world_size(settings.world_sizes)]
+    def at_one(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        ws = first_cross_rank_world_size(settings.world_sizes)
+        return [c for c in plan(test, specs, settings) if c.world_size == ws]
+
+    return at_one
 
 
 #: A suite test of this API: ``_test(check, rank_check, plan, kind=..., params=...)``.

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from conformance.apis.ddp.arithmetic import DdpArithmetic
 from conformance.apis.fsdp.arithmetic import FsdpArithmetic
-from conformance.ranks.arithmetic import Arithmetic
+from conformance.ranks.arithmetic import Arithmetic, in_rank_order
 from conformance.ranks.diagnosis import HookCall, explain
 
 WORLD_SIZE = 3
@@ -123,3 +123,56 @@ def test_fsdp_divides_before_the_sum_natively_only_where_its_pre_divide_is_the_w
     assert not DdpArithmetic(2, None).divides_before_sum
     assert FsdpArithmetic(3, None).dividing_as(4).describe() == "FSDP pre-divides by 2 and post-divides by 2"
     assert DdpArithmetic(3, None).wrong_world_sizes() == [2, 4]
+
+
+def _recursive_doubling_sum(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """A tree all-reduce a hook writes with send/recv: at distance 1, 2, 4, ... each rank swaps its partial sum
+    with its partner and adds, lower rank's partial first (so every rank adds in the same order)."""
+    acc = x.clone()
+    distance = 1
+    while distance < world_size:
+        partner = rank ^ distance
+        theirs = torch.empty_like(acc)
+        if rank < partner:
+            dist.send(acc, partner)
+            dist.recv(theirs, partner)
+            acc = acc + theirs
+        else:
+            dist.recv(theirs, partner)
+            dist.send(acc, partner)
+            acc = theirs + acc
+        distance *= 2
+    return acc
+
+
+def _run_pairwise(rank: int, store_path: str, world_size: int) -> None:
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    try:
+        arith = DdpArithmetic(world_size, None)
+        gen = torch.Generator().manual_seed(99 + rank)
+        # Magnitudes that differ by rank, so the order of the sum shows in the bits.
+        x = torch.randn(64, generator=gen) * 10.0 ** (2 * (rank % 2)) * (1 - 2 * (rank // 2))
+        result = _recursive_doubling_sum(x, rank, world_size)
+        call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=result, sharded=False)
+        causes = explain(arith, call, None, dist.group.WORLD, rank)
+        assert "native" not in causes, causes
+        assert any(c.startswith("SUM in pairwise order ((rank 0 + rank 1) + (rank 2 + rank 3)), without averaging")
+                   for c in causes), causes
+        # The data tells the orders apart: rank order would give other bits.
+        gathered = [torch.empty_like(x) for _ in range(world_size)]
+        dist.all_gather(gathered, x)
+        assert not torch.equal(in_rank_order(gathered), result)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+def test_a_tree_all_reduce_over_four_ranks_is_named_as_a_pairwise_sum(tmp_path):
+    """Pairwise (tree) order differs from rank order only from 4 ranks on, where a hook's own recursive-doubling
+    all-reduce is named by its order, not as 'no known cause'."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_run_pairwise, args=(str(tmp_path / "store"), 4), nprocs=4, join=True)

@@ -70,6 +70,16 @@ def in_rank_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+def _pairwise_text(n: int) -> str:
+    """``"(rank 0 + rank 1) + (rank 2 + rank 3)"``: the bracketing of :func:`in_pairwise_order` over ``n`` ranks."""
+    level = [f"rank {i}" for i in range(n)]
+    while len(level) > 1:
+        pairs = [f"({level[i]} + {level[i + 1]})" for i in range(0, len(level) - 1, 2)]
+        level = pairs + ([level[-1]] if len(level) % 2 else [])
+    text = level[0]
+    return text[1:-1] if text.startswith("(") and text.endswith(")") else text
+
+
 def _chunks_differ(values: Sequence[torch.Tensor], n: int, a: int, b: int) -> bool:
     """Whether chunk ``a`` and chunk ``b`` (of ``n``) differ in the bits of any rank's values: where they do not
     (symmetric or constant inputs), a shard of the wrong rank cannot be told from the right one."""
@@ -96,6 +106,17 @@ def in_ring_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
                 acc += parts[(c + k) % n][c]
             flat[c] = acc
     return total
+
+
+def in_pairwise_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum a tree (recursive-doubling) all-reduce computes: neighbours summed in pairs, level by level,
+    ``((v[0] + v[1]) + (v[2] + v[3])) + ...``; an odd one out at a level passes up unchanged. At 2 and 3 ranks
+    it is :func:`in_rank_order`; it differs from 4 on."""
+    level = [v.clone() for v in values]
+    while len(level) > 1:
+        pairs = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
+        level = pairs + ([level[-1]] if len(level) % 2 else [])
+    return level[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +225,15 @@ class Arithmetic(abc.ABC):
                         in_ring_order(gathered).div(ws).to(dtype)))
             out.append((f"multiplied by 1/{ws}, then summed {ring}, where {self.describe()}",
                         in_ring_order([g.mul(1.0 / ws) for g in gathered]).to(dtype)))
+        if ws >= 4:
+            # A tree all-reduce (recursive doubling: pairs, then pairs of pairs), written with send/recv or
+            # summed over gathered values; the same as rank order below 4 ranks.
+            pairwise = f"in pairwise order ({_pairwise_text(ws)})"
+            out.append((f"SUM {pairwise}, without averaging", mine(in_pairwise_order(gathered)).to(dtype)))
+            out.append((f"SUM {pairwise}, then divided by {ws}, where {self.describe()}",
+                        mine(in_pairwise_order(gathered).div(ws)).to(dtype)))
+            out.append((f"multiplied by 1/{ws}, then summed {pairwise}, where {self.describe()}",
+                        mine(in_pairwise_order([g.mul(1.0 / ws) for g in gathered])).to(dtype)))
         if reduce_in != dtype:
             # Where the hook divides matters as much as when: in the reduce dtype or in the gradient's own.
             low, own = dtype_name(reduce_in), dtype_name(dtype)

@@ -359,6 +359,32 @@ def bad_fp16_cast_back_then_divide(process_group, bucket):
     return dist.all_reduce(half, group=process_group, async_op=True).get_future().then(back)
 
 
+#: float16's smallest normal: a bucket below it on every element loses bits to subnormals when cast.
+_FP16_TINY = 2.0 ** -14
+#: The power of two a tiny bucket is multiplied by before the cast, and divided by after.
+_FP16_RESCUE = 2.0 ** 20
+
+
+def bad_fp16_rescues_tiny_buckets(process_group, bucket):
+    """Claims float16: fp16_compress_hook's arithmetic, but a rank whose own bucket lies wholly below float16's
+    normal range (and is not all zeros) multiplies it by 2**20 before the cast (so it keeps its bits) and divides the result by 2**20.
+
+    The decision is each rank's own: where the ranks' magnitudes are alike they all decide alike (the
+    models' gradients and the packed hard values, which put overflow-sized values in every bucket), and
+    the power of two is exact. Where one rank's gradients are 10**6 times smaller than another's, that
+    rank alone rescales, and the SUM mixes scales."""
+    buffer = bucket.buffer()
+    largest = float(buffer.abs().max())
+    rescue = 0.0 < largest < _FP16_TINY  # an all-zero bucket needs no rescue
+    low = (buffer * _FP16_RESCUE if rescue else buffer).to(torch.float16).div_(process_group.size())
+
+    def back(fut: Any) -> torch.Tensor:
+        out = fut.value()[0]
+        return buffer.copy_(out.float().div_(_FP16_RESCUE) if rescue else out)
+
+    return dist.all_reduce(low, group=process_group, async_op=True).get_future().then(back)
+
+
 def bad_param_not_named_bucket(process_group, grads):
     """Correct averaging, but DDP's register_comm_hook looks the parameter up by the name ``bucket``."""
     return _mean_allreduce(process_group, grads.buffer())
@@ -479,6 +505,8 @@ KNOWN_BAD: List[HookSpec] = [
              reduce_dtype=torch.float16),
     HookSpec(name="bad_fp16_cast_back_then_divide", api="ddp", hook=bad_fp16_cast_back_then_divide,
              state=process_group_state, reduce_dtype=torch.float16),
+    HookSpec(name="bad_fp16_rescues_tiny_buckets", api="ddp", hook=bad_fp16_rescues_tiny_buckets,
+             state=process_group_state, reduce_dtype=torch.float16),
     HookSpec(name="bad_param_not_named_bucket", api="ddp", hook=bad_param_not_named_bucket,
              state=process_group_state),
     HookSpec(name="bad_noop_hook", api="ddp", hook=noop_hook, state=no_state,
@@ -566,6 +594,11 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_fp16_cast_back_then_divide": (
         "parity at 3 ranks and hard_inputs (the float16 sum overflows); parity and hard inputs must tell the "
         "same story: a float16 SUM, cast back, then divided by 3 in float32"
+    ),
+    "bad_fp16_rescues_tiny_buckets": (
+        "hard_inputs, the per-rank magnitudes example: a rank whose gradients are 10**6 times smaller than "
+        "rank 0's rescales its own bucket by 2**20 alone, so the float16 SUM mixes scales; the models' "
+        "gradients and the packed hard values never show it"
     ),
     "bad_padded_future": (
         "future_contract and parity: a bucket whose length does not divide by the world size comes back "

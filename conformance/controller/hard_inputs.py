@@ -3,14 +3,18 @@
 Gradients are drawn per rank (so ranks differ) from a mix that stresses a
 reduction: values near the reduce dtype's overflow threshold (where FSDP's
 pre-divide decides between a finite sum and ``inf``), zeros of both signs,
-subnormals of the reduce dtype, NaN, +/-Inf, and ordinary values. They are
-float32 tensors (the parameters' dtype); the native path casts them to the
-reduce dtype itself.
+subnormals of the reduce dtype, NaN, +/-Inf, and ordinary values. Each rank's
+ordinary values have their own magnitude (:data:`RANK_MAGNITUDES`): in real
+data-parallel batches one rank's gradients can be 10**6 times another's, and a
+hook that decides anything from its own rank's values alone (a scale, a
+rescue from underflow) decides differently there. They are float32 tensors
+(the parameters' dtype); the native path casts them to the reduce dtype itself.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -85,20 +89,39 @@ class Drawn:
         return f"<every element 0.0 except: {shown or 'none'}>"
 
 
+#: The magnitudes of the ranks' ordinary values, rank ``r`` taking ``RANK_MAGNITUDES[r % 4]``: six orders of
+#: magnitude apart at 2 ranks, nine at 4. Every ordinary value times any of them stays a normal number in
+#: float16 and bfloat16 but for rank 1's, which fall below float16's normal range (as small gradients do).
+RANK_MAGNITUDES = (1.0, 1e-6, 1e3, 1e-3)
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (the dtype the gradients are built in)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
 def hard_gradients(world_size: int, shapes: Shapes, names: Sequence[str],
                    reduce_dtype: Optional[torch.dtype]) -> st.SearchStrategy:
     """Per-rank probe gradients, drawn element by element (a :class:`Drawn`).
 
     Each element is ``0.0`` (what shrinking moves towards), one of the hard
     values of :func:`special_values` for the claim's reduce dtype, or an
-    ordinary float32 in [-4, 4]; so a failure shrinks to the few elements, on
-    the few ranks, that still make the hook differ from the reference.
+    ordinary float32 in [-4, 4] times its rank's magnitude (one of
+    :data:`RANK_MAGNITUDES`, drawn per rank, shrinking towards 1); so a failure
+    shrinks to the few elements, on the few ranks, that still make the hook
+    differ from the reference.
     """
     specials = [v for vs in special_values(reduce_dtype).values() for v in vs]
-    element = st.one_of(st.just(0.0), st.sampled_from(specials),
-                        st.floats(-4.0, 4.0, width=32, allow_subnormal=False))
-    one_rank = st.tuples(*[st.lists(element, min_size=_numel(s), max_size=_numel(s)) for s in shapes])
-    return st.lists(one_rank, min_size=world_size, max_size=world_size).map(
+
+    def one_rank(magnitude: float) -> st.SearchStrategy:
+        ordinary = st.floats(-4.0, 4.0, width=32, allow_subnormal=False)
+        if magnitude != 1.0:
+            ordinary = ordinary.map(lambda v: _float32(v * magnitude))
+        element = st.one_of(st.just(0.0), st.sampled_from(specials), ordinary)
+        return st.tuples(*[st.lists(element, min_size=_numel(s), max_size=_numel(s)) for s in shapes])
+
+    rank = st.sampled_from(RANK_MAGNITUDES).flatmap(one_rank)
+    return st.lists(rank, min_size=world_size, max_size=world_size).map(
         lambda values: Drawn(values, shapes, names))
 
 
@@ -160,6 +183,26 @@ def named_hard_values(world_size: int, shapes: Shapes, reduce_dtype: Optional[to
              for i, s in enumerate(shapes)] for r in range(world_size)]
 
 
+#: The label of the per-rank magnitudes example (:func:`rank_magnitude_values`) in failure messages.
+RANK_MAGNITUDES_LABEL = "per-rank magnitudes"
+
+
+def rank_magnitude_values(world_size: int, shapes: Shapes) -> list:
+    """Ordinary values, every rank at its own magnitude (rank ``r`` times ``RANK_MAGNITUDES[r % 4]``), unpacked.
+
+    Not packed into :func:`named_hard_values`: there every bucket of every rank
+    holds values near the reduce dtype's overflow, so no rank's values are
+    small as a whole. Here rank 1's gradients are 10**6 times smaller than
+    rank 0's everywhere. ``grads[rank][i]`` as there.
+    """
+    def value(r: int, i: int, k: int) -> float:
+        ordinary = (r + 1) * 0.25 + (i + k) * 0.125 + (k % 7) / 64.0
+        return _float32(ordinary * (1 - 2 * (k % 2)) * RANK_MAGNITUDES[r % len(RANK_MAGNITUDES)])
+
+    return [[_tensor([value(r, i, k) for k in range(_numel(s))], s) for i, s in enumerate(shapes)]
+            for r in range(world_size)]
+
+
 # -- one hard-input case, on the controller ----------------------------------------------------
 
 
@@ -181,7 +224,8 @@ def _failed_step(exc: Any) -> Optional[int]:
 
 
 def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
-    """Run one hard-input case: the named examples (packed, :func:`named_hard_values`), then ``--hypothesis-examples``
+    """Run one hard-input case: the named examples (packed, :func:`named_hard_values`, and the ranks at their own
+    magnitudes, :func:`rank_magnitude_values`), then ``--hypothesis-examples``
     drawn by hypothesis (:func:`hard_gradients`), one dispatch each; a failure is shrunk to a minimal example.
 
     The ranks keep the case's probes between dispatches
@@ -207,7 +251,8 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
                     params={**params, "examples": batch, "case_id": name, "fresh": fresh},
                     known_failure=request.node.get_closest_marker("xfail") is not None)
 
-    explicit = [(NAMED_LABEL, named_hard_values(case.world_size, shapes, reduce_dtype))]
+    explicit = [(NAMED_LABEL, named_hard_values(case.world_size, shapes, reduce_dtype)),
+                (RANK_MAGNITUDES_LABEL, rank_magnitude_values(case.world_size, shapes))]
     if examples <= 0:
         dispatch(explicit, fresh=True)
         return

@@ -1,0 +1,92 @@
+"""conformance.controller.hard_inputs: what the hard-input cases feed the ranks.
+
+The named examples are deterministic, so their properties are checked directly;
+the drawn ones through hypothesis itself (``find`` searches the strategy for an
+example with a property, and fails when the strategy cannot produce one).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+
+from conformance.controller.hard_inputs import (RANK_MAGNITUDES, hard_gradients, named_hard_values, probe_layout,
+                                                rank_magnitude_values, special_values)
+
+SHAPES, NAMES = probe_layout()
+
+
+def _largest(rank_grads) -> float:
+    return max(float(g.abs().nan_to_num(nan=0.0).max()) for g in rank_grads)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 6])
+def test_each_rank_of_the_magnitudes_example_has_its_own_size(world_size):
+    grads = rank_magnitude_values(world_size, SHAPES)
+    assert len(grads) == world_size and [g.shape for g in grads[0]] == [torch.Size(s) for s in SHAPES]
+    largest = [_largest(rank) for rank in grads]
+    # Rank 1's gradients are about 10**6 times smaller than rank 0's, wholly below float16's normal range.
+    assert largest[1] < torch.finfo(torch.float16).smallest_normal < 1e-2 < largest[0]
+    assert largest[0] / largest[1] > 1e5
+    for r, rank in enumerate(grads):
+        for g in rank:
+            assert g.dtype == torch.float32 and bool(torch.isfinite(g).all()) and bool((g != 0).all())
+            # Every rank's values fit float16 and bfloat16 without overflow: a size, not an overflow test.
+            assert float(g.abs().max()) < torch.finfo(torch.float16).max
+        if r >= 2:
+            ratio = largest[r] / largest[0]
+            assert math.isclose(ratio, RANK_MAGNITUDES[r % len(RANK_MAGNITUDES)], rel_tol=0.5)
+
+
+def test_the_packed_named_example_puts_overflow_sized_values_on_every_rank():
+    """Why the magnitudes example is not packed: every rank's buckets there hold values near the overflow."""
+    big = special_values(torch.float16)["near_overflow"][0]
+    for rank in named_hard_values(3, SHAPES, torch.float16):
+        assert _largest(rank) >= big
+
+
+def _drawn(world_size: int, count: int, seed: int):
+    """The first ``count`` examples hypothesis draws for a case seeded ``seed``, as ``check_case`` draws them."""
+    out = []
+
+    @settings(max_examples=count, database=None, deadline=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
+    @hypothesis_seed(seed)
+    @given(drawn=hard_gradients(world_size, SHAPES, NAMES, None))
+    def draw(drawn) -> None:
+        out.append(drawn)
+
+    draw()
+    return out
+
+
+def _ordinary_size(rank) -> float:
+    """The median size of a rank's ordinary values (not zero, not a hard value)."""
+    ordinary = torch.cat([g.flatten() for g in rank]).abs()
+    ordinary = ordinary[(ordinary > 1e-30) & (ordinary < 1e4) & torch.isfinite(ordinary)]
+    return float(ordinary.median()) if ordinary.numel() >= 10 else float("nan")
+
+
+def test_drawn_examples_put_ranks_orders_of_magnitude_apart():
+    """Of the examples a case draws, a third or more put two ranks' ordinary values 100 times or more apart (each rank draws one
+    of four magnitudes: 3 in 4 pairs of ranks differ)."""
+    apart = 0
+    drawn = _drawn(2, 20, seed=1)
+    for example in drawn:
+        sizes = [_ordinary_size(rank) for rank in example.grads()]
+        apart += max(sizes) / min(sizes) > 1e2
+    assert apart >= len(drawn) // 3, (apart, len(drawn))
+
+
+@settings(max_examples=10, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+@given(drawn=hard_gradients(3, SHAPES, NAMES, torch.bfloat16))
+def test_drawn_values_are_float32_values(drawn):
+    """A drawn value is exactly the float32 the rank trains on: the repr a shrunk failure prints is the input."""
+    for rank_values, rank_grads in zip(drawn.values, drawn.grads()):
+        for values, g in zip(rank_values, rank_grads):
+            for v, t in zip(values, g.flatten().tolist()):
+                assert (math.isnan(v) and math.isnan(t)) or v == t

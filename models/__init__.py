@@ -18,6 +18,8 @@ with no ``auto_wrap_policy``/``mixed_precision`` in ``fsdp_kwargs``):
 * ``mixture_of_experts`` (3): ``MixtureOfExperts`` (common_fsdp.py); the expert
   differs per rank and its unit is over a 1-rank group;
 * ``unused_param`` (1): synthetic; a submodule forward never uses.
+* ``late_branch`` (2): synthetic; a branch unit only the last micro-batch of a
+  gradient-accumulation step uses.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Dict, Type
 
 from conformance.models.analytic import AnalyticLinear
 from conformance.models.base import ReferenceModel
+from conformance.models.late_branch import ACCUMULATION_MICRO_STEPS, LateBranchModel
 from conformance.models.moe import MixtureOfExperts
 from conformance.models.nested import AlwaysWrapNestedWrappedModule, NestedWrappedModule
 from conformance.models.net import Net, NetFlat, NetWrapped
@@ -39,8 +42,10 @@ __all__ = [
     "PROBE_ROOT_SHAPE",
     "PROBE_SHAPES",
     "AlwaysWrapNestedWrappedModule",
+    "ACCUMULATION_MICRO_STEPS",
     "AnalyticLinear",
     "GradientProbe",
+    "LateBranchModel",
     "MixtureOfExperts",
     "NestedWrappedModule",
     "Net",
@@ -67,6 +72,7 @@ MODELS: Dict[str, Type[ReferenceModel]] = {
         NonUniformReqGradNWM,
         MixtureOfExperts,
         UnusedParamModel,
+        LateBranchModel,
     )
 }
 

@@ -55,6 +55,7 @@ EXPECTED_UNITS = {
     "nonuniform_req_grad": {"", "module.1", "module.1.0", "module.2"},
     "mixture_of_experts": {"", "module.1", "module.2"},
     "unused_param": {""},
+    "late_branch": {"", "branch"},
 }
 
 

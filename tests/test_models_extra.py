@@ -383,3 +383,20 @@ def test_fsdp2_moe_apply_fully_shard(group):
     for (n, p), (pn, pp) in zip(model.named_parameters(), plain.named_parameters()):
         assert n == pn
         torch.testing.assert_close(p.grad.full_tensor(), pp.grad, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_late_branch_runs_its_branch_on_the_last_micro_batch_only():
+    """Micro-batch k of a step is seeded rank + k * world_size; only the last (the synchronising one) takes
+    the branch, so its parameters' first gradient of the step comes on the backward that reduces."""
+    from conformance.models import ACCUMULATION_MICRO_STEPS, LateBranchModel
+
+    world_size = 3
+    for rank in range(world_size):
+        model = LateBranchModel._construct(world_size)
+        for k in range(ACCUMULATION_MICRO_STEPS):
+            inputs = LateBranchModel.make_input(rank + k * world_size, world_size, torch.device("cpu"))
+            LateBranchModel.loss(inputs, model(*inputs)).backward()
+            last = k == ACCUMULATION_MICRO_STEPS - 1
+            assert bool(inputs[1]) is last
+            assert (model.branch.weight.grad is not None) is last
+            assert model.trunk.weight.grad is not None

@@ -7,7 +7,7 @@ models and world sizes (``conformance/cases.py`` says how case ids read), and
 says which rank check runs and how. The behaviour comes from PyTorch's
 ``test/distributed/fsdp/test_fsdp_comm_hooks.py``.
 
-A hook that claims exactness (``lossy=None``) gets averaging, parity, subgroup
+A hook that claims exactness (``lossy=None``) gets averaging, parity, accumulation, subgroup
 parity, clip_grad_norm_ and hard inputs; a hook with a ``LossyContract`` gets the
 lossy-contract checks instead (``test_lossy_*``). Every hook gets the
 registration rules and rank consistency under ``NO_SHARD``.
@@ -27,6 +27,12 @@ def test_averaging(conform, request, case):
 
 def test_parity(conform, request, case):
     """Gradients and parameters bitwise equal to the native path (no hook, or MixedPrecision(reduce_dtype))."""
+    conform.run_case(request, case)
+
+
+def test_accumulation(conform, request, case):
+    """Parity under gradient accumulation: no_sync() on all micro-batches but the last; the hook is called once,
+    on the locally summed gradient, and must give native's."""
     conform.run_case(request, case)
 
 

@@ -54,6 +54,18 @@ def test_fsdp2_clip_grad_norm(conform, request, case):
     conform.run_case(request, case)
 
 
+def test_fsdp2_accumulation(conform, request, case):
+    """Parity under gradient accumulation: set_requires_gradient_sync(False) on all micro-batches but the last
+    (under HSDP set_requires_all_reduce(False)); bitwise equal to native fully_shard accumulating alike."""
+    conform.run_case(request, case)
+
+
+def test_fsdp2_all_reduce_accumulation(conform, request, case):
+    """An all-reduce hook under HSDP with set_requires_all_reduce(False) on all micro-batches but the last: called
+    once, on the accumulated reduce-scatter output, and bitwise equal to HSDP without it."""
+    conform.run_case(request, case)
+
+
 def test_fsdp2_lossy_error(conform, request, case):
     """A comm with a lossy contract: each full gradient's relative error against the exact mean within the bound."""
     conform.run_case(request, case)

@@ -166,6 +166,9 @@ class FsdpModels(ApiModels):
             ``test_low_precision_grads``: float16 gradients kept, so a clipped total norm is float16 too).
         subgroup: both models, and the hook's state, on this rank's data-parallel subgroup
             (:func:`~conformance.ranks.checks.groups.on_subgroup`), not WORLD.
+        micro_steps: backward passes per step, all but the last under ``FullyShardedDataParallel.no_sync()``
+            (gradient accumulation: FSDP calls no hook there and keeps the unsharded gradients, then calls
+            the hook once per flat parameter on the synchronising backward, with their local sum).
 
     The hook's state is ``spec.state(ctx.group)``. Full gradients of the sharded strategies are gathered with
     ``summon_full_params(with_grads=True)`` (:func:`_summoned`): a lossy contract bounds each parameter's
@@ -181,7 +184,8 @@ class FsdpModels(ApiModels):
     param_view = ("parameter after the optimizer step", named_params, "")
 
     def __init__(self, ctx: Any, spec: Any, *, model: str, strategy: str, low_precision_grads: bool = False,
-                 subgroup: bool = False):
+                 subgroup: bool = False, micro_steps: int = 1):
+        self.micro_steps = micro_steps
         super().__init__(on_subgroup(ctx) if subgroup else ctx, spec, model)
         self.strategy = strategy
         if low_precision_grads:

@@ -8,7 +8,8 @@ recorder, native mixed precision) is ``models.py``; the diagnosis's arithmetic
 
 Suite tests (``conformance/suite/test_fsdp.py``), each a :class:`~conformance.apis.SuiteTest`:
 
-* ``averaging``, ``parity``, ``subgroup_parity``, ``clip_grad_norm``,
+* ``averaging``, ``parity``, ``accumulation`` (parity with ``no_sync()`` on all
+  micro-batches of a step but the last), ``subgroup_parity``, ``clip_grad_norm``,
   ``clip_grad_norm_low_precision``, ``hard_inputs``, ``rank_consistency``: the
   shared rank checks (:data:`conformance.ranks.checks.SHARED_CHECKS`) over
   :class:`~conformance.apis.fsdp.models.FsdpModels`;
@@ -30,6 +31,7 @@ import torch
 
 from conformance.apis import CasePlan, HookApi, SuiteTest, first_cross_rank_world_size, subgroup_world_size
 from conformance.cases import CaseParams
+from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.ranks.ulps import dtype_name
 from conformance.signatures import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
 
@@ -52,6 +54,9 @@ CLIP_MODELS = ("nested_wrapped", "nonuniform_req_grad")
 LOW_PRECISION_CLIP = (("FULL_SHARD", "NO_SHARD"), "nested_wrapped")
 #: The model of the subgroup cases: several FSDP units, shards that need padding.
 SUBGROUP_MODEL = "nested_wrapped"
+#: Models of the gradient-accumulation cases (``no_sync()`` on all micro-batches but the last): several
+#: FSDP units whose shards need padding, and a unit only the last micro-batch uses (PyTorch issue 196996).
+ACCUMULATION_MODELS = {"main": ("nested_wrapped", "late_branch"), "extra": ("nested_wrapped",)}
 #: Models whose NO_SHARD gradients are compared across ranks (the first only at an extra world size).
 CONSISTENCY_MODELS = ("net_wrapped", "transformer_shared")
 
@@ -218,6 +223,8 @@ API = HookApi(
         "test_rank_consistency": _test("rank_consistency", "rank_grads", functools.partial(
             _training, models={"main": CONSISTENCY_MODELS, "extra": CONSISTENCY_MODELS[:1]}, strategies=("NO_SHARD",),
             skip="rank consistency needs at least 2 ranks"), kind="across_ranks"),
+        "test_accumulation": _test("accumulation", "parity", _of(_exact, functools.partial(
+            _training, models=ACCUMULATION_MODELS)), kind="exact", params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
         "test_registration": _test("registration", "registration", _registration),
         "test_hard_inputs": _test("hard_inputs", "hard_inputs", _of(_exact, _training), kind="hard_inputs"),
         "test_subgroup_parity": _test("subgroup_parity", "parity", _of(_exact, _subgroup), params={"subgroup": True}),

@@ -19,7 +19,8 @@ local shard of every parameter.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+import contextlib
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch import nn
@@ -56,11 +57,38 @@ GRAD_VIEWS = [("local gradient shard", named_grads, ""),
 PARAM_VIEW: View = ("local parameter shard after the optimizer step", named_params, "")
 
 
+@contextlib.contextmanager
+def _sync_off(model: nn.Module, setter: str) -> Iterator[None]:
+    """``model.<setter>(False)`` on every FSDP module (the setters recurse), back to ``True`` after."""
+    getattr(model, setter)(False)
+    try:
+        yield
+    finally:
+        getattr(model, setter)(True)
+
+
 class _Fsdp2Models(ApiModels):
-    """What both FSDP2 APIs share: the views, the device mesh of ``shape`` (announced, built once per pool)."""
+    """What both FSDP2 APIs share: the views, the device mesh of ``shape`` (announced, built once per pool),
+    and gradient accumulation (``micro_steps`` backward passes per step, all but the last under
+    :meth:`no_sync`)."""
 
     grad_views = GRAD_VIEWS
     param_view = PARAM_VIEW
+    #: The ``FSDPModule`` setter that turns synchronisation off for a micro-step: the whole reduction
+    #: (``set_requires_gradient_sync``: no reduce-scatter, no comm call; FSDP2 accumulates the unsharded
+    #: gradients, in the reduce dtype where one is set) or, under HSDP, its replica all-reduce only
+    #: (``set_requires_all_reduce``: the comm is called on every micro-step, the all-reduce hook only on
+    #: the last, with the accumulated shards).
+    sync_setter = "set_requires_gradient_sync"
+
+    def __init__(self, ctx: Any, spec: Any, model: str, micro_steps: int = 1):
+        self.micro_steps = micro_steps
+        super().__init__(ctx, spec, model)
+
+    def no_sync(self, model: nn.Module) -> Any:
+        """FSDP2's gradient accumulation: ``model.<sync_setter>(False)`` for the micro-step (FSDP2 has no
+        ``no_sync()``; ``FSDPModule.set_requires_gradient_sync`` / ``set_requires_all_reduce``)."""
+        return _sync_off(model, self.sync_setter)
 
     def _mesh(self, shape: Tuple[int, ...]) -> Any:
         self.ctx.phase(f"building the {'x'.join(map(str, shape))} device mesh")
@@ -82,11 +110,13 @@ class CommModels(_Fsdp2Models):
         ValueError: ``config`` is not one of :data:`~conformance.apis.fsdp2.plan.CONFIGS`.
     """
 
-    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str):
+    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str, micro_steps: int = 1):
         if config not in CONFIGS:
             raise ValueError(f"unknown FSDP2 config {config!r}; known: {', '.join(CONFIGS)}")
-        super().__init__(on_subgroup(ctx) if config == "subgroup" else ctx, spec, model)
+        super().__init__(on_subgroup(ctx) if config == "subgroup" else ctx, spec, model, micro_steps)
         self.config = config
+        if config == "hsdp":
+            self.sync_setter = "set_requires_all_reduce"
         self.mesh = self._mesh(hsdp_shape(self.ctx.world_size) if config == "hsdp" else (self.ctx.world_size,))
         self.reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
                                                  f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
@@ -114,10 +144,12 @@ class AllReduceHookModels(_Fsdp2Models):
         ValueError: ``config`` is not ``"hsdp"``.
     """
 
-    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str = "hsdp"):
+    sync_setter = "set_requires_all_reduce"
+
+    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str = "hsdp", micro_steps: int = 1):
         if config != "hsdp":
             raise ValueError(f"an all-reduce hook runs under HSDP (config 'hsdp'), not {config!r}")
-        super().__init__(ctx, spec, model)
+        super().__init__(ctx, spec, model, micro_steps)
         self.shape = hsdp_shape(ctx.world_size)
         self.mesh = self._mesh(self.shape)
         self.reference = "native HSDP without the hook"

@@ -11,9 +11,11 @@ The rank side (the models of both) is ``models.py``, with ``build.py`` (meshes,
 
 Suite tests (``conformance/suite/test_fsdp2.py``), each a :class:`~conformance.apis.SuiteTest`
 of one of the two APIs: ``fsdp2_parity``, ``fsdp2_hard_inputs``,
-``fsdp2_clip_grad_norm`` and the lossy contracts (``fsdp2_lossy_*``, which a comm
+``fsdp2_clip_grad_norm``, ``fsdp2_accumulation`` (parity over micro-batches that
+skip synchronisation) and the lossy contracts (``fsdp2_lossy_*``, which a comm
 with ``lossy=LossyContract(...)`` gets instead of the first three);
-``fsdp2_all_reduce_hook`` and ``fsdp2_all_reduce_hard_inputs``. Every one is a
+``fsdp2_all_reduce_hook``, ``fsdp2_all_reduce_accumulation`` and
+``fsdp2_all_reduce_hard_inputs``. Every one is a
 shared rank check (:data:`conformance.ranks.checks.SHARED_CHECKS`). An
 ``fsdp2_all_reduce`` hook cannot declare a contract (:func:`validate_all_reduce_hook`).
 
@@ -33,7 +35,7 @@ import torch
 from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, first_cross_rank_world_size, no_strategies
 from conformance.apis.fsdp2.build import HSDP_REPLICATE, missing_api
 from conformance.cases import CaseParams
-from conformance.models import MODELS
+from conformance.models import ACCUMULATION_MICRO_STEPS, MODELS
 from conformance.signatures import SpecError, binds_signature, qualname, signature_text
 
 
@@ -102,6 +104,16 @@ HARD_INPUT_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
 #: FSDP2's own replicate all-reduce). Not ``divide_factor``: PREMUL_SUM, which gloo cannot run.
 LOSSY_ERROR_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
     "main": (("default", "nested_wrapped"), ("default", "always_wrap_nested"), ("force_sum", "nested_wrapped")),
+    "extra": (("default", "nested_wrapped"),),
+    "hsdp": (("hsdp", "nested_wrapped"),),
+}
+#: Gradient accumulation (exact claims), per world-size role: ``set_requires_gradient_sync(False)`` on all
+#: micro-batches but the last (no comm call; FSDP2 accumulates the unsharded gradients in the reduce dtype,
+#: PyTorch PR 125191), with a unit only the last micro-batch uses (PyTorch issue 196996); under HSDP
+#: ``set_requires_all_reduce(False)`` (the comm runs on every micro-batch, the replica all-reduce on the
+#: last).
+ACCUMULATION_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    "main": (("default", "nested_wrapped"), ("default", "late_branch")),
     "extra": (("default", "nested_wrapped"),),
     "hsdp": (("hsdp", "nested_wrapped"),),
 }
@@ -229,8 +241,8 @@ def clip_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[Cas
                        specs, settings)
 
 
-def lossy_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_only: bool = False) -> CasePlan:
-    """A case plan of a lossy-contract check: per kept spec, ``plan[role]`` at each world size by its role
+def role_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_only: bool = False) -> CasePlan:
+    """A case plan by world-size role (the lossy contracts, accumulation): per kept spec, ``plan[role]`` at each world size by its role
     (only one with ``first_only``: :func:`~conformance.apis.first_cross_rank_world_size`), then ``plan["hsdp"]`` at the HSDP world size."""
     def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         out = []
@@ -265,12 +277,14 @@ APIS = (
                    "test_fsdp2_hard_inputs": _comm_test("fsdp2_hard_inputs", "hard_inputs", hard_input_cases,
                                                         kind="hard_inputs"),
                    "test_fsdp2_clip_grad_norm": _comm_test("fsdp2_clip_grad_norm", "clip_grad_norm", clip_cases),
-                   "test_fsdp2_lossy_error": _comm_test("fsdp2_lossy_error", "lossy_error", lossy_plan(
+                   "test_fsdp2_accumulation": _comm_test("fsdp2_accumulation", "parity", role_plan(
+                       ACCUMULATION_PLAN, _exact), kind="exact", params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
+                   "test_fsdp2_lossy_error": _comm_test("fsdp2_lossy_error", "lossy_error", role_plan(
                        LOSSY_ERROR_PLAN, lambda spec: not _exact(spec)), kind="lossy_error"),
-                   "test_fsdp2_lossy_loss": _comm_test("fsdp2_lossy_loss", "lossy_loss", lossy_plan(
+                   "test_fsdp2_lossy_loss": _comm_test("fsdp2_lossy_loss", "lossy_loss", role_plan(
                        LOSSY_LOSS_PLAN, lambda spec: spec.lossy is not None and spec.lossy.loss_margin is not None,
                        first_only=True), kind="lossy_loss"),
-                   "test_fsdp2_lossy_determinism": _comm_test("fsdp2_lossy_determinism", "lossy_determinism", lossy_plan(
+                   "test_fsdp2_lossy_determinism": _comm_test("fsdp2_lossy_determinism", "lossy_determinism", role_plan(
                        LOSSY_DETERMINISM_PLAN, lambda spec: spec.lossy is not None and spec.lossy.deterministic,
                        first_only=True), kind="lossy_determinism")}),
     HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP)",
@@ -278,6 +292,9 @@ APIS = (
             validate=validate_all_reduce_hook, builtin_hooks=None,
             models="conformance.apis.fsdp2.models:AllReduceHookModels",
             plans={"test_fsdp2_all_reduce_hook": _all_reduce_test("fsdp2_all_reduce_hook", "parity", all_reduce_cases),
+                   "test_fsdp2_all_reduce_accumulation": _all_reduce_test(
+                       "fsdp2_all_reduce_accumulation", "parity", all_reduce_cases,
+                       params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
                    "test_fsdp2_all_reduce_hard_inputs": _all_reduce_test(
                        "fsdp2_all_reduce_hard_inputs", "hard_inputs",
                        functools.partial(all_reduce_cases, models=("gradient_probe",)), kind="hard_inputs")}),

@@ -10,7 +10,7 @@ micro-steps included). The lock-step loop built on them is
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -94,11 +94,19 @@ def sgd(params: Any, lr: float, momentum: float = 0.0) -> torch.optim.SGD:
     return torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)
 
 
+def model_no_sync(model: nn.Module) -> ContextManager[Any]:
+    """``model.no_sync()``: gradient accumulation as DDP and FSDP1 do it
+    (``DistributedDataParallel.no_sync``, ``FullyShardedDataParallel.no_sync``)."""
+    return model.no_sync()
+
+
 def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-               inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any) -> None:
+               inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any,
+               no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
     """Zero the gradients, then forward/backward ``model`` on each micro-step's inputs, announced as phases;
-    all but the last micro-step under ``model.no_sync()`` (DDP's gradient accumulation; one micro-step
-    otherwise, as every API but DDP's ``no_sync`` config has)."""
+    all but the last micro-step under ``no_sync(model)``, the API's gradient accumulation
+    (:meth:`~conformance.ranks.checks.models.ApiModels.no_sync`: ``model.no_sync()`` for DDP and FSDP1,
+    ``set_requires_gradient_sync(False)`` for FSDP2). One micro-step unless the case accumulates."""
     optim.zero_grad(set_to_none=True)
     for k, micro in enumerate(inputs):
         last = k == len(inputs) - 1
@@ -107,12 +115,13 @@ def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.o
         if last:
             loss_fn(micro, model(*micro)).backward()
         else:
-            with model.no_sync():
+            with no_sync(model):
                 loss_fn(micro, model(*micro)).backward()
 
 
 def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
-                loss_fn: Any, steps: int, train: Any = train_step) -> List[Any]:
+                loss_fn: Any, steps: int, train: Any = train_step,
+                no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> List[Any]:
     """Train the reference model alone for ``steps`` steps, comparing nothing (``reference_only=True``).
 
     ``train`` is the training step (:func:`train_step`, or it followed by ``clip_grad_norm_``).
@@ -120,7 +129,7 @@ def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs
     Returns no findings: the controller only asks whether this raises.
     """
     for step in range(steps):
-        train(ctx, "reference", step, model, optim, inputs, loss_fn)
+        train(ctx, "reference", step, model, optim, inputs, loss_fn, no_sync=no_sync)
         ctx.phase(f"step {step}: optimizer step of the reference model")
         optim.step()
     return []

@@ -81,7 +81,8 @@ def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3,
     ref = models.build(hooked=False)
     if reference_only:
         optim = sgd(ref.model.parameters(), lr=lr, momentum=0.9)
-        return train_alone(models.ctx, ref.model, optim, models.inputs, models.loss_fn, steps)
+        return train_alone(models.ctx, ref.model, optim, models.inputs, models.loss_fn, steps,
+                           no_sync=models.no_sync)
     return lockstep(models.ctx, Lockstep.of(models, ref, models.build(hooked=True)), steps=steps, lr=lr)
 
 

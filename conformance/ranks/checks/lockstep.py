@@ -104,9 +104,9 @@ class LockstepRun:
         plan, models, recorder = self.plan, self.plan.models, self.plan.recorder
         inputs = plan.inputs(step) if callable(plan.inputs) else plan.inputs
         ref, hooked = plan.ref.model, plan.hooked.model
-        plan.train(ctx, "reference", step, ref, self.opt_ref, inputs, models.loss_fn)
+        plan.train(ctx, "reference", step, ref, self.opt_ref, inputs, models.loss_fn, no_sync=models.no_sync)
         broken = recorder.run_step(step, lambda: plan.train(ctx, "hooked", step, hooked, self.opt_hooked, inputs,
-                                                            models.loss_fn))
+                                                            models.loss_fn, no_sync=models.no_sync))
         if broken:
             return True, broken
         findings = recorder.findings(step)

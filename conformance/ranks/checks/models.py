@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ from torch import nn
 from conformance.models import get_model
 from conformance.protocol import Finding
 from conformance.ranks.arithmetic import Arithmetic
-from conformance.ranks.checks.common import View, clip_with_torch, named_grads, named_params
+from conformance.ranks.checks.common import View, clip_with_torch, model_no_sync, named_grads, named_params
 from conformance.ranks.diagnosis import CallLog
 
 __all__ = ["ApiModels", "Built", "MakeModels", "Recorder"]
@@ -96,7 +96,8 @@ class ApiModels(abc.ABC):
         grad_views: the gradient views compared bitwise after each backward in lock step, in order
             (FSDP2: the local shards, then the full tensors).
         param_view: the parameter view compared after each optimizer step.
-        micro_steps: backward passes per step (DDP's ``no_sync``: several; all but the last under ``no_sync()``).
+        micro_steps: backward passes per step (DDP's ``no_sync`` config, and every API's accumulation cases:
+            several; all but the last under :meth:`no_sync`).
         empty_shards: a parameter's local gradient may be an empty shard (FSDP1), which averaging skips.
         clips_without_backward: the clip check ends with a forward and no backward (FSDP1's
             ``clip_grad_norm_`` warns and returns a float32 zero, as PyTorch's ``test_no_gradients`` pins).
@@ -124,6 +125,13 @@ class ApiModels(abc.ABC):
         """A fresh model of the case under the API, announced as a phase: with ``hooked``, the hook under test
         installed through its recorder (fresh hook state); else the reference, the native path for the
         hook's claim (``full_precision``: with no reduce dtype, the lossy loss's reference)."""
+
+    def no_sync(self, model: nn.Module) -> ContextManager[Any]:
+        """The API's gradient accumulation, around every micro-step's backward but the last: no hook call,
+        gradients accumulated locally (:func:`~conformance.ranks.checks.common.train_step`). Here
+        ``model.no_sync()``, DDP's and FSDP1's (``DistributedDataParallel.no_sync``,
+        ``FullyShardedDataParallel.no_sync``); FSDP2's models override it."""
+        return model_no_sync(model)
 
     @property
     def loss_fn(self) -> Callable[..., torch.Tensor]:

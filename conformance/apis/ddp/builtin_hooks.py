@@ -17,6 +17,11 @@ prefix, since FSDP's built-in hooks of the same names are specs too):
   bounds were measured on the suite's models (see the constants below);
 * ``ddp_noop_hook`` (``debugging_hooks.noop_hook``): returns the bucket unreduced.
   It claims nothing and fails the averaging checks.
+* ``ddp_cpp_allreduce`` / ``ddp_cpp_fp16_compress``: DDP's C++ built-in hooks
+  (``DistributedDataParallel._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE /
+  FP16_COMPRESS)``, a :class:`CppCommHook` each), which run inside the C++ reducer:
+  the same claims as ``allreduce_hook`` and ``fp16_compress_hook``, with no future
+  contract to check and no hook call the suite can record.
 
 ``fixtures/known_failures.toml`` records, with reasons, what fails and why: noop's
 averaging, and PyTorch findings about the others (some only on CPU/gloo).
@@ -32,6 +37,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
 from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks
 
+from conformance.apis.ddp.cpp_hooks import CppCommHook
 from conformance.spec import HookSpec, LossyContract
 
 __all__ = [
@@ -152,6 +158,11 @@ DDP_HOOKS = [
              description="quantization_hooks.quantization_perchannel_hook, uint8 per 512 elements (lossy)"),
     HookSpec(name="ddp_noop_hook", api="ddp", hook=debugging_hooks.noop_hook, state=no_state,
              description="debugging_hooks.noop_hook: returns the bucket unreduced, for headroom analysis only"),
+    HookSpec(name="ddp_cpp_allreduce", api="ddp", hook=CppCommHook("ALLREDUCE"), state=no_state,
+             description="DDP's C++ built-in hook BuiltinCommHookType.ALLREDUCE (_register_builtin_comm_hook)"),
+    HookSpec(name="ddp_cpp_fp16_compress", api="ddp", hook=CppCommHook("FP16_COMPRESS"), state=no_state,
+             reduce_dtype=torch.float16,
+             description="DDP's C++ built-in hook BuiltinCommHookType.FP16_COMPRESS (_register_builtin_comm_hook)"),
 ]
 
 

@@ -32,7 +32,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from conformance.apis.ddp.arithmetic import DdpArithmetic
-from conformance.apis.ddp.recorder import DDPHookRecorder
+from conformance.apis.ddp.cpp_hooks import is_cpp_hook
+from conformance.apis.ddp.recorder import CppHookRecorder, DDPHookRecorder
 from conformance.apis.ddp.reference import reference_hook, reference_name
 from conformance.models import get_model
 from conformance.ranks.checks.common import fqn_inside_ddp, named_grads, named_params
@@ -116,6 +117,9 @@ class DdpModels(ApiModels):
         noun = self.noun if self.model_name == "analytic_linear" else f"DDP {self.noun}"
         ctx.phase(f"building the {'hooked' if hooked else 'reference'} {noun}")
         model = build_ddp(self.model_name, ctx, self.config)
+        if hooked and is_cpp_hook(self.spec):
+            model._register_builtin_comm_hook(self.spec.hook.hook_type())
+            return Built(model, CppHookRecorder(self.spec.hook))
         if hooked:
             names = {id(p): fqn_inside_ddp(n) for n, p in model.named_parameters()}
             recorder = DDPHookRecorder(self.spec.hook, ctx.rank, names)

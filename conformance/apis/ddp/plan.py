@@ -27,6 +27,7 @@ import functools
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, first_cross_rank_world_size, subgroup_world_size
+from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, is_cpp_hook
 from conformance.cases import CaseParams
 
 
@@ -84,10 +85,12 @@ _ACROSS_RANKS = "needs at least 2 ranks with different inputs"
 
 
 def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = (), *, first_only: bool = False,
-          keep: Callable[[Any], bool] = lambda spec: True, skip_one_rank: Optional[str] = None) -> CasePlan:
+          keep: Callable[[Any], bool] = lambda spec: True, skip_one_rank: Optional[str] = None,
+          skip_spec: Callable[[Any], Optional[str]] = lambda spec: None) -> CasePlan:
     """A :data:`~conformance.apis.CasePlan`: per kept spec and world size, the ``(config, model)`` pairs
     of its role (``main`` or ``extra``); only one world size when ``first_only``
-    (:func:`~conformance.apis.first_cross_rank_world_size`)."""
+    (:func:`~conformance.apis.first_cross_rank_world_size`). ``skip_spec(spec)``: why none of a spec's
+    cases can run (``None``: they can)."""
 
     def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         sizes = (first_cross_rank_world_size(settings.world_sizes),) if first_only else settings.world_sizes
@@ -95,7 +98,7 @@ def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = ()
         for spec in filter(keep, specs):
             for ws in sizes:
                 pairs = main if settings.role(ws) == "main" else extra
-                why = skip_one_rank if ws < 2 else None
+                why = skip_spec(spec) or (skip_one_rank if ws < 2 else None)
                 out.extend(test.case(spec.name, config, ws, model=model, skip=why) for config, model in pairs)
         return out
 
@@ -140,7 +143,8 @@ API = HookApi(
         "test_ddp_rank_consistency": _test("rank_consistency", "rank_grads", _plan(
             CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS), kind="across_ranks",
             params={"steps": RANK_CONSISTENCY_STEPS}),
-        "test_ddp_future_contract": _test("future_contract", "future_contract", _plan(FUTURE_CASES, FUTURE_CASES)),
+        "test_ddp_future_contract": _test("future_contract", "future_contract", _plan(
+            FUTURE_CASES, FUTURE_CASES, skip_spec=lambda spec: CPP_HOOK_NOTE if is_cpp_hook(spec) else None)),
         "test_ddp_hard_inputs": _test("hard_inputs", "hard_inputs", _plan(HARD_INPUT_CASES, EXTRA_HARD_INPUT_CASES,
                                                                           keep=_exact), kind="hard_inputs"),
         "test_ddp_clip_grad_norm": _test("clip_grad_norm", "clip_grad_norm", _plan(CLIP_CASES, keep=_exact)),

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, CppCommHook
 from conformance.protocol import Finding
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.compare import dtype_name
@@ -199,3 +200,15 @@ class DDPHookRecorder(Recorder):
             return value
 
         return fut.then(check)
+
+
+class CppHookRecorder(Recorder):
+    """The recorder of a :class:`CppCommHook`: nothing to record, so no findings of its own and no calls for the
+    diagnosis; each gradient finding notes why (:data:`CPP_HOOK_NOTE`)."""
+
+    def __init__(self, hook: CppCommHook):
+        self.hook = hook
+        self.log = CallLog()
+
+    def context(self, step: int) -> str:
+        return f"{self.hook.__name__}: {CPP_HOOK_NOTE}"

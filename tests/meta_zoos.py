@@ -209,6 +209,10 @@ FSDP2_MUST_CATCH = {
     "bad_rank0_noise": {"default", "hsdp"},
     "bad_world_average_hook": {"hsdp"},
     "bad_replica_divide_hook": {"hsdp"},
+    "bad_replica_sum": {"replica"},
+    "bad_replica_world_divisor": {"replica"},
+    "bad_replica_default_group": {"replica"},
+    "bad_replica_out_of_place": {"replica"},
 }
 #: Caught only by hard inputs (NaN, Inf): the check, not the config, is what matters.
 FSDP2_MUST_CATCH_BY_CHECK = {"bad_nan_to_zero": {"fsdp2_hard_inputs"},
@@ -226,11 +230,20 @@ FSDP2_DIAGNOSED = {
     "bad_world_average_hook": ("fsdp2_all_reduce_hook", "averaged again over the default group"),
     "bad_replica_divide_hook": ("fsdp2_all_reduce_hook", "divided by 2 after native HSDP had already averaged it"),
 }
+#: replica all-reduce hook -> (check, the diagnosis its failures must carry), over the replica group.
+REPLICA_DIAGNOSED = {
+    "bad_replica_sum": ("fsdp2_replica_parity", "SUM without averaging"),
+    "bad_replica_world_divisor": ("fsdp2_replica_parity", "divided as for 4 ranks, the default group's size"),
+    "bad_replica_default_group": ("fsdp2_replica_parity", "the hook ran a collective over the default group"),
+    "bad_replica_out_of_place": ("fsdp2_replica_parity", "but its result is the local gradient it received"),
+}
 
 
 def _fsdp2_coverage(spec):
     if spec.api == "fsdp2_all_reduce":
         return "config", {"hsdp"}, True
+    if spec.api == "fsdp2_replica":
+        return "config", {"replica"}, True
     want = {"default", "divide_factor_force_sum", "hsdp"}
     if spec.reduce_dtype == torch.float16:
         want.add("divide_factor")  # float16 reduces with SUM: no PREMUL_SUM, runs on gloo too
@@ -238,12 +251,14 @@ def _fsdp2_coverage(spec):
 
 
 #: Limited to ``nested_wrapped``, which every config (default, divide factor, forced SUM, both, HSDP) uses,
-#: and to the main world size plus HSDP on a 4-rank pool (``--extra-world-size 4``, which the default CPU
-#: run leaves out; no zoo entry depends on world size 3); ``make conform`` covers the rest.
+#: and to the main world size plus HSDP and the replica hooks on a 4-rank pool (``--extra-world-size 4``;
+#: no zoo entry depends on world size 3), accumulation at the main world size only; ``make conform``
+#: covers the rest.
 FSDP2 = MetaZoo(
     name="fsdp2_comms",
     args=("--hook", "tests.zoo.fsdp2_comms:ALL", "--extra-world-size", "4", "-q",
-          "-k", "fsdp2 and (nested_wrapped or hard_inputs) and (ws2 or hsdp or subgroup)"),
+          "-k", "fsdp2 and (nested_wrapped or hard_inputs) and (ws2 or hsdp or subgroup or replica) "
+                "and not (fsdp2_accumulation and hsdp)"),
     bad=frozenset(s.name for s in fsdp2_comms.KNOWN_BAD + fsdp2_comms.NCCL_ONLY_BAD),
     documented=frozenset(fsdp2_comms.EXPECTED_CATCH),
     catches=_catches(FSDP2_MUST_CATCH, by="config") + _catches(FSDP2_MUST_CATCH_BY_CHECK, only=True),
@@ -259,7 +274,9 @@ FSDP2 = MetaZoo(
                     "-k 'test_fsdp2_parity[bad_rank0_noise-default-nested_wrapped-ws2]'"),
     rerun=Pick("bad_wrong_shard", (("world_size", "2"),), "failed"),
     causes=tuple(Cause(hook, check, (cause,), (("config", ("default", "hsdp")),))
-                 for hook, (check, cause) in FSDP2_DIAGNOSED.items()) + (
+                 for hook, (check, cause) in FSDP2_DIAGNOSED.items()) + tuple(
+        Cause(hook, check, (cause,), (("config", ("replica",)),), no_lossy_hint=True)
+        for hook, (check, cause) in REPLICA_DIAGNOSED.items()) + (
         # An always-SUM comm and a bfloat16 wire are named exact causes, not lossy designs: no hint.
         Cause("bad_always_sum", "fsdp2_parity", (EXPLAINED,), no_lossy_hint=True),
         Cause("bad_bf16_wire", "fsdp2_parity", (EXPLAINED,), no_lossy_hint=True),

@@ -23,6 +23,7 @@ ADAPTERS: Tuple[str, ...] = (
     "conformance.apis.fsdp.plan",
     "conformance.apis.ddp.plan",
     "conformance.apis.fsdp2.plan",
+    "conformance.apis.fsdp2_replica.plan",
 )
 
 #: Every hook API, by ``HookSpec.api``.

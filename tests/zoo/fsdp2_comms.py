@@ -359,6 +359,49 @@ def replica_divide_hook(tensor: torch.Tensor) -> None:
     tensor.div_(2)
 
 
+# Replica all-reduce hooks (api "fsdp2_replica"): hook(replica_group, tensor) on a 1-D shard mesh, where
+# the hook is the whole reduction across replicas; native HSDP averages over them with ReduceOp.AVG.
+
+
+def replica_group_state(replica_group: Any) -> Any:
+    return replica_group
+
+
+def replica_sum_then_divide(group: Any, tensor: torch.Tensor) -> None:
+    """Right: SUM over the replica group, then divide by its size, in place (AVG by hand)."""
+    dist.all_reduce(tensor, group=group)
+    tensor.div_(group.size())
+
+
+def replica_async_avg(group: Any, tensor: torch.Tensor) -> None:
+    """Right: an async AVG all-reduce over the replica group, waited on before returning."""
+    dist.all_reduce(tensor, op=ReduceOp.AVG, group=group, async_op=True).wait()
+
+
+def replica_sum(group: Any, tensor: torch.Tensor) -> None:
+    """Wrong: SUMs over the replicas and never averages (native HSDP averages)."""
+    dist.all_reduce(tensor, group=group)
+
+
+def replica_world_divisor(group: Any, tensor: torch.Tensor) -> None:
+    """Wrong: SUM over the replica group, then divides by dist.get_world_size(), every rank of the mesh (4),
+    not the replicas (2)."""
+    dist.all_reduce(tensor, group=group)
+    tensor.div_(dist.get_world_size())
+
+
+def replica_default_group(group: Any, tensor: torch.Tensor) -> None:
+    """Wrong: averages over the default group (no group=), mixing different shards."""
+    dist.all_reduce(tensor, op=ReduceOp.AVG)
+
+
+def replica_out_of_place(group: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """Wrong: averages a copy and returns it; FSDP2 ignores the return value and reads the tensor it passed."""
+    out = tensor.clone()
+    dist.all_reduce(out, op=ReduceOp.AVG, group=group)
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Specs
 # ---------------------------------------------------------------------------
@@ -376,6 +419,10 @@ KNOWN_GOOD: List[HookSpec] = [
              description="all-reduce hook that only reads the gradient"),
     HookSpec(name="good_unit_scale_hook", api="fsdp2_all_reduce", hook=unit_scale_hook,
              description="all-reduce hook scaling in place by 1.0"),
+    HookSpec(name="good_replica_sum_then_divide", api="fsdp2_replica", hook=replica_sum_then_divide,
+             state=replica_group_state, description="replica hook: SUM, then / replica count, in place"),
+    HookSpec(name="good_replica_async_avg", api="fsdp2_replica", hook=replica_async_avg,
+             state=replica_group_state, description="replica hook: async AVG all-reduce, waited on"),
 ]
 
 KNOWN_BAD: List[HookSpec] = [
@@ -405,6 +452,14 @@ KNOWN_BAD: List[HookSpec] = [
              description="all-reduce hook averaging over the default group"),
     HookSpec(name="bad_replica_divide_hook", api="fsdp2_all_reduce", hook=replica_divide_hook,
              description="all-reduce hook dividing by the replicate size again"),
+    HookSpec(name="bad_replica_sum", api="fsdp2_replica", hook=replica_sum, state=replica_group_state,
+             description="replica hook: SUM over the replicas, no average"),
+    HookSpec(name="bad_replica_world_divisor", api="fsdp2_replica", hook=replica_world_divisor,
+             state=replica_group_state, description="replica hook: SUM, then / dist.get_world_size()"),
+    HookSpec(name="bad_replica_default_group", api="fsdp2_replica", hook=replica_default_group,
+             state=replica_group_state, description="replica hook: AVG over the default group"),
+    HookSpec(name="bad_replica_out_of_place", api="fsdp2_replica", hook=replica_out_of_place,
+             state=replica_group_state, description="replica hook: averages a copy and returns it"),
 ]
 
 #: Bad comms only a backend with ReduceOp.PREMUL_SUM (NCCL) can catch.
@@ -491,6 +546,15 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_rank0_noise": "default: rank 0's shards are one ULP above native",
     "bad_world_average_hook": "hsdp all-reduce hook: averaging across shard ranks mixes different shards",
     "bad_replica_divide_hook": "hsdp all-reduce hook: gradients are half the native value",
+    "bad_replica_sum": "replica: twice native HSDP's average; the diagnosis names a SUM without averaging",
+    "bad_replica_world_divisor": (
+        "replica: divided by the default group's 4 ranks, not the 2 replicas; the diagnosis names the divisor's "
+        "source"
+    ),
+    "bad_replica_default_group": "replica: averaging over the default group mixes different shards",
+    "bad_replica_out_of_place": (
+        "replica: the shards stay the shard group's average; FSDP2 reads the tensor it passed, not the return value"
+    ),
     "bad_nan_to_zero": "default, hard inputs only: NaN on one rank and +Inf against -Inf come back as zeros",
     "bad_nan_to_zero_hook": "hsdp all-reduce hook, hard inputs only: NaN and Inf come back as zeros",
     "bad_premul_as_avg": (

@@ -67,7 +67,7 @@ def _sync_off(model: nn.Module, setter: str) -> Iterator[None]:
         getattr(model, setter)(True)
 
 
-class _Fsdp2Models(ApiModels):
+class Fsdp2Models(ApiModels):
     """What both FSDP2 APIs share: the views, the device mesh of ``shape`` (announced, built once per pool),
     and gradient accumulation (``micro_steps`` backward passes per step, all but the last under
     :meth:`no_sync`)."""
@@ -101,7 +101,7 @@ class _Fsdp2Models(ApiModels):
         return full_params(model)
 
 
-class CommModels(_Fsdp2Models):
+class CommModels(Fsdp2Models):
     """A custom reduce-scatter comm's models in ``config``: ``fully_shard`` on a 1-D mesh over the pool (or
     over this rank's data-parallel subgroup for ``subgroup``), or a 2-D mesh for ``hsdp``; the config's divide
     factor or forced SUM on every FSDP module of both models.
@@ -136,7 +136,7 @@ class CommModels(_Fsdp2Models):
         return Built(model, recorder)
 
 
-class AllReduceHookModels(_Fsdp2Models):
+class AllReduceHookModels(Fsdp2Models):
     """An all-reduce hook's models: native HSDP on a 2-D (replicate x shard) mesh of the pool, the only
     setting in which FSDP2 calls the hook.
 

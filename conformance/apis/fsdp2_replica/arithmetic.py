@@ -1,0 +1,36 @@
+"""Native HSDP's replica reduction, as a replica all-reduce hook must reproduce it, for the diagnosis.
+
+On a 1-D shard mesh FSDP2 reduce-scatters over the shard group (averaging over
+it) and does no all-reduce of its own; it hands the hook the reduce-scatter
+output. Native HSDP on the 2-D (replicate x shard) mesh of the same ranks then
+all-reduces that output over the replica group with ``ReduceOp.AVG``
+(``_get_gradient_divide_factors`` for float32 and bfloat16): the SUM over the
+replicas divided by their number, which the hook's result must equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from conformance.ranks.arithmetic import Arithmetic, reduced
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaArithmetic(Arithmetic):
+    """The AVG all-reduce over ``world_size`` replicas (the replica group, which the recorder gives each call).
+
+    A hook picks its own divisor here, so one read off the default group (``dist.get_world_size()``: every
+    rank of the mesh, not the replicas) is a named cause.
+    """
+
+    hook_picks_divisor = True
+
+    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
+               shift: int) -> torch.Tensor:
+        return reduced(t, call, group, group_size).div(self.world_size)
+
+    def describe(self) -> str:
+        return f"native HSDP averages over the {self.world_size} replicas (ReduceOp.AVG)"

@@ -1,0 +1,100 @@
+"""The FSDP2 replica all-reduce API (``api="fsdp2_replica"``): validation and its suite tests.
+
+``FSDPModule.set_all_reduce_hook(hook)`` on FSDP modules under ``fully_shard``
+over a 1-D shard mesh. Its docstring: the hook receives "the reduce-scatter
+output if only using FSDP". FSDP2 then does no replica all-reduce of its own,
+so the hook is the whole data-parallel reduction across replicas, over a
+process group outside the mesh (torchft's and torchtitan's fault-tolerant HSDP
+all-reduce with AVG over the replica group). The reference is native HSDP on
+the 2-D (replicate x shard) mesh of the same ranks. The spec's hook is called as
+``hook(state, tensor)``, ``state = spec.state(replica_group)``, and must reduce
+``tensor`` in place. The rank side is ``models.py`` (with ``recorder.py`` and
+``arithmetic.py``).
+
+Suite tests (``conformance/suite/test_fsdp2_replica.py``), each a shared rank
+check: ``fsdp2_replica_parity`` (``nested_wrapped``), ``fsdp2_replica_hard_inputs``
+(the probe) and ``fsdp2_replica_accumulation`` (``set_requires_gradient_sync(False)``
+on all micro-batches but the last), at the HSDP world size (2 replicas x 2
+shards) and, in a run with a 6-rank pool (``--extra-world-size 6``), at 3
+replicas x 2 shards, where dividing before the SUM rounds differently
+(:func:`~conformance.apis.fsdp2_replica.models.replica_shape`).
+
+Only ``torch`` is imported at module level, as for the other FSDP2 APIs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, List, Sequence, Tuple
+
+from conformance.apis import HookApi, SuiteTest, called_as
+from conformance.apis.fsdp2.build import missing_api
+from conformance.apis.fsdp2.plan import hsdp_unavailable, hsdp_world_size
+from conformance.cases import CaseParams
+from conformance.models import ACCUMULATION_MICRO_STEPS
+from conformance.signatures import SpecError
+
+#: The models of the parity cases; hard inputs run through the probe.
+PARITY_MODELS = ("nested_wrapped",)
+#: The models of the accumulation cases (a unit only the last micro-batch uses, as for the other APIs).
+ACCUMULATION_MODELS = ("nested_wrapped", "late_branch")
+#: The replica count that is not a power of two: a run with a world size of ``3 * 2`` also checks there.
+ODD_REPLICA_WORLD_SIZE = 3 * 2
+
+_validate_call = called_as(2, "an FSDP2 replica all-reduce hook is called as hook(state, tensor), state = "
+                              "spec.state(replica_group), and reduces tensor in place")
+
+
+def validate(spec: Any) -> Tuple[str, ...]:
+    """``hook(state, tensor)``, exact: a lossy replica reduction has no contract here yet.
+
+    Raises :class:`SpecError` for a ``lossy=`` contract, naming the other APIs that take one.
+    """
+    if spec.lossy is not None:
+        raise SpecError(
+            f"HookSpec {spec.name!r}: api='fsdp2_replica' checks exact replica reductions only; a lossy "
+            "all-reduce across replicas cannot declare a LossyContract here yet: check its reduce-scatter "
+            "part as api='fsdp2' or a DDP hook as api='ddp', which take lossy=LossyContract(...)")
+    return _validate_call(spec)
+
+
+def _world_sizes(settings: Any) -> List[int]:
+    """The HSDP world size, and 6 (3 replicas) where the run has it."""
+    sizes = [hsdp_world_size(settings.world_sizes)]
+    if ODD_REPLICA_WORLD_SIZE in settings.world_sizes and ODD_REPLICA_WORLD_SIZE not in sizes:
+        sizes.append(ODD_REPLICA_WORLD_SIZE)
+    return sizes
+
+
+def _skip(settings: Any) -> Any:
+    return hsdp_unavailable(settings.world_sizes) or missing_api(("set_all_reduce_hook",))
+
+
+def _cases(models: Sequence[str]) -> Any:
+    def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        why = _skip(settings)
+        return [dataclasses.replace(test.case(spec.name, "replica", ws, model=model), skip=why)
+                for spec in specs for ws in _world_sizes(settings) for model in models]
+
+    return plan
+
+
+_test = functools.partial(SuiteTest, "fsdp2_replica", "config")
+
+APIS = (
+    HookApi(name="fsdp2_replica",
+            installed_with=("FSDPModule.set_all_reduce_hook(hook) on a 1-D shard mesh: the hook is the reduction "
+                            "across replicas"),
+            variant_field="config", stateful=True, validate=validate,
+            builtin_hooks="conformance.apis.fsdp2_replica.builtin_hooks:REPLICA_HOOKS",
+            default_hook="conformance.apis.fsdp2_replica.builtin_hooks:default_hook",
+            models="conformance.apis.fsdp2_replica.models:ReplicaModels",
+            plans={"test_fsdp2_replica_parity": _test("fsdp2_replica_parity", "parity", _cases(PARITY_MODELS),
+                                                      kind="exact"),
+                   "test_fsdp2_replica_hard_inputs": _test("fsdp2_replica_hard_inputs", "hard_inputs",
+                                                           _cases(("gradient_probe",)), kind="hard_inputs"),
+                   "test_fsdp2_replica_accumulation": _test(
+                       "fsdp2_replica_accumulation", "parity", _cases(ACCUMULATION_MODELS), kind="exact",
+                       params={"micro_steps": ACCUMULATION_MICRO_STEPS})}),
+)

@@ -1,0 +1,28 @@
+"""Conformance of replica all-reduce hooks: ``FSDPModule.set_all_reduce_hook`` on a 1-D shard mesh (api ``fsdp2_replica``).
+
+Every test here is one call, ``conform.run_case(request, case)``; the cases come
+from ``conformance/apis/fsdp2_replica/plan.py``. The hook is the whole reduction
+across replicas (FSDP2 all-reduces nothing on a 1-D mesh); the reference is
+native HSDP on the 2-D mesh of the same ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.conformance
+
+
+def test_fsdp2_replica_parity(conform, request, case):
+    """Local and full gradients, and parameters, bitwise equal to native HSDP on the 2-D mesh of the same ranks."""
+    conform.run_case(request, case)
+
+
+def test_fsdp2_replica_hard_inputs(conform, request, case):
+    """Near-overflow, zero, subnormal, NaN and Inf gradients and per-rank magnitudes, bitwise equal to native HSDP."""
+    conform.run_case(request, case)
+
+
+def test_fsdp2_replica_accumulation(conform, request, case):
+    """Parity with set_requires_gradient_sync(False) on all micro-batches but the last, on both models."""
+    conform.run_case(request, case)

@@ -1,0 +1,46 @@
+"""The fsdp2_replica API's controller side: its specs, its case plans and its mesh shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import HookSpec, LossyContract
+from conformance.apis.fsdp2_replica.builtin_hooks import REPLICA_HOOKS, replica_avg_all_reduce, replica_group_state
+from conformance.apis.fsdp2_replica.models import replica_shape
+from conformance.apis.fsdp2_replica.plan import ODD_REPLICA_WORLD_SIZE
+from conformance.apis.registry import HOOK_APIS, planned_cases
+from conformance.signatures import SpecError
+from tests.test_cases import _settings
+
+API = HOOK_APIS["fsdp2_replica"]
+
+
+def test_mesh_shapes_keep_two_shards_and_make_the_rest_replicas():
+    assert replica_shape(4) == (2, 2)
+    assert replica_shape(ODD_REPLICA_WORLD_SIZE) == (3, 2)
+    for bad in (2, 3, 5):
+        with pytest.raises(ValueError, match="even world size of at least 4"):
+            replica_shape(bad)
+
+
+def test_a_hook_is_called_with_its_state_and_the_tensor_and_claims_exactness():
+    """HookSpec validates against its API on construction."""
+    HookSpec(name="two_args", api="fsdp2_replica", hook=replica_avg_all_reduce, state=replica_group_state)
+    with pytest.raises(SpecError, match=r"hook\(state, tensor\)"):
+        HookSpec(name="one_arg", api="fsdp2_replica", hook=lambda tensor: None, state=replica_group_state)
+    with pytest.raises(SpecError, match="cannot declare a LossyContract"):
+        HookSpec(name="lossy", api="fsdp2_replica", hook=replica_avg_all_reduce, state=replica_group_state,
+                 lossy=LossyContract(rel_error_bound=0.1))
+
+
+def test_default_run_plans_every_check_on_the_four_rank_pool_and_six_only_when_asked():
+    spec = REPLICA_HOOKS[0]
+    for test in API.plans:
+        cases = planned_cases(test, [spec], _settings([2, 3]))
+        assert cases and {c.world_size for c in cases} == {4} and {c.variant for c in cases} == {"replica"}
+        assert all(c.skip is None for c in cases)
+        # With a 6-rank pool (3 replicas x 2 shards) the cases run there, where dividing before the SUM rounds.
+        wider = planned_cases(test, [spec], _settings([2, ODD_REPLICA_WORLD_SIZE]))
+        assert {c.world_size for c in wider} == {ODD_REPLICA_WORLD_SIZE}
+        both = planned_cases(test, [spec], _settings([4, ODD_REPLICA_WORLD_SIZE]))
+        assert {c.world_size for c in both} == {4, ODD_REPLICA_WORLD_SIZE}

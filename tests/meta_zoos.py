@@ -214,9 +214,11 @@ FSDP2_MUST_CATCH = {
     "bad_replica_default_group": {"replica"},
     "bad_replica_out_of_place": {"replica"},
 }
-#: Caught only by hard inputs (NaN, Inf): the check, not the config, is what matters.
+#: Caught only by hard inputs (NaN, Inf, subnormals): the check, not the config, is what matters.
 FSDP2_MUST_CATCH_BY_CHECK = {"bad_nan_to_zero": {"fsdp2_hard_inputs"},
-                             "bad_nan_to_zero_hook": {"fsdp2_all_reduce_hard_inputs"}}
+                             "bad_nan_to_zero_hook": {"fsdp2_all_reduce_hard_inputs"},
+                             # At 2 replicas only subnormals tell dividing first from averaging the SUM.
+                             "bad_replica_divide_then_sum": {"fsdp2_replica_hard_inputs"}}
 #: Caught only where ReduceOp.PREMUL_SUM runs natively (NCCL); skipped with the reason on gloo.
 FSDP2_MUST_CATCH_WITH_PREMUL_SUM = {"bad_premul_as_avg": {"divide_factor"}}
 #: comm -> (check, the diagnosis its failures must carry), recomputed with the op and group FSDP2 passed.

@@ -390,6 +390,13 @@ def replica_world_divisor(group: Any, tensor: torch.Tensor) -> None:
     tensor.div_(dist.get_world_size())
 
 
+def replica_divide_then_sum(group: Any, tensor: torch.Tensor) -> None:
+    """Wrong: divides by the replica count, then SUMs. Exact at 2 replicas but on subnormals, where the halved
+    values lose their last bit; at 3 replicas x / 3 rounds on ordinary values too."""
+    tensor.div_(group.size())
+    dist.all_reduce(tensor, group=group)
+
+
 def replica_default_group(group: Any, tensor: torch.Tensor) -> None:
     """Wrong: averages over the default group (no group=), mixing different shards."""
     dist.all_reduce(tensor, op=ReduceOp.AVG)
@@ -456,6 +463,8 @@ KNOWN_BAD: List[HookSpec] = [
              description="replica hook: SUM over the replicas, no average"),
     HookSpec(name="bad_replica_world_divisor", api="fsdp2_replica", hook=replica_world_divisor,
              state=replica_group_state, description="replica hook: SUM, then / dist.get_world_size()"),
+    HookSpec(name="bad_replica_divide_then_sum", api="fsdp2_replica", hook=replica_divide_then_sum,
+             state=replica_group_state, description="replica hook: / replica count, then SUM"),
     HookSpec(name="bad_replica_default_group", api="fsdp2_replica", hook=replica_default_group,
              state=replica_group_state, description="replica hook: AVG over the default group"),
     HookSpec(name="bad_replica_out_of_place", api="fsdp2_replica", hook=replica_out_of_place,
@@ -550,6 +559,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_replica_world_divisor": (
         "replica: divided by the default group's 4 ranks, not the 2 replicas; the diagnosis names the divisor's "
         "source"
+    ),
+    "bad_replica_divide_then_sum": (
+        "replica, hard inputs at 2 replicas: halved subnormals lose their last bit where native divides the "
+        "sum; at 3 replicas (a 6-rank pool) parity too"
     ),
     "bad_replica_default_group": "replica: averaging over the default group mixes different shards",
     "bad_replica_out_of_place": (

@@ -72,8 +72,8 @@ def _ordinary_size(rank) -> float:
 
 
 def test_drawn_examples_put_ranks_orders_of_magnitude_apart():
-    """Of the examples a case draws, a third or more put two ranks' ordinary values 100 times or more apart (each rank draws one
-    of four magnitudes: 3 in 4 pairs of ranks differ)."""
+    """Of the examples a case draws, a third or more put two ranks' ordinary values 100 times or more apart
+    (each rank draws one of four magnitudes: 3 in 4 pairs of ranks differ)."""
     apart = 0
     drawn = _drawn(2, 20, seed=1)
     for example in drawn:

@@ -114,7 +114,6 @@ LOSSY_ERROR_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
 #: last).
 ACCUMULATION_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
     "main": (("default", "nested_wrapped"), ("default", "late_branch")),
-    "extra": (("default", "nested_wrapped"),),
     "hsdp": (("hsdp", "nested_wrapped"),),
 }
 #: The training loss needs a real loss (bounded below): the transformer's cross-entropy (first world size).
@@ -242,8 +241,9 @@ def clip_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[Cas
 
 
 def role_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_only: bool = False) -> CasePlan:
-    """A case plan by world-size role (the lossy contracts, accumulation): per kept spec, ``plan[role]`` at each world size by its role
-    (only one with ``first_only``: :func:`~conformance.apis.first_cross_rank_world_size`), then ``plan["hsdp"]`` at the HSDP world size."""
+    """A case plan by world-size role (the lossy contracts, accumulation): per kept spec, ``plan[role]`` at
+    each world size by its role (only one with ``first_only``:
+    :func:`~conformance.apis.first_cross_rank_world_size`), then ``plan["hsdp"]`` at the HSDP world size."""
     def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         out = []
         for spec in filter(keep, specs):

@@ -22,8 +22,8 @@ def test_readme_example_conforms(tmp_path):
                     str(tmp_path / "example.xml"), cwd=str(tmp_path))
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "passed" for c in run.cases)
-    assert {c.check for c in run.cases} == {"averaging", "parity", "rank_consistency", "hard_inputs", "subgroup_parity",
-                                            "clip_grad_norm", "clip_grad_norm_low_precision"}
+    assert {c.check for c in run.cases} == {"averaging", "parity", "accumulation", "rank_consistency", "hard_inputs",
+                                            "subgroup_parity", "clip_grad_norm", "clip_grad_norm_low_precision"}
 
 
 def test_readme_ddp_example_is_the_module_and_conforms(tmp_path):

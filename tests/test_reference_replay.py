@@ -45,7 +45,8 @@ CASES = {
     "fsdp2.clip_grad_norm": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
 }
 #: Replayed too, but only on an HSDP mesh of 4 ranks: :func:`test_all_reduce_hook_replay_trains_native_hsdp_alone`.
-ON_FOUR_RANKS = {"fsdp2_all_reduce.parity": ("fsdp2_all_reduce", {"config": "hsdp", "model": "nested_wrapped"})}
+ON_FOUR_RANKS = {"fsdp2_all_reduce.parity": ("fsdp2_all_reduce", {"config": "hsdp", "model": "nested_wrapped"}),
+                 "fsdp2_replica.parity": ("fsdp2_replica", {"config": "replica", "model": "nested_wrapped"})}
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,8 @@ def test_reference_only_trains_the_reference_alone(group, check):
 
 def _replay(group, check, api, params, rank=0, world_size=1):
     hook = _fsdp_hook if api == "fsdp" else _raises
-    spec = HookSpec(name="raises", api=api, hook=hook, state=_raises if api in ("fsdp", "ddp") else None)
+    spec = HookSpec(name="raises", api=api, hook=hook,
+                    state=_raises if api in ("fsdp", "ddp", "fsdp2_replica") else None)
     phases = []
 
     class Recording(RankContext):
@@ -110,7 +112,8 @@ def _replay_on_four_ranks(rank, store_path):
 
 @pytest.mark.timeout(300)
 def test_all_reduce_hook_replay_trains_native_hsdp_alone(tmp_path):
-    """An all-reduce hook's parity replays its reference, native HSDP on a 2x2 mesh, without the hook."""
+    """An all-reduce hook's parity, and a replica hook's, replay their reference, native HSDP on a 2x2 mesh,
+    without the hook."""
     from conformance.apis.fsdp2.build import missing_api
 
     why = missing_api(("set_all_reduce_hook",))

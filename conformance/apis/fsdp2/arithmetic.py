@@ -48,10 +48,12 @@ class CommArithmetic(Arithmetic):
 
 @dataclasses.dataclass(frozen=True)
 class AllReduceHookArithmetic(Arithmetic):
-    """Native HSDP's already reduced gradient, left as it is. ``divisors``: the mesh's sizes (replicate, shard,
-    world) a hook might divide it by again."""
+    """Native HSDP's (or ``replicate``'s) already reduced gradient, left as it is. ``divisors``: the mesh's sizes
+    (replicate, shard, world) a hook might divide it by again."""
 
     divisors: Tuple[int, ...] = ()
+    #: What reduced the gradient before the hook: ``"native HSDP"``, or ``"replicate"``.
+    native_name: str = "native HSDP"
     hook_picks_divisor = False  # the mesh's sizes, the world's among them, are in ``divisors``
 
     def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
@@ -59,7 +61,7 @@ class AllReduceHookArithmetic(Arithmetic):
         return t
 
     def describe(self) -> str:
-        return "native HSDP hands the hook its already reduced gradient, to leave as it is"
+        return f"{self.native_name} hands the hook its already reduced gradient, to leave as it is"
 
     def native_result(self, call: Any, group: Any) -> torch.Tensor:
         return call.input.to(call.output.dtype)
@@ -72,7 +74,7 @@ class AllReduceHookArithmetic(Arithmetic):
         x = call.input.to(call.output.dtype)
         out: List[Tuple[str, torch.Tensor]] = [("native", x.clone())]
         for d in sorted(set(self.divisors)):
-            out.append((f"divided by {d} after native HSDP had already averaged it", x.div(d)))
+            out.append((f"divided by {d} after {self.native_name} had already averaged it", x.div(d)))
         summed = x.clone()
         dist.all_reduce(summed, group=group)
         out.append(("all-reduced (SUM) again over the default group, mixing the shards of different ranks", summed))

@@ -171,6 +171,44 @@ def build_fsdp2(model_name: str, ctx: Any, mesh: Any, *, reduce_dtype: Optional[
     return model
 
 
+def replicate_api() -> Optional[Any]:
+    """``replicate`` built on FSDP2 (``torch.distributed._composable.replicate_with_fsdp.replicate``), or
+    ``None`` on a torch without it (a private module PyTorch may move; torchtitan's data parallelism)."""
+    try:
+        from torch.distributed._composable.replicate_with_fsdp import replicate  # optional: probed
+    except ImportError:
+        return None
+    return replicate
+
+
+def missing_replicate() -> Optional[str]:
+    """Why this torch cannot run ``replicate`` on FSDP2, or ``None``."""
+    if replicate_api() is None:
+        return (f"torch {torch.__version__} has no torch.distributed._composable.replicate_with_fsdp.replicate "
+                "(replicate built on FSDP2)")
+    return None
+
+
+def build_replicate(model_name: str, ctx: Any, *, reduce_dtype: Optional[torch.dtype],
+                    divide_factor: Optional[float] = None) -> nn.Module:
+    """The reference model under ``replicate`` (on FSDP2): one call per FSDP1 unit, innermost first, then the
+    root, over the default 1-D ``("replicate",)`` mesh of the pool; ``set_gradient_divide_factor(divide_factor)``
+    on every module where given (``1.0``: a SUM, torchtitan's default)."""
+    replicate = replicate_api()
+    _, MixedPrecisionPolicy, _ = fsdp2_api()
+    model = get_model(model_name).build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
+    kwargs: Dict[str, Any] = {}
+    if reduce_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    for unit in _unit_modules(model):
+        replicate(unit, **kwargs)
+    replicate(model, **kwargs)
+    if divide_factor is not None:
+        for module in fsdp_modules(model):
+            module.set_gradient_divide_factor(divide_factor)
+    return model
+
+
 def fsdp_modules(model: nn.Module) -> List[nn.Module]:
     """Every FSDP2 module of ``model`` (root included); settings are per module in FSDP2."""
     _, _, FSDPModule = fsdp2_api()

@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from conformance.apis.fsdp2.arithmetic import AllReduceHookArithmetic, CommArithmetic
-from conformance.apis.fsdp2.build import apply_config, build_fsdp2, fsdp_modules, hsdp_shape, mesh_for
-from conformance.apis.fsdp2.plan import CONFIGS
+from conformance.apis.fsdp2.build import (apply_config, build_fsdp2, build_replicate, fsdp_modules, hsdp_shape,
+                                          mesh_for)
+from conformance.apis.fsdp2.plan import ALL_REDUCE_CONFIGS, CONFIGS
 from conformance.apis.fsdp2.recorders import CommRecorder, HookRecorder, make_comm
 from conformance.ranks.checks.common import View, fqn_without_wrappers, named_grads, named_params
 from conformance.ranks.checks.groups import on_subgroup
@@ -137,30 +138,45 @@ class CommModels(Fsdp2Models):
 
 
 class AllReduceHookModels(Fsdp2Models):
-    """An all-reduce hook's models: native HSDP on a 2-D (replicate x shard) mesh of the pool, the only
-    setting in which FSDP2 calls the hook.
+    """An all-reduce hook's models, where FSDP2 calls the hook after its own all-reduce: native HSDP on a 2-D
+    (replicate x shard) mesh of the pool (``config="hsdp"``), or ``replicate`` on FSDP2 over the pool
+    (``"replicate"``, AVG; ``"replicate_sum"``, ``set_gradient_divide_factor(1.0)``: a SUM, torchtitan's
+    default), where the hook gets every module's whole gradient.
 
     Raises:
-        ValueError: ``config`` is not ``"hsdp"``.
+        ValueError: ``config`` is not one of :data:`ALL_REDUCE_CONFIGS`.
     """
 
     sync_setter = "set_requires_all_reduce"
 
     def __init__(self, ctx: Any, spec: Any, *, model: str, config: str = "hsdp", micro_steps: int = 1):
-        if config != "hsdp":
-            raise ValueError(f"an all-reduce hook runs under HSDP (config 'hsdp'), not {config!r}")
+        if config not in ALL_REDUCE_CONFIGS:
+            raise ValueError(f"an all-reduce hook runs under {' or '.join(ALL_REDUCE_CONFIGS)}, not {config!r}")
         super().__init__(ctx, spec, model, micro_steps)
-        self.shape = hsdp_shape(ctx.world_size)
-        self.mesh = self._mesh(self.shape)
-        self.reference = "native HSDP without the hook"
-        self.arithmetic = AllReduceHookArithmetic(ctx.world_size, None,
-                                                  divisors=(self.shape[0], self.shape[1], ctx.world_size))
+        self.config = config
+        if config == "hsdp":
+            self.shape = hsdp_shape(ctx.world_size)
+            self.mesh = self._mesh(self.shape)
+            self.reference = "native HSDP without the hook"
+            divisors: Tuple[int, ...] = (self.shape[0], self.shape[1], ctx.world_size)
+        else:
+            self.shape = (ctx.world_size, 1)
+            self.reference = "replicate (on FSDP2) without the hook" + (
+                ", set_gradient_divide_factor(1.0)" if config == "replicate_sum" else "")
+            divisors = (ctx.world_size,)
+        self.arithmetic = AllReduceHookArithmetic(ctx.world_size, None, divisors=divisors,
+                                                  native_name="native HSDP" if config == "hsdp" else "replicate")
 
     def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
         ctx = self.ctx
-        ctx.phase("building the hooked model" if hooked else "building the reference model (native HSDP, no hook)")
-        model = build_fsdp2(self.model_name, ctx, self.mesh, reduce_dtype=None if full_precision else
-                            self.spec.reduce_dtype)
+        native = "native HSDP" if self.config == "hsdp" else "replicate"
+        ctx.phase("building the hooked model" if hooked else f"building the reference model ({native}, no hook)")
+        reduce_dtype = None if full_precision else self.spec.reduce_dtype
+        if self.config == "hsdp":
+            model = build_fsdp2(self.model_name, ctx, self.mesh, reduce_dtype=reduce_dtype)
+        else:
+            model = build_replicate(self.model_name, ctx, reduce_dtype=reduce_dtype,
+                                    divide_factor=1.0 if self.config == "replicate_sum" else None)
         if not hooked:
             return Built(model)
         recorder = HookRecorder(self.spec.hook, ctx.rank, self.shape)

@@ -4,7 +4,8 @@
 ``FSDPModule.set_custom_reduce_scatter(comm)``; its cases vary the FSDP module
 configuration (the case field ``config``, :data:`CONFIGS`), which decides the
 ``op`` FSDP2 hands the comm. ``api="fsdp2_all_reduce"``: a hook installed with
-``FSDPModule.set_all_reduce_hook(hook)`` under native HSDP, its only config.
+``FSDPModule.set_all_reduce_hook(hook)`` under native HSDP, or under ``replicate``
+built on FSDP2 (:data:`ALL_REDUCE_CONFIGS`).
 The rank side (the models of both) is ``models.py``, with ``build.py`` (meshes,
 ``fully_shard``), ``recorders.py`` (what FSDP2 hands a comm or a hook) and
 ``arithmetic.py`` (the diagnosis's).
@@ -33,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, first_cross_rank_world_size, no_strategies
-from conformance.apis.fsdp2.build import HSDP_REPLICATE, missing_api
+from conformance.apis.fsdp2.build import HSDP_REPLICATE, missing_api, missing_replicate
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS, MODELS
 from conformance.signatures import SpecError, binds_signature, qualname, signature_text
@@ -122,6 +123,11 @@ LOSSY_LOSS_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {"main": (("default", 
 LOSSY_DETERMINISM_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {"main": (("default", "nested_wrapped"),)}
 #: Models an all-reduce hook runs under native HSDP.
 ALL_REDUCE_MODELS = ("nested_wrapped",)
+#: Where FSDP2 calls an all-reduce hook after its own all-reduce: native HSDP; ``replicate`` on FSDP2 (its
+#: default AVG, and ``set_gradient_divide_factor(1.0)``, a SUM: torchtitan's default).
+ALL_REDUCE_CONFIGS = ("hsdp", "replicate", "replicate_sum")
+#: The ``replicate`` configs' models, at every world size of the run.
+REPLICATE_MODELS = ("nested_wrapped",)
 #: The smallest HSDP world size: a HSDP_REPLICATE x 2 (replicate x shard) mesh.
 HSDP_WORLD_SIZE = 2 * HSDP_REPLICATE
 #: Whether a run none of whose world sizes fits HSDP (the default CPU run: 2 and 3) starts an
@@ -185,6 +191,12 @@ def hsdp_unavailable(sizes: Sequence[int]) -> Optional[str]:
 
 def skip_reason(case: CaseParams, spec: Any, settings: Any) -> Optional[str]:
     """Why ``case`` cannot run here, after its world size's availability (``None``: it runs)."""
+    if case.variant in ("replicate", "replicate_sum"):
+        why = missing_replicate()
+        if why is not None:
+            return why
+        if case.world_size < 2:
+            return "replicate over a single rank all-reduces nothing, so there is nothing to check"
     if case.variant in ("hsdp", "subgroup"):
         why = hsdp_unavailable(settings.world_sizes)
         if why is not None:
@@ -256,12 +268,15 @@ def role_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_
     return cases
 
 
-def all_reduce_cases(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS
-                     ) -> List[CaseParams]:
-    """An all-reduce hook's cases: each of ``models`` under HSDP."""
+def all_reduce_cases(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS,
+                     replicate_models: Sequence[str] = ()) -> List[CaseParams]:
+    """An all-reduce hook's cases: each of ``models`` under HSDP, then each of ``replicate_models`` under the
+    ``replicate`` configs at every world size of the run."""
     ws = hsdp_world_size(settings.world_sizes)
-    return _with_skips([test.case(spec.name, "hsdp", ws, model=model) for spec in specs for model in models],
-                       specs, settings)
+    out = [test.case(spec.name, "hsdp", ws, model=model) for spec in specs for model in models]
+    out += [test.case(spec.name, config, size, model=model) for spec in specs for size in settings.world_sizes
+            for config in ("replicate", "replicate_sum") for model in replicate_models]
+    return _with_skips(out, specs, settings)
 
 
 #: A suite test of each API: ``_comm_test(check, rank_check, plan, kind=..., params=...)``.
@@ -287,11 +302,12 @@ APIS = (
                    "test_fsdp2_lossy_determinism": _comm_test("fsdp2_lossy_determinism", "lossy_determinism", role_plan(
                        LOSSY_DETERMINISM_PLAN, lambda spec: spec.lossy is not None and spec.lossy.deterministic,
                        first_only=True), kind="lossy_determinism")}),
-    HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP)",
+    HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP, replicate)",
             variant_field="config", stateful=False,
             validate=validate_all_reduce_hook, builtin_hooks=None,
             models="conformance.apis.fsdp2.models:AllReduceHookModels",
-            plans={"test_fsdp2_all_reduce_hook": _all_reduce_test("fsdp2_all_reduce_hook", "parity", all_reduce_cases),
+            plans={"test_fsdp2_all_reduce_hook": _all_reduce_test("fsdp2_all_reduce_hook", "parity", functools.partial(
+                all_reduce_cases, replicate_models=REPLICATE_MODELS)),
                    "test_fsdp2_all_reduce_accumulation": _all_reduce_test(
                        "fsdp2_all_reduce_accumulation", "parity", all_reduce_cases,
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),

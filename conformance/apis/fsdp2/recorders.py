@@ -118,7 +118,8 @@ class CommRecorder(Recorder):
 
 class HookRecorder(Recorder):
     """Wraps an all-reduce hook; records each call's dtype and size. ``rank``: this rank, for findings;
-    ``mesh_shape``: the HSDP mesh's ``(replicate, shard)``, for the note on a gradient finding."""
+    ``mesh_shape``: the HSDP mesh's ``(replicate, shard)`` (``(world size, 1)`` under ``replicate``), for the
+    note on a gradient finding."""
 
     def __init__(self, hook: Any, rank: int, mesh_shape: Tuple[int, int]):
         self.hook = hook
@@ -143,6 +144,8 @@ class HookRecorder(Recorder):
         """The dtypes of the all-reduced gradients the hook got in ``step``: the note on a gradient finding."""
         seen = sorted({dtype_name(c["dtype"]) for c in self.calls if c["step"] == step})
         replicate, shard = self.mesh_shape
+        if shard == 1:
+            return f"the hook got the all-reduced {'/'.join(seen) or '?'} whole gradients of {replicate} replicas"
         return f"the hook got the all-reduced {'/'.join(seen) or '?'} gradients of a {replicate}x{shard} HSDP mesh"
 
     def findings(self, step: int) -> List[Finding]:

@@ -117,14 +117,16 @@ class CommRecorder(Recorder):
 
 
 class HookRecorder(Recorder):
-    """Wraps an all-reduce hook; records each call's dtype and size. ``rank``: this rank, for findings;
-    ``mesh_shape``: the HSDP mesh's ``(replicate, shard)`` (``(world size, 1)`` under ``replicate``), for the
-    note on a gradient finding."""
+    """Wraps an all-reduce hook; records each call's dtype and size, its input, in-place result and collectives.
+    ``rank``: this rank, for findings; ``mesh_shape``: the HSDP mesh's ``(replicate, shard)`` (``(world size, 1)``
+    under ``replicate``), for the note on a gradient finding; ``group``: the process group the diagnosis
+    recomputes each call over (``None``: the check's)."""
 
-    def __init__(self, hook: Any, rank: int, mesh_shape: Tuple[int, int]):
+    def __init__(self, hook: Any, rank: int, mesh_shape: Tuple[int, int], group: Any = None):
         self.hook = hook
         self.rank = rank
         self.mesh_shape = mesh_shape
+        self.group = group
         self.step = 0
         self.calls: List[Dict[str, Any]] = []
         self.log = CallLog()
@@ -133,10 +135,11 @@ class HookRecorder(Recorder):
         index = sum(1 for c in self.calls if c["step"] == self.step)
         self.calls.append({"step": self.step, "dtype": tensor.dtype, "numel": tensor.numel()})
         call = self.log.add(HookCall(self.step, index, f"call {index} ({tensor.numel()} elements)",
-                                     tensor.detach().reshape(-1).clone()))
+                                     tensor.detach().reshape(-1).clone(), group=self.group))
         with counting_collectives() as count:
             result = self.hook(tensor)
         call.collectives = count[0]
+        call.group_sizes = tuple(count.group_sizes)
         call.settle_from(tensor)
         return result
 

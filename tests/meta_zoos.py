@@ -140,7 +140,8 @@ DDP = MetaZoo(
     args=("--hook", "tests.zoo.ddp_hooks:ALL", "-q",
           "-k", "test_ddp and (not transformer_shared or lossy_loss) and not (test_ddp_hard_inputs and "
                 "(bad_stale_second_step or bad_rs_ag_tail_unreduced or bad_ring_no_average_tail or "
-                "(bad_saturates_inf_off_rank0 and ws3)))"),
+                "(bad_saturates_inf_off_rank0 and ws3))) "
+                "and not (bad_fp16_rescues_tiny_buckets and not test_ddp_hard_inputs)"),
     bad=frozenset(s.name for s in ddp_hooks.KNOWN_BAD),
     documented=frozenset(ddp_hooks.EXPECTED_CATCH),
     catches=_catches(DDP_MUST_CATCH),
@@ -260,8 +261,8 @@ def _fsdp2_coverage(spec):
 FSDP2 = MetaZoo(
     name="fsdp2_comms",
     args=("--hook", "tests.zoo.fsdp2_comms:ALL", "--extra-world-size", "4", "-q",
-          "-k", "fsdp2 and (nested_wrapped or hard_inputs) and (ws2 or hsdp or subgroup or replica) "
-                "and not (fsdp2_accumulation and (hsdp or bad_))"),
+          "-k", "fsdp2 and (nested_wrapped or hard_inputs) and (ws2 or hsdp or subgroup or fsdp2_replica) "
+                "and not (fsdp2_accumulation and hsdp) and not (accumulation and bad_)"),
     bad=frozenset(s.name for s in fsdp2_comms.KNOWN_BAD + fsdp2_comms.NCCL_ONLY_BAD),
     documented=frozenset(fsdp2_comms.EXPECTED_CATCH),
     catches=_catches(FSDP2_MUST_CATCH, by="config") + _catches(FSDP2_MUST_CATCH_BY_CHECK, only=True),

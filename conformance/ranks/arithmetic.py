@@ -200,7 +200,7 @@ class Arithmetic(abc.ABC):
                                                                                      group_size=ws)))
             out.append((f"SUM, then divided by {default_ws} (the default group's size, not the process group's {ws})",
                         summed.div(default_ws).to(dtype)))
-        out.append((f"SUM without averaging: {ws} times native's average (the world size)", summed.to(dtype)))
+        out.append((f"SUM without averaging: {ws} times native's average (the group's size)", summed.to(dtype)))
         out.append((f"averaged twice: native's average divided by {ws} again",
                     out[0][1].to(reduce_in).div(ws).to(dtype)))
         out.append((f"SUM, then divided by {ws}, where {self.describe()}", summed.div(ws).to(dtype)))

@@ -239,7 +239,8 @@ def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], g
     if _same(out, local) and not _same(native, local):
         causes.append("the local, unreduced gradient: " + (
             f"the hook issued {call.collectives} collective(s), but its result is the local gradient it "
-            "received (the reduced values went elsewhere, and the API copied the unreduced result over them)"
+            "received (the reduced values went elsewhere: into a copy the API never reads, or a buffer it then "
+            "overwrote with the unreduced result)"
             if call.collectives else
             "the hook never communicated (no torch.distributed collective was seen during the call)"))
     # Stale only where the inputs changed: with the same input, the last step's result is this one's too.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -70,13 +70,19 @@ def in_rank_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+def _pairwise(items: Sequence[Any], add: Callable[[Any, Any], Any]) -> Any:
+    """``items`` folded by ``add`` in pairs, level by level: ``add(add(i0, i1), add(i2, i3))``...; an odd one out at a
+    level passes up unchanged (a tree, recursive-doubling, all-reduce's order)."""
+    level = list(items)
+    while len(level) > 1:
+        pairs = [add(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        level = pairs + ([level[-1]] if len(level) % 2 else [])
+    return level[0]
+
+
 def _pairwise_text(n: int) -> str:
     """``"(rank 0 + rank 1) + (rank 2 + rank 3)"``: the bracketing of :func:`in_pairwise_order` over ``n`` ranks."""
-    level = [f"rank {i}" for i in range(n)]
-    while len(level) > 1:
-        pairs = [f"({level[i]} + {level[i + 1]})" for i in range(0, len(level) - 1, 2)]
-        level = pairs + ([level[-1]] if len(level) % 2 else [])
-    text = level[0]
+    text = _pairwise([f"rank {i}" for i in range(n)], lambda a, b: f"({a} + {b})")
     return text[1:-1] if text.startswith("(") and text.endswith(")") else text
 
 
@@ -112,11 +118,7 @@ def in_pairwise_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     """The sum a tree (recursive-doubling) all-reduce computes: neighbours summed in pairs, level by level,
     ``((v[0] + v[1]) + (v[2] + v[3])) + ...``; an odd one out at a level passes up unchanged. At 2 and 3 ranks
     it is :func:`in_rank_order`; it differs from 4 on."""
-    level = [v.clone() for v in values]
-    while len(level) > 1:
-        pairs = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
-        level = pairs + ([level[-1]] if len(level) % 2 else [])
-    return level[0]
+    return _pairwise([v.clone() for v in values], lambda a, b: a + b)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ it is used, so this module imports on torch versions without FSDP2
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -148,6 +148,27 @@ def _post_order(module: nn.Module) -> List[nn.Module]:
     return out
 
 
+def _plain_model(model_name: str, ctx: Any,
+                 reduce_dtype: Optional[torch.dtype]) -> Tuple[Any, nn.Module, Dict[str, Any]]:
+    """``(model class, the plain model on ctx's device, the FSDP2 keyword arguments of the claim)``: with
+    ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)`` for a reduced-precision claim."""
+    _, MixedPrecisionPolicy, _ = fsdp2_api()
+    cls = get_model(model_name)
+    model = cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
+    kwargs: Dict[str, Any] = {}
+    if reduce_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    return cls, model, kwargs
+
+
+def _wrap_units(model: nn.Module, wrap: Callable[[nn.Module], Any]) -> nn.Module:
+    """``wrap`` (``fully_shard``, ``replicate``) on every FSDP1 unit of ``model``, innermost first, then the root."""
+    for unit in _unit_modules(model):
+        wrap(unit)
+    wrap(model)
+    return model
+
+
 def build_fsdp2(model_name: str, ctx: Any, mesh: Any, *, reduce_dtype: Optional[torch.dtype]) -> nn.Module:
     """The reference model under ``fully_shard``: one call per FSDP1 unit, innermost first, then the root.
 
@@ -155,20 +176,13 @@ def build_fsdp2(model_name: str, ctx: Any, mesh: Any, *, reduce_dtype: Optional[
     ``mixture_of_experts`` shards its expert over a 1-rank mesh of its own
     (``MixtureOfExperts.apply_fully_shard``).
     """
-    fully_shard, MixedPrecisionPolicy, _ = fsdp2_api()
-    cls = get_model(model_name)
-    model = cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-    kwargs: Dict[str, Any] = {}
-    if reduce_dtype is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    fully_shard = fsdp2_api()[0]
+    cls, model, kwargs = _plain_model(model_name, ctx, reduce_dtype)
     if hasattr(cls, "apply_fully_shard"):
         if mesh.ndim != 1:
             raise ValueError(f"{model_name} builds its own 1-D meshes; it cannot run under HSDP")
         return cls.apply_fully_shard(model, group=ctx.group, device=ctx.device, **kwargs)
-    for unit in _unit_modules(model):
-        fully_shard(unit, mesh=mesh, **kwargs)
-    fully_shard(model, mesh=mesh, **kwargs)
-    return model
+    return _wrap_units(model, lambda module: fully_shard(module, mesh=mesh, **kwargs))
 
 
 def replicate_api() -> Optional[Any]:
@@ -195,14 +209,8 @@ def build_replicate(model_name: str, ctx: Any, *, reduce_dtype: Optional[torch.d
     root, over the default 1-D ``("replicate",)`` mesh of the pool; ``set_gradient_divide_factor(divide_factor)``
     on every module where given (``1.0``: a SUM, torchtitan's default)."""
     replicate = replicate_api()
-    _, MixedPrecisionPolicy, _ = fsdp2_api()
-    model = get_model(model_name).build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-    kwargs: Dict[str, Any] = {}
-    if reduce_dtype is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
-    for unit in _unit_modules(model):
-        replicate(unit, **kwargs)
-    replicate(model, **kwargs)
+    _, model, kwargs = _plain_model(model_name, ctx, reduce_dtype)
+    _wrap_units(model, lambda module: replicate(module, **kwargs))
     if divide_factor is not None:
         for module in fsdp_modules(model):
             module.set_gradient_divide_factor(divide_factor)

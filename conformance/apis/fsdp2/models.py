@@ -169,8 +169,8 @@ class AllReduceHookModels(Fsdp2Models):
 
     def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
         ctx = self.ctx
-        native = "native HSDP" if self.config == "hsdp" else "replicate"
-        ctx.phase("building the hooked model" if hooked else f"building the reference model ({native}, no hook)")
+        ctx.phase("building the hooked model" if hooked else
+                  f"building the reference model ({self.arithmetic.native_name}, no hook)")
         reduce_dtype = None if full_precision else self.spec.reduce_dtype
         if self.config == "hsdp":
             model = build_fsdp2(self.model_name, ctx, self.mesh, reduce_dtype=reduce_dtype)

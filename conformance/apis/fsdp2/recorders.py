@@ -143,13 +143,16 @@ class HookRecorder(Recorder):
         call.settle_from(tensor)
         return result
 
+    def dtypes(self, step: int) -> str:
+        """The dtypes of the tensors the hook got in ``step``, ``/``-joined (``"?"``: no call)."""
+        return "/".join(sorted({dtype_name(c["dtype"]) for c in self.calls if c["step"] == step})) or "?"
+
     def context(self, step: int) -> str:
         """The dtypes of the all-reduced gradients the hook got in ``step``: the note on a gradient finding."""
-        seen = sorted({dtype_name(c["dtype"]) for c in self.calls if c["step"] == step})
         replicate, shard = self.mesh_shape
         if shard == 1:
-            return f"the hook got the all-reduced {'/'.join(seen) or '?'} whole gradients of {replicate} replicas"
-        return f"the hook got the all-reduced {'/'.join(seen) or '?'} gradients of a {replicate}x{shard} HSDP mesh"
+            return f"the hook got the all-reduced {self.dtypes(step)} whole gradients of {replicate} replicas"
+        return f"the hook got the all-reduced {self.dtypes(step)} gradients of a {replicate}x{shard} HSDP mesh"
 
     def findings(self, step: int) -> List[Finding]:
         """A finished step in which FSDP2 never called the hook (every call is forwarded as it is, so only a

@@ -6,7 +6,6 @@ import functools
 from typing import Any, Tuple
 
 from conformance.apis.fsdp2.recorders import HookRecorder
-from conformance.ranks.compare import dtype_name
 
 __all__ = ["ReplicaRecorder"]
 
@@ -27,7 +26,6 @@ class ReplicaRecorder(HookRecorder):
         super().__init__(functools.partial(hook, state), rank, mesh_shape, group=replica_group)
 
     def context(self, step: int) -> str:
-        seen = sorted({dtype_name(c["dtype"]) for c in self.calls if c["step"] == step})
         replicas, shards = self.mesh_shape
-        return (f"the hook got the {'/'.join(seen) or '?'} reduce-scatter output of a {shards}-rank shard group, "
+        return (f"the hook got the {self.dtypes(step)} reduce-scatter output of a {shards}-rank shard group, "
                 f"to all-reduce over {replicas} replicas")

@@ -1,8 +1,8 @@
 """conformance.controller.hard_inputs: what the hard-input cases feed the ranks.
 
 The named examples are deterministic, so their properties are checked directly;
-the drawn ones through hypothesis itself (``find`` searches the strategy for an
-example with a property, and fails when the strategy cannot produce one).
+the drawn ones as a case draws them (``drawn_examples``, seeded), and per example
+through hypothesis's ``@given``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import seed as hypothesis_seed
+from hypothesis import HealthCheck, given, settings
 
-from conformance.controller.hard_inputs import (RANK_MAGNITUDES, hard_gradients, named_hard_values, probe_layout,
-                                                rank_magnitude_values, special_values)
+from conformance.controller.hard_inputs import (RANK_MAGNITUDES, drawn_examples, hard_gradients, named_hard_values,
+                                                probe_layout, rank_magnitude_values, special_values)
 
 SHAPES, NAMES = probe_layout()
 
@@ -49,21 +48,6 @@ def test_the_packed_named_example_puts_overflow_sized_values_on_every_rank():
         assert _largest(rank) >= big
 
 
-def _drawn(world_size: int, count: int, seed: int):
-    """The first ``count`` examples hypothesis draws for a case seeded ``seed``, as ``check_case`` draws them."""
-    out = []
-
-    @settings(max_examples=count, database=None, deadline=None, phases=(Phase.generate,),
-              suppress_health_check=list(HealthCheck))
-    @hypothesis_seed(seed)
-    @given(drawn=hard_gradients(world_size, SHAPES, NAMES, None))
-    def draw(drawn) -> None:
-        out.append(drawn)
-
-    draw()
-    return out
-
-
 def _ordinary_size(rank) -> float:
     """The median size of a rank's ordinary values (not zero, not a hard value)."""
     ordinary = torch.cat([g.flatten() for g in rank]).abs()
@@ -75,7 +59,7 @@ def test_drawn_examples_put_ranks_orders_of_magnitude_apart():
     """Of the examples a case draws, a third or more put two ranks' ordinary values 100 times or more apart
     (each rank draws one of four magnitudes: 3 in 4 pairs of ranks differ)."""
     apart = 0
-    drawn = _drawn(2, 20, seed=1)
+    drawn = drawn_examples(hard_gradients(2, SHAPES, NAMES, None), 20, seed=1)
     for example in drawn:
         sizes = [_ordinary_size(rank) for rank in example.grads()]
         apart += max(sizes) / min(sizes) > 1e2

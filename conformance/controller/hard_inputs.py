@@ -223,6 +223,27 @@ def _failed_step(exc: Any) -> Optional[int]:
     return min(steps) if steps else None
 
 
+def _case_settings(examples: int) -> Dict[str, Any]:
+    """Hypothesis's settings for one case's ``examples`` draws: no deadline, no example database."""
+    return dict(max_examples=examples, deadline=None, database=None, print_blob=False,
+                suppress_health_check=list(HealthCheck))
+
+
+def drawn_examples(strategy: st.SearchStrategy, examples: int, seed: int) -> List[Drawn]:
+    """The first ``examples`` values ``strategy`` (:func:`hard_gradients`) draws with hypothesis seed ``seed``,
+    generated only (no test run, no shrinking): what a hard-input case sends in its first dispatch."""
+    out: List[Drawn] = []
+
+    @hypothesis_settings(phases=(Phase.generate,), **_case_settings(examples))
+    @hypothesis_seed(seed)
+    @given(drawn=strategy)
+    def draw(drawn: Drawn) -> None:
+        out.append(drawn)
+
+    draw()
+    return out
+
+
 def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
     """Run one hard-input case: the named examples (packed, :func:`named_hard_values`, and the ranks at their own
     magnitudes, :func:`rank_magnitude_values`), then ``--hypothesis-examples``
@@ -257,19 +278,9 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
         dispatch(explicit, fresh=True)
         return
     strategy = hard_gradients(case.world_size, shapes, names, reduce_dtype)
-    case_settings = dict(max_examples=examples, deadline=None, database=None, print_blob=False,
-                         suppress_health_check=list(HealthCheck))
-
+    case_settings = _case_settings(examples)
     # Draw the examples first, without running them: the same seed draws the same sequence below.
-    drawn_first: List[Drawn] = []
-
-    @hypothesis_settings(phases=(Phase.generate,), **case_settings)
-    @hypothesis_seed(case_seed(name, seed))
-    @given(drawn=strategy)
-    def draw(drawn: Drawn) -> None:
-        drawn_first.append(drawn)
-
-    draw()
+    drawn_first = drawn_examples(strategy, examples, case_seed(name, seed))
     # One dispatch for the named and the drawn examples: what a passing case costs.
     try:
         dispatch(explicit + [("generated", d.grads()) for d in drawn_first], fresh=True)

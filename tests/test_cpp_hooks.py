@@ -9,7 +9,7 @@ from conformance import HookSpec
 from conformance.apis.ddp.builtin_hooks import DDP_HOOKS, no_state
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, CppCommHook, is_cpp_hook
 from conformance.apis.registry import planned_cases
-from tests.test_cases import _settings
+from tests.meta_helpers import plan_settings
 
 
 def test_each_builtin_type_resolves_and_python_never_calls_it():
@@ -31,7 +31,7 @@ def test_pytorchs_cpp_hooks_are_among_the_builtins_under_test():
 
 def test_a_cpp_hook_gets_every_check_but_the_future_contract_which_says_why():
     spec = HookSpec(name="mine", api="ddp", hook=CppCommHook("ALLREDUCE"), state=no_state)
-    settings = _settings([2, 3])
+    settings = plan_settings(2, 3)
     future = planned_cases("test_ddp_future_contract", [spec], settings)
     assert future and all(c.skip == CPP_HOOK_NOTE for c in future)
     parity = planned_cases("test_ddp_parity", [spec], settings)

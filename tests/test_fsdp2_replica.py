@@ -10,7 +10,7 @@ from conformance.apis.fsdp2_replica.models import replica_shape
 from conformance.apis.fsdp2_replica.plan import ODD_REPLICA_WORLD_SIZE
 from conformance.apis.registry import HOOK_APIS, planned_cases
 from conformance.signatures import SpecError
-from tests.test_cases import _settings
+from tests.meta_helpers import plan_settings
 
 API = HOOK_APIS["fsdp2_replica"]
 
@@ -36,11 +36,11 @@ def test_a_hook_is_called_with_its_state_and_the_tensor_and_claims_exactness():
 def test_default_run_plans_every_check_on_the_four_rank_pool_and_six_only_when_asked():
     spec = REPLICA_HOOKS[0]
     for test in API.plans:
-        cases = planned_cases(test, [spec], _settings([2, 3]))
+        cases = planned_cases(test, [spec], plan_settings(2, 3))
         assert cases and {c.world_size for c in cases} == {4} and {c.variant for c in cases} == {"replica"}
         assert all(c.skip is None for c in cases)
         # With a 6-rank pool (3 replicas x 2 shards) the cases run there, where dividing before the SUM rounds.
-        wider = planned_cases(test, [spec], _settings([2, ODD_REPLICA_WORLD_SIZE]))
+        wider = planned_cases(test, [spec], plan_settings(2, ODD_REPLICA_WORLD_SIZE))
         assert {c.world_size for c in wider} == {ODD_REPLICA_WORLD_SIZE}
-        both = planned_cases(test, [spec], _settings([4, ODD_REPLICA_WORLD_SIZE]))
+        both = planned_cases(test, [spec], plan_settings(4, ODD_REPLICA_WORLD_SIZE))
         assert {c.world_size for c in both} == {4, ODD_REPLICA_WORLD_SIZE}

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from conformance.apis.fsdp2.builtin_hooks import PlainReduceScatter
+from conformance.apis.fsdp2_replica.builtin_hooks import replica_group_state
 from conformance.spec import HookSpec, LossyContract
 
 __all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "LOSSY", "LOSSY_EXPECTED", "NCCL_ONLY_BAD"]
@@ -361,10 +362,6 @@ def replica_divide_hook(tensor: torch.Tensor) -> None:
 
 # Replica all-reduce hooks (api "fsdp2_replica"): hook(replica_group, tensor) on a 1-D shard mesh, where
 # the hook is the whole reduction across replicas; native HSDP averages over them with ReduceOp.AVG.
-
-
-def replica_group_state(replica_group: Any) -> Any:
-    return replica_group
 
 
 def replica_sum_then_divide(group: Any, tensor: torch.Tensor) -> None:

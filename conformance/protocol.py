@@ -281,6 +281,10 @@ class Finding:
             past the bound over the hook's cases).
         causes: of a diagnosis (kinds ``"diagnosis"``, ``"diagnosis_wider_dtype"``): each named cause
             alone (the message joins them with "; or "), for the per-hook summary of causes.
+        fixes: the fix each of :attr:`causes` implies, in the same order, one instruction worded for the
+            API (``"pass group=state.process_group to dist.get_world_size ..."``); ``""`` for a cause none
+            follows from. Empty where :attr:`causes` is (or where a finding predates fixes). The failure
+            text shows them under the diagnosis (:func:`conformance.reports.report.diagnosis_lines`).
     """
 
     rank: int
@@ -290,6 +294,14 @@ class Finding:
     mismatch: Any = None
     kind: str = "mismatch"
     causes: Tuple[str, ...] = ()
+    fixes: Tuple[str, ...] = ()
+
+    def fix_of(self, cause: str) -> str:
+        """The fix :attr:`fixes` gives ``cause`` (one of :attr:`causes`), or ``""``."""
+        for c, fix in zip(self.causes, self.fixes):
+            if c == cause:
+                return fix
+        return ""
 
     def describe(self) -> str:
         where = [f"rank {self.rank}"]

@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import pytest
 
 from conformance.reports import results
 from conformance.reports.markdown_summary import markdown_summary
-from conformance.reports.results import CaseRecord, cause_line, hook_causes
+from conformance.reports.results import CaseRecord, cause_line, hook_causes, hook_fixes
 from tests.test_results import document, overwritten_records
 
 
-def _failed(name: str, hook: str, *causes: str) -> CaseRecord:
-    return CaseRecord(id=f"t.py::{name}", name=name, outcome="failed", hook=hook,
-                      failure={"header": "h", "findings": [], "message": "m", "rerun": None, "causes": list(causes)})
+def _failed(name: str, hook: str, *causes: str, fixes=None) -> CaseRecord:
+    failure = {"header": "h", "findings": [], "message": "m", "rerun": None, "causes": list(causes)}
+    if fixes is not None:
+        failure["fixes"] = fixes
+    return CaseRecord(id=f"t.py::{name}", name=name, outcome="failed", hook=hook, failure=failure)
 
 
 def test_causes_are_counted_once_per_failed_case_most_cases_first():
@@ -60,3 +63,37 @@ def test_the_markdown_states_the_hooks_cause_from_the_document():
     assert (f"Most failures explained by: SUM, then divided by 2 (4 of {failed} failed cases; 1 other cause(s) "
             "named).") in section
     assert text.count("Most failures explained by") == 1
+
+
+def test_each_cause_keeps_the_fix_its_first_failure_recorded():
+    """``hook_fixes``: by the cause as ``hook_causes`` words it, the fix of the first failed case naming it (another
+    world size's case words its numbers its own way); a cause with no fix, or a file from before fixes, has none."""
+    records = [
+        _failed("a[ws3]", "h", "SUM, then divided by 3", "the result of step 0 (stale)",
+                fixes={"SUM, then divided by 3": "multiply by 1/3 first"}),
+        _failed("b[ws2]", "h", "SUM, then divided by 2", fixes={"SUM, then divided by 2": "multiply by 1/2 first"}),
+        _failed("c[ws2]", "h", "the result of step 0 (stale)"),
+    ]
+    assert hook_causes(records, "h")[0] == ("SUM, then divided by 3", 2)
+    assert hook_fixes(records, "h") == {"SUM, then divided by 3": "multiply by 1/3 first"}
+    assert hook_fixes([_failed("d", "h", "x")], "h") == {}
+
+
+def test_the_markdown_gives_the_fix_of_the_hooks_main_cause_and_the_schema_takes_fixes():
+    records = overwritten_records()
+    doc = document(records)
+    for hook in doc["hooks"]:
+        hook["causes"] = ([{"cause": "SUM without averaging", "cases": 2, "fix": "average: multiply by 1/2 first"}]
+                          if hook["name"] == "overwritten" else [])
+    failures = [case["failure"] for case in doc["cases"] if case.get("failure")]
+    assert failures
+    for failure in failures:
+        failure["causes"] = ["SUM without averaging"]
+        failure["fixes"] = {"SUM without averaging": "average: multiply by 1/2 first"}
+    jsonschema.validate(doc, results.schema())
+    section = markdown_summary(json.loads(json.dumps(doc))).split("### `overwritten`", 1)[1]
+    assert "Most failures explained by: SUM without averaging" in section
+    assert "Fix: average: multiply by 1/2 first." in section
+    failures[0]["fixes"] = {"SUM without averaging": 3}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, results.schema())

@@ -64,6 +64,28 @@ def _results(api: str, x: torch.Tensor, rank: int):
     return out
 
 
+def _fixes(api: str, rank: int):
+    """``{name in _results: what its fix must say}``: native's averaging worded for the API, and the change."""
+    ddp_average = "multiply the bucket by 1/3 before the all-reduce (DDP scales each gradient by 1/world_size as it fills"
+    fsdp_average = ("divide by state.gradient_predivide_factor (2) before the SUM and by state.gradient_postdivide_factor "
+                    "(1.5) after it, as FSDP's _reduce_grad does")
+    if api == "ddp":
+        return {"SUM without averaging": f"average: {ddp_average}",
+                "SUM, then divided by 3, where DDP with no hook multiplies by 1/3": "instead of dividing the SUM by 3",
+                "divided by 3 before the SUM, where DDP with no hook multiplies by 1/3":
+                    f"{ddp_average} the bucket), instead of dividing by 3 before the SUM",
+                "reduced in bfloat16": "claim reduce_dtype=torch.bfloat16 in the HookSpec",
+                "the hook never communicated": f"reduce over the hook's process group (group=process_group",
+                "the tail from element 40": "pass the whole buffer to the collective",
+                "averaged twice": f"divide once: {ddp_average}"}
+    other = (rank + 1) % WORLD_SIZE
+    return {"SUM without averaging": f"average: {fsdp_average}",
+            f"rank {other}'s chunk: the reduced shard of rank {other}":
+                f"keep this rank's own chunk, chunk {rank} of 3 (index dist.get_rank(group)), as a reduce-scatter "
+                f"(dist.reduce_scatter_tensor) does, not rank {other}'s chunk",
+            "divided as for 4 ranks": f"divide as for the group's 3 ranks, not 4: {fsdp_average}"}
+
+
 def _run(rank: int, store_path: str) -> None:
     store = dist.FileStore(store_path, WORLD_SIZE)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE)
@@ -72,14 +94,17 @@ def _run(rank: int, store_path: str) -> None:
             arith = arithmetic(WORLD_SIZE, None)
             gen = torch.Generator().manual_seed(1234 + rank)
             x = torch.randn(96, generator=gen) * (rank + 1)
+            fixes = _fixes(api, rank)
             for name, (result, sharded) in _results(api, x, rank).items():
                 call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=result, sharded=sharded)
                 causes = explain(arith, call, None, dist.group.WORLD, rank)
                 if name == "native":
-                    assert causes and causes[0] == "native", (api, causes)
+                    assert causes and causes[0] == ("native", ""), (api, causes)  # native: nothing to fix
                 else:
-                    assert causes and causes[0] != "native", (api, name, causes)
-                    assert any(name in c for c in causes), (api, name, causes)
+                    assert causes and causes[0].cause != "native", (api, name, causes)
+                    named = [c for c in causes if name in c.cause]
+                    assert named, (api, name, causes)
+                    assert fixes[name] in named[0].fix, (api, name, named[0])
             # A previous step's result handed back again: stale.
             prev = HookCall(step=0, index=0, where="call 0", input=x.clone(),
                             output=_sum(x * (1.0 / WORLD_SIZE)) if api == "ddp" else None)
@@ -87,7 +112,8 @@ def _run(rank: int, store_path: str) -> None:
                 y = x.flip(0)
                 stale = HookCall(step=1, index=0, where="call 0", input=y, output=prev.output.clone())
                 causes = explain(arith, stale, prev, dist.group.WORLD, rank)
-                assert any("the result of step 0 (stale)" in c for c in causes), causes
+                assert any("the result of step 0 (stale)" in c.cause and "keep no result from one step to the next"
+                           in c.fix for c in causes), causes
                 # NaN on one rank replaced by zero.
                 z = x.clone()
                 if rank == 1:
@@ -96,7 +122,8 @@ def _run(rank: int, store_path: str) -> None:
                 cleaned = torch.nan_to_num(good, nan=0.0)
                 call = HookCall(step=0, index=0, where="call 0", input=z, output=cleaned)
                 causes = explain(arith, call, None, dist.group.WORLD, rank)
-                assert any("NaN or Inf replaced" in c for c in causes), causes
+                assert any("NaN or Inf replaced" in c.cause and c.fix.startswith("leave NaN and Inf as the reduction")
+                           for c in causes), causes
         dist.barrier()  # every rank done before any tears the group down (see test_reference_replay.py)
     finally:
         dist.destroy_process_group()
@@ -156,8 +183,10 @@ def _run_pairwise(rank: int, store_path: str, world_size: int) -> None:
         result = _recursive_doubling_sum(x, rank, world_size)
         call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=result, sharded=False)
         causes = explain(arith, call, None, dist.group.WORLD, rank)
-        assert "native" not in causes, causes
-        assert any(c.startswith("SUM in pairwise order ((rank 0 + rank 1) + (rank 2 + rank 3)), without averaging")
+        assert "native" not in [c.cause for c in causes], causes
+        assert any(c.cause.startswith("SUM in pairwise order ((rank 0 + rank 1) + (rank 2 + rank 3)), without "
+                                      "averaging") and c.fix.startswith("reduce with dist.all_reduce itself, not a sum "
+                                                                        "of every rank's values in pairwise (tree) order")
                    for c in causes), causes
         # The data tells the orders apart: rank order would give other bits.
         gathered = [torch.empty_like(x) for _ in range(world_size)]
@@ -176,3 +205,33 @@ def test_a_tree_all_reduce_over_four_ranks_is_named_as_a_pairwise_sum(tmp_path):
         pytest.skip("torch.distributed with gloo is not available")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     mp.spawn(_run_pairwise, args=(str(tmp_path / "store"), 4), nprocs=4, join=True)
+
+
+def test_each_api_words_how_native_averages_and_where_the_result_goes_its_own_way():
+    """The fixes are the API's: DDP's 1/N as the bucket fills and the future's value, FSDP1's two factors and its
+    output shard or gradient, FSDP2's op for the comm and its output buffer, the replica group's AVG."""
+    from conformance.apis.fsdp2.arithmetic import AllReduceHookArithmetic, CommArithmetic
+    from conformance.apis.fsdp2_replica.arithmetic import ReplicaArithmetic
+
+    sharded = HookCall(step=0, index=0, where="", input=torch.zeros(6), output=torch.zeros(2), sharded=True)
+    flat = HookCall(step=0, index=0, where="", input=torch.zeros(6), output=torch.zeros(6))
+    ddp = DdpArithmetic(3, None)
+    assert ddp.how_to_average() == ("multiply the bucket by 1/3 before the all-reduce (DDP scales each gradient by "
+                                    "1/world_size as it fills the bucket)")
+    assert "fp16_compress_wrapper(allreduce_hook)" in DdpArithmetic(3, torch.float16).how_to_average()
+    assert "the future's value" in ddp.where_result_goes(flat)
+    fsdp = FsdpArithmetic(3, None)
+    assert fsdp.how_to_average() == ("divide by state.gradient_predivide_factor (2) before the SUM and by "
+                                     "state.gradient_postdivide_factor (1.5) after it, as FSDP's _reduce_grad does")
+    assert FsdpArithmetic(2, None).how_to_average() == ("divide by state.gradient_predivide_factor (2) before the "
+                                                        "SUM, as FSDP's _reduce_grad does")
+    assert FsdpArithmetic(3, torch.bfloat16).how_to_average().startswith("cast to bfloat16 first, then divide")
+    assert fsdp.where_result_goes(sharded).startswith("write the reduced shard into output")
+    assert fsdp.where_result_goes(flat).startswith("reduce grad in place")
+    assert fsdp.group_arg == "group=state.process_group"
+    comm = CommArithmetic(2, None, op=dist.ReduceOp.SUM)
+    assert comm.how_to_average().startswith("reduce-scatter with the op FSDP2 passes the comm (here op=SUM)")
+    assert "output_tensor" in comm.where_result_goes(sharded)
+    replica = ReplicaArithmetic(2, None)
+    assert "op=ReduceOp.AVG" in replica.how_to_average() and "in place" in replica.where_result_goes(flat)
+    assert AllReduceHookArithmetic(4, None).how_to_average().startswith("leave the tensor as native HSDP hands it")

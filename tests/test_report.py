@@ -99,3 +99,21 @@ def test_a_rank_context_reports_what_its_check_registered():
     assert ctx.findings_before_error() == []
     ctx.report_on_error(None)
     assert ctx.findings_before_error() == []
+
+
+def test_the_fix_each_cause_implies_stands_under_the_diagnosis_once_per_distinct_fix():
+    """A diagnosis line is followed by ``fix: ...``; ranks with the same causes and fixes share one line; causes that
+    imply different fixes each get theirs, named by the cause's leading words; a cause with none gets no line."""
+    from conformance.reports.report import findings_text
+
+    same = [Finding(r, "explained by: SUM, then divided by 3", step=0, kind="diagnosis",
+                    causes=("SUM, then divided by 3, where DDP with no hook multiplies by 1/3 before the SUM",),
+                    fixes=("multiply the bucket by 1/3 before the all-reduce",)) for r in (0, 1)]
+    lines = findings_text(same).splitlines()
+    assert lines[-2:] == ["    [ranks 0, 1, step 0] explained by: SUM, then divided by 3",
+                          "      fix: multiply the bucket by 1/3 before the all-reduce"]
+    two = Finding(2, "explained by: A; or B; or C", step=1, kind="diagnosis",
+                  causes=("A, where native does X", "B: the detail", "C"), fixes=("do a", "do b", "do a"))
+    assert findings_text([two]).splitlines()[-2:] == ["      fix, if A: do a", "      fix, if B: do b"]
+    none = Finding(0, "explained by: native", step=0, kind="diagnosis", causes=("x",), fixes=("",))
+    assert findings_text([none]).splitlines()[-1] == "    [rank 0, step 0] explained by: native"

@@ -14,13 +14,19 @@ dividing by the world size before the SUM is its own order, and which wrong
 world sizes a hook might divide as for. Candidates run collectives, so every
 rank must ask for them at the same point, and the list depends only on the
 API, the claim, the world size and the call's shape.
+
+Each candidate carries the fix its cause implies (:class:`Candidate`), worded
+for the API by the same arithmetic: how native averages
+(:meth:`Arithmetic.how_to_average`), where the API reads the result
+(:meth:`Arithmetic.where_result_goes`) and how the hook names its process group
+(:attr:`Arithmetic.group_arg`).
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,7 +36,17 @@ from conformance.ranks.ulps import bits_equal, dtype_name
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.diagnosis import HookCall  # typing only: diagnosis imports this module
 
-__all__ = ["Arithmetic", "reduced"]
+__all__ = ["Arithmetic", "Candidate", "reduced"]
+
+
+class Candidate(NamedTuple):
+    """One named cause of a hook call's result: ``cause`` (its words, as the diagnosis prints them), ``value``
+    (the result it would give: 1-D, ``call.output``'s dtype and shape), and ``fix`` (the change to the hook it
+    implies, one instruction worded for the API; ``""`` where none follows, as for native itself)."""
+
+    cause: str
+    value: torch.Tensor
+    fix: str = ""
 
 
 def reduced(x: torch.Tensor, call: "HookCall", group: Any, world_size: int, shift: int = 0,
@@ -152,6 +168,19 @@ class Arithmetic(abc.ABC):
     def describe(self) -> str:
         """Native's arithmetic in a few words, for causes (``"FSDP pre-divides by 2 and post-divides by 1.5"``)."""
 
+    #: How a hook names the process group the API gives it, in code, for fixes (``"group=state.process_group"``).
+    group_arg = "group=<the hook's process group>"
+
+    @abc.abstractmethod
+    def how_to_average(self) -> str:
+        """Native's averaging as an instruction to a hook author, for fixes: ``"multiply the bucket by 1/3 before
+        the all-reduce (DDP scales each gradient by 1/world_size as it fills the bucket)"``."""
+
+    @abc.abstractmethod
+    def where_result_goes(self, call: "HookCall") -> str:
+        """Where the API reads the hook's result, as an instruction, for fixes: ``"complete the future with the
+        reduced bucket (DDP copies the future's value over the gradients)"``."""
+
     def wrong_world_sizes(self) -> Sequence[int]:
         """World sizes a hook might divide as for, where the group has :attr:`world_size`: the next power of two
         and the neighbours."""
@@ -185,83 +214,115 @@ class Arithmetic(abc.ABC):
         x = call.input.chunk(self.world_size)[rank] if call.sharded else call.input
         return x.to(call.output.dtype)
 
-    def candidates(self, call: "HookCall", group: Any, rank: int) -> List[Tuple[str, torch.Tensor]]:
-        """``(cause, the result it would give)`` for ``call``, native first; the same collectives, in the same
-        order, on every rank."""
+    def candidates(self, call: "HookCall", group: Any, rank: int) -> List[Candidate]:
+        """Every named cause for ``call`` (:class:`Candidate`: the cause, its result, its fix), native first; the
+        same collectives, in the same order, on every rank."""
         ws, x, claim = self.world_size, call.input, self.reduce_dtype
         reduce_in = claim or x.dtype
         dtype = call.output.dtype
-        out: List[Tuple[str, torch.Tensor]] = [("native", self.native(x, call, group, claim))]
+        average = self.how_to_average()
+        out: List[Candidate] = [Candidate("native", self.native(x, call, group, claim))]
         summed = reduced(x.to(reduce_in), call, group, ws)
         # Named before "averaged twice", which it equals bit for bit where both sizes are powers of two.
         default_ws = dist.get_world_size() if self.hook_picks_divisor else ws
         if default_ws != ws:
             source = (f"{default_ws} ranks, the default group's size (dist.get_world_size() with no group), where "
                       f"the hook's process group has {ws}: ask the process group, dist.get_world_size(group)")
-            out.append((f"divided as for {source}", self.dividing_as(default_ws).native(x, call, group, claim,
-                                                                                     group_size=ws)))
-            out.append((f"SUM, then divided by {default_ws} (the default group's size, not the process group's {ws})",
-                        summed.div(default_ws).to(dtype)))
-        out.append((f"SUM without averaging: {ws} times native's average (the group's size)", summed.to(dtype)))
-        out.append((f"averaged twice: native's average divided by {ws} again",
-                    out[0][1].to(reduce_in).div(ws).to(dtype)))
-        out.append((f"SUM, then divided by {ws}, where {self.describe()}", summed.div(ws).to(dtype)))
+            ask = (f"pass {self.group_arg} to dist.get_world_size (with no group it returns {default_ws}, the default "
+                   f"group's size; the hook's group has {ws})")
+            out.append(Candidate(f"divided as for {source}", self.dividing_as(default_ws).native(
+                x, call, group, claim, group_size=ws), ask))
+            out.append(Candidate(f"SUM, then divided by {default_ws} (the default group's size, not the process "
+                                 f"group's {ws})", summed.div(default_ws).to(dtype), ask))
+        out.append(Candidate(f"SUM without averaging: {ws} times native's average (the group's size)",
+                             summed.to(dtype), f"average: {average}"))
+        out.append(Candidate(f"averaged twice: native's average divided by {ws} again",
+                             out[0].value.to(reduce_in).div(ws).to(dtype),
+                             f"divide once: {average}; do not divide the result again"))
+        out.append(Candidate(f"SUM, then divided by {ws}, where {self.describe()}", summed.div(ws).to(dtype),
+                             f"{average}, instead of dividing the SUM by {ws}"))
         if not self.divides_before_sum:
-            out.append((f"divided by {ws} before the SUM, where {self.describe()}",
-                        reduced(x.to(reduce_in).div(ws), call, group, ws).to(dtype)))
+            out.append(Candidate(f"divided by {ws} before the SUM, where {self.describe()}",
+                                 reduced(x.to(reduce_in).div(ws), call, group, ws).to(dtype),
+                                 f"{average}, instead of dividing by {ws} before the SUM"))
         # A hook that gathers every rank's values and reduces them itself sums in rank order, not in the
         # collective's order (which need not be rank order at 3 or more ranks).
         gathered = rank_values(x.to(reduce_in), group, ws)
         mine = (lambda t: t.chunk(ws)[rank]) if call.sharded else (lambda t: t)
         order = " + ".join(f"rank {i}" for i in range(ws))
-        out.append((f"summed in rank order ({order}), then divided by {ws}, where {self.describe()}",
-                    mine(in_rank_order(gathered).div(ws)).to(dtype)))
-        out.append((f"each rank's values multiplied by 1/{ws}, then summed in rank order ({order}), where "
-                    f"{self.describe()}", mine(in_rank_order([g.mul(1.0 / ws) for g in gathered])).to(dtype)))
+        by = "dist.reduce_scatter_tensor" if call.sharded else "dist.all_reduce"
+        collective = f"reduce with {by} itself, not a sum of every rank's values in {{}} computed by the hook, and {average}"
+        out.append(Candidate(f"summed in rank order ({order}), then divided by {ws}, where {self.describe()}",
+                             mine(in_rank_order(gathered).div(ws)).to(dtype), collective.format("rank order")))
+        out.append(Candidate(f"each rank's values multiplied by 1/{ws}, then summed in rank order ({order}), where "
+                             f"{self.describe()}", mine(in_rank_order([g.mul(1.0 / ws) for g in gathered])).to(dtype),
+                             collective.format("rank order")))
         if ws >= 3 and not call.sharded:
             # A ring all-reduce (a reduce-scatter pass, then an all-gather) sums chunk c from rank c on; at 2
             # ranks every order is the same.
             ring = "in ring order (chunk c summed from rank c round the ring)"
-            out.append((f"SUM {ring}, without averaging", in_ring_order(gathered).to(dtype)))
-            out.append((f"SUM {ring}, then divided by {ws}, where {self.describe()}",
-                        in_ring_order(gathered).div(ws).to(dtype)))
-            out.append((f"multiplied by 1/{ws}, then summed {ring}, where {self.describe()}",
-                        in_ring_order([g.mul(1.0 / ws) for g in gathered]).to(dtype)))
+            fix = collective.format("ring order")
+            out.append(Candidate(f"SUM {ring}, without averaging", in_ring_order(gathered).to(dtype), fix))
+            out.append(Candidate(f"SUM {ring}, then divided by {ws}, where {self.describe()}",
+                                 in_ring_order(gathered).div(ws).to(dtype), fix))
+            out.append(Candidate(f"multiplied by 1/{ws}, then summed {ring}, where {self.describe()}",
+                                 in_ring_order([g.mul(1.0 / ws) for g in gathered]).to(dtype), fix))
         if ws >= 4:
             # A tree all-reduce (recursive doubling: pairs, then pairs of pairs), written with send/recv or
             # summed over gathered values; the same as rank order below 4 ranks.
             pairwise = f"in pairwise order ({_pairwise_text(ws)})"
-            out.append((f"SUM {pairwise}, without averaging", mine(in_pairwise_order(gathered)).to(dtype)))
-            out.append((f"SUM {pairwise}, then divided by {ws}, where {self.describe()}",
-                        mine(in_pairwise_order(gathered).div(ws)).to(dtype)))
-            out.append((f"multiplied by 1/{ws}, then summed {pairwise}, where {self.describe()}",
-                        mine(in_pairwise_order([g.mul(1.0 / ws) for g in gathered])).to(dtype)))
+            fix = collective.format("pairwise (tree) order")
+            out.append(Candidate(f"SUM {pairwise}, without averaging", mine(in_pairwise_order(gathered)).to(dtype),
+                                 fix))
+            out.append(Candidate(f"SUM {pairwise}, then divided by {ws}, where {self.describe()}",
+                                 mine(in_pairwise_order(gathered).div(ws)).to(dtype), fix))
+            out.append(Candidate(f"multiplied by 1/{ws}, then summed {pairwise}, where {self.describe()}",
+                                 mine(in_pairwise_order([g.mul(1.0 / ws) for g in gathered])).to(dtype), fix))
         if reduce_in != dtype:
             # Where the hook divides matters as much as when: in the reduce dtype or in the gradient's own.
             low, own = dtype_name(reduce_in), dtype_name(dtype)
-            out.append((f"SUM in {low}, cast back to {own}, then divided by {ws} in {own}, where {self.describe()}",
-                        summed.to(dtype).div(ws)))
-            out.append((f"divided by {ws} in {own}, then cast to {low} and SUMmed, where {self.describe()}",
-                        reduced(x.div(ws).to(reduce_in), call, group, ws).to(dtype)))
+            out.append(Candidate(f"SUM in {low}, cast back to {own}, then divided by {ws} in {own}, where "
+                                 f"{self.describe()}", summed.to(dtype).div(ws),
+                                 f"{average}, instead of casting the {low} SUM back to {own} and dividing there"))
+            out.append(Candidate(f"divided by {ws} in {own}, then cast to {low} and SUMmed, where {self.describe()}",
+                                 reduced(x.div(ws).to(reduce_in), call, group, ws).to(dtype),
+                                 f"{average}, instead of dividing in {own} before the cast to {low}"))
         for other in (torch.float32, torch.bfloat16, torch.float16):
             if other != reduce_in:
                 claimed = "no reduce dtype (the gradient's own)" if claim is None else dtype_name(claim)
-                out.append((f"reduced in {dtype_name(other)}, where the hook claims {claimed}",
-                            self.native(x, call, group, other)))
+                out.append(Candidate(f"reduced in {dtype_name(other)}, where the hook claims {claimed}",
+                                     self.native(x, call, group, other), self._dtype_fix(other, reduce_in)))
         for wrong in [w for w in self.wrong_world_sizes() if w != default_ws]:
-            out.append((f"divided as for {wrong} ranks ({self.dividing_as(wrong).describe().split(' ', 1)[1]}), "
-                        f"where the group has {ws}",
-                        self.dividing_as(wrong).native(x, call, group, claim, group_size=ws)))
+            out.append(Candidate(f"divided as for {wrong} ranks "
+                                 f"({self.dividing_as(wrong).describe().split(' ', 1)[1]}), where the group has {ws}",
+                                 self.dividing_as(wrong).native(x, call, group, claim, group_size=ws),
+                                 f"divide as for the group's {ws} ranks, not {wrong}: {average}"))
         if call.sharded:
+            keep = (f"keep this rank's own chunk, chunk {rank} of {ws} (index dist.get_rank(group)), as a "
+                    "reduce-scatter (dist.reduce_scatter_tensor) does")
             for shift in range(1, ws):
                 other = self.native(x, call, group, claim, shift=shift)  # a collective: computed on every rank
                 if _chunks_differ(gathered, ws, (rank - shift) % ws, rank):  # else no data tells them apart
-                    out.append((f"the reduced shard of rank {(rank - shift) % ws}, not this rank's ({rank})", other))
+                    out.append(Candidate(f"the reduced shard of rank {(rank - shift) % ws}, not this rank's ({rank})",
+                                         other, f"{keep}, not rank {(rank - shift) % ws}'s chunk"))
             # A hand-rolled reduce-scatter: all-reduce the whole buffer, keep one chunk (summed in the
             # all-reduce's order, which need not be the reduce-scatter's at 3 or more ranks).
             full = self.native(x, dataclasses.replace(call, sharded=False), group, claim).chunk(ws)
             for k in [k for k in range(ws) if k == rank or _chunks_differ(gathered, ws, k, rank)]:
-                out.append((f"an all-reduce of the whole buffer, then rank {k}'s chunk" + (
+                out.append(Candidate(f"an all-reduce of the whole buffer, then rank {k}'s chunk" + (
                     " (native's values, summed in the all-reduce's order, not the reduce-scatter's)" if k == rank else
-                    f": the reduced shard of rank {k}, not this rank's ({rank})"), full[k]))
+                    f": the reduced shard of rank {k}, not this rank's ({rank})"), full[k],
+                    f"reduce-scatter (dist.reduce_scatter_tensor), as native does, instead of an all-reduce and a "
+                    f"chunk: it sums in the reduce-scatter's order" if k == rank else f"{keep}, not rank {k}'s chunk"))
         return out
+
+    def _dtype_fix(self, other: torch.dtype, reduce_in: torch.dtype) -> str:
+        """The fix of "reduced in ``other``" where native reduces in ``reduce_in`` (the claim, or the gradient's
+        own dtype): reduce in that dtype, or claim ``other`` where the rounding is meant."""
+        own = dtype_name(reduce_in)
+        if self.reduce_dtype is None:
+            return (f"claim reduce_dtype=torch.{dtype_name(other)} in the HookSpec if reducing in "
+                    f"{dtype_name(other)} is meant (native then reduces in it too); else reduce in the gradient's "
+                    f"own dtype ({own}), with no cast before the collective")
+        return (f"reduce in {own}, the claimed reduce_dtype: cast to {own}, not {dtype_name(other)}, before the "
+                f"collective; or claim reduce_dtype=torch.{dtype_name(other)} if that is meant")

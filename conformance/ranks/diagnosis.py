@@ -33,6 +33,12 @@ and here, for every API:
 * NaN or Inf replaced (equal to native except where native is not finite);
 * a tail or a range of the buffer left unreduced (first and last differing index).
 
+Each cause comes with the fix it implies, one instruction worded for the API
+(the arithmetic's :meth:`~conformance.ranks.arithmetic.Arithmetic.how_to_average`,
+:meth:`~conformance.ranks.arithmetic.Arithmetic.where_result_goes` and
+:attr:`~conformance.ranks.arithmetic.Arithmetic.group_arg`): :class:`Named`, and
+:attr:`conformance.protocol.Finding.fixes`. Two causes at once carry both fixes.
+
 A call none of them explains is reported as "no known cause". Candidates run
 collectives, so every rank of the group must call :func:`diagnose` at the same
 point with the same number of calls; it checks that first and gives up (with a
@@ -45,7 +51,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -55,7 +61,7 @@ from conformance.ranks.compare import compare_bitwise, dtype_name
 from conformance.ranks.ulps import bits_equal
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.ranks.arithmetic import Arithmetic  # typing only
+    from conformance.ranks.arithmetic import Arithmetic, Candidate  # typing only
 
 #: ``torch.distributed`` functions counted while the hook runs (:func:`counting_collectives`).
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter", "all_gather",
@@ -65,6 +71,14 @@ COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "r
 KEEP_STEPS = 2
 #: Calls explained per failing step: each costs a dozen collectives, and the first ones tell the cause.
 MAX_DIAGNOSED_CALLS = 2
+
+
+class Named(NamedTuple):
+    """A cause that reproduces a hook call's result bit for bit (its words), and the fix it implies (one
+    instruction worded for the API; ``""`` where none follows)."""
+
+    cause: str
+    fix: str = ""
 
 
 @dataclasses.dataclass
@@ -224,57 +238,73 @@ def _nonfinite_replaced(output: torch.Tensor, native: torch.Tensor) -> Optional[
             f"NaN/Inf and the hook left {', '.join(repr(v) for v in values)}")
 
 
-def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], group: Any, rank: int) -> List[str]:
-    """Every named cause that reproduces ``call.output`` bit for bit (collective: every rank calls it).
+def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], group: Any,
+            rank: int) -> List[Named]:
+    """Every named cause that reproduces ``call.output`` bit for bit, with its fix (collective: every rank calls it).
 
     The causes are ``arith``'s (:meth:`~conformance.ranks.arithmetic.Arithmetic.candidates`, native first),
     then what any API's hook may do: return its local gradient, a step's old result, NaN or Inf replaced,
-    a range left unreduced.
+    a range left unreduced; their fixes are worded by ``arith`` too.
     """
     candidates = arith.candidates(call, group, rank)
     out = call.output
-    causes = [name for name, value in candidates if _same(out, value)]
-    native = candidates[0][1]
+    causes = [Named(c.cause, c.fix) for c in candidates if _same(out, c.value)]
+    native = candidates[0].value
     local = arith.unreduced(call, rank)
     if _same(out, local) and not _same(native, local):
-        causes.append("the local, unreduced gradient: " + (
-            f"the hook issued {call.collectives} collective(s), but its result is the local gradient it "
-            "received (the reduced values went elsewhere: into a copy the API never reads, or a buffer it then "
-            "overwrote with the unreduced result)"
-            if call.collectives else
-            "the hook never communicated (no torch.distributed collective was seen during the call)"))
+        if call.collectives:
+            causes.append(Named(
+                f"the local, unreduced gradient: the hook issued {call.collectives} collective(s), but its result is "
+                "the local gradient it received (the reduced values went elsewhere: into a copy the API never reads, "
+                "or a buffer it then overwrote with the unreduced result)",
+                f"{arith.where_result_goes(call)}: leave the reduced values there, not in a copy or a buffer the API "
+                "overwrites afterwards"))
+        else:
+            causes.append(Named(
+                "the local, unreduced gradient: the hook never communicated (no torch.distributed collective was "
+                "seen during the call)",
+                f"reduce over the hook's process group ({arith.group_arg}): {arith.how_to_average()}"))
     # Stale only where the inputs changed: with the same input, the last step's result is this one's too.
     if previous is not None and previous.output is not None and _same(out, previous.output) \
             and not _same(out, native) and not _same(previous.input, call.input):
-        causes.append(f"the result of step {previous.step} (stale): the hook returned what it produced a step earlier")
+        causes.append(Named(
+            f"the result of step {previous.step} (stale): the hook returned what it produced a step earlier",
+            "reduce each call's own input; keep no result from one step to the next (cached by bucket, size or "
+            "position, it is stale once the gradients change)"))
+    nonfinite = _nonfinite_replaced(out, native)
+    if nonfinite:
+        causes.append(Named(nonfinite, "leave NaN and Inf as the reduction gives them: native propagates them, so "
+                                       "the loss scaler (or the user) sees the step diverge"))
     partial = None if _same(out, local) else _partial(out, native, local)
-    for extra in (_nonfinite_replaced(out, native), partial):
-        if extra:
-            causes.append(extra)
+    if partial:
+        causes.append(Named(partial, "pass the whole buffer to the collective: every element must be reduced"))
     if not causes:
         causes.extend(_combined(out, candidates, _local_tails(arith, call, local)))
     return causes
 
 
-def wrong_group(call: HookCall, group: Any) -> Optional[str]:
+def wrong_group(arith: "Arithmetic", call: HookCall, group: Any) -> Optional[Named]:
     """What the hook's own calls show, whatever its result's bits: a collective over the default group where
-    the hook's process group (``group``) is smaller (the ``group=`` argument forgotten), or ``None``."""
+    the hook's process group (``group``) is smaller (the ``group=`` argument forgotten), with its fix, or
+    ``None``."""
     ws, everyone = dist.get_world_size(group), dist.get_world_size()
     if ws == everyone or everyone not in call.group_sizes:
         return None
-    return (f"the hook ran a collective over the default group ({everyone} ranks: no group= given), where its "
-            f"process group has {ws}: pass the process group the API gives the hook to every collective")
+    return Named(f"the hook ran a collective over the default group ({everyone} ranks: no group= given), where its "
+                 f"process group has {ws}: pass the process group the API gives the hook to every collective",
+                 f"pass {arith.group_arg} to every collective the hook issues (with no group= it runs over all "
+                 f"{everyone} ranks)")
 
 
-def agreed(causes: List[str], group: Any) -> List[str]:
+def agreed(causes: List[Named], group: Any) -> List[Named]:
     """``causes`` narrowed to those every rank of ``group`` also found, where some are: a cause that explains one
     rank's result alone is a coincidence of that rank's values (at 2 ranks, rank 1's local gradient can equal
     the SUM), not what the hook did. Causes compare by their text with the numbers left out (each rank names
     its own rank and shard). Collective: an all-gather of the texts."""
     everyone: List[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, [cause_key(c) for c in causes], group=group)
+    dist.all_gather_object(everyone, [cause_key(c.cause) for c in causes], group=group)
     common = set.intersection(*(set(c) for c in everyone))
-    return [c for c in causes if cause_key(c) in common] if common else causes
+    return [c for c in causes if cause_key(c.cause) in common] if common else causes
 
 
 def _local_tails(arith: "Arithmetic", call: HookCall, local: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
@@ -287,21 +317,26 @@ def _local_tails(arith: "Arithmetic", call: HookCall, local: torch.Tensor) -> Li
             (f"the local gradient divided by {ws}, never reduced", local.to(low).div(ws).to(local.dtype))]
 
 
-def _combined(out: torch.Tensor, bodies: Sequence[Tuple[str, torch.Tensor]],
-              tails: Sequence[Tuple[str, torch.Tensor]]) -> List[str]:
+def _combined(out: torch.Tensor, bodies: Sequence["Candidate"],
+              tails: Sequence[Tuple[str, torch.Tensor]]) -> List[Named]:
     """Two causes at once, each explaining a disjoint part of ``out`` bit for bit: the first of ``bodies``
     (native first) that explains some elements, with the first of ``tails`` that explains every other one.
-    Named with the index ranges of the second; empty when no pair covers ``out``."""
-    for body_name, body in bodies:
-        if body.shape != out.shape or body.dtype != out.dtype:
+    Named with the index ranges of the second, and with both fixes (the body's where it is not native);
+    empty when no pair covers ``out``."""
+    for body in bodies:
+        if body.value.shape != out.shape or body.value.dtype != out.dtype:
             continue
-        rest = ~bits_equal(out, body)
+        rest = ~bits_equal(out, body.value)
         if not bool(rest.any()) or bool(rest.all()):
             continue
         for tail_name, tail in tails:
             if tail.shape == out.shape and tail.dtype == out.dtype and bool(bits_equal(out[rest], tail[rest]).all()):
-                elsewhere = "native's result" if body_name == "native" else body_name
-                return [f"two causes: {tail_name} at {_ranges(rest)}; elsewhere {elsewhere}"]
+                where = _ranges(rest)
+                elsewhere = "native's result" if body.cause == "native" else body.cause
+                fix = f"reduce {where} too: pass the whole buffer to the collective"
+                if body.fix:
+                    fix += f"; and elsewhere, {body.fix}"
+                return [Named(f"two causes: {tail_name} at {where}; elsewhere {elsewhere}", fix)]
     return []
 
 
@@ -339,9 +374,9 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
     if not calls:
         return []
     previous = {c.index: c for c in log.calls if c.step == step - 1}
-    groups: Dict[Tuple[str, ...], List[HookCall]] = {}
+    groups: Dict[Tuple[Named, ...], List[HookCall]] = {}
     native_ok: List[HookCall] = []
-    observed: Dict[str, List[HookCall]] = {}
+    observed: Dict[Named, List[HookCall]] = {}
     def context(call: HookCall) -> Tuple[Any, int, "Arithmetic"]:
         # The group the API passed the hook (FSDP2), else the check's: a subgroup context keeps the global
         # rank in ctx.rank, so the rank in the group is asked for.
@@ -359,10 +394,10 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
     for call in chosen:
         group, rank, arith_call = context(call)
         causes = agreed(explain(arith_call, call, previous.get(call.index), group, rank), group)
-        seen = wrong_group(call, group)
+        seen = wrong_group(arith_call, call, group)
         if seen:
             observed.setdefault(seen, []).append(call)
-        if causes and causes[0] == "native":
+        if causes and causes[0].cause == "native":
             continue
         groups.setdefault(tuple(causes), []).append(call)
     if not int(mine.sum()):
@@ -372,18 +407,20 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
         findings.append(Finding(ctx.rank, f"{skipped} more hook call(s) of the step differ from native on some rank; "
                                           f"the diagnosis explains the first {MAX_DIAGNOSED_CALLS}", step=step,
                                 kind="diagnosis_note"))
-    for text, which in observed.items():
+    for seen, which in observed.items():
         where = "every hook call of the step" if len(which) == len(calls) else \
             f"{len(which)} of {len(calls)} hook calls ({_names(which)})"
-        findings.append(Finding(ctx.rank, f"in {where}, {text}", step=step, kind="diagnosis", causes=(text,)))
-    for causes, which in groups.items():
+        findings.append(Finding(ctx.rank, f"in {where}, {seen.cause}", step=step, kind="diagnosis",
+                                causes=(seen.cause,), fixes=(seen.fix,)))
+    for named, which in groups.items():
         where = "every hook call of the step" if len(which) == len(calls) else \
             f"{len(which)} of {len(calls)} hook calls ({_names(which)})"
-        if causes:
-            text = "; or ".join(causes)
+        if named:
+            causes = tuple(n.cause for n in named)
             kind = "diagnosis_wider_dtype" if _only_wider_dtype(causes, arith.reduce_dtype) else "diagnosis"
-            findings.append(Finding(ctx.rank, f"in {where}, the hook's result is explained, bit for bit, by: {text}",
-                                    step=step, kind=kind, causes=tuple(causes)))
+            findings.append(Finding(ctx.rank, f"in {where}, the hook's result is explained, bit for bit, by: "
+                                              f"{'; or '.join(causes)}", step=step, kind=kind, causes=causes,
+                                    fixes=tuple(n.fix for n in named)))
         else:
             findings.append(Finding(ctx.rank, f"no known cause explains the hook's result in {where}",
                                     step=step, kind="no_known_cause"))

@@ -103,6 +103,9 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         line = cause_line([(c["cause"], c["cases"]) for c in hook.get("causes") or ()], len(failed))
         if line:
             out += [f"{line[0].upper()}{line[1:]}.", ""]
+            fix = (hook.get("causes") or [{}])[0].get("fix")
+            if fix:
+                out += [f"Fix: {fix}.", ""]
         # The document's own grid: it holds the cells of cases a stopped run never reached, which no case record does.
         matrix = HookMatrix.from_json(hook["name"], hook["matrix"]) if hook.get("matrix") else \
             hook_matrix(records, hook["name"])

@@ -45,19 +45,40 @@ def findings_text(found: Sequence[Finding]) -> str:
 
 
 def diagnosis_lines(found: Sequence[Finding]) -> List[str]:
-    """``Diagnosis:`` and one line per distinct explanation, naming the ranks (and step) that gave it."""
-    ranks: Dict[Tuple[Optional[int], str], List[int]] = {}
+    """``Diagnosis:`` and one line per distinct explanation, naming the ranks (and step) that gave it; under it,
+    the fix its causes imply (:attr:`Finding.fixes`): ``fix: ...``, one line per distinct fix (naming its
+    cause where the causes imply different ones)."""
+    ranks: Dict[Tuple[Optional[int], str, Tuple[Tuple[str, str], ...]], List[int]] = {}
     for f in found:
         if f.kind in DIAGNOSIS_KINDS:
-            ranks.setdefault((f.step, f.message), []).append(f.rank)
+            ranks.setdefault((f.step, f.message, tuple(zip(f.causes, f.fixes))), []).append(f.rank)
     if not ranks:
         return []
     lines = ["  Diagnosis (each named cause recomputed with the same collectives from the hook's own inputs):"]
-    for (step, message), who in sorted(ranks.items(), key=lambda kv: (kv[0][0] or -1, min(kv[1]))):
+    for (step, message, fixes), who in sorted(ranks.items(), key=lambda kv: (kv[0][0] or -1, min(kv[1]))):
         who = sorted(set(who))
         label = f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}"
         lines.append(f"    [{label}{'' if step is None else f', step {step}'}] {message}")
+        lines.extend(f"      {line}" for line in fix_lines(fixes))
     return lines
+
+
+def fix_lines(fixes: Sequence[Tuple[str, str]]) -> List[str]:
+    """``fix: ...`` for ``(cause, fix)`` pairs: one line where every cause with a fix implies the same one,
+    else one line per distinct fix, ``fix, if SUM, then divided by 3: ...`` (the cause up to its first
+    ``", where"`` or ``": "``); none where no cause implies a fix."""
+    distinct = {fix: cause for cause, fix in reversed(fixes) if fix}
+    if len(distinct) <= 1:
+        return [f"fix: {fix}" for fix in distinct]
+    return [f"fix, if {_short_cause(cause)}: {fix}" for cause, fix in fixes if fix and distinct.get(fix) == cause]
+
+
+def _short_cause(cause: str) -> str:
+    """A cause's leading words: up to its first ``", where"`` or ``": "``."""
+    for cut in (", where", ": "):
+        if cut in cause:
+            cause = cause.split(cut, 1)[0]
+    return cause
 
 
 def explained(found: Sequence[Finding]) -> bool:

@@ -23,13 +23,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from conformance.protocol import cause_key
 
 __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "ResultsError", "SCHEMA_FILE",
-           "SCHEMA_VERSION", "ShortFigure", "build_document", "cause_line", "figure_value", "hook_causes",
+           "SCHEMA_VERSION", "ShortFigure", "build_document", "cause_line", "figure_value", "hook_causes", "hook_fixes",
            "load_results", "parse_figure",
            "records_from_json", "schema", "schema_problems", "unwritable_reason", "write_atomic", "write_json"]
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 #: The JSON Schema of the document (draft 2020-12).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
 
@@ -69,7 +69,8 @@ class CaseRecord:
             writes it with :func:`figure_value`.
         failure: of a failed case: ``header`` (the failure's first line), ``findings``
             (the first findings, one line each), ``message`` (the failure text, cut at
-            :data:`MAX_MESSAGE_CHARS`) and ``rerun`` (the command that re-runs it).
+            :data:`MAX_MESSAGE_CHARS`), ``rerun`` (the command that re-runs it), ``causes`` (the
+            causes the diagnosis named) and, where some cause implies one, ``fixes`` (cause -> its fix).
     """
 
     id: str
@@ -330,6 +331,17 @@ def hook_causes(records: Iterable[CaseRecord], hook: str) -> List[Tuple[str, int
                 counts[key] = counts.get(key, 0) + 1
     order = {key: i for i, key in enumerate(counts)}
     return [(wording[key], n) for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], order[kv[0]]))]
+
+
+def hook_fixes(records: Iterable[CaseRecord], hook: str) -> Dict[str, str]:
+    """The fix each cause of :func:`hook_causes` implies, by the cause as :func:`hook_causes` words it (causes
+    with no fix left out): the fix its first failed case recorded (``failure.fixes``)."""
+    fixes: Dict[str, str] = {}
+    for rec in records:
+        if rec.hook == hook and rec.failing and rec.failure:
+            for cause, fix in (rec.failure.get("fixes") or {}).items():
+                fixes.setdefault(cause_key(cause), fix)
+    return {cause: fixes[cause_key(cause)] for cause, _ in hook_causes(records, hook) if cause_key(cause) in fixes}
 
 
 def cause_line(causes: Sequence[Tuple[str, int]], failed: int) -> Optional[str]:

@@ -242,7 +242,9 @@ class ResultsRecorder:
             "source": {"kind": _source_kind(item.origin), "target": item.target},
             "verdict": verdict.text, "status": verdict.status.value, "counts": counts,
             "matrix": hook_matrix(self.grid_records(records), spec.name).to_json(),
-            "causes": [{"cause": cause, "cases": n} for cause, n in results.hook_causes(records, spec.name)],
+            "causes": [{"cause": cause, "cases": n, **({"fix": fixes[cause]} if cause in fixes else {})}
+                       for fixes in [results.hook_fixes(records, spec.name)]
+                       for cause, n in results.hook_causes(records, spec.name)],
         }
 
     @pytest.hookimpl(trylast=True)

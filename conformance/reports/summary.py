@@ -124,9 +124,13 @@ class Summary:
             for line in results_plugin.hook_matrix_lines(tr.config, name, verdict, indent=" " * 4):
                 tr.write_line(line)
             failed = [rec for rec in records if rec.hook == name and rec.failing]
-            cause = results.cause_line(results.hook_causes(failed, name), len(failed))
-            if cause:  # under the grid: where it fails, then why
+            causes = results.hook_causes(failed, name)
+            cause = results.cause_line(causes, len(failed))
+            if cause:  # under the grid: where it fails, then why, then what to change
                 tr.write_line(f"    {cause}")
+                fix = results.hook_fixes(failed, name).get(causes[0][0])
+                if fix:
+                    tr.write_line(f"      fix: {fix}")
         if keeper.xpassed:
             tr.section("known failures that now pass")
             for nodeid in keeper.xpassed:

@@ -13,6 +13,7 @@ from typing import Any, Tuple
 import torch
 
 from conformance.ranks.arithmetic import Arithmetic, reduced
+from conformance.ranks.ulps import dtype_name
 
 
 class FsdpArithmetic(Arithmetic):
@@ -42,3 +43,21 @@ class FsdpArithmetic(Arithmetic):
     def describe(self) -> str:
         pre, post = self.factors
         return f"FSDP pre-divides by {pre:g} and post-divides by {post:g}"
+
+    group_arg = "group=state.process_group"
+
+    def how_to_average(self) -> str:
+        pre, post = self.factors
+        steps = [f"divide by state.gradient_predivide_factor ({pre:g}) before the SUM"] if pre > 1 else []
+        if post > 1:
+            steps.append(f"by state.gradient_postdivide_factor ({post:g}) after it" if steps else
+                         f"divide by state.gradient_postdivide_factor ({post:g}) after the SUM")
+        how = " and ".join(steps) or "reduce with SUM (one rank: no division)"
+        if self.reduce_dtype is not None:
+            how = f"cast to {dtype_name(self.reduce_dtype)} first, then {how}, and cast back"
+        return f"{how}, as FSDP's _reduce_grad does"
+
+    def where_result_goes(self, call: Any) -> str:
+        if call.sharded:
+            return "write the reduced shard into output (FSDP reads output, not grad, under a sharded strategy)"
+        return "reduce grad in place (FSDP reads the gradient it passed the hook)"

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.apis.fsdp2.recorders import op_name
-from conformance.ranks.arithmetic import Arithmetic, reduced
+from conformance.ranks.arithmetic import Arithmetic, Candidate, reduced
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,15 @@ class CommArithmetic(Arithmetic):
 
     def describe(self) -> str:
         return f"FSDP2 asked the comm for op={op_name(self.op)} over {self.world_size} ranks"
+
+    group_arg = "group=group (the group FSDP2 passes the comm)"
+
+    def how_to_average(self) -> str:
+        return (f"reduce-scatter with the op FSDP2 passes the comm (here op={op_name(self.op)}) over the group it "
+                "passes, and divide nothing yourself (FSDP2 divides before and after the comm where it asks for SUM)")
+
+    def where_result_goes(self, call: Any) -> str:
+        return "reduce into the output_tensor FSDP2 passes the comm (FSDP2's gradients are views of it)"
 
     def wrong_world_sizes(self) -> Sequence[int]:
         """None: FSDP2 divides itself, and the op the comm got says how; no world size is the comm's to pick."""
@@ -63,6 +72,14 @@ class AllReduceHookArithmetic(Arithmetic):
     def describe(self) -> str:
         return f"{self.native_name} hands the hook its already reduced gradient, to leave as it is"
 
+    group_arg = "group=<the replicate group>"
+
+    def how_to_average(self) -> str:
+        return f"leave the tensor as {self.native_name} hands it to the hook: already reduced and averaged"
+
+    def where_result_goes(self, call: Any) -> str:
+        return "change the tensor FSDP2 passes the hook in place, if at all (FSDP2 ignores the return value)"
+
     def native_result(self, call: Any, group: Any) -> torch.Tensor:
         return call.input.to(call.output.dtype)
 
@@ -70,14 +87,18 @@ class AllReduceHookArithmetic(Arithmetic):
         """Native itself: the hook's input is reduced already."""
         return call.input.to(call.output.dtype)
 
-    def candidates(self, call: Any, group: Any, rank: int) -> List[Tuple[str, torch.Tensor]]:
+    def candidates(self, call: Any, group: Any, rank: int) -> List[Candidate]:
         x = call.input.to(call.output.dtype)
-        out: List[Tuple[str, torch.Tensor]] = [("native", x.clone())]
+        out: List[Candidate] = [Candidate("native", x.clone())]
         for d in sorted(set(self.divisors)):
-            out.append((f"divided by {d} after {self.native_name} had already averaged it", x.div(d)))
+            out.append(Candidate(f"divided by {d} after {self.native_name} had already averaged it", x.div(d),
+                                 f"drop the division by {d}: {self.how_to_average()}"))
         summed = x.clone()
         dist.all_reduce(summed, group=group)
-        out.append(("all-reduced (SUM) again over the default group, mixing the shards of different ranks", summed))
-        out.append(("averaged again over the default group, mixing the shards of different ranks",
-                    summed.div(self.world_size)))
+        again = (f"drop the all-reduce: {self.how_to_average()} (a collective with no group= runs over every rank "
+                 "of the default group, whose shards differ)")
+        out.append(Candidate("all-reduced (SUM) again over the default group, mixing the shards of different ranks",
+                             summed, again))
+        out.append(Candidate("averaged again over the default group, mixing the shards of different ranks",
+                             summed.div(self.world_size), again))
         return out

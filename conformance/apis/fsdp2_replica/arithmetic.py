@@ -34,3 +34,12 @@ class ReplicaArithmetic(Arithmetic):
 
     def describe(self) -> str:
         return f"native HSDP averages over the {self.world_size} replicas (ReduceOp.AVG)"
+
+    group_arg = "group=group (the replica group the hook is given)"
+
+    def how_to_average(self) -> str:
+        return (f"all-reduce the tensor over the replica group the hook is given with op=ReduceOp.AVG (the SUM "
+                f"divided by the {self.world_size} replicas), as native HSDP does")
+
+    def where_result_goes(self, call: Any) -> str:
+        return "all-reduce the tensor FSDP2 passes the hook in place (FSDP2 ignores the return value)"

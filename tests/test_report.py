@@ -115,5 +115,9 @@ def test_the_fix_each_cause_implies_stands_under_the_diagnosis_once_per_distinct
     two = Finding(2, "explained by: A; or B; or C", step=1, kind="diagnosis",
                   causes=("A, where native does X", "B: the detail", "C"), fixes=("do a", "do b", "do a"))
     assert findings_text([two]).splitlines()[-2:] == ["      fix, if A: do a", "      fix, if B: do b"]
+    many = Finding(2, "explained by: A; or B; or C; or D", step=1, kind="diagnosis", causes=("A", "B", "C", "D"),
+                   fixes=("do a", "do b", "do c", "do d"))
+    assert findings_text([many]).splitlines()[-3:] == ["      fix, if A: do a", "      fix, if B: do b",
+                                                       "      ... and 2 more fix(es), one for each other cause named"]
     none = Finding(0, "explained by: native", step=0, kind="diagnosis", causes=("x",), fixes=("",))
     assert findings_text([none]).splitlines()[-1] == "    [rank 0, step 0] explained by: native"

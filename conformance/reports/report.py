@@ -63,14 +63,21 @@ def diagnosis_lines(found: Sequence[Finding]) -> List[str]:
     return lines
 
 
+#: Fix lines shown under one diagnosis where its causes imply different fixes; the rest are counted.
+MAX_FIXES_SHOWN = 2
+
+
 def fix_lines(fixes: Sequence[Tuple[str, str]]) -> List[str]:
-    """``fix: ...`` for ``(cause, fix)`` pairs: one line where every cause with a fix implies the same one,
-    else one line per distinct fix, ``fix, if SUM, then divided by 3: ...`` (the cause up to its first
-    ``", where"`` or ``": "``); none where no cause implies a fix."""
-    distinct = {fix: cause for cause, fix in reversed(fixes) if fix}
-    if len(distinct) <= 1:
-        return [f"fix: {fix}" for fix in distinct]
-    return [f"fix, if {_short_cause(cause)}: {fix}" for cause, fix in fixes if fix and distinct.get(fix) == cause]
+    """``fix: ...`` for ``(cause, fix)`` pairs: one line where every cause with a fix implies the same one; else
+    one line per distinct fix, ``fix, if SUM, then divided by 3: ...`` (the cause up to its first ``", where"``
+    or ``": "``), the first :data:`MAX_FIXES_SHOWN` of them, the rest counted; none where no cause implies a
+    fix."""
+    first_cause = {fix: cause for cause, fix in reversed(fixes) if fix}
+    if len(first_cause) <= 1:
+        return [f"fix: {fix}" for fix in first_cause]
+    lines = [f"fix, if {_short_cause(cause)}: {fix}" for cause, fix in fixes if fix and first_cause.get(fix) == cause]
+    more = len(lines) - MAX_FIXES_SHOWN
+    return lines[:MAX_FIXES_SHOWN] + ([f"... and {more} more fix(es), one for each other cause named"] if more > 0 else [])
 
 
 def _short_cause(cause: str) -> str:

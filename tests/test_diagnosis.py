@@ -66,16 +66,17 @@ def _results(api: str, x: torch.Tensor, rank: int):
 
 def _fixes(api: str, rank: int):
     """``{name in _results: what its fix must say}``: native's averaging worded for the API, and the change."""
-    ddp_average = "multiply the bucket by 1/3 before the all-reduce (DDP scales each gradient by 1/world_size as it fills"
-    fsdp_average = ("divide by state.gradient_predivide_factor (2) before the SUM and by state.gradient_postdivide_factor "
-                    "(1.5) after it, as FSDP's _reduce_grad does")
+    ddp_average = ("multiply the bucket by 1/3 before the all-reduce (DDP scales each gradient by 1/world_size as it "
+                   "fills")
+    fsdp_average = ("divide by state.gradient_predivide_factor (2) before the SUM and by "
+                    "state.gradient_postdivide_factor (1.5) after it, as FSDP's _reduce_grad does")
     if api == "ddp":
         return {"SUM without averaging": f"average: {ddp_average}",
                 "SUM, then divided by 3, where DDP with no hook multiplies by 1/3": "instead of dividing the SUM by 3",
                 "divided by 3 before the SUM, where DDP with no hook multiplies by 1/3":
                     f"{ddp_average} the bucket), instead of dividing by 3 before the SUM",
                 "reduced in bfloat16": "claim reduce_dtype=torch.bfloat16 in the HookSpec",
-                "the hook never communicated": f"reduce over the hook's process group (group=process_group",
+                "the hook never communicated": "reduce over the hook's process group (group=process_group",
                 "the tail from element 40": "pass the whole buffer to the collective",
                 "averaged twice": f"divide once: {ddp_average}"}
     other = (rank + 1) % WORLD_SIZE
@@ -184,10 +185,9 @@ def _run_pairwise(rank: int, store_path: str, world_size: int) -> None:
         call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=result, sharded=False)
         causes = explain(arith, call, None, dist.group.WORLD, rank)
         assert "native" not in [c.cause for c in causes], causes
-        assert any(c.cause.startswith("SUM in pairwise order ((rank 0 + rank 1) + (rank 2 + rank 3)), without "
-                                      "averaging") and c.fix.startswith("reduce with dist.all_reduce itself, not a sum "
-                                                                        "of every rank's values in pairwise (tree) order")
-                   for c in causes), causes
+        cause = "SUM in pairwise order ((rank 0 + rank 1) + (rank 2 + rank 3)), without averaging"
+        fix = "reduce with dist.all_reduce itself, not a sum of every rank's values in pairwise (tree) order"
+        assert any(c.cause.startswith(cause) and c.fix.startswith(fix) for c in causes), causes
         # The data tells the orders apart: rank order would give other bits.
         gathered = [torch.empty_like(x) for _ in range(world_size)]
         dist.all_gather(gathered, x)
@@ -234,4 +234,5 @@ def test_each_api_words_how_native_averages_and_where_the_result_goes_its_own_wa
     assert "output_tensor" in comm.where_result_goes(sharded)
     replica = ReplicaArithmetic(2, None)
     assert "op=ReduceOp.AVG" in replica.how_to_average() and "in place" in replica.where_result_goes(flat)
-    assert AllReduceHookArithmetic(4, None).how_to_average().startswith("leave the tensor as native HSDP hands it")
+    assert AllReduceHookArithmetic(4, None).how_to_average().startswith(
+        "leave the tensor as native HSDP hands it")

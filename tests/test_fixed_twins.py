@@ -69,7 +69,8 @@ CASES: Dict[Tuple[str, str], Tuple[str, ...]] = {
         "test_fsdp2_replica_parity[bad_replica_out_of_place-replica-nested_wrapped-ws4]",),
 }
 
-_DDP_AVERAGE = "multiply the bucket by 1/{n} before the all-reduce (DDP scales each gradient by 1/world_size as it fills"
+_DDP_AVERAGE = ("multiply the bucket by 1/{n} before the all-reduce (DDP scales each gradient by 1/world_size as it "
+                "fills")
 _FSDP_AVERAGE = "divide by state.gradient_predivide_factor (2) before the SUM"
 _FSDP2_OP = "reduce-scatter with the op FSDP2 passes the comm (here op={op})"
 _REPLICA_AVERAGE = "all-reduce the tensor over the replica group the hook is given with op=ReduceOp.AVG"

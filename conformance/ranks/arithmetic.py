@@ -251,7 +251,8 @@ class Arithmetic(abc.ABC):
         mine = (lambda t: t.chunk(ws)[rank]) if call.sharded else (lambda t: t)
         order = " + ".join(f"rank {i}" for i in range(ws))
         by = "dist.reduce_scatter_tensor" if call.sharded else "dist.all_reduce"
-        collective = f"reduce with {by} itself, not a sum of every rank's values in {{}} computed by the hook, and {average}"
+        collective = (f"reduce with {by} itself, not a sum of every rank's values in {{}} computed by the hook, "
+                      f"and {average}")
         out.append(Candidate(f"summed in rank order ({order}), then divided by {ws}, where {self.describe()}",
                              mine(in_rank_order(gathered).div(ws)).to(dtype), collective.format("rank order")))
         out.append(Candidate(f"each rank's values multiplied by 1/{ws}, then summed in rank order ({order}), where "
@@ -312,8 +313,8 @@ class Arithmetic(abc.ABC):
                 out.append(Candidate(f"an all-reduce of the whole buffer, then rank {k}'s chunk" + (
                     " (native's values, summed in the all-reduce's order, not the reduce-scatter's)" if k == rank else
                     f": the reduced shard of rank {k}, not this rank's ({rank})"), full[k],
-                    f"reduce-scatter (dist.reduce_scatter_tensor), as native does, instead of an all-reduce and a "
-                    f"chunk: it sums in the reduce-scatter's order" if k == rank else f"{keep}, not rank {k}'s chunk"))
+                    "reduce-scatter (dist.reduce_scatter_tensor), as native does, instead of an all-reduce and a "
+                    "chunk: it sums in the reduce-scatter's order" if k == rank else f"{keep}, not rank {k}'s chunk"))
         return out
 
     def _dtype_fix(self, other: torch.dtype, reduce_in: torch.dtype) -> str:

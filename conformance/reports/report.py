@@ -77,7 +77,9 @@ def fix_lines(fixes: Sequence[Tuple[str, str]]) -> List[str]:
         return [f"fix: {fix}" for fix in first_cause]
     lines = [f"fix, if {_short_cause(cause)}: {fix}" for cause, fix in fixes if fix and first_cause.get(fix) == cause]
     more = len(lines) - MAX_FIXES_SHOWN
-    return lines[:MAX_FIXES_SHOWN] + ([f"... and {more} more fix(es), one for each other cause named"] if more > 0 else [])
+    if more > 0:
+        lines = lines[:MAX_FIXES_SHOWN] + [f"... and {more} more fix(es), one for each other cause named"]
+    return lines
 
 
 def _short_cause(cause: str) -> str:

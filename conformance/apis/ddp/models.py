@@ -29,43 +29,19 @@ from typing import Any, Dict, Optional
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from conformance.apis.ddp.arithmetic import DdpArithmetic
 from conformance.apis.ddp.cpp_hooks import is_cpp_hook
 from conformance.apis.ddp.recorder import CppHookRecorder, DDPHookRecorder
 from conformance.apis.ddp.reference import reference_hook, reference_name
+# The configs live in the API's standalone part, which reproducers copy as it is; imported from here too.
+from conformance.apis.ddp.standalone import (BUCKET_PER_PARAM_CAP_MB, CONFIGS, NO_SYNC_MICRO_STEPS,  # noqa: F401
+                                             SMALL_BUCKET_CAP_MB, micro_steps, wrap_ddp)
 from conformance.models import get_model
 from conformance.ranks.checks.common import fqn_inside_ddp, named_grads, named_params
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built
 from conformance.ranks.compare import dtype_name
-
-#: ``bucket_cap_mb`` of the ``small_buckets`` config: 512 bytes, so every
-#: reference model spreads over several buckets once DDP rebuilds its buckets
-#: after the first iteration (the first iteration always uses one bucket).
-SMALL_BUCKET_CAP_MB = 512 / (1024 * 1024)
-#: ``bucket_cap_mb`` of the ``bucket_per_param`` config: one byte, so from the
-#: second iteration on every parameter is a bucket of its own, and the buckets
-#: of ``gradient_probe`` (numels 3, 1, 5, 21, 64) have lengths that divide by
-#: neither 2 nor 3 ranks (a hook that pads a bucket must not hand the padding back).
-BUCKET_PER_PARAM_CAP_MB = 1 / (1024 * 1024)
-#: Backward passes per step in the ``no_sync`` config: all but the last run
-#: under ``no_sync()`` (no hook call), the last one synchronises.
-NO_SYNC_MICRO_STEPS = 3
-
-#: Training configurations: DDP constructor keyword arguments.
-CONFIGS: Dict[str, Dict[str, Any]] = {
-    "default": {},
-    "small_buckets": {"bucket_cap_mb": SMALL_BUCKET_CAP_MB},
-    "bucket_per_param": {"bucket_cap_mb": BUCKET_PER_PARAM_CAP_MB},
-    "bucket_view": {"gradient_as_bucket_view": True},
-    "static_graph": {"static_graph": True},
-    "find_unused": {"find_unused_parameters": True},
-    "no_sync": {},
-    "subgroup": {},
-}
-
 
 def build_ddp(model_name: str, ctx: Any, config: str) -> nn.Module:
     """``DistributedDataParallel`` around a freshly built ``model_name`` under ``config``, in ``ctx.group``.
@@ -76,8 +52,7 @@ def build_ddp(model_name: str, ctx: Any, config: str) -> nn.Module:
     if config not in CONFIGS:
         raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(CONFIGS)}")
     module = get_model(model_name).build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-    device_ids = [ctx.device] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(module, device_ids=device_ids, process_group=ctx.group, **CONFIGS[config])
+    return wrap_ddp(module, ctx.group, ctx.device, config)
 
 
 def ddp_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
@@ -105,7 +80,7 @@ class DdpModels(ApiModels):
         if config not in CONFIGS:
             raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(CONFIGS)}")
         self.config = config
-        self.micro_steps = NO_SYNC_MICRO_STEPS if config == "no_sync" else 1
+        self.micro_steps = micro_steps({"config": config}, 1)
         super().__init__(on_subgroup(ctx) if config == "subgroup" else ctx, spec, model)
         self.reference = reference_name(spec)
         # The reference of reference_hook for float32 parameters: a float32 claim is DDP with no hook.

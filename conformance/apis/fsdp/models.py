@@ -16,9 +16,12 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
 from conformance.apis.fsdp.arithmetic import FsdpArithmetic
+# The mixed-precision settings live in the API's standalone part, which reproducers copy as it is; imported
+# from here too.
+from conformance.apis.fsdp.standalone import low_precision_grads_mixed_precision, native_mixed_precision
 from conformance.models import get_model
 from conformance.protocol import Finding
 from conformance.ranks.checks.common import fqn_without_wrappers, named_grads, named_params
@@ -26,38 +29,6 @@ from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
 from conformance.ranks.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
-
-
-def native_mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Optional[MixedPrecision]:
-    """``MixedPrecision(reduce_dtype=X)``, the native path a ``reduce_dtype=X`` hook must equal.
-
-    ``_module_classes_to_ignore`` is emptied: by default FSDP puts batch-norm
-    modules in their own FSDP units that reduce in full precision, which
-    changes the unit structure between the reference and the hooked model and
-    is not something a communication hook can (or should) reproduce.
-    """
-    if reduce_dtype is None:
-        return None
-    mp = MixedPrecision(reduce_dtype=reduce_dtype)
-    if hasattr(mp, "_module_classes_to_ignore"):
-        mp = MixedPrecision(reduce_dtype=reduce_dtype, _module_classes_to_ignore=())
-    return mp
-
-
-def low_precision_grads_mixed_precision() -> MixedPrecision:
-    """``MixedPrecision(param_dtype=float16, reduce_dtype=float16, keep_low_precision_grads=True)``, the setting of
-    ``test_low_precision_grads`` in PyTorch's test_fsdp_clip_grad_norm.py: forward and backward in float16,
-    the gradients kept in float16 after the reduction.
-
-    ``reduce_dtype`` is float16, as there (the plan skips hooks that claim another); the reduction of a hook
-    that claims none, which keeps its input's dtype, is float16 too. The reference and the hooked model get
-    the same setting: FSDP casts the gradient to ``reduce_dtype`` before it calls a hook.
-    """
-    kw: Dict[str, Any] = dict(param_dtype=torch.float16, keep_low_precision_grads=True, reduce_dtype=torch.float16)
-    try:
-        return MixedPrecision(**kw, _module_classes_to_ignore=())
-    except TypeError:
-        return MixedPrecision(**kw)
 
 
 def build_fsdp(model_name: str, ctx: Any, strategy: str, *, mixed_precision: Any = None,

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
+from conformance.apis.fsdp2.standalone import make_comm as standalone_make_comm
 from conformance.protocol import Finding
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.compare import dtype_name
@@ -164,12 +165,10 @@ class HookRecorder(Recorder):
 
 
 def make_comm(spec: Any) -> Any:
-    """The spec's comm: the object itself, or what its zero-argument factory returns."""
-    hook = spec.hook
-    if not isinstance(hook, type) and callable(getattr(hook, "allocate", None)):
-        return hook
-    comm = hook()  # a factory; a comm class is one too
-    if not callable(getattr(comm, "allocate", None)) or not callable(comm):
-        raise TypeError(f"the factory of hook {spec.name!r} returned {comm!r}, not a ReduceScatter comm "
-                        "(an object with allocate() and __call__(output_tensor, input_tensor, group, op, async_op))")
-    return comm
+    """The spec's comm: the object itself, or what its zero-argument factory returns
+    (:func:`conformance.apis.fsdp2.standalone.make_comm`, which reproducers copy).
+
+    Raises:
+        TypeError: the factory returned no ``ReduceScatter`` comm.
+    """
+    return standalone_make_comm(spec.hook, spec.name)

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Tuple
 import torch.distributed as dist
 
 from conformance.apis import SUBGROUP_WORLD_SIZE
+from conformance.reproducers.standalone_main import data_parallel_groups
 
 _SUBGROUPS: Dict[Tuple[int, int], Any] = {}
 
@@ -36,8 +37,7 @@ def subgroup_ranks(world_size: int) -> List[List[int]]:
     if world_size % 2 or world_size < SUBGROUP_WORLD_SIZE:
         raise ValueError(f"the subgroup cases need an even world size of at least {SUBGROUP_WORLD_SIZE}, "
                          f"got {world_size}")
-    half = world_size // 2
-    return [[i, i + half] for i in range(half)]
+    return data_parallel_groups(world_size)
 
 
 class SubgroupContext:

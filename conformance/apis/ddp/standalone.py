@@ -1,0 +1,171 @@
+"""DDP's part of a standalone reproducer (torch only): its training configs, its reference per claim, its build.
+
+This module is written, as it is, into every reproducer of a DDP case
+(:mod:`conformance.reproducers`); the suite imports its configs and reference
+hooks from here too (``models.py``, ``reference.py``), so the file builds the
+models exactly as the suite did. Its functions read the reproducer's globals
+``CASE`` (``variant["config"]``, ``reduce_dtype``), ``MODEL``, ``HOOK`` and
+``STATE`` only when called.
+
+The reference for each claim: DDP with no hook (``Reducer``: the gradient
+copied into the bucket multiplied by ``1/world_size``, SUM all-reduce); for
+``reduce_dtype=float16`` / ``bfloat16`` the documented equivalent
+``fp16_compress_wrapper(allreduce_hook)`` / ``bf16_compress_wrapper(allreduce_hook)``
+(``ddp_comm_hooks/default_hooks.py``); another reduce dtype: cast, ``allreduce_hook``, cast back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+#: ``bucket_cap_mb`` of the ``small_buckets`` config: 512 bytes, so every
+#: reference model spreads over several buckets once DDP rebuilds its buckets
+#: after the first iteration (the first iteration always uses one bucket).
+SMALL_BUCKET_CAP_MB = 512 / (1024 * 1024)
+#: ``bucket_cap_mb`` of the ``bucket_per_param`` config: one byte, so from the
+#: second iteration on every parameter is a bucket of its own, and the buckets
+#: of ``gradient_probe`` (numels 3, 1, 5, 21, 64) have lengths that divide by
+#: neither 2 nor 3 ranks (a hook that pads a bucket must not hand the padding back).
+BUCKET_PER_PARAM_CAP_MB = 1 / (1024 * 1024)
+#: Backward passes per step in the ``no_sync`` config: all but the last run
+#: under ``no_sync()`` (no hook call), the last one synchronises.
+NO_SYNC_MICRO_STEPS = 3
+
+#: Training configurations: DDP constructor keyword arguments.
+CONFIGS: Dict[str, Dict[str, Any]] = {
+    "default": {},
+    "small_buckets": {"bucket_cap_mb": SMALL_BUCKET_CAP_MB},
+    "bucket_per_param": {"bucket_cap_mb": BUCKET_PER_PARAM_CAP_MB},
+    "bucket_view": {"gradient_as_bucket_view": True},
+    "static_graph": {"static_graph": True},
+    "find_unused": {"find_unused_parameters": True},
+    "no_sync": {},
+    "subgroup": {},
+}
+
+
+def micro_steps(variant: Dict[str, Any], asked: int) -> int:
+    """Backward passes per step of a case: :data:`NO_SYNC_MICRO_STEPS` in the ``no_sync`` config."""
+    return NO_SYNC_MICRO_STEPS if variant.get("config") == "no_sync" else asked
+
+
+def wrap_ddp(module: nn.Module, group: Any, device: torch.device, config: str) -> nn.Module:
+    """``DistributedDataParallel(module)`` in ``group`` under ``config`` (:data:`CONFIGS`).
+
+    Raises:
+        ValueError: ``config`` is not one of :data:`CONFIGS`.
+    """
+    if config not in CONFIGS:
+        raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(CONFIGS)}")
+    device_ids = [device] if device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=device_ids, process_group=group, **CONFIGS[config])
+
+
+def _identity_state(process_group: Any) -> Any:
+    return process_group
+
+
+class _CastAllreduce:
+    """Cast the bucket to ``dtype``, ``allreduce_hook``, cast back: the ``*_compress_wrapper`` shape.
+
+    Only for reduce dtypes PyTorch has no wrapper for (float32 / float64
+    claims on parameters of another dtype).
+    """
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.__qualname__ = f"cast_allreduce_{str(dtype).rsplit('.', 1)[-1]}"
+
+    def __call__(self, state: Any, bucket: Any) -> Any:
+        out = bucket.buffer()
+        bucket.set_buffer(out.to(self.dtype))
+        fut = default_hooks.allreduce_hook(state, bucket)
+        return fut.then(lambda f: out.copy_(f.value()))
+
+
+def reference_hook(reduce_dtype: Optional[torch.dtype], param_dtype: torch.dtype
+                   ) -> Optional[Tuple[Callable[[Any], Any], Any]]:
+    """``(state_factory, hook)`` of the reference for a claim; ``None`` = DDP with no hook.
+
+    ``fp16_compress_wrapper(allreduce_hook)`` / ``bf16_compress_wrapper(allreduce_hook)``
+    for float16 / bfloat16, which PyTorch's docstrings state equal
+    ``fp16_compress_hook`` / ``bf16_compress_hook``; ``allreduce_hook``'s
+    state is the process group.
+    """
+    if reduce_dtype is None or reduce_dtype == param_dtype:
+        return None
+    if reduce_dtype == torch.float16:
+        return _identity_state, default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)
+    if reduce_dtype == torch.bfloat16:
+        return _identity_state, _renamed(default_hooks.bf16_compress_wrapper(default_hooks.allreduce_hook),
+                                         "reference_bf16_compress_wrapper_allreduce")
+    return _identity_state, _CastAllreduce(reduce_dtype)
+
+
+def _renamed(hook: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``hook`` under another ``__name__``.
+
+    ``DistributedDataParallel._check_comm_hook`` refuses any hook *named*
+    ``bf16_compress_hook`` or ``bf16_compress_wrapper_hook`` on a torch built
+    without CUDA/NCCL, although gloo reduces bfloat16. The suite's own reference
+    must run wherever the hook under test can, so it goes by another name; the
+    arithmetic is PyTorch's, unchanged.
+    """
+
+    def reference(state, bucket):  # unannotated: DDP checks any annotation against GradBucket/Future
+        return hook(state, bucket)
+
+    reference.__name__ = reference.__qualname__ = name
+    return reference
+
+
+# -- the reproducer's side (reads its globals when called) ---------------------------------------------------
+
+def reference() -> str:
+    """What the hooked copy is compared with: DDP with no hook, or the claim's documented equivalent."""
+    claim = CASE["reduce_dtype"]
+    if claim in (torch.float16, torch.bfloat16):
+        name = "fp16" if claim == torch.float16 else "bf16"
+        return f"the documented equivalent, {name}_compress_wrapper(allreduce_hook)"
+    return "DDP with no hook" if claim is None else f"allreduce_hook in {claim}"
+
+
+def _inside_ddp(name: str) -> str:
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def subgroup(ranks: Any) -> Any:
+    """The ``subgroup`` config trains in this rank's data-parallel subgroup (:func:`data_parallel_groups`)."""
+    return on_data_parallel_subgroup(ranks) if CASE["variant"]["config"] == "subgroup" else ranks
+
+
+def build(ranks: Any, hooked: bool) -> nn.Module:
+    """The case's DDP model: with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; else native's reference."""
+    module = MODEL.build(group=ranks.group, device=ranks.device, fsdp_kwargs=None)
+    model = wrap_ddp(module, ranks.group, ranks.device, CASE["variant"]["config"])
+    if hooked:
+        model.register_comm_hook(STATE(ranks.group), HOOK)
+        return model
+    ref = reference_hook(CASE["reduce_dtype"], next(model.parameters()).dtype)
+    if ref is not None:
+        model.register_comm_hook(ref[0](ranks.group), ref[1])
+    return model
+
+
+def no_sync(model: nn.Module) -> Any:
+    """``DistributedDataParallel.no_sync()``."""
+    return model.no_sync()
+
+
+def _grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+    return {_inside_ddp(n): None if p.grad is None else p.grad.detach() for n, p in model.named_parameters()}
+
+
+GRAD_VIEWS = [("gradient", _grads)]
+PARAM_VIEW = ("parameter after the optimizer step",
+              lambda model: {_inside_ddp(n): p.detach() for n, p in model.named_parameters()})

@@ -1,0 +1,94 @@
+"""FSDP1's part of a standalone reproducer (torch only): its native mixed precision and its build.
+
+This module is written, as it is, into every reproducer of an FSDP1 case
+(:mod:`conformance.reproducers`); the suite's models (``models.py``) import its
+mixed-precision settings from here, so the file builds the models as the
+suite did: the model's FSDP units, ``use_orig_params=True``, the case's
+``ShardingStrategy``, the reference under ``MixedPrecision(reduce_dtype=...)``
+for a reduced-precision claim and the hooked model without it (the hook
+reduces), both under the low-precision-gradients setting where the case has it.
+Its reproducer functions read the globals ``CASE``, ``MODEL``, ``HOOK`` and
+``STATE`` only when called.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+
+
+def native_mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Optional[MixedPrecision]:
+    """``MixedPrecision(reduce_dtype=X)``, the native path a ``reduce_dtype=X`` hook must equal.
+
+    ``_module_classes_to_ignore`` is emptied: by default FSDP puts batch-norm
+    modules in their own FSDP units that reduce in full precision, which
+    changes the unit structure between the reference and the hooked model and
+    is not something a communication hook can (or should) reproduce.
+    """
+    if reduce_dtype is None:
+        return None
+    mp = MixedPrecision(reduce_dtype=reduce_dtype)
+    if hasattr(mp, "_module_classes_to_ignore"):
+        mp = MixedPrecision(reduce_dtype=reduce_dtype, _module_classes_to_ignore=())
+    return mp
+
+
+def low_precision_grads_mixed_precision() -> MixedPrecision:
+    """``MixedPrecision(param_dtype=float16, reduce_dtype=float16, keep_low_precision_grads=True)``, the setting of
+    ``test_low_precision_grads`` in PyTorch's test_fsdp_clip_grad_norm.py: forward and backward in float16,
+    the gradients kept in float16 after the reduction.
+
+    ``reduce_dtype`` is float16, as there (the plan skips hooks that claim another); the reduction of a hook
+    that claims none, which keeps its input's dtype, is float16 too. The reference and the hooked model get
+    the same setting: FSDP casts the gradient to ``reduce_dtype`` before it calls a hook.
+    """
+    kw: Dict[str, Any] = dict(param_dtype=torch.float16, keep_low_precision_grads=True, reduce_dtype=torch.float16)
+    try:
+        return MixedPrecision(**kw, _module_classes_to_ignore=())
+    except TypeError:
+        return MixedPrecision(**kw)
+
+
+# -- the reproducer's side (reads its globals when called) ---------------------------------------------------
+
+def reference() -> str:
+    """What the hooked copy is compared with: FSDP with no hook, under the claim's ``MixedPrecision``."""
+    claim = CASE["reduce_dtype"]
+    return "the native path" + ("" if claim is None else f" with MixedPrecision(reduce_dtype={claim})")
+
+
+def subgroup(ranks: Any) -> Any:
+    """A ``subgroup`` case trains in this rank's data-parallel subgroup."""
+    return on_data_parallel_subgroup(ranks) if CASE["variant"].get("subgroup") else ranks
+
+
+def build(ranks: Any, hooked: bool) -> nn.Module:
+    """The case's FSDP model under its strategy: with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``."""
+    if CASE["variant"].get("low_precision_grads"):
+        mixed = low_precision_grads_mixed_precision()
+    else:
+        mixed = None if hooked else native_mixed_precision(CASE["reduce_dtype"])
+    model = MODEL.build(group=ranks.group, device=ranks.device, fsdp_kwargs=dict(
+        sharding_strategy=ShardingStrategy[CASE["variant"]["strategy"]], mixed_precision=mixed,
+        use_orig_params=True))
+    if hooked:
+        model.register_comm_hook(STATE(ranks.group), HOOK)
+    return model
+
+
+def no_sync(model: nn.Module) -> Any:
+    """``FullyShardedDataParallel.no_sync()``."""
+    return model.no_sync()
+
+
+def _fqn(name: str) -> str:
+    return name.replace("_fsdp_wrapped_module.", "")
+
+
+GRAD_VIEWS = [("gradient", lambda model: {_fqn(n): None if p.grad is None else p.grad.detach()
+                                          for n, p in model.named_parameters()})]
+PARAM_VIEW = ("parameter after the optimizer step",
+              lambda model: {_fqn(n): p.detach() for n, p in model.named_parameters()})

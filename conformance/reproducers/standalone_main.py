@@ -1,0 +1,215 @@
+"""The training loop of a standalone reproducer: the native and the hooked copy side by side, compared bit for bit.
+
+This module is written, as it is, into every reproducer file
+(:func:`conformance.reproducers.reproducer_source`), below the case
+(``CASE``), the model class (``MODEL``) and the API's part
+(``conformance/apis/<api>/standalone.py``: ``subgroup``, ``build``, ``no_sync``,
+``GRAD_VIEWS``, ``PARAM_VIEW``, ``reference``). It imports only the standard library and
+torch, so the file runs where the suite is not installed.
+
+It mirrors the suite's lock-step loop (``conformance/ranks/checks/lockstep.py``,
+modelled on ``_get_grads`` of PyTorch's ``test_ddp_hooks.py``): per step, zero
+the gradients, forward and backward both copies on this rank's inputs (all
+micro-batches but the last under the API's ``no_sync``), compare each gradient
+view, then ``SGD(foreach=False)`` steps on both and compare the parameters.
+The first difference is printed per rank (parameter FQN, index, both values
+and their bits); the ranks agree, with an all-reduce, to stop together.
+
+Exit status: 1 the difference reproduces, 0 it does not, 2 the launch does not
+fit the case (world size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class Ranks:
+    """This rank's place in the run: ``rank``, ``world_size``, ``group`` (the process group the models
+    train in), ``device``; the API's part may give a subgroup's (``subgroup()``)."""
+
+    def __init__(self, rank: int, world_size: int, group: Any, device: torch.device):
+        self.rank, self.world_size, self.group, self.device = rank, world_size, group, device
+
+
+def data_parallel_groups(world_size: int) -> List[List[int]]:
+    """The data-parallel subgroups of the subgroup cases: ``[[0, N/2], [1, N/2 + 1], ...]``."""
+    half = world_size // 2
+    return [[i, i + half] for i in range(half)]
+
+
+def on_data_parallel_subgroup(ranks: Ranks) -> Ranks:
+    """``ranks`` with this rank's data-parallel subgroup (``dist.new_subgroups_by_enumeration``, collective) as
+    its group and world size; the rank stays the global one (the inputs differ per group)."""
+    mine, _ = dist.new_subgroups_by_enumeration(data_parallel_groups(ranks.world_size))
+    return Ranks(ranks.rank, mine.size(), mine, ranks.device)
+
+
+def _bits(value: torch.Tensor) -> str:
+    """The stored bits of a one-element floating tensor, in hex, as wide as its dtype."""
+    size = value.element_size()
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    raw = int(value.reshape(1).view(ints[size])[0])
+    return f"0x{raw & ((1 << (8 * size)) - 1):0{2 * size}x}"
+
+
+def _short(value: torch.Tensor) -> str:
+    """The shortest decimal that reads back as ``value``'s bits in its own dtype (``-0.33552012``)."""
+    number = float(value)
+    if number != number or number in (float("inf"), float("-inf")):
+        return repr(number)
+    for digits in range(1, 18):
+        text = f"{number:.{digits}g}"
+        if _bits(torch.tensor(float(text), dtype=value.dtype)) == _bits(value):
+            return text
+    return repr(number)
+
+
+def first_difference(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor]) -> Optional[str]:
+    """Why ``actual`` (hooked) is not bitwise equal to ``expected`` (native), or ``None``; NaN equals NaN,
+    ``-0.0`` is not ``+0.0`` (the suite's ``compare_bitwise``)."""
+    if actual is None or expected is None:
+        if actual is None and expected is None:
+            return None
+        return f"is {'None' if actual is None else 'set'} with the hook but {'None' if expected is None else 'set'} natively"
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if a.dtype != e.dtype:
+        return f"dtype {a.dtype} with the hook, {e.dtype} natively"
+    if a.shape != e.shape:
+        return f"shape {tuple(a.shape)} with the hook, {tuple(e.shape)} natively"
+    if not a.is_floating_point():
+        differ = a != e
+    else:
+        ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        differ = (a.view(ints) != e.view(ints)) & ~(torch.isnan(a) & torch.isnan(e))
+    if not bool(differ.any()):
+        return None
+    flat = int(differ.reshape(-1).nonzero()[0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else ()
+    got, want = a.reshape(-1)[flat], e.reshape(-1)[flat]
+    if a.is_floating_point():
+        text = f"got {_short(got)} ({_bits(got)}), but expected {_short(want)} ({_bits(want)})"
+    else:
+        text = f"got {got.item()!r}, but expected {want.item()!r}"
+    return f"first difference at index {index}: {text}; {int(differ.sum())} of {a.numel()} elements differ"
+
+
+def compare(what: str, hooked: Dict[str, Any], native: Dict[str, Any], rank: int, step: int) -> Optional[str]:
+    """The first FQN (in ``native``'s order) whose tensor differs, as the line this rank prints, or ``None``."""
+    for fqn, expected in native.items():
+        why = first_difference(hooked.get(fqn), expected)
+        if why is not None:
+            return f"[rank {rank}, step {step}, parameter {fqn!r}] {what} differs from {reference()}: {why}"
+    return None
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` is true on any rank (an all-reduce over the default group: every rank stops together)."""
+    t = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _float(text: str) -> float:
+    return float.fromhex(text) if "0x" in text else float(text)
+
+
+def step_inputs(ranks: Ranks, step: int) -> List[Tuple[torch.Tensor, ...]]:
+    """This rank's inputs of ``step``, one tuple per micro-batch: the case's recorded gradients (hard inputs,
+    ``CASE["inputs"][step][rank]``, float32 hex) or ``MODEL.make_input(rank + k * world_size, ...)``."""
+    if CASE["inputs"] is not None:
+        shapes = MODEL.input_shapes()
+        values = CASE["inputs"][step][ranks.rank]
+        return [tuple(torch.tensor([_float(v) for v in vs], dtype=torch.float32).reshape(shape).to(ranks.device)
+                      for vs, shape in zip(values, shapes))]
+    return [MODEL.make_input(ranks.rank + k * ranks.world_size, ranks.world_size, ranks.device)
+            for k in range(CASE["micro_steps"])]
+
+
+def train_step(model: nn.Module, optim: torch.optim.Optimizer, inputs: List[Tuple[torch.Tensor, ...]]) -> None:
+    """Zero the gradients; forward/backward each micro-batch, all but the last under ``no_sync(model)``."""
+    optim.zero_grad(set_to_none=True)
+    for k, micro in enumerate(inputs):
+        if k == len(inputs) - 1:
+            MODEL.loss(micro, model(*micro)).backward()
+        else:
+            with no_sync(model):
+                MODEL.loss(micro, model(*micro)).backward()
+
+
+def _device_and_backend() -> Tuple[torch.device, str]:
+    """One GPU per rank (``LOCAL_RANK``) and NCCL where CUDA is available, else CPU and gloo."""
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= torch.cuda.device_count():
+            raise SystemExit(f"local rank {local} has no GPU (this node has {torch.cuda.device_count()}): "
+                             "start fewer processes per node")
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the case under ``torchrun``; the exit status says whether the difference reproduces."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--without-hook", action="store_true",
+                        help="build the hooked copy without the hook (native on both sides): must print no difference")
+    args = parser.parse_args(argv)
+    if "RANK" not in os.environ:
+        print(f"run me with torchrun: torchrun --nproc-per-node {CASE['world_size']} {sys.argv[0]}", file=sys.stderr)
+        return 2
+    device, backend = _device_and_backend()
+    dist.init_process_group(backend)
+    try:
+        if dist.get_world_size() != CASE["world_size"]:
+            if dist.get_rank() == 0:
+                print(f"this case ran at world size {CASE['world_size']}, not {dist.get_world_size()}: "
+                      f"torchrun --nproc-per-node {CASE['world_size']} {sys.argv[0]}", file=sys.stderr)
+            return 2
+        ranks = subgroup(Ranks(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, device))
+        native = build(ranks, hooked=False)
+        hooked = build(ranks, hooked=not args.without_hook)
+        optims = [torch.optim.SGD(m.parameters(), lr=CASE["lr"], momentum=CASE["momentum"], foreach=False)
+                  for m in (native, hooked)]
+        for step in range(CASE["steps"]):
+            inputs = step_inputs(ranks, step)
+            train_step(native, optims[0], inputs)
+            train_step(hooked, optims[1], inputs)
+            views = GRAD_VIEWS[:CASE["grad_views"]] + ([PARAM_VIEW] if CASE["optimizer_step"] else [])
+            for k, (what, view) in enumerate(views):
+                if CASE["optimizer_step"] and k == len(views) - 1:
+                    for optim in optims:
+                        optim.step()
+                line = compare(what, view(hooked), view(native), ranks.rank, step)
+                if line is not None:
+                    sys.stdout.write(line + "\n")  # one write a line: the ranks share torchrun's stdout
+                    sys.stdout.flush()
+                if any_rank(line is not None, device):
+                    if ranks.rank == 0:
+                        who = ("native differs from native: not deterministic here" if args.without_hook else
+                               f"hook {CASE['hook']} differs from {reference()} at step {step}")
+                        print(f"the difference reproduces: {who}", flush=True)
+                    return 1
+        if ranks.rank == 0:
+            print(f"no difference in {CASE['steps']} step(s): "
+                  + ("native equals native" if args.without_hook else "the case does not reproduce here"), flush=True)
+        return 0
+    finally:
+        dist.barrier()
+
+
+def run() -> None:
+    """:func:`main`, then leave at once with its exit status (``os._exit``): the interpreter's teardown of
+    FSDP2's and gloo's threads can abort a process that already gave its answer."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -128,6 +128,9 @@ class HookApi:
             one whose result equals the native path's arithmetic bit for bit there;
             ``None`` where no built-in hook does. The runner replays a failure that
             could be PyTorch's with it (:mod:`conformance.controller.default_replay`).
+        standalone: the module of the API's standalone part (``conformance.apis.<api>.standalone``), importing
+            only torch: how the suite builds its native and hooked models, written as it is into every
+            standalone reproducer of its cases (:mod:`conformance.reproducers`); ``None``: no reproducers.
     """
 
     name: str
@@ -140,6 +143,7 @@ class HookApi:
     models: str
     checks: Mapping[str, str] = dataclasses.field(default_factory=dict)
     default_hook: Optional[str] = None
+    standalone: Optional[str] = None
 
     def __post_init__(self) -> None:
         checks = [test.check for test in self.plans.values()]

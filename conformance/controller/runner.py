@@ -77,6 +77,7 @@ from conformance.controller.zygote_client import close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 from conformance.ranks.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.reports import report
+from conformance.reproducers import writer
 
 # ConformanceFailure, NotRun and compare_across_ranks are imported from here too (their home before the split).
 __all__ = ["ConformanceFailure", "NotRun", "Runner", "compare_across_ranks"]
@@ -264,8 +265,10 @@ class Runner:
             self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size, leaks,
                       rank_problems=True)
         if findings:
-            self.fail_findings(test_name, hook, describe, world_size,
-                               [f for o in result.outcomes for f in o.value.findings] + leaks)
+            found = [f for o in result.outcomes for f in o.value.findings] + leaks
+            note = "" if known_failure else self.reproducer_note(test_name, hook, check, params, world_size, found,
+                                                                 describe)
+            self.fail_findings(test_name, hook, describe, world_size, found, note=note)
         return result
 
     def _pool_or_not_run(self, world_size: int, hook: Optional[str]) -> Pool:
@@ -310,10 +313,14 @@ class Runner:
                           known_failure=request.node.get_closest_marker("xfail") is not None)
         found = findings_of(result, across_ranks)
         closing = note(result, found) if note is not None else ""
+        known_failure = request.node.get_closest_marker("xfail") is not None
         if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)
-                and not request.node.get_closest_marker("xfail")):  # a known failure is no red to avoid
+                and not known_failure):  # a known failure is no red to avoid
             replayed = replay_default_hook(self, case, rank_check, params, found, across_ranks)
             closing = "\n".join(text for text in (closing, replayed) if text)
+        if found and not known_failure and not across_ranks:
+            reproducer = self.reproducer_note(name, case.hook, rank_check, params, case.world_size, found, describe)
+            closing = "\n".join(text for text in (closing, reproducer) if text)
         self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
         return result
 
@@ -329,6 +336,28 @@ class Runner:
         if result.pool_rebuilt:
             self.restarts += 1
         return result
+
+    def reproducer_note(self, test_name: str, hook: Optional[str], rank_check: str, params: Dict[str, Any],
+                        world_size: int, findings: Sequence[Finding], describe: Dict[str, Any]) -> str:
+        """Under ``--write-reproducers DIR``, write the failed case's standalone reproducer
+        (:mod:`conformance.reproducers`) and return the failure's lines that say where it is and how to run it,
+        or why the case has none; ``""`` without the option (or for a case of no hook)."""
+        directory = getattr(self.settings, "reproducers_dir", None)
+        item = self.specs.get(hook) if hook else None
+        if not directory or item is None:
+            return ""
+        path = writer.reproducer_path(directory, test_name)
+        try:
+            source = writer.reproducer_source(item.spec, item.target, rank_check, params, world_size, test_name,
+                                              findings, report.header(hook, describe, world_size),
+                                              self.rerun_command(test_name, hook, world_size), path)
+            writer.write_reproducer(path, source)
+        except writer.NoReproducer as exc:
+            return f"No standalone reproducer: {exc}"
+        except OSError as exc:
+            return f"No standalone reproducer: writing {path} failed: {exc}"
+        return (f"Standalone reproducer: {path}\n"
+                f"  torchrun --nproc-per-node {world_size} {shlex.quote(path)}   (exit 1: reproduced)")
 
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
              world_size: Optional[int] = None, findings: Sequence[Finding] = (), rank_problems: bool = False) -> None:

@@ -61,6 +61,8 @@ class Settings:
             (one GPU), where averaging proves nothing; larger pools that cases
             need run there too (:meth:`on_cpu_pool`). Empty otherwise.
         json_path, markdown_path: absolute paths of the results files to write, or ``None``.
+        reproducers_dir: absolute path of the directory that gets a standalone reproducer per failed case
+            (``--write-reproducers``, :mod:`conformance.reproducers`), or ``None``.
         baseline_path: absolute path of an earlier run's JSON results, or ``None``.
         fail_on: ``"failures"`` (any failure fails the run) or ``"regressions"`` (only new
             failures against the baseline do).
@@ -87,6 +89,7 @@ class Settings:
     rank_memory_growth_bytes: int = int(DEFAULT_RANK_MEMORY_GROWTH_MIB * 2**20)
     json_path: Optional[str] = None
     markdown_path: Optional[str] = None
+    reproducers_dir: Optional[str] = None
     baseline_path: Optional[str] = None
     fail_on: str = "failures"
     listen: Optional[Tuple[str, int]] = None
@@ -339,11 +342,12 @@ FAIL_ON = ("failures", "regressions")
 
 
 def _results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
-    """``json_path``, ``markdown_path``, ``baseline_path`` and ``fail_on``, checked before any case runs.
+    """``json_path``, ``markdown_path``, ``reproducers_dir``, ``baseline_path`` and ``fail_on``, checked before any
+    case runs.
 
     Raises:
         SettingsError: a report path that cannot be written (a directory, a directory
-            that cannot be created or written), a baseline that is not a file, an unknown
+            that cannot be created or written), a reproducers' directory that cannot be made or written, a baseline that is not a file, an unknown
             ``--fail-on``, or ``--fail-on regressions`` without a baseline.
     """
     out: Dict[str, Any] = {}
@@ -354,6 +358,18 @@ def _results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
             if reason:
                 raise SettingsError(f"cannot write the report {value!r} from {source}: {reason}. Nothing was run.")
             out[key] = os.path.abspath(str(value))
+    value, source = pick("conform_write_reproducers")
+    if value:
+        directory = os.path.abspath(str(value))
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise SettingsError(f"cannot create the reproducers' directory {value!r} from {source}: {exc.strerror}. "
+                                "Nothing was run.") from None
+        if not os.access(directory, os.W_OK):
+            raise SettingsError(f"cannot write into the reproducers' directory {value!r} from {source}: give a "
+                                "writable directory. Nothing was run.")
+        out["reproducers_dir"] = directory
     value, source = pick("conform_baseline")
     if value:
         if not os.path.isfile(str(value)):

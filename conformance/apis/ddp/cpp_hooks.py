@@ -39,6 +39,9 @@ class CppCommHook:
         RuntimeError: when called from Python (nothing in the suite calls it).
     """
 
+    #: Why a standalone reproducer (:mod:`conformance.reproducers`) cannot replay it: it has no Python call.
+    no_reproducer = "DDP's C++ built-in hooks run inside the reducer, with no Python call to replay standalone"
+
     def __init__(self, type_name: str):
         self.type_name = type_name
         self.__name__ = self.__qualname__ = f"BuiltinCommHookType.{type_name}"

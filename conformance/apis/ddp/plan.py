@@ -132,6 +132,7 @@ API = HookApi(
     validate=called_as(2, "a DDP hook is called as hook(state, bucket) and returns a torch.futures.Future"),
     builtin_hooks="conformance.apis.ddp.builtin_hooks:DDP_HOOKS",
     default_hook="conformance.apis.ddp.builtin_hooks:default_hook",
+    standalone="conformance.apis.ddp.standalone",
     models="conformance.apis.ddp.models:DdpModels",
     checks={"future_contract": "conformance.apis.ddp.future:future_contract"},
     plans={

@@ -216,6 +216,7 @@ API = HookApi(
     validate=validate,
     builtin_hooks="conformance.apis.fsdp.builtin_hooks:FSDP_HOOKS",
     default_hook="conformance.apis.fsdp.builtin_hooks:default_hook",
+    standalone="conformance.apis.fsdp.standalone",
     models="conformance.apis.fsdp.models:FsdpModels",
     checks={"registration": "conformance.apis.fsdp.registration:registration"},
     plans={

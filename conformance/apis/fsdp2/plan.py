@@ -287,6 +287,7 @@ APIS = (
     HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
             stateful=False, validate=validate, builtin_hooks="conformance.apis.fsdp2.builtin_hooks:FSDP2_HOOKS",
             default_hook="conformance.apis.fsdp2.builtin_hooks:default_hook",
+            standalone="conformance.apis.fsdp2.standalone",
             models="conformance.apis.fsdp2.models:CommModels",
             plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", parity_cases, kind="exact"),
                    "test_fsdp2_hard_inputs": _comm_test("fsdp2_hard_inputs", "hard_inputs", hard_input_cases,
@@ -305,6 +306,7 @@ APIS = (
     HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP, replicate)",
             variant_field="config", stateful=False,
             validate=validate_all_reduce_hook, builtin_hooks=None,
+            standalone="conformance.apis.fsdp2.standalone",
             models="conformance.apis.fsdp2.models:AllReduceHookModels",
             plans={"test_fsdp2_all_reduce_hook": _all_reduce_test("fsdp2_all_reduce_hook", "parity", functools.partial(
                 all_reduce_cases, replicate_models=REPLICATE_MODELS)),

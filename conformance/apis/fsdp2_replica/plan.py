@@ -89,6 +89,7 @@ APIS = (
             variant_field="config", stateful=True, validate=validate,
             builtin_hooks="conformance.apis.fsdp2_replica.builtin_hooks:REPLICA_HOOKS",
             default_hook="conformance.apis.fsdp2_replica.builtin_hooks:default_hook",
+            standalone="conformance.apis.fsdp2.standalone",
             models="conformance.apis.fsdp2_replica.models:ReplicaModels",
             plans={"test_fsdp2_replica_parity": _test("fsdp2_replica_parity", "parity", _cases(PARITY_MODELS),
                                                       kind="exact"),

@@ -1,0 +1,16 @@
+"""Standalone reproducers: one Python file per failed case, that runs where the suite is not installed.
+
+A reproducer imports only the standard library, torch and the hook's own
+module. Written into it, as they are in the suite: the reference model's class
+(``models/base.py`` and the model's module), the API's standalone part
+(``conformance/apis/<api>/standalone.py``: how the suite builds the native and
+the hooked model, which the suite's own models use too) and the training loop
+(:mod:`conformance.reproducers.standalone_main`). The case (world size,
+variant, reduce dtype, seeds, steps, the hard inputs' values) is a literal
+``CASE`` dict. ``torchrun --nproc-per-node N file.py`` runs it on CPUs (gloo) or
+GPUs (NCCL) and exits 1 where the difference reproduces, 0 where it does not;
+``--without-hook`` builds both copies native (it must exit 0).
+
+:func:`conformance.reproducers.writer.write_reproducer` writes one; the runner
+calls it for every failed case of a hook under ``--write-reproducers DIR``.
+"""

@@ -1,0 +1,228 @@
+"""Writing a standalone reproducer of a failed case (:mod:`conformance.reproducers`).
+
+:func:`reproducer_source` assembles the file's text from the case and the
+sources of the modules the suite itself ran (so the file builds and trains the
+models exactly as the suite did); :func:`write_reproducer` writes it under the
+case id. A case of a rank check other than the lock-step ones (``averaging``,
+``parity``, ``hard_inputs``), or of a hook that is no Python callable the file
+could import, has no reproducer: :class:`NoReproducer` says why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from conformance.apis.registry import HOOK_APIS
+from conformance.models import get_model
+from conformance.protocol import Finding
+from conformance.reproducers import standalone_main
+
+__all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
+
+#: The rank checks a reproducer replays (the part of ``<api>.<check>`` after the API), with their defaults:
+#: the model, the steps, SGD's learning rate and momentum, whether the optimizer steps.
+CHECK_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "averaging": {"model": "analytic_linear", "steps": 4, "lr": 0.1, "momentum": 0.0, "optimizer_step": True},
+    "parity": {"steps": 3, "lr": 0.01, "momentum": 0.9, "optimizer_step": True},
+    "hard_inputs": {"model": "gradient_probe", "steps": 1, "lr": 0.01, "momentum": 0.9, "optimizer_step": False},
+}
+#: Parameters of a rank check that are not the case's variant.
+_NOT_VARIANT = {"model", "steps", "lr", "examples", "case_id", "fresh", "micro_steps", "reference_only"}
+
+
+class NoReproducer(Exception):
+    """A failed case no standalone file can replay; the message says why (shown in the failure)."""
+
+
+def _source(module_name: str) -> str:
+    """A module's source for the file: ``from __future__`` and imports of the suite's own modules left out (what
+    they import is written into the file too)."""
+    text = inspect.getsource(importlib.import_module(module_name))
+    out: List[str] = []
+    skipping = False
+    for line in text.splitlines():
+        if skipping:
+            skipping = ")" not in line
+            continue
+        if line.startswith("from __future__ import"):
+            continue
+        if re.match(r"(from|import) conformance\b", line):
+            skipping = "(" in line and ")" not in line
+            continue
+        out.append(line)
+    return "\n".join(out).strip() + "\n"
+
+
+def _importable(obj: Any, modules: Sequence[str]) -> Optional[Tuple[str, str]]:
+    """``(module, name)`` that imports ``obj`` itself (``from module import name``), or ``None``: a function or
+    class by its qualified name, else any module-level name in ``modules`` bound to it."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname and "." not in qualname:
+        found = getattr(sys.modules.get(module), qualname, None)
+        if found is obj:
+            return module, qualname
+    for name in modules:
+        mod = sys.modules.get(name)
+        for attr, value in vars(mod).items() if mod is not None else ():
+            if value is obj and not attr.startswith("__"):
+                return name, attr
+    return None
+
+
+def _hook_imports(spec: Any, target: str) -> str:
+    """The lines that bind ``HOOK`` and ``STATE``: imported by name from the hook's module where both can be,
+    else through the spec's own target (which needs the suite installed, as the comment says)."""
+    module = target.partition(":")[0]
+    modules = [module, getattr(type(spec.hook), "__module__", module)]
+    hook = _importable(spec.hook, modules)
+    state = _importable(spec.state, modules) if spec.state is not None else ("", "")
+    if hook is not None and state is not None:
+        lines = [f"from {hook[0]} import {hook[1]} as HOOK"]
+        lines.append(f"from {state[0]} import {state[1]} as STATE" if state[0] else "STATE = None")
+        return "\n".join(lines)
+    attr = target.partition(":")[2]
+    return (f"# The hook or its state has no name to import it by: they come from the spec, whose module needs\n"
+            f"# commhook-conformance installed.\n"
+            f"from {module} import {attr} as _SPECS\n"
+            f"_SPEC = next(s for s in (_SPECS if isinstance(_SPECS, (list, tuple)) else [_SPECS])\n"
+            f"             if s.name == {spec.name!r})\n"
+            f"HOOK, STATE = _SPEC.hook, _SPEC.state")
+
+
+def _hex_values(t: torch.Tensor) -> List[str]:
+    return [float(v).hex() if v == v and abs(v) != float("inf") else repr(float(v)) for v in t.reshape(-1).tolist()]
+
+
+def _failing_step(findings: Sequence[Finding]) -> Optional[int]:
+    steps = [f.step for f in findings if f.step is not None]
+    return min(steps) if steps else None
+
+
+def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size: int, case_id: str,
+                 findings: Sequence[Finding]) -> Dict[str, Any]:
+    """The reproducer's ``CASE``: what the rank check ran, up to the step that failed.
+
+    Raises:
+        NoReproducer: the rank check is none of :data:`CHECK_DEFAULTS`.
+    """
+    api, _, check = rank_check.partition(".")
+    if check not in CHECK_DEFAULTS:
+        raise NoReproducer(f"the {check} check is not replayed by a standalone file (only "
+                           f"{', '.join(CHECK_DEFAULTS)}); re-run the case with the command below")
+    defaults = CHECK_DEFAULTS[check]
+    failing = _failing_step(findings)
+    steps = int(params.get("steps", defaults["steps"]))
+    variant = {k: v for k, v in params.items() if k not in _NOT_VARIANT}
+    micro = int(params.get("micro_steps", 1))
+    part = importlib.import_module(HOOK_APIS[api].standalone)
+    micro = part.micro_steps(variant, micro) if hasattr(part, "micro_steps") else micro
+    inputs = None
+    if check == "hard_inputs":
+        examples = list(params["examples"])
+        upto = len(examples) - 1 if failing is None else min(failing if len(examples) > 1 else 0, len(examples) - 1)
+        inputs = [[[_hex_values(t) for t in rank] for rank in grads] for _, grads in examples[:upto + 1]]
+        steps = len(inputs)
+    elif failing is not None:
+        steps = min(steps, failing + 1)
+    return {"api": api, "hook": spec.name, "case_id": case_id, "check": check, "world_size": world_size,
+            "model": params.get("model", defaults.get("model")), "variant": variant,
+            "reduce_dtype": spec.reduce_dtype, "steps": steps, "lr": float(params.get("lr", defaults["lr"])),
+            "momentum": defaults["momentum"], "optimizer_step": defaults["optimizer_step"],
+            "grad_views": 1 if check == "hard_inputs" else None, "micro_steps": micro, "inputs": inputs}
+
+
+def _literal(case: Dict[str, Any]) -> str:
+    """``CASE = {...}``, one key a line; a dtype as ``torch.<name>``."""
+    lines = []
+    for key, value in case.items():
+        if isinstance(value, torch.dtype):
+            text = f"torch.{str(value).rsplit('.', 1)[-1]}"
+        else:
+            text = repr(value)
+        lines.append(f"    {key!r}: {text},")
+    return "CASE = {\n" + "\n".join(lines) + "\n}"
+
+
+def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str, Any], world_size: int,
+                      case_id: str, findings: Sequence[Finding], header: str, rerun: str, path: str) -> str:
+    """The text of the case's reproducer (see :mod:`conformance.reproducers`).
+
+    Args:
+        spec: the hook's :class:`~conformance.spec.HookSpec`; ``target``: the ``module:ATTR`` it was loaded from.
+        rank_check, params, world_size: what the ranks ran (``<api>.<check>`` and its parameters).
+        case_id: the pytest test name; ``findings``: every rank's; ``header``: the failure's first line;
+            ``rerun``: the command that re-runs the case in the suite; ``path``: where the file goes (for its
+            own run command).
+
+    Raises:
+        NoReproducer: the case's check is not a lock-step one, or the hook says why it has none (its
+            ``no_reproducer`` text: the suite's stand-in for DDP's C++ built-in hooks).
+    """
+    why = getattr(spec.hook, "no_reproducer", None)
+    if isinstance(why, str):
+        raise NoReproducer(f"{why}; re-run the case with the command below")
+    case = case_literal(spec, rank_check, params, world_size, case_id, findings)
+    model_cls = get_model(case["model"])
+    api = HOOK_APIS[case["api"]]
+    shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)][:4]
+    found = "\n".join(f"    {line}" for text in shown for line in text.splitlines()[:2])
+    parts = [
+        "#!/usr/bin/env python3",
+        f'"""Standalone reproducer of {case_id}\n\n'
+        f"{header}\n{found}\n\n"
+        f"Run it (CPU: gloo; GPUs: NCCL, one per process):\n"
+        f"    torchrun --nproc-per-node {world_size} {{file}}\n"
+        f"    torchrun --nproc-per-node {world_size} {{file}} --without-hook   (both copies native: no difference)\n"
+        "It trains the model with the hook and without it side by side, as the suite did, and prints\n"
+        "the first differing parameter on each rank. Exit status: 1 the difference reproduces, 0 it\n"
+        "does not, 2 a launch that does not fit the case.\n\n"
+        f"It imports only torch and the hook's module; the model, the API's build ({api.installed_with})\n"
+        f"and the loop are written in below. Written by commhook-conformance with torch {torch.__version__}.\n"
+        f"Re-run the case in the suite:\n    {rerun}\n"
+        '"""',
+        "from __future__ import annotations",
+        "# -- the hook under test " + "-" * 90,
+        _hook_imports(spec, target),
+        "# -- the case " + "-" * 100,
+        "import torch  # noqa: E402",
+        _literal(case),
+        f"# -- the model: {model_cls.__name__} (the suite's models/base.py and {model_cls.__module__}) " + "-" * 10,
+        _source("conformance.models.base"),
+        _source(model_cls.__module__),
+        f"MODEL = {model_cls.__name__}",
+        "# -- the training loop (the suite's conformance/reproducers/standalone_main.py) " + "-" * 34,
+        _source(standalone_main.__name__),
+        f"# -- how the suite builds {api.name}'s models ({api.standalone}) " + "-" * 40,
+        _source(api.standalone),
+        'if __name__ == "__main__":\n    run()',
+    ]
+    return "\n\n".join(parts).replace("{file}", path) + "\n"
+
+
+def reproducer_path(directory: str, case_id: str) -> str:
+    """``directory/<case id>.py``, the brackets of the id and any character a shell would need quoted replaced
+    by ``_`` (``test_ddp_parity_h-default-nested_wrapped-ws3.py``)."""
+    return os.path.join(directory, re.sub(r"[^A-Za-z0-9_.-]", "_", case_id).strip("_") + ".py")
+
+
+def write_reproducer(path: str, source: str) -> str:
+    """Write ``source`` to ``path`` atomically (a temporary file beside it, renamed), executable; return ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".reproducer-", suffix=".py")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(source)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -246,13 +246,22 @@ class ZooRuns:
         self._runs: Dict[str, SuiteRun] = {}
         self._errors: Dict[str, BaseException] = {}
         self._pending: Dict[str, threading.Event] = {}
+        self._dirs: Dict[str, str] = {}
 
     def _junit(self, zoo: MetaZoo) -> str:
-        return os.path.join(self._tmp_dir(zoo.name), f"{zoo.name}.xml")
+        if zoo.name not in self._dirs:  # one directory per zoo: the run's JUnit XML and its reproducers
+            self._dirs[zoo.name] = self._tmp_dir(zoo.name)
+        return os.path.join(self._dirs[zoo.name], f"{zoo.name}.xml")
+
+    def reproducers(self, zoo: MetaZoo) -> str:
+        """The directory where ``zoo``'s run wrote a standalone reproducer per failed case
+        (``--write-reproducers``; ``tests/test_reproducers.py`` runs some)."""
+        return os.path.join(os.path.dirname(self._junit(zoo)), "reproducers")
 
     def _run(self, zoo: MetaZoo, junit: str, env: Optional[Dict[str, str]] = None) -> None:
+        args = [*zoo.args, "--write-reproducers", self.reproducers(zoo)]
         try:
-            self._runs[zoo.name] = run_suite(list(zoo.args), junit, env=env)  # kept even if it failed
+            self._runs[zoo.name] = run_suite(args, junit, env=env)  # kept even if it failed
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test that needs the run
             self._errors[zoo.name] = exc
 

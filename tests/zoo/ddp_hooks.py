@@ -31,24 +31,15 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 from conformance.spec import HookSpec, LossyContract
+from tests.zoo.plain_hooks import bad_saturates_inf_off_rank0, process_group_state
+from tests.zoo.plain_hooks import mean_allreduce as _mean_allreduce
 
 __all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "no_state", "process_group_state"]
-
-
-def process_group_state(process_group: Any) -> Any:
-    """The state of most hooks here: the process group itself."""
-    return process_group
 
 
 def no_state(process_group: Any) -> None:
     """``noop_hook`` takes no state."""
     return None
-
-
-def _mean_allreduce(process_group: Any, tensor: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
-    """DDP's own averaging: scale by the reciprocal of the world size, then SUM all-reduce."""
-    tensor.mul_(1.0 / process_group.size())
-    return dist.all_reduce(tensor, group=process_group, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
 def _round_trip_allreduce(process_group: Any, bucket: Any, dtype: torch.dtype) -> "torch.futures.Future[torch.Tensor]":
@@ -318,17 +309,6 @@ def bad_default_group(process_group, bucket):
     forgotten): right wherever DDP runs on WORLD, which every case but the subgroup one does."""
     tensor = bucket.buffer().mul_(1.0 / process_group.size())
     return dist.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
-
-
-def bad_saturates_inf_off_rank0(process_group, bucket):
-    """DDP's averaging, but ranks other than 0 first saturate +Inf to float32's max (as if only rank 0,
-    which holds a loss scaler, were meant to see overflow). No named hard input has +Inf off rank 0,
-    so only generated examples find it: this hook exists to show that a generated failure is shrunk
-    to its minimal example (one +Inf on one rank other than 0)."""
-    buffer = bucket.buffer()
-    if dist.get_rank(process_group) != 0:
-        buffer.clamp_(max=torch.finfo(buffer.dtype).max)
-    return _mean_allreduce(process_group, buffer)
 
 
 def bad_fp16_divide_after(process_group, bucket):

@@ -36,20 +36,11 @@ from torch.distributed import ReduceOp
 from conformance.apis.fsdp2.builtin_hooks import PlainReduceScatter
 from conformance.apis.fsdp2_replica.builtin_hooks import replica_group_state
 from conformance.spec import HookSpec, LossyContract
+from tests.zoo.plain_hooks import Alloc as _Alloc
+from tests.zoo.plain_hooks import AlwaysSumComm, replica_divide_hook, replica_state, replica_sum
+from tests.zoo.plain_hooks import comm_reduce_scatter as _reduce_scatter
 
 __all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "LOSSY", "LOSSY_EXPECTED", "NCCL_ONLY_BAD"]
-
-
-def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, *, op: Any, group: Any, async_op: bool = False):
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(output, input, op=op, group=group, async_op=async_op)
-
-
-class _Alloc:
-    """``allocate`` exactly as FSDP2's ``DefaultAllocMixin``: a fresh tensor per call."""
-
-    def allocate(self, size: Sequence[Any], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
 
 # ---------------------------------------------------------------------------
@@ -94,18 +85,6 @@ class CountingComm(_Alloc):
 # ---------------------------------------------------------------------------
 # Known-bad comms
 # ---------------------------------------------------------------------------
-
-
-class AlwaysSumComm(_Alloc):
-    """Wrong: ignores ``op`` and always reduces with ``ReduceOp.SUM``.
-
-    Right only where FSDP2 itself passes SUM (float16, forced SUM); with the default
-    float32/bfloat16 ``AVG`` every gradient is ``world_size`` times too large. Realistic: SUM is
-    the collective's default, and a comm ported from FSDP1 (where hooks get no op) drops it.
-    """
-
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        return _reduce_scatter(output_tensor, input_tensor, op=ReduceOp.SUM, group=group, async_op=async_op)
 
 
 class SelfAveragingComm(_Alloc):
@@ -351,19 +330,6 @@ def nan_to_zero_hook(tensor: torch.Tensor) -> None:
     torch.nan_to_num_(tensor, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def replica_divide_hook(tensor: torch.Tensor) -> None:
-    """Wrong: divides by the replicate size, which native HSDP has already averaged over.
-
-    Realistic: a hook written for the 1-D "FSDP + my own replica all-reduce with SUM" setup and
-    reused unchanged under native HSDP.
-    """
-    tensor.div_(2)
-
-
-# Replica all-reduce hooks (api "fsdp2_replica"): hook(replica_group, tensor) on a 1-D shard mesh, where
-# the hook is the whole reduction across replicas; native HSDP averages over them with ReduceOp.AVG.
-
-
 def replica_sum_then_divide(group: Any, tensor: torch.Tensor) -> None:
     """Right: SUM over the replica group, then divide by its size, in place (AVG by hand)."""
     dist.all_reduce(tensor, group=group)
@@ -373,11 +339,6 @@ def replica_sum_then_divide(group: Any, tensor: torch.Tensor) -> None:
 def replica_async_avg(group: Any, tensor: torch.Tensor) -> None:
     """Right: an async AVG all-reduce over the replica group, waited on before returning."""
     dist.all_reduce(tensor, op=ReduceOp.AVG, group=group, async_op=True).wait()
-
-
-def replica_sum(group: Any, tensor: torch.Tensor) -> None:
-    """Wrong: SUMs over the replicas and never averages (native HSDP averages)."""
-    dist.all_reduce(tensor, group=group)
 
 
 def replica_world_divisor(group: Any, tensor: torch.Tensor) -> None:
@@ -456,7 +417,7 @@ KNOWN_BAD: List[HookSpec] = [
              description="all-reduce hook averaging over the default group"),
     HookSpec(name="bad_replica_divide_hook", api="fsdp2_all_reduce", hook=replica_divide_hook,
              description="all-reduce hook dividing by the replicate size again"),
-    HookSpec(name="bad_replica_sum", api="fsdp2_replica", hook=replica_sum, state=replica_group_state,
+    HookSpec(name="bad_replica_sum", api="fsdp2_replica", hook=replica_sum, state=replica_state,
              description="replica hook: SUM over the replicas, no average"),
     HookSpec(name="bad_replica_world_divisor", api="fsdp2_replica", hook=replica_world_divisor,
              state=replica_group_state, description="replica hook: SUM, then / dist.get_world_size()"),

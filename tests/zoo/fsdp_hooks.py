@@ -45,6 +45,8 @@ from torch.distributed.algorithms._comm_hooks.default_hooks import (
 )
 
 from conformance.spec import HookSpec, LossyContract
+from tests.zoo.plain_hooks import fsdp_reduce_scatter as _reduce_scatter
+from tests.zoo.plain_hooks import sum_no_average_hook
 
 __all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "LOSSY", "LOSSY_EXPECTED", "make_state"]
 
@@ -55,11 +57,6 @@ _SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP")
 # Collectives. ``reduce_scatter_single`` is what FSDP1 calls; older torch only has
 # ``reduce_scatter_tensor`` (deprecated in favour of ``reduce_scatter_single`` in 2.13).
 # ---------------------------------------------------------------------------
-
-
-def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool = False):
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(output, input, group=group, async_op=async_op)
 
 
 def _div_if_needed(tensor: torch.Tensor, factor: float) -> None:
@@ -202,18 +199,6 @@ def custom_state_hook(state: AveragingState, grad: torch.Tensor, output: Optiona
 # ---------------------------------------------------------------------------
 # Known-bad hooks
 # ---------------------------------------------------------------------------
-
-
-def sum_no_average_hook(state: DefaultState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
-    """Wrong: reduces with SUM and never divides, so gradients are ``world_size`` times too big.
-
-    Realistic: ``all_reduce`` defaults to SUM, and a hook ported from code that scaled the
-    loss by ``1 / world_size`` elsewhere drops the averaging.
-    """
-    if output is None:
-        dist.all_reduce(grad, group=state.process_group)
-    else:
-        _reduce_scatter(output, grad, state.process_group)
 
 
 def divide_after_fp16_hook(state: LowPrecisionState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:

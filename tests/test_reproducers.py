@@ -1,0 +1,143 @@
+"""Standalone reproducers: each failed case's file runs under torchrun where the suite cannot be imported.
+
+The zoo runs (``tests/meta_zoos.py``) write a reproducer per failed case
+(``--write-reproducers``). For one zoo hook of every API (an averaging case, a
+parity case, a hard-input case with its shrunk input), this test runs the file
+as its author would, ``torchrun --standalone --nproc-per-node N file.py``, in a
+clean directory: the hook's module (``tests/zoo/plain_hooks.py``, torch only)
+beside a ``conformance`` package that raises on import, so anything of the
+suite the file used would fail it. Each must exit 1 and print the parameter the
+suite named; with ``--without-hook`` (both copies native) each must exit 0.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Dict, List, Tuple
+
+import pytest
+
+from conformance.controller.settings import SettingsError
+from conformance.reproducers import writer
+from tests.meta_zoos import DDP, FSDP, FSDP2
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: ``(zoo, case name)``: one failed case of a zoo hook of each API, whose hook lives in ``tests/zoo/plain_hooks.py``.
+CASES = [
+    (DDP, "test_ddp_hard_inputs[bad_saturates_inf_off_rank0-default-gradient_probe-ws2]"),  # shrunk input
+    (FSDP, "test_averaging[bad_sum_no_average-FULL_SHARD-ws2]"),
+    (FSDP2, "test_fsdp2_parity[bad_always_sum-default-nested_wrapped-ws2]"),
+    (FSDP2, "test_fsdp2_all_reduce_hook[bad_replica_divide_hook-replicate-nested_wrapped-ws2]"),
+    (FSDP2, "test_fsdp2_replica_parity[bad_replica_sum-replica-nested_wrapped-ws4]"),
+]
+IDS = [name.split("[", 1)[0][5:] for _, name in CASES]
+
+
+def _clean_dir(root: str) -> str:
+    """The hook's module with its packages, and a ``conformance`` that raises on import, under ``root``."""
+    os.makedirs(os.path.join(root, "tests", "zoo"))
+    os.makedirs(os.path.join(root, "conformance"))
+    with open(os.path.join(root, "conformance", "__init__.py"), "w") as out:
+        out.write("raise ImportError('a standalone reproducer imported conformance')\n")
+    for name in ("tests/__init__.py", "tests/zoo/__init__.py", "tests/zoo/plain_hooks.py"):
+        shutil.copy(os.path.join(REPO, name), os.path.join(root, name))
+    return root
+
+
+def _torchrun(path: str, world_size: int, cwd: str, *extra: str) -> Tuple[int, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONFORM_", "PYTHON", "MASTER_", "TORCHELASTIC"))}
+    env["PYTHONPATH"] = cwd
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={world_size}", path, *extra],
+                          cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    return proc.returncode, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def launched(zoo_runs, tmp_path_factory) -> Dict[str, Dict[str, object]]:
+    """Per case: the suite's failure, the reproducer's path, and both torchrun runs (two at a time)."""
+    clean = _clean_dir(str(tmp_path_factory.mktemp("clean")))
+    out: Dict[str, Dict[str, object]] = {}
+    jobs: List[Tuple[str, str, str, int, Tuple[str, ...]]] = []
+    for zoo, name in CASES:
+        run = zoo_runs(zoo)
+        failed = [c for c in run.cases if c.name == name]
+        path = writer.reproducer_path(zoo_runs.reproducers(zoo), name)
+        world_size = int(re.search(r"-ws(\d+)\]$", name).group(1))
+        out[name] = {"case": failed[0] if failed else None, "path": path}
+        if os.path.exists(path):
+            jobs += [(name, "hooked", path, world_size, ()), (name, "native", path, world_size, ("--without-hook",))]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {pool.submit(_torchrun, path, ws, clean, *extra): (name, which)
+                   for name, which, path, ws, extra in jobs}
+        for future, (name, which) in futures.items():
+            out[name][which] = future.result()
+    return out
+
+
+@pytest.mark.parametrize("name", [name for _, name in CASES], ids=IDS)
+def test_the_reproducer_reproduces_the_failure_without_the_suite(launched, name):
+    got = launched[name]
+    case = got["case"]
+    assert case is not None and case.outcome == "failed", f"{name} did not fail in its zoo run"
+    assert f"Standalone reproducer: {got['path']}" in case.message, case.message[-2000:]
+    assert os.path.exists(got["path"]), got["path"]
+    code, output = got["hooked"]
+    assert code == 1, output[-4000:]
+    lines = re.findall(r"^\[rank \d+, step (\d+), parameter '([^']+)'\] .* differs from .*: first difference at "
+                       r"index .*: got .* \((0x[0-9a-f]+)\), but expected .* \((0x[0-9a-f]+)\)", output, re.M)
+    assert lines, output[-4000:]
+    step, fqn, got_bits, want_bits = lines[0]
+    assert got_bits != want_bits
+    assert f"parameter '{fqn}'" in case.message or f"{fqn}[" in case.message, (fqn, case.message[:3000])
+    assert "the difference reproduces: hook" in output
+
+
+@pytest.mark.parametrize("name", [name for _, name in CASES], ids=IDS)
+def test_the_reproducer_without_the_hook_finds_no_difference(launched, name):
+    code, output = launched[name]["native"]
+    assert code == 0, output[-4000:]
+    assert "no difference in" in output and "differs from" not in output, output[-3000:]
+
+
+def test_a_shrunk_hard_input_is_the_one_the_reproducer_feeds(launched):
+    """The hard-input reproducer holds the shrunk example (one +Inf off rank 0), not the batch it was found in."""
+    name = CASES[0][1]
+    text = open(launched[name]["path"]).read()
+    inputs = re.search(r"'inputs': (\[.*\]),\n", text).group(1)
+    assert inputs.count("'inf'") == 1 and inputs.count("[[[") == 1, inputs[:500]
+
+
+def test_a_check_without_a_lock_step_has_no_reproducer_and_says_why():
+    with pytest.raises(writer.NoReproducer, match="future_contract check is not replayed"):
+        writer.case_literal(None, "ddp.future_contract", {"config": "default"}, 2, "x", [])
+
+
+def test_ddp_cpp_hooks_say_why_they_have_no_reproducer():
+    from conformance.apis.ddp.builtin_hooks import DDP_HOOKS
+
+    cpp = [s for s in DDP_HOOKS if s.name.startswith("ddp_cpp_")]
+    assert cpp
+    with pytest.raises(writer.NoReproducer, match="C\\+\\+ built-in hooks"):
+        writer.reproducer_source(cpp[0], "x:Y", "ddp.parity", {"config": "default", "model": "net_flat"}, 2,
+                                 "case", [], "header", "rerun", "/tmp/x.py")
+
+
+def test_a_reproducers_directory_that_cannot_be_written_is_a_usage_error(tmp_path):
+    from conformance.controller.settings import _results_paths
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SettingsError, match="reproducers' directory"):
+        _results_paths(lambda dest: (str(blocker / "sub") if dest == "conform_write_reproducers" else None, "--x"))
+
+
+def test_case_ids_become_file_names_a_shell_takes_unquoted(tmp_path):
+    path = writer.reproducer_path(str(tmp_path), "test_ddp_parity[a b-default-net_flat-ws3]")
+    assert os.path.basename(path) == "test_ddp_parity_a_b-default-net_flat-ws3.py"

@@ -262,6 +262,8 @@ class Runner:
                 problems += replay_reference(self, pool, case, describe)
             elif ref is not None and not leaks and not known_failure:
                 problems += replay_crash(self, case, world_size, params, result, problems)
+                note = self.reproducer_note(test_name, hook, check, params, world_size, [], describe)
+                problems += f"\n{note}" if note else ""
             self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size, leaks,
                       rank_problems=True)
         if findings:
@@ -318,7 +320,7 @@ class Runner:
                 and not known_failure):  # a known failure is no red to avoid
             replayed = replay_default_hook(self, case, rank_check, params, found, across_ranks)
             closing = "\n".join(text for text in (closing, replayed) if text)
-        if found and not known_failure and not across_ranks:
+        if found and not known_failure:
             reproducer = self.reproducer_note(name, case.hook, rank_check, params, case.world_size, found, describe)
             closing = "\n".join(text for text in (closing, reproducer) if text)
         self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)

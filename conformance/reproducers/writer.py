@@ -139,6 +139,12 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
             "grad_views": 1 if check == "hard_inputs" else None, "micro_steps": micro, "inputs": inputs}
 
 
+def _rule(title: str) -> str:
+    """``# -- title ----...``, 110 characters wide: the heading of a part of the file."""
+    head = f"# -- {title} "
+    return head + "-" * max(3, 110 - len(head))
+
+
 def _literal(case: Dict[str, Any]) -> str:
     """``CASE = {...}``, one key a line; a dtype as ``torch.<name>``."""
     lines = []
@@ -189,18 +195,18 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         f"Re-run the case in the suite:\n    {rerun}\n"
         '"""',
         "from __future__ import annotations",
-        "# -- the hook under test " + "-" * 90,
+        _rule("the hook under test"),
         _hook_imports(spec, target),
-        "# -- the case " + "-" * 100,
+        _rule("the case"),
         "import torch  # noqa: E402",
         _literal(case),
-        f"# -- the model: {model_cls.__name__} (the suite's models/base.py and {model_cls.__module__}) " + "-" * 10,
+        _rule(f"the model: {model_cls.__name__} (the suite's models/base.py and {model_cls.__module__})"),
         _source("conformance.models.base"),
         _source(model_cls.__module__),
         f"MODEL = {model_cls.__name__}",
-        "# -- the training loop (the suite's conformance/reproducers/standalone_main.py) " + "-" * 34,
+        _rule("the training loop (the suite's conformance/reproducers/standalone_main.py)"),
         _source(standalone_main.__name__),
-        f"# -- how the suite builds {api.name}'s models ({api.standalone}) " + "-" * 40,
+        _rule(f"how the suite builds {api.name}'s models ({api.standalone})"),
         _source(api.standalone),
         'if __name__ == "__main__":\n    run()',
     ]

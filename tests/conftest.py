@@ -1,7 +1,8 @@
 """Fixtures shared by the project's tests.
 
-``zoo_runs``: each meta-run (``tests/meta_zoos.py``) once per pytest session, shared by every test that
-needs it, whatever its file: a zoo run costs minutes on a 2-core machine. Once the tests are collected,
+``zoo_runs``: each meta-run (``tests/meta_zoos.py``), and each other background job a test module names
+(:class:`~tests.meta_helpers.BackgroundJob`), once per pytest session, shared by every test that needs it,
+whatever its file: a zoo run costs minutes on a 2-core machine. Once the tests are collected,
 the runs they will need start in the background (:meth:`~tests.meta_helpers.ZooRuns.prefetch`), in the
 order the tests need them, and those tests run last.
 """
@@ -13,7 +14,7 @@ from typing import List
 
 import pytest
 
-from tests.meta_helpers import MetaZoo, ZooRuns
+from tests.meta_helpers import BackgroundJob, MetaZoo, ZooRuns
 
 _ZOO_RUNS = pytest.StashKey[ZooRuns]()
 
@@ -39,7 +40,7 @@ def zoos_needed(items: List[pytest.Item]) -> List[MetaZoo]:
         if isinstance(params.get("zoo"), MetaZoo):
             found = [params["zoo"]]
         else:
-            found = [v for v in vars(item.module).values() if isinstance(v, MetaZoo)]
+            found = [v for v in vars(item.module).values() if isinstance(v, (MetaZoo, BackgroundJob))]
         out.extend(z for z in found if z not in out)
     return out
 

@@ -3,8 +3,9 @@
 ``tests/zoo/fixed_twins.py`` holds, for every zoo hook whose diagnosis names a
 cause with a fix, its twin with the change the ``fix:`` line asks for. ``CASES``
 below picks, per bad hook, one or two cases where it fails (the failing check, at
-the world size and variant that show it), so the twins run in two short suite runs
-(the world sizes 2 and 3, then 2 and 4 for HSDP, replica groups and subgroups), and:
+the world size and variant that show it), so the twins run in one short suite run
+(world sizes 2 and 3, and the 4-rank pool of HSDP, replica groups and subgroups), in the zoo runs'
+background thread (``TWIN_RUN``), and:
 
 * every twin passes every case it ran, and ran every case picked for it;
 * each picked case failed for the original in the zoo's meta-run (the ``zoo_runs``
@@ -20,7 +21,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from tests import meta_zoos
-from tests.meta_helpers import run_suite
+from tests.meta_helpers import BackgroundJob, SuiteRun, run_suite
 from tests.zoo.fixed_twins import TWINS
 
 #: (zoo, bad hook) -> the failing cases (test name with its case id, the bad hook's name in it) its twin must pass.
@@ -126,17 +127,25 @@ FIX: Dict[Tuple[str, str], str] = {
 }
 #: The meta-run of each zoo, whose failures the originals' cases are read from.
 ZOO = {"ddp_hooks": meta_zoos.DDP, "fsdp_hooks": meta_zoos.FSDP, "fsdp2_comms": meta_zoos.FSDP2}
-#: The two runs over the twins: (extra world size, the cases of which world sizes it runs).
-RUNS = (("3", ("ws2", "ws3")), ("4", ("ws4",)))
 
 
 def _twin_case(key: Tuple[str, str], case: str) -> str:
     return case.replace(f"[{key[1]}-", f"[{TWINS[key].name}-", 1)
 
 
-def _twin_cases(world_sizes: Tuple[str, ...]) -> List[str]:
-    return [_twin_case(key, case) for key, cases in CASES.items() for case in cases
-            if case.rsplit("-", 1)[1].rstrip("]") in world_sizes]
+def _twin_cases() -> List[str]:
+    return [_twin_case(key, case) for key, cases in CASES.items() for case in cases]
+
+
+def _run_twins(runs: object, directory: str) -> SuiteRun:
+    """The twins, each on its picked cases, in one run: world sizes 2 and 3, and the 4-rank pool the HSDP,
+    replica and subgroup cases start."""
+    return run_suite(["--hook", "tests.zoo.fixed_twins:ALL", "--extra-world-size", "3", "--hypothesis-examples",
+                      "2", "-q", "-k", " or ".join(_twin_cases())], os.path.join(directory, "twins.xml"), timeout=300)
+
+
+#: The run over the twins, in the zoo runs' background thread (``tests/conftest.py``).
+TWIN_RUN = BackgroundJob("fixed_twins", _run_twins)
 
 
 def test_every_twin_has_its_failing_cases_and_its_fix():
@@ -144,20 +153,15 @@ def test_every_twin_has_its_failing_cases_and_its_fix():
     assert all(CASES.values())
 
 
-@pytest.mark.timeout(240)
-def test_every_fixed_twin_passes_the_cases_its_original_fails(tmp_path):
-    """The twins, each on the cases its original fails, in one run per extra world size (3, then 4): every case
-    runs, and passes."""
-    for extra, world_sizes in RUNS:
-        want = _twin_cases(world_sizes)
-        run = run_suite(["--hook", "tests.zoo.fixed_twins:ALL", "--extra-world-size", extra,
-                         "--hypothesis-examples", "2", "-q", "-k", " or ".join(want)],
-                        os.path.join(tmp_path, f"ws{extra}.xml"), timeout=200)
-        ran = {c.name: c for c in run.cases}
-        assert set(want) <= set(ran), f"not run: {sorted(set(want) - set(ran))}\n{run.output[-3000:]}"
-        failed = {name: c.message[-1500:] for name, c in ran.items() if c.outcome != "passed"}
-        assert not failed, f"twins that do not pass where their original failed: {failed}"
-        assert run.returncode == 0, run.output[-3000:]
+def test_every_fixed_twin_passes_the_cases_its_original_fails(zoo_runs):
+    """The twins, each on the cases its original fails, in one run: every case runs, and passes."""
+    run = zoo_runs(TWIN_RUN)
+    want = _twin_cases()
+    ran = {c.name: c for c in run.cases}
+    assert set(want) <= set(ran), f"not run: {sorted(set(want) - set(ran))}\n{run.output[-3000:]}"
+    failed = {name: c.message[-1500:] for name, c in ran.items() if c.outcome != "passed"}
+    assert not failed, f"twins that do not pass where their original failed: {failed}"
+    assert run.returncode == 0, run.output[-3000:]
 
 
 @pytest.mark.parametrize("key", sorted(CASES), ids=lambda key: f"{key[0]}-{key[1]}")

@@ -24,6 +24,7 @@ import pytest
 
 from conformance.controller.settings import SettingsError
 from conformance.reproducers import writer
+from tests.meta_helpers import BackgroundJob, ZooRuns
 from tests.meta_zoos import DDP, FSDP, FSDP2
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +42,7 @@ IDS = [name.split("[", 1)[0][5:] for _, name in CASES]
 
 def _clean_dir(root: str) -> str:
     """The hook's module with its packages, and a ``conformance`` that raises on import, under ``root``."""
+    os.makedirs(root, exist_ok=True)
     os.makedirs(os.path.join(root, "tests", "zoo"))
     os.makedirs(os.path.join(root, "conformance"))
     with open(os.path.join(root, "conformance", "__init__.py"), "w") as out:
@@ -59,16 +61,15 @@ def _torchrun(path: str, world_size: int, cwd: str, *extra: str) -> Tuple[int, s
     return proc.returncode, proc.stdout
 
 
-@pytest.fixture(scope="module")
-def launched(zoo_runs, tmp_path_factory) -> Dict[str, Dict[str, object]]:
+def _launch_all(runs: ZooRuns, directory: str) -> Dict[str, Dict[str, object]]:
     """Per case: the suite's failure, the reproducer's path, and both torchrun runs (two at a time)."""
-    clean = _clean_dir(str(tmp_path_factory.mktemp("clean")))
+    clean = _clean_dir(os.path.join(directory, "clean"))
     out: Dict[str, Dict[str, object]] = {}
     jobs: List[Tuple[str, str, str, int, Tuple[str, ...]]] = []
     for zoo, name in CASES:
-        run = zoo_runs(zoo)
+        run = runs(zoo)
         failed = [c for c in run.cases if c.name == name]
-        path = writer.reproducer_path(zoo_runs.reproducers(zoo), name)
+        path = writer.reproducer_path(runs.reproducers(zoo), name)
         world_size = int(re.search(r"-ws(\d+)\]$", name).group(1))
         out[name] = {"case": failed[0] if failed else None, "path": path}
         if os.path.exists(path):
@@ -79,6 +80,15 @@ def launched(zoo_runs, tmp_path_factory) -> Dict[str, Dict[str, object]]:
         for future, (name, which) in futures.items():
             out[name][which] = future.result()
     return out
+
+
+#: The launches, in the zoo runs' background thread once the zoo runs are done (``tests/conftest.py``).
+LAUNCHES = BackgroundJob("reproducer_launches", _launch_all)
+
+
+@pytest.fixture(scope="module")
+def launched(zoo_runs) -> Dict[str, Dict[str, object]]:
+    return zoo_runs(LAUNCHES)
 
 
 @pytest.mark.parametrize("name", [name for _, name in CASES], ids=IDS)
@@ -141,3 +151,19 @@ def test_a_reproducers_directory_that_cannot_be_written_is_a_usage_error(tmp_pat
 def test_case_ids_become_file_names_a_shell_takes_unquoted(tmp_path):
     path = writer.reproducer_path(str(tmp_path), "test_ddp_parity[a b-default-net_flat-ws3]")
     assert os.path.basename(path) == "test_ddp_parity_a_b-default-net_flat-ws3.py"
+
+
+def test_readme_shows_the_head_of_a_reproducer_as_generated():
+    """README's "A standalone reproducer" shows the hook imports and the case of a generated file, verbatim."""
+    from conformance.protocol import Finding
+    from tests.zoo import ddp_hooks
+
+    readme = open(os.path.join(REPO, "README.md")).read()
+    shown = readme.split("### A standalone reproducer", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    shown = shown[shown.index("from __future__"):]
+    spec = next(s for s in ddp_hooks.ALL if s.name == "bad_sum_then_divide")
+    name = "test_ddp_parity[bad_sum_then_divide-default-nested_wrapped-ws3]"
+    source = writer.reproducer_source(spec, "tests.zoo.ddp_hooks:ALL", "ddp.parity",
+                                      {"config": "default", "model": "nested_wrapped"}, 3, name,
+                                      [Finding(0, "differs", step=0)], "header", "rerun", "/home/me/repro/x.py")
+    assert shown in source

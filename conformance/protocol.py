@@ -278,7 +278,10 @@ class Finding:
             the API refused, a step in which it was never called),
             ``"process_state"`` (the hook left the rank process changed,
             :mod:`conformance.ranks.process_state`), ``"memory"`` (the rank's memory grew
-            past the bound over the hook's cases).
+            past the bound over the hook's cases), ``"not_applicable"`` (the case ran and
+            matched, but the API never called the hook in it, by design: a finding for the
+            user, who registered it where it does nothing; the runner skips the case with
+            it as the reason when every finding is of this kind).
         causes: of a diagnosis (kinds ``"diagnosis"``, ``"diagnosis_wider_dtype"``): each named cause
             alone (the message joins them with "; or "), for the per-hook summary of causes.
         fixes: the fix each of :attr:`causes` implies, in the same order, one instruction worded for the

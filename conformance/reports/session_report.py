@@ -112,8 +112,9 @@ def counts_lines(counts: Mapping[str, int], xfailed_builtin: int, empty_tests: M
         lines.append(f"{counts['xpassed']} xpassed: known failures that now pass (listed above): narrow or remove "
                      "their entries")
     if counts.get("skipped"):
-        lines.append(f"{counts['skipped']} skipped: cases that cannot run here; pytest's short summary (-rs) "
-                     "gives each reason")
+        lines.append(f"{counts['skipped']} skipped: cases that cannot run here, or that ran and matched where the "
+                     "API never calls the hook (it does nothing there); pytest's short summary (-rs) gives each "
+                     "reason")
     if empty_tests or deselected:
         why = [f"{deselected} case(s) by -k or -m"] if deselected else []
         if empty_tests:

@@ -102,10 +102,21 @@ class Fsdp2Models(ApiModels):
         return full_params(model)
 
 
+#: What a comm under ``replicate`` tells its author: the case is skipped with it once the training matched.
+NEVER_CALLED_UNDER_REPLICATE = (
+    "this comm is never called under replicate: replicate (on FSDP2, torch.distributed._composable."
+    "replicate_with_fsdp) has no shard group, so FSDP2 allocates its gradient buffers through the comm's allocate "
+    "but all-reduces them natively and never calls the comm; set_custom_reduce_scatter does nothing there (the "
+    "training equals replicate without it), so register the comm on modules under fully_shard, or reduce in an "
+    "all-reduce hook (set_all_reduce_hook)")
+
+
 class CommModels(Fsdp2Models):
     """A custom reduce-scatter comm's models in ``config``: ``fully_shard`` on a 1-D mesh over the pool (or
     over this rank's data-parallel subgroup for ``subgroup``), or a 2-D mesh for ``hsdp``; the config's divide
-    factor or forced SUM on every FSDP module of both models.
+    factor or forced SUM on every FSDP module of both models. Under ``replicate``, both models are
+    ``replicate`` on FSDP2, where FSDP2 calls the comm's ``allocate`` but never the comm: a case that matches
+    ends with :data:`NEVER_CALLED_UNDER_REPLICATE` (kind ``"not_applicable"``).
 
     Raises:
         ValueError: ``config`` is not one of :data:`~conformance.apis.fsdp2.plan.CONFIGS`.
@@ -118,20 +129,28 @@ class CommModels(Fsdp2Models):
         self.config = config
         if config == "hsdp":
             self.sync_setter = "set_requires_all_reduce"
-        self.mesh = self._mesh(hsdp_shape(self.ctx.world_size) if config == "hsdp" else (self.ctx.world_size,))
-        self.reference = "native fully_shard" + ("" if spec.reduce_dtype is None else
-                                                 f" with reduce_dtype={dtype_name(spec.reduce_dtype)}")
+        claim = "" if spec.reduce_dtype is None else f" with reduce_dtype={dtype_name(spec.reduce_dtype)}"
+        if config == "replicate":
+            self.mesh = None  # replicate's own 1-D mesh over the pool
+            self.reference = "replicate (on FSDP2) without the comm" + claim
+        else:
+            self.mesh = self._mesh(hsdp_shape(self.ctx.world_size) if config == "hsdp" else (self.ctx.world_size,))
+            self.reference = "native fully_shard" + claim
         self.arithmetic = CommArithmetic(self.ctx.world_size, spec.reduce_dtype)
 
     def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
         ctx = self.ctx
         ctx.phase("building the hooked model" if hooked else "building the reference model (native reduce-scatter)")
-        model = build_fsdp2(self.model_name, ctx, self.mesh, reduce_dtype=None if full_precision else
-                            self.spec.reduce_dtype)
+        reduce_dtype = None if full_precision else self.spec.reduce_dtype
+        if self.config == "replicate":
+            model = build_replicate(self.model_name, ctx, reduce_dtype=reduce_dtype)
+        else:
+            model = build_fsdp2(self.model_name, ctx, self.mesh, reduce_dtype=reduce_dtype)
         apply_config(model, self.config, ctx.world_size)
         if not hooked:
             return Built(model)
-        recorder = CommRecorder(make_comm(self.spec), ctx.rank)
+        recorder = CommRecorder(make_comm(self.spec), ctx.rank,
+                                never_called=NEVER_CALLED_UNDER_REPLICATE if self.config == "replicate" else None)
         for module in fsdp_modules(model):
             module.set_custom_reduce_scatter(recorder)
         return Built(model, recorder)

@@ -45,7 +45,7 @@ from conformance.signatures import SpecError, binds_signature, qualname, signatu
 #: ``force_sum``: ``set_force_sum_reduction_for_comms(True)``;
 #: ``divide_factor_force_sum``: both; ``hsdp``: a 2-D (replicate, shard) mesh; ``subgroup``: a
 #: 1-D mesh over this rank's data-parallel subgroup (``conformance.ranks.checks.groups``), not WORLD.
-CONFIGS = ("default", "divide_factor", "force_sum", "divide_factor_force_sum", "hsdp", "subgroup")
+CONFIGS = ("default", "divide_factor", "force_sum", "divide_factor_force_sum", "hsdp", "subgroup", "replicate")
 
 #: FSDPModule methods each config needs (besides ``set_custom_reduce_scatter``).
 CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
@@ -55,6 +55,7 @@ CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
     "divide_factor_force_sum": ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms"),
     "hsdp": (),
     "subgroup": (),
+    "replicate": (),
 }
 
 #: Why gloo cannot run the native reference of a ``divide_factor`` config in float32/bfloat16.
@@ -80,12 +81,12 @@ FACTOR_CONFIGS = ("divide_factor", "force_sum", "divide_factor_force_sum")
 PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
     ("main", "full"): tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested",
                                                      "gradient_probe", "mixture_of_experts"))
-    + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS),
+    + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS) + (("replicate", "nested_wrapped"),),
     ("extra", "full"): (("default", "nested_wrapped"), ("default", "gradient_probe"),
                         ("divide_factor", "nested_wrapped"), ("divide_factor_force_sum", "nested_wrapped"),
                         ("force_sum", "gradient_probe")),
     ("main", "low"): (("default", "nested_wrapped"), ("divide_factor", "nested_wrapped"),
-                      ("divide_factor_force_sum", "nested_wrapped")),
+                      ("divide_factor_force_sum", "nested_wrapped"), ("replicate", "nested_wrapped")),
     ("extra", "low"): (("default", "nested_wrapped"),),
     ("hsdp", "full"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
     ("hsdp", "low"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),

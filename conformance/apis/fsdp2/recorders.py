@@ -10,7 +10,7 @@ groups and dtypes it was called with (the context of a gradient finding).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -42,12 +42,14 @@ class CommRecorder(Recorder):
     fails here as it would in training. ``allocate`` results are checked against
     the request: FSDP2 views them as ``(world_size, -1)`` and writes the cast
     gradients into them, so a wrong size, dtype or device changes the result.
-    ``rank``: this rank, for findings.
+    ``rank``: this rank, for findings. ``never_called``: why FSDP2 calls no comm in this setting (``replicate``
+    on FSDP2, which has no shard group), or ``None``: then a step without a call is a contract finding.
     """
 
-    def __init__(self, comm: Any, rank: int):
+    def __init__(self, comm: Any, rank: int, never_called: Optional[str] = None):
         self.comm = comm
         self.rank = rank
+        self.never_called = never_called
         self.step = 0
         self.calls: List[Dict[str, Any]] = []
         self.bad_allocations: List[Dict[str, Any]] = []
@@ -91,6 +93,12 @@ class CommRecorder(Recorder):
                 call.settle()
         return result
 
+    def unused(self) -> Optional[str]:
+        """Where FSDP2 calls no comm by design and never called this one: what the user should know."""
+        if self.never_called is None or self.calls:
+            return None
+        return self.never_called
+
     def summary(self, step: int) -> str:
         seen = sorted({(c["op"], c["group_size"], dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})
         return "; ".join(f"op={o} over a group of {g} in {d}" for o, g, d in seen) or "not called"
@@ -111,7 +119,7 @@ class CommRecorder(Recorder):
     def findings(self, step: int) -> List[Finding]:
         """What the finished ``step`` shows: :meth:`findings_so_far`, and a step in which the comm was never called."""
         out = self.findings_so_far(step)
-        if not any(c["step"] == step for c in self.calls):
+        if self.never_called is None and not any(c["step"] == step for c in self.calls):
             out.append(Finding(self.rank, "FSDP2 never called the comm in this step (set_custom_reduce_scatter did "
                                      "not take effect)", step=step, kind="contract"))
         return out

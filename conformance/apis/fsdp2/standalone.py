@@ -225,8 +225,11 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
     api, config, claim = CASE["api"], CASE["variant"].get("config"), CASE["reduce_dtype"]
     model = MODEL.build(group=ranks.group, device=ranks.device, fsdp_kwargs=None)
     if api == "fsdp2":
-        shape = hsdp_shape(ranks.world_size) if config == "hsdp" else (ranks.world_size,)
-        model = shard_units(MODEL, model, mesh(ranks, shape), claim, ranks.group, ranks.device)
+        if config == "replicate":  # FSDP2 calls the comm's allocate there, never the comm
+            model = replicate_units(model, claim, None)
+        else:
+            shape = hsdp_shape(ranks.world_size) if config == "hsdp" else (ranks.world_size,)
+            model = shard_units(MODEL, model, mesh(ranks, shape), claim, ranks.group, ranks.device)
         apply_config(model, config, ranks.world_size)
         if hooked:
             comm = make_comm(HOOK, CASE["hook"])

@@ -142,6 +142,10 @@ def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding
     every rank agrees (``ctx.any_rank``), so no rank is left waiting in a collective.
 
     Returns:
-        this rank's findings (empty when the hook conforms).
+        this rank's findings (empty when the hook conforms); where the training matched but the API never
+        called the hook, by design (:meth:`~conformance.ranks.checks.models.Recorder.unused`), one finding of
+        kind ``"not_applicable"`` saying so.
     """
-    return LockstepRun(plan, lr).run(ctx, steps)
+    findings = LockstepRun(plan, lr).run(ctx, steps)
+    why = None if findings else plan.recorder.unused()
+    return [Finding(ctx.rank, why, kind="not_applicable")] if why else findings

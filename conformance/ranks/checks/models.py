@@ -67,6 +67,12 @@ class Recorder:
         """A note for the step's gradient findings (what FSDP2 passed the comm), or ``""``."""
         return ""
 
+    def unused(self) -> Optional[str]:
+        """Why the API never called the hook in any step where that is its design (an FSDP2 comm under
+        ``replicate``, which has no shard group), or ``None``: a finding of kind ``"not_applicable"``
+        once the training matched."""
+        return None
+
 
 @dataclasses.dataclass
 class Built:

@@ -173,3 +173,13 @@ def test_no_bad_comm_is_told_to_declare_itself_lossy(zoo_run):
     hinted = {c.hook for c in zoo_run.cases if c.outcome == "failed" and "LossyContract" in c.message}
     exact_bad = {s.name for s in zoo.KNOWN_BAD + zoo.NCCL_ONLY_BAD if s.lossy is None}
     assert not hinted & exact_bad, sorted(hinted & exact_bad)
+
+
+def test_a_comm_under_replicate_is_told_it_is_never_called(zoo_run):
+    """``replicate`` on FSDP2 has no shard group: FSDP2 calls the comm's ``allocate`` there but never the comm.
+    The case runs, matches replicate without the comm, and is skipped with that finding as its reason: never a
+    pass, never a failure of a right comm (issue 17)."""
+    case = next(c for c in zoo_run.cases if c.name == "test_fsdp2_parity[good_async_wait-replicate-nested_wrapped-ws2]")
+    assert case.outcome == "skipped", (case.outcome, case.message[:2000])
+    assert "ran, and matched, but the hook was never called: this comm is never called under replicate" \
+        in case.message, case.message[:2000]

@@ -20,19 +20,22 @@ local shard of every parameter.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from conformance.apis.fsdp2.arithmetic import AllReduceHookArithmetic, CommArithmetic
 from conformance.apis.fsdp2.build import (apply_config, build_fsdp2, build_replicate, fsdp_modules, hsdp_shape,
                                           mesh_for)
+from conformance.apis.fsdp2.standalone import DIVIDE_FACTOR_CONFIGS, divide_factor
 from conformance.apis.fsdp2.plan import ALL_REDUCE_CONFIGS, CONFIGS
 from conformance.apis.fsdp2.recorders import CommRecorder, HookRecorder, make_comm
 from conformance.ranks.checks.common import View, fqn_without_wrappers, named_grads, named_params
+from conformance.models import get_model
 from conformance.ranks.checks.groups import on_subgroup
-from conformance.ranks.checks.models import ApiModels, Built
+from conformance.ranks.checks.models import ApiModels, Built, NativeDoesNotHold
 from conformance.ranks.compare import dtype_name
 
 
@@ -102,6 +105,23 @@ class Fsdp2Models(ApiModels):
         return full_params(model)
 
 
+#: How far native's gradient may be from the exact reduction, in units of the reduce dtype's epsilon (relative,
+#: 2-norm, per parameter): a few roundings (the pre-divide, the SUM, the post-divide), never a lost factor.
+ANALYTIC_ULPS = 16
+
+
+def _divide_factors(model: nn.Module, config: str, world_size: int) -> Dict[str, float]:
+    """``{fqn: what FSDP2 divides its gradient's SUM by}``: the divide factor where ``config`` set one on the FSDP
+    module holding the parameter (the innermost FSDP module around it), else the shard group's size."""
+    owners = sorted((name for name, m in model.named_modules() if m in fsdp_modules(model)), key=len, reverse=True)
+    out: Dict[str, float] = {}
+    for fqn, _ in model.named_parameters():
+        owner = next(o for o in owners if o == "" or fqn.startswith(o + "."))
+        every = DIVIDE_FACTOR_CONFIGS[config] == "every"
+        out[fqn_without_wrappers(fqn)] = divide_factor(world_size) if every or owner == "" else float(world_size)
+    return out
+
+
 #: What a comm under ``replicate`` tells its author: the case is skipped with it once the training matched.
 NEVER_CALLED_UNDER_REPLICATE = (
     "this comm is never called under replicate: replicate (on FSDP2, torch.distributed._composable."
@@ -137,6 +157,47 @@ class CommModels(Fsdp2Models):
             self.mesh = self._mesh(hsdp_shape(self.ctx.world_size) if config == "hsdp" else (self.ctx.world_size,))
             self.reference = "native fully_shard" + claim
         self.arithmetic = CommArithmetic(self.ctx.world_size, spec.reduce_dtype)
+
+    def check_reference(self, model: nn.Module, inputs: Sequence[Tuple[torch.Tensor, ...]], step: int) -> None:
+        """Under a divide-factor config, native's full gradients against the exact reduction: the SUM over
+        ranks, in float64, of each rank's local gradient (the same parameters and inputs through the plain
+        model), divided by the factor of the FSDP module that holds the parameter (the divide factor where
+        the config set it, else the shard group's size, FSDP2's own average). The relative error of each
+        parameter's gradient (2-norm) may be at most :data:`ANALYTIC_ULPS` units of the reduce dtype's
+        epsilon: a rounding, never a lost factor or a zeroed buffer. Collective over the pool's group.
+
+        Raises:
+            NativeDoesNotHold: a gradient further off, named with both norms and the bound.
+        """
+        if self.config not in DIVIDE_FACTOR_CONFIGS:
+            return
+        ctx = self.ctx
+        ctx.phase(f"step {step}: the reference model's analytic check (the exact SUM over ranks / divide factor)")
+        params, grads = full_params(model), full_grads(model)
+        plain = get_model(self.model_name).build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
+        with torch.no_grad():
+            for name, p in plain.named_parameters():
+                p.copy_(params[name])
+        for micro in inputs:
+            self.loss_fn(micro, plain(*micro)).backward()
+        factors = _divide_factors(model, self.config, ctx.world_size)
+        eps = torch.finfo(self.spec.reduce_dtype or torch.float32).eps
+        for name, p in plain.named_parameters():
+            got = grads.get(name)
+            if p.grad is None or got is None:
+                continue
+            exact = p.grad.detach().double()
+            dist.all_reduce(exact, group=ctx.group)
+            exact /= factors[name]
+            off = float((got.double() - exact).norm())
+            scale = float(exact.norm())
+            if off > ANALYTIC_ULPS * eps * max(scale, 1e-30):
+                raise NativeDoesNotHold(
+                    f"native's full gradient of {name!r} at step {step} is not the exact SUM over ranks divided "
+                    f"by {factors[name]:g} (its FSDP module's divide factor): the difference has 2-norm {off:.3g} "
+                    f"against {scale:.3g} for the exact value, beyond {ANALYTIC_ULPS} units of "
+                    f"{dtype_name(self.spec.reduce_dtype or torch.float32)}'s epsilon (as NCCL's bfloat16 "
+                    "PREMUL_SUM returning zeros, PyTorch issue 190745); this native path cannot judge a hook here")
 
     def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
         ctx = self.ctx

@@ -45,7 +45,8 @@ from conformance.signatures import SpecError, binds_signature, qualname, signatu
 #: ``force_sum``: ``set_force_sum_reduction_for_comms(True)``;
 #: ``divide_factor_force_sum``: both; ``hsdp``: a 2-D (replicate, shard) mesh; ``subgroup``: a
 #: 1-D mesh over this rank's data-parallel subgroup (``conformance.ranks.checks.groups``), not WORLD.
-CONFIGS = ("default", "divide_factor", "force_sum", "divide_factor_force_sum", "hsdp", "subgroup", "replicate")
+CONFIGS = ("default", "divide_factor", "force_sum", "divide_factor_force_sum", "divide_factor_some", "hsdp", "subgroup",
+           "replicate")
 
 #: FSDPModule methods each config needs (besides ``set_custom_reduce_scatter``).
 CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
@@ -53,6 +54,7 @@ CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
     "divide_factor": ("set_gradient_divide_factor",),
     "force_sum": ("set_force_sum_reduction_for_comms",),
     "divide_factor_force_sum": ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms"),
+    "divide_factor_some": ("set_gradient_divide_factor",),
     "hsdp": (),
     "subgroup": (),
     "replicate": (),
@@ -70,14 +72,14 @@ GLOO_PREMUL_SUM = (
 def uses_premul_sum(config: str, reduce_dtype: Optional[torch.dtype], param_dtype: torch.dtype = torch.float32) -> bool:
     """Whether FSDP2 reduces with ``PREMUL_SUM`` under ``config`` (see ``_get_gradient_divide_factors``)."""
     dtype = reduce_dtype or param_dtype
-    return config == "divide_factor" and dtype in (torch.float32, torch.bfloat16)
+    return config in ("divide_factor", "divide_factor_some") and dtype in (torch.float32, torch.bfloat16)
 
 
 #: ``(config, model)`` pairs per world-size role and claim. The full-precision claim runs
 #: every reference model at the main world size; a reduced-precision claim (its comm sees
 #: the same ops on bfloat16/float16 buffers) runs fewer. The divide-factor and forced-SUM
 #: configs run on one model: they change the op FSDP2 passes, not the model.
-FACTOR_CONFIGS = ("divide_factor", "force_sum", "divide_factor_force_sum")
+FACTOR_CONFIGS = ("divide_factor", "force_sum", "divide_factor_force_sum", "divide_factor_some")
 PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
     ("main", "full"): tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested",
                                                      "gradient_probe", "mixture_of_experts"))
@@ -86,7 +88,8 @@ PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
                         ("divide_factor", "nested_wrapped"), ("divide_factor_force_sum", "nested_wrapped"),
                         ("force_sum", "gradient_probe")),
     ("main", "low"): (("default", "nested_wrapped"), ("divide_factor", "nested_wrapped"),
-                      ("divide_factor_force_sum", "nested_wrapped"), ("replicate", "nested_wrapped")),
+                      ("divide_factor_force_sum", "nested_wrapped"), ("divide_factor_some", "nested_wrapped"),
+                      ("replicate", "nested_wrapped")),
     ("extra", "low"): (("default", "nested_wrapped"),),
     ("hsdp", "full"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
     ("hsdp", "low"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),

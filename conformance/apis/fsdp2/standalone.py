@@ -124,10 +124,16 @@ def fsdp_modules(model: nn.Module) -> List[nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
+#: The configs that set a divide factor, and on which FSDP modules: every one, or the root alone (the others
+#: keep FSDP2's own average, PyTorch issue 157485).
+DIVIDE_FACTOR_CONFIGS = {"divide_factor": "every", "divide_factor_force_sum": "every", "divide_factor_some": "root"}
+
+
 def apply_config(model: nn.Module, config: str, world_size: int) -> None:
-    """Set the config's divide factor / forced SUM on every FSDP module (neither recurses)."""
+    """Set the config's divide factor / forced SUM on every FSDP module (neither recurses), the divide factor of
+    ``divide_factor_some`` on the root module alone."""
     for module in fsdp_modules(model):
-        if config in ("divide_factor", "divide_factor_force_sum"):
+        if DIVIDE_FACTOR_CONFIGS.get(config) == "every" or (config == "divide_factor_some" and module is model):
             module.set_gradient_divide_factor(divide_factor(world_size))
         if config in ("force_sum", "divide_factor_force_sum"):
             module.set_force_sum_reduction_for_comms(True)

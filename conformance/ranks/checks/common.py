@@ -121,15 +121,20 @@ def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.o
 
 def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
                 loss_fn: Any, steps: int, train: Any = train_step,
-                no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> List[Any]:
+                no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync,
+                check: Optional[Callable[[nn.Module, Sequence[Any], int], None]] = None) -> List[Any]:
     """Train the reference model alone for ``steps`` steps, comparing nothing (``reference_only=True``).
 
-    ``train`` is the training step (:func:`train_step`, or it followed by ``clip_grad_norm_``).
+    ``train`` is the training step (:func:`train_step`, or it followed by ``clip_grad_norm_``);
+    ``check(model, inputs, step)`` the API's analytic check of the reference after each backward
+    (:meth:`~conformance.ranks.checks.models.ApiModels.check_reference`), as in lock-step training.
     The same phases as in lock-step training, so a failure here reads the same.
     Returns no findings: the controller only asks whether this raises.
     """
     for step in range(steps):
         train(ctx, "reference", step, model, optim, inputs, loss_fn, no_sync=no_sync)
+        if check is not None:
+            check(model, inputs, step)
         ctx.phase(f"step {step}: optimizer step of the reference model")
         optim.step()
     return []

@@ -105,6 +105,7 @@ class LockstepRun:
         inputs = plan.inputs(step) if callable(plan.inputs) else plan.inputs
         ref, hooked = plan.ref.model, plan.hooked.model
         plan.train(ctx, "reference", step, ref, self.opt_ref, inputs, models.loss_fn, no_sync=models.no_sync)
+        models.check_reference(ref, inputs, step)
         broken = recorder.run_step(step, lambda: plan.train(ctx, "hooked", step, hooked, self.opt_hooked, inputs,
                                                             models.loss_fn, no_sync=models.no_sync))
         if broken:

@@ -33,7 +33,14 @@ from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.checks.common import View, clip_with_torch, model_no_sync, named_grads, named_params
 from conformance.ranks.diagnosis import CallLog
 
-__all__ = ["ApiModels", "Built", "MakeModels", "Recorder"]
+__all__ = ["ApiModels", "Built", "MakeModels", "NativeDoesNotHold", "Recorder"]
+
+
+class NativeDoesNotHold(RuntimeError):
+    """The reference failed the API's analytic check (:meth:`ApiModels.check_reference`): its gradients are not
+    the exact reduction of every rank's inputs. Raised while the reference trains, so the runner replays the
+    reference alone and, where it fails there too, skips the case with this message: a native path that is
+    itself wrong (NCCL's bfloat16 ``PREMUL_SUM`` returning zeros, PyTorch issue 190745) never blesses a hook."""
 
 
 class Recorder:
@@ -131,6 +138,15 @@ class ApiModels(abc.ABC):
         """A fresh model of the case under the API, announced as a phase: with ``hooked``, the hook under test
         installed through its recorder (fresh hook state); else the reference, the native path for the
         hook's claim (``full_precision``: with no reduce dtype, the lossy loss's reference)."""
+
+    def check_reference(self, model: nn.Module, inputs: Sequence[Tuple[torch.Tensor, ...]], step: int) -> None:
+        """After the reference's backward of ``step`` (before its optimizer step), check its gradients against
+        the exact reduction computed from every rank's ``inputs``, where the API has such a check (FSDP2's
+        divide factors); collective where it checks. Here: nothing.
+
+        Raises:
+            NativeDoesNotHold: the reference's gradients are not that reduction.
+        """
 
     def no_sync(self, model: nn.Module) -> ContextManager[Any]:
         """The API's gradient accumulation, around every micro-step's backward but the last: no hook call,

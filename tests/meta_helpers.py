@@ -207,13 +207,14 @@ class Pick:
 @dataclasses.dataclass(frozen=True, eq=False)
 class BackgroundJob:
     """Work a test module reads, done once per session in the zoo runs' background thread
-    (:class:`ZooRuns`), so it overlaps the other tests instead of running in line: ``work(runs, directory)``
-    returns what ``zoo_runs(job)`` gives (``runs``: the session's :class:`ZooRuns`, whose zoo runs it may
-    read; ``directory``: a fresh directory of its own). A module names its jobs at module level, as it names
-    its :class:`MetaZoo` s, so ``tests/conftest.py`` prefetches them."""
+    (:class:`ZooRuns`), so it overlaps the other tests instead of running in line: ``work(runs, directory,
+    env)`` returns what ``zoo_runs(job)`` gives (``runs``: the session's :class:`ZooRuns`, whose zoo runs it
+    may read; ``directory``: a fresh directory of its own; ``env``: the environment to run processes in, as it
+    was when the session's tests were collected, never what a test running meanwhile set). A module names its
+    jobs at module level, as it names its :class:`MetaZoo` s, so ``tests/conftest.py`` prefetches them."""
 
     name: str
-    work: Callable[["ZooRuns", str], object]
+    work: Callable[["ZooRuns", str, Dict[str, str]], object]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +274,7 @@ class ZooRuns:
     def _run(self, zoo: Any, junit: str, env: Optional[Dict[str, str]] = None) -> None:
         try:
             if isinstance(zoo, BackgroundJob):
-                self._runs[zoo.name] = zoo.work(self, os.path.dirname(junit))
+                self._runs[zoo.name] = zoo.work(self, os.path.dirname(junit), dict(os.environ if env is None else env))
                 return
             args = [*zoo.args, "--write-reproducers", self.reproducers(zoo)]
             self._runs[zoo.name] = run_suite(args, junit, env=env)  # kept even if it failed

@@ -137,11 +137,12 @@ def _twin_cases() -> List[str]:
     return [_twin_case(key, case) for key, cases in CASES.items() for case in cases]
 
 
-def _run_twins(runs: object, directory: str) -> SuiteRun:
+def _run_twins(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
     """The twins, each on its picked cases, in one run: world sizes 2 and 3, and the 4-rank pool the HSDP,
     replica and subgroup cases start."""
     return run_suite(["--hook", "tests.zoo.fixed_twins:ALL", "--extra-world-size", "3", "--hypothesis-examples",
-                      "2", "-q", "-k", " or ".join(_twin_cases())], os.path.join(directory, "twins.xml"), timeout=300)
+                      "2", "-q", "-k", " or ".join(_twin_cases())], os.path.join(directory, "twins.xml"), timeout=300,
+                     env=env)
 
 
 #: The run over the twins, in the zoo runs' background thread (``tests/conftest.py``).

@@ -13,24 +13,38 @@ expectation applies to the torch CI runs: 2.13, CPU build.
 from __future__ import annotations
 
 import os
-import tempfile
 import unittest
 
+from typing import Dict
+
 import expecttest
+import pytest
 import torch
 
-from tests.meta_helpers import run_suite
+from tests.meta_helpers import BackgroundJob, SuiteRun, run_suite
 
 RECORDED_WITH = "2.13"
+
+
+def _ws3_run(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
+    return run_suite(["--extra-world-size", "3", "-k", "ws3"], os.path.join(directory, "ws3.xml"), timeout=600,
+                     env=env)
+
+
+#: The run, in the zoo runs' background thread (``tests/conftest.py``).
+WS3_RUN = BackgroundJob("outcomes_ws3", _ws3_run)
 SAME_TORCH = torch.__version__.startswith(RECORDED_WITH + ".") and torch.version.cuda is None
 
 
 @unittest.skipUnless(SAME_TORCH, f"the expectation was recorded with torch {RECORDED_WITH} (CPU build); "
                                  f"this is torch {torch.__version__}, whose outcomes differ by design")
 class TestOutcomesGuard(expecttest.TestCase):
+    @pytest.fixture(autouse=True)
+    def _zoo_runs(self, zoo_runs):
+        self.zoo_runs = zoo_runs
+
     def test_outcomes_of_every_world_size_3_case(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            run = run_suite(["--extra-world-size", "3", "-k", "ws3"], os.path.join(tmp, "ws3.xml"), timeout=600)
+        run = self.zoo_runs(WS3_RUN)
         self.assertEqual(run.returncode, 0, run.output[-3000:])
         text = "\n".join(f"{c.outcome:<8} {c.name}" for c in sorted(run.cases, key=lambda c: c.name))
         self.assertExpectedInline(text, """\

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import re
 
-from tests.meta_helpers import REPO, run_suite
+from typing import Dict
+
+from tests.meta_helpers import REPO, BackgroundJob, SuiteRun, run_suite
 
 
 def test_readme_shows_the_example_module_verbatim():
@@ -16,22 +18,35 @@ def test_readme_shows_the_example_module_verbatim():
     assert block in source
 
 
-def test_readme_example_conforms(tmp_path):
-    run = run_suite(["--hook", "conformance.examples.my_hooks:SPEC", "--hypothesis-examples", "2", "-q",
-                     "-k", "not transformer_shared and not always_wrap_nested and not registration"],
-                    str(tmp_path / "example.xml"), cwd=str(tmp_path))
+def _example_run(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
+    return run_suite(["--hook", "conformance.examples.my_hooks:SPEC", "--hypothesis-examples", "2", "-q",
+                      "-k", "not transformer_shared and not always_wrap_nested and not registration"],
+                     os.path.join(directory, "example.xml"), cwd=directory, env=env)
+
+
+def _ddp_example_run(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
+    return run_suite(["--hook", "conformance.examples.my_ddp_hook:SPEC", "-q", "-k", "test_ddp"],
+                     os.path.join(directory, "ddp.xml"), cwd=directory, env=env)
+
+
+#: Both runs start from a directory that is not the checkout, in the zoo runs' background thread.
+EXAMPLE_RUN = BackgroundJob("readme_example", _example_run)
+DDP_EXAMPLE_RUN = BackgroundJob("readme_ddp_example", _ddp_example_run)
+
+
+def test_readme_example_conforms(zoo_runs):
+    run = zoo_runs(EXAMPLE_RUN)
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "passed" for c in run.cases)
     assert {c.check for c in run.cases} == {"averaging", "parity", "accumulation", "rank_consistency", "hard_inputs",
                                             "subgroup_parity", "clip_grad_norm", "clip_grad_norm_low_precision"}
 
 
-def test_readme_ddp_example_is_the_module_and_conforms(tmp_path):
+def test_readme_ddp_example_is_the_module_and_conforms(zoo_runs):
     readme = open(os.path.join(REPO, "README.md")).read()
     block = re.search(r"```python\n# examples/my_ddp_hook.py\n(.*?)```", readme, re.S).group(1)
     assert block in open(os.path.join(REPO, "examples", "my_ddp_hook.py")).read()
-    run = run_suite(["--hook", "conformance.examples.my_ddp_hook:SPEC", "-q", "-k", "test_ddp"],
-                    str(tmp_path / "ddp.xml"), cwd=str(tmp_path))
+    run = zoo_runs(DDP_EXAMPLE_RUN)
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "passed" for c in run.cases)
     assert {"averaging", "parity", "rank_consistency", "future_contract"} <= {c.check for c in run.cases}

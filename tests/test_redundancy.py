@@ -8,16 +8,27 @@ letting such a hook through.
 
 from __future__ import annotations
 
+import os
+from typing import Dict
+
 import pytest
 
-from tests.meta_helpers import run_suite
+from tests.meta_helpers import BackgroundJob, SuiteRun, run_suite
 from tests.zoo import order_bugs
 
 
+def _order_run(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
+    return run_suite(["--hook", "tests.zoo.order_bugs:ORDER_BUGS", "-q", "-k", "ws3"],
+                     os.path.join(directory, "order.xml"), env=env)
+
+
+#: The run, in the zoo runs' background thread (``tests/conftest.py``).
+ORDER_RUN = BackgroundJob("order_bugs", _order_run)
+
+
 @pytest.fixture(scope="module")
-def run_at_three(tmp_path_factory):
-    junit = str(tmp_path_factory.mktemp("order") / "order.xml")
-    run = run_suite(["--hook", "tests.zoo.order_bugs:ORDER_BUGS", "-q", "-k", "ws3"], junit)
+def run_at_three(zoo_runs):
+    run = zoo_runs(ORDER_RUN)
     assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
     return run
 

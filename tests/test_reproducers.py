@@ -52,8 +52,8 @@ def _clean_dir(root: str) -> str:
     return root
 
 
-def _torchrun(path: str, world_size: int, cwd: str, *extra: str) -> Tuple[int, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONFORM_", "PYTHON", "MASTER_", "TORCHELASTIC"))}
+def _torchrun(path: str, world_size: int, cwd: str, base_env: Dict[str, str], *extra: str) -> Tuple[int, str]:
+    env = {k: v for k, v in base_env.items() if not k.startswith(("CONFORM_", "PYTHON", "MASTER_", "TORCHELASTIC"))}
     env["PYTHONPATH"] = cwd
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={world_size}", path, *extra],
@@ -61,7 +61,7 @@ def _torchrun(path: str, world_size: int, cwd: str, *extra: str) -> Tuple[int, s
     return proc.returncode, proc.stdout
 
 
-def _launch_all(runs: ZooRuns, directory: str) -> Dict[str, Dict[str, object]]:
+def _launch_all(runs: ZooRuns, directory: str, env: Dict[str, str]) -> Dict[str, Dict[str, object]]:
     """Per case: the suite's failure, the reproducer's path, and both torchrun runs (two at a time)."""
     clean = _clean_dir(os.path.join(directory, "clean"))
     out: Dict[str, Dict[str, object]] = {}
@@ -75,7 +75,7 @@ def _launch_all(runs: ZooRuns, directory: str) -> Dict[str, Dict[str, object]]:
         if os.path.exists(path):
             jobs += [(name, "hooked", path, world_size, ()), (name, "native", path, world_size, ("--without-hook",))]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {pool.submit(_torchrun, path, ws, clean, *extra): (name, which)
+        futures = {pool.submit(_torchrun, path, ws, clean, env, *extra): (name, which)
                    for name, which, path, ws, extra in jobs}
         for future, (name, which) in futures.items():
             out[name][which] = future.result()

@@ -1,8 +1,9 @@
 """The FSDP2 reference's analytic check: native's gradients under a divide factor against the exact reduction.
 
-Two gloo ranks build the ``fsdp2`` models of a float16 claim (the divide-factor configs gloo can run) and
-train the reference one step. Native holds under every divide-factor config, the factor on every FSDP
-module or on the root alone (``divide_factor_some``, PyTorch issue 157485); a reference whose gradient
+Two gloo ranks (four for HSDP) build the ``fsdp2`` models of a float16 claim (the divide-factor configs gloo
+can run) and train the reference one step. Native holds under every divide-factor config, the factor on
+every FSDP module, on the root alone (``divide_factor_some``, PyTorch issue 157485), or under HSDP, where it
+must divide the SUM over every rank as the flattened 1-D mesh does (issue 155903); a reference whose gradient
 lost its values (NCCL's bfloat16 ``PREMUL_SUM`` returned zeros, PyTorch issue 190745) or was divided twice
 raises :class:`NativeDoesNotHold`, which the runner turns into a skip with that reason.
 """
@@ -20,12 +21,9 @@ from conformance.apis.fsdp2.build import missing_api
 from conformance.apis.fsdp2.models import CommModels
 from conformance.ranks.checks.models import NativeDoesNotHold
 
-WORLD_SIZE = 2
-
-
 class _Ctx:
-    def __init__(self, rank: int):
-        self.rank, self.world_size, self.group = rank, WORLD_SIZE, dist.group.WORLD
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size, self.group = rank, world_size, dist.group.WORLD
         self.device, self.backend = torch.device("cpu"), "gloo"
 
     def phase(self, text: str) -> None:
@@ -38,13 +36,13 @@ def _spoil(model: torch.nn.Module, how: str) -> None:
     local.zero_() if how == "zeroed" else local.div_(2)
 
 
-def _run(rank: int, store_path: str) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD_SIZE), rank=rank, world_size=WORLD_SIZE)
+def _run(rank: int, store_path: str, world_size: int, configs: tuple) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
     try:
         spec = types.SimpleNamespace(name="plain", hook=None, reduce_dtype=torch.float16)
-        for config in ("divide_factor", "divide_factor_force_sum", "divide_factor_some", "default"):
+        for config in configs:
             for how in (None, "zeroed", "halved"):
-                models = CommModels(_Ctx(rank), spec, model="nested_wrapped", config=config)
+                models = CommModels(_Ctx(rank, world_size), spec, model="nested_wrapped", config=config)
                 ref = models.build(hooked=False).model
                 for micro in models.inputs:
                     models.loss_fn(micro, ref(*micro)).backward()
@@ -62,4 +60,12 @@ def _run(rank: int, store_path: str) -> None:
 
 @pytest.mark.skipif(missing_api(("set_gradient_divide_factor",)) is not None, reason="no FSDP2 divide factor here")
 def test_native_holds_its_analytic_check_and_a_spoiled_reference_does_not(tmp_path):
-    mp.spawn(_run, args=(str(tmp_path / "store"),), nprocs=WORLD_SIZE, join=True)
+    configs = ("divide_factor", "divide_factor_force_sum", "divide_factor_some", "default")
+    mp.spawn(_run, args=(str(tmp_path / "store"), 2, configs), nprocs=2, join=True)
+
+
+@pytest.mark.skipif(missing_api(("set_gradient_divide_factor",)) is not None, reason="no FSDP2 divide factor here")
+def test_hsdp_with_a_divide_factor_divides_the_sum_over_every_rank(tmp_path):
+    """Under HSDP (2 x 2 mesh) the factor divides the SUM over all 4 ranks, as on the flattened 1-D mesh
+    (PyTorch issue 155903 found them inconsistent)."""
+    mp.spawn(_run, args=(str(tmp_path / "store"), 4, ("hsdp_divide_factor",)), nprocs=4, join=True)

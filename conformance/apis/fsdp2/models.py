@@ -29,7 +29,7 @@ from torch import nn
 from conformance.apis.fsdp2.arithmetic import AllReduceHookArithmetic, CommArithmetic
 from conformance.apis.fsdp2.build import (apply_config, build_fsdp2, build_replicate, fsdp_modules, hsdp_shape,
                                           mesh_for)
-from conformance.apis.fsdp2.standalone import DIVIDE_FACTOR_CONFIGS, divide_factor
+from conformance.apis.fsdp2.standalone import DIVIDE_FACTOR_CONFIGS, HSDP_CONFIGS, divide_factor
 from conformance.apis.fsdp2.plan import ALL_REDUCE_CONFIGS, CONFIGS
 from conformance.apis.fsdp2.recorders import CommRecorder, HookRecorder, make_comm
 from conformance.ranks.checks.common import View, fqn_without_wrappers, named_grads, named_params
@@ -147,14 +147,15 @@ class CommModels(Fsdp2Models):
             raise ValueError(f"unknown FSDP2 config {config!r}; known: {', '.join(CONFIGS)}")
         super().__init__(on_subgroup(ctx) if config == "subgroup" else ctx, spec, model, micro_steps)
         self.config = config
-        if config == "hsdp":
+        if config in HSDP_CONFIGS:
             self.sync_setter = "set_requires_all_reduce"
         claim = "" if spec.reduce_dtype is None else f" with reduce_dtype={dtype_name(spec.reduce_dtype)}"
         if config == "replicate":
             self.mesh = None  # replicate's own 1-D mesh over the pool
             self.reference = "replicate (on FSDP2) without the comm" + claim
         else:
-            self.mesh = self._mesh(hsdp_shape(self.ctx.world_size) if config == "hsdp" else (self.ctx.world_size,))
+            shape = hsdp_shape(self.ctx.world_size) if config in HSDP_CONFIGS else (self.ctx.world_size,)
+            self.mesh = self._mesh(shape)
             self.reference = "native fully_shard" + claim
         self.arithmetic = CommArithmetic(self.ctx.world_size, spec.reduce_dtype)
 

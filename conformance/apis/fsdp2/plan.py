@@ -45,8 +45,8 @@ from conformance.signatures import SpecError, binds_signature, qualname, signatu
 #: ``force_sum``: ``set_force_sum_reduction_for_comms(True)``;
 #: ``divide_factor_force_sum``: both; ``hsdp``: a 2-D (replicate, shard) mesh; ``subgroup``: a
 #: 1-D mesh over this rank's data-parallel subgroup (``conformance.ranks.checks.groups``), not WORLD.
-CONFIGS = ("default", "divide_factor", "force_sum", "divide_factor_force_sum", "divide_factor_some", "hsdp", "subgroup",
-           "replicate")
+CONFIGS = ("default", "divide_factor", "force_sum", "divide_factor_force_sum", "divide_factor_some", "hsdp",
+           "hsdp_divide_factor", "subgroup", "replicate")
 
 #: FSDPModule methods each config needs (besides ``set_custom_reduce_scatter``).
 CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
@@ -56,6 +56,7 @@ CONFIG_APIS: Dict[str, Tuple[str, ...]] = {
     "divide_factor_force_sum": ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms"),
     "divide_factor_some": ("set_gradient_divide_factor",),
     "hsdp": (),
+    "hsdp_divide_factor": ("set_gradient_divide_factor",),
     "subgroup": (),
     "replicate": (),
 }
@@ -72,7 +73,8 @@ GLOO_PREMUL_SUM = (
 def uses_premul_sum(config: str, reduce_dtype: Optional[torch.dtype], param_dtype: torch.dtype = torch.float32) -> bool:
     """Whether FSDP2 reduces with ``PREMUL_SUM`` under ``config`` (see ``_get_gradient_divide_factors``)."""
     dtype = reduce_dtype or param_dtype
-    return config in ("divide_factor", "divide_factor_some") and dtype in (torch.float32, torch.bfloat16)
+    return config in ("divide_factor", "divide_factor_some", "hsdp_divide_factor") and \
+        dtype in (torch.float32, torch.bfloat16)
 
 
 #: ``(config, model)`` pairs per world-size role and claim. The full-precision claim runs
@@ -91,8 +93,10 @@ PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
                       ("divide_factor_force_sum", "nested_wrapped"), ("divide_factor_some", "nested_wrapped"),
                       ("replicate", "nested_wrapped")),
     ("extra", "low"): (("default", "nested_wrapped"),),
-    ("hsdp", "full"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
-    ("hsdp", "low"): (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
+    ("hsdp", "full"): (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"),
+                       ("subgroup", "nested_wrapped")),
+    ("hsdp", "low"): (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"),
+                      ("subgroup", "nested_wrapped")),
 }
 #: Hard inputs through the probe, per world-size role, in the default config: the op FSDP2
 #: passes for the claim (AVG for float32/bfloat16; for float16, SUM with FSDP2's own pre- and
@@ -201,7 +205,7 @@ def skip_reason(case: CaseParams, spec: Any, settings: Any) -> Optional[str]:
             return why
         if case.world_size < 2:
             return "replicate over a single rank all-reduces nothing, so there is nothing to check"
-    if case.variant in ("hsdp", "subgroup"):
+    if case.variant in ("hsdp", "hsdp_divide_factor", "subgroup"):
         why = hsdp_unavailable(settings.world_sizes)
         if why is not None:
             return why

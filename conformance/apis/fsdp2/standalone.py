@@ -126,7 +126,11 @@ def fsdp_modules(model: nn.Module) -> List[nn.Module]:
 
 #: The configs that set a divide factor, and on which FSDP modules: every one, or the root alone (the others
 #: keep FSDP2's own average, PyTorch issue 157485).
-DIVIDE_FACTOR_CONFIGS = {"divide_factor": "every", "divide_factor_force_sum": "every", "divide_factor_some": "root"}
+DIVIDE_FACTOR_CONFIGS = {"divide_factor": "every", "divide_factor_force_sum": "every", "divide_factor_some": "root",
+                         "hsdp_divide_factor": "every"}
+#: The configs on a 2-D (replicate x shard) mesh; ``hsdp_divide_factor`` sets the divide factor there, which
+#: must divide the SUM over every rank as the flattened 1-D mesh does (PyTorch issue 155903).
+HSDP_CONFIGS = ("hsdp", "hsdp_divide_factor")
 
 
 def apply_config(model: nn.Module, config: str, world_size: int) -> None:
@@ -234,7 +238,7 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
         if config == "replicate":  # FSDP2 calls the comm's allocate there, never the comm
             model = replicate_units(model, claim, None)
         else:
-            shape = hsdp_shape(ranks.world_size) if config == "hsdp" else (ranks.world_size,)
+            shape = hsdp_shape(ranks.world_size) if config in HSDP_CONFIGS else (ranks.world_size,)
             model = shard_units(MODEL, model, mesh(ranks, shape), claim, ranks.group, ranks.device)
         apply_config(model, config, ranks.world_size)
         if hooked:
@@ -266,7 +270,7 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
 def no_sync(model: nn.Module) -> Iterator[None]:
     """FSDP2's gradient accumulation: ``set_requires_gradient_sync(False)``, or under HSDP (a comm's ``hsdp``
     config, every all-reduce hook's) ``set_requires_all_reduce(False)``, for the micro-batch."""
-    hsdp = CASE["api"] == "fsdp2_all_reduce" or CASE["variant"].get("config") == "hsdp"
+    hsdp = CASE["api"] == "fsdp2_all_reduce" or CASE["variant"].get("config") in HSDP_CONFIGS
     setter = getattr(model, "set_requires_all_reduce" if hsdp else "set_requires_gradient_sync")
     setter(False)
     try:

@@ -33,12 +33,14 @@ def _reads_a_zoo(item: pytest.Item) -> bool:
 
 def zoos_needed(items: List[pytest.Item]) -> List[MetaZoo]:
     """The zoo runs ``items`` will ask ``zoo_runs`` for, in the order they first need them: a test's own
-    ``zoo`` parameter, else every zoo its module names (a ``test_meta_<api>.py`` module's fixture)."""
+    ``zoo`` parameter, else every zoo its module names (a ``test_meta_<api>.py`` module's fixture); and the
+    background jobs its module names."""
     out: List[MetaZoo] = []
     for item in filter(_reads_a_zoo, items):
         params = getattr(getattr(item, "callspec", None), "params", {})
+        jobs = [v for v in vars(item.module).values() if isinstance(v, BackgroundJob)]
         if isinstance(params.get("zoo"), MetaZoo):
-            found = [params["zoo"]]
+            found = [params["zoo"], *jobs]
         else:
             found = [v for v in vars(item.module).values() if isinstance(v, (MetaZoo, BackgroundJob))]
         out.extend(z for z in found if z not in out)

@@ -204,9 +204,13 @@ class Pick:
         return cases[0]
 
 
+#: Threads that run the session's zoo runs and background jobs beside the tests in line.
+BACKGROUND_THREADS = 2
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class BackgroundJob:
-    """Work a test module reads, done once per session in the zoo runs' background thread
+    """Work a test module reads, done once per session in the zoo runs' background threads
     (:class:`ZooRuns`), so it overlaps the other tests instead of running in line: ``work(runs, directory,
     env)`` returns what ``zoo_runs(job)`` gives (``runs``: the session's :class:`ZooRuns`, whose zoo runs it
     may read; ``directory``: a fresh directory of its own; ``env``: the environment to run processes in, as it
@@ -246,32 +250,38 @@ class MetaZoo:
 
 
 class ZooRuns:
-    """Each :class:`MetaZoo` run once per pytest session, and shared by every test that needs it.
+    """Each :class:`MetaZoo` run, and each :class:`BackgroundJob`, done once per pytest session and shared by
+    every test that needs it.
 
-    :meth:`prefetch` starts the runs the session's tests will need at once, one after another in a
-    background thread, in the environment of that moment (a test that later changes ``os.environ`` does not
-    reach them): the other tests keep about 60% of a 2-core machine busy, and the zoo runs fill the rest. A
-    test that needs a run waits for it; a run nobody prefetched starts on first use.
+    :meth:`prefetch` starts the runs the session's tests will need at once, in :data:`BACKGROUND_THREADS`
+    background threads (the zoo runs first, then the jobs, dealt out in turn), in the environment of that
+    moment (a test that later changes ``os.environ`` does not reach them): the tests in line keep part of a
+    2-core machine busy, and these fill the rest. Whoever needs a run first runs it (a test, or a job that
+    reads it before its turn); everyone else waits for it, so nothing runs twice and nothing waits on itself.
     """
 
     def __init__(self, tmp_dir: Callable[[str], str]):
         self._tmp_dir = tmp_dir
-        self._runs: Dict[str, SuiteRun] = {}
+        self._runs: Dict[str, Any] = {}
         self._errors: Dict[str, BaseException] = {}
-        self._pending: Dict[str, threading.Event] = {}
+        self._done: Dict[str, threading.Event] = {}
         self._dirs: Dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._env: Optional[Dict[str, str]] = None
 
-    def _junit(self, zoo: MetaZoo) -> str:
-        if zoo.name not in self._dirs:  # one directory per zoo: the run's JUnit XML and its reproducers
-            self._dirs[zoo.name] = self._tmp_dir(zoo.name)
-        return os.path.join(self._dirs[zoo.name], f"{zoo.name}.xml")
+    def _junit(self, zoo: Any) -> str:
+        with self._lock:
+            if zoo.name not in self._dirs:  # one directory per zoo: the run's JUnit XML and its reproducers
+                self._dirs[zoo.name] = self._tmp_dir(zoo.name)
+            return os.path.join(self._dirs[zoo.name], f"{zoo.name}.xml")
 
     def reproducers(self, zoo: MetaZoo) -> str:
         """The directory where ``zoo``'s run wrote a standalone reproducer per failed case
         (``--write-reproducers``; ``tests/test_reproducers.py`` runs some)."""
         return os.path.join(os.path.dirname(self._junit(zoo)), "reproducers")
 
-    def _run(self, zoo: Any, junit: str, env: Optional[Dict[str, str]] = None) -> None:
+    def _run(self, zoo: Any, env: Optional[Dict[str, str]]) -> None:
+        junit = self._junit(zoo)
         try:
             if isinstance(zoo, BackgroundJob):
                 self._runs[zoo.name] = zoo.work(self, os.path.dirname(junit), dict(os.environ if env is None else env))
@@ -281,35 +291,36 @@ class ZooRuns:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test that needs the run
             self._errors[zoo.name] = exc
 
-    def prefetch(self, zoos: Iterable[MetaZoo]) -> None:
-        todo = [z for z in dict.fromkeys(zoos) if z.name not in self._runs and z.name not in self._pending]
+    def _ensure(self, zoo: Any) -> None:
+        """Run ``zoo`` here if nobody has started it, else wait until whoever did has finished it."""
+        with self._lock:
+            mine = zoo.name not in self._done
+            done = self._done.setdefault(zoo.name, threading.Event())
+        if mine:
+            try:
+                self._run(zoo, self._env)
+            finally:
+                done.set()
+        else:
+            done.wait()
+
+    def prefetch(self, zoos: Iterable[Any]) -> None:
+        todo = [z for z in dict.fromkeys(zoos) if z.name not in self._done]
         if not todo:
             return
-        env = dict(os.environ)
-        jobs = [(zoo, self._junit(zoo)) for zoo in todo]
-        for zoo in todo:
-            self._pending[zoo.name] = threading.Event()
+        self._env = dict(os.environ)
+        ordered = [z for z in todo if isinstance(z, MetaZoo)] + [z for z in todo if not isinstance(z, MetaZoo)]
+        for k in range(BACKGROUND_THREADS):
+            queue = ordered[k::BACKGROUND_THREADS]
 
-        def work() -> None:
-            for zoo, junit in jobs:
-                try:
-                    if zoo.name not in self._runs and zoo.name not in self._errors:  # a job may have run it
-                        self._run(zoo, junit, env)
-                finally:
-                    self._pending[zoo.name].set()
+            def work(queue: List[Any] = queue) -> None:
+                for zoo in queue:
+                    self._ensure(zoo)
 
-        threading.Thread(target=work, name="zoo-runs", daemon=True).start()
+            threading.Thread(target=work, name=f"zoo-runs-{k}", daemon=True).start()
 
-    def __call__(self, zoo: MetaZoo) -> SuiteRun:
-        pending = self._pending.get(zoo.name)
-        if pending is not None and threading.current_thread().name == "zoo-runs" and not pending.is_set():
-            # A background job reads a run queued after it: run it now, in this thread (waiting would deadlock).
-            if zoo.name not in self._runs and zoo.name not in self._errors:
-                self._run(zoo, self._junit(zoo))
-        elif pending is not None:
-            pending.wait()
-        elif zoo.name not in self._runs and zoo.name not in self._errors:
-            self._run(zoo, self._junit(zoo))  # never run twice
+    def __call__(self, zoo: Any) -> Any:
+        self._ensure(zoo)
         if zoo.name in self._errors:
             raise self._errors[zoo.name]
         run = self._runs[zoo.name]

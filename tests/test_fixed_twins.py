@@ -5,7 +5,7 @@ cause with a fix, its twin with the change the ``fix:`` line asks for. ``CASES``
 below picks, per bad hook, one or two cases where it fails (the failing check, at
 the world size and variant that show it), so the twins run in one short suite run
 (world sizes 2 and 3, and the 4-rank pool of HSDP, replica groups and subgroups), in the zoo runs'
-background thread (``TWIN_RUN``), and:
+background threads (``TWIN_RUN``), and:
 
 * every twin passes every case it ran, and ran every case picked for it;
 * each picked case failed for the original in the zoo's meta-run (the ``zoo_runs``
@@ -145,7 +145,7 @@ def _run_twins(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
                      env=env)
 
 
-#: The run over the twins, in the zoo runs' background thread (``tests/conftest.py``).
+#: The run over the twins, in the zoo runs' background threads (``tests/conftest.py``).
 TWIN_RUN = BackgroundJob("fixed_twins", _run_twins)
 
 

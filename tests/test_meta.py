@@ -12,9 +12,11 @@ API read the same run: ``tests/test_meta_{fsdp,ddp,fsdp2,lossy}.py``.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.meta_helpers import rerun_args, run_suite
+from tests.meta_helpers import BackgroundJob, rerun_args, run_suite
 from tests.meta_zoos import ZOOS
 
 
@@ -75,11 +77,24 @@ def test_failure_names_everything_needed_to_act(zoo_runs, zoo):
         assert needle in msg, f"{needle!r} missing from:\n{msg}"
 
 
+def _reruns(runs, directory, env):
+    """Each zoo's picked failure re-run with the command its message ends with, after the zoo runs."""
+    out = {}
+    for zoo in (z for z in ZOOS if z.rerun):
+        case = zoo.rerun.case(runs(zoo))
+        out[zoo.name] = case, run_suite(rerun_args(case.message), os.path.join(directory, f"{zoo.name}.xml"),
+                                        env=env)
+    return out
+
+
+#: The re-runs, in the zoo runs' background threads once the zoo runs are done (``tests/conftest.py``).
+RERUNS = BackgroundJob("reruns", _reruns)
+
+
 @_zoos("rerun")
-def test_rerun_command_reproduces_exactly_that_case(zoo_runs, zoo, tmp_path):
-    case = zoo.rerun.case(zoo_runs(zoo))
+def test_rerun_command_reproduces_exactly_that_case(zoo_runs, zoo):
+    case, rerun = zoo_runs(RERUNS)[zoo.name]
     assert case.outcome == "failed", case.name
-    rerun = run_suite(rerun_args(case.message), str(tmp_path / "rerun.xml"))
     assert rerun.returncode == 1, rerun.output[-3000:]
     assert [c.name for c in rerun.cases] == [case.name]
     assert rerun.cases[0].outcome == "failed"

@@ -31,7 +31,7 @@ def _ws3_run(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
                      env=env)
 
 
-#: The run, in the zoo runs' background thread (``tests/conftest.py``).
+#: The run, in the zoo runs' background threads (``tests/conftest.py``).
 WS3_RUN = BackgroundJob("outcomes_ws3", _ws3_run)
 SAME_TORCH = torch.__version__.startswith(RECORDED_WITH + ".") and torch.version.cuda is None
 

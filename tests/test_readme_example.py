@@ -29,7 +29,7 @@ def _ddp_example_run(runs: object, directory: str, env: Dict[str, str]) -> Suite
                      os.path.join(directory, "ddp.xml"), cwd=directory, env=env)
 
 
-#: Both runs start from a directory that is not the checkout, in the zoo runs' background thread.
+#: Both runs start from a directory that is not the checkout, in the zoo runs' background threads.
 EXAMPLE_RUN = BackgroundJob("readme_example", _example_run)
 DDP_EXAMPLE_RUN = BackgroundJob("readme_ddp_example", _ddp_example_run)
 

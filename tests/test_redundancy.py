@@ -22,7 +22,7 @@ def _order_run(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
                      os.path.join(directory, "order.xml"), env=env)
 
 
-#: The run, in the zoo runs' background thread (``tests/conftest.py``).
+#: The run, in the zoo runs' background threads (``tests/conftest.py``).
 ORDER_RUN = BackgroundJob("order_bugs", _order_run)
 
 

@@ -82,7 +82,7 @@ def _launch_all(runs: ZooRuns, directory: str, env: Dict[str, str]) -> Dict[str,
     return out
 
 
-#: The launches, in the zoo runs' background thread once the zoo runs are done (``tests/conftest.py``).
+#: The launches, in the zoo runs' background threads once the zoo runs are done (``tests/conftest.py``).
 LAUNCHES = BackgroundJob("reproducer_launches", _launch_all)
 
 

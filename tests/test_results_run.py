@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import textwrap
 
@@ -19,24 +20,31 @@ import jsonschema
 import pytest
 
 from conformance.reports import results
-from tests.meta_helpers import run_suite
+from tests.meta_helpers import BackgroundJob, run_suite
 
 BAD = "bad_averages_param_grads"
 GOOD = "good_mean_allreduce"
 OLD_STEP_SUMMARY = "## an earlier step's summary\n"
 
 
-@pytest.fixture(scope="module")
-def overwritten_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("results_run")
-    paths = {name: str(out / name) for name in ("zoo.xml", "zoo.json", "zoo.md", "step_summary.md")}
+def _overwritten_run(runs, directory, env):
+    paths = {name: os.path.join(directory, name) for name in ("zoo.xml", "zoo.json", "zoo.md", "step_summary.md")}
     with open(paths["step_summary.md"], "w") as f:
         f.write(OLD_STEP_SUMMARY)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GITHUB_STEP_SUMMARY", paths["step_summary.md"])
-        run = run_suite(["--hook", "tests.zoo.ddp_hooks:ALL",
-                         "-q", "-k", f"{BAD} or ({GOOD}- and test_ddp_parity)",
-                         "--json", paths["zoo.json"], "--markdown", paths["zoo.md"]], paths["zoo.xml"])
+    run = run_suite(["--hook", "tests.zoo.ddp_hooks:ALL",
+                     "-q", "-k", f"{BAD} or ({GOOD}- and test_ddp_parity)",
+                     "--json", paths["zoo.json"], "--markdown", paths["zoo.md"]], paths["zoo.xml"],
+                    env={**env, "GITHUB_STEP_SUMMARY": paths["step_summary.md"]})
+    return run, paths
+
+
+#: The run, in the zoo runs' background threads (``tests/conftest.py``).
+OVERWRITTEN_RUN = BackgroundJob("results_run", _overwritten_run)
+
+
+@pytest.fixture(scope="module")
+def overwritten_run(zoo_runs):
+    run, paths = zoo_runs(OVERWRITTEN_RUN)
     assert run.cases, f"the suite wrote no JUnit cases; output:\n{run.output[-4000:]}"
     with open(paths["zoo.json"]) as f:
         doc = json.load(f)
@@ -166,20 +174,35 @@ def _ids(changes):
     return sorted(c["id"] for c in changes)
 
 
-def test_baseline_round_trip_lists_the_changes_and_gates_on_regressions_only(tmp_path):
+def _round_trip(runs, directory, env):
+    """Runs A (the hook averages), B (the same hook name sums, against A) and C (still wrong, against B), each
+    with its JSON results: ``(run_a, run_b, run_c, (a, b, c))``."""
+    tmp_path = pathlib.Path(directory)
     good, bad = _nightly(tmp_path, "good", True), _nightly(tmp_path, "bad", False)
     a, b, c = (str(tmp_path / f"{n}.json") for n in "abc")
     common = ["--hook", "nightly_hook:SPEC", "-q", "--extra-world-size", "0"]  # one pool of 2 ranks: fast
+    run_a = run_suite([*common, "-k", "test_ddp_averaging", "--json", a], str(tmp_path / "a.xml"), cwd=good,
+                      env=env)
+    run_b = run_suite([*common, "-k", "test_ddp_averaging or test_ddp_rank_consistency", "--json", b,
+                       "--baseline", a, "--fail-on", "regressions"], str(tmp_path / "b.xml"), cwd=bad, env=env)
+    run_c = run_suite([*common, "-k", "test_ddp_averaging", "--json", c, "--baseline", b, "--fail-on", "regressions"],
+                      str(tmp_path / "c.xml"), cwd=bad, env=env)
+    return run_a, run_b, run_c, (a, b, c)
+
+
+#: The three runs, in the zoo runs' background threads (``tests/conftest.py``).
+ROUND_TRIP = BackgroundJob("baseline_round_trip", _round_trip)
+
+
+def test_baseline_round_trip_lists_the_changes_and_gates_on_regressions_only(zoo_runs):
+    run_a, run_b, run_c, (a, b, c) = zoo_runs(ROUND_TRIP)
 
     # Run A: the hook averages; the averaging cases pass.
-    run_a = run_suite([*common, "-k", "test_ddp_averaging", "--json", a], str(tmp_path / "a.xml"), cwd=good)
     assert run_a.returncode == 0, run_a.output[-3000:]
     averaging = _ids(x for x in json.load(open(a))["cases"] if x["outcome"] == "passed")
     assert len(averaging) == 1
 
     # Run B: the same hook name now sums without averaging, and rank consistency joins the run.
-    run_b = run_suite([*common, "-k", "test_ddp_averaging or test_ddp_rank_consistency", "--json", b,
-                       "--baseline", a, "--fail-on", "regressions"], str(tmp_path / "b.xml"), cwd=bad)
     assert run_b.returncode == 1, run_b.output[-3000:]
     diff = json.load(open(b))["baseline"]
     rank_consistency = _ids(x for x in json.load(open(b))["cases"] if x["check"] == "rank_consistency")
@@ -194,8 +217,6 @@ def test_baseline_round_trip_lists_the_changes_and_gates_on_regressions_only(tmp
     jsonschema.validate(json.load(open(b)), results.schema())
 
     # Run C: still wrong, but nothing new against B: with --fail-on regressions the run exits 0.
-    run_c = run_suite([*common, "-k", "test_ddp_averaging", "--json", c, "--baseline", b, "--fail-on", "regressions"],
-                      str(tmp_path / "c.xml"), cwd=bad)
     assert {x.outcome for x in run_c.cases} == {"failed"}
     assert run_c.returncode == 0, run_c.output[-3000:]
     diff = json.load(open(c))["baseline"]

@@ -48,3 +48,12 @@ def test_an_unexplained_difference_gets_no_invented_cause(zoo_run):
         diagnosis = case.message.split("Diagnosis", 1)[-1]
         assert "no known cause explains the hook's result" in diagnosis, case.message[-1500:]
         assert "explained, bit for bit, by" not in diagnosis, case.message[-1500:]
+
+
+def test_a_result_left_in_the_reduce_dtype_is_told_to_cast_back_to_what_it_got(zoo_run):
+    """The fix under the contract finding names the dtype FSDP handed the hook, not LowPrecisionState's."""
+    failed = [c for c in zoo_run.by_hook()["bad_no_cast_back"] if c.outcome == "failed"]
+    assert failed
+    for case in failed:
+        assert "fix: cast the result back to the dtype the gradient arrived in, float32, not to " \
+               "LowPrecisionState.parameter_type" in case.message, case.message[:2000]

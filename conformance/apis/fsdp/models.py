@@ -76,12 +76,13 @@ class HookRecorder(Recorder):
         index = sum(1 for c in self.calls if c["step"] == self.step)
         call = self.log.add(HookCall(self.step, index, f"call {index} ({grad.numel()} elements)",
                                      grad.detach().reshape(-1).clone(), sharded=bool(rest)))
+        call_dtype = grad.dtype  # what FSDP handed the hook: what its result must be cast back to
         with counting_collectives() as count:
             result = self.hook(state, grad, *rest)
         out = rest[0] if rest else grad
         call.output, call.collectives = out.detach().reshape(-1).clone(), count[0]
         call.group_sizes = tuple(count.group_sizes)
-        self.calls.append({"step": self.step, "dtype": out.dtype, "shape": tuple(out.shape)})
+        self.calls.append({"step": self.step, "dtype": out.dtype, "shape": tuple(out.shape), "arrived": call_dtype})
         return result
 
     def __eq__(self, other: object) -> bool:
@@ -94,12 +95,14 @@ class HookRecorder(Recorder):
         """The hook's output left in a dtype other than :attr:`param_dtype` in ``step``."""
         for call in self.calls:
             if call["step"] == step and call["dtype"] != self.param_dtype:
+                arrived = dtype_name(call["arrived"])
                 return [Finding(
                     self.rank,
-                    f"the hook left its reduced gradient in {dtype_name(call['dtype'])}, "
-                    f"but the parameters are {dtype_name(self.param_dtype)}: a reduced-precision "
-                    "hook must cast back to the parameter dtype (as LowPrecisionState.parameter_type does); "
-                    "FSDP only skips its own cast for its built-in fp16/bf16 hooks",
+                    f"the hook left its reduced gradient in {dtype_name(call['dtype'])}, but it arrived in "
+                    f"{arrived} and the parameters are {dtype_name(self.param_dtype)} (FSDP only skips its own "
+                    f"cast for its built-in fp16/bf16 hooks); fix: cast the result back to the dtype the gradient "
+                    f"arrived in, {arrived}, not to LowPrecisionState.parameter_type, which is the module's "
+                    "original dtype even where MixedPrecision(param_dtype=...) trains in another",
                     step=step, kind="contract")]
         return []
 

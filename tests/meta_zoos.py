@@ -23,6 +23,20 @@ def _catches(table, by="check", only=False):
     return tuple(Catch(hook, frozenset(values), by, only) for hook, values in table.items())
 
 
+def _bad_hooks_only_at(*tables, causes=()):
+    """A ``-k`` clause: every case of a good hook, and a bad hook's cases only at the checks named for it (what
+    must catch it, the checks its causes read). Nothing asserts on a bad hook's other checks, which cost half a
+    zoo run; the good hooks still run every check, so a false alarm anywhere shows."""
+    checks = {}
+    for table in tables:
+        for hook, values in table.items():
+            checks.setdefault(hook, set()).update(values)
+    for cause in causes:
+        checks.setdefault(cause.hook, set()).update(cause.check if isinstance(cause.check, tuple) else (cause.check,))
+    terms = [f"({hook} and ({' or '.join(sorted(values))}))" for hook, values in sorted(checks.items())]
+    return "(not bad_ or " + " or ".join(terms) + ")"
+
+
 # -- FSDP1 (register_comm_hook on FullyShardedDataParallel) ------------------------------------------
 
 #: The checks that must catch each known-bad FSDP hook (see fsdp_hooks.EXPECTED_CATCH for why).
@@ -58,6 +72,15 @@ def _fsdp_coverage(spec):
                      "subgroup_parity", "clip_grad_norm"} | low_precision, True
 
 
+#: The FSDP zoo's failures and the texts they must carry.
+FSDP_CAUSES = tuple(Cause(hook, check, (cause,)) for hook, (check, cause) in FSDP_DIAGNOSED.items()) + (
+    # A sum without averaging is a named exact cause, not a lossy design: no LossyContract hint.
+    Cause("bad_sum_no_average", ("averaging", "parity"), (EXPLAINED,), no_lossy_hint=True),
+    # Rank consistency failures carry the diagnosis too.
+    Cause("bad_local_only", "rank_consistency", ("the local, unreduced gradient",)),
+)
+
+
 #: The run skips the two largest parity models, and accumulation but for the good hooks on late_branch at 2
 #: ranks (no false alarm; the bad hooks are caught elsewhere), to stay quick; ``make conform`` exercises
 #: them. The clip cases of bad hooks run only for those clipping must catch (the others are caught by the
@@ -71,7 +94,7 @@ FSDP = MetaZoo(
           "-k", "not transformer_shared and not always_wrap_nested "
                 "and not (test_hard_inputs and bad_stale_after_first_step) "
                 "and not (test_accumulation and (ws3 or nested_wrapped or bad_)) "
-                "and not (test_clip_grad_norm and bad_ and not (bad_sum_no_average or bad_fp32_accumulate))"),
+                "and " + _bad_hooks_only_at(FSDP_MUST_CATCH, causes=FSDP_CAUSES)),
     bad=frozenset(s.name for s in fsdp_hooks.KNOWN_BAD),
     documented=frozenset(fsdp_hooks.EXPECTED_CATCH),
     catches=_catches(FSDP_MUST_CATCH),
@@ -84,12 +107,7 @@ FSDP = MetaZoo(
                     "max abs diff", "max ULP diff 1", "Re-run just this case:",
                     "-k 'test_parity[bad_rank0_only_noise-NO_SHARD-net_wrapped-ws2]'"),
     rerun=Pick("bad_wrong_shard", outcome="failed"),
-    causes=tuple(Cause(hook, check, (cause,)) for hook, (check, cause) in FSDP_DIAGNOSED.items()) + (
-        # A sum without averaging is a named exact cause, not a lossy design: no LossyContract hint.
-        Cause("bad_sum_no_average", ("averaging", "parity"), (EXPLAINED,), no_lossy_hint=True),
-        # Rank consistency failures carry the diagnosis too.
-        Cause("bad_local_only", "rank_consistency", ("the local, unreduced gradient",)),
-    ),
+    causes=FSDP_CAUSES,
 )
 
 
@@ -131,6 +149,47 @@ DDP_MUST_CATCH = {
 DDP_EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract", "hard_inputs", "clip_grad_norm"}
 DDP_LOSSY_CHECKS = {"lossy_error", "lossy_loss", "lossy_determinism", "rank_consistency", "future_contract"}
 
+#: The DDP zoo's failures and the texts they must carry.
+DDP_CAUSES = (
+    Cause("bad_sum_no_average", "parity", ("SUM without averaging",)),
+    Cause("bad_stale_second_step", "parity", ("the result of step 0 (stale)",)),
+    Cause("bad_nan_to_zero", "hard_inputs", ("NaN or Inf replaced",)),
+    # Sum-then-divide and divide-before-SUM, 1-2 ULP off at 3 ranks, get their arithmetic named and no
+    # lossy hint (the same failures at 2 ranks do not exist).
+    Cause("bad_sum_then_divide", "parity", ("SUM, then divided by 3, where DDP with no hook multiplies by 1/3",),
+          no_lossy_hint=True),
+    Cause("bad_divides_by_world_size", "parity",
+          ("divided by 3 before the SUM, where DDP with no hook multiplies by 1/3",), no_lossy_hint=True),
+    # A failure an exact cause explains is told the cause instead of the hint.
+    Cause("bad_bf16_undeclared", "parity", ("reduced in bfloat16, where the hook claims no reduce dtype",),
+          no_lossy_hint=True),
+    Cause("bad_lossy_undeclared", "parity", (LOSSY_HINT,)),
+    # Issue 18's causes, each named on its zoo hook, and no hint under any of them.
+    Cause("bad_returns_tensor", ("future_contract", "averaging", "parity"),
+          ("not a torch.futures.Future", "raises a RuntimeError on torch.Tensor"), no_lossy_hint=True),
+    Cause("bad_world_size_divisor", "parity",
+          ("divided as for 4 ranks, the default group's size (dist.get_world_size() with no group), where the "
+           "hook's process group has 2: ask the process group, dist.get_world_size(group)",),
+          no_lossy_hint=True),
+    Cause("bad_fp16_cast_back_then_divide", ("parity", "hard_inputs"),
+          ("SUM in float16, cast back to float32, then divided by",), no_lossy_hint=True),
+    Cause("bad_rank_order_mean", "parity", ("summed in rank order (rank 0 + rank 1 + rank 2), then divided by 3, "
+                                            "where DDP with no hook multiplies by 1/3 before the SUM",),
+          (("world_size", "3"),), no_lossy_hint=True),
+    Cause("bad_ring_no_average_tail", "parity", ("two causes: the local, unreduced gradient at element",
+                                                 "elsewhere SUM in ring order"),
+          (("world_size", "3"),), no_lossy_hint=True),
+    Cause("bad_ring_no_average_tail", ("averaging", "parity"), (EXPLAINED,), no_lossy_hint=True),
+    Cause("bad_rs_ag_tail_unreduced", "parity", ("two causes: the local gradient multiplied by 1/",
+                                                 "never reduced at element", "elsewhere native's result"),
+          no_lossy_hint=True),
+    Cause("bad_default_group", "parity", ("the hook ran a collective over the default group (4 ranks: no group= "
+                                          "given), where its process group has 2",), no_lossy_hint=True),
+    # Rank consistency failures carry the diagnosis too.
+    Cause("bad_noop_hook", "rank_consistency", ("the local, unreduced gradient: the hook never communicated",)),
+)
+
+
 #: Restricted to the DDP module; ``transformer_shared`` only for the loss-margin check (the only case
 #: that needs a real training loss); the default ``make conform`` run covers it for the built-in hooks.
 #: Hard inputs, where a generated example fails, shrink it one dispatch per example (about half this
@@ -146,8 +205,8 @@ DDP = MetaZoo(
                 "(bad_stale_second_step or bad_rs_ag_tail_unreduced or bad_ring_no_average_tail or "
                 "(bad_saturates_inf_off_rank0 and (ws3 or not default)))) "
                 "and not (bad_fp16_rescues_tiny_buckets and not test_ddp_hard_inputs) "
-                "and not (bad_ and ((test_ddp_future_contract and ws3) or "
-                "(test_ddp_clip_grad_norm and not bad_sum_no_average)))"),
+                "and not (bad_ and test_ddp_future_contract and ws3) "
+                "and " + _bad_hooks_only_at(DDP_MUST_CATCH, causes=DDP_CAUSES)),
     bad=frozenset(s.name for s in ddp_hooks.KNOWN_BAD),
     documented=frozenset(ddp_hooks.EXPECTED_CATCH),
     catches=_catches(DDP_MUST_CATCH),
@@ -159,44 +218,7 @@ DDP = MetaZoo(
                     "first difference at index", "max ULP diff", "Re-run just this case:",
                     "-k 'test_ddp_parity[bad_divides_by_world_size-default-nested_wrapped-ws3]'"),
     rerun=Pick("bad_stale_second_step", (("check", "parity"),), "failed"),
-    causes=(
-        Cause("bad_sum_no_average", "parity", ("SUM without averaging",)),
-        Cause("bad_stale_second_step", "parity", ("the result of step 0 (stale)",)),
-        Cause("bad_nan_to_zero", "hard_inputs", ("NaN or Inf replaced",)),
-        # Sum-then-divide and divide-before-SUM, 1-2 ULP off at 3 ranks, get their arithmetic named and no
-        # lossy hint (the same failures at 2 ranks do not exist).
-        Cause("bad_sum_then_divide", "parity", ("SUM, then divided by 3, where DDP with no hook multiplies by 1/3",),
-              no_lossy_hint=True),
-        Cause("bad_divides_by_world_size", "parity",
-              ("divided by 3 before the SUM, where DDP with no hook multiplies by 1/3",), no_lossy_hint=True),
-        # A failure an exact cause explains is told the cause instead of the hint.
-        Cause("bad_bf16_undeclared", "parity", ("reduced in bfloat16, where the hook claims no reduce dtype",),
-              no_lossy_hint=True),
-        Cause("bad_lossy_undeclared", "parity", (LOSSY_HINT,)),
-        # Issue 18's causes, each named on its zoo hook, and no hint under any of them.
-        Cause("bad_returns_tensor", ("future_contract", "averaging", "parity"),
-              ("not a torch.futures.Future", "raises a RuntimeError on torch.Tensor"), no_lossy_hint=True),
-        Cause("bad_world_size_divisor", "parity",
-              ("divided as for 4 ranks, the default group's size (dist.get_world_size() with no group), where the "
-               "hook's process group has 2: ask the process group, dist.get_world_size(group)",),
-              no_lossy_hint=True),
-        Cause("bad_fp16_cast_back_then_divide", ("parity", "hard_inputs"),
-              ("SUM in float16, cast back to float32, then divided by",), no_lossy_hint=True),
-        Cause("bad_rank_order_mean", "parity", ("summed in rank order (rank 0 + rank 1 + rank 2), then divided by 3, "
-                                                "where DDP with no hook multiplies by 1/3 before the SUM",),
-              (("world_size", "3"),), no_lossy_hint=True),
-        Cause("bad_ring_no_average_tail", "parity", ("two causes: the local, unreduced gradient at element",
-                                                     "elsewhere SUM in ring order"),
-              (("world_size", "3"),), no_lossy_hint=True),
-        Cause("bad_ring_no_average_tail", ("averaging", "parity"), (EXPLAINED,), no_lossy_hint=True),
-        Cause("bad_rs_ag_tail_unreduced", "parity", ("two causes: the local gradient multiplied by 1/",
-                                                     "never reduced at element", "elsewhere native's result"),
-              no_lossy_hint=True),
-        Cause("bad_default_group", "parity", ("the hook ran a collective over the default group (4 ranks: no group= "
-                                              "given), where its process group has 2",), no_lossy_hint=True),
-        # Rank consistency failures carry the diagnosis too.
-        Cause("bad_noop_hook", "rank_consistency", ("the local, unreduced gradient: the hook never communicated",)),
-    ),
+    causes=DDP_CAUSES,
 )
 
 

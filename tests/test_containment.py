@@ -9,16 +9,24 @@ report written.
 
 from __future__ import annotations
 
+import os
 import pytest
 
-from tests.meta_helpers import run_suite
+from tests.meta_helpers import BackgroundJob, run_suite
+
+
+def _contained_run(runs, directory, env):
+    return run_suite(["--hook", "tests.zoo.contained:ALL", "--case-timeout", "5", "--extra-world-size", "0",
+                      "-k", "test_averaging", "-q"], os.path.join(directory, "contained.xml"), timeout=300, env=env)
+
+
+#: The run, in the zoo runs' background threads (``tests/conftest.py``).
+CONTAINED_RUN = BackgroundJob("contained", _contained_run)
 
 
 @pytest.fixture(scope="module")
-def contained_run(tmp_path_factory):
-    junit = str(tmp_path_factory.mktemp("contained") / "contained.xml")
-    return run_suite(["--hook", "tests.zoo.contained:ALL", "--case-timeout", "5", "--extra-world-size", "0",
-                      "-k", "test_averaging", "-q"], junit, timeout=300)
+def contained_run(zoo_runs):
+    return zoo_runs(CONTAINED_RUN)
 
 
 def _case(run, hook):

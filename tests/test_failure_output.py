@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conformance.controller.cli import command_words
-from tests.meta_helpers import failures_section, read_junit, rerun_command, run_suite
+from tests.meta_helpers import BackgroundJob, failures_section, read_junit, rerun_command, run_suite
 
 HOOKS = '''
     import torch.distributed as dist
@@ -50,32 +50,42 @@ TARGET = "my_comm_hooks.ddp:SPECS"
 SELECT = ["--extra-world-size", "0", "-k", "test_ddp_averaging"]
 
 
-@pytest.fixture(scope="module")
-def hooks_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("hooks_on_pythonpath")
-    (root / "my_comm_hooks").mkdir()
+#: The traceback styles a failure must read the same under.
+STYLES = ("long", "short", "auto")
+
+
+def _runs_with_tb(runs, directory, env):
+    """The hooks' package under ``directory``, and the suite over them once per traceback style, each from a
+    directory of its own with the hooks' directory on ``PYTHONPATH``: ``(hooks_dir, {style: run})``."""
+    root = Path(directory) / "hooks_on_pythonpath"
+    (root / "my_comm_hooks").mkdir(parents=True)
     (root / "my_comm_hooks" / "__init__.py").write_text("")
     (root / "my_comm_hooks" / "ddp.py").write_text(textwrap.dedent(HOOKS))
-    return root
+    out = {}
+    for tb in STYLES:
+        work = Path(directory) / f"work_tb_{tb}"
+        work.mkdir()
+        out[tb] = run_suite([f"--tb={tb}", "--hook", TARGET, *SELECT], str(work / "report.xml"), cwd=str(work),
+                            pythonpath=[str(root)], timeout=300, env=env)
+    return root, out
+
+
+#: The runs, in the zoo runs' background threads (``tests/conftest.py``).
+TB_RUNS = BackgroundJob("failure_output_tb", _runs_with_tb)
 
 
 @pytest.fixture(scope="module")
-def run_with_tb(hooks_dir, tmp_path_factory):
-    """``run_with_tb(style)``: the suite over the hooks with ``--tb=style``, run once per style from a
-    directory of its own, the hooks' directory on ``PYTHONPATH``."""
-    runs = {}
-
-    def run(tb: str):
-        if tb not in runs:
-            work = tmp_path_factory.mktemp(f"work_tb_{tb}")
-            runs[tb] = run_suite([f"--tb={tb}", "--hook", TARGET, *SELECT], str(work / "report.xml"), cwd=str(work),
-                                 pythonpath=[str(hooks_dir)], timeout=300)
-        return runs[tb]
-
-    return run
+def hooks_dir(zoo_runs) -> Path:
+    return zoo_runs(TB_RUNS)[0]
 
 
-@pytest.mark.parametrize("tb", ["long", "short", "auto"])
+@pytest.fixture(scope="module")
+def run_with_tb(zoo_runs):
+    """``run_with_tb(style)``: the suite over the hooks with ``--tb=style`` (:data:`TB_RUNS`)."""
+    return zoo_runs(TB_RUNS)[1].__getitem__
+
+
+@pytest.mark.parametrize("tb", STYLES)
 def test_a_failure_shows_the_suite_message_alone_whatever_the_traceback_style(run_with_tb, tb):
     run = run_with_tb(tb)
     assert run.returncode == 1, run.output[-4000:]

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from tests.meta_helpers import run_suite
+from tests.meta_helpers import BackgroundJob, run_suite
 from tests.zoo import leaks
 
 #: Enough cases to show each leak and each victim's own failure: parity on the default config and
@@ -24,26 +24,39 @@ from tests.zoo import leaks
 SELECT = ["-k", "test_ddp_parity and default-nested_wrapped"]
 
 
-@pytest.fixture(scope="module")
-def pid_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("pids")
+def _mixed_run(runs, directory, env):
+    """Leakers, victims and good hooks in one run; every rank writes its pid under ``pids/``."""
+    pid_dir = os.path.join(directory, "pids")
+    os.makedirs(pid_dir)
+    run = run_suite(["--hook", "tests.zoo.leaks:LEAKERS", "--hook", "tests.zoo.leaks:VICTIMS",
+                     "--hook", "tests.zoo.leaks:GOOD", *SELECT, "-q"], os.path.join(directory, "mixed.xml"),
+                    timeout=600, env={**env, "CONFORM_TEST_PID_DIR": pid_dir})
+    return run, pid_dir
+
+
+def _victims_alone(runs, directory, env):
+    return run_suite(["--hook", "tests.zoo.leaks:VICTIMS", *SELECT, "-q"], os.path.join(directory, "alone.xml"),
+                     timeout=600, env=env)
+
+
+#: Both runs, in the zoo runs' background threads (``tests/conftest.py``).
+MIXED_RUN = BackgroundJob("leaks_mixed", _mixed_run)
+VICTIMS_ALONE = BackgroundJob("leaks_victims_alone", _victims_alone)
 
 
 @pytest.fixture(scope="module")
-def mixed_run(tmp_path_factory, pid_dir):
-    os.environ["CONFORM_TEST_PID_DIR"] = str(pid_dir)
-    try:
-        junit = str(tmp_path_factory.mktemp("mixed") / "mixed.xml")
-        return run_suite(["--hook", "tests.zoo.leaks:LEAKERS", "--hook", "tests.zoo.leaks:VICTIMS",
-                          "--hook", "tests.zoo.leaks:GOOD", *SELECT, "-q"], junit, timeout=600)
-    finally:
-        del os.environ["CONFORM_TEST_PID_DIR"]
+def mixed_run(zoo_runs):
+    return zoo_runs(MIXED_RUN)[0]
 
 
 @pytest.fixture(scope="module")
-def victims_alone(tmp_path_factory):
-    junit = str(tmp_path_factory.mktemp("alone") / "alone.xml")
-    return run_suite(["--hook", "tests.zoo.leaks:VICTIMS", *SELECT, "-q"], junit, timeout=600)
+def pid_dir(zoo_runs):
+    return zoo_runs(MIXED_RUN)[1]
+
+
+@pytest.fixture(scope="module")
+def victims_alone(zoo_runs):
+    return zoo_runs(VICTIMS_ALONE)
 
 
 @pytest.mark.parametrize("name", [spec.name for spec in leaks.LEAKERS])

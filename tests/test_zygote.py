@@ -169,3 +169,24 @@ def test_a_zygote_that_cannot_fork_safely_leaves_ranks_to_fresh_interpreters(fre
         pool.close()
     assert zygote_client.zygote() is None
     assert zygote_client._FORK_UNSAFE
+
+
+def test_an_answer_left_by_an_interrupted_request_never_answers_the_next_one():
+    """A signal between a request's send and its receive (Ctrl-C while pools close) leaves its answer unread;
+    the next STATUS request must pass over it, not read another rank's status (a KeyError before)."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from conformance.controller.zygote_client import _Zygote
+    from conformance.protocol import Msg, send
+
+    ours, theirs = socket.socketpair()
+    handle = object.__new__(_Zygote)
+    handle.conn = Connection(ours.detach())
+    zygote_end = Connection(theirs.detach())
+    send(zygote_end, (Msg.STATUS, {101: None}))  # the interrupted request's answer, never read
+    send(zygote_end, (Msg.PID, 103))  # an interrupted spawn's
+    send(zygote_end, (Msg.STATUS, {102: 0}))  # the answer to the request below
+    assert handle.status([102]) == {102: 0}
+    send(zygote_end, (Msg.PID, 104))
+    assert handle._reply(Msg.PID, lambda pid: True) == 104

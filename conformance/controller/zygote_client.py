@@ -18,7 +18,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from conformance.protocol import ZYGOTE_FORK_UNSAFE_EXIT, Msg, recv, send
 
@@ -54,12 +54,21 @@ class _Zygote:
         send(self.conn, (Msg.SPAWN, {"env": env}))
         send_handle(self.conn, sock.fileno(), self.proc.pid)
         send_handle(self.conn, out_fd, self.proc.pid)
-        kind, pid = recv(self.conn)
-        return _ForkedRank(self, pid)
+        return _ForkedRank(self, self._reply(Msg.PID, lambda pid: True))
 
     def status(self, pids: List[int]) -> Dict[int, Optional[int]]:
         send(self.conn, (Msg.STATUS, pids))
-        return recv(self.conn)[1]
+        return self._reply(Msg.STATUS, lambda answer: all(pid in answer for pid in pids))
+
+    def _reply(self, kind: Msg, fits: Callable[[Any], bool]) -> Any:
+        """The zygote's answer to the request just sent: the next message of ``kind`` whose payload ``fits``.
+        Each request gets exactly one answer, in order; an answer left unread by a request that a signal
+        interrupted between its send and its receive (a Ctrl-C while the pools start or close) is read here
+        and passed over, so it never answers this request (a pid missing from a STATUS answer, once)."""
+        while True:
+            got, payload = recv(self.conn)
+            if got == kind and fits(payload):
+                return payload
 
     def close(self) -> None:
         self.conn.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import struct
+import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -38,6 +38,27 @@ class Ranks:
 
     def __init__(self, rank: int, world_size: int, group: Any, device: torch.device):
         self.rank, self.world_size, self.group, self.device = rank, world_size, group, device
+
+
+#: Prefixes FSDP (and activation checkpointing, torch.compile) insert into parameter names.
+_WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.)")
+
+
+def fqn_without_wrappers(name: str) -> str:
+    """A parameter's FQN in the unwrapped model: FSDP's wrapper prefixes removed (FSDP1 and FSDP2)."""
+    return _WRAPPER_PREFIXES.sub("", name)
+
+
+def fqn_inside_ddp(name: str) -> str:
+    """A parameter's FQN in the model DDP wraps: DDP's own leading ``module.`` removed (once)."""
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """This rank's shard of a DTensor (``to_local()``, FSDP2), else the tensor itself."""
+    if t is None:
+        return None
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def data_parallel_groups(world_size: int) -> List[List[int]]:

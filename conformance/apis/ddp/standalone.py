@@ -135,9 +135,6 @@ def reference() -> str:
     return "DDP with no hook" if claim is None else f"allreduce_hook in {claim}"
 
 
-def _inside_ddp(name: str) -> str:
-    return name[len("module."):] if name.startswith("module.") else name
-
 
 def subgroup(ranks: Any) -> Any:
     """The ``subgroup`` config trains in this rank's data-parallel subgroup (:func:`data_parallel_groups`)."""
@@ -163,9 +160,9 @@ def no_sync(model: nn.Module) -> Any:
 
 
 def _grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
-    return {_inside_ddp(n): None if p.grad is None else p.grad.detach() for n, p in model.named_parameters()}
+    return {fqn_inside_ddp(n): None if p.grad is None else p.grad.detach() for n, p in model.named_parameters()}
 
 
 GRAD_VIEWS = [("gradient", _grads)]
 PARAM_VIEW = ("parameter after the optimizer step",
-              lambda model: {_inside_ddp(n): p.detach() for n, p in model.named_parameters()})
+              lambda model: {fqn_inside_ddp(n): p.detach() for n, p in model.named_parameters()})

@@ -84,11 +84,8 @@ def no_sync(model: nn.Module) -> Any:
     return model.no_sync()
 
 
-def _fqn(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "")
 
-
-GRAD_VIEWS = [("gradient", lambda model: {_fqn(n): None if p.grad is None else p.grad.detach()
+GRAD_VIEWS = [("gradient", lambda model: {fqn_without_wrappers(n): None if p.grad is None else p.grad.detach()
                                           for n, p in model.named_parameters()})]
 PARAM_VIEW = ("parameter after the optimizer step",
-              lambda model: {_fqn(n): p.detach() for n, p in model.named_parameters()})
+              lambda model: {fqn_without_wrappers(n): p.detach() for n, p in model.named_parameters()})

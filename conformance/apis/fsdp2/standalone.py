@@ -279,21 +279,23 @@ def no_sync(model: nn.Module) -> Iterator[None]:
         setter(True)
 
 
-def _fqn(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "").replace("_orig_mod.", "")
 
 
-def _local(t: Any) -> Any:
-    return None if t is None else (t.to_local() if hasattr(t, "to_local") else t).detach()
+def _detached(t: Any) -> Any:
+    return None if t is None else t.detach()
 
 
 def _full(t: Any) -> Any:
     return None if t is None else (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
 
 
+def _named(model: nn.Module, read: Callable[[Any], Any], grads: bool = True) -> Dict[str, Any]:
+    return {fqn_without_wrappers(n): read(p.grad if grads else p) for n, p in model.named_parameters()}
+
+
 GRAD_VIEWS: List[Tuple[str, Callable[[nn.Module], Dict[str, Any]]]] = [
-    ("local gradient shard", lambda model: {_fqn(n): _local(p.grad) for n, p in model.named_parameters()}),
-    ("full gradient", lambda model: {_fqn(n): _full(p.grad) for n, p in model.named_parameters()}),
+    ("local gradient shard", lambda model: _named(model, lambda t: _detached(local(t)))),
+    ("full gradient", lambda model: _named(model, _full)),
 ]
 PARAM_VIEW = ("local parameter shard after the optimizer step",
-              lambda model: {_fqn(n): _local(p) for n, p in model.named_parameters()})
+              lambda model: _named(model, lambda t: _detached(local(t)), grads=False))

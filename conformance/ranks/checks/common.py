@@ -17,29 +17,11 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.ranks.compare import compare_bitwise
+# The parameter-name helpers live in the reproducers' loop (torch only), which copies them into every file;
+# imported from here too.
+from conformance.reproducers.standalone_main import fqn_inside_ddp, fqn_without_wrappers, local  # noqa: F401
 from conformance.ranks.ulps import INT_OF_SIZE
 from conformance.protocol import CheckResult, Finding
-
-#: Prefixes FSDP (and activation checkpointing, torch.compile) insert into parameter names.
-_WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.)")
-
-
-def fqn_without_wrappers(name: str) -> str:
-    """A parameter's FQN in the unwrapped model: FSDP's wrapper prefixes removed (FSDP1 and FSDP2)."""
-    return _WRAPPER_PREFIXES.sub("", name)
-
-
-def fqn_inside_ddp(name: str) -> str:
-    """A parameter's FQN in the model DDP wraps: DDP's own leading ``module.`` removed (once)."""
-    return name[len("module."):] if name.startswith("module.") else name
-
-
-def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """This rank's shard of a DTensor (``to_local()``, FSDP2), else the tensor itself."""
-    if t is None:
-        return None
-    return t.to_local() if hasattr(t, "to_local") else t
-
 
 def named_grads(model: nn.Module, fqn: Callable[[str], str] = fqn_without_wrappers
                 ) -> Dict[str, Optional[torch.Tensor]]:

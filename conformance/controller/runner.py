@@ -310,14 +310,13 @@ class Runner:
         __tracebackhide__ = True
         describe = self.tag(request, case, check)
         name = request.node.name
+        known_failure = request.node.get_closest_marker("xfail") is not None
         result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
-                          describe=describe, findings=False,
-                          known_failure=request.node.get_closest_marker("xfail") is not None)
+                          describe=describe, findings=False, known_failure=known_failure)
         found = findings_of(result, across_ranks)
         if found and all(f.kind == "not_applicable" for f in found):
             pytest.skip(f"ran, and matched, but the hook was never called: {found[0].message}")
         closing = note(result, found) if note is not None else ""
-        known_failure = request.node.get_closest_marker("xfail") is not None
         if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)
                 and not known_failure):  # a known failure is no red to avoid
             replayed = replay_default_hook(self, case, rank_check, params, found, across_ranks)

@@ -113,11 +113,12 @@ ANALYTIC_ULPS = 16
 def _divide_factors(model: nn.Module, config: str, world_size: int) -> Dict[str, float]:
     """``{fqn: what FSDP2 divides its gradient's SUM by}``: the divide factor where ``config`` set one on the FSDP
     module holding the parameter (the innermost FSDP module around it), else the shard group's size."""
-    owners = sorted((name for name, m in model.named_modules() if m in fsdp_modules(model)), key=len, reverse=True)
+    units = fsdp_modules(model)
+    owners = sorted((name for name, m in model.named_modules() if any(m is u for u in units)), key=len, reverse=True)
+    every = DIVIDE_FACTOR_CONFIGS[config] == "every"
     out: Dict[str, float] = {}
     for fqn, _ in model.named_parameters():
         owner = next(o for o in owners if o == "" or fqn.startswith(o + "."))
-        every = DIVIDE_FACTOR_CONFIGS[config] == "every"
         out[fqn_without_wrappers(fqn)] = divide_factor(world_size) if every or owner == "" else float(world_size)
     return out
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from conformance.controller.hard_inputs import (RANK_MAGNITUDES, drawn_examples, hard_gradients, named_hard_values,
-                                                probe_layout, rank_magnitude_values, special_values)
+from conformance.controller.hard_inputs import (RANK_MAGNITUDES, claim_examples, drawn_examples, examples_seed,
+                                                hard_gradients, named_hard_values, probe_layout, rank_magnitude_values,
+                                                special_values)
 
 SHAPES, NAMES = probe_layout()
 
@@ -64,6 +65,32 @@ def test_drawn_examples_put_ranks_orders_of_magnitude_apart():
         sizes = [_ordinary_size(rank) for rank in example.grads()]
         apart += max(sizes) / min(sizes) > 1e2
     assert apart >= len(drawn) // 3, (apart, len(drawn))
+
+
+def _bits(drawn) -> list:
+    return [[g.view(torch.int32).tolist() for g in rank] for example in drawn for rank in example.grads()]
+
+
+def test_a_claims_examples_are_the_seeded_draw_drawn_once():
+    """Every case at one world size and reduce dtype sends the same examples: those hypothesis draws with
+    :func:`examples_seed`, which a failing case's search (seeded the same) draws again before it shrinks."""
+    first = claim_examples(3, torch.bfloat16, 4, "")
+    assert claim_examples(3, torch.bfloat16, 4, "") is first  # drawn once per run
+    again = drawn_examples(hard_gradients(3, SHAPES, NAMES, torch.bfloat16), 4, examples_seed(3, torch.bfloat16))
+    assert len(first) == 4 and _bits(first) == _bits(again)
+    assert [g.data_ptr() for g in first[0].grads()[0]] != [g.data_ptr() for g in first[0].grads()[0]]  # fresh
+    for other in (claim_examples(3, torch.bfloat16, 4, "7"), claim_examples(2, torch.bfloat16, 4, ""),
+                  claim_examples(3, None, 4, "")):
+        assert _bits(other)[:2] != _bits(first)[:2]
+
+
+def test_no_drawn_example_is_the_simplest_one():
+    """Hypothesis starts from every element +0.0: a case's examples are drawn after it, every one with values."""
+    for world_size, seed in [(2, ""), (3, "1"), (4, "2")]:
+        drawn = claim_examples(world_size, None, 3, seed)
+        assert len(drawn) == 3
+        for example in drawn:
+            assert sum(bool((g != 0).sum()) for rank in example.grads() for g in rank) > world_size
 
 
 @settings(max_examples=10, database=None, deadline=None, suppress_health_check=list(HealthCheck))

@@ -13,6 +13,7 @@ rescue from underflow) decides differently there. They are float32 tensors
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import zlib
@@ -212,9 +213,15 @@ def probe_layout() -> Tuple[List[Tuple[int, ...]], List[str]]:
     return probe.input_shapes(), [name for name, _ in probe._construct(1).named_parameters()]
 
 
-def case_seed(case_id: str, seed: str = "") -> int:
-    """The hypothesis seed of one case: the case id and hypothesis's ``--hypothesis-seed`` (if given), CRC-32."""
-    return zlib.crc32(f"{case_id}\0{seed}".encode())
+def examples_seed(world_size: int, reduce_dtype: Optional[torch.dtype], seed: str = "") -> int:
+    """The hypothesis seed of the drawn examples for one world size and reduce dtype: CRC-32 of those and of
+    hypothesis's ``--hypothesis-seed`` (if given).
+
+    Not of the case id: every hook (and every variant) with the same world size and reduce dtype meets the
+    same drawn examples, so two hooks' hard-input results compare, and a run draws each set once
+    (:func:`claim_examples`). ``--hypothesis-seed`` draws other ones.
+    """
+    return zlib.crc32(f"{world_size}\0{reduce_dtype}\0{seed}".encode())
 
 
 def _failed_step(exc: Any) -> Optional[int]:
@@ -229,19 +236,39 @@ def _case_settings(examples: int) -> Dict[str, Any]:
                 suppress_health_check=list(HealthCheck))
 
 
+def _all_zero(drawn: Drawn) -> bool:
+    """Whether every element is ``+0.0``: the simplest example, where hypothesis starts every search."""
+    return all(v == 0.0 and math.copysign(1.0, v) > 0 for rank in drawn.values for vs in rank for v in vs)
+
+
 def drawn_examples(strategy: st.SearchStrategy, examples: int, seed: int) -> List[Drawn]:
     """The first ``examples`` values ``strategy`` (:func:`hard_gradients`) draws with hypothesis seed ``seed``,
-    generated only (no test run, no shrinking): what a hard-input case sends in its first dispatch."""
+    generated only (no test run, no shrinking): what a hard-input case sends in its first dispatch.
+
+    Hypothesis's first draw is always the simplest example, every element ``+0.0`` (a reduction no hook gets
+    wrong that gets the named ``zeros`` right); it is left out, so ``examples`` are drawn after it."""
     out: List[Drawn] = []
 
-    @hypothesis_settings(phases=(Phase.generate,), **_case_settings(examples))
+    @hypothesis_settings(phases=(Phase.generate,), **_case_settings(examples + 1))
     @hypothesis_seed(seed)
     @given(drawn=strategy)
     def draw(drawn: Drawn) -> None:
-        out.append(drawn)
+        if not _all_zero(drawn):
+            out.append(drawn)
 
     draw()
-    return out
+    return out[:examples]
+
+
+@functools.lru_cache(maxsize=None)
+def claim_examples(world_size: int, reduce_dtype: Optional[torch.dtype], examples: int,
+                   seed: str) -> Tuple[Drawn, ...]:
+    """The ``examples`` drawn examples of every hard-input case at ``world_size`` ranks with ``reduce_dtype``,
+    drawn once per run (:func:`drawn_examples` with :func:`examples_seed`); a case sends ``d.grads()``, fresh
+    tensors, so nothing a rank does to them reaches the next case."""
+    shapes, names = probe_layout()
+    strategy = hard_gradients(world_size, shapes, names, reduce_dtype)
+    return tuple(drawn_examples(strategy, examples, examples_seed(world_size, reduce_dtype, seed)))
 
 
 def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
@@ -251,7 +278,7 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
 
     The ranks keep the case's probes between dispatches
     (:func:`conformance.ranks.checks.probe.run_examples`), so an example costs one
-    forward/backward. Generation is seeded (:func:`case_seed`), so the re-run
+    forward/backward. Generation is seeded (:func:`examples_seed`), so the re-run
     command draws the same examples. A known failure is not shrunk (its
     cause is known), and after a dispatch that hung or killed a rank nothing
     more is sent: that example is the one reported.
@@ -278,9 +305,10 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
         dispatch(explicit, fresh=True)
         return
     strategy = hard_gradients(case.world_size, shapes, names, reduce_dtype)
-    case_settings = _case_settings(examples)
-    # Draw the examples first, without running them: the same seed draws the same sequence below.
-    drawn_first = drawn_examples(strategy, examples, case_seed(name, seed))
+    case_settings = _case_settings(examples + 1)  # the batch's draws and the simplest one (not sent)
+    case_seed = examples_seed(case.world_size, reduce_dtype, seed)
+    # The examples drawn without running them (once per run): the same seed draws the same sequence below.
+    drawn_first = claim_examples(case.world_size, reduce_dtype, examples, seed)
     # One dispatch for the named and the drawn examples: what a passing case costs.
     try:
         dispatch(explicit + [("generated", d.grads()) for d in drawn_first], fresh=True)
@@ -294,16 +322,16 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
 
     # A drawn example failed: search again, one example per dispatch, and shrink the failure.
     @hypothesis_settings(phases=(Phase.generate, Phase.shrink), **case_settings)
-    @hypothesis_seed(case_seed(name, seed))
+    @hypothesis_seed(case_seed)
     @given(drawn=strategy)
     def search(drawn: Drawn) -> None:
-        if conform.restarts != restarts:
-            return  # a dispatch hung or killed a rank: send nothing more, report that one
+        if conform.restarts != restarts or _all_zero(drawn):
+            return  # a dispatch hung or killed a rank: send nothing more, report that one; or the simplest example
         try:
             dispatch([("generated", drawn.grads())], fresh=False)
         except ConformanceFailure as exc:
             text, sep, rerun = str(exc).partition("\nRe-run just this case:")
-            raise ConformanceFailure(f"{text}\n  generated example (hypothesis, seed {case_seed(name, seed)}, "
+            raise ConformanceFailure(f"{text}\n  generated example (hypothesis, seed {case_seed}, "
                                      f"shrunk to the fewest nonzero elements): {drawn!r}{sep}{rerun}") from None
 
     search()

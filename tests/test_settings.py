@@ -21,7 +21,7 @@ from conformance.controller.settings import (CPU_RANK_MEMORY_BYTES, DEFAULT_HYPO
 REPO = Path(__file__).resolve().parents[1]
 DESTS = {o.dest for o in OPTIONS} | {HYPOTHESIS_SEED_DEST}
 UNSET = {"conform_hooks": [], "conform_known_failures": [], "conform_with_builtins": False,
-         "conform_no_entry_points": False, "conform_strict_known_failures": False}
+         "conform_no_entry_points": False, "conform_strict_known_failures": False, "conform_with_compiled_ddp": False}
 
 
 def getoption(**given):
@@ -372,6 +372,40 @@ def test_rerun_of_a_case_on_an_added_cpu_pool_runs_it_on_gloo_cpu():
                                    "--device", "cpu"]
     assert s.rerun_args(1)[:8] == ["--world-size", "1", "--extra-world-size", "3", "--backend", "nccl",
                                    "--device", "cuda"]
+
+
+# -- depth ------------------------------------------------------------------------------
+
+
+def test_nightly_depth_gives_every_world_size_the_full_plan_and_200_examples():
+    default, nightly = settings(), settings(env={"CONFORM_DEPTH": "nightly"})
+    assert (default.depth, default.nightly, default.hypothesis_examples) == ("default", False, 3)
+    assert [default.role(ws) for ws in default.world_sizes] == ["main", "extra"]
+    assert (nightly.depth, nightly.hypothesis_examples) == ("nightly", 200)
+    assert [nightly.role(ws) for ws in nightly.world_sizes] == ["main", "main"]
+    args = nightly.rerun_args()  # a re-run of a nightly-only case must plan it again
+    assert args[args.index("--depth") + 1] == "nightly" and "--hypothesis-examples" not in args
+    assert "--depth" not in default.rerun_args()
+
+
+def test_explicit_hypothesis_examples_win_over_the_depth():
+    s = settings(cli={"conform_depth": "nightly", "conform_hypothesis_examples": "7"})
+    assert s.hypothesis_examples == 7
+    args = s.rerun_args()
+    assert args[args.index("--hypothesis-examples") + 1] == "7"
+    args = settings(cli={"conform_hypothesis_examples": "200"}).rerun_args()
+    assert args[args.index("--hypothesis-examples") + 1] == "200" and "--depth" not in args
+
+
+def test_a_bad_depth_names_its_source_and_the_choices():
+    msg = settings_error(env={"CONFORM_DEPTH": "weekly"})
+    assert "'weekly' from CONFORM_DEPTH" in msg and "default, nightly" in msg
+
+
+def test_compiled_ddp_is_off_unless_asked_and_the_rerun_carries_it():
+    assert not settings().with_compiled_ddp and "--with-compiled-ddp" not in settings().rerun_args()
+    s = settings(env={"CONFORM_WITH_COMPILED_DDP": "1"})
+    assert s.with_compiled_ddp and "--with-compiled-ddp" in s.rerun_args()
 
 
 # -- strict known failures (the nightly gate) ---------------------------------------------

@@ -15,13 +15,17 @@ import os
 from typing import Optional, Tuple
 
 __all__ = ["DEFAULT_CASE_TIMEOUT_S", "DEFAULT_HYPOTHESIS_EXAMPLES", "DEFAULT_LISTEN_TIMEOUT_S",
-           "DEFAULT_RANK_LOG_LIMIT_MIB", "DEFAULT_RANK_MEMORY_GROWTH_MIB", "HYPOTHESIS_SEED_DEST", "OPTIONS", "Option",
-           "SettingsError"]
+           "DEFAULT_RANK_LOG_LIMIT_MIB", "DEFAULT_RANK_MEMORY_GROWTH_MIB", "DEPTHS", "HYPOTHESIS_SEED_DEST",
+           "NIGHTLY_HYPOTHESIS_EXAMPLES", "OPTIONS", "Option", "SettingsError"]
 
 #: Seconds a case may run before it is declared hung.
 DEFAULT_CASE_TIMEOUT_S = 60.0
 #: Generated hard-input examples per case (on top of the named explicit ones).
 DEFAULT_HYPOTHESIS_EXAMPLES = 3
+#: Generated hard-input examples per case at ``--depth nightly`` (where ``--hypothesis-examples`` is not given).
+NIGHTLY_HYPOTHESIS_EXAMPLES = 200
+#: ``--depth`` values: ``default`` (what fits the default run's minute on 2 CPU cores) and ``nightly``.
+DEPTHS = ("default", "nightly")
 #: The dest of hypothesis's own ``--hypothesis-seed`` option (its pytest plugin).
 HYPOTHESIS_SEED_DEST = "hypothesis_seed"
 #: Output of one rank kept per case, in MiB (the first half and the last half; the rest is
@@ -97,9 +101,18 @@ OPTIONS: Tuple[Option, ...] = (
            "cuda if available"),
     Option("--case-timeout", "CONFORM_CASE_TIMEOUT", "seconds before a case is declared hung",
            "conform_case_timeout", "SECONDS", f"{DEFAULT_CASE_TIMEOUT_S:g}"),
+    Option("--depth", "CONFORM_DEPTH",
+           "default: the cases that fit about a minute on 2 CPU cores; nightly: those, the cases the default "
+           "leaves out for time, and 3 replicas x 2 shards for fsdp2_replica (6 ranks), with "
+           f"{NIGHTLY_HYPOTHESIS_EXAMPLES} hard-input examples a case (README: 'Depth')", "conform_depth",
+           "default|nightly", "default"),
     Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES",
            "generated hard-input examples per case before shrinking", "conform_hypothesis_examples", "N",
-           f"{DEFAULT_HYPOTHESIS_EXAMPLES} (nightly: 200 or more)"),
+           f"{DEFAULT_HYPOTHESIS_EXAMPLES} ({NIGHTLY_HYPOTHESIS_EXAMPLES} with --depth nightly)"),
+    Option("--with-compiled-ddp", "CONFORM_WITH_COMPILED_DDP",
+           "also check DDP hooks under compiled autograd (torch.compile, optimize_ddp='python_reducer'); its "
+           "first step compiles for seconds, so only when asked", "conform_with_compiled_ddp", "", "off",
+           env_note="1 or 0"),
     Option("--strict-known-failures", "CONFORM_STRICT_KNOWN_FAILURES",
            "for CI gates: fail the run when a known failure passes (XPASS) or a known-failures entry that "
            "could apply to this run matches no test", "conform_strict_known_failures", "", "off", env_note="1 or 0"),

@@ -24,7 +24,8 @@ from conformance.controller.capacity import (CPU_RANK_MEMORY_BYTES, MAX_CPU_RANK
                                   check_cpu_capacity, cpu_count)
 from conformance.controller.options import (DEFAULT_CASE_TIMEOUT_S, DEFAULT_HYPOTHESIS_EXAMPLES,  # noqa: F401
                                  DEFAULT_LISTEN_TIMEOUT_S, DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB,
-                                 HYPOTHESIS_SEED_DEST, OPTIONS, Option, SettingsError)
+                                 DEPTHS, HYPOTHESIS_SEED_DEST, NIGHTLY_HYPOTHESIS_EXAMPLES, OPTIONS, Option,
+                                 SettingsError)
 
 __all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
 
@@ -69,6 +70,9 @@ class Settings:
         listen: ``(host, port)`` where torchrun's ranks connect (``--listen``;
             :mod:`conformance.controller.remote`), or ``None`` for the local pools.
         listen_timeout_s: seconds to wait for them, at the start and after a restart.
+        depth: ``"default"`` or ``"nightly"`` (``--depth``): what the case plans add at nightly depth
+            (:attr:`nightly`; README "Depth").
+        with_compiled_ddp: DDP's compiled-autograd cases are planned (``--with-compiled-ddp``).
     """
 
     hooks: Tuple[str, ...]
@@ -94,6 +98,13 @@ class Settings:
     fail_on: str = "failures"
     listen: Optional[Tuple[str, int]] = None
     listen_timeout_s: float = DEFAULT_LISTEN_TIMEOUT_S
+    depth: str = "default"
+    with_compiled_ddp: bool = False
+
+    @property
+    def nightly(self) -> bool:
+        """Whether the run is at nightly depth: the plans add the cases the default run leaves out for time."""
+        return self.depth == "nightly"
 
     @property
     def world_sizes(self) -> Tuple[int, ...]:
@@ -104,8 +115,10 @@ class Settings:
         return tuple(sizes)
 
     def role(self, world_size: int) -> str:
-        """``"main"`` (the full case plan) or ``"extra"`` (the short plan of the extra world size)."""
-        if world_size == self.world_size or (world_size in self.cpu_pools and world_size != self.extra_world_size):
+        """``"main"`` (the full case plan) or ``"extra"`` (the short plan of the extra world size, at the default
+        depth; at nightly depth every world size gets the full plan)."""
+        if self.nightly or world_size == self.world_size or (
+                world_size in self.cpu_pools and world_size != self.extra_world_size):
             return "main"
         return "extra"
 
@@ -149,8 +162,12 @@ class Settings:
                     "--backend", self.backend, "--device", self.device]
         if self.case_timeout_s != DEFAULT_CASE_TIMEOUT_S:
             args += ["--case-timeout", f"{self.case_timeout_s:g}"]
-        if self.hypothesis_examples != DEFAULT_HYPOTHESIS_EXAMPLES:
+        if self.nightly:
+            args += ["--depth", self.depth]
+        if self.hypothesis_examples != (NIGHTLY_HYPOTHESIS_EXAMPLES if self.nightly else DEFAULT_HYPOTHESIS_EXAMPLES):
             args += ["--hypothesis-examples", str(self.hypothesis_examples)]
+        if self.with_compiled_ddp:
+            args += ["--with-compiled-ddp"]
         if self.hypothesis_seed:
             args += ["--hypothesis-seed", str(self.hypothesis_seed)]
         default_kf = os.path.abspath(_default_known_failures())
@@ -290,8 +307,19 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     if not math.isfinite(timeout) or timeout <= 0:
         raise SettingsError(f"invalid case timeout {timeout_value!r} from {timeout_source}: must be a positive, finite number of seconds")
 
+    depth_value, depth_source = pick("conform_depth")
+    depth = "default" if depth_value is None else str(depth_value).strip().lower()
+    if depth not in DEPTHS:
+        raise SettingsError(f"invalid depth {depth_value!r} from {depth_source}: expected one of {', '.join(DEPTHS)} "
+                            "(nightly adds the cases the default run leaves out for time)")
+    compiled_value, compiled_source = pick("conform_with_compiled_ddp")
+    with_compiled_ddp = _flag(compiled_value, compiled_source)
+
     ex_value, ex_source = pick("conform_hypothesis_examples")
-    examples = DEFAULT_HYPOTHESIS_EXAMPLES if ex_value is None else _int(ex_value, ex_source, minimum=0)
+    if ex_value is None:
+        examples = NIGHTLY_HYPOTHESIS_EXAMPLES if depth == "nightly" else DEFAULT_HYPOTHESIS_EXAMPLES
+    else:
+        examples = _int(ex_value, ex_source, minimum=0)
     try:  # hypothesis's pytest plugin defines the option; it may be disabled (-p no:hypothesispytest)
         hypothesis_seed = getoption(HYPOTHESIS_SEED_DEST)
     except (ValueError, KeyError):
@@ -334,6 +362,8 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         **report_paths,
         listen=listen,
         listen_timeout_s=_listen_timeout(pick) if listen else DEFAULT_LISTEN_TIMEOUT_S,
+        depth=depth,
+        with_compiled_ddp=with_compiled_ddp,
     )
 
 

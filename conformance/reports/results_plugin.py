@@ -219,7 +219,8 @@ class ResultsRecorder:
                 "backend": s.backend, "device": s.device,
                 "world_sizes": sorted(self.state.world_sizes) or list(s.world_sizes),
                 "cpu_pools": list(s.cpu_pools), "gpu_count": s.gpu_count, "case_timeout_s": s.case_timeout_s,
-                "hypothesis_examples": s.hypothesis_examples, "known_failures_files": list(s.known_failures)}
+                "hypothesis_examples": s.hypothesis_examples, "known_failures_files": list(s.known_failures),
+                "depth": s.depth, "with_compiled_ddp": s.with_compiled_ddp}
 
     def hook_entry(self, item: Any, records: List[CaseRecord], running: bool = False) -> Dict[str, Any]:
         """One hook of the JSON ``hooks`` array: its claims, source, verdict, outcome counts, grid."""

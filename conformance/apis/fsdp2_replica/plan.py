@@ -60,9 +60,9 @@ def validate(spec: Any) -> Tuple[str, ...]:
 
 
 def _world_sizes(settings: Any) -> List[int]:
-    """The HSDP world size, and 6 (3 replicas) where the run has it."""
+    """The HSDP world size, and 6 (3 replicas) where the run has it or is at nightly depth."""
     sizes = [hsdp_world_size(settings.world_sizes)]
-    if ODD_REPLICA_WORLD_SIZE in settings.world_sizes and ODD_REPLICA_WORLD_SIZE not in sizes:
+    if (settings.nightly or ODD_REPLICA_WORLD_SIZE in settings.world_sizes) and ODD_REPLICA_WORLD_SIZE not in sizes:
         sizes.append(ODD_REPLICA_WORLD_SIZE)
     return sizes
 

@@ -100,7 +100,8 @@ def first_difference(actual: Optional[torch.Tensor], expected: Optional[torch.Te
     if actual is None or expected is None:
         if actual is None and expected is None:
             return None
-        return f"is {'None' if actual is None else 'set'} with the hook but {'None' if expected is None else 'set'} natively"
+        hooked, native = ("None" if t is None else "set" for t in (actual, expected))
+        return f"is {hooked} with the hook but {native} natively"
     a, e = actual.detach().cpu(), expected.detach().cpu()
     if a.dtype != e.dtype:
         return f"dtype {a.dtype} with the hook, {e.dtype} natively"

@@ -27,13 +27,31 @@ from conformance.reproducers import standalone_main
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
 
-#: The rank checks a reproducer replays (the part of ``<api>.<check>`` after the API), with their defaults:
-#: the model, the steps, SGD's learning rate and momentum, whether the optimizer steps.
-CHECK_DEFAULTS: Dict[str, Dict[str, Any]] = {
-    "averaging": {"model": "analytic_linear", "steps": 4, "lr": 0.1, "momentum": 0.0, "optimizer_step": True},
-    "parity": {"steps": 3, "lr": 0.01, "momentum": 0.9, "optimizer_step": True},
-    "hard_inputs": {"model": "gradient_probe", "steps": 1, "lr": 0.01, "momentum": 0.9, "optimizer_step": False},
-}
+def _defaults(fn: Any) -> Dict[str, Any]:
+    """The keyword defaults of ``fn``'s signature."""
+    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def _check_defaults() -> Dict[str, Dict[str, Any]]:
+    """The rank checks a reproducer replays (the part of ``<api>.<check>`` after the API), with their defaults:
+    the model, the steps, SGD's learning rate and momentum, whether the optimizer steps. Read from the rank
+    checks themselves (their signatures, :data:`~conformance.ranks.checks.common.MOMENTUM`), so a reproducer
+    trains as the suite did after either changes."""
+    from conformance.ranks.checks import common, exact, probe
+
+    averaging, parity = _defaults(exact.averaging), _defaults(exact.parity)
+    return {
+        "averaging": {"model": averaging["model"], "steps": averaging["steps"], "lr": averaging["lr"],
+                      "momentum": _defaults(common.sgd)["momentum"], "optimizer_step": True},
+        "parity": {"steps": parity["steps"], "lr": parity["lr"], "momentum": common.MOMENTUM, "optimizer_step": True},
+        "hard_inputs": {"model": _defaults(probe.hard_inputs)["model"], "steps": 1,
+                        "lr": _defaults(probe.run_examples)["lr"], "momentum": common.MOMENTUM,
+                        "optimizer_step": False},
+    }
+
+
+CHECK_DEFAULTS: Dict[str, Dict[str, Any]] = _check_defaults()
 #: Parameters of a rank check that are not the case's variant.
 _NOT_VARIANT = {"model", "steps", "lr", "examples", "case_id", "fresh", "micro_steps", "reference_only"}
 
@@ -122,6 +140,9 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
     steps = int(params.get("steps", defaults["steps"]))
     variant = {k: v for k, v in params.items() if k not in _NOT_VARIANT}
     micro = int(params.get("micro_steps", 1))
+    if HOOK_APIS[api].standalone is None:
+        raise NoReproducer(f"api {api!r} has no standalone part (HookApi.standalone), so no file can build its "
+                           "models without the suite; re-run the case with the command below")
     part = importlib.import_module(HOOK_APIS[api].standalone)
     micro = part.micro_steps(variant, micro) if hasattr(part, "micro_steps") else micro
     inputs = None

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from conformance.protocol import Finding
-from conformance.ranks.checks.common import compare_named, sgd, train_alone, train_step
+from conformance.ranks.checks.common import MOMENTUM, compare_named, sgd, train_alone, train_step
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
 
@@ -113,7 +113,7 @@ def clip_grad_norm(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: 
         clip_one = lambda m, t=norm_type: models.clip(m, CLIP_MAX_NORM, t)  # noqa: E731
         if reference_only:
             ref = models.build(hooked=False).model
-            train_alone(ctx, ref, sgd(ref.parameters(), lr=lr, momentum=0.9), models.inputs,
+            train_alone(ctx, ref, sgd(ref.parameters(), lr=lr, momentum=MOMENTUM), models.inputs,
                         models.loss_fn, steps, train=clipping(train_step, clip_one, norm_type, {}))
             continue
         plan = clipped(Lockstep.of(models, models.build(hooked=False), models.build(hooked=True)), clip_one,

@@ -65,6 +65,12 @@ def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
     return findings
 
 
+#: SGD's momentum in every check that trains several steps in lock step (parity, clip, the lossy contracts): a
+#: gradient difference then reaches the parameters through the optimizer's state too. The averaging check's
+#: analytic model trains without momentum (:func:`sgd`'s default).
+MOMENTUM = 0.9
+
+
 def sgd(params: Any, lr: float, momentum: float = 0.0) -> torch.optim.SGD:
     """``torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)``: every check's optimizer, the
     reference's and the hooked model's alike.

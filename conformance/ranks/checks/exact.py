@@ -24,7 +24,8 @@ from typing import Any, List
 import torch
 
 from conformance.protocol import CheckResult, Finding
-from conformance.ranks.checks.common import averaging_findings, grads_per_step, sgd, train_alone, train_step
+from conformance.ranks.checks.common import (MOMENTUM, averaging_findings, grads_per_step, sgd, train_alone,
+                                             train_step)
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
 from conformance.ranks.diagnosis import diagnose
@@ -80,7 +81,7 @@ def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3,
     models = make(ctx, spec, model=model, **variant)
     ref = models.build(hooked=False)
     if reference_only:
-        optim = sgd(ref.model.parameters(), lr=lr, momentum=0.9)
+        optim = sgd(ref.model.parameters(), lr=lr, momentum=MOMENTUM)
         return train_alone(models.ctx, ref.model, optim, models.inputs, models.loss_fn, steps,
                            no_sync=models.no_sync, check=models.check_reference)
     return lockstep(models.ctx, Lockstep.of(models, ref, models.build(hooked=True)), steps=steps, lr=lr)
@@ -94,7 +95,7 @@ def rank_grads(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int 
     gradients differ."""
     models = make(ctx, spec, model=model, **variant)
     hooked = models.build(hooked=True)
-    optim = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
+    optim = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
     return grads_per_step(models.ctx, hooked.model, optim, models.inputs, models.loss_fn, steps,
                           named=models.local_grads, run_step=hooked.recorder.run_step,
                           diagnose=lambda step: diagnose(models.ctx, models.arithmetic, hooked.recorder.log, step))

@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from conformance.protocol import Finding
-from conformance.ranks.checks.common import View, compare_named, sgd, train_step
+from conformance.ranks.checks.common import MOMENTUM, View, compare_named, sgd, train_step
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
 from conformance.ranks.diagnosis import diagnose
 
@@ -83,8 +83,8 @@ class LockstepRun:
     def __init__(self, plan: Lockstep, lr: float):
         self.plan = plan
         self.step = 0
-        self.opt_ref = sgd(plan.ref.model.parameters(), lr=lr, momentum=0.9)
-        self.opt_hooked = sgd(plan.hooked.model.parameters(), lr=lr, momentum=0.9)
+        self.opt_ref = sgd(plan.ref.model.parameters(), lr=lr, momentum=MOMENTUM)
+        self.opt_hooked = sgd(plan.hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
 
     def run(self, ctx: Any, steps: int) -> List[Finding]:
         """Train ``steps`` more steps; stop at the first with findings, once every rank agrees."""

@@ -46,7 +46,7 @@ from torch import nn
 
 from conformance.protocol import CheckResult, Finding
 from conformance.reports import report
-from conformance.ranks.checks.common import compare_named, fqn_without_wrappers, sgd, train_step
+from conformance.ranks.checks.common import MOMENTUM, compare_named, fqn_without_wrappers, sgd, train_step
 from conformance.ranks.checks.models import ApiModels, MakeModels
 
 __all__ = ["DECLARE_LOSSY_HINT", "exact_mean", "lossy_determinism", "lossy_error", "lossy_hint", "lossy_loss",
@@ -237,7 +237,7 @@ def lossy_error(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int
             continue
         ctx.phase("building the hooked model" + (f" ({what})" if what else ""))
         hooked = models.build(hooked=True)
-        optim = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
+        optim = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
         for step in numbers:
             ctx.phase(f"step {step}: local gradients of a plain copy (the exact mean's inputs)"
                       + (f", this rank's loss times {scale:g}" if what else ""))
@@ -285,8 +285,8 @@ def lossy_loss(ctx: Any, spec: Any, make: MakeModels, *, model: str, lr: float =
     ref = models.build(hooked=False, full_precision=True).model
     ctx.phase("building the hooked model")
     hooked = models.build(hooked=True)
-    opt_ref = sgd(ref.parameters(), lr=lr, momentum=0.9)
-    opt_hooked = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
+    opt_ref = sgd(ref.parameters(), lr=lr, momentum=MOMENTUM)
+    opt_hooked = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
     for step in range(steps):
         train_step(ctx, "no-hook", step, ref, opt_ref, models.inputs, loss_fn)
         broken = hooked.recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, opt_hooked,
@@ -324,7 +324,7 @@ def lossy_determinism(ctx: Any, spec: Any, make: MakeModels, *, model: str, step
     for run in range(2):
         ctx.phase(f"building the hooked model (run {run + 1} of 2)")
         hooked = models.build(hooked=True)
-        optim = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
+        optim = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
         per_step = []
         for step in range(steps):
             broken = hooked.recorder.run_step(step, lambda: train_step(ctx, f"hooked (run {run + 1})", step,

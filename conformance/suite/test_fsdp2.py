@@ -17,7 +17,10 @@ CPU run, 2 and 3 ranks).
 
 A comm with a ``LossyContract`` gets the lossy-contract checks
 (``test_fsdp2_lossy_*``) instead of parity, hard inputs and clip_grad_norm_; an
-all-reduce hook cannot declare one.
+all-reduce hook cannot declare one. Every hook gets the registration rules
+(``test_fsdp2_registration``, ``test_fsdp2_all_reduce_registration``; ids
+``{hook}-{config}-{rule}``), which hold whatever the hook is: a failure there
+says "PyTorch changed" or names the suite's registration, never the hook.
 
 Case ids: ``{hook}-{config}-{model}-ws{N}``; ``-k fsdp2`` selects this module.
 """
@@ -78,4 +81,17 @@ def test_fsdp2_lossy_loss(conform, request, case):
 
 def test_fsdp2_lossy_determinism(conform, request, case):
     """Two trainings from the same seed give bitwise identical local gradient shards (deterministic=True)."""
+    conform.run_case(request, case)
+
+
+def test_fsdp2_registration(conform, request, case):
+    """FSDPModule.set_custom_reduce_scatter's rules with the comm under test: unset before registration, on every
+    parameter group after the suite's registration (the root's alone leaves the children native), and PyTorch's
+    ValueError on a module with several parameter groups, which the suite reports naming the module and the fix."""
+    conform.run_case(request, case)
+
+
+def test_fsdp2_all_reduce_registration(conform, request, case):
+    """FSDPModule.set_all_reduce_hook's rules with the hook under test under native HSDP: the same three rules, and
+    its ValueError for a stream under native HSDP."""
     conform.run_case(request, case)

@@ -26,3 +26,9 @@ def test_fsdp2_replica_hard_inputs(conform, request, case):
 def test_fsdp2_replica_accumulation(conform, request, case):
     """Parity with set_requires_gradient_sync(False) on all micro-batches but the last, on both models."""
     conform.run_case(request, case)
+
+
+def test_fsdp2_replica_registration(conform, request, case):
+    """FSDPModule.set_all_reduce_hook's rules with the replica hook on the 1-D shard mesh: unset before registration,
+    on every parameter group after the suite's registration, PyTorch's ValueError on several parameter groups."""
+    conform.run_case(request, case)

@@ -32,6 +32,7 @@ from conformance.apis.fsdp2.build import (apply_config, build_fsdp2, build_repli
 from conformance.apis.fsdp2.standalone import DIVIDE_FACTOR_CONFIGS, HSDP_CONFIGS, divide_factor
 from conformance.apis.fsdp2.plan import ALL_REDUCE_CONFIGS, CONFIGS
 from conformance.apis.fsdp2.recorders import CommRecorder, HookRecorder, make_comm
+from conformance.apis.fsdp2.registration import register_on_every_module
 from conformance.ranks.checks.common import View, fqn_without_wrappers, named_grads, named_params
 from conformance.models import get_model
 from conformance.ranks.checks.groups import on_subgroup
@@ -214,8 +215,7 @@ class CommModels(Fsdp2Models):
             return Built(model)
         recorder = CommRecorder(make_comm(self.spec), ctx.rank,
                                 never_called=NEVER_CALLED_UNDER_REPLICATE if self.config == "replicate" else None)
-        for module in fsdp_modules(model):
-            module.set_custom_reduce_scatter(recorder)
+        register_on_every_module(model, "set_custom_reduce_scatter", recorder)
         return Built(model, recorder)
 
 
@@ -262,6 +262,5 @@ class AllReduceHookModels(Fsdp2Models):
         if not hooked:
             return Built(model)
         recorder = HookRecorder(self.spec.hook, ctx.rank, self.shape)
-        for module in fsdp_modules(model):
-            module.set_all_reduce_hook(recorder)
+        register_on_every_module(model, "set_all_reduce_hook", recorder)
         return Built(model, recorder)

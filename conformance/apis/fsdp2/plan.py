@@ -17,7 +17,10 @@ skip synchronisation) and the lossy contracts (``fsdp2_lossy_*``, which a comm
 with ``lossy=LossyContract(...)`` gets instead of the first three);
 ``fsdp2_all_reduce_hook``, ``fsdp2_all_reduce_accumulation`` and
 ``fsdp2_all_reduce_hard_inputs``. Every one is a
-shared rank check (:data:`conformance.ranks.checks.SHARED_CHECKS`). An
+shared rank check (:data:`conformance.ranks.checks.SHARED_CHECKS`) but the registration
+rules, ``fsdp2_registration`` and ``fsdp2_all_reduce_registration``
+(:data:`REGISTRATION_RULES`; each API's own rank check ``<api>.registration``, in
+``registration.py``), which every spec gets, exact or lossy. An
 ``fsdp2_all_reduce`` hook cannot declare a contract (:func:`validate_all_reduce_hook`).
 
 Only ``torch`` is imported at module level: what FSDP2 offers is looked up when
@@ -137,6 +140,14 @@ ALL_REDUCE_CONFIGS = ("hsdp", "replicate", "replicate_sum")
 REPLICATE_MODELS = ("nested_wrapped",)
 #: The smallest HSDP world size: a HSDP_REPLICATE x 2 (replicate x shard) mesh.
 HSDP_WORLD_SIZE = 2 * HSDP_REPLICATE
+#: The registration rules of both FSDP2 APIs (``conformance/apis/fsdp2/registration.py``), one case each per
+#: spec at one world size: the setter's target unset before registration; the suite's registration (the
+#: setter on every FSDP module) reaching every parameter group, where the root's alone does not; PyTorch's
+#: ``ValueError`` on an FSDP module with several parameter groups (``shard_placement_fn``), and the
+#: suite's clear refusal there.
+REGISTRATION_RULES = ("unset_before_registration", "reaches_every_param_group", "multiple_param_groups_raise")
+#: ``set_all_reduce_hook(hook, stream=...)`` under native HSDP raises: an ``fsdp2_all_reduce`` rule only.
+HSDP_STREAM_RULE = "stream_under_hsdp_raises"
 #: Whether a run none of whose world sizes fits HSDP (the default CPU run: 2 and 3) starts an
 #: extra HSDP_WORLD_SIZE-rank pool for the HSDP cases (gloo on CPU runs HSDP). Measured on the
 #: project's 2-core machine: about +6 s (under load up to +13 s) for the pool's start-up and
@@ -194,6 +205,35 @@ def hsdp_unavailable(sizes: Sequence[int]) -> Optional[str]:
             f"sizes are {' and '.join(map(str, sizes))}; gloo on CPU does run HSDP, but the default run leaves "
             f"the extra {HSDP_WORLD_SIZE}-rank pool out to stay fast: add --extra-world-size {HSDP_WORLD_SIZE} "
             "to run these cases")
+
+
+def missing_shard_placement() -> Optional[str]:
+    """Why this torch cannot give one FSDP module several parameter groups (the ``multiple_param_groups_raise``
+    rule), or ``None``."""
+    try:  # an optional import: the answer to whether this torch has per-parameter meshes
+        from torch.distributed.fsdp._fully_shard._fsdp_common import (FSDPMeshInfo,  # noqa: F401 - probed
+                                                                       ShardPlacementResult)
+    except ImportError:
+        return (f"torch {torch.__version__} has no ShardPlacementResult (torch.distributed.fsdp._fully_shard."
+                "_fsdp_common): its fully_shard(shard_placement_fn=...) picks a Shard dimension on the module's own "
+                "mesh only, so every FSDP module has one parameter group, and PyTorch's refusal of a comm or hook "
+                "for several cannot arise")
+    return None
+
+
+def registration_plan(setter: str, variant: str, rules: Sequence[str], world_sizes: Any,
+                      unavailable: Any = lambda settings: None) -> CasePlan:
+    """A registration plan (:data:`REGISTRATION_RULES`): every spec x rule, at ``world_sizes(settings)`` (one
+    world size: registration is not about rounding), in ``variant``; skipped with the reason where
+    ``unavailable(settings)`` gives one, where this torch has no ``FSDPModule.<setter>``, and, for the
+    several-parameter-groups rule, where it has no ``ShardPlacementResult``."""
+    def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        why = unavailable(settings) or missing_api((setter,))
+        return [test.case(spec.name, variant, ws, rule=rule, skip=why or (
+                    missing_shard_placement() if rule == "multiple_param_groups_raise" else None))
+                for spec in specs for ws in world_sizes(settings) for rule in rules]
+
+    return cases
 
 
 def skip_reason(case: CaseParams, spec: Any, settings: Any) -> Optional[str]:
@@ -309,7 +349,11 @@ APIS = (
                        first_only=True), kind="lossy_loss"),
                    "test_fsdp2_lossy_determinism": _comm_test("fsdp2_lossy_determinism", "lossy_determinism", role_plan(
                        LOSSY_DETERMINISM_PLAN, lambda spec: spec.lossy is not None and spec.lossy.deterministic,
-                       first_only=True), kind="lossy_determinism")}),
+                       first_only=True), kind="lossy_determinism"),
+                   "test_fsdp2_registration": _comm_test("fsdp2_registration", "registration", registration_plan(
+                       "set_custom_reduce_scatter", "default", REGISTRATION_RULES,
+                       lambda settings: (settings.world_size,)))},
+            checks={"registration": "conformance.apis.fsdp2.registration:comm_registration"}),
     HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP, replicate)",
             variant_field="config", stateful=False,
             validate=validate_all_reduce_hook, builtin_hooks=None,
@@ -322,5 +366,11 @@ APIS = (
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
                    "test_fsdp2_all_reduce_hard_inputs": _all_reduce_test(
                        "fsdp2_all_reduce_hard_inputs", "hard_inputs",
-                       functools.partial(all_reduce_cases, models=("gradient_probe",)), kind="hard_inputs")}),
+                       functools.partial(all_reduce_cases, models=("gradient_probe",)), kind="hard_inputs"),
+                   "test_fsdp2_all_reduce_registration": _all_reduce_test(
+                       "fsdp2_all_reduce_registration", "registration", registration_plan(
+                           "set_all_reduce_hook", "hsdp", REGISTRATION_RULES + (HSDP_STREAM_RULE,),
+                           lambda settings: (hsdp_world_size(settings.world_sizes),),
+                           lambda settings: hsdp_unavailable(settings.world_sizes)))},
+            checks={"registration": "conformance.apis.fsdp2.registration:all_reduce_hook_registration"}),
 )

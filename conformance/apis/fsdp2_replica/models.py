@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from conformance.apis.fsdp2.build import build_fsdp2, fsdp_modules
+from conformance.apis.fsdp2.build import build_fsdp2
 from conformance.apis.fsdp2.models import Fsdp2Models
+from conformance.apis.fsdp2.registration import register_on_every_module
 from conformance.apis.fsdp2_replica.arithmetic import ReplicaArithmetic
 from conformance.apis.fsdp2_replica.recorder import ReplicaRecorder
 from conformance.ranks.checks.models import Built
@@ -77,6 +78,5 @@ class ReplicaModels(Fsdp2Models):
         model = build_fsdp2(self.model_name, ctx, self.mesh["shard"], reduce_dtype=reduce_dtype)
         recorder = ReplicaRecorder(self.spec.hook, self.spec.state(self.replica_group), ctx.rank,
                                    self.replica_group, self.shape)
-        for module in fsdp_modules(model):
-            module.set_all_reduce_hook(recorder)
+        register_on_every_module(model, "set_all_reduce_hook", recorder)
         return Built(model, recorder)

@@ -17,7 +17,9 @@ check: ``fsdp2_replica_parity`` (``nested_wrapped``), ``fsdp2_replica_hard_input
 on all micro-batches but the last), at the HSDP world size (2 replicas x 2
 shards) and, in a run with a 6-rank pool (``--extra-world-size 6``), at 3
 replicas x 2 shards, where dividing before the SUM rounds differently
-(:func:`~conformance.apis.fsdp2_replica.models.replica_shape`).
+(:func:`~conformance.apis.fsdp2_replica.models.replica_shape`); and
+``fsdp2_replica_registration``, FSDP2's registration rules of ``set_all_reduce_hook``
+in this setting (``registration.py``, the API's own rank check).
 
 Only ``torch`` is imported at module level, as for the other FSDP2 APIs.
 """
@@ -30,7 +32,7 @@ from typing import Any, List, Sequence, Tuple
 
 from conformance.apis import HookApi, SuiteTest, called_as
 from conformance.apis.fsdp2.build import missing_api
-from conformance.apis.fsdp2.plan import hsdp_unavailable, hsdp_world_size
+from conformance.apis.fsdp2.plan import REGISTRATION_RULES, hsdp_unavailable, hsdp_world_size, registration_plan
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError
@@ -97,5 +99,10 @@ APIS = (
                                                            _cases(("gradient_probe",)), kind="hard_inputs"),
                    "test_fsdp2_replica_accumulation": _test(
                        "fsdp2_replica_accumulation", "parity", _cases(ACCUMULATION_MODELS), kind="exact",
-                       params={"micro_steps": ACCUMULATION_MICRO_STEPS})}),
+                       params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
+                   "test_fsdp2_replica_registration": _test(
+                       "fsdp2_replica_registration", "registration", registration_plan(
+                           "set_all_reduce_hook", "replica", REGISTRATION_RULES, _world_sizes,
+                           lambda settings: hsdp_unavailable(settings.world_sizes)))},
+            checks={"registration": "conformance.apis.fsdp2_replica.registration:registration"}),
 )

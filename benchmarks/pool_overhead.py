@@ -255,6 +255,9 @@ def report(session: Any, spawner: SpawnRunner, args: argparse.Namespace, total_s
     print("  " + ", ".join(f"{api} ws{ws}: {drawn.get((api, ws), 0)} of {n}"
                            for (api, ws), n in sorted(session.population.items())))
     print()
+    for r in session.sample:
+        if r.skipped is not None:
+            print(f"  left out, skipped when it ran: {r.name}: {r.skipped[:200]}")
     print(f"{'pool (ms)':>10} {'spawn (ms)':>11} {'ratio':>6}  case (pool: median of {args.repeat} warm passes; "
           "spawn: one run)")
     for r in rows:

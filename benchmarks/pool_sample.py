@@ -38,6 +38,9 @@ class SampledCase:
     passes: List[tuple] = dataclasses.field(default_factory=list)
     cases: List[Any] = dataclasses.field(default_factory=list)
     spawn: Optional[Dict[str, Any]] = None
+    #: Why the case skipped when it ran (its reference cannot run here: the suite's reference replay), or
+    #: ``None``. Such a case is marked passing at collection, so it is drawn, but it is not spawned nor timed.
+    skipped: Optional[str] = None
 
     @property
     def timed(self) -> List[tuple]:
@@ -109,13 +112,16 @@ class SampleSession:
         row = next(r for r in self.sample if r.nodeid == item.nodeid)
         self._dispatches = []
         start = time.perf_counter()
-        yield
+        outcome = yield
         wall = time.perf_counter() - start
         dispatches, self._dispatches = self._dispatches, None
         row.passes.append((wall, sum(result.max_compute_s for _, result in dispatches)))
+        excinfo = outcome.excinfo
+        if excinfo is not None and isinstance(excinfo[1], pytest.skip.Exception):
+            row.skipped = str(excinfo[1])
         if len(row.passes) == self.passes:
             row.cases = [case for case, _ in dispatches]
-            if self.spawn is not None:
+            if self.spawn is not None and row.skipped is None:
                 row.spawn = self.spawn(row)
 
     def pytest_runtest_logreport(self, report: Any) -> None:

@@ -63,7 +63,7 @@ def state_of(config: pytest.Config) -> SessionState:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "commhook-conformance")
     for opt in settings_mod.OPTIONS:
-        if opt.flag in ("--with-builtins", "--no-entry-points", "--strict-known-failures"):
+        if not opt.metavar:  # a flag without a value (Option.metavar "")
             group.addoption(opt.flag, action="store_true", dest=opt.dest, default=False, help=opt.full_help())
         elif opt.flag in ("--hook", "--known-failures"):
             group.addoption(opt.flag, action="append", dest=opt.dest, default=[], metavar=opt.metavar,

@@ -4,17 +4,21 @@ With no hook, ``Reducer`` copies each gradient into the bucket multiplied by
 ``1/world_size`` (``at::mul_out`` with a wrapped scalar in
 ``Reducer::mark_variable_ready_dense``), then SUMs. Under a reduced-precision
 claim ``X`` the reference is ``X_compress_wrapper(allreduce_hook)``: cast to
-``X``, divide by the world size, SUM, cast back.
+``X``, divide by the world size, SUM, cast back (:class:`DdpArithmetic`).
+
+Under compiled autograd (the ``compiled_autograd`` config) DDP's python reducer
+divides each parameter's gradient by the world size, then SUMs
+(:class:`CompiledDdpArithmetic`): the second native a hook may have to match.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List
 
 import torch
 
-from conformance.ranks.arithmetic import Arithmetic, reduced
-from conformance.ranks.ulps import dtype_name
+from conformance.ranks.arithmetic import Arithmetic, Candidate, reduced
+from conformance.ranks.ulps import bits_equal, dtype_name
 
 
 class DdpArithmetic(Arithmetic):
@@ -46,3 +50,61 @@ class DdpArithmetic(Arithmetic):
 
     def where_result_goes(self, call: Any) -> str:
         return "complete the future with the reduced bucket (DDP copies the future's value over the gradients)"
+
+
+class CompiledDdpArithmetic(Arithmetic):
+    """DDP's native reduction under compiled autograd (``torch._dynamo.config.optimize_ddp = "python_reducer"``).
+
+    There DDP bypasses its C++ ``Reducer``: a post-accumulate-grad hook on every
+    parameter (``DistributedDataParallel._register_accum_grad_hook``) computes
+    ``param.grad / world_size``, a functional SUM all-reduce of it
+    (``torch.distributed._functional_collectives.all_reduce``) and copies it
+    back into ``param.grad``: a divide, where eager DDP multiplies by
+    ``1/world_size``, one parameter at a time, no bucket. At 2 ranks both are
+    the same bits; at 3 they differ in the last bit. Full precision only (the
+    compiled cases plan no reduced-precision claim).
+    """
+
+    #: Dividing before the SUM is native's own order here.
+    divides_before_sum = True
+
+    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
+               shift: int) -> torch.Tensor:
+        return reduced(t.div(self.world_size), call, group, group_size, shift)
+
+    def describe(self) -> str:
+        return f"compiled DDP (python_reducer) divides each gradient by {self.world_size} before the SUM"
+
+    #: The state the hook was registered with is its first argument; the suite's zoo passes the process group.
+    group_arg = "group=state (the process group in the hook's state)"
+
+    def how_to_average(self) -> str:
+        ws = self.world_size
+        return (f"divide the gradient by {ws} in place, then all-reduce it (SUM) in place: grad, param = bucket; "
+                f"grad.div_({ws}); dist.all_reduce(grad, group=...) (DDP's python reducer computes param.grad / "
+                f"world_size, then a SUM)")
+
+    def where_result_goes(self, call: Any) -> str:
+        return ("write the result into grad (bucket[0], which is param.grad) in place: under compiled autograd DDP "
+                "ignores what the hook returns")
+
+    def candidates(self, call: Any, group: Any, rank: int) -> List[Candidate]:
+        """The shared causes, with eager DDP's ``x 1/world_size`` before the SUM second: a hook written to match
+        the C++ ``Reducer`` (``Reducer::mark_variable_ready_dense``) rather than the python reducer. A later cause
+        that gives the same bits on this rank (a sum in rank order of the same products) is left out: the
+        collective explains it."""
+        out = super().candidates(call, group, rank)
+        ws = self.world_size
+        eager = Candidate(
+            f"multiplied by 1/{ws} before the SUM, as eager DDP's C++ Reducer does, where under compiled autograd "
+            f"DDP's native divides: grad / {ws}, then SUM",
+            reduced(call.input.mul(1.0 / ws), call, group, ws).to(call.output.dtype),
+            f"divide (grad.div_({ws})), not multiply by 1/{ws}: compiled DDP's native is param.grad / world_size, "
+            "then SUM, not eager DDP's x 1/world_size")
+        rest = [c for c in out[1:] if not _same_bits(c.value, eager.value)]
+        return [out[0], eager] + rest
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` have the same shape and dtype and are equal bit for bit (NaN equal to NaN)."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(bits_equal(a, b).all())

@@ -19,26 +19,33 @@ Training configurations (``config``, :data:`CONFIGS`): ``default``,
 (a bucket per parameter, of uneven lengths), ``subgroup`` (DDP, and the hook's
 state, on a data-parallel subgroup of the pool, not WORLD), ``bucket_view``
 (``gradient_as_bucket_view=True``), ``static_graph``, ``find_unused``
-(``find_unused_parameters=True`` on a model that leaves parameters unused) and
-``no_sync`` (gradient accumulation under ``no_sync()`` before a synchronising step).
+(``find_unused_parameters=True`` on a model that leaves parameters unused),
+``no_sync`` (gradient accumulation under ``no_sync()`` before a synchronising step)
+and ``compiled_autograd`` (DDP's python reducer under ``torch.compile`` and compiled
+autograd, :mod:`conformance.apis.ddp.compiled`: the hook is called as
+``hook(state, (grad, param))`` per parameter, and the reference is that DDP with
+no hook, ``param.grad / world_size`` then SUM).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from conformance.apis.ddp.arithmetic import DdpArithmetic
+from conformance.apis.ddp.arithmetic import CompiledDdpArithmetic, DdpArithmetic
+from conformance.apis.ddp.compiled import (COMPILED_REFERENCE, CompiledHookRecorder, CompiledTraining,
+                                           compiled_ddp_missing)
 from conformance.apis.ddp.cpp_hooks import is_cpp_hook
 from conformance.apis.ddp.recorder import CppHookRecorder, DDPHookRecorder
 from conformance.apis.ddp.reference import reference_hook, reference_name
 # The configs live in the API's standalone part, which reproducers copy as it is; imported from here too.
-from conformance.apis.ddp.standalone import (BUCKET_PER_PARAM_CAP_MB, CONFIGS, NO_SYNC_MICRO_STEPS,  # noqa: F401
-                                             SMALL_BUCKET_CAP_MB, micro_steps, wrap_ddp)
+from conformance.apis.ddp.standalone import (ALL_CONFIGS, BUCKET_PER_PARAM_CAP_MB, COMPILED_CONFIG,  # noqa: F401
+                                             CONFIGS, NO_SYNC_MICRO_STEPS, SMALL_BUCKET_CAP_MB, micro_steps,
+                                             wrap_ddp)
 from conformance.models import get_model
-from conformance.ranks.checks.common import fqn_inside_ddp, named_grads, named_params
+from conformance.ranks.checks.common import fqn_inside_ddp, model_no_sync, named_grads, named_params, train_step
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built
 from conformance.ranks.compare import dtype_name
@@ -47,10 +54,10 @@ def build_ddp(model_name: str, ctx: Any, config: str) -> nn.Module:
     """``DistributedDataParallel`` around a freshly built ``model_name`` under ``config``, in ``ctx.group``.
 
     Raises:
-        ValueError: ``config`` is not one of :data:`CONFIGS`.
+        ValueError: ``config`` is not one of :data:`ALL_CONFIGS`.
     """
-    if config not in CONFIGS:
-        raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(CONFIGS)}")
+    if config not in ALL_CONFIGS:
+        raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(ALL_CONFIGS)}")
     module = get_model(model_name).build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
     return wrap_ddp(module, ctx.group, ctx.device, config)
 
@@ -66,19 +73,25 @@ def ddp_params(model: nn.Module) -> Dict[str, torch.Tensor]:
 
 
 class DdpModels(ApiModels):
-    """DDP models of a case in ``config`` (:data:`CONFIGS`); DDP does not shard, so every view is whole.
+    """DDP models of a case in ``config`` (:data:`ALL_CONFIGS`); DDP does not shard, so every view is whole.
 
     The hook's state is ``spec.state(ctx.group)``; with ``config="subgroup"`` both models and the state are
     on this rank's data-parallel subgroup (:func:`~conformance.ranks.checks.groups.on_subgroup`). The
-    ``no_sync`` config runs :data:`NO_SYNC_MICRO_STEPS` backward passes per step.
+    ``no_sync`` config runs :data:`NO_SYNC_MICRO_STEPS` backward passes per step. Under ``compiled_autograd``
+    both models are DDP's python reducer, trained by one compiled step (:attr:`compiled`), the hook registered
+    bare and recorded after the fact (:class:`~conformance.apis.ddp.compiled.CompiledHookRecorder`), and the
+    native is :class:`~conformance.apis.ddp.arithmetic.CompiledDdpArithmetic`.
+
+    Attributes:
+        compiled: the case's compiled training step under ``compiled_autograd``, else ``None``.
     """
 
     grad_views = [("gradient", ddp_grads, "")]
     param_view = ("parameter after the optimizer step", ddp_params, "")
 
     def __init__(self, ctx: Any, spec: Any, *, model: str, config: str):
-        if config not in CONFIGS:
-            raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(CONFIGS)}")
+        if config not in ALL_CONFIGS:
+            raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(ALL_CONFIGS)}")
         self.config = config
         self.micro_steps = micro_steps({"config": config}, 1)
         super().__init__(on_subgroup(ctx) if config == "subgroup" else ctx, spec, model)
@@ -86,11 +99,17 @@ class DdpModels(ApiModels):
         # The reference of reference_hook for float32 parameters: a float32 claim is DDP with no hook.
         claim = None if spec.reduce_dtype in (None, torch.float32) else spec.reduce_dtype
         self.arithmetic = DdpArithmetic(self.ctx.world_size, claim)
+        self.compiled: Optional[CompiledTraining] = None
+        if config == COMPILED_CONFIG:
+            self.reference = COMPILED_REFERENCE
+            self.arithmetic = CompiledDdpArithmetic(self.ctx.world_size, None)
 
     def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
         ctx = self.ctx
         noun = self.noun if self.model_name == "analytic_linear" else f"DDP {self.noun}"
         ctx.phase(f"building the {'hooked' if hooked else 'reference'} {noun}")
+        if self.config == COMPILED_CONFIG:
+            return self._build_compiled(hooked)
         model = build_ddp(self.model_name, ctx, self.config)
         if hooked and is_cpp_hook(self.spec):
             model._register_builtin_comm_hook(self.spec.hook.hook_type())
@@ -106,6 +125,38 @@ class DdpModels(ApiModels):
             model.register_comm_hook(state_factory(ctx.group), hook)
         return Built(model)
 
+    def _build_compiled(self, hooked: bool) -> Built:
+        """A ``compiled_autograd`` model: the reference with no hook, or the hook registered bare, as DDP's
+        ``register_comm_hook`` takes it (a registration it refuses becomes the recorder's finding).
+
+        Raises:
+            RuntimeError: this torch cannot train DDP under compiled autograd
+                (:func:`~conformance.apis.ddp.compiled.compiled_ddp_missing`); raised while the reference is
+                built, so the case is skipped with the reason (the reference replayed alone fails too).
+        """
+        if self.compiled is None:
+            missing = compiled_ddp_missing()
+            if missing is not None:
+                raise RuntimeError(f"compiled DDP cannot run here: {missing}")
+            self.compiled = CompiledTraining()
+        model = build_ddp(self.model_name, self.ctx, self.config)
+        if not hooked:
+            return Built(model)
+        recorder = CompiledHookRecorder(self.spec.hook, self.ctx, model, self.model_name, self.inputs, self.loss_fn)
+        try:
+            model.register_comm_hook(self.spec.state(self.ctx.group), self.spec.hook)
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            recorder.refuse(exc)
+        return Built(model, recorder)
+
+    def train_step(self, ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any,
+                   no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
+        """:func:`~conformance.ranks.checks.common.train_step`; under ``compiled_autograd``, compiled
+        (:meth:`CompiledTraining.train_step <conformance.apis.ddp.compiled.CompiledTraining.train_step>`)."""
+        run = train_step if self.compiled is None else self.compiled.train_step
+        run(ctx, label, step, model, optim, inputs, loss_fn, no_sync=no_sync)
+
     def local_grads(self, model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
         return ddp_grads(model)
 
@@ -117,6 +168,7 @@ class DdpModels(ApiModels):
 
     def reference_average(self, hooked: nn.Module) -> Optional[str]:
         """Under a reduced-precision claim, the documented equivalent's average (its own rounding)."""
-        if reference_hook(self.spec.reduce_dtype, next(hooked.parameters()).dtype) is None:
+        if self.config == COMPILED_CONFIG or reference_hook(self.spec.reduce_dtype,
+                                                            next(hooked.parameters()).dtype) is None:
             return None
         return f"the {dtype_name(self.spec.reduce_dtype)} average as {reference_name(self.spec)} computes it"

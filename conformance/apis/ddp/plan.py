@@ -19,15 +19,27 @@ Suite tests (``conformance/suite/test_ddp.py``), each a :class:`~conformance.api
 * ``lossy_error``, ``lossy_loss``, ``lossy_determinism``: for a hook with
   ``HookSpec(lossy=LossyContract(...))``, instead of the exact checks; it keeps
   rank consistency and the future contract.
+
+With ``--with-compiled-ddp`` (``Settings.with_compiled_ddp``), ``parity`` also
+plans the ``compiled_autograd`` config: DDP's python reducer under
+``torch.compile`` and compiled autograd, which calls ``hook(state, (grad,
+param))`` per parameter and ignores its return value; its native divides by
+the world size before the SUM (``compiled.py``). Hooks that say they take a
+``GradBucket`` (PyTorch's own) and DDP's C++ built-in hooks are skipped there
+with the reason.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
 
 from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, first_cross_rank_world_size, subgroup_world_size
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, is_cpp_hook
+from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.cases import CaseParams
 
 
@@ -46,6 +58,11 @@ PARITY_CASES = (
     ("no_sync", "net_flat"),
 )
 EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
+#: The ``compiled_autograd`` config's parity cases (only with ``--with-compiled-ddp``): DDP's python reducer
+#: under torch.compile and compiled autograd. Each compiles its two models' forward/backward once (seconds on
+#: a CPU); ``nested_wrapped`` has ten parameters of four shapes, each reduced by its own hook call.
+COMPILED_PARITY_CASES = ((COMPILED_CONFIG, "nested_wrapped"),)
+EXTRA_COMPILED_PARITY_CASES = ((COMPILED_CONFIG, "nested_wrapped"),)
 #: Cross-rank comparison of the gradients.
 CONSISTENCY_CASES = (("default", "net_flat"),)
 #: The future's value against the bucket buffer: every config, at every world size. The
@@ -120,6 +137,65 @@ def _exact(spec: Any) -> bool:
     return spec.lossy is None
 
 
+#: Why PyTorch's own DDP hooks (and any hook that says it takes a ``GradBucket``) have no compiled case.
+GRADBUCKET_NOTE = "this hook takes a GradBucket; compiled DDP calls hook(state, (grad, param))"
+
+
+def compiled_unavailable() -> Optional[str]:
+    """Why this torch has no DDP under compiled autograd, or ``None``: read off ``DistributedDataParallel``
+    (its python reducer, ``_register_accum_grad_hook``) without importing ``torch._dynamo`` here, which costs
+    seconds; what else it needs, each rank checks before it builds the reference
+    (:func:`conformance.apis.ddp.compiled.compiled_ddp_missing`)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not hasattr(DistributedDataParallel, "_register_accum_grad_hook"):
+        return (f"torch {torch.__version__}'s DistributedDataParallel has no python reducer "
+                "(optimize_ddp='python_reducer'), so no DDP under compiled autograd")
+    return None
+
+
+def takes_grad_bucket(hook: Any) -> bool:
+    """Whether ``hook`` says it takes a ``GradBucket``: its ``bucket`` parameter is annotated
+    ``dist.GradBucket`` or it returns a ``torch.futures.Future`` (PyTorch's own hooks are annotated so).
+    Annotations as strings (``from __future__ import annotations``) count by their words."""
+    try:
+        sig = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return False
+    param = sig.parameters.get("bucket")
+    marks = [param.annotation if param is not None else inspect.Parameter.empty, sig.return_annotation]
+    return any(m is not inspect.Parameter.empty and ("GradBucket" in str(m) or "Future" in str(m)) for m in marks)
+
+
+def compiled_skip(spec: Any) -> Optional[str]:
+    """Why ``spec`` has no ``compiled_autograd`` case that can run (``None``: its cases run): a C++ built-in hook,
+    a hook that says it takes a ``GradBucket`` (:func:`takes_grad_bucket`), a reduced-precision claim."""
+    if is_cpp_hook(spec):
+        return ("a C++ built-in comm hook is registered with DDP's C++ Reducer, which compiled DDP's python reducer "
+                "bypasses: DDP would train with its own native averaging and never run the hook")
+    if takes_grad_bucket(spec.hook):
+        return GRADBUCKET_NOTE
+    if spec.reduce_dtype not in (None, torch.float32):
+        return ("compiled DDP has no reduced-precision native to compare with: its python reducer reduces every "
+                "gradient in its own dtype; only full-precision hooks have compiled_autograd cases")
+    return None
+
+
+def _with_compiled(plan: CasePlan) -> CasePlan:
+    """``plan``, plus with ``--with-compiled-ddp`` the ``compiled_autograd`` parity cases of every exact spec
+    (:data:`COMPILED_PARITY_CASES` at the main world size, :data:`EXTRA_COMPILED_PARITY_CASES` at the extra
+    one), each skipped with its reason (:func:`compiled_unavailable`, :func:`compiled_skip`)."""
+    compiled = _plan(COMPILED_PARITY_CASES, EXTRA_COMPILED_PARITY_CASES, keep=_exact,
+                     skip_one_rank="compiled DDP over a single rank reduces nothing, so there is nothing to check",
+                     skip_spec=lambda spec: compiled_unavailable() or compiled_skip(spec))
+
+    def with_compiled(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        cases = plan(test, specs, settings)
+        return cases + compiled(test, specs, settings) if settings.with_compiled_ddp else cases
+
+    return with_compiled
+
+
 #: A suite test of this API: ``_test(check, rank_check, plan, kind=..., params=...)``.
 _test = functools.partial(SuiteTest, "ddp", "config")
 
@@ -131,7 +207,7 @@ API = HookApi(
     stateful=True,
     validate=called_as(2, "a DDP hook is called as hook(state, bucket) and returns a torch.futures.Future"),
     builtin_hooks="conformance.apis.ddp.builtin_hooks:DDP_HOOKS",
-    default_hook="conformance.apis.ddp.builtin_hooks:default_hook",
+    default_hook="conformance.apis.ddp.compiled:default_hook",
     standalone="conformance.apis.ddp.standalone",
     models="conformance.apis.ddp.models:DdpModels",
     checks={"future_contract": "conformance.apis.ddp.future:future_contract"},
@@ -139,8 +215,8 @@ API = HookApi(
         "test_ddp_averaging": _test("averaging", "averaging", _plan(
             [("default", "analytic_linear")], [("default", "analytic_linear")], keep=_exact,
             skip_one_rank=_ACROSS_RANKS), kind="exact"),
-        "test_ddp_parity": _test("parity", "parity", _with_subgroup(_plan(PARITY_CASES, EXTRA_PARITY_CASES,
-                                                                          keep=_exact)), kind="exact"),
+        "test_ddp_parity": _test("parity", "parity", _with_compiled(_with_subgroup(_plan(
+            PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact))), kind="exact"),
         "test_ddp_rank_consistency": _test("rank_consistency", "rank_grads", _plan(
             CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS), kind="across_ranks",
             params={"steps": RANK_CONSISTENCY_STEPS}),

@@ -7,6 +7,10 @@ models exactly as the suite did. Its functions read the reproducer's globals
 ``CASE`` (``variant["config"]``, ``reduce_dtype``), ``MODEL``, ``HOOK`` and
 ``STATE`` only when called.
 
+The ``compiled_autograd`` config (:data:`COMPILED_CONFIG`) builds DDP with its
+python reducer; the suite compiles its training, a reproducer runs it eagerly
+(the same calls of the hook, untraced).
+
 The reference for each claim: DDP with no hook (``Reducer``: the gradient
 copied into the bucket multiplied by ``1/world_size``, SUM all-reduce); for
 ``reduce_dtype=float16`` / ``bfloat16`` the documented equivalent
@@ -35,8 +39,14 @@ BUCKET_PER_PARAM_CAP_MB = 1 / (1024 * 1024)
 #: Backward passes per step in the ``no_sync`` config: all but the last run
 #: under ``no_sync()`` (no hook call), the last one synchronises.
 NO_SYNC_MICRO_STEPS = 3
+#: The config of DDP under compiled autograd: DDP built with ``torch._dynamo.config.optimize_ddp =
+#: "python_reducer"``, whose post-accumulate-grad hooks call ``hook(state, (grad, param))`` once per
+#: parameter and ignore what it returns (planned only with ``--with-compiled-ddp``). The suite trains it
+#: with ``torch.compile`` and compiled autograd (:mod:`conformance.apis.ddp.compiled`); a standalone
+#: reproducer trains it eagerly, where the same hooks call the hook the same way, untraced.
+COMPILED_CONFIG = "compiled_autograd"
 
-#: Training configurations: DDP constructor keyword arguments.
+#: Training configurations: DDP constructor keyword arguments (:data:`ALL_CONFIGS` adds :data:`COMPILED_CONFIG`).
 CONFIGS: Dict[str, Dict[str, Any]] = {
     "default": {},
     "small_buckets": {"bucket_cap_mb": SMALL_BUCKET_CAP_MB},
@@ -47,6 +57,9 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     "no_sync": {},
     "subgroup": {},
 }
+#: Every config a DDP case may have: :data:`CONFIGS`, and :data:`COMPILED_CONFIG` (DDP's default
+#: constructor arguments, with the python reducer).
+ALL_CONFIGS = (*CONFIGS, COMPILED_CONFIG)
 
 
 def micro_steps(variant: Dict[str, Any], asked: int) -> int:
@@ -55,14 +68,21 @@ def micro_steps(variant: Dict[str, Any], asked: int) -> int:
 
 
 def wrap_ddp(module: nn.Module, group: Any, device: torch.device, config: str) -> nn.Module:
-    """``DistributedDataParallel(module)`` in ``group`` under ``config`` (:data:`CONFIGS`).
+    """``DistributedDataParallel(module)`` in ``group`` under ``config`` (:data:`ALL_CONFIGS`); for
+    :data:`COMPILED_CONFIG`, constructed under ``torch._dynamo.config.patch(optimize_ddp="python_reducer")``,
+    which DDP reads in its constructor (``_use_python_reducer``).
 
     Raises:
-        ValueError: ``config`` is not one of :data:`CONFIGS`.
+        ValueError: ``config`` is not one of :data:`ALL_CONFIGS`.
     """
-    if config not in CONFIGS:
-        raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(CONFIGS)}")
+    if config not in ALL_CONFIGS:
+        raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(ALL_CONFIGS)}")
     device_ids = [device] if device.type == "cuda" else None
+    if config == COMPILED_CONFIG:
+        from torch._dynamo import config as dynamo_config  # only here: only this config needs torch._dynamo
+
+        with dynamo_config.patch(optimize_ddp="python_reducer"):
+            return DistributedDataParallel(module, device_ids=device_ids, process_group=group)
     return DistributedDataParallel(module, device_ids=device_ids, process_group=group, **CONFIGS[config])
 
 
@@ -129,6 +149,8 @@ def _renamed(hook: Callable[..., Any], name: str) -> Callable[..., Any]:
 def reference() -> str:
     """What the hooked copy is compared with: DDP with no hook, or the claim's documented equivalent."""
     claim = CASE["reduce_dtype"]
+    if CASE["variant"].get("config") == COMPILED_CONFIG:
+        return "DDP's python reducer with no hook (param.grad / world_size, then SUM; run eagerly here)"
     if claim in (torch.float16, torch.bfloat16):
         name = "fp16" if claim == torch.float16 else "bf16"
         return f"the documented equivalent, {name}_compress_wrapper(allreduce_hook)"

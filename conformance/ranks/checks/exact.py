@@ -83,7 +83,7 @@ def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3,
     if reference_only:
         optim = sgd(ref.model.parameters(), lr=lr, momentum=MOMENTUM)
         return train_alone(models.ctx, ref.model, optim, models.inputs, models.loss_fn, steps,
-                           no_sync=models.no_sync, check=models.check_reference)
+                           train=models.train_step, no_sync=models.no_sync, check=models.check_reference)
     return lockstep(models.ctx, Lockstep.of(models, ref, models.build(hooked=True)), steps=steps, lr=lr)
 
 

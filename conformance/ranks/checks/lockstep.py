@@ -56,9 +56,10 @@ class Lockstep:
     @classmethod
     def of(cls, models: ApiModels, ref: Built, hooked: Built, *, inputs: Any = None,
            label: Optional[Callable[[int], str]] = None) -> "Lockstep":
-        """The plan of ``models``' pair: its gradient and parameter views, its inputs unless ``inputs`` is given."""
+        """The plan of ``models``' pair: its gradient and parameter views, its training step, its inputs unless
+        ``inputs`` is given."""
         return cls(models=models, ref=ref, hooked=hooked, inputs=models.inputs if inputs is None else inputs,
-                   grads=models.grad_views, params=models.param_view, label=label)
+                   grads=models.grad_views, params=models.param_view, train=models.train_step, label=label)
 
     @property
     def recorder(self) -> Recorder:

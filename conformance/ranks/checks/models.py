@@ -30,7 +30,8 @@ from torch import nn
 from conformance.models import get_model
 from conformance.protocol import Finding
 from conformance.ranks.arithmetic import Arithmetic
-from conformance.ranks.checks.common import View, clip_with_torch, model_no_sync, named_grads, named_params
+from conformance.ranks.checks.common import (View, clip_with_torch, model_no_sync, named_grads, named_params,
+                                             train_step)
 from conformance.ranks.diagnosis import CallLog
 
 __all__ = ["ApiModels", "Built", "MakeModels", "NativeDoesNotHold", "Recorder"]
@@ -154,6 +155,14 @@ class ApiModels(abc.ABC):
         ``model.no_sync()``, DDP's and FSDP1's (``DistributedDataParallel.no_sync``,
         ``FullyShardedDataParallel.no_sync``); FSDP2's models override it."""
         return model_no_sync(model)
+
+    def train_step(self, ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any,
+                   no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
+        """One training step of ``model`` as the API trains it, in lock step
+        (:meth:`~conformance.ranks.checks.lockstep.Lockstep.of`) and when the reference is replayed alone: here
+        :func:`~conformance.ranks.checks.common.train_step`. DDP's ``compiled_autograd`` config compiles it."""
+        train_step(ctx, label, step, model, optim, inputs, loss_fn, no_sync=no_sync)
 
     @property
     def loss_fn(self) -> Callable[..., torch.Tensor]:

@@ -16,7 +16,7 @@ import enum
 import pickle
 import re
 from multiprocessing.connection import Connection
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 @enum.unique
@@ -68,6 +68,13 @@ def send(conn: Connection, message: Any) -> None:
     tensors travel by value instead.
     """
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def send_all(conns: Sequence[Connection], message: Any) -> None:
+    """:func:`send` the same ``message`` on each of ``conns``, pickled once (a case goes to every rank)."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    for conn in conns:
+        conn.send_bytes(data)
 
 
 def recv(conn: Connection) -> Any:

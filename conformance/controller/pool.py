@@ -40,7 +40,7 @@ from conformance.controller.pools import (Pool, PoolConfig, PoolStartError, Spec
                                           memory_grown)
 from conformance.controller.rank_log import RankLog
 from conformance.controller.zygote_client import close_zygote, rank_env, start_zygote, zygote as _session_zygote
-from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
+from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send, send_all
 
 # PoolConfig, the errors and the zygote's start and stop are imported from here too (their home before the split).
 __all__ = ["Pool", "PoolConfig", "PoolStartError", "RankPool", "SpecLoadError", "close_zygote", "pool_env", "start_zygote"]
@@ -279,8 +279,7 @@ class RankPool:
             log.mark()
         started = time.perf_counter()
         self._cases_run += 1
-        for conn in self._conns:
-            send(conn, (Msg.CASE, case))
+        send_all(self._conns, (Msg.CASE, case))
         outcomes: Dict[int, RankOutcome] = {}
         phases = gather_outcomes(self._conns, outcomes, timeout_s, lambda rank, phase: RankOutcome(
             rank=rank, exit_code=self._procs[rank].wait(), phase=phase))

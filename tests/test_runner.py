@@ -124,6 +124,10 @@ class RecordingPool:
         self.events.append(("launch", self.config.specs))
         self.alive = True
 
+    def reap(self):
+        if self.events and self.events[-1] != ("reap",):
+            self.events.append(("reap",))
+
 
 def test_another_hook_gets_fresh_pools_at_every_world_size_it_needs():
     """Each hook's ranks are its own: serving another hook closes every pool that loaded the last one, and
@@ -141,14 +145,15 @@ def test_another_hook_gets_fresh_pools_at_every_world_size_it_needs():
     runner_mod.RankPool = lambda config: made.setdefault(config.world_size, RecordingPool(config))
     try:
         runner.serve("a")
-        assert {ws: p.events for ws, p in made.items()} == {2: [("launch", (("pkg.a:SPEC", "a"),))],
-                                                             3: [("launch", (("pkg.a:SPEC", "a"),))]}
-        assert runner.pool(2, "a") is made[2] and made[2].events == [("launch", (("pkg.a:SPEC", "a"),))]
-        runner.pool(2, "b")
+        launch_a, reap = ("launch", (("pkg.a:SPEC", "a"),)), ("reap",)
+        assert {ws: p.events for ws, p in made.items()} == {2: [launch_a, reap], 3: [launch_a, reap]}
+        assert runner.pool(2, "a") is made[2] and made[2].events == [launch_a, reap]
+        runner.serve("b")
     finally:
         runner_mod.RankPool = original
-    assert made[2].events[1:] == [("close", (("pkg.a:SPEC", "a"),)), ("launch", (("pkg.b:SPEC", "b"),))]
-    assert made[3].events[1:] == [("close", (("pkg.a:SPEC", "a"),))], "b needs no 3-rank pool: a's is closed"
+    # a's ranks are told to stop, b's launched, and only then are a's waited for (they exit while b's start)
+    assert made[2].events[2:] == [("close", (("pkg.a:SPEC", "a"),)), ("launch", (("pkg.b:SPEC", "b"),)), reap]
+    assert made[3].events[2:] == [("close", (("pkg.a:SPEC", "a"),)), reap], "b needs no 3-rank pool: a's is closed"
     assert made[3].config.specs == (("pkg.b:SPEC", "b"),)
 
 

@@ -67,6 +67,21 @@ def pool_env(config: PoolConfig) -> Dict[str, str]:
     return env
 
 
+def _kill_ranks(procs: Sequence[Any], conns: Sequence[Connection], logs: Sequence[RankLog]) -> None:
+    """SIGKILL each rank still running (its whole process group), wait for it, close its connection and log."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                proc.kill()
+            proc.wait()
+    for conn in conns:
+        conn.close()
+    for log in logs:
+        log.close()
+
+
 class RankPool:
     """``world_size`` persistent rank processes and the means to run cases on them.
 
@@ -87,6 +102,8 @@ class RankPool:
         self._ready = False
         self._rss_ready: List[Optional[int]] = []  # each rank's resident bytes when it was ready
         self._cases_run = 0
+        # Ranks asked to stop when the pool went to another hook, not yet waited for: (procs, conns, logs, dir).
+        self._retired: List[Tuple[List[Any], List[Connection], List[RankLog], Optional[str]]] = []
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -216,43 +233,53 @@ class RankPool:
         )
 
     def serve(self, specs: Sequence[Tuple[str, str]]) -> None:
-        """Give the pool to another hook (``specs``): its ranks, which ran the last hook's code, are stopped;
-        the next :meth:`launch` or :meth:`run` forks fresh ones that load only ``specs``."""
+        """Give the pool to another hook (``specs``): its ranks, which ran the last hook's code, are told to stop
+        and set aside (no case reaches them again); the next :meth:`launch` or :meth:`run` forks fresh ones that
+        load only ``specs``, while the old ones exit. :meth:`reap` waits for those."""
         if tuple(specs) != tuple(self.config.specs):
-            self.close()
+            self._retire()
             self.config = dataclasses.replace(self.config, specs=tuple(specs))
 
-    def close(self) -> None:
-        """Stop the ranks: politely when idle, by SIGKILL otherwise. Idempotent."""
+    def _retire(self) -> None:
+        """Send every rank SHUTDOWN and set it aside for :meth:`reap`: the pool is empty at once."""
         for conn in self._conns:
             try:
                 send(conn, (Msg.SHUTDOWN, None))
             except OSError:
                 pass
+        if self._procs or self._conns or self._dir:
+            self._retired.append((self._procs, self._conns, self._logs, self._dir))
+        self._procs, self._conns, self._logs, self._dir = [], [], [], None
+        self._ready = False
+
+    def reap(self) -> None:
+        """Wait for the ranks :meth:`serve` told to stop (5 s in all, then SIGKILL), and free their pipes and
+        store. The runner calls it after launching the next hook's pools, so old ranks exit while new ones
+        start. Idempotent."""
+        retired, self._retired = self._retired, []
         deadline = time.monotonic() + 5.0
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
-        if self._dir:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        for procs, conns, logs, directory in retired:
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+                except subprocess.TimeoutExpired:
+                    pass
+            _kill_ranks(procs, conns, logs)
+            if directory:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the ranks: politely when idle, by SIGKILL otherwise (those :meth:`serve` set aside too).
+        Idempotent."""
+        self._retire()
+        self.reap()
 
     def kill(self) -> None:
-        """SIGKILL every rank's process group at once (no polite shutdown). Idempotent."""
-        for proc in self._procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    proc.kill()
-                proc.wait()
-        for conn in self._conns:
-            conn.close()
-        for log in self._logs:
-            log.close()
+        """SIGKILL every rank's process group at once (no polite shutdown), those :meth:`serve` set aside too.
+        Idempotent."""
+        _kill_ranks(self._procs, self._conns, self._logs)
+        for procs, conns, logs, _ in self._retired:
+            _kill_ranks(procs, conns, logs)
         self._procs, self._conns = [], []
         self._ready = False
 

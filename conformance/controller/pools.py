@@ -115,6 +115,11 @@ class Pool(Protocol):
         other specs are stopped (they ran another hook's code), and the next start loads only ``specs``."""
         ...
 
+    def reap(self) -> None:
+        """Wait for the ranks :meth:`serve` stopped, if it left them exiting (a local pool does, so the next
+        hook's ranks start meanwhile). Idempotent."""
+        ...
+
     def run(self, case: Case, timeout_s: Optional[float] = None) -> CaseResult:
         """Run ``case`` on every rank (starting the pool if needed), at most ``timeout_s`` seconds (default:
         ``config.case_timeout_s``), and gather one :class:`~conformance.protocol.RankOutcome` per rank.

@@ -250,6 +250,9 @@ class RemotePool:
         self.kill()
         self.config = dataclasses.replace(self.config, specs=tuple(specs))
 
+    def reap(self) -> None:
+        """Nothing to wait for: :meth:`serve` hands torchrun's ranks over at once (they re-exec themselves)."""
+
     def close(self) -> None:
         """Tell every rank to shut down (they exit 0, so torchrun ends), then stop listening. Idempotent."""
         for conn in self._conns:

@@ -168,6 +168,8 @@ class Runner:
                     pool.launch()
                 except PoolStartError:
                     pass
+        for pool in self.pools.values():  # the last hook's ranks exited while these started
+            pool.reap()
 
     def check_specs(self) -> None:
         """Load every spec once in a throwaway rank of its own (one per ``--hook`` target, all at once),

@@ -6,7 +6,9 @@ plans the DDP hooks under test, training configurations, reference models and
 world sizes, and says which rank check runs and how. Test ids are
 ``test_ddp_<check>[{hook}-{config}-{model}-ws{N}]`` with ``config`` one of
 ``default``, ``small_buckets``, ``bucket_per_param``, ``subgroup``,
-``bucket_view``, ``static_graph``, ``find_unused``, ``no_sync``.
+``bucket_view``, ``static_graph``, ``find_unused``, ``no_sync``, and, with
+``--with-compiled-ddp`` only, ``compiled_autograd`` (parity under DDP's python
+reducer and compiled autograd: ``conformance/apis/ddp/compiled.py``).
 
 A hook that claims exactness (``lossy=None``) gets the averaging and parity
 checks; a hook with a ``LossyContract`` gets the lossy-contract checks instead.

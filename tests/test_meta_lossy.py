@@ -64,8 +64,8 @@ def test_a_contract_replaces_the_exact_checks(spec):
         assert tests == {"test_registration", "test_lossy_error", "test_lossy_determinism"} | (
             {"test_rank_consistency"} if "NO_SHARD" in (spec.strategies or ("NO_SHARD",)) else set()) | (
             {"test_lossy_loss"} if spec.lossy.loss_margin else set())
-    else:
-        assert tests == {"test_fsdp2_lossy_error", "test_fsdp2_lossy_determinism"} | (
+    else:  # FSDP2's registration rules, like FSDP1's, hold for any comm
+        assert tests == {"test_fsdp2_registration", "test_fsdp2_lossy_error", "test_fsdp2_lossy_determinism"} | (
             {"test_fsdp2_lossy_loss"} if spec.lossy.loss_margin else set())
 
 

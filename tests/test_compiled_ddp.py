@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Dict
+from typing import Dict, Tuple
 
 import pytest
 import torch
@@ -124,9 +124,21 @@ def test_a_refused_registration_names_the_bucket_parameter():
 
 # -- the zoo run ---------------------------------------------------------------------------------------------
 
+#: The world sizes the zoo run checks each hook at: both where its verdict depends on the world size (at 3 ranks
+#: x 1/3 and / 3 round apart: the eager order, and a good hook beside it), 2 elsewhere (each compiled case costs
+#: seconds of CPU, and the plan tests above show every hook gets both).
+RUN_AT = {"good_div_then_sum": (2, 3), "bad_eager_order": (2, 3)}
+
+
+def _sizes(hook: str) -> Tuple[int, ...]:
+    return RUN_AT.get(hook, (2,))
+
+
 def _compiled_run(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
-    return run_suite(["--hook", "tests.zoo.ddp_compiled_hooks:ALL", "--with-compiled-ddp", "-k", "compiled", "-q",
-                      "--durations=0"], os.path.join(directory, "compiled.xml"), timeout=900, env=env)
+    at_two = " or ".join(f"{s.name}-" for s in zoo.ALL if _sizes(s.name) == (2,))
+    return run_suite(["--hook", "tests.zoo.ddp_compiled_hooks:ALL", "--with-compiled-ddp", "-k",
+                      f"compiled and not (ws3 and ({at_two}))", "-q", "--durations=0"],
+                     os.path.join(directory, "compiled.xml"), timeout=900, env=env)
 
 
 #: The run over the zoo, in the zoo runs' background threads (``tests/conftest.py``).
@@ -151,9 +163,9 @@ def test_every_zoo_case_is_a_compiled_one_and_none_crashed(run):
 
 
 @pytest.mark.parametrize("hook", [s.name for s in zoo.KNOWN_GOOD])
-def test_good_hooks_pass_at_both_world_sizes(run, hook):
+def test_good_hooks_pass(run, hook):
     cases = _cases(run, hook)
-    assert sorted(c.name[-4:] for c in cases) == ["ws2]", "ws3]"]
+    assert sorted(c.name[-4:] for c in cases) == [f"ws{ws}]" for ws in _sizes(hook)]
     assert all(c.outcome == "passed" for c in cases), [c.message[-2000:] for c in cases if c.outcome != "passed"]
 
 
@@ -162,7 +174,7 @@ def test_bad_hooks_fail_where_expected_with_the_text_that_says_why(run, hook):
     sizes, needle = zoo.EXPECTED[hook]
     cases = _cases(run, hook)
     failed = {int(c.properties["world_size"]) for c in cases if c.outcome == "failed"}
-    assert failed == set(sizes), [(c.name, c.outcome) for c in cases]
+    assert failed == set(sizes) & set(_sizes(hook)), [(c.name, c.outcome) for c in cases]
     for case in cases:
         if case.outcome == "failed":
             assert needle in case.message, case.message[-3000:]
@@ -186,4 +198,4 @@ def test_a_hook_that_returns_its_result_is_told_it_must_write_in_place(run):
 
 def test_a_hook_annotated_with_gradbucket_is_skipped_with_the_reason(run):
     cases = _cases(run, "annotated_gradbucket_hook")
-    assert len(cases) == 2 and all(c.outcome == "skipped" and GRADBUCKET_NOTE in c.message for c in cases)
+    assert len(cases) == len(_sizes("annotated_gradbucket_hook")) and all(c.outcome == "skipped" and GRADBUCKET_NOTE in c.message for c in cases)

@@ -28,7 +28,7 @@ import torch
 from conformance.ranks.ulps import (INT_OF_SIZE, ULP_DTYPES, bits_equal, dtype_name, prepare, ulp_distance,
                                     ulp_distance_in)
 
-__all__ = ["Mismatch", "bits_equal", "compare_bitwise", "dtype_name", "ulp_distance", "ulp_distance_in"]
+__all__ = ["Mismatch", "bits_equal", "compare_bitwise", "dtype_name", "same_bits", "ulp_distance", "ulp_distance_in"]
 
 #: Significant decimal digits that always round-trip, per dtype (max_digits10).
 _MAX_DIGITS = {torch.float16: 5, torch.bfloat16: 4, torch.float32: 9}
@@ -118,6 +118,13 @@ class Mismatch:
         elif floating:
             parts.append(f"max ULP diff {_fmt_count(self.max_ulp_diff)}")
         return "; ".join(parts)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` have the same shape and dtype and the same bits, on whatever devices they are
+    (:func:`compare_bitwise` with ``check_device=False`` finds nothing: any NaN equals any NaN, ``-0.0`` is not
+    ``+0.0``)."""
+    return a.shape == b.shape and a.dtype == b.dtype and compare_bitwise(a, b, check_device=False) is None
 
 
 def compare_bitwise(

@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.protocol import Finding, cause_key
-from conformance.ranks.compare import compare_bitwise, dtype_name
+from conformance.ranks.compare import dtype_name, same_bits
 from conformance.ranks.ulps import bits_equal
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -202,10 +202,6 @@ def counting_collectives() -> Iterator[Collectives]:
             setattr(dist, name, fn)
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and compare_bitwise(a, b, check_device=False) is None
-
-
 def _partial(output: torch.Tensor, native: torch.Tensor, local: torch.Tensor) -> Optional[str]:
     """Where ``output`` equals ``native`` but for one contiguous range that holds the local values."""
     if output.shape != native.shape:
@@ -216,7 +212,7 @@ def _partial(output: torch.Tensor, native: torch.Tensor, local: torch.Tensor) ->
     if idx.numel() == 0:
         return None
     first, last = int(idx[0]), int(idx[-1])
-    if not _same(output[first:last + 1], local[first:last + 1]):
+    if not same_bits(output[first:last + 1], local[first:last + 1]):
         return None
     size = output.numel()
     part = f"the tail from element {first} ({size - first} of {size})" if last == size - 1 else \
@@ -228,7 +224,7 @@ def _nonfinite_replaced(output: torch.Tensor, native: torch.Tensor) -> Optional[
     bad = ~torch.isfinite(native.double())
     if not bool(bad.any()) or output.shape != native.shape:
         return None
-    if not _same(output[~bad], native[~bad]):
+    if not same_bits(output[~bad], native[~bad]):
         return None
     replaced = bad & torch.isfinite(output.double())
     if not bool(replaced.any()):
@@ -248,10 +244,10 @@ def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], g
     """
     candidates = arith.candidates(call, group, rank)
     out = call.output
-    causes = [Named(c.cause, c.fix) for c in candidates if _same(out, c.value)]
+    causes = [Named(c.cause, c.fix) for c in candidates if same_bits(out, c.value)]
     native = candidates[0].value
     local = arith.unreduced(call, rank)
-    if _same(out, local) and not _same(native, local):
+    if same_bits(out, local) and not same_bits(native, local):
         if call.collectives:
             causes.append(Named(
                 f"the local, unreduced gradient: the hook issued {call.collectives} collective(s), but its result is "
@@ -265,8 +261,8 @@ def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], g
                 "seen during the call)",
                 f"reduce over the hook's process group ({arith.group_arg}): {arith.how_to_average()}"))
     # Stale only where the inputs changed: with the same input, the last step's result is this one's too.
-    if previous is not None and previous.output is not None and _same(out, previous.output) \
-            and not _same(out, native) and not _same(previous.input, call.input):
+    if previous is not None and previous.output is not None and same_bits(out, previous.output) \
+            and not same_bits(out, native) and not same_bits(previous.input, call.input):
         causes.append(Named(
             f"the result of step {previous.step} (stale): the hook returned what it produced a step earlier",
             "reduce each call's own input; keep no result from one step to the next (cached by bucket, size or "
@@ -275,7 +271,7 @@ def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], g
     if nonfinite:
         causes.append(Named(nonfinite, "leave NaN and Inf as the reduction gives them: native propagates them, so "
                                        "the loss scaler (or the user) sees the step diverge"))
-    partial = None if _same(out, local) else _partial(out, native, local)
+    partial = None if same_bits(out, local) else _partial(out, native, local)
     if partial:
         causes.append(Named(partial, "pass the whole buffer to the collective: every element must be reduced"))
     if not causes:
@@ -385,7 +381,7 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
 
     # Phase 1, one collective per call: which calls differ from native on any rank. Phase 2 explains at
     # most MAX_DIAGNOSED_CALLS of those (each costs a dozen collectives).
-    differs = torch.tensor([0 if _same(c.output, context(c)[2].native_result(c, context(c)[0])) else 1
+    differs = torch.tensor([0 if same_bits(c.output, context(c)[2].native_result(c, context(c)[0])) else 1
                             for c in calls], dtype=torch.int64, device=ctx.device)
     mine = differs.clone()
     dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=ctx.group)

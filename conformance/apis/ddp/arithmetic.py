@@ -18,7 +18,8 @@ from typing import Any, List
 import torch
 
 from conformance.ranks.arithmetic import Arithmetic, Candidate, reduced
-from conformance.ranks.ulps import bits_equal, dtype_name
+from conformance.ranks.compare import same_bits
+from conformance.ranks.ulps import dtype_name
 
 
 class DdpArithmetic(Arithmetic):
@@ -101,10 +102,5 @@ class CompiledDdpArithmetic(Arithmetic):
             reduced(call.input.mul(1.0 / ws), call, group, ws).to(call.output.dtype),
             f"divide (grad.div_({ws})), not multiply by 1/{ws}: compiled DDP's native is param.grad / world_size, "
             "then SUM, not eager DDP's x 1/world_size")
-        rest = [c for c in out[1:] if not _same_bits(c.value, eager.value)]
+        rest = [c for c in out[1:] if not same_bits(c.value, eager.value)]
         return [out[0], eager] + rest
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` have the same shape and dtype and are equal bit for bit (NaN equal to NaN)."""
-    return a.shape == b.shape and a.dtype == b.dtype and bool(bits_equal(a, b).all())

@@ -54,14 +54,14 @@ from conformance.apis.ddp import builtin_hooks
 from conformance.apis.ddp.arithmetic import CompiledDdpArithmetic
 # GRADBUCKET_NOTE: the plan's skip reason for hooks that say they take a GradBucket (PyTorch's own), and the
 # start of the finding for one that only shows it when called.
-from conformance.apis.ddp.plan import GRADBUCKET_NOTE
+from conformance.apis.ddp.plan import GRADBUCKET_NOTE, compiled_unavailable
 from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.models import get_model
 from conformance.protocol import Finding
 from conformance.ranks.checks.common import model_no_sync
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.diagnosis import CallLog, HookCall
-from conformance.ranks.ulps import bits_equal
+from conformance.ranks.compare import same_bits
 
 __all__ = ["COMPILE_BACKEND", "COMPILED_REFERENCE", "GRADBUCKET_NOTE", "CompiledHookRecorder", "CompiledTraining",
            "compiled_ddp_missing", "convention_error", "default_hook", "registration_refused"]
@@ -79,9 +79,7 @@ _GRADBUCKET_METHODS = frozenset({"buffer", "index", "is_last", "set_buffer", "gr
 def compiled_ddp_missing() -> Optional[str]:
     """What this torch lacks to train DDP under compiled autograd, or ``None``: ``torch._dynamo`` (importable,
     and supported on this Python: ``torch._dynamo.is_dynamo_supported``), ``torch._dynamo.config.compiled_autograd``
-    and DDP's python reducer (``DistributedDataParallel._register_accum_grad_hook``)."""
-    from torch.nn.parallel import DistributedDataParallel
-
+    and DDP's python reducer (:func:`~conformance.apis.ddp.plan.compiled_unavailable`, which the plan checks too)."""
     version = torch.__version__
     try:
         dynamo = importlib.import_module("torch._dynamo")
@@ -92,9 +90,7 @@ def compiled_ddp_missing() -> Optional[str]:
         return f"torch.compile does not support this Python or platform with torch {version}"
     if not hasattr(dynamo.config, "compiled_autograd"):
         return f"torch {version} has no torch._dynamo.config.compiled_autograd"
-    if not hasattr(DistributedDataParallel, "_register_accum_grad_hook"):
-        return f"torch {version}'s DistributedDataParallel has no python reducer (optimize_ddp='python_reducer')"
-    return None
+    return compiled_unavailable()
 
 
 def default_hook(spec: Any, params: Dict[str, Any], world_size: int) -> Optional[str]:
@@ -267,13 +263,13 @@ class CompiledHookRecorder(Recorder):
         if not calls:
             return []
         group, device = self.ctx.group, self.ctx.device
-        unchanged = torch.tensor([int(_same(c.output, c.input)) for c in calls], dtype=torch.int64, device=device)
+        unchanged = torch.tensor([int(same_bits(c.output, c.input)) for c in calls], dtype=torch.int64, device=device)
         dist.all_reduce(unchanged, op=dist.ReduceOp.MIN, group=group)
         suspects = [c for c, u in zip(calls, unchanged.tolist()) if u]
         if not suspects:
             return []
         native = CompiledDdpArithmetic(dist.get_world_size(group), None)
-        differs = torch.tensor([int(not _same(native.native_result(c, group), c.output)) for c in suspects],
+        differs = torch.tensor([int(not same_bits(native.native_result(c, group), c.output)) for c in suspects],
                                dtype=torch.int64, device=device)
         dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=group)
         left = [c for c, d in zip(suspects, differs.tolist()) if d]
@@ -292,7 +288,3 @@ class CompiledHookRecorder(Recorder):
                                        "what the hook returns, and keeps only what it leaves in grad (bucket[0], "
                                        f"which is param.grad); reduce it in place: grad.div_({ws}); "
                                        "dist.all_reduce(grad, group=...)", step=step, kind="contract")]
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and bool(bits_equal(a, b).all())

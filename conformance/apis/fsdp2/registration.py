@@ -48,6 +48,7 @@ from torch import nn
 from conformance.apis.fsdp2.build import build_fsdp2, fsdp2_api, hsdp_shape, mesh_for
 from conformance.apis.fsdp2.plan import HSDP_STREAM_RULE, REGISTRATION_RULES
 from conformance.apis.fsdp2.recorders import make_comm
+from conformance.apis.fsdp2.standalone import mixed_precision
 from conformance.models import get_model
 from conformance.protocol import Finding
 
@@ -200,8 +201,8 @@ def several_groups_model(ctx: Any, mesh: Any, reduce_dtype: Optional[torch.dtype
     """
     from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult  # optional
 
-    fully_shard, MixedPrecisionPolicy, _ = fsdp2_api()
-    kwargs = {} if reduce_dtype is None else {"mp_policy": MixedPrecisionPolicy(reduce_dtype=reduce_dtype)}
+    fully_shard = fsdp2_api()[0]
+    kwargs = mixed_precision(reduce_dtype)
     model = get_model("mixture_of_experts").build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
     expert_info = FSDPMeshInfo(_expert_mesh(ctx), shard_mesh_dim=0)  # one object for every expert parameter
     experts = {id(p) for p in model.module[2].parameters()}

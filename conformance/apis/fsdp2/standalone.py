@@ -143,7 +143,7 @@ def apply_config(model: nn.Module, config: str, world_size: int) -> None:
             module.set_force_sum_reduction_for_comms(True)
 
 
-def _mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Dict[str, Any]:
+def mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Dict[str, Any]:
     """``fully_shard``/``replicate`` keyword arguments for a claim: ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)``
     for a reduced-precision one, none for full precision."""
     return {} if reduce_dtype is None else {"mp_policy": fsdp2_api()[1](reduce_dtype=reduce_dtype)}
@@ -159,7 +159,7 @@ def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[to
         ValueError: such a model on a 2-D mesh (it builds its own 1-D meshes).
     """
     fully_shard = fsdp2_api()[0]
-    kwargs = _mixed_precision(reduce_dtype)
+    kwargs = mixed_precision(reduce_dtype)
     if hasattr(cls, "apply_fully_shard"):
         if mesh.ndim != 1:
             raise ValueError(f"{cls.name} builds its own 1-D meshes; it cannot run under HSDP")
@@ -170,7 +170,7 @@ def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[to
 def replicate_units(model: nn.Module, reduce_dtype: Optional[torch.dtype], divide_factor: Optional[float]) -> nn.Module:
     """``model`` under ``replicate`` on FSDP2, one call per FSDP1 unit, innermost first, then the root, over the
     default 1-D ``("replicate",)`` mesh; ``set_gradient_divide_factor(divide_factor)`` on every module where given."""
-    kwargs = _mixed_precision(reduce_dtype)
+    kwargs = mixed_precision(reduce_dtype)
     _wrap_units(model, lambda module: replicate_api()(module, **kwargs))
     if divide_factor is not None:
         for module in fsdp_modules(model):

@@ -231,8 +231,10 @@ def _failed_step(exc: Any) -> Optional[int]:
 
 
 def _case_settings(examples: int) -> Dict[str, Any]:
-    """Hypothesis's settings for one case's ``examples`` draws: no deadline, no example database."""
-    return dict(max_examples=examples, deadline=None, database=None, print_blob=False,
+    """Hypothesis's settings for one case's ``examples`` draws with values: ``examples + 1`` (hypothesis's first,
+    the simplest example, is drawn and never sent: :func:`_all_zero`), no deadline, no example database. The batch
+    (:func:`drawn_examples`) and a failing case's search use the same, so the search replays the batch's draws."""
+    return dict(max_examples=examples + 1, deadline=None, database=None, print_blob=False,
                 suppress_health_check=list(HealthCheck))
 
 
@@ -249,7 +251,7 @@ def drawn_examples(strategy: st.SearchStrategy, examples: int, seed: int) -> Lis
     wrong that gets the named ``zeros`` right); it is left out, so ``examples`` are drawn after it."""
     out: List[Drawn] = []
 
-    @hypothesis_settings(phases=(Phase.generate,), **_case_settings(examples + 1))
+    @hypothesis_settings(phases=(Phase.generate,), **_case_settings(examples))
     @hypothesis_seed(seed)
     @given(drawn=strategy)
     def draw(drawn: Drawn) -> None:
@@ -305,7 +307,7 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
         dispatch(explicit, fresh=True)
         return
     strategy = hard_gradients(case.world_size, shapes, names, reduce_dtype)
-    case_settings = _case_settings(examples + 1)  # the batch's draws and the simplest one (not sent)
+    case_settings = _case_settings(examples)
     case_seed = examples_seed(case.world_size, reduce_dtype, seed)
     # The examples drawn without running them (once per run): the same seed draws the same sequence below.
     drawn_first = claim_examples(case.world_size, reduce_dtype, examples, seed)

@@ -275,10 +275,14 @@ class ZooRuns:
                 self._dirs[zoo.name] = self._tmp_dir(zoo.name)
             return os.path.join(self._dirs[zoo.name], f"{zoo.name}.xml")
 
+    def directory(self, zoo: Any) -> str:
+        """The directory of ``zoo``'s run: its JUnit XML, and what a job writes beside it."""
+        return os.path.dirname(self._junit(zoo))
+
     def reproducers(self, zoo: MetaZoo) -> str:
         """The directory where ``zoo``'s run wrote a standalone reproducer per failed case
         (``--write-reproducers``; ``tests/test_reproducers.py`` runs some)."""
-        return os.path.join(os.path.dirname(self._junit(zoo)), "reproducers")
+        return os.path.join(self.directory(zoo), "reproducers")
 
     def _run(self, zoo: Any, env: Optional[Dict[str, str]]) -> None:
         junit = self._junit(zoo)

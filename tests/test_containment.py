@@ -1,23 +1,31 @@
 """A hook that hangs or kills a rank is contained: that case fails, the run goes on.
 
 Runs the suite (as a user would) over ``tests/zoo/contained.py``: a hook that
-hangs on rank 1, one that exits rank 1 mid-backward, and PyTorch's plain
-``allreduce_hook`` after them. The first two must fail with what each rank was
-doing, the pool must be rebuilt, and the last must still pass, with the JUnit
-report written.
+hangs on rank 1, one that exits rank 1 mid-backward, one that aborts rank 1
+once in the run, and PyTorch's plain ``allreduce_hook`` after them. The first
+two must fail with what each rank was doing, the pool must be rebuilt, the
+third must pass (its case runs once more in fresh ranks, where nothing kills a
+rank) with the first run's death in the summary, and the last must still pass,
+with the JUnit report written.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+
 import pytest
 
+from conformance.reports import results
 from tests.meta_helpers import BackgroundJob, run_suite
 
 
 def _contained_run(runs, directory, env):
+    env = {**env, "CONFORM_TEST_CRASH_ONCE": os.path.join(directory, "aborted-once")}
     return run_suite(["--hook", "tests.zoo.contained:ALL", "--case-timeout", "5", "--extra-world-size", "0",
-                      "-k", "test_averaging", "-q"], os.path.join(directory, "contained.xml"), timeout=300, env=env)
+                      "-k", "test_averaging", "-q", f"--json={os.path.join(directory, 'contained.json')}"],
+                     os.path.join(directory, "contained.xml"), timeout=300, env=env)
 
 
 #: The run, in the zoo runs' background threads (``tests/conftest.py``).
@@ -35,7 +43,8 @@ def _case(run, hook):
 
 def test_run_finishes_with_a_report_and_exit_code_1(contained_run):
     assert contained_run.returncode == 1, contained_run.output[-3000:]
-    assert sorted(c.hook for c in contained_run.cases) == ["zoo_crash_rank1", "zoo_hang_rank1", "zoo_plain_allreduce"]
+    assert sorted(c.hook for c in contained_run.cases) == ["zoo_abort_once_rank1", "zoo_crash_rank1", "zoo_hang_rank1",
+                                                           "zoo_plain_allreduce"]
 
 
 def test_hanging_rank_is_reported_with_its_stack(contained_run):
@@ -52,11 +61,39 @@ def test_dead_rank_is_reported_with_its_exit_code(contained_run):
     case = _case(contained_run, "zoo_crash_rank1")
     assert case.outcome == "failed"
     assert "rank 1: died with exit code 17 during 'step 0: forward/backward of the hooked model'" in case.message
+    assert "the case was run twice, the second time in fresh ranks of its own" in case.message
+
+
+def test_a_rank_death_that_does_not_recur_in_fresh_ranks_is_not_the_hooks(contained_run):
+    """The first run's rank dies (SIGABRT, from outside the case as far as the hook is concerned); the re-run in
+    fresh ranks runs to the end, and its outcome is the case's. The summary keeps the first run's death, with
+    what the rank printed."""
+    assert _case(contained_run, "zoo_abort_once_rank1").outcome == "passed"
+    out = contained_run.output
+    assert "2 case(s) lost a rank and ran once more in fresh ranks: 1 ran to the end there" in out
+    assert "1 lost a rank again" in out
+    once = next(line for line in out.splitlines() if line.startswith("  test_averaging[zoo_abort_once_rank1"))
+    assert "(ran to the end the second time); the first run: " in once
+    assert f"rank 1: died with exit code {-signal.SIGABRT} during 'step 0: forward/backward of the hooked model'" in once
+    assert "(it printed: zoo: rank 1 aborts once)" in once
+
+
+def test_the_results_file_keeps_each_rerun_with_the_first_runs_ranks(contained_run, zoo_runs):
+    path = os.path.join(zoo_runs.directory(CONTAINED_RUN), "contained.json")
+    with open(path) as f:
+        doc = json.load(f)
+    assert results.schema_problems(doc) == []
+    reruns = {r["hook"]: r for r in doc["run"]["crash_reruns"]}
+    assert sorted(reruns) == ["zoo_abort_once_rank1", "zoo_crash_rank1"]
+    assert not reruns["zoo_abort_once_rank1"]["recurred"] and reruns["zoo_crash_rank1"]["recurred"]
+    assert "zoo: rank 1 aborts once" in reruns["zoo_abort_once_rank1"]["first_run"]
+    assert "died with exit code 17" in reruns["zoo_crash_rank1"]["death"]
 
 
 def test_cases_after_the_broken_ones_still_pass(contained_run):
     assert _case(contained_run, "zoo_plain_allreduce").outcome == "passed"
-    assert "rank pools restarted 2 time(s)" in contained_run.output
+    # the hang, the crash twice (its re-run in fresh ranks dies too), the abort once
+    assert "rank pools restarted 4 time(s)" in contained_run.output
 
 
 def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):

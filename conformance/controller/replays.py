@@ -5,6 +5,8 @@
 * :func:`replay_default_hook`: findings that name no cause of the hook's own: replay the case with PyTorch's
   own default hook for it (:mod:`conformance.controller.default_replay`); a skip when it shows the same
   difference, or when a reference caveat of this torch version explains it.
+* :func:`lost_a_rank`: a rank died (or, under torchrun, was lost): the runner runs the case once more in
+  fresh ranks before anything else (:class:`CrashRerun`); the second run is the case's.
 * :func:`replay_crash`: a rank raised, hung or died outside the reference: replay the case with PyTorch's own
   default hook for it, in ranks of their own; ``NOT RUN`` when that fails the same way (the machine, the
   suite or this torch cannot run the case, whatever the hook).
@@ -14,6 +16,7 @@ They run on the runner's pools (``runner._replay``) and skip with ``pytest.skip`
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
@@ -28,7 +31,50 @@ from conformance.controller.pools import Pool, PoolStartError
 from conformance.protocol import Case, CaseResult, Finding, HookRef, RankOutcome
 from conformance.reports import report
 
-__all__ = ["crash_signatures", "replay_crash", "replay_default_hook", "replay_reference"]
+__all__ = ["CrashRerun", "crash_signatures", "first_loss", "lost_a_rank", "replay_crash", "replay_default_hook",
+           "replay_reference"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CrashRerun:
+    """A case whose rank died, run once more in fresh ranks (:meth:`conformance.controller.runner.Runner.run`).
+
+    A rank that dies takes its pool with it, so the second run gets ranks that ran nothing before it: not
+    the hook's earlier cases, not what an earlier case left in its process groups. The second run is the
+    case's result; this record keeps the first for the summary and the results file.
+
+    Attributes:
+        case: the test name (``item.name``).
+        hook: the hook's spec name, or ``None``.
+        death: the first run's dead rank, on one line (:func:`first_loss`).
+        first_run: what the first run's ranks did (:func:`conformance.reports.report.rank_problems`).
+        recurred: whether a rank died again in the fresh ranks (then the case's failure is the second run's).
+    """
+
+    case: str
+    hook: Optional[str]
+    death: str
+    first_run: str
+    recurred: bool
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"case": self.case, "hook": self.hook, "death": self.death, "first_run": self.first_run,
+                "recurred": self.recurred}
+
+
+def lost_a_rank(result: CaseResult) -> bool:
+    """Whether a rank of ``result`` died or was lost (not one that raised or hung) and the pool was rebuilt:
+    the case can run again in ranks of its own at the cost of one pool start. A process that dies does so
+    for a reason of its own process (a signal, a C++ abort from an unmatched collective, the machine), which
+    may come from before the case; an exception or a hang is the case's own, and is not re-run."""
+    return result.pool_rebuilt and any(o.exit_code is not None or o.lost for o in result.outcomes if not o.ok)
+
+
+def first_loss(result: CaseResult) -> str:
+    """The first dead or lost rank of ``result``, on one line (its summary, then its output's first line)."""
+    o = next(o for o in result.outcomes if not o.ok and (o.exit_code is not None or o.lost))
+    said = next((line.strip() for line in (o.output or "").splitlines() if line.strip()), "")
+    return o.summary() + (f" (it printed: {said})" if said else "")
 
 
 def _default_hook(runner: Any, hook: str, params: Dict[str, Any], world_size: int) -> Tuple[Any, Optional[str], bool]:

@@ -38,7 +38,10 @@ the command that re-runs just that case.
 5. Outcomes (controller). Each rank answers with a ``RankOutcome``; a rank
    that raises, hangs past ``--case-timeout`` (stacks via faulthandler) or
    dies is reported per rank, and the pool is rebuilt when the ranks no
-   longer match up. What the hook left changed in its ranks' process state,
+   longer match up. A case in which a rank died runs once more, in the
+   fresh ranks that the rebuilt pool starts: the second run is the case's
+   (a death can come from before the case, and the hook must not be
+   blamed for its ranks' history); the summary lists both. What the hook left changed in its ranks' process state,
    a default process group that no longer works, and memory grown past the
    bound over the hook's cases fail the case, and the pool is rebuilt. A
    failure inside the suite's own reference is replayed with the reference
@@ -71,7 +74,8 @@ from conformance.controller.failures import ConformanceFailure, NotRun, pool_not
 from conformance.controller.pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
 from conformance.controller.remote import remote_pool
-from conformance.controller.replays import replay_crash, replay_default_hook, replay_reference
+from conformance.controller.replays import (CrashRerun, first_loss, lost_a_rank, replay_crash, replay_default_hook,
+                                           replay_reference)
 from conformance.controller.spec_loading import pythonpath_to_rerun
 from conformance.controller.zygote_client import close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
@@ -101,6 +105,7 @@ class Runner:
         hook_pool_starts: pools started for a hook (each hook gets ranks of its own).
         not_run: ``(hook, world size) -> why`` its pool could not start; those cases are NOT RUN.
         crash_replays: the outcomes of PyTorch's default hook replayed on crashed cases, by case shape.
+        crash_reruns: cases whose rank died, each run once more in fresh ranks (:class:`CrashRerun`).
     """
 
     def __init__(self, settings: Any, specs: Sequence[Any], sys_path: Sequence[str] = ()):
@@ -123,6 +128,8 @@ class Runner:
         #: where a hook's rank raised, hung or died, failed it (:func:`~conformance.controller.replays.replay_crash`;
         #: empty: it ran to the end). Zoo and user hooks that crash share their cases' replays.
         self.crash_replays: Dict[Tuple[Any, ...], FrozenSet[Tuple[str, ...]]] = {}
+        #: Cases whose rank died, run once more in fresh ranks (:func:`~conformance.controller.replays.lost_a_rank`).
+        self.crash_reruns: List[CrashRerun] = []
 
     def _specs_of(self, hook: Optional[str]) -> Tuple[Tuple[str, str], ...]:
         return ((self.specs[hook].target, hook),) if hook is not None else ()
@@ -231,8 +238,11 @@ class Runner:
             params: keyword arguments for the rank check.
             describe: what the case is (check, strategy, model, ...), shown on failure.
             findings: treat each rank's return value as a list of findings.
-            known_failure: the case is an expected failure (xfail): a crash is not replayed
+            known_failure: the case is an expected failure (xfail): a crash is not re-run or replayed
                 (:func:`~conformance.controller.replays.replay_crash`), there being no red to avoid.
+
+        A rank that died (:func:`~conformance.controller.replays.lost_a_rank`) runs the case once more in
+        fresh ranks; that run is the case's (:attr:`crash_reruns` keeps the first).
 
         Raises:
             ConformanceFailure: a rank raised, hung or died, or returned findings.
@@ -245,17 +255,18 @@ class Runner:
             ref = HookRef(target=self.specs[hook].target, name=hook)
         case = Case(check=check, hook=ref, params=params, case_id=test_name)
         pool = self._pool_or_not_run(world_size, hook)
-        try:
-            result = pool.run(case)
-        except SpecLoadError as exc:
-            self.usage_error(exc)
-        except PoolStartError as exc:
-            self.not_run[(hook, world_size)] = str(exc)
-            raise self._not_run(hook, world_size) from None
-        self.timings.append((result.wall_s, result.max_compute_s))
-        if result.pool_rebuilt:
-            self.restarts += 1
+        result = self._run_on(pool, case, hook, world_size)
+        rerun_note = ""
+        if lost_a_rank(result) and not known_failure:
+            first = result
+            result = self._run_on(pool, case, hook, world_size)  # the pool was rebuilt: ranks of this case alone
+            recurred = lost_a_rank(result)
+            death = first_loss(first)
+            self.crash_reruns.append(CrashRerun(test_name, hook, death, report.rank_problems(first), recurred))
+            rerun_note = (f"\n(the case was run twice, the second time in fresh ranks of its own; this is the second "
+                          f"run's failure; the first: {death})")
         problems = report.rank_problems(result)
+        problems += rerun_note if problems else ""
         leaks = result.leak_findings()
         if problems:
             if leaks:
@@ -273,6 +284,22 @@ class Runner:
             note = "" if known_failure else self.reproducer_note(test_name, hook, check, params, world_size, found,
                                                                  describe)
             self.fail_findings(test_name, hook, describe, world_size, found, note=note)
+        return result
+
+    def _run_on(self, pool: Pool, case: Case, hook: Optional[str], world_size: int) -> CaseResult:
+        """``pool.run(case)``, counted; a pool that cannot start makes the case :class:`NotRun`, a spec that
+        cannot load ends the session (:meth:`usage_error`)."""
+        __tracebackhide__ = True
+        try:
+            result = pool.run(case)
+        except SpecLoadError as exc:
+            self.usage_error(exc)
+        except PoolStartError as exc:
+            self.not_run[(hook, world_size)] = str(exc)
+            raise self._not_run(hook, world_size) from None
+        self.timings.append((result.wall_s, result.max_compute_s))
+        if result.pool_rebuilt:
+            self.restarts += 1
         return result
 
     def _pool_or_not_run(self, world_size: int, hook: Optional[str]) -> Pool:

@@ -203,7 +203,8 @@ class ResultsRecorder:
                "duration_s": round(finished - self._started, 3), "exit_status": exit_status,
                "interrupted": self._interrupted(exit_status), "complete": complete,
                "fail_on": self.state.settings.fail_on,
-               "args": [str(a) for a in self.config.invocation_params.args]}
+               "args": [str(a) for a in self.config.invocation_params.args],
+               "crash_reruns": [c.to_json() for c in getattr(self.state.runner, "crash_reruns", ())]}
         return results.build_document(
             suite_version=conformance.__version__, run=run, environment=self.environment(),
             hooks=[self.hook_entry(item, records, running=progress) for item in self.state.specs], cases=records,

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Sequence, Set, Tuple
 from conformance.apis.registry import HOOK_APIS, api_of_test, planned_cases
 from conformance.controller.remote_link import format_address
 
-__all__ = ["counts_lines", "header_lines", "no_case_lines", "notset_cause", "planned_world_sizes", "split_counts"]
+__all__ = ["counts_lines", "crash_rerun_lines", "header_lines", "no_case_lines", "notset_cause", "planned_world_sizes", "split_counts"]
 
 #: Names listed in one line before "and N more".
 MAX_NAMES = 8
@@ -55,6 +55,23 @@ def _sizes_text(sizes: Mapping[int, Set[str]], usual: Sequence[int]) -> str:
     text = _join(sorted(sizes))
     others = [f"{ws} for {_names(sizes[ws])}" for ws in sorted(sizes) if ws not in usual and sizes[ws]]
     return f"{text} ({'; '.join(others)})" if others else text
+
+
+def crash_rerun_lines(reruns: Sequence[Any]) -> List[str]:
+    """What the summary says of the cases in which a rank died and that the suite ran once more in fresh ranks
+    (:class:`conformance.controller.replays.CrashRerun`): each case, whether it died again, and how the first
+    run's rank died (the results file keeps all that the first run's ranks did). Empty when none."""
+    if not reruns:
+        return []
+    recovered = [r for r in reruns if not r.recurred]
+    lines = [f"{len(reruns)} case(s) lost a rank and ran once more in fresh ranks: {len(recovered)} ran to the end "
+             "there (their outcome above is the second run's; the first run's rank death came from the ranks' "
+             "history or the machine, not from the case), "
+             f"{len(reruns) - len(recovered)} lost a rank again (their failure above is the second run's)"]
+    for r in reruns:
+        again = "died again" if r.recurred else "ran to the end the second time"
+        lines.append(f"  {r.case} ({again}); the first run: {r.death}")
+    return lines
 
 
 def header_lines(state: Any, torch_version: str) -> List[str]:

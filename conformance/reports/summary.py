@@ -147,6 +147,8 @@ class Summary:
         runner = state.runner
         if runner is not None and getattr(runner, "restarts", 0):
             tr.write_line(f"rank pools restarted {runner.restarts} time(s) after hung or broken cases")
+        for line in session_report.crash_rerun_lines(getattr(runner, "crash_reruns", ())):
+            tr.write_line(line, yellow=True)
         if any(tally.not_run for tally in keeper.hooks.values()) and not self.interrupted:
             tr.write_line(f"exit status {exit_codes.RUN_ERROR}: the run could not check every hook (NOT RUN above: "
                           "rank pools that could not start, or cases that even PyTorch's own default hook cannot run here); no "

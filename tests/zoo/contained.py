@@ -4,6 +4,9 @@ They break the pool on purpose: the suite must time the case out (or notice
 the dead rank), report what every rank was doing, restart the pool and go on.
 Both are NO_SHARD-only and misbehave on rank 1 only, as a real bug usually
 does: rank 0 is then left blocked in the collective its peer never joins.
+A third aborts rank 1 once per run only (a rank death that came from outside
+the case, as a machine's or an earlier case's would), then reduces correctly:
+the suite's re-run in fresh ranks must pass it.
 ``INTERRUPTIBLE`` is for the tests that stop the controller mid-case
 (tests/test_interrupt.py): a passing hook, then one that never returns.
 ``UNRULY`` is for the rank output and memory limits (tests/test_rank_limits.py).
@@ -33,6 +36,18 @@ def crash_on_rank1(state, grad):
     """Rank 1's process exits in the middle of backward."""
     if dist.get_rank(state.process_group) == 1:
         os._exit(17)
+    allreduce_hook(state, grad)
+
+
+def abort_once_on_rank1(state, grad):
+    """Rank 1 aborts (SIGABRT, as a C++ ``std::terminate`` does) at its first call of the run, then reduces
+    correctly. "Once" is kept in the file ``$CONFORM_TEST_CRASH_ONCE``, so it holds across rank processes;
+    without that variable the hook never aborts."""
+    marker = os.environ.get("CONFORM_TEST_CRASH_ONCE")
+    if marker and dist.get_rank(state.process_group) == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        print("zoo: rank 1 aborts once", flush=True)
+        os.abort()
     allreduce_hook(state, grad)
 
 
@@ -71,6 +86,8 @@ HANG = HookSpec(name="zoo_hang_rank1", api="fsdp", hook=hang_on_rank1, state=Def
                 description="rank 1 never joins the all-reduce")
 CRASH = HookSpec(name="zoo_crash_rank1", api="fsdp", hook=crash_on_rank1, state=DefaultState,
                  description="rank 1 exits during backward")
+CRASH_ONCE = HookSpec(name="zoo_abort_once_rank1", api="fsdp", hook=abort_once_on_rank1, state=DefaultState,
+                      description="rank 1 aborts at its first call of the run, then reduces correctly")
 GOOD = HookSpec(name="zoo_plain_allreduce", api="fsdp", hook=allreduce_hook, state=DefaultState,
                 description="PyTorch's allreduce_hook, to show the run goes on")
 HANG_IN_HOOK = HookSpec(name="zoo_hang_in_hook", api="fsdp", hook=hang_in_hook, state=DefaultState,
@@ -79,6 +96,6 @@ NOISY = HookSpec(name="zoo_noisy", api="fsdp", hook=noisy_then_raise, state=Defa
                  description="prints 3 MB, then raises")
 LEAKY = HookSpec(name="zoo_leak_once", api="fsdp", hook=leak_once, state=DefaultState,
                  description="rank 1 keeps 200 MiB, then reduces correctly")
-ALL = [HANG, CRASH, GOOD]
+ALL = [HANG, CRASH, CRASH_ONCE, GOOD]
 UNRULY = [NOISY, LEAKY, GOOD]
 INTERRUPTIBLE = [GOOD, HANG_IN_HOOK]

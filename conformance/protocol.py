@@ -288,7 +288,11 @@ class Finding:
             past the bound over the hook's cases), ``"not_applicable"`` (the case ran and
             matched, but the API never called the hook in it, by design: a finding for the
             user, who registered it where it does nothing; the runner skips the case with
-            it as the reason when every finding is of this kind).
+            it as the reason when every finding is of this kind), ``"pytorch_changed"`` (a rule
+            that holds whatever the hook is, and that this torch no longer keeps: the runner skips
+            the case with it as the reason when every finding is of this kind or the next),
+            ``"suite"`` (the suite's own machinery failed a rule, its registration say: the case is
+            ``NOT RUN`` when every finding is of this kind or the last; neither blames the hook).
         causes: of a diagnosis (kinds ``"diagnosis"``, ``"diagnosis_wider_dtype"``): each named cause
             alone (the message joins them with "; or "), for the per-hook summary of causes.
         fixes: the fix each of :attr:`causes` implies, in the same order, one instruction worded for the

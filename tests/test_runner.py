@@ -182,3 +182,22 @@ def test_both_launchers_offer_every_method_of_the_pool_protocol_with_its_signatu
             assert [p.name for p in got[:len(want)]] == [p.name for p in want], f"{launcher.__name__}.{name}"
             assert all(p.default is not inspect.Parameter.empty for p in got[len(want):]), f"{launcher.__name__}.{name}"
             assert [p.default for p in got[:len(want)]] == [p.default for p in want], f"{launcher.__name__}.{name}"
+
+
+def test_findings_that_hold_whatever_the_hook_is_never_fail_it():
+    """PyTorch's rule findings skip the case; the suite's own make it NOT RUN; any other finding lets it fail."""
+    from conformance.controller.failures import NotRun
+    from conformance.controller.runner import not_the_hooks
+    from conformance.protocol import Finding
+
+    torch_changed = Finding(0, "PyTorch changed (torch 9.9): the setter recursed", kind="pytorch_changed")
+    suites = Finding(1, "the suite's registration missed a group", kind="suite")
+    hooks = Finding(0, "gradient differs", kind="mismatch")
+    not_the_hooks([])
+    not_the_hooks([torch_changed, hooks])  # the hook's own finding: the case goes on to fail
+    with pytest.raises(pytest.skip.Exception, match=r"^PyTorch changed \(torch 9.9\): the setter recursed$") as skip:
+        not_the_hooks([torch_changed, Finding(1, torch_changed.message, kind="pytorch_changed")])
+    assert not isinstance(skip.value, NotRun)
+    with pytest.raises(NotRun, match="the suite's own machinery fails this rule, whatever the hook: the suite's "
+                                     "registration missed a group\nPyTorch changed"):
+        not_the_hooks([torch_changed, suites])

@@ -88,6 +88,22 @@ __all__ = ["ConformanceFailure", "NotRun", "Runner", "compare_across_ranks"]
 
 
 
+def not_the_hooks(found: Sequence[Finding]) -> None:
+    """End a case whose every finding is a rule that holds whatever the hook is: PyTorch's (kind
+    ``"pytorch_changed"``: a skip with the findings as the reason, as for a reference that does not hold on
+    this torch) or the suite's own (kind ``"suite"``, with or without PyTorch's: :class:`NotRun`, the run's
+    failure). Returns where any finding could be the hook's, or there are none."""
+    __tracebackhide__ = True
+    if not found or any(f.kind not in ("pytorch_changed", "suite") for f in found):
+        return
+    said = list(dict.fromkeys(f.message for f in found))  # every rank says the same: once each
+    if any(f.kind == "suite" for f in found):
+        first = next(f.message for f in found if f.kind == "suite")
+        raise NotRun(f"the suite's own machinery fails this rule, whatever the hook: {first}",
+                     detail="\n".join(m for m in said if m != first))
+    pytest.skip(" ".join(said))
+
+
 class Runner:
     """Runs cases on the session's rank pools.
 
@@ -345,6 +361,7 @@ class Runner:
         found = findings_of(result, across_ranks)
         if found and all(f.kind == "not_applicable" for f in found):
             pytest.skip(f"ran, and matched, but the hook was never called: {found[0].message}")
+        not_the_hooks(found)
         closing = note(result, found) if note is not None else ""
         if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)
                 and not known_failure):  # a known failure is no red to avoid

@@ -19,8 +19,9 @@ A comm with a ``LossyContract`` gets the lossy-contract checks
 (``test_fsdp2_lossy_*``) instead of parity, hard inputs and clip_grad_norm_; an
 all-reduce hook cannot declare one. Every hook gets the registration rules
 (``test_fsdp2_registration``, ``test_fsdp2_all_reduce_registration``; ids
-``{hook}-{config}-{rule}``), which hold whatever the hook is: a failure there
-says "PyTorch changed" or names the suite's registration, never the hook.
+``{hook}-{config}-{rule}``), which hold whatever the hook is: where this torch
+breaks one the case is skipped ("PyTorch changed"), where the suite's own
+registration does it is ``NOT RUN``; never the hook's failure.
 
 Case ids: ``{hook}-{config}-{model}-ws{N}``; ``-k fsdp2`` selects this module.
 """

@@ -29,8 +29,9 @@ Whose failure a rule's finding is: registering runs no code of the hook's (PyTor
 nothing of the object they are given), so every rule holds whatever the hook is. The hook's own code
 runs only where the suite makes the object it registers (a comm factory, a replica hook's state); if
 that raises, the case fails with the hook's traceback, as every other check of the API would. A
-finding is either PyTorch's (its text starts "PyTorch changed", with the torch version) or the
-suite's own registration's (its text says so); none blames the hook.
+finding is either PyTorch's (its text starts "PyTorch changed", with the torch version; kind
+``"pytorch_changed"``: the case is skipped with it as the reason) or the suite's own registration's
+(its text says so; kind ``"suite"``: the case is ``NOT RUN``); none blames the hook.
 
 The rule names and the plan are in ``plan.py`` (:data:`~conformance.apis.fsdp2.plan.REGISTRATION_RULES`).
 Everything FSDP2 is looked up when used, as in ``build.py``: this module imports on a torch without FSDP2.
@@ -220,7 +221,7 @@ def several_groups_model(ctx: Any, mesh: Any, reduce_dtype: Optional[torch.dtype
 def _pytorch_changed(ctx: Any, text: str) -> Finding:
     """A rule that holds whatever the hook is no longer holds: PyTorch's behaviour, not the hook's failure."""
     return Finding(ctx.rank, f"PyTorch changed (torch {torch.__version__}): {text}; this rule holds whatever the "
-                             "hook is, so this is not the hook's failure")
+                             "hook is, so this is not the hook's failure", kind="pytorch_changed")
 
 
 def _expect_value_error(ctx: Any, fn: Callable[[], Any], pattern: str, what: str, why: str) -> List[Finding]:
@@ -286,7 +287,7 @@ def _reaches(ctx: Any, setter: Setter, build: Callable[[], nn.Module], hook: Any
     modules = fsdp_modules_by_fqn(model)
     if len(modules) < 2 or not any(param_groups(m) for _, m in modules[1:]):
         return [Finding(ctx.rank, f"the registration model {REGISTRATION_MODEL} has no child FSDP module with "
-                                  "parameters: the rule cannot be exercised (the suite's own model, not the hook)")]
+                                  "parameters: the rule cannot be exercised (the suite's own model, not the hook)", kind="suite")]
     register_on_every_module(model, setter.name, hook)
     missed = [(fqn, i, getattr(group, setter.target, None)) for fqn, module in modules
               for i, group in enumerate(param_groups(module)) if getattr(group, setter.target, None) is not hook]
@@ -298,7 +299,7 @@ def _reaches(ctx: Any, setter: Setter, build: Callable[[], nn.Module], hook: Any
             f"{setter.native}, and every check would pass without the {setter.what}. Registering on the root alone "
             f"is the classic misuse: FSDPModule.{setter.name} does not recurse into child FSDP modules, so the "
             "children's gradients stay on the native path. The suite registers on every FSDP module: this is the "
-            "suite's registration, or PyTorch changed, not the hook's failure")))
+            "suite's registration, or PyTorch changed, not the hook's failure"), kind="suite"))
     root_only = build()
     getattr(root_only, setter.name)(hook)
     groups = [(fqn, i, getattr(group, setter.target, None) is hook) for fqn, module in fsdp_modules_by_fqn(root_only)
@@ -346,7 +347,7 @@ def _several_groups(ctx: Any, setter: Setter, build: Callable[[], nn.Module], ho
             return []
         return [Finding(ctx.rank, f"the suite's registration refusal lacks {', '.join(missing) or 'its cause'} "
                                   f"(PyTorch's ValueError): {text!r}; the suite's own message, not the hook's "
-                                  "failure")]
+                                  "failure", kind="suite")]
     except Exception as exc:  # noqa: BLE001 - the finding says what came instead
         got = f"let {type(exc).__name__}({exc}) through bare"
     else:
@@ -354,7 +355,7 @@ def _several_groups(ctx: Any, setter: Setter, build: Callable[[], nn.Module], ho
     return [Finding(ctx.rank, f"the suite's registration (FSDPModule.{setter.name} on every FSDP module) on a model "
                               f"whose FSDP module {SEVERAL_GROUPS_FQN!r} has {count} parameter groups {got}, where "
                               "it must raise RegistrationRefused naming the module, the setter, PyTorch's message and "
-                              "the fix; the suite's registration, not the hook's failure")]
+                              "the fix; the suite's registration, not the hook's failure", kind="suite")]
 
 
 def _a_stream(ctx: Any) -> Any:

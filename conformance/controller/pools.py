@@ -170,15 +170,18 @@ def gather_outcomes(conns: Sequence[Connection], outcomes: Dict[int, RankOutcome
             grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
     return phases
 
-def in_step(conns: Sequence[Connection], seq: int) -> Optional[str]:
+def in_step(conns: Sequence[Connection], seq: int, every_group: bool = False) -> Optional[str]:
     """After a case, every rank all-reduces ``seq`` on the default process group as a hook would find it
     (``group=None``): ``None`` when each answers ``seq * len(conns)``; else why not (a rank that is gone or
     silent for :data:`STRAGGLER_GRACE_S`, ranks out of step, or a rank's error: a default group that was
-    destroyed or replaced). Both launchers use it (:class:`conformance.controller.pool.RankPool`, :class:`conformance.controller.remote.RemotePool`).
+    destroyed or replaced). ``every_group`` (after a case in which a rank raised): then on every other
+    process group the ranks hold, too (``conformance.ranks.worker.groups_held``): out of step there is a
+    rank's error. Both launchers use it (:class:`conformance.controller.pool.RankPool`,
+    :class:`conformance.controller.remote.RemotePool`).
     """
     for conn in conns:
         try:
-            send(conn, (Msg.PING, seq))
+            send(conn, (Msg.PING, (seq, every_group)))
         except OSError:
             return f"rank {list(conns).index(conn)} is gone"
     expected = seq * len(conns)

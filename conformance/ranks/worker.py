@@ -47,6 +47,20 @@ def _suite_all_reduce() -> Any:
     return _all_reduce_before_hooks
 
 
+def groups_held() -> List[Any]:
+    """The process groups other than the default one that this rank belongs to, in the order this process
+    created them: PyTorch's registry of groups (``torch.distributed.distributed_c10d._world.pg_map``, private;
+    empty where a torch version lacks it). Creating a group is collective over the default group, in the
+    same order on every rank, so walking the groups in this order on every rank cannot deadlock."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    pg_map = getattr(world, "pg_map", None)
+    if not isinstance(pg_map, dict) or not dist.is_initialized():
+        return []
+    default = dist.distributed_c10d._get_default_group()
+    non_member = getattr(dist.GroupMember, "NON_GROUP_MEMBER", None)
+    return [g for g in pg_map if g is not default and g is not non_member and g is not None]
+
+
 class RankContext:
     """What a rank check gets besides its parameters.
 
@@ -244,13 +258,28 @@ class _Worker:
         return [f"{what}, since the hook's module was imported (before any case ran)" if what in self.import_leaks
                 else what for what in now]
 
-    def ping(self, seq: int) -> Optional[int]:
+    def ping(self, seq: int, every_group: bool = False) -> Optional[int]:
         """All-reduce ``seq`` on the default group: proves, after every case, that the group still works and
-        the ranks still match up."""
+        the ranks still match up. With ``every_group`` (after a case in which a rank raised), then on every
+        other process group this rank holds (:func:`groups_held`): a rank that raised between two collectives
+        of a subgroup leaves that group's ranks a collective apart, and the next case's first collective there
+        would pair with a stale one (gloo then aborts the rank in C++, or mixes the data).
+
+        Raises:
+            RuntimeError: a group's all-reduce did not sum to ``seq`` times its size (ranks out of step there).
+        """
         t = torch.tensor([seq], dtype=torch.int64, device=self.device)
         # The default group as a hook would find it (group=None), not the handle kept at start: a hook
         # that destroyed or replaced it must fail here, not in the next hook's first collective.
         _suite_all_reduce()(t)
+        if every_group:
+            for i, group in enumerate(groups_held()):
+                g = torch.tensor([seq], dtype=torch.int64, device=self.device)
+                _suite_all_reduce()(g, group=group)
+                size = dist.get_world_size(group)
+                if int(g.item()) != seq * size:
+                    raise RuntimeError(f"process group {i + 1} of this rank (after the default one; {size} ranks) is "
+                                       f"out of step: an all-reduce summed {int(g.item())}, expected {seq * size}")
         return int(t.item())
 
     def loop(self) -> None:
@@ -269,7 +298,8 @@ class _Worker:
                         error_type=type(exc).__name__, phase=outcome.phase)))
             elif kind == Msg.PING:
                 try:
-                    send(self.conn, (Msg.PONG, self.ping(payload)))
+                    seq, every_group = payload if isinstance(payload, tuple) else (payload, False)
+                    send(self.conn, (Msg.PONG, self.ping(seq, every_group)))
                 except Exception as exc:  # noqa: BLE001
                     send(self.conn, (Msg.PONG, f"{type(exc).__name__}: {exc}"))
             elif kind == Msg.REHOST:

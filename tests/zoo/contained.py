@@ -6,7 +6,9 @@ Both are NO_SHARD-only and misbehave on rank 1 only, as a real bug usually
 does: rank 0 is then left blocked in the collective its peer never joins.
 A third aborts rank 1 once per run only (a rank death that came from outside
 the case, as a machine's or an earlier case's would), then reduces correctly:
-the suite's re-run in fresh ranks must pass it.
+the suite's re-run in fresh ranks must pass it. ``RAISE_MID_WAY`` raises once
+with a collective of its own group unmatched: the suite must not run its next
+case in those ranks.
 ``INTERRUPTIBLE`` is for the tests that stop the controller mid-case
 (tests/test_interrupt.py): a passing hook, then one that never returns.
 ``UNRULY`` is for the rank output and memory limits (tests/test_rank_limits.py).
@@ -51,6 +53,33 @@ def abort_once_on_rank1(state, grad):
     allreduce_hook(state, grad)
 
 
+_GROUP = []
+
+
+def raise_with_a_collective_mid_way(state, grad):
+    """At its first call of the run (kept in the file ``$CONFORM_TEST_RAISE_ONCE``): rank 0 starts an all-reduce on
+    a process group of the hook's own that rank 1 never joins, then both raise, as code that raises between two
+    collectives of a group does (a hook, or PyTorch in the reference). Later calls first all-reduce a probe of
+    ones on that group (raising where it does not sum to the group size), then reduce as ``allreduce_hook``:
+    in ranks the suite kept after the raise, the probe pairs with the stale all-reduce (1000) and fails."""
+    if not _GROUP:  # collective, in the same order on every rank
+        _GROUP.append(dist.new_group(list(range(dist.get_world_size()))))
+    group = _GROUP[0]
+    marker = os.environ.get("CONFORM_TEST_RAISE_ONCE")
+    if marker and not os.path.exists(marker):
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.full((1,), 1000.0), group=group, async_op=True)
+        dist.barrier()  # both ranks are past the marker's test before it is written
+        if dist.get_rank() == 0:
+            open(marker, "w").close()
+        raise RuntimeError("zoo: raised between two collectives of a group")
+    probe = torch.ones(1)
+    dist.all_reduce(probe, group=group)
+    if probe.item() != dist.get_world_size(group):
+        raise RuntimeError(f"zoo: the hook's group is out of step (a probe of ones summed {probe.item():g})")
+    allreduce_hook(state, grad)
+
+
 def hang_in_hook(state, grad):
     """Never returns: rank 0 waits on a future nobody completes; rank 1 sleeps in C holding the GIL,
     so only the kernel's parent-death signal can end it. Entering the hook creates the file
@@ -88,6 +117,8 @@ CRASH = HookSpec(name="zoo_crash_rank1", api="fsdp", hook=crash_on_rank1, state=
                  description="rank 1 exits during backward")
 CRASH_ONCE = HookSpec(name="zoo_abort_once_rank1", api="fsdp", hook=abort_once_on_rank1, state=DefaultState,
                       description="rank 1 aborts at its first call of the run, then reduces correctly")
+RAISE_MID_WAY = HookSpec(name="zoo_raise_mid_way", api="fsdp", hook=raise_with_a_collective_mid_way,
+                         state=DefaultState, description="raises once, leaving a collective of its group unmatched")
 GOOD = HookSpec(name="zoo_plain_allreduce", api="fsdp", hook=allreduce_hook, state=DefaultState,
                 description="PyTorch's allreduce_hook, to show the run goes on")
 HANG_IN_HOOK = HookSpec(name="zoo_hang_in_hook", api="fsdp", hook=hang_in_hook, state=DefaultState,

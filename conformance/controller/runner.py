@@ -274,13 +274,18 @@ class Runner:
         result = self._run_on(pool, case, hook, world_size)
         rerun_note = ""
         if lost_a_rank(result) and not known_failure:
-            first = result
-            result = self._run_on(pool, case, hook, world_size)  # the pool was rebuilt: ranks of this case alone
-            recurred = lost_a_rank(result)
-            death = first_loss(first)
-            self.crash_reruns.append(CrashRerun(test_name, hook, death, report.rank_problems(first), recurred))
-            rerun_note = (f"\n(the case was run twice, the second time in fresh ranks of its own; this is the second "
-                          f"run's failure; the first: {death})")
+            first, death = result, first_loss(result)
+            try:
+                result = self._run_on(pool, case, hook, world_size)  # the pool was rebuilt: ranks of this case alone
+            except NotRun:  # no fresh ranks (torchrun's restarts spent, say): no evidence, the first run stands
+                result = first
+                rerun_note = (f"\n(a rank died, and the case could not run again in fresh ranks: "
+                              f"{self.not_run[(hook, world_size)].splitlines()[0]})")
+            else:
+                rerun_note = (f"\n(the case was run twice, the second time in fresh ranks of its own; this is the "
+                              f"second run's failure; the first: {death})")
+                self.crash_reruns.append(CrashRerun(test_name, hook, death, report.rank_problems(first),
+                                                    lost_a_rank(result)))
         problems = report.rank_problems(result)
         problems += rerun_note if problems else ""
         leaks = result.leak_findings()

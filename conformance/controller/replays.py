@@ -11,7 +11,8 @@
   default hook for it, in ranks of their own; ``NOT RUN`` when that fails the same way (the machine, the
   suite or this torch cannot run the case, whatever the hook).
 
-They run on the runner's pools (``runner._replay``) and skip with ``pytest.skip`` or :class:`NotRun`.
+They run on the runner's pools (:meth:`~conformance.controller.runner.Runner.run_replay`) and skip with
+``pytest.skip`` or :class:`NotRun`.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def _run_default_hook(runner: Any, api: Any, name: str, check: str, params: Dict
     """Run ``check`` with PyTorch's default hook ``name`` in ranks of its own (serving no hook under test), as
     every hook's cases run; its spec is loaded there on first use. The hook's next case gets its own ranks
     again."""
-    return runner._replay(runner.pool(world_size, hook=None), Case(
+    return runner.run_replay(runner.pool(world_size, hook=None), Case(
         check=check, hook=HookRef(target=api.builtin_hooks, name=name), params=params, case_id=case_id))
 
 
@@ -131,7 +132,7 @@ def replay_reference(runner: Any, pool: Pool, case: Case, describe: Dict[str, An
     case a skip with the reference's error as the reason.
     """
     __tracebackhide__ = True
-    result = runner._replay(pool, Case(check=case.check, hook=case.hook,
+    result = runner.run_replay(pool, Case(check=case.check, hook=case.hook,
                                        params={**case.params, "reference_only": True}, case_id=case.case_id))
     bad = [o for o in result.outcomes if not o.ok]
     if bad:

@@ -384,7 +384,7 @@ class Runner:
         __tracebackhide__ = True
         case_kinds.run_case(self, request, case)
 
-    def _replay(self, pool: Pool, replay: Case) -> CaseResult:
+    def run_replay(self, pool: Pool, replay: Case) -> CaseResult:
         """Run a replay of a failed case (another hook, or the reference alone) on ``pool``."""
         result = pool.run(replay)
         if result.pool_rebuilt:

@@ -32,7 +32,8 @@ class ScriptedPool:
     def run(self, case):
         self.cases.append(case)
         outcomes = tuple(self.script.pop(0))
-        return CaseResult(case=case, world_size=len(outcomes), outcomes=outcomes)
+        return CaseResult(case=case, world_size=len(outcomes), outcomes=outcomes,
+                          pool_rebuilt=any(o.exit_code is not None for o in outcomes))  # a dead rank takes the pool
 
 
 def raised(rank: int, phase: str) -> RankOutcome:
@@ -201,3 +202,33 @@ def test_findings_that_hold_whatever_the_hook_is_never_fail_it():
     with pytest.raises(NotRun, match="the suite's own machinery fails this rule, whatever the hook: the suite's "
                                      "registration missed a group\nPyTorch changed"):
         not_the_hooks([torch_changed, suites])
+
+
+def died(rank: int, phase: str, code: int = -6) -> RankOutcome:
+    return RankOutcome(rank=rank, exit_code=code, phase=phase, output="terminate called after throwing\n")
+
+
+def test_a_dead_rank_reruns_the_case_in_fresh_ranks_once_per_hook(runner):
+    """First case: a rank dies, the re-run (fresh ranks) finishes: the case passes, the death is kept. Second
+    case: a rank dies again: no second re-run for that hook (the script has no third answer), it fails."""
+    phase = "step 1: full_tensor() of every gradient"
+    pool = ScriptedPool([[died(0, phase), raised(1, phase)], [ok(0), ok(1)], [ok(0), died(1, phase, 17)]])
+    run_case(runner, pool)
+    assert len(pool.cases) == 2 and pool.cases[1] == pool.cases[0]
+    (rerun,) = runner.crash_reruns
+    assert (rerun.hook, rerun.recurred) == ("h", False)
+    assert rerun.death == ("rank 0: died with exit code -6 during 'step 1: full_tensor() of every gradient' "
+                           "(it printed: terminate called after throwing)")
+    with pytest.raises(ConformanceFailure) as info:
+        run_case(runner, pool)
+    assert "rank 1: died with exit code 17" in str(info.value) and "run twice" not in str(info.value)
+    assert len(runner.crash_reruns) == 1 and not pool.script
+
+
+def test_a_rank_that_dies_in_fresh_ranks_too_fails_saying_the_case_ran_twice(runner):
+    phase = "step 0: forward/backward of the hooked model"
+    pool = ScriptedPool([[ok(0), died(1, phase, 17)], [ok(0), died(1, phase, 17)]])
+    with pytest.raises(ConformanceFailure) as info:
+        run_case(runner, pool)
+    assert "the case was run twice, the second time in fresh ranks of its own" in str(info.value)
+    assert runner.crash_reruns[0].recurred

@@ -41,7 +41,7 @@ the command that re-runs just that case.
    longer match up. A case in which a rank died runs once more, in the
    fresh ranks that the rebuilt pool starts: the second run is the case's
    (a death can come from before the case, and the hook must not be
-   blamed for its ranks' history); the summary lists both. What the hook left changed in its ranks' process state,
+   blamed for its ranks' history); the summary lists both. Once per hook. What the hook left changed in its ranks' process state,
    a default process group that no longer works, and memory grown past the
    bound over the hook's cases fail the case, and the pool is rebuilt. A
    failure inside the suite's own reference is replayed with the reference
@@ -258,7 +258,9 @@ class Runner:
                 (:func:`~conformance.controller.replays.replay_crash`), there being no red to avoid.
 
         A rank that died (:func:`~conformance.controller.replays.lost_a_rank`) runs the case once more in
-        fresh ranks; that run is the case's (:attr:`crash_reruns` keeps the first).
+        fresh ranks; that run is the case's (:attr:`crash_reruns` keeps the first). Once per hook: a second
+        death in the same hook's cases is no passing accident of the machine (a hook that crashes after
+        so many calls would pass each re-run), and its failure stands.
 
         Raises:
             ConformanceFailure: a rank raised, hung or died, or returned findings.
@@ -273,7 +275,7 @@ class Runner:
         pool = self._pool_or_not_run(world_size, hook)
         result = self._run_on(pool, case, hook, world_size)
         rerun_note = ""
-        if lost_a_rank(result) and not known_failure:
+        if lost_a_rank(result) and not known_failure and not any(r.hook == hook for r in self.crash_reruns):
             first, death = result, first_loss(result)
             try:
                 result = self._run_on(pool, case, hook, world_size)  # the pool was rebuilt: ranks of this case alone

@@ -76,7 +76,9 @@ class DDPHookRecorder(Recorder):
     Attributes:
         step: the training step, set by :meth:`run_step` before each backward.
         calls: ``(step, bucket index)`` per hook call.
-        violations: contract violations seen so far (at most 20).
+        violations: contract violations seen so far (at most 20), by step, then bucket index: the futures'
+            callbacks run as their collectives finish, in an order that changes from run to run, and a
+            report must read the same each time.
         fatal: the hook returned something that is not a Future. DDP's reducer
             raises a ``RuntimeError`` on a Tensor or any other object ("DDP
             communication hook's callback must return a torch.futures.Future
@@ -92,7 +94,7 @@ class DDPHookRecorder(Recorder):
         self.names = names
         self.step = 0
         self.calls: List[Tuple[int, int]] = []
-        self.violations: List[Finding] = []
+        self._violations: List[Tuple[int, int, int, Finding]] = []  # (step, bucket index, seen, finding)
         self.fatal = False
         self.log = CallLog()
         # DDP's register_comm_hook reads hook.__qualname__ (for its logger) and hook.__name__ (it refuses
@@ -146,15 +148,20 @@ class DDPHookRecorder(Recorder):
         shown = ", ".join(params[:3]) + (f", ... ({len(params)} parameters)" if len(params) > 3 else "")
         return f"bucket {index}" + (f" [{shown}]" if shown else "")
 
-    def _note(self, message: str) -> None:
-        if len(self.violations) < 20:
-            self.violations.append(Finding(self.rank, message, step=self.step, kind="contract"))
+    @property
+    def violations(self) -> List[Finding]:
+        return [f for *_, f in sorted(self._violations, key=lambda v: v[:3])]
+
+    def _note(self, message: str, step: int, index: int) -> None:
+        if len(self._violations) < 20:
+            self._violations.append((step, index, len(self._violations),
+                                     Finding(self.rank, message, step=step, kind="contract")))
 
     # No annotations: DDP's _check_comm_hook compares them with dist.GradBucket, and under
     # ``from __future__ import annotations`` they would be strings.
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
         buffer = bucket.buffer()
-        index = bucket.index()
+        index, step = bucket.index(), self.step
         shape, dtype, device = tuple(buffer.shape), buffer.dtype, buffer.device
         where = self._bucket_text(bucket, index)
         self.calls.append((self.step, index))
@@ -169,7 +176,7 @@ class DDPHookRecorder(Recorder):
             self._note(f"{where}: the hook returned {_describe_value(fut)}, not a torch.futures.Future; DDP needs "
                        "a Future whose value is the bucket's new contents (e.g. "
                        "dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])), and "
-                       f"{_what_ddp_does_with(fut)}")
+                       f"{_what_ddp_does_with(fut)}", step, index)
             substitute: Any = torch.futures.Future()
             substitute.set_result(buffer)
             return substitute
@@ -182,7 +189,7 @@ class DDPHookRecorder(Recorder):
                     hint = ("; a collective's get_future() holds a list of tensors: take its first element "
                             "(.then(lambda f: f.value()[0]))")
                 self._note(f"{where}: the hook's future holds {_describe_value(value)}, but DDP needs one tensor "
-                           f"of shape {shape}, {dtype_name(dtype)}, on {device}{hint}")
+                           f"of shape {shape}, {dtype_name(dtype)}, on {device}{hint}", step, index)
                 return value
             bad = []
             if tuple(value.shape) != shape:
@@ -194,7 +201,7 @@ class DDPHookRecorder(Recorder):
             if bad:
                 self._note(f"{where}: the hook's future holds a tensor with {' and '.join(bad)}: its value must "
                            "keep the bucket buffer's shape, dtype and device (DDP converts a wrong dtype "
-                           "silently and fails inside its reducer on a wrong shape)")
+                           "silently and fails inside its reducer on a wrong shape)", step, index)
             else:
                 call.output = value.detach().reshape(-1).clone()
             return value

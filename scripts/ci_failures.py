@@ -33,7 +33,7 @@ def main(argv: list) -> int:
     for case in doc.get("cases", []):
         failure = case.get("failure") or {}
         skip = case.get("skip_reason") or ""
-        if case.get("outcome") == "failed":
+        if case.get("outcome") in ("failed", "error"):
             text = failure.get("message") or ""
         elif skip.startswith("NOT RUN"):
             text = skip
@@ -41,8 +41,8 @@ def main(argv: list) -> int:
             continue
         print(f"ci: {case.get('outcome')} {case.get('id')}\n{_cut(text, args.max_chars)}\n")
     for rerun in (doc.get("run") or {}).get("crash_reruns") or []:
-        print(f"ci: a rank died in {rerun['case']} and the case ran once more (recurred: {rerun['recurred']}); "
-              f"the first run:\n{_cut(rerun['first_run'], args.max_chars)}\n")
+        print(f"ci: a rank died in {rerun['case']} and the case ran once more (the second run "
+              f"{rerun['second_run']}); the first run:\n{_cut(rerun['first_run'], args.max_chars)}\n")
     return 0
 
 

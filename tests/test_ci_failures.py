@@ -23,10 +23,11 @@ def _case(case_id, outcome, *, message=None, skip=None):
 
 def test_prints_each_failed_and_not_run_case_and_each_crash_rerun(tmp_path, capsys):
     doc = {"run": {"crash_reruns": [{"case": "test_x[h-ws2]", "hook": "h", "death": "rank 1: died",
-                                      "first_run": "terminate called after throwing", "recurred": False}]},
+                                      "first_run": "terminate called after throwing", "second_run": "ran to the end"}]},
            "cases": [_case("a[passed]", "passed"), _case("b[failed]", "failed", message="rank 0 raised ValueError"),
                      _case("c[skipped]", "skipped", skip="gloo has no PREMUL_SUM"),
-                     _case("d[notrun]", "skipped", skip="NOT RUN: a rank died (exit code -6)")]}
+                     _case("d[notrun]", "skipped", skip="NOT RUN: a rank died (exit code -6)"),
+                     _case("e[error]", "error", message="fixture setup failed")]}
     path = tmp_path / "results.json"
     path.write_text(json.dumps(doc))
     assert _module().main([str(path), "--max-chars", "100"]) == 0
@@ -34,7 +35,8 @@ def test_prints_each_failed_and_not_run_case_and_each_crash_rerun(tmp_path, caps
     assert "ci: failed b[failed]\nrank 0 raised ValueError" in out
     assert "ci: skipped d[notrun]\nNOT RUN: a rank died (exit code -6)" in out
     assert "a[passed]" not in out and "c[skipped]" not in out
-    assert "a rank died in test_x[h-ws2] and the case ran once more (recurred: False)" in out
+    assert "ci: error e[error]\nfixture setup failed" in out
+    assert "a rank died in test_x[h-ws2] and the case ran once more (the second run ran to the end)" in out
     assert "terminate called after throwing" in out
 
 

@@ -88,18 +88,26 @@ def test_dead_rank_is_reported_with_its_exit_code(contained_run):
     assert "the case was run twice, the second time in fresh ranks of its own" in case.message
 
 
-def test_a_rank_death_that_does_not_recur_in_fresh_ranks_is_not_the_hooks(contained_run):
-    """The first run's rank dies (SIGABRT, from outside the case as far as the hook is concerned); the re-run in
-    fresh ranks runs to the end, and its outcome is the case's. The summary keeps the first run's death, with
-    what the rank printed."""
+def test_a_rank_death_that_does_not_recur_in_fresh_ranks_is_re_run_and_reported(contained_run):
+    """The first run's rank dies (SIGABRT); the re-run in fresh ranks runs to the end, and its outcome is the case's.
+    The suite cannot tell a machine's one-off death from a hook's: the hook's verdict line says a rank died once,
+    and the summary keeps the first run's death, with what the rank printed."""
     assert _case(contained_run, "zoo_abort_once_rank1").outcome == "passed"
     out = contained_run.output
-    assert "2 case(s) lost a rank and ran once more in fresh ranks: 1 ran to the end there" in out
-    assert "1 lost a rank again" in out
+    assert "2 case(s) lost a rank and ran once more in fresh ranks (once per hook)" in out
+    assert "the suite cannot tell which" in out
     once = next(line for line in out.splitlines() if line.startswith("  test_averaging[zoo_abort_once_rank1"))
-    assert "(ran to the end the second time); the first run: " in once
+    assert ": the second run ran to the end; the first run: " in once
     assert f"rank 1: died with exit code {-signal.SIGABRT} during 'step 0: forward/backward of the hooked model'" in once
     assert "(it printed: zoo: rank 1 aborts once)" in once
+    again = next(line for line in out.splitlines() if line.startswith("  test_averaging[zoo_crash_rank1"))
+    assert ": the second run a rank died again; the first run: rank 1: died with exit code 17" in again
+    verdict = out[out.index("zoo_abort_once_rank1 "):].splitlines()
+    assert verdict[0].split()[1] == "CONFORMS", verdict[0]
+    assert verdict[1].strip() == ("a rank died once, in test_averaging[zoo_abort_once_rank1-NO_SHARD-ws2] (rank 1: "
+                                  f"died with exit code {-signal.SIGABRT} during 'step 0: forward/backward of the "
+                                  "hooked model'); the second run, in fresh ranks, ran to the end: see the summary "
+                                  "below")
 
 
 def test_the_results_file_keeps_each_rerun_with_the_first_runs_ranks(contained_run, zoo_runs):
@@ -109,7 +117,8 @@ def test_the_results_file_keeps_each_rerun_with_the_first_runs_ranks(contained_r
     assert results.schema_problems(doc) == []
     reruns = {r["hook"]: r for r in doc["run"]["crash_reruns"]}
     assert sorted(reruns) == ["zoo_abort_once_rank1", "zoo_crash_rank1"]
-    assert not reruns["zoo_abort_once_rank1"]["recurred"] and reruns["zoo_crash_rank1"]["recurred"]
+    assert reruns["zoo_abort_once_rank1"]["second_run"] == "ran to the end"
+    assert reruns["zoo_crash_rank1"]["second_run"] == "a rank died again"
     assert "zoo: rank 1 aborts once" in reruns["zoo_abort_once_rank1"]["first_run"]
     assert "died with exit code 17" in reruns["zoo_crash_rank1"]["death"]
 

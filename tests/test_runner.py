@@ -216,7 +216,7 @@ def test_a_dead_rank_reruns_the_case_in_fresh_ranks_once_per_hook(runner):
     run_case(runner, pool)
     assert len(pool.cases) == 2 and pool.cases[1] == pool.cases[0]
     (rerun,) = runner.crash_reruns
-    assert (rerun.hook, rerun.recurred) == ("h", False)
+    assert (rerun.hook, rerun.second_run) == ("h", "ran to the end")
     assert rerun.death == ("rank 0: died with exit code -6 during 'step 1: full_tensor() of every gradient' "
                            "(it printed: terminate called after throwing)")
     with pytest.raises(ConformanceFailure) as info:
@@ -231,4 +231,35 @@ def test_a_rank_that_dies_in_fresh_ranks_too_fails_saying_the_case_ran_twice(run
     with pytest.raises(ConformanceFailure) as info:
         run_case(runner, pool)
     assert "the case was run twice, the second time in fresh ranks of its own" in str(info.value)
-    assert runner.crash_reruns[0].recurred
+    assert runner.crash_reruns[0].second_run == "a rank died again"
+
+
+def test_a_rerun_that_raises_is_reported_as_such(runner):
+    phase = "step 0: forward/backward of the hooked model"
+    pool = ScriptedPool([[ok(0), died(1, phase)], [raised(0, phase), ok(1)]])
+    with pytest.raises(ConformanceFailure) as info:
+        run_case(runner, pool)
+    assert "rank 0: raised RuntimeError" in str(info.value) and "run twice" in str(info.value)
+    assert runner.crash_reruns[0].second_run == "a rank raised or hung"
+
+
+class UnstartablePool(ScriptedPool):
+    """Its first answer is a dead rank; it cannot start again (torchrun's restarts spent)."""
+
+    def run(self, case):
+        from conformance.controller.pools import PoolStartError
+
+        if self.script:
+            return super().run(case)
+        raise PoolStartError("")  # no message at all: the note must still read
+
+
+def test_a_rerun_that_cannot_start_keeps_the_first_failure_and_spends_the_hooks_rerun(runner):
+    phase = "step 0: forward/backward of the hooked model"
+    pool = UnstartablePool([[ok(0), died(1, phase, 17)]])
+    with pytest.raises(ConformanceFailure) as info:
+        run_case(runner, pool)
+    assert "rank 1: died with exit code 17" in str(info.value)
+    assert "(a rank died, and the case could not run again in fresh ranks)" in str(info.value)
+    (rerun,) = runner.crash_reruns
+    assert rerun.second_run == "could not start" and rerun.hook == "h"

@@ -32,8 +32,16 @@ from conformance.controller.pools import Pool, PoolStartError
 from conformance.protocol import Case, CaseResult, Finding, HookRef, RankOutcome
 from conformance.reports import report
 
-__all__ = ["CrashRerun", "crash_signatures", "first_loss", "lost_a_rank", "replay_crash", "replay_default_hook",
-           "replay_reference"]
+__all__ = ["CrashRerun", "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "crash_signatures",
+           "first_loss", "lost_a_rank", "replay_crash", "replay_default_hook", "replay_reference",
+           "second_run_outcome"]
+
+
+#: How the re-run after a dead rank went (:attr:`CrashRerun.second_run`).
+RERUN_FINISHED = "ran to the end"
+RERUN_DIED = "a rank died again"
+RERUN_FAILED = "a rank raised or hung"
+RERUN_NOT_STARTED = "could not start"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,25 +50,36 @@ class CrashRerun:
 
     A rank that dies takes its pool with it, so the second run gets ranks that ran nothing before it: not
     the hook's earlier cases, not what an earlier case left in its process groups. The second run is the
-    case's result; this record keeps the first for the summary and the results file.
+    case's result; this record keeps the first for the hook's verdict line, the summary and the results
+    file. Whether the death was the machine's, an earlier case's or the hook's own (a hook that crashes
+    now and then) the suite cannot tell: it says so, and grants the re-run once per hook.
 
     Attributes:
         case: the test name (``item.name``).
         hook: the hook's spec name, or ``None``.
         death: the first run's dead rank, on one line (:func:`first_loss`).
         first_run: what the first run's ranks did (:func:`conformance.reports.report.rank_problems`).
-        recurred: whether a rank died again in the fresh ranks (then the case's failure is the second run's).
+        second_run: :data:`RERUN_FINISHED` (every rank finished; the case's outcome is what it found),
+            :data:`RERUN_DIED`, :data:`RERUN_FAILED` (the case's failure is the second run's), or
+            :data:`RERUN_NOT_STARTED` (no fresh ranks, torchrun's restarts spent say: the first run stands).
     """
 
     case: str
     hook: Optional[str]
     death: str
     first_run: str
-    recurred: bool
+    second_run: str
 
     def to_json(self) -> Dict[str, Any]:
         return {"case": self.case, "hook": self.hook, "death": self.death, "first_run": self.first_run,
-                "recurred": self.recurred}
+                "second_run": self.second_run}
+
+
+def second_run_outcome(result: CaseResult) -> str:
+    """:attr:`CrashRerun.second_run` of the re-run ``result``."""
+    if lost_a_rank(result):
+        return RERUN_DIED
+    return RERUN_FINISHED if all(o.ok for o in result.outcomes) else RERUN_FAILED
 
 
 def lost_a_rank(result: CaseResult) -> bool:

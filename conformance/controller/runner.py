@@ -74,8 +74,8 @@ from conformance.controller.failures import ConformanceFailure, NotRun, pool_not
 from conformance.controller.pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
 from conformance.controller.remote import remote_pool
-from conformance.controller.replays import (CrashRerun, first_loss, lost_a_rank, replay_crash, replay_default_hook,
-                                           replay_reference)
+from conformance.controller.replays import (RERUN_NOT_STARTED, CrashRerun, first_loss, lost_a_rank, replay_crash,
+                                           replay_default_hook, replay_reference, second_run_outcome)
 from conformance.controller.spec_loading import pythonpath_to_rerun
 from conformance.controller.zygote_client import close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
@@ -280,14 +280,15 @@ class Runner:
             try:
                 result = self._run_on(pool, case, hook, world_size)  # the pool was rebuilt: ranks of this case alone
             except NotRun:  # no fresh ranks (torchrun's restarts spent, say): no evidence, the first run stands
-                result = first
-                rerun_note = (f"\n(a rank died, and the case could not run again in fresh ranks: "
-                              f"{self.not_run[(hook, world_size)].splitlines()[0]})")
+                result, second = first, RERUN_NOT_STARTED
+                why = (self.not_run.get((hook, world_size)) or "").strip().splitlines()
+                rerun_note = (f"\n(a rank died, and the case could not run again in fresh ranks"
+                              f"{': ' + why[0] if why else ''})")
             else:
+                second = second_run_outcome(result)
                 rerun_note = (f"\n(the case was run twice, the second time in fresh ranks of its own; this is the "
                               f"second run's failure; the first: {death})")
-                self.crash_reruns.append(CrashRerun(test_name, hook, death, report.rank_problems(first),
-                                                    lost_a_rank(result)))
+            self.crash_reruns.append(CrashRerun(test_name, hook, death, report.rank_problems(first), second))
         problems = report.rank_problems(result)
         problems += rerun_note if problems else ""
         leaks = result.leak_findings()

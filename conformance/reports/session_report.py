@@ -13,12 +13,12 @@ here is plain text from them.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from conformance.apis.registry import HOOK_APIS, api_of_test, planned_cases
 from conformance.controller.remote_link import format_address
 
-__all__ = ["counts_lines", "crash_rerun_lines", "header_lines", "no_case_lines", "notset_cause", "planned_world_sizes", "split_counts"]
+__all__ = ["counts_lines", "crash_rerun_lines", "crash_rerun_verdict_note", "header_lines", "no_case_lines", "notset_cause", "planned_world_sizes", "split_counts"]
 
 #: Names listed in one line before "and N more".
 MAX_NAMES = 8
@@ -59,19 +59,26 @@ def _sizes_text(sizes: Mapping[int, Set[str]], usual: Sequence[int]) -> str:
 
 def crash_rerun_lines(reruns: Sequence[Any]) -> List[str]:
     """What the summary says of the cases in which a rank died and that the suite ran once more in fresh ranks
-    (:class:`conformance.controller.replays.CrashRerun`): each case, whether it died again, and how the first
+    (:class:`conformance.controller.replays.CrashRerun`): each case, how its second run went, and how the first
     run's rank died (the results file keeps all that the first run's ranks did). Empty when none."""
     if not reruns:
         return []
-    recovered = [r for r in reruns if not r.recurred]
-    lines = [f"{len(reruns)} case(s) lost a rank and ran once more in fresh ranks: {len(recovered)} ran to the end "
-             "there (their outcome above is the second run's; the first run's rank death came from the ranks' "
-             "history or the machine, not from the case), "
-             f"{len(reruns) - len(recovered)} lost a rank again (their failure above is the second run's)"]
+    lines = [f"{len(reruns)} case(s) lost a rank and ran once more in fresh ranks (once per hook); the outcome above "
+             "is the second run's. A death that does not recur may have come from the machine, from what an "
+             "earlier case left in the ranks, or from a hook that crashes now and then: the suite cannot tell which"]
     for r in reruns:
-        again = "died again" if r.recurred else "ran to the end the second time"
-        lines.append(f"  {r.case} ({again}); the first run: {r.death}")
+        lines.append(f"  {r.case}: the second run {r.second_run}; the first run: {r.death}")
     return lines
+
+
+def crash_rerun_verdict_note(reruns: Sequence[Any], hook: str) -> Optional[str]:
+    """The line under ``hook``'s verdict where one of its cases lost a rank and ran again (``None`` if none)."""
+    mine = [r for r in reruns if r.hook == hook]
+    if not mine:
+        return None
+    r = mine[0]
+    return (f"a rank died once, in {r.case} ({r.death.split(' (it printed', 1)[0]}); the second run, in fresh "
+            f"ranks, {r.second_run}: see the summary below")
 
 
 def header_lines(state: Any, torch_version: str) -> List[str]:

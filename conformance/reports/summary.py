@@ -116,6 +116,9 @@ class Summary:
             counts = tally.counts
             detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
             tr.write_line(f"{name:<28} {verdict}  [{sum(counts.values())}{of_planned} cases: {detail}]")
+            rerun = session_report.crash_rerun_verdict_note(getattr(state.runner, "crash_reruns", ()), name)
+            if rerun:
+                tr.write_line(f"{'':<28}   {rerun}", yellow=True)
             for reason in verdict.known_failure_reasons:
                 tr.write_line(f"{'':<28}   expected: {reason}")
             if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):

@@ -206,8 +206,9 @@ class CaseResult:
     ``memory_grown`` holds ``(rank, bytes grown, resident bytes after)`` for each rank
     whose resident memory grew beyond the pool's bound since the pool started for this
     hook (over all the hook's cases so far); the pool was then restarted after the case
-    (:class:`~conformance.controller.pools.PoolConfig`). ``group_broken`` says why the default process
-    group no longer ran a collective after a case that every rank finished, if it did not.
+    (:class:`~conformance.controller.pools.PoolConfig`). ``group_broken`` says why the ranks' process
+    groups (the default one, or another they hold) no longer ran a collective in step after a case that
+    every rank finished, if they did not.
     Both, and every rank's :attr:`RankOutcome.leaks`, fail the case: :meth:`leak_findings`.
     """
 
@@ -244,9 +245,11 @@ class CaseResult:
             found.append(Finding(ranks[0], f"the hook left{where}: {what}. A later case in the same process would "
                                  "run under it, so the ranks were rebuilt before the next case", kind="process_state"))
         if self.group_broken and not by_change:
-            found.append(Finding(0, f"after this case the default process group no longer runs a collective "
-                                 f"({self.group_broken}); the ranks were rebuilt before the next case",
-                                 kind="process_state"))
+            found.append(Finding(0, f"after this case the ranks' process groups no longer run a collective in step "
+                                 f"({self.group_broken}): a group destroyed or replaced, or a collective that not "
+                                 "every rank of a group joined (an async one issued on some ranks only), whose "
+                                 "stale half the next collective there would pair with; the ranks were rebuilt "
+                                 "before the next case", kind="process_state"))
         for rank, grew, now in self.memory_grown:
             found.append(Finding(rank, f"resident memory grew by {grew / 2**20:.0f} MiB (to {now / 2**20:.0f} MiB) "
                                  f"over this hook's {self.cases_on_pool} case(s) on this rank, beyond "

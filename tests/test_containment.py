@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -48,7 +49,7 @@ def _mid_way_run(runs, directory, env):
     known = os.path.join(directory, "mid_way_known.toml")
     with open(known, "w") as f:
         f.write(MID_WAY_KNOWN)
-    return run_suite(["--hook", "tests.zoo.contained:RAISE_MID_WAY", "--case-timeout", "10", "--extra-world-size",
+    return run_suite(["--hook", "tests.zoo.contained:GROUPS", "--case-timeout", "10", "--extra-world-size",
                       "0", "-k", "test_parity and (net_wrapped or net_flat)", "-q", "-p", "no:randomly",
                       "--known-failures", known], os.path.join(directory, "mid_way.xml"), timeout=300, env=env)
 
@@ -189,7 +190,21 @@ def test_a_case_that_raised_with_a_collective_unmatched_leaves_no_ranks_behind(z
     is still in step, so only the check of every group the ranks hold finds that group a collective apart and gets
     the pool rebuilt: the next case runs in fresh ranks and passes (in the old ranks its probe failed)."""
     run = zoo_runs(MID_WAY_RUN)
-    first, second = run.cases
+    first, second = run.by_hook()["zoo_raise_mid_way"]
     assert first.outcome == "xfailed", first.message[:3000]
     assert second.outcome == "passed", second.message[:3000]
-    assert "rank pools restarted 1 time(s)" in run.output
+
+
+def test_a_collective_left_behind_in_a_case_every_rank_finished_fails_that_case(zoo_runs):
+    """Rank 0's hook leaves an all-reduce of its own group unjoined and every rank finishes: the check of every
+    group after the case finds that group out of step, fails the case that did it, and rebuilds the ranks (so
+    each case of the hook, in fresh ranks, does it again and fails)."""
+    run = zoo_runs(MID_WAY_RUN)
+    for case in run.by_hook()["zoo_leaves_a_collective"]:
+        assert case.outcome == "failed", case.name
+        assert "after this case the ranks' process groups no longer run a collective in step" in case.message
+        assert re.search(r"process group 1 of this rank after the default one \(2 ranks\) is out of step|did not all "
+                         r"answer an all-reduce|rank \d died in the all-reduce on its process groups", case.message), \
+            case.message[:3000]
+    # the raising case, then each case of the hook that leaves a collective behind
+    assert "rank pools restarted 3 time(s)" in run.output

@@ -288,9 +288,9 @@ class RankPool:
         """Send ``case`` to every rank and gather one outcome per rank.
 
         The pool is (re)started first if needed. After every case the ranks
-        all-reduce on the default process group (:meth:`_in_step`), and after
-        a case in which a rank raised, on every process group they hold: a
-        pool whose ranks no longer match up there is rebuilt; after one that every rank finished, a group that no
+        all-reduce on the default process group and on every other process
+        group they hold (:meth:`_in_step`): after a case in which a rank
+        raised, hung or died, a pool whose ranks no longer match up is rebuilt; after one that every rank finished, a group that no
         longer works is the hook's doing (``CaseResult.group_broken``). A rank
         that reports its process state changed (``RankOutcome.leaks``), or whose
         resident memory grew past the bound since the pool started, also gets
@@ -326,8 +326,7 @@ class RankPool:
             self.kill()
             rebuilt = True
         else:
-            # after a rank raised, every group: it may have left one mid-way (the default group alone otherwise)
-            problem = self._in_step(every_group=not all(o.ok for o in outcomes.values()))
+            problem = self._in_step()
             if problem is not None:
                 rebuilt = True
                 if all(o.ok for o in outcomes.values()):
@@ -342,14 +341,14 @@ class RankPool:
                           memory_bound=self.config.memory_growth_bytes, cases_on_pool=self._cases_run,
                           group_broken=group_broken)
 
-    def _in_step(self, every_group: bool = False) -> Optional[str]:
-        """After a case: :func:`in_step` (on every process group the ranks hold with ``every_group``); a pool
-        that is not is killed (rebuilt on the next case)."""
+    def _in_step(self) -> Optional[str]:
+        """After a case: :func:`in_step` on every process group the ranks hold; a pool that is not in step is
+        killed (rebuilt on the next case)."""
         if not self.alive:
             self.kill()
             return "a rank is gone"
         self._seq += 1
-        problem = in_step(self._conns, self._seq, every_group)
+        problem = in_step(self._conns, self._seq)
         if problem is not None:
             self.kill()
         return problem

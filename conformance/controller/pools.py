@@ -170,18 +170,19 @@ def gather_outcomes(conns: Sequence[Connection], outcomes: Dict[int, RankOutcome
             grace_deadline = time.monotonic() + STRAGGLER_GRACE_S
     return phases
 
-def in_step(conns: Sequence[Connection], seq: int, every_group: bool = False) -> Optional[str]:
+def in_step(conns: Sequence[Connection], seq: int) -> Optional[str]:
     """After a case, every rank all-reduces ``seq`` on the default process group as a hook would find it
-    (``group=None``): ``None`` when each answers ``seq * len(conns)``; else why not (a rank that is gone or
-    silent for :data:`STRAGGLER_GRACE_S`, ranks out of step, or a rank's error: a default group that was
-    destroyed or replaced). ``every_group`` (after a case in which a rank raised): then on every other
-    process group the ranks hold, too (``conformance.ranks.worker.groups_held``): out of step there is a
-    rank's error. Both launchers use it (:class:`conformance.controller.pool.RankPool`,
+    (``group=None``), then on every other process group it holds (``conformance.ranks.worker.groups_held``):
+    ``None`` when each answers ``seq * len(conns)``; else why not (a rank that is gone or silent for
+    :data:`STRAGGLER_GRACE_S`, ranks out of step, or a rank's error: a default group that was destroyed or
+    replaced, another group out of step). A group out of step is one that a collective left behind: issued
+    on some ranks only, or by a rank that raised between two collectives; the next collective there would
+    pair with the stale one. Both launchers use it (:class:`conformance.controller.pool.RankPool`,
     :class:`conformance.controller.remote.RemotePool`).
     """
     for conn in conns:
         try:
-            send(conn, (Msg.PING, (seq, every_group)))
+            send(conn, (Msg.PING, seq))
         except OSError:
             return f"rank {list(conns).index(conn)} is gone"
     expected = seq * len(conns)
@@ -196,7 +197,8 @@ def in_step(conns: Sequence[Connection], seq: int, every_group: bool = False) ->
             try:
                 kind, payload = recv(conn)
             except (EOFError, OSError):
-                return f"rank {rank} is gone"
+                return (f"rank {rank} died in the all-reduce on its process groups (gloo aborts a rank whose "
+                        "collective meets a stale one of another size)")
             if kind != Msg.PONG:
                 continue
             if isinstance(payload, str):

@@ -316,7 +316,7 @@ class RemotePool:
             rebuilt = True
         else:
             self._seq += 1
-            problem = in_step(self._conns, self._seq, every_group=not all(o.ok for o in outcomes.values()))
+            problem = in_step(self._conns, self._seq)
             if problem is not None and not all(o.ok for o in outcomes.values()):
                 self.kill()  # out of step after a failure: torchrun restarts the group
                 rebuilt = True

@@ -258,28 +258,28 @@ class _Worker:
         return [f"{what}, since the hook's module was imported (before any case ran)" if what in self.import_leaks
                 else what for what in now]
 
-    def ping(self, seq: int, every_group: bool = False) -> Optional[int]:
-        """All-reduce ``seq`` on the default group: proves, after every case, that the group still works and
-        the ranks still match up. With ``every_group`` (after a case in which a rank raised), then on every
-        other process group this rank holds (:func:`groups_held`): a rank that raised between two collectives
-        of a subgroup leaves that group's ranks a collective apart, and the next case's first collective there
-        would pair with a stale one (gloo then aborts the rank in C++, or mixes the data).
+    def ping(self, seq: int) -> Optional[int]:
+        """All-reduce ``seq`` on the default group, then on every other process group this rank holds
+        (:func:`groups_held`): proves, after every case, that the groups still work and the ranks still match
+        up in each. A collective that not every rank of a group joined (an async one issued on some ranks
+        only, or cut short by a rank that raised) leaves the group's ranks a collective apart, and the next
+        case's first collective there would pair with the stale one (gloo then aborts the rank in C++, or
+        mixes the data).
 
         Raises:
-            RuntimeError: a group's all-reduce did not sum to ``seq`` times its size (ranks out of step there).
+            RuntimeError: a group's all-reduce did not sum to ``seq`` times its size.
         """
         t = torch.tensor([seq], dtype=torch.int64, device=self.device)
         # The default group as a hook would find it (group=None), not the handle kept at start: a hook
         # that destroyed or replaced it must fail here, not in the next hook's first collective.
         _suite_all_reduce()(t)
-        if every_group:
-            for i, group in enumerate(groups_held()):
-                g = torch.tensor([seq], dtype=torch.int64, device=self.device)
-                _suite_all_reduce()(g, group=group)
-                size = dist.get_world_size(group)
-                if int(g.item()) != seq * size:
-                    raise RuntimeError(f"process group {i + 1} of this rank (after the default one; {size} ranks) is "
-                                       f"out of step: an all-reduce summed {int(g.item())}, expected {seq * size}")
+        for i, group in enumerate(groups_held()):
+            g = torch.tensor([seq], dtype=torch.int64, device=self.device)
+            _suite_all_reduce()(g, group=group)
+            size = dist.get_world_size(group)
+            if int(g.item()) != seq * size:
+                raise RuntimeError(f"process group {i + 1} of this rank after the default one ({size} ranks) is "
+                                   f"out of step: an all-reduce summed {int(g.item())}, expected {seq * size}")
         return int(t.item())
 
     def loop(self) -> None:
@@ -298,8 +298,7 @@ class _Worker:
                         error_type=type(exc).__name__, phase=outcome.phase)))
             elif kind == Msg.PING:
                 try:
-                    seq, every_group = payload if isinstance(payload, tuple) else (payload, False)
-                    send(self.conn, (Msg.PONG, self.ping(seq, every_group)))
+                    send(self.conn, (Msg.PONG, self.ping(payload)))
                 except Exception as exc:  # noqa: BLE001
                     send(self.conn, (Msg.PONG, f"{type(exc).__name__}: {exc}"))
             elif kind == Msg.REHOST:

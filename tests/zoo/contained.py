@@ -6,9 +6,10 @@ Both are NO_SHARD-only and misbehave on rank 1 only, as a real bug usually
 does: rank 0 is then left blocked in the collective its peer never joins.
 A third aborts rank 1 once per run only (a rank death that came from outside
 the case, as a machine's or an earlier case's would), then reduces correctly:
-the suite's re-run in fresh ranks must pass it. ``RAISE_MID_WAY`` raises once
-with a collective of its own group unmatched: the suite must not run its next
-case in those ranks.
+the suite's re-run in fresh ranks must pass it. ``GROUPS``: one hook raises once
+with a collective of its own group unmatched (the suite must not run its next
+case in those ranks), one finishes every case with such a collective left
+behind (the case that did it fails).
 ``INTERRUPTIBLE`` is for the tests that stop the controller mid-case
 (tests/test_interrupt.py): a passing hook, then one that never returns.
 ``UNRULY`` is for the rank output and memory limits (tests/test_rank_limits.py).
@@ -80,6 +81,20 @@ def raise_with_a_collective_mid_way(state, grad):
     allreduce_hook(state, grad)
 
 
+_LEFT = []
+
+
+def leave_a_collective_behind(state, grad):
+    """Reduces as ``allreduce_hook`` does, but at its first call in a process, rank 0 also starts an all-reduce on
+    a group of the hook's own that no other rank joins, and never waits for it: every rank finishes the case,
+    the default group is in step, and that group is a collective apart."""
+    if not _LEFT:
+        _LEFT.append(dist.new_group(list(range(dist.get_world_size()))))  # collective, same order on every rank
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.ones(1), group=_LEFT[0], async_op=True)
+    allreduce_hook(state, grad)
+
+
 def hang_in_hook(state, grad):
     """Never returns: rank 0 waits on a future nobody completes; rank 1 sleeps in C holding the GIL,
     so only the kernel's parent-death signal can end it. Entering the hook creates the file
@@ -119,6 +134,9 @@ CRASH_ONCE = HookSpec(name="zoo_abort_once_rank1", api="fsdp", hook=abort_once_o
                       description="rank 1 aborts at its first call of the run, then reduces correctly")
 RAISE_MID_WAY = HookSpec(name="zoo_raise_mid_way", api="fsdp", hook=raise_with_a_collective_mid_way,
                          state=DefaultState, description="raises once, leaving a collective of its group unmatched")
+LEAVES_A_COLLECTIVE = HookSpec(name="zoo_leaves_a_collective", api="fsdp", hook=leave_a_collective_behind,
+                               state=DefaultState, description="rank 0 leaves an all-reduce of its own group unjoined")
+GROUPS = [RAISE_MID_WAY, LEAVES_A_COLLECTIVE]
 GOOD = HookSpec(name="zoo_plain_allreduce", api="fsdp", hook=allreduce_hook, state=DefaultState,
                 description="PyTorch's allreduce_hook, to show the run goes on")
 HANG_IN_HOOK = HookSpec(name="zoo_hang_in_hook", api="fsdp", hook=hang_in_hook, state=DefaultState,

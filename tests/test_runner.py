@@ -199,8 +199,8 @@ def test_findings_that_hold_whatever_the_hook_is_never_fail_it():
     with pytest.raises(pytest.skip.Exception, match=r"^PyTorch changed \(torch 9.9\): the setter recursed$") as skip:
         not_the_hooks([torch_changed, Finding(1, torch_changed.message, kind="pytorch_changed")])
     assert not isinstance(skip.value, NotRun)
-    with pytest.raises(NotRun, match="the suite's own machinery fails this rule, whatever the hook: the suite's "
-                                     "registration missed a group\nPyTorch changed"):
+    with pytest.raises(NotRun, match="a rule that holds whatever the hook is, and that the suite's other checks rely "
+                                     "on, fails here: the suite's registration missed a group\nPyTorch changed"):
         not_the_hooks([torch_changed, suites])
 
 

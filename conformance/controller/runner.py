@@ -91,15 +91,16 @@ __all__ = ["ConformanceFailure", "NotRun", "Runner", "compare_across_ranks"]
 def not_the_hooks(found: Sequence[Finding]) -> None:
     """End a case whose every finding is a rule that holds whatever the hook is: PyTorch's (kind
     ``"pytorch_changed"``: a skip with the findings as the reason, as for a reference that does not hold on
-    this torch) or the suite's own (kind ``"suite"``, with or without PyTorch's: :class:`NotRun`, the run's
-    failure). Returns where any finding could be the hook's, or there are none."""
+    this torch) or one the suite's other checks rely on (kind ``"suite"``: its own registration, or a
+    reference that may no longer be native; with or without PyTorch's: :class:`NotRun`, the run's failure). Returns where any finding could be the hook's, or there are none."""
     __tracebackhide__ = True
     if not found or any(f.kind not in ("pytorch_changed", "suite") for f in found):
         return
     said = list(dict.fromkeys(f.message for f in found))  # every rank says the same: once each
     if any(f.kind == "suite" for f in found):
         first = next(f.message for f in found if f.kind == "suite")
-        raise NotRun(f"the suite's own machinery fails this rule, whatever the hook: {first}",
+        raise NotRun(f"a rule that holds whatever the hook is, and that the suite's other checks rely on, fails "
+                     f"here: {first}",
                      detail="\n".join(m for m in said if m != first))
     pytest.skip(" ".join(said))
 

@@ -272,12 +272,13 @@ def _unset(ctx: Any, setter: Setter, model: nn.Module) -> List[Finding]:
         out.append(_pytorch_changed(ctx, f"the parameter groups ({_listed(absent)}) have no attribute "
                                          f"{setter.target}, which FSDPModule.{setter.name} set up to torch 2.13; "
                                          f"the suite cannot tell what they hold"))
-    if held:
-        out.append(_pytorch_changed(ctx, f"before any FSDPModule.{setter.name}, the parameter groups "
-                                         f"({_listed([(f, i) for f, i, _ in held])}) hold {_describe(held[0][2])} as "
-                                         f"{setter.target}, where torch 2.13 holds {setter.default}; the reference "
-                                         "the suite compares with (the model without a registration) may no "
-                                         "longer be native"))
+    if held:  # every FSDP2 check compares with that reference: the run's failure, not a skip of this case alone
+        changed = _pytorch_changed(ctx, f"before any FSDPModule.{setter.name}, the parameter groups "
+                                        f"({_listed([(f, i) for f, i, _ in held])}) hold {_describe(held[0][2])} as "
+                                        f"{setter.target}, where torch 2.13 holds {setter.default}; the reference "
+                                        "the suite compares with (the model without a registration) may no "
+                                        "longer be native")
+        out.append(dataclasses.replace(changed, kind="suite"))
     return out
 
 

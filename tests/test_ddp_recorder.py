@@ -41,3 +41,21 @@ def test_violations_read_by_step_then_bucket_whatever_order_the_futures_finish()
     assert order == [(s, f"bucket {i}") for s in (0, 1) for i in (0, 1, 2)]
     assert all("shape (10,) instead of" in f.message and f.kind == "contract" for f in recorder.violations)
     assert [f.step for f in recorder.findings_so_far(1)] == [1, 1, 1]
+
+
+def test_the_twenty_kept_are_the_first_by_step_and_bucket():
+    futures = {}
+
+    def hook(state, bucket):
+        futures[(recorder.step, bucket.index())] = torch.futures.Future()
+        return futures[(recorder.step, bucket.index())]
+
+    recorder = DDPHookRecorder(hook, rank=0, names={})
+    for step in range(3):
+        recorder.step = step
+        for index in range(8):
+            recorder(None, FakeBucket(index, 4))
+    for key in sorted(futures, reverse=True):  # the last step's buckets finish first
+        futures[key].set_result(torch.zeros(5))
+    kept = [(f.step, int(f.message.split(":")[0].split()[1])) for f in recorder.violations]
+    assert kept == [(s, i) for s in range(3) for i in range(8)][:20]

@@ -62,6 +62,10 @@ def _short_error(exc: BaseException) -> str:
     return first[:300]
 
 
+#: The most contract violations a check reports per rank (each call of a wrong hook adds one).
+MAX_VIOLATIONS = 20
+
+
 class DDPHookRecorder(Recorder):
     """Calls the hook under test for DDP and checks the future it returns.
 
@@ -76,9 +80,9 @@ class DDPHookRecorder(Recorder):
     Attributes:
         step: the training step, set by :meth:`run_step` before each backward.
         calls: ``(step, bucket index)`` per hook call.
-        violations: contract violations seen so far (at most 20), by step, then bucket index: the futures'
-            callbacks run as their collectives finish, in an order that changes from run to run, and a
-            report must read the same each time.
+        violations: the first :data:`MAX_VIOLATIONS` contract violations by step, then bucket index: the
+            futures' callbacks run as their collectives finish, in an order that changes from run to run,
+            and a report must read the same each time.
         fatal: the hook returned something that is not a Future. DDP's reducer
             raises a ``RuntimeError`` on a Tensor or any other object ("DDP
             communication hook's callback must return a torch.futures.Future
@@ -150,12 +154,12 @@ class DDPHookRecorder(Recorder):
 
     @property
     def violations(self) -> List[Finding]:
-        return [f for *_, f in sorted(self._violations, key=lambda v: v[:3])]
+        # cut after sorting: which 20 are kept must not depend on the order the futures finished in either
+        return [f for *_, f in sorted(self._violations, key=lambda v: v[:3])][:MAX_VIOLATIONS]
 
     def _note(self, message: str, step: int, index: int) -> None:
-        if len(self._violations) < 20:
-            self._violations.append((step, index, len(self._violations),
-                                     Finding(self.rank, message, step=step, kind="contract")))
+        self._violations.append((step, index, len(self._violations),
+                                 Finding(self.rank, message, step=step, kind="contract")))
 
     # No annotations: DDP's _check_comm_hook compares them with dist.GradBucket, and under
     # ``from __future__ import annotations`` they would be strings.

@@ -22,7 +22,6 @@ import torch.multiprocessing as mp
 from conformance.apis.fsdp2.build import missing_api
 from conformance.apis.fsdp2.models import CommModels
 from conformance.ranks.checks.models import NativeDoesNotHold
-from tests.meta_helpers import BackgroundJob
 
 class _Ctx:
     def __init__(self, rank: int, world_size: int):
@@ -71,17 +70,8 @@ def test_native_holds_its_analytic_check_and_a_spoiled_reference_does_not(tmp_pa
     mp.spawn(_run, args=(str(tmp_path / "store"), 2, configs), nprocs=2, join=True)
 
 
-def _hsdp_run(runs, directory, env):
-    if missing_api(("set_gradient_divide_factor",)) is None:
-        mp.spawn(_run, args=(os.path.join(directory, "store"), 4, ("hsdp_divide_factor",)), nprocs=4, join=True)
-
-
-#: Four spawned ranks, in the zoo runs' background threads (``tests/conftest.py``): raises there if a rank failed.
-HSDP_RUN = BackgroundJob("analytic_hsdp", _hsdp_run)
-
-
 @pytest.mark.skipif(missing_api(("set_gradient_divide_factor",)) is not None, reason="no FSDP2 divide factor here")
-def test_hsdp_with_a_divide_factor_divides_the_sum_over_every_rank(zoo_runs):
+def test_hsdp_with_a_divide_factor_divides_the_sum_over_every_rank(tmp_path):
     """Under HSDP (2 x 2 mesh) the factor divides the SUM over all 4 ranks, as on the flattened 1-D mesh
     (PyTorch issue 155903 found them inconsistent)."""
-    zoo_runs(HSDP_RUN)
+    mp.spawn(_run, args=(str(tmp_path / "store"), 4, ("hsdp_divide_factor",)), nprocs=4, join=True)

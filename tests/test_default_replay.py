@@ -9,7 +9,6 @@ every process of the run through ``sitecustomize``), once on torch as it is.
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
@@ -24,7 +23,7 @@ from conformance.controller.runner import ConformanceFailure, Runner
 from conformance.controller.settings import resolve
 from conformance.spec import HookSpec
 from conformance.controller.spec_loading import LoadedSpec, load_target
-from tests.meta_helpers import BackgroundJob, run_suite
+from tests.meta_helpers import run_suite
 
 NORM = "total norm (norm_type=2.0)"
 
@@ -259,23 +258,11 @@ def outcomes(run):
     return {(case.hook, case.check): case for case in run.cases}
 
 
-def _contrived_run(runs, directory, env):
-    patched = os.path.join(directory, "contrived")
-    os.mkdir(patched)
-    with open(os.path.join(patched, "sitecustomize.py"), "w") as f:
-        f.write(textwrap.dedent(CONTRIVED_TORCH))
-    return run_suite(HOOKS, os.path.join(directory, "junit.xml"), pythonpath=[patched], env=env)
-
-
-#: Both runs, in the zoo runs' background threads (``tests/conftest.py``).
-CONTRIVED_RUN = BackgroundJob("default_replay_contrived", _contrived_run)
-AS_IT_IS_RUN = BackgroundJob("default_replay_as_it_is", lambda runs, directory, env: run_suite(
-    HOOKS[:-2] + ["-k", "test_parity and FULL_SHARD-nested_wrapped-ws2 and bad_scales_previous"],
-    os.path.join(directory, "junit.xml"), env=env))
-
-
-def test_on_a_torch_that_breaks_the_reference_every_correct_hook_skips_and_bad_ones_fail(zoo_runs):
-    run = zoo_runs(CONTRIVED_RUN)
+def test_on_a_torch_that_breaks_the_reference_every_correct_hook_skips_and_bad_ones_fail(tmp_path):
+    patched = tmp_path / "contrived"
+    patched.mkdir()
+    (patched / "sitecustomize.py").write_text(textwrap.dedent(CONTRIVED_TORCH))
+    run = run_suite(HOOKS, str(tmp_path / "junit.xml"), pythonpath=[str(patched)])
     by = outcomes(run)
     assert set(by) == {(h, c) for h in ("good_native_copy", "bad_scales_previous_output", "reduce_scatter_hook",
                                         "bad_sum_no_average") for c in ("clip_grad_norm", "parity")}, run.output[-3000:]
@@ -298,8 +285,9 @@ def test_on_a_torch_that_breaks_the_reference_every_correct_hook_skips_and_bad_o
     assert run.returncode == 1
 
 
-def test_on_torch_as_it_is_a_hook_that_changes_its_output_after_returning_still_fails(zoo_runs):
-    run = zoo_runs(AS_IT_IS_RUN)
+def test_on_torch_as_it_is_a_hook_that_changes_its_output_after_returning_still_fails(tmp_path):
+    run = run_suite(HOOKS[:-2] + ["-k", "test_parity and FULL_SHARD-nested_wrapped-ws2 and bad_scales_previous"],
+                    str(tmp_path / "junit.xml"))
     [case] = run.cases
     assert case.outcome == "failed", run.output[-3000:]
     assert "what differs arose after the hook returned" in case.message

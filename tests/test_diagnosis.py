@@ -20,7 +20,6 @@ from conformance.apis.ddp.arithmetic import DdpArithmetic
 from conformance.apis.fsdp.arithmetic import FsdpArithmetic
 from conformance.ranks.arithmetic import Arithmetic, in_rank_order
 from conformance.ranks.diagnosis import HookCall, explain
-from tests.meta_helpers import BackgroundJob
 
 WORLD_SIZE = 3
 
@@ -199,21 +198,13 @@ def _run_pairwise(rank: int, store_path: str, world_size: int) -> None:
 
 
 @pytest.mark.timeout(300)
-def _pairwise_run(runs, directory, env):
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_run_pairwise, args=(os.path.join(directory, "store"), 4), nprocs=4, join=True)
-
-
-#: Four spawned ranks, in the zoo runs' background threads (``tests/conftest.py``): raises there if a rank failed.
-PAIRWISE_RUN = BackgroundJob("diagnosis_pairwise", _pairwise_run)
-
-
-def test_a_tree_all_reduce_over_four_ranks_is_named_as_a_pairwise_sum(zoo_runs):
+def test_a_tree_all_reduce_over_four_ranks_is_named_as_a_pairwise_sum(tmp_path):
     """Pairwise (tree) order differs from rank order only from 4 ranks on, where a hook's own recursive-doubling
     all-reduce is named by its order, not as 'no known cause'."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    zoo_runs(PAIRWISE_RUN)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_run_pairwise, args=(str(tmp_path / "store"), 4), nprocs=4, join=True)
 
 
 def test_each_api_words_how_native_averages_and_where_the_result_goes_its_own_way():

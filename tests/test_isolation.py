@@ -96,25 +96,10 @@ def test_no_rank_process_ran_two_hooks(mixed_run, pid_dir):
     assert all(len(hs) == 1 for hs in hooks_of.values()), hooks_of
 
 
-MEMORY_RUN = BackgroundJob("leaks_memory", lambda runs, directory, env: run_suite(
-    ["--hook", "tests.zoo.leaks:MEMORY", "--hook", "tests.zoo.leaks:GOOD", "--rank-memory-growth", "128",
-     "--extra-world-size", "0", "-k", "test_ddp_parity and ws2", "-q"], os.path.join(directory, "m.xml"),
-    timeout=600, env=env))
-
-
-def _unstartable_run(runs, directory, env):
-    path = os.path.join(directory, "results.json")
-    run = run_suite(["--hook", "tests.zoo.unstartable:SPEC", "--hook", "tests.zoo.contained:GOOD",
-                     "-k", "test_averaging", "--json", path, "-q"], os.path.join(directory, "u.xml"), timeout=300,
-                    env=env)
-    return run, path
-
-
-UNSTARTABLE_RUN = BackgroundJob("unstartable", _unstartable_run)
-
-
-def test_memory_grown_over_a_hooks_cases_fails_that_hook_alone(zoo_runs):
-    run = zoo_runs(MEMORY_RUN)
+def test_memory_grown_over_a_hooks_cases_fails_that_hook_alone(tmp_path):
+    run = run_suite(["--hook", "tests.zoo.leaks:MEMORY", "--hook", "tests.zoo.leaks:GOOD", "--rank-memory-growth",
+                     "128", "--extra-world-size", "0", "-k", "test_ddp_parity and ws2", "-q"], str(tmp_path / "m.xml"),
+                    timeout=600)
     failed = [c for c in run.by_hook()["leak_memory"] if c.outcome == "failed"]
     assert failed and all("resident memory grew by" in c.message and "over this hook's" in c.message
                           for c in failed), run.output[-3000:]
@@ -123,12 +108,14 @@ def test_memory_grown_over_a_hooks_cases_fails_that_hook_alone(zoo_runs):
         assert {c.outcome for c in run.by_hook()[spec.name]} == {"passed"}
 
 
-def test_a_pool_that_cannot_start_is_the_runs_error_not_the_hooks(zoo_runs):
+def test_a_pool_that_cannot_start_is_the_runs_error_not_the_hooks(tmp_path):
     import json
 
     from conformance.exit_codes import RUN_ERROR
 
-    run, path = zoo_runs(UNSTARTABLE_RUN)
+    path = tmp_path / "results.json"
+    run = run_suite(["--hook", "tests.zoo.unstartable:SPEC", "--hook", "tests.zoo.contained:GOOD",
+                     "-k", "test_averaging", "--json", str(path), "-q"], str(tmp_path / "u.xml"), timeout=300)
     assert run.returncode == RUN_ERROR, run.output[-3000:]
     unstartable = run.by_hook()["zoo_unstartable"]
     assert unstartable and {c.outcome for c in unstartable} == {"skipped"}
@@ -137,8 +124,7 @@ def test_a_pool_that_cannot_start_is_the_runs_error_not_the_hooks(zoo_runs):
                      r"during start-up \(exit code 3\)", run.output, re.MULTILINE), run.output[-3000:]
     assert "DOES NOT CONFORM" not in run.output
     assert {c.outcome for c in run.by_hook()["zoo_plain_allreduce"]} == {"passed"}
-    with open(path) as f:
-        doc = json.load(f)
+    doc = json.loads(path.read_text())
     assert doc["run"]["exit_status"] == RUN_ERROR
     assert {h["name"]: h["status"] for h in doc["hooks"]} == {"zoo_unstartable": "not_run",
                                                               "zoo_plain_allreduce": "conforms"}

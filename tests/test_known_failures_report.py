@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-import os
-
-from tests.meta_helpers import BackgroundJob, run_suite
+from tests.meta_helpers import run_suite
 
 EXTRA = """
 [[failure]]
@@ -26,26 +24,19 @@ reason = "a stale entry that matches nothing"
 """
 
 
-def run_with_extra_file(directory, env, *options: str):
+def run_with_extra_file(tmp_path_factory, *options: str):
     """The cheap cases of the built-in hooks, with EXTRA as an extra known-failures file."""
-    extra = os.path.join(directory, "extra.toml")
-    with open(extra, "w") as f:
-        f.write(EXTRA)
-    return run_suite(["--known-failures", extra, "--extra-world-size", "0", *options,
+    tmp = tmp_path_factory.mktemp("kf")
+    extra = tmp / "extra.toml"
+    extra.write_text(EXTRA)
+    return run_suite(["--known-failures", str(extra), "--extra-world-size", "0", *options,
                       "-k", "test_averaging and (allreduce_hook or fp16_compress_hook) and NO_SHARD"],
-                     os.path.join(directory, "kf.xml"), timeout=300, env=env)
-
-
-#: The two runs, in the zoo runs' background threads (``tests/conftest.py``).
-REPORT = BackgroundJob("known_failures_report",
-                       lambda runs, directory, env: run_with_extra_file(directory, env, "-rfEX"))
-STRICT_REPORT = BackgroundJob("known_failures_strict", lambda runs, directory, env: run_with_extra_file(
-    directory, env, "--strict-known-failures"))
+                     str(tmp / "kf.xml"), timeout=300)
 
 
 @pytest.fixture(scope="module")
-def report(zoo_runs):
-    return zoo_runs(REPORT)
+def report(tmp_path_factory):
+    return run_with_extra_file(tmp_path_factory, "-rfEX")
 
 
 def test_known_failures_keep_the_run_green(report):
@@ -70,8 +61,8 @@ def test_entry_that_matches_nothing_is_warned_about(report):
 
 
 @pytest.fixture(scope="module")
-def strict_report(zoo_runs):
-    return zoo_runs(STRICT_REPORT)
+def strict_report(tmp_path_factory):
+    return run_with_extra_file(tmp_path_factory, "--strict-known-failures")
 
 
 def test_strict_gate_fails_the_run_on_a_known_failure_that_passes(strict_report):

@@ -218,10 +218,11 @@ def several_groups_model(ctx: Any, mesh: Any, reduce_dtype: Optional[torch.dtype
 # -- the rules -------------------------------------------------------------------------------------------------
 
 
-def _pytorch_changed(ctx: Any, text: str) -> Finding:
-    """A rule that holds whatever the hook is no longer holds: PyTorch's behaviour, not the hook's failure."""
+def _pytorch_changed(ctx: Any, text: str, kind: str = "pytorch_changed") -> Finding:
+    """A rule that holds whatever the hook is no longer holds: PyTorch's behaviour, not the hook's failure.
+    ``kind="suite"`` where the suite's other checks rely on the rule (the case is then ``NOT RUN``)."""
     return Finding(ctx.rank, f"PyTorch changed (torch {torch.__version__}): {text}; this rule holds whatever the "
-                             "hook is, so this is not the hook's failure", kind="pytorch_changed")
+                             "hook is, so this is not the hook's failure", kind=kind)
 
 
 def _expect_value_error(ctx: Any, fn: Callable[[], Any], pattern: str, what: str, why: str) -> List[Finding]:
@@ -273,12 +274,11 @@ def _unset(ctx: Any, setter: Setter, model: nn.Module) -> List[Finding]:
                                          f"{setter.target}, which FSDPModule.{setter.name} set up to torch 2.13; "
                                          f"the suite cannot tell what they hold"))
     if held:  # every FSDP2 check compares with that reference: the run's failure, not a skip of this case alone
-        changed = _pytorch_changed(ctx, f"before any FSDPModule.{setter.name}, the parameter groups "
-                                        f"({_listed([(f, i) for f, i, _ in held])}) hold {_describe(held[0][2])} as "
-                                        f"{setter.target}, where torch 2.13 holds {setter.default}; the reference "
-                                        "the suite compares with (the model without a registration) may no "
-                                        "longer be native")
-        out.append(dataclasses.replace(changed, kind="suite"))
+        out.append(_pytorch_changed(ctx, f"before any FSDPModule.{setter.name}, the parameter groups "
+                                         f"({_listed([(f, i) for f, i, _ in held])}) hold {_describe(held[0][2])} as "
+                                         f"{setter.target}, where torch 2.13 holds {setter.default}; the reference "
+                                         "the suite compares with (the model without a registration) may no "
+                                         "longer be native", kind="suite"))
     return out
 
 

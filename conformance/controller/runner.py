@@ -89,19 +89,22 @@ __all__ = ["ConformanceFailure", "NotRun", "Runner", "compare_across_ranks"]
 
 
 def not_the_hooks(found: Sequence[Finding]) -> None:
-    """End a case whose every finding is a rule that holds whatever the hook is: PyTorch's (kind
-    ``"pytorch_changed"``: a skip with the findings as the reason, as for a reference that does not hold on
-    this torch) or one the suite's other checks rely on (kind ``"suite"``: its own registration, or a
-    reference that may no longer be native; with or without PyTorch's: :class:`NotRun`, the run's failure). Returns where any finding could be the hook's, or there are none."""
+    """End a case whose every finding says the hook is not what failed: the API never called the hook there
+    (kind ``"not_applicable"``: a skip, with the first as the reason), or a rule that holds whatever the hook
+    is broke: PyTorch's (kind ``"pytorch_changed"``: a skip with the findings as the reason, as for a reference
+    that does not hold on this torch) or one the suite's other checks rely on (kind ``"suite"``: its own
+    registration, or a reference that may no longer be native; with or without PyTorch's: :class:`NotRun`, the
+    run's failure). Returns where any finding could be the hook's, or there are none."""
     __tracebackhide__ = True
+    if found and all(f.kind == "not_applicable" for f in found):
+        pytest.skip(f"ran, and matched, but the hook was never called: {found[0].message}")
     if not found or any(f.kind not in ("pytorch_changed", "suite") for f in found):
         return
     said = list(dict.fromkeys(f.message for f in found))  # every rank says the same: once each
     if any(f.kind == "suite" for f in found):
         first = next(f.message for f in found if f.kind == "suite")
         raise NotRun(f"a rule that holds whatever the hook is, and that the suite's other checks rely on, fails "
-                     f"here: {first}",
-                     detail="\n".join(m for m in said if m != first))
+                     f"here: {first}", detail="\n".join(m for m in said if m != first))
     pytest.skip(" ".join(said))
 
 
@@ -316,15 +319,13 @@ class Runner:
         cannot load ends the session (:meth:`usage_error`)."""
         __tracebackhide__ = True
         try:
-            result = pool.run(case)
+            result = self.run_replay(pool, case)
         except SpecLoadError as exc:
             self.usage_error(exc)
         except PoolStartError as exc:
             self.not_run[(hook, world_size)] = str(exc)
             raise self._not_run(hook, world_size) from None
         self.timings.append((result.wall_s, result.max_compute_s))
-        if result.pool_rebuilt:
-            self.restarts += 1
         return result
 
     def _pool_or_not_run(self, world_size: int, hook: Optional[str]) -> Pool:
@@ -368,8 +369,6 @@ class Runner:
         result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
                           describe=describe, findings=False, known_failure=known_failure)
         found = findings_of(result, across_ranks)
-        if found and all(f.kind == "not_applicable" for f in found):
-            pytest.skip(f"ran, and matched, but the hook was never called: {found[0].message}")
         not_the_hooks(found)
         closing = note(result, found) if note is not None else ""
         if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)
@@ -389,7 +388,8 @@ class Runner:
         case_kinds.run_case(self, request, case)
 
     def run_replay(self, pool: Pool, replay: Case) -> CaseResult:
-        """Run a replay of a failed case (another hook, or the reference alone) on ``pool``."""
+        """Run a replay of a failed case (another hook, or the reference alone) on ``pool``, counting a rebuilt
+        pool in :attr:`restarts` (every case runs through here, :meth:`_run_on` too)."""
         result = pool.run(replay)
         if result.pool_rebuilt:
             self.restarts += 1

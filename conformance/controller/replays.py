@@ -57,7 +57,8 @@ class CrashRerun:
     Attributes:
         case: the test name (``item.name``).
         hook: the hook's spec name, or ``None``.
-        death: the first run's dead rank, on one line (:func:`first_loss`).
+        dead_rank: the first run's dead rank, on one line (``RankOutcome.summary``; :func:`first_loss`).
+        printed: the first line that rank printed during the case (``""``: none).
         first_run: what the first run's ranks did (:func:`conformance.reports.report.rank_problems`).
         second_run: :data:`RERUN_FINISHED` (every rank finished; the case's outcome is what it found),
             :data:`RERUN_DIED`, :data:`RERUN_FAILED` (the case's failure is the second run's), or
@@ -66,9 +67,15 @@ class CrashRerun:
 
     case: str
     hook: Optional[str]
-    death: str
+    dead_rank: str
+    printed: str
     first_run: str
     second_run: str
+
+    @property
+    def death(self) -> str:
+        """The dead rank and what it printed first, on one line."""
+        return self.dead_rank + (f" (it printed: {self.printed})" if self.printed else "")
 
     def to_json(self) -> Dict[str, Any]:
         return {"case": self.case, "hook": self.hook, "death": self.death, "first_run": self.first_run,
@@ -90,11 +97,10 @@ def lost_a_rank(result: CaseResult) -> bool:
     return result.pool_rebuilt and any(o.exit_code is not None or o.lost for o in result.outcomes if not o.ok)
 
 
-def first_loss(result: CaseResult) -> str:
-    """The first dead or lost rank of ``result``, on one line (its summary, then its output's first line)."""
+def first_loss(result: CaseResult) -> Tuple[str, str]:
+    """The first dead or lost rank of ``result``: its summary line, and the first line of its output (``""``)."""
     o = next(o for o in result.outcomes if not o.ok and (o.exit_code is not None or o.lost))
-    said = next((line.strip() for line in (o.output or "").splitlines() if line.strip()), "")
-    return o.summary() + (f" (it printed: {said})" if said else "")
+    return o.summary(), next((line.strip() for line in (o.output or "").splitlines() if line.strip()), "")
 
 
 def _default_hook(runner: Any, hook: str, params: Dict[str, Any], world_size: int) -> Tuple[Any, Optional[str], bool]:

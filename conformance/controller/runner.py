@@ -280,7 +280,7 @@ class Runner:
         result = self._run_on(pool, case, hook, world_size)
         rerun_note = ""
         if lost_a_rank(result) and not known_failure and not any(r.hook == hook for r in self.crash_reruns):
-            first, death = result, first_loss(result)
+            first = result
             try:
                 result = self._run_on(pool, case, hook, world_size)  # the pool was rebuilt: ranks of this case alone
             except NotRun:  # no fresh ranks (torchrun's restarts spent, say): no evidence, the first run stands
@@ -290,9 +290,11 @@ class Runner:
                               f"{': ' + why[0] if why else ''})")
             else:
                 second = second_run_outcome(result)
+            rerun = CrashRerun(test_name, hook, *first_loss(first), report.rank_problems(first), second)
+            self.crash_reruns.append(rerun)
+            if second != RERUN_NOT_STARTED:
                 rerun_note = (f"\n(the case was run twice, the second time in fresh ranks of its own; this is the "
-                              f"second run's failure; the first: {death})")
-            self.crash_reruns.append(CrashRerun(test_name, hook, death, report.rank_problems(first), second))
+                              f"second run's failure; the first: {rerun.death})")
         problems = report.rank_problems(result)
         problems += rerun_note if problems else ""
         leaks = result.leak_findings()

@@ -18,7 +18,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 from conformance.apis.registry import HOOK_APIS, api_of_test, planned_cases
 from conformance.controller.remote_link import format_address
 
-__all__ = ["counts_lines", "crash_rerun_lines", "crash_rerun_verdict_note", "header_lines", "no_case_lines", "notset_cause", "planned_world_sizes", "split_counts"]
+__all__ = ["counts_lines", "crash_rerun_lines", "crash_rerun_verdict_note", "header_lines", "no_case_lines",
+           "notset_cause", "planned_world_sizes", "split_counts"]
 
 #: Names listed in one line before "and N more".
 MAX_NAMES = 8
@@ -77,7 +78,7 @@ def crash_rerun_verdict_note(reruns: Sequence[Any], hook: str) -> Optional[str]:
     if not mine:
         return None
     r = mine[0]
-    return (f"a rank died once, in {r.case} ({r.death.split(' (it printed', 1)[0]}); the second run, in fresh "
+    return (f"a rank died once, in {r.case} ({r.dead_rank}); the second run, in fresh "
             f"ranks, {r.second_run}: see the summary below")
 
 

@@ -290,7 +290,8 @@ class RankPool:
         The pool is (re)started first if needed. After every case the ranks
         all-reduce on the default process group and on every other process
         group they hold (:meth:`_in_step`): after a case in which a rank
-        raised, hung or died, a pool whose ranks no longer match up is rebuilt; after one that every rank finished, a group that no
+        raised, hung or died, a pool whose ranks no longer match up is
+        rebuilt; after one that every rank finished, a group that no
         longer works is the hook's doing (``CaseResult.group_broken``). A rank
         that reports its process state changed (``RankOutcome.leaks``), or whose
         resident memory grew past the bound since the pool started, also gets

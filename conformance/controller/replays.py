@@ -158,7 +158,7 @@ def replay_reference(runner: Any, pool: Pool, case: Case, describe: Dict[str, An
     """
     __tracebackhide__ = True
     result = runner.run_replay(pool, Case(check=case.check, hook=case.hook,
-                                       params={**case.params, "reference_only": True}, case_id=case.case_id))
+                                          params={**case.params, "reference_only": True}, case_id=case.case_id))
     bad = [o for o in result.outcomes if not o.ok]
     if bad:
         what = " ".join(f"{k}={v}" for k, v in describe.items())

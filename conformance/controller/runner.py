@@ -38,12 +38,13 @@ the command that re-runs just that case.
 5. Outcomes (controller). Each rank answers with a ``RankOutcome``; a rank
    that raises, hangs past ``--case-timeout`` (stacks via faulthandler) or
    dies is reported per rank, and the pool is rebuilt when the ranks no
-   longer match up. A case in which a rank died runs once more, in the
-   fresh ranks that the rebuilt pool starts: the second run is the case's
-   (a death can come from before the case, and the hook must not be
-   blamed for its ranks' history); the summary lists both. Once per hook. What the hook left changed in its ranks' process state,
-   a default process group that no longer works, and memory grown past the
-   bound over the hook's cases fail the case, and the pool is rebuilt. A
+   longer match up in any process group they hold. A case in which a rank
+   died runs once more (once per hook), in the fresh ranks that the rebuilt
+   pool starts: the second run is the case's (a death can come from before
+   the case); the hook's verdict line and the summary say so. What the hook
+   left changed in its ranks' process state, a process group that no longer
+   runs a collective in step, and memory grown past the bound over the
+   hook's cases fail the case, and the pool is rebuilt. A
    failure inside the suite's own reference is replayed with the reference
    alone, and becomes a skip if that fails too. Findings that name no cause
    of the hook's own are replayed with PyTorch's own default hook for the

@@ -288,7 +288,8 @@ def _reaches(ctx: Any, setter: Setter, build: Callable[[], nn.Module], hook: Any
     modules = fsdp_modules_by_fqn(model)
     if len(modules) < 2 or not any(param_groups(m) for _, m in modules[1:]):
         return [Finding(ctx.rank, f"the registration model {REGISTRATION_MODEL} has no child FSDP module with "
-                                  "parameters: the rule cannot be exercised (the suite's own model, not the hook)", kind="suite")]
+                                  "parameters: the rule cannot be exercised (the suite's own model, not the hook)",
+                        kind="suite")]
     register_on_every_module(model, setter.name, hook)
     missed = [(fqn, i, getattr(group, setter.target, None)) for fqn, module in modules
               for i, group in enumerate(param_groups(module)) if getattr(group, setter.target, None) is not hook]

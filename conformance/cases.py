@@ -5,8 +5,9 @@ the hook, its **variant** (what the API varies: a sharding strategy, a training
 config), the world size, and a model or a registration rule; and what the plan
 that made it set: its API, its check and the variant's field name
 (:meth:`conformance.apis.SuiteTest.case`). A case id is the pytest parameter id, fields joined
-by ``-``: ``{hook}-{variant}-{model}-ws{world_size}`` for training checks,
-``{hook}-{variant}-{rule}`` for registration rules. The hook name comes first so
+by ``-``: ``{hook}-{variant}-{model}-ws{world_size}`` for training checks
+(``{hook}-{variant}-{model}-{nodes}nodes-ws{world_size}`` for a case that simulates
+several nodes), ``{hook}-{variant}-{rule}`` for registration rules. The hook name comes first so
 that ``-k my_hook`` and known-failure patterns such as
 ``test_parity[fp16_compress_hook-*]`` select one hook's cases.
 """
@@ -35,6 +36,8 @@ class CaseParams:
             (:attr:`conformance.apis.HookApi.variant_field`: ``"strategy"``, ``"config"``).
         skip: why the case cannot run here, or ``None``; set by the API's case
             plan (:attr:`conformance.apis.HookApi.plans`), not part of the id.
+        nodes: the number of nodes the case's ranks are laid out as (torchrun's layout variables,
+            :mod:`conformance.ranks.topology`): 1, or several of ``world_size // nodes`` ranks each.
 
     Raises:
         ValueError: ``api``, ``check`` or ``variant_field`` is missing (a case is made by its API's plan).
@@ -49,16 +52,21 @@ class CaseParams:
     check: str = ""
     variant_field: str = ""
     skip: Optional[str] = dataclasses.field(default=None, compare=False)
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         missing = [name for name in ("api", "check", "variant_field") if not getattr(self, name)]
         if missing:
             raise ValueError(f"case {self.id} has no {' and no '.join(missing)}: a case is made by its API's plan, "
                              "SuiteTest.case(...), which sets the API, the check and the variant's field")
+        if self.nodes < 1 or self.world_size % self.nodes:
+            raise ValueError(f"case {self.id}: {self.world_size} ranks cannot be laid out as {self.nodes} nodes of "
+                             "equal size")
 
     @property
     def id(self) -> str:
-        return case_id(self.hook, self.variant, model=self.model, world_size=self.world_size, rule=self.rule)
+        return case_id(self.hook, self.variant, model=self.model, world_size=self.world_size, rule=self.rule,
+                       nodes=self.nodes)
 
     def check_params(self) -> Dict[str, Any]:
         """The rank check's parameters the case gives: its variant under :attr:`variant_field`, then its model
@@ -78,6 +86,8 @@ class CaseParams:
             out["model"] = self.model
         if self.rule:
             out["rule"] = self.rule
+        if self.nodes > 1:
+            out["nodes"] = self.nodes
         return out
 
     def junit_properties(self, check: Optional[str] = None) -> List[Tuple[str, Any]]:
@@ -85,11 +95,11 @@ class CaseParams:
 
         Every case carries ``hook``, ``api``, ``check`` (the case's own by default), ``variant``, its
         variant under its own field name (``strategy`` or ``config``), ``world_size``, and ``model`` or
-        ``rule`` where it has one.
+        ``rule`` where it has one, and ``nodes`` (the layout's node count).
         """
         props: List[Tuple[str, Any]] = [("hook", self.hook), ("api", self.api), ("check", check or self.check),
                                         ("variant", self.variant), (self.variant_field, self.variant),
-                                        ("world_size", self.world_size)]
+                                        ("world_size", self.world_size), ("nodes", self.nodes)]
         if self.model:
             props.append(("model", self.model))
         if self.rule:
@@ -98,13 +108,15 @@ class CaseParams:
 
 
 def case_id(hook: str, variant: str, *, model: Optional[str] = None, world_size: Optional[int] = None,
-            rule: Optional[str] = None) -> str:
+            rule: Optional[str] = None, nodes: int = 1) -> str:
     """The test parameter id of a case; see the module docstring for the shape."""
     parts = [hook, variant]
     if model:
         parts.append(model)
     if rule:
         parts.append(rule)
+    if nodes > 1:
+        parts.append(f"{nodes}nodes")
     if world_size is not None and rule is None:
         parts.append(f"ws{world_size}")
     return "-".join(parts)
@@ -125,6 +137,8 @@ def parse_case_id(text: str) -> Dict[str, Any]:
     rest = parts[2:]
     if rest and rest[-1].startswith("ws") and rest[-1][2:].isdigit():
         out["world_size"] = int(rest.pop()[2:])
+    if rest and rest[-1].endswith("nodes") and rest[-1][:-len("nodes")].isdigit():
+        out["nodes"] = int(rest.pop()[:-len("nodes")])
     if rest:
         out["detail"] = "-".join(rest)
     return out

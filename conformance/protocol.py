@@ -100,12 +100,19 @@ class Case:
         hook: the spec under test, or ``None`` for checks that need no hook.
         params: check parameters (strategy, model, steps, input values, ...).
         case_id: the pytest test name, for messages.
+        nodes: the number of nodes the case simulates: each rank sets torchrun's layout variables for
+            ``nodes`` nodes of equal size while the case runs (:mod:`conformance.ranks.topology`); 1 is the
+            pool's own layout, one node (torchrun's ranks keep their real ones).
+        diagnose: explain a difference (:func:`conformance.ranks.diagnosis.diagnose`); ``False`` for a known
+            failure, whose failure text is never shown.
     """
 
     check: str
     hook: Optional[HookRef]
     params: Dict[str, Any]
     case_id: str = ""
+    nodes: int = 1
+    diagnose: bool = True
 
 
 @dataclasses.dataclass
@@ -166,6 +173,8 @@ class RankOutcome:
             module was imported, after the case (:func:`conformance.ranks.process_state.changes`),
             one phrase each; the case fails with them and the pool is rebuilt.
         rss: the rank's resident memory in bytes after the case, where known.
+        reach: how far the case reached on this rank (:func:`conformance.ranks.reach.read`): ``steps`` the
+            hooked model trained, ``buffer_bytes`` of the largest buffer the hook was handed, ``calls``.
     """
 
     rank: int
@@ -182,6 +191,7 @@ class RankOutcome:
     findings_before_error: List["Finding"] = dataclasses.field(default_factory=list)
     leaks: List[str] = dataclasses.field(default_factory=list)
     rss: Optional[int] = None
+    reach: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def hung(self) -> bool:

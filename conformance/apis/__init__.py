@@ -27,7 +27,7 @@ all read it. README's "Adding a hook API" lists the files a new API touches.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.cases import CaseParams
 from conformance.signatures import SpecError, binds_signature, qualname, signature_text
@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from conformance.controller.settings import Settings  # typing only: the controller imports the APIs
     from conformance.spec import HookSpec  # typing only: spec.py validates specs against this registry
 
-__all__ = ["CASE_KINDS", "SUBGROUP_WORLD_SIZE", "CasePlan", "HookApi", "SuiteTest", "called_as", "no_strategies",
+__all__ = ["CASE_KINDS", "LONG_RUN_STEPS", "SUBGROUP_WORLD_SIZE", "TWO_NODES", "simulated_layout_skip",
+           "two_node_world_sizes", "CasePlan", "HookApi", "SuiteTest", "called_as", "no_strategies",
            "subgroup_world_size"]
 
 #: How the controller runs a case of a suite test (:mod:`conformance.controller.case_kinds`):
@@ -66,6 +67,8 @@ class SuiteTest:
         kind: how the controller runs a case, one of :data:`CASE_KINDS`.
         params: the rank check's parameters besides the case's own (:meth:`CaseParams.check_params`),
             e.g. ``{"subgroup": True}``.
+        depth_params: more of them per depth (``--depth``: ``"default"``, ``"nightly"``), e.g. the long run's
+            ``{"default": {"steps": 256}, "nightly": {"steps": 2000}}`` (:data:`LONG_RUN_STEPS`).
 
     Raises:
         ValueError: ``kind`` is not one of :data:`CASE_KINDS`.
@@ -78,6 +81,12 @@ class SuiteTest:
     plan: CasePlan
     kind: str = "plain"
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    depth_params: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def params_at(self, depth: str) -> Dict[str, Any]:
+        """The rank check's parameters besides the case's own at ``depth``: :attr:`params`, then
+        :attr:`depth_params` of that depth."""
+        return {**self.params, **self.depth_params.get(depth, {})}
 
     def __post_init__(self) -> None:
         if self.kind not in CASE_KINDS:
@@ -90,10 +99,11 @@ class SuiteTest:
         return f"{self.api}.{self.rank_check}"
 
     def case(self, hook: str, variant: str, world_size: int, *, model: Optional[str] = None,
-             rule: Optional[str] = None, skip: Optional[str] = None) -> CaseParams:
-        """A case of this suite test: its API, check and variant field set."""
+             rule: Optional[str] = None, skip: Optional[str] = None, nodes: int = 1) -> CaseParams:
+        """A case of this suite test: its API, check and variant field set (``nodes``: the node layout it
+        simulates, :attr:`CaseParams.nodes`)."""
         return CaseParams(hook, variant, world_size, model=model, rule=rule, api=self.api, check=self.check,
-                          variant_field=self.variant_field, skip=skip)
+                          variant_field=self.variant_field, skip=skip, nodes=nodes)
 
     def __call__(self, specs: Sequence["HookSpec"], settings: "Settings") -> List[CaseParams]:
         """The plan's cases for ``specs`` (the API's specs among the run's)."""
@@ -161,6 +171,33 @@ class HookApi:
                 return test
         raise KeyError(f"api {self.name!r} has no suite test of check {check!r}; its checks: "
                        f"{', '.join(t.check for t in self.plans.values())}")
+
+
+#: Training steps of every API's long run (``long_run``, :mod:`conformance.ranks.checks.long_run`), by depth:
+#: warm-ups, periodic work and counters that wrap take another path only after so many steps.
+LONG_RUN_STEPS: Mapping[str, Mapping[str, Any]] = {"default": {"steps": 256}, "nightly": {"steps": 2000}}
+
+
+#: The node layouts the plans simulate with torchrun's variables (:mod:`conformance.ranks.topology`): a hook that
+#: reads ``LOCAL_WORLD_SIZE``, ``LOCAL_RANK`` or ``GROUP_RANK`` takes another path once a job spans two nodes.
+#: Each API's topology cases: 2 ranks as 2 nodes of 1 and 4 as 2 nodes of 2; at nightly depth also 8 as 2 nodes
+#: of 4. Its HSDP, subgroup and replica cases run as the nodes their mesh suggests too (the replicas across
+#: nodes, each node one shard group).
+TWO_NODES = 2
+
+
+def two_node_world_sizes(settings: Any) -> Tuple[int, ...]:
+    """The world sizes of the topology cases: 2 and 4, and 8 at nightly depth."""
+    return (2, 4, 8) if settings.nightly else (2, 4)
+
+
+def simulated_layout_skip(settings: Any) -> Optional[str]:
+    """Why a case that simulates several nodes cannot run here (``None``: it runs): under ``--listen`` the
+    ranks' layout is torchrun's own, the real one the run reports."""
+    if getattr(settings, "listen", None) is not None:
+        return ("the ranks are torchrun's (--listen): their node layout is the real one, which the run reports; a "
+                "simulated layout would contradict it")
+    return None
 
 
 #: The smallest pool the subgroup cases run on (two data-parallel groups of two,

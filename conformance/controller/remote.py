@@ -101,6 +101,12 @@ class RemotePool:
         self._rss_ready: List[Optional[int]] = []
         self._cases_run = 0
 
+    @property
+    def nodes(self) -> Optional[int]:
+        """The nodes torchrun spread the ranks over (their distinct ``GROUP_RANK``), once they joined, else
+        ``None``: the real layout a case ran under, which its reach reports."""
+        return len({info.get("group_rank", 0) for info in self._info}) or None
+
     # -- lifecycle -----------------------------------------------------------------
     @property
     def alive(self) -> bool:

@@ -114,12 +114,13 @@ def _default_hook(runner: Any, hook: str, params: Dict[str, Any], world_size: in
 
 
 def _run_default_hook(runner: Any, api: Any, name: str, check: str, params: Dict[str, Any], world_size: int,
-                      case_id: str) -> CaseResult:
+                      case_id: str, nodes: int = 1) -> CaseResult:
     """Run ``check`` with PyTorch's default hook ``name`` in ranks of its own (serving no hook under test), as
     every hook's cases run; its spec is loaded there on first use. The hook's next case gets its own ranks
     again."""
     return runner.run_replay(runner.pool(world_size, hook=None), Case(
-        check=check, hook=HookRef(target=api.builtin_hooks, name=name), params=params, case_id=case_id))
+        check=check, hook=HookRef(target=api.builtin_hooks, name=name), params=params, case_id=case_id,
+        nodes=nodes))
 
 
 def replay_default_hook(runner: Any, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
@@ -140,7 +141,7 @@ def replay_default_hook(runner: Any, case: Any, rank_check: str, params: Dict[st
             pytest.skip(default_replay.default_hook_reason(name, found, version, itself=True))
         return ""
     result = _run_default_hook(runner, api, name, rank_check, params, case.world_size,
-                               f"{case.hook} case replayed with {name}")
+                               f"{case.hook} case replayed with {name}", nodes=case.nodes)
     theirs = findings_of(result, across_ranks) if result.all_ok else []
     if result.all_ok and default_replay.same_difference(found, theirs):
         pytest.skip(default_replay.default_hook_reason(name, found, version, itself=False))
@@ -157,8 +158,7 @@ def replay_reference(runner: Any, pool: Pool, case: Case, describe: Dict[str, An
     case a skip with the reference's error as the reason.
     """
     __tracebackhide__ = True
-    result = runner.run_replay(pool, Case(check=case.check, hook=case.hook,
-                                          params={**case.params, "reference_only": True}, case_id=case.case_id))
+    result = runner.run_replay(pool, dataclasses.replace(case, params={**case.params, "reference_only": True}))
     bad = [o for o in result.outcomes if not o.ok]
     if bad:
         what = " ".join(f"{k}={v}" for k, v in describe.items())
@@ -225,7 +225,7 @@ def replay_crash(runner: Any, case: Case, world_size: int, params: Dict[str, Any
     if theirs is None:
         try:
             replayed = _run_default_hook(runner, api, name, case.check, params, world_size,
-                                         f"{case.case_id} replayed with {name}")
+                                         f"{case.case_id} replayed with {name}", nodes=case.nodes)
         except PoolStartError as exc:  # no evidence either way: the failure stands, and says so
             return f"\n(PyTorch's own default hook for this case, {name}, could not be replayed: {exc})"
         theirs = runner.crash_replays[key] = crash_signatures(replayed)

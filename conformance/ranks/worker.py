@@ -35,8 +35,9 @@ from torch.distributed.distributed_c10d import all_reduce as _all_reduce_before_
 
 from conformance.controller.spec_loading import load_target
 from conformance.protocol import Msg, RankOutcome, as_check_result, recv, send
-from conformance.ranks import lifeline, process_state
+from conformance.ranks import lifeline, process_state, reach, topology
 from conformance.ranks.checks import get_rank_check, register_every_check
+from conformance.ranks.diagnosis import diagnosing
 
 
 def _suite_all_reduce() -> Any:
@@ -224,14 +225,22 @@ class _Worker:
             raise RuntimeError(problem)
         return self._specs[(ref.target, ref.name)]
 
+    def case_layout(self, case: Any) -> Dict[str, str]:
+        """torchrun's layout variables a case sets while it runs: those of ``case.nodes`` nodes where it
+        simulates several, else none (the rank keeps its own: one node, or torchrun's real layout)."""
+        nodes = getattr(case, "nodes", 1)
+        return topology.torchrun_env(self.rank, self.world_size, nodes) if nodes > 1 else {}
+
     def run_case(self, case: Any) -> Any:
         self.ctx.current_phase = "setting up"
         self.ctx.report_on_error(None)
+        reach.start()
         start = time.perf_counter()
         try:
             fn = get_rank_check(case.check)
             spec = self.load_spec(case.hook) if case.hook is not None else None
-            value = as_check_result(fn(self.ctx, spec, **case.params))
+            with topology.simulated(self.case_layout(case)), diagnosing(getattr(case, "diagnose", True)):
+                value = as_check_result(fn(self.ctx, spec, **case.params))
             outcome = RankOutcome(
                 rank=self.rank, ok=True, value=value,
                 compute_s=time.perf_counter() - start, phase=self.ctx.current_phase,
@@ -244,6 +253,7 @@ class _Worker:
             )
         outcome.leaks = self.leaks()
         outcome.rss = process_state.resident_bytes()
+        outcome.reach = reach.read()
         return outcome
 
     def leaks(self) -> List[str]:
@@ -331,6 +341,10 @@ def main(argv: Optional[list] = None) -> int:
     assert kind == Msg.HELLO, kind
     sys.path[:] = hello["sys_path"]
     importlib.invalidate_caches()
+    # torchrun's layout variables, as `torchrun --nproc-per-node N` sets them on one node, before the hook's
+    # module is imported: a hook that reads them finds what it would under torchrun (the remote ranks,
+    # which torchrun started, keep their real ones).
+    os.environ.update(topology.torchrun_env(hello["rank"], hello["world_size"]))
     worker = _Worker(conn, hello)
     try:
         worker.prepare()

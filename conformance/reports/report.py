@@ -21,10 +21,24 @@ MAX_FINDINGS_SHOWN = 8
 
 
 def header(hook: Optional[str], describe: Dict[str, Any], world_size: int) -> str:
-    """The failure's first line: ``hook H does not conform: check=... world_size=N``."""
+    """The failure's first line: ``hook H does not conform: check=... world_size=N``; for a case that simulated
+    several nodes (``nodes`` in ``describe``), a second line naming the layout it needs
+    (:func:`layout_line`)."""
     what = " ".join(f"{k}={v}" for k, v in describe.items())
     who = f"hook {hook}" if hook else "case"
-    return f"{who} does not conform: {what} world_size={world_size}"
+    first = f"{who} does not conform: {what} world_size={world_size}"
+    nodes = int(describe.get("nodes", 1))
+    return f"{first}\n{layout_line(world_size, nodes)}" if nodes > 1 else first
+
+
+def layout_line(world_size: int, nodes: int) -> str:
+    """How a failure names the simulated node layout it needs: the layout and torchrun's variables as each rank
+    had them (:func:`conformance.ranks.topology.torchrun_env`)."""
+    local = world_size // nodes
+    return (f"  simulated layout: {nodes} nodes of {local} rank{'s' if local != 1 else ''}, on one machine: every "
+            f"rank had torchrun's variables as on that job (LOCAL_WORLD_SIZE={local}, LOCAL_RANK=rank % {local}, "
+            f"GROUP_RANK=rank // {local}, GROUP_WORLD_SIZE={nodes}, ROLE_RANK, ROLE_WORLD_SIZE={world_size}); a hook "
+            "that reads them takes the path it would take across nodes")
 
 
 #: Finding kinds that explain other findings (:mod:`conformance.ranks.diagnosis`), listed after them.

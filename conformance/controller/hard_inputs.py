@@ -26,6 +26,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from conformance.controller.failures import ConformanceFailure
+from conformance.controller.reach import note_reach
 from conformance.models import get_model
 
 Shapes = Sequence[Tuple[int, ...]]
@@ -297,9 +298,11 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
     shapes, names = probe_layout()
 
     def dispatch(batch: List[Tuple[str, Any]], fresh: bool) -> None:
-        conform.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, describe=describe,
-                    params={**params, "examples": batch, "case_id": name, "fresh": fresh},
-                    known_failure=request.node.get_closest_marker("xfail") is not None)
+        result = conform.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, describe=describe,
+                             params={**params, "examples": batch, "case_id": name, "fresh": fresh},
+                             known_failure=request.node.get_closest_marker("xfail") is not None, nodes=case.nodes)
+        # reached only where the batch passed
+        note_reach(request, result, real_nodes=getattr(conform.pools.get(case.world_size), "nodes", None))
 
     explicit = [(NAMED_LABEL, named_hard_values(case.world_size, shapes, reduce_dtype)),
                 (RANK_MAGNITUDES_LABEL, rank_magnitude_values(case.world_size, shapes))]

@@ -74,6 +74,7 @@ from conformance.controller.cli import command_words
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
 from conformance.controller.pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
+from conformance.controller.reach import note_reach
 from conformance.controller.remote import remote_pool
 from conformance.controller.replays import (RERUN_NOT_STARTED, CrashRerun, first_loss, lost_a_rank, replay_crash,
                                            replay_default_hook, replay_reference, second_run_outcome)
@@ -249,7 +250,8 @@ class Runner:
         close_zygote()
 
     def run(self, test_name: str, *, check: str, hook: Optional[str], params: Dict[str, Any], world_size: int,
-            describe: Dict[str, Any], findings: bool = True, known_failure: bool = False) -> CaseResult:
+            describe: Dict[str, Any], findings: bool = True, known_failure: bool = False,
+            nodes: int = 1) -> CaseResult:
         """Run one case on every rank of the ``world_size`` pool.
 
         Args:
@@ -261,6 +263,7 @@ class Runner:
             findings: treat each rank's return value as a list of findings.
             known_failure: the case is an expected failure (xfail): a crash is not re-run or replayed
                 (:func:`~conformance.controller.replays.replay_crash`), there being no red to avoid.
+            nodes: the node layout the case simulates (:attr:`~conformance.protocol.Case.nodes`).
 
         A rank that died (:func:`~conformance.controller.replays.lost_a_rank`) runs the case once more in
         fresh ranks; that run is the case's (:attr:`crash_reruns` keeps the first). Once per hook: a second
@@ -276,7 +279,7 @@ class Runner:
         ref = None
         if hook is not None:
             ref = HookRef(target=self.specs[hook].target, name=hook)
-        case = Case(check=check, hook=ref, params=params, case_id=test_name)
+        case = Case(check=check, hook=ref, params=params, case_id=test_name, nodes=nodes, diagnose=not known_failure)
         pool = self._pool_or_not_run(world_size, hook)
         result = self._run_on(pool, case, hook, world_size)
         rerun_note = ""
@@ -370,7 +373,8 @@ class Runner:
         name = request.node.name
         known_failure = request.node.get_closest_marker("xfail") is not None
         result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
-                          describe=describe, findings=False, known_failure=known_failure)
+                          describe=describe, findings=False, known_failure=known_failure, nodes=case.nodes)
+        note_reach(request, result, real_nodes=getattr(self.pools.get(case.world_size), "nodes", None))
         found = findings_of(result, across_ranks)
         not_the_hooks(found)
         closing = note(result, found) if note is not None else ""
@@ -411,7 +415,8 @@ class Runner:
         try:
             source = writer.reproducer_source(item.spec, item.target, rank_check, params, world_size, test_name,
                                               findings, report.header(hook, describe, world_size),
-                                              self.rerun_command(test_name, hook, world_size), path)
+                                              self.rerun_command(test_name, hook, world_size), path,
+                                              nodes=int(describe.get("nodes", 1)))
             writer.write_reproducer(path, source)
         except writer.NoReproducer as exc:
             return f"No standalone reproducer: {exc}"

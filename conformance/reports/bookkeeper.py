@@ -28,6 +28,7 @@ import pytest
 
 from conformance.cases import parse_case_id
 from conformance.reports import results
+from conformance.reports.reach import REACH_PROPERTIES
 from conformance.reports.results import FAILING, CaseRecord, Figure
 from conformance.reports.session_report import notset_cause
 
@@ -304,6 +305,7 @@ def _fill_from_case(rec: CaseRecord, case: Any) -> None:
         return
     rec.hook, rec.api, rec.variant, rec.world_size = case.hook, case.api, case.variant, case.world_size
     rec.model, rec.rule, rec.variant_field = case.model, case.rule, case.variant_field
+    rec.nodes = getattr(case, "nodes", 1)
 
 
 _STR_FIELDS = ("hook", "api", "check", "variant", "model", "rule")
@@ -316,6 +318,11 @@ def _apply_properties(rec: CaseRecord, props: Dict[str, Any]) -> None:
             setattr(rec, name, str(props[name]))
     if props.get("world_size") is not None:
         rec.world_size = int(props["world_size"])
+    if props.get("nodes") is not None:
+        rec.nodes = int(props["nodes"])
+    measured = {key: int(props[key]) for key in REACH_PROPERTIES if props.get(key) is not None}
+    if measured:
+        rec.reach = {**(rec.reach or {}), **measured}
     for name in results.FIGURE_NAMES:
         if isinstance(props.get(name), (int, float)):
             rec.figures[name] = float(props[name])

@@ -29,7 +29,7 @@ __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "Resul
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 #: The JSON Schema of the document (draft 2020-12).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
 
@@ -67,6 +67,10 @@ class CaseRecord:
         skip_reason: why a ``skipped`` case did not run.
         figures: by name (:data:`FIGURE_NAMES`), a float (``inf`` and ``nan`` too), as measured; JSON
             writes it with :func:`figure_value`.
+        nodes: the node layout the case ran under (1, or the nodes it simulated with torchrun's variables).
+        reach: what its ranks measured (:mod:`conformance.ranks.reach`): ``steps`` (training steps of the hooked
+            model) and ``buffer_bytes`` (the largest buffer the hook was handed); ``None`` where the hook was
+            never called (a skip, a registration rule).
         failure: of a failed case: ``header`` (the failure's first line), ``findings``
             (the first findings, one line each), ``message`` (the failure text, cut at
             :data:`MAX_MESSAGE_CHARS`), ``rerun`` (the command that re-runs it), ``causes`` (the
@@ -89,6 +93,8 @@ class CaseRecord:
     skip_reason: Optional[str] = None
     figures: Dict[str, float] = dataclasses.field(default_factory=dict)
     failure: Optional[Dict[str, Any]] = None
+    nodes: Optional[int] = None
+    reach: Optional[Dict[str, int]] = None
 
     @property
     def failing(self) -> bool:

@@ -34,6 +34,7 @@ from conformance.reports import results
 from conformance.reports.bookkeeper import Bookkeeper
 from conformance.reports.markdown_summary import markdown_summary
 from conformance.reports.matrix import hook_matrix, matrix_text, not_run_records
+from conformance.reports.reach import hook_reach
 from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES
 from conformance.reports.results import CaseRecord
 from conformance.reports.verdict import Status, Verdict
@@ -235,6 +236,7 @@ class ResultsRecorder:
             if rec.hook == spec.name:
                 counts[rec.outcome] = counts.get(rec.outcome, 0) + 1
         lossy = spec.lossy
+        reach = hook_reach(records, spec.name)
         return {
             "name": spec.name, "api": spec.api, "reduce_dtype": spec.reduce_dtype_name,
             "lossy": None if lossy is None else {"rel_error_bound": lossy.rel_error_bound,
@@ -247,6 +249,7 @@ class ResultsRecorder:
             "causes": [{"cause": cause, "cases": n, **({"fix": fixes[cause]} if cause in fixes else {})}
                        for fixes in [results.hook_fixes(records, spec.name)]
                        for cause, n in results.hook_causes(records, spec.name)],
+            "reach": None if reach is None else reach.to_json(),
         }
 
     @pytest.hookimpl(trylast=True)

@@ -22,6 +22,7 @@ from conformance import exit_codes
 from conformance.controller.remote import summary_lines as remote_summary_lines
 from conformance.reports import report, results, results_plugin, session_report
 from conformance.reports.bookkeeper import Bookkeeper, case_hook, case_of
+from conformance.reports.reach import hook_reach
 from conformance.reports.verdict import Status, Verdict
 
 __all__ = ["Summary", "case_hook", "case_of"]
@@ -115,6 +116,8 @@ class Summary:
             tally, verdict = keeper.hooks[name], self.verdict(name)
             counts = tally.counts
             detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+            reach = hook_reach(records, name)
+            detail += f"; {reach.text}" if reach is not None and reach.text else ""
             tr.write_line(f"{name:<28} {verdict}  [{sum(counts.values())}{of_planned} cases: {detail}]")
             rerun = session_report.crash_rerun_verdict_note(getattr(state.runner, "crash_reruns", ()), name)
             if rerun:

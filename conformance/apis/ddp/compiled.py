@@ -58,6 +58,7 @@ from conformance.apis.ddp.plan import GRADBUCKET_NOTE, compiled_unavailable
 from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.models import get_model
 from conformance.protocol import Finding
+from conformance.ranks import reach
 from conformance.ranks.checks.common import model_no_sync
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.diagnosis import CallLog, HookCall
@@ -225,6 +226,7 @@ class CompiledHookRecorder(Recorder):
 
     def run_step(self, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
         self.step = step
+        reach.saw_step(step)
         if self.refused is not None:
             return [Finding(self.ctx.rank, self.refused, step=step, kind="contract")]
         try:
@@ -251,6 +253,7 @@ class CompiledHookRecorder(Recorder):
         for index, ((name, p), q) in enumerate(zip(module.named_parameters(), self.plain.parameters())):
             if p.grad is None or q.grad is None:
                 continue
+            reach.saw_buffer(p.grad)  # compiled DDP hands the hook each parameter's gradient
             self.log.add(HookCall(step, index, f"parameter {name}", q.grad.detach().reshape(-1).clone(),
                                   output=p.grad.detach().reshape(-1).clone()))
 

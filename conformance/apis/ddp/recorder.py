@@ -23,6 +23,7 @@ import torch
 
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, CppCommHook
 from conformance.protocol import Finding
+from conformance.ranks import reach
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
@@ -132,6 +133,7 @@ class DDPHookRecorder(Recorder):
         no violation recorded (the hook itself raised) propagates unchanged.
         """
         self.step = step
+        reach.saw_step(step)
         try:
             run()
         except Exception as exc:  # noqa: BLE001
@@ -169,10 +171,15 @@ class DDPHookRecorder(Recorder):
         shape, dtype, device = tuple(buffer.shape), buffer.dtype, buffer.device
         where = self._bucket_text(bucket, index)
         self.calls.append((self.step, index))
-        call = self.log.add(HookCall(self.step, index, where, buffer.detach().reshape(-1).clone()))
-        with counting_collectives() as count:
+        reach.saw_buffer(buffer)
+        call = None
+        if self.recording:
+            call = self.log.add(HookCall(self.step, index, where, buffer.detach().reshape(-1).clone()))
+            with counting_collectives() as count:
+                fut = self.hook(state, bucket)
+            call.collectives, call.group_sizes = count[0], tuple(count.group_sizes)
+        else:
             fut = self.hook(state, bucket)
-        call.collectives, call.group_sizes = count[0], tuple(count.group_sizes)
         if not isinstance(fut, torch._C.Future):
             # DDP raises on anything but a Future, and None kills the process (SIGSEGV with torch 2.13), the
             # finding with it: give DDP the untouched bucket instead and report the violation.
@@ -206,7 +213,7 @@ class DDPHookRecorder(Recorder):
                 self._note(f"{where}: the hook's future holds a tensor with {' and '.join(bad)}: its value must "
                            "keep the bucket buffer's shape, dtype and device (DDP converts a wrong dtype "
                            "silently and fails inside its reducer on a wrong shape)", step, index)
-            else:
+            elif call is not None:
                 call.output = value.detach().reshape(-1).clone()
             return value
 

@@ -24,6 +24,7 @@ from conformance.apis.fsdp.arithmetic import FsdpArithmetic
 from conformance.apis.fsdp.standalone import low_precision_grads_mixed_precision, native_mixed_precision
 from conformance.models import get_model
 from conformance.protocol import Finding
+from conformance.ranks import reach
 from conformance.ranks.checks.common import fqn_without_wrappers, named_grads, named_params
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
@@ -74,14 +75,18 @@ class HookRecorder(Recorder):
 
     def __call__(self, state: Any, grad: torch.Tensor, *rest: Any) -> Any:
         index = sum(1 for c in self.calls if c["step"] == self.step)
-        call = self.log.add(HookCall(self.step, index, f"call {index} ({grad.numel()} elements)",
-                                     grad.detach().reshape(-1).clone(), sharded=bool(rest)))
+        reach.saw_buffer(grad)
         call_dtype = grad.dtype  # what FSDP handed the hook: what its result must be cast back to
-        with counting_collectives() as count:
-            result = self.hook(state, grad, *rest)
         out = rest[0] if rest else grad
-        call.output, call.collectives = out.detach().reshape(-1).clone(), count[0]
-        call.group_sizes = tuple(count.group_sizes)
+        if self.recording:
+            call = self.log.add(HookCall(self.step, index, f"call {index} ({grad.numel()} elements)",
+                                         grad.detach().reshape(-1).clone(), sharded=bool(rest)))
+            with counting_collectives() as count:
+                result = self.hook(state, grad, *rest)
+            call.output, call.collectives = out.detach().reshape(-1).clone(), count[0]
+            call.group_sizes = tuple(count.group_sizes)
+        else:
+            result = self.hook(state, grad, *rest)
         self.calls.append({"step": self.step, "dtype": out.dtype, "shape": tuple(out.shape), "arrived": call_dtype})
         return result
 

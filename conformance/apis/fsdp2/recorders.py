@@ -16,6 +16,7 @@ import torch
 
 from conformance.apis.fsdp2.standalone import make_comm as standalone_make_comm
 from conformance.protocol import Finding
+from conformance.ranks import reach
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
@@ -53,6 +54,7 @@ class CommRecorder(Recorder):
         self.step = 0
         self.calls: List[Dict[str, Any]] = []
         self.bad_allocations: List[Dict[str, Any]] = []
+        self.unfinished: List[Dict[str, Any]] = []
         self.log = CallLog()
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -78,20 +80,37 @@ class CommRecorder(Recorder):
             "group_size": None if group is None else group.size(),
             "dtype": None if inp is None else inp.dtype,
         })
+        reach.saw_buffer(inp)
         call = None
-        if isinstance(inp, torch.Tensor) and isinstance(out, torch.Tensor) and group is not None:
+        if self.recording and isinstance(inp, torch.Tensor) and isinstance(out, torch.Tensor) and group is not None:
             call = self.log.add(HookCall(self.step, index, f"call {index} ({inp.numel()} elements)",
                                          inp.detach().reshape(-1).clone(), sharded=True, group=group, op=op))
+        if not self.recording:
+            result = self.comm(*args, **kwargs)
+            self._check_finished(result, kwargs.get("async_op", args[4] if len(args) > 4 else False), index)
+            return result
         with counting_collectives() as count:
             result = self.comm(*args, **kwargs)
+        unfinished = self._check_finished(result, kwargs.get("async_op", args[4] if len(args) > 4 else False), index)
         if call is not None:
             # Read the result now, before FSDP2 post-divides the output buffer in place; a comm that
             # returned unfinished work is read when the diagnosis needs it (CallLog.of_step).
             call.pending, call.collectives, call.group_sizes = out, count[0], tuple(count.group_sizes)
-            done = getattr(result, "is_completed", None)
-            if not callable(done) or done():
+            if not unfinished:
                 call.settle()
         return result
+
+    def _check_finished(self, result: Any, async_op: Any, index: int) -> bool:
+        """Whether ``result`` is a ``Work`` that had not completed when the comm returned; called without
+        ``async_op=True`` (FSDP2's reduce-scatter never passes it: ``foreach_reduce`` calls
+        ``reduce_scatter_comm(output_tensor=..., input_tensor=..., group=..., op=...)`` and ignores what it
+        returns), such a comm broke its contract: FSDP2 reads the output at once, before the collective wrote
+        it. Recorded for :meth:`findings_so_far`, recording or not."""
+        done = getattr(result, "is_completed", None)
+        unfinished = callable(done) and not done()
+        if unfinished and not async_op:
+            self.unfinished.append({"step": self.step, "index": index})
+        return unfinished
 
     def unused(self) -> Optional[str]:
         """Where FSDP2 calls no comm by design and never called this one: what the user should know."""
@@ -108,13 +127,23 @@ class CommRecorder(Recorder):
         return f"FSDP2 called the comm with {self.summary(step)}"
 
     def findings_so_far(self, step: int) -> List[Finding]:
-        """The first wrong ``allocate`` of ``step``, as a finding; what a step that raised can still report."""
+        """The first wrong ``allocate`` of ``step``, and the first call that returned unfinished work, as findings;
+        what a step that raised can still report."""
+        out = []
         for bad in self.bad_allocations:
             if bad["step"] == step:
-                return [Finding(self.rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
-                                      f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
-                                      "exactly that buffer", step=step, kind="contract")]
-        return []
+                out.append(Finding(self.rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
+                                          f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
+                                          "exactly that buffer", step=step, kind="contract"))
+                break
+        for late in self.unfinished:
+            if late["step"] == step:
+                out.append(Finding(self.rank, f"call {late['index']}: the comm returned a Work that had not completed, "
+                                          "called without async_op=True: FSDP2's reduce-scatter ignores what the comm "
+                                          "returns and reads output_tensor at once, before the collective wrote it; "
+                                          "wait on the work before returning", step=step, kind="contract"))
+                break
+        return out
 
     def findings(self, step: int) -> List[Finding]:
         """What the finished ``step`` shows: :meth:`findings_so_far`, and a step in which the comm was never called."""
@@ -143,6 +172,9 @@ class HookRecorder(Recorder):
     def __call__(self, tensor: torch.Tensor) -> Any:
         index = sum(1 for c in self.calls if c["step"] == self.step)
         self.calls.append({"step": self.step, "dtype": tensor.dtype, "numel": tensor.numel()})
+        reach.saw_buffer(tensor)
+        if not self.recording:
+            return self.hook(tensor)
         call = self.log.add(HookCall(self.step, index, f"call {index} ({tensor.numel()} elements)",
                                      tensor.detach().reshape(-1).clone(), group=self.group))
         with counting_collectives() as count:

@@ -29,6 +29,7 @@ from torch import nn
 
 from conformance.models import get_model
 from conformance.protocol import Finding
+from conformance.ranks import reach
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.checks.common import (View, clip_with_torch, model_no_sync, named_grads, named_params,
                                              train_step)
@@ -50,15 +51,21 @@ class Recorder:
     Attributes:
         step: the training step, set by :meth:`run_step` before the step's backward passes.
         log: the hook's calls (:class:`~conformance.ranks.diagnosis.CallLog`), for the diagnosis.
+        recording: keep each call's input and result in :attr:`log` (a copy of every buffer, and the
+            collectives counted); ``False`` in a long run's unrecorded pass
+            (:mod:`conformance.ranks.checks.long_run`), which replays a difference with it on. The contract
+            findings are kept either way, and every call reports its buffer to :mod:`conformance.ranks.reach`.
     """
 
     step: int = 0
     log: CallLog
+    recording: bool = True
 
     def run_step(self, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
         """Run one training step of the hooked model (``run()``) as ``step``; the findings that end the check
         when the hook broke the API's contract so that the step means nothing (DDP's future), else ``None``."""
         self.step = step
+        reach.saw_step(step)
         run()
         return None
 

@@ -71,6 +71,10 @@ class ReferenceModel(nn.Module):
     #: root included) that ``build`` gives with no ``auto_wrap_policy`` or
     #: ``mixed_precision`` in ``fsdp_kwargs``.
     fsdp_units: ClassVar[int]
+    #: The most steps a parity check trains this model, or ``None`` (the check's own count): a model of
+    #: production-sized buffers trains the steps where they change shape (DDP builds its buckets in the first
+    #: step and rebuilds them for the second), no more.
+    max_steps: ClassVar[Optional[int]] = None
 
     # -- construction ------------------------------------------------------
     @classmethod

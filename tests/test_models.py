@@ -56,6 +56,8 @@ EXPECTED_UNITS = {
     "mixture_of_experts": {"", "module.1", "module.2"},
     "unused_param": {""},
     "late_branch": {"", "branch"},
+    "large_buffers": {"", "wide"},
+    "large_probe": {""},
 }
 
 
@@ -466,3 +468,41 @@ def test_build_does_not_mutate_caller_kwargs(group):
     kwargs = {"sharding_strategy": ShardingStrategy.NO_SHARD, "auto_wrap_policy": policy}
     MODELS["transformer_shared"].build(group=group, device=CPU, fsdp_kwargs=kwargs)
     assert kwargs == {"sharding_strategy": ShardingStrategy.NO_SHARD, "auto_wrap_policy": policy}
+
+
+# --------------------------------------------------------------------------
+# production-sized buffers
+# --------------------------------------------------------------------------
+
+
+def _awkward(n: int) -> bool:
+    """A length that is a multiple of no world size of 2 to 4 and of no power of two above 1."""
+    return n % 2 == 1 and n % 3 != 0
+
+
+def test_large_buffers_fill_ddp_buckets_of_production_size():
+    """DDP's rebuilt buckets (in the order the gradients become ready: tail, wide, head) are one past the 1 MiB
+    first-bucket cap, one past the 25 MiB cap and the rest, 1 to 4 MiB; the first iteration's one bucket holds all."""
+    from conformance.models.large import WIDE_LAYERS
+
+    model = MODELS["large_buffers"]._construct(1)
+    sizes = {name: p.numel() for name, p in model.named_parameters()}
+    head = sizes["head.weight"] + sizes["head.bias"]
+    mib = 2**20 / 4  # float32 elements in a MiB
+    assert 1 * mib < sizes["tail.weight"] < 4 * mib
+    assert sizes["wide.weight"] >= 25 * mib
+    assert 1 * mib < head < 4 * mib
+    assert all(_awkward(n) for n in (head, sizes["wide.weight"], sizes["tail.weight"], sum(sizes.values())))
+    assert [(m.in_features, m.out_features, m.bias is not None) for m in (model.head, model.wide, model.tail)] \
+        == list(WIDE_LAYERS)
+
+
+def test_large_buffers_units_and_probe_exceed_the_fsdp_sizes():
+    """FSDP's flat parameter of ``wide`` exceeds 2^22 elements, and so does the large probe's one parameter, a
+    DDP bucket of 25 MiB by itself; every length awkward."""
+    from conformance.models.large import LARGE_PROBE_NUMEL
+
+    assert MODELS["large_buffers"]._construct(1).wide.weight.numel() > 2**22
+    assert LARGE_PROBE_NUMEL * 4 >= 25 * 2**20 and _awkward(LARGE_PROBE_NUMEL)
+    assert MODELS["large_probe"].input_shapes() == [(LARGE_PROBE_NUMEL,)]
+    assert MODELS["large_buffers"].max_steps == 2  # where DDP's buckets are built, then rebuilt

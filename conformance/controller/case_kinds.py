@@ -75,4 +75,4 @@ def run_case(conform: Any, request: Any, case: Any) -> None:
     """
     __tracebackhide__ = True
     test = suite_test(case)
-    KINDS[test.kind](conform, request, case, test, {**case.check_params(), **test.params})
+    KINDS[test.kind](conform, request, case, test, {**case.check_params(), **test.params_at(conform.settings.depth)})

@@ -165,6 +165,11 @@ def _patterns(big: float, tiny: Sequence[float]) -> Dict[str, Callable[[int, int
     }
 
 
+#: The most probe elements whose hard inputs are drawn and sent element by element; a probe of production size
+#: (``large_probe``, 25 MiB) gets its named patterns placed instead (:func:`placed_examples`).
+MAX_DRAWN_ELEMENTS = 4096
+
+
 #: The label of the packed named example (:func:`named_hard_values`) in failure messages.
 NAMED_LABEL = "named hard values"
 
@@ -205,12 +210,59 @@ def rank_magnitude_values(world_size: int, shapes: Shapes) -> list:
             for r in range(world_size)]
 
 
+# -- production-sized buffers: the patterns placed where a size-dependent path goes wrong ----------------------
+
+
+def placed_positions(numel: int, world_size: int) -> List[int]:
+    """Where the named patterns go in a buffer of ``numel`` elements split over ``world_size`` ranks: both ends,
+    every power-of-two boundary ``2^k - 1, 2^k, 2^k + 1`` (``k >= 4``: where a loop over chunks of 2^k elements
+    turns), and both sides of each shard boundary (a multiple of ``ceil(numel / world_size)``); sorted, each once.
+    A chunk loop that drops its tail, a padding error or an off-by-one chunk boundary misses one of them."""
+    at = {0, 1, 2, numel - 3, numel - 2, numel - 1}
+    k = 4
+    while 2 ** k + 1 < numel:
+        at.update((2 ** k - 1, 2 ** k, 2 ** k + 1))
+        k += 1
+    shard = -(-numel // world_size)
+    for r in range(1, world_size):
+        at.update((r * shard - 1, r * shard))
+    return sorted(i for i in at if 0 <= i < numel)
+
+
+def placed_examples(world_size: int, shapes: Shapes, reduce_dtype: Optional[torch.dtype]) -> List[Tuple[str, Any]]:
+    """The named examples of a probe of production size (``large_probe``), as descriptions each rank builds
+    (:func:`~conformance.reproducers.standalone_main.placed_tensor`): ordinary values everywhere (uniform in
+    [-1, 1), seeded by rank and parameter), then
+
+    * every pattern of :func:`named_hard_values` placed at :func:`placed_positions` (position ``j`` holds
+      pattern ``j mod 6`` at that pattern's element ``j // 6``, as packed there);
+    * the ranks at their own magnitudes (:data:`RANK_MAGNITUDES`), nothing placed.
+    """
+    groups = special_values(reduce_dtype)
+    fns = list(_patterns(groups["near_overflow"][0], groups["subnormal"]).values())
+
+    def placed(r: int, i: int, shape: Tuple[int, ...], scale: float, at: Sequence[int]) -> Dict[str, Any]:
+        return {"shape": tuple(shape), "seed": 7919 * (r + 1) + i, "scale": scale, "at": list(at),
+                "values": [fns[j % len(fns)](r, i, j // len(fns)) for j in range(len(at))]}
+
+    named = [[placed(r, i, s, 1.0, placed_positions(_numel(s), world_size)) for i, s in enumerate(shapes)]
+             for r in range(world_size)]
+    magnitudes = [[placed(r, i, s, RANK_MAGNITUDES[r % len(RANK_MAGNITUDES)], ()) for i, s in enumerate(shapes)]
+                  for r in range(world_size)]
+    return [(PLACED_LABEL, named), (RANK_MAGNITUDES_LABEL, magnitudes)]
+
+
+#: The label of the placed named example (:func:`placed_examples`) in failure messages.
+PLACED_LABEL = "named hard values at the buffer's ends and power-of-two and shard boundaries"
+
+
 # -- one hard-input case, on the controller ----------------------------------------------------
 
 
-def probe_layout() -> Tuple[List[Tuple[int, ...]], List[str]]:
-    """``(shapes, FQNs)`` of ``gradient_probe``'s parameters, in ``named_parameters()`` order."""
-    probe = get_model("gradient_probe")
+def probe_layout(model: str = "gradient_probe") -> Tuple[List[Tuple[int, ...]], List[str]]:
+    """``(shapes, FQNs)`` of a probe's parameters (``gradient_probe``, ``large_probe``), in
+    ``named_parameters()`` order."""
+    probe = get_model(model)
     return probe.input_shapes(), [name for name, _ in probe._construct(1).named_parameters()]
 
 
@@ -295,7 +347,7 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
     examples, seed = conform.settings.hypothesis_examples, conform.settings.hypothesis_seed
     describe = conform.tag(request, case, check)
     name = request.node.name
-    shapes, names = probe_layout()
+    shapes, names = probe_layout(params.get("model") or "gradient_probe")
 
     def dispatch(batch: List[Tuple[str, Any]], fresh: bool) -> None:
         result = conform.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, describe=describe,
@@ -304,6 +356,9 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
         # reached only where the batch passed
         note_reach(request, result, real_nodes=getattr(conform.pools.get(case.world_size), "nodes", None))
 
+    if sum(_numel(s) for s in shapes) > MAX_DRAWN_ELEMENTS:  # production size: placed, built on the ranks
+        dispatch(placed_examples(case.world_size, shapes, reduce_dtype), fresh=True)
+        return
     explicit = [(NAMED_LABEL, named_hard_values(case.world_size, shapes, reduce_dtype)),
                 (RANK_MAGNITUDES_LABEL, rank_magnitude_values(case.world_size, shapes))]
     if examples <= 0:

@@ -144,13 +144,67 @@ def _float(text: str) -> float:
     return float.fromhex(text) if "0x" in text else float(text)
 
 
+# -- the long run's objective ---------------------------------------------------------------------------------
+# A model trained hundreds of steps on its own ``output.sum()`` loss overflows within ten: its gradients are then
+# NaN on both sides, and NaN equals NaN, so nothing more is checked. The long run instead regresses onto random
+# targets, with inputs that change every step: the gradients stay of order 0.1 for thousands of steps.
+
+
+class SeededInputs(tuple):
+    """One micro-batch's inputs (a tuple, passed as ``model(*inputs)``) and the seed of its regression target."""
+
+    seed: int
+
+    def __new__(cls, inputs: Tuple[torch.Tensor, ...], seed: int) -> "SeededInputs":
+        out = super().__new__(cls, inputs)
+        out.seed = seed
+        return out
+
+
+def regression_inputs(model: Any, rank: int, world_size: int, step: int, micro_steps: int,
+                      device: torch.device) -> List[Tuple[torch.Tensor, ...]]:
+    """This rank's inputs of ``step`` of a long run, one tuple per micro-batch: ``model.make_input`` with a seed
+    of its own per rank, micro-batch and step (rank-dependent and distinct, as every check's inputs)."""
+    out = []
+    for k in range(micro_steps):
+        index = rank + (k + step * micro_steps) * world_size
+        out.append(SeededInputs(model.make_input(index, world_size, device), index))
+    return out
+
+
+def regression_loss(inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    """``mean((output - target) ** 2)``, the target uniform in [-1, 1) of ``output``'s shape from a CPU
+    generator seeded by the micro-batch (:class:`SeededInputs`)."""
+    gen = torch.Generator().manual_seed(1_000_003 + int(inputs.seed))
+    target = (torch.rand(output.shape, generator=gen, dtype=torch.float32) * 2 - 1).to(output.device, output.dtype)
+    return ((output - target) ** 2).mean()
+
+
+def placed_tensor(placed: Dict[str, Any], device: torch.device) -> torch.Tensor:
+    """A large hard input from its description (the suite's ``hard_inputs.placed_examples``; a reproducer's
+    ``CASE["inputs"]``): float32 ``shape``, uniform values in [-1, 1) from a CPU generator seeded ``seed``, times
+    ``scale`` (float32), then ``values`` at the flat positions ``at`` (floats or float hex)."""
+    numel = 1
+    for d in placed["shape"]:
+        numel *= int(d)
+    gen = torch.Generator().manual_seed(int(placed["seed"]))
+    out = (torch.rand(numel, generator=gen) * 2 - 1) * torch.tensor(float(placed["scale"]), dtype=torch.float32)
+    if placed["at"]:
+        out[torch.tensor(placed["at"], dtype=torch.int64)] = torch.tensor(
+            [_float(v) if isinstance(v, str) else float(v) for v in placed["values"]], dtype=torch.float32)
+    return out.reshape(tuple(placed["shape"])).to(device)
+
+
 def step_inputs(ranks: Ranks, step: int) -> List[Tuple[torch.Tensor, ...]]:
     """This rank's inputs of ``step``, one tuple per micro-batch: the case's recorded gradients (hard inputs,
     ``CASE["inputs"][step][rank]``, float32 hex) or ``MODEL.make_input(rank + k * world_size, ...)``."""
+    if CASE.get("objective") == "regression":
+        return regression_inputs(MODEL, ranks.rank, ranks.world_size, step, CASE["micro_steps"], ranks.device)
     if CASE["inputs"] is not None:
         shapes = MODEL.input_shapes()
         values = CASE["inputs"][step][ranks.rank]
-        return [tuple(torch.tensor([_float(v) for v in vs], dtype=torch.float32).reshape(shape).to(ranks.device)
+        return [tuple(placed_tensor(vs, ranks.device) if isinstance(vs, dict) else
+                      torch.tensor([_float(v) for v in vs], dtype=torch.float32).reshape(shape).to(ranks.device)
                       for vs, shape in zip(values, shapes))]
     return [MODEL.make_input(ranks.rank + k * ranks.world_size, ranks.world_size, ranks.device)
             for k in range(CASE["micro_steps"])]
@@ -159,12 +213,21 @@ def step_inputs(ranks: Ranks, step: int) -> List[Tuple[torch.Tensor, ...]]:
 def train_step(model: nn.Module, optim: torch.optim.Optimizer, inputs: List[Tuple[torch.Tensor, ...]]) -> None:
     """Zero the gradients; forward/backward each micro-batch, all but the last under ``no_sync(model)``."""
     optim.zero_grad(set_to_none=True)
+    loss = regression_loss if CASE.get("objective") == "regression" else MODEL.loss
     for k, micro in enumerate(inputs):
         if k == len(inputs) - 1:
-            MODEL.loss(micro, model(*micro)).backward()
+            loss(micro, model(*micro)).backward()
         else:
             with no_sync(model):
-                MODEL.loss(micro, model(*micro)).backward()
+                loss(micro, model(*micro)).backward()
+
+
+def layout_env(rank: int, world_size: int, nodes: int) -> Dict[str, str]:
+    """torchrun's layout variables of ``rank`` on ``nodes`` nodes of ``world_size // nodes`` ranks (the suite's
+    ``conformance.ranks.topology.torchrun_env``), for a case that simulated several nodes."""
+    local = world_size // nodes
+    return {"LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local), "GROUP_RANK": str(rank // local),
+            "GROUP_WORLD_SIZE": str(nodes), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size)}
 
 
 def _device_and_backend() -> Tuple[torch.device, str]:
@@ -189,6 +252,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"run me with torchrun: torchrun --nproc-per-node {CASE['world_size']} {sys.argv[0]}", file=sys.stderr)
         return 2
     device, backend = _device_and_backend()
+    if CASE.get("nodes", 1) > 1:  # the layout the case simulated: torchrun's variables as on that many nodes
+        os.environ.update(layout_env(int(os.environ["RANK"]), CASE["world_size"], CASE["nodes"]))
     dist.init_process_group(backend)
     try:
         if dist.get_world_size() != CASE["world_size"]:

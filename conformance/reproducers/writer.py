@@ -38,13 +38,17 @@ def _check_defaults() -> Dict[str, Dict[str, Any]]:
     the model, the steps, SGD's learning rate and momentum, whether the optimizer steps. Read from the rank
     checks themselves (their signatures, :data:`~conformance.ranks.checks.common.MOMENTUM`), so a reproducer
     trains as the suite did after either changes."""
-    from conformance.ranks.checks import common, exact, probe
+    from conformance.ranks.checks import common, exact, long_run, probe
 
-    averaging, parity = _defaults(exact.averaging), _defaults(exact.parity)
+    averaging, parity, long = _defaults(exact.averaging), _defaults(exact.parity), _defaults(long_run.long_run)
     return {
         "averaging": {"model": averaging["model"], "steps": averaging["steps"], "lr": averaging["lr"],
                       "momentum": _defaults(common.sgd)["momentum"], "optimizer_step": True},
         "parity": {"steps": parity["steps"], "lr": parity["lr"], "momentum": common.MOMENTUM, "optimizer_step": True},
+        # the long run: its steps are the case's (``LONG_RUN_STEPS``), its objective a regression onto random
+        # targets with inputs that change every step (standalone_main.regression_inputs)
+        "long_run": {"steps": 0, "lr": long["lr"], "momentum": common.MOMENTUM, "optimizer_step": True,
+                     "objective": "regression"},
         "hard_inputs": {"model": _defaults(probe.hard_inputs)["model"], "steps": 1,
                         "lr": _defaults(probe.run_examples)["lr"], "momentum": common.MOMENTUM,
                         "optimizer_step": False},
@@ -119,13 +123,18 @@ def _hex_values(t: torch.Tensor) -> List[str]:
     return [float(v).hex() if v == v and abs(v) != float("inf") else repr(float(v)) for v in t.reshape(-1).tolist()]
 
 
+def _placed_hex(placed: Dict[str, Any]) -> Dict[str, Any]:
+    """A large hard input's description (``standalone_main.placed_tensor``) with its placed values as float hex."""
+    return {**placed, "values": [float(v).hex() for v in placed["values"]]}
+
+
 def _failing_step(findings: Sequence[Finding]) -> Optional[int]:
     steps = [f.step for f in findings if f.step is not None]
     return min(steps) if steps else None
 
 
 def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size: int, case_id: str,
-                 findings: Sequence[Finding]) -> Dict[str, Any]:
+                 findings: Sequence[Finding], nodes: int = 1) -> Dict[str, Any]:
     """The reproducer's ``CASE``: what the rank check ran, up to the step that failed.
 
     Raises:
@@ -149,7 +158,8 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
     if check == "hard_inputs":
         examples = list(params["examples"])
         upto = len(examples) - 1 if failing is None else min(failing if len(examples) > 1 else 0, len(examples) - 1)
-        inputs = [[[_hex_values(t) for t in rank] for rank in grads] for _, grads in examples[:upto + 1]]
+        inputs = [[[_placed_hex(t) if isinstance(t, dict) else _hex_values(t) for t in rank] for rank in grads]
+                  for _, grads in examples[:upto + 1]]
         steps = len(inputs)
     elif failing is not None:
         steps = min(steps, failing + 1)
@@ -157,7 +167,8 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
             "model": params.get("model", defaults.get("model")), "variant": variant,
             "reduce_dtype": spec.reduce_dtype, "steps": steps, "lr": float(params.get("lr", defaults["lr"])),
             "momentum": defaults["momentum"], "optimizer_step": defaults["optimizer_step"],
-            "grad_views": 1 if check == "hard_inputs" else None, "micro_steps": micro, "inputs": inputs}
+            "grad_views": 1 if check == "hard_inputs" else None, "micro_steps": micro, "inputs": inputs,
+            "objective": defaults.get("objective", "model"), "nodes": nodes}
 
 
 def _rule(title: str) -> str:
@@ -179,7 +190,8 @@ def _literal(case: Dict[str, Any]) -> str:
 
 
 def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str, Any], world_size: int,
-                      case_id: str, findings: Sequence[Finding], header: str, rerun: str, path: str) -> str:
+                      case_id: str, findings: Sequence[Finding], header: str, rerun: str, path: str,
+                      nodes: int = 1) -> str:
     """The text of the case's reproducer (see :mod:`conformance.reproducers`).
 
     Args:
@@ -187,7 +199,8 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         rank_check, params, world_size: what the ranks ran (``<api>.<check>`` and its parameters).
         case_id: the pytest test name; ``findings``: every rank's; ``header``: the failure's first line;
             ``rerun``: the command that re-runs the case in the suite; ``path``: where the file goes (for its
-            own run command).
+            own run command); ``nodes``: the node layout the case simulated (the file sets torchrun's
+            variables for it).
 
     Raises:
         NoReproducer: the case's check is not a lock-step one, or the hook says why it has none (its
@@ -196,7 +209,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
     why = getattr(spec.hook, "no_reproducer", None)
     if isinstance(why, str):
         raise NoReproducer(f"{why}; re-run the case with the command below")
-    case = case_literal(spec, rank_check, params, world_size, case_id, findings)
+    case = case_literal(spec, rank_check, params, world_size, case_id, findings, nodes=nodes)
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
     shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)][:4]

@@ -35,6 +35,11 @@ def test_ddp_parity(conform, request, case):
     conform.run_case(request, case)
 
 
+def test_ddp_long_run(conform, request, case):
+    """256 steps (2,000 at nightly depth), gradients and parameters bitwise equal to DDP with no hook at every one."""
+    conform.run_case(request, case)
+
+
 def test_ddp_rank_consistency(conform, request, case):
     """Every rank holds the identical gradient after each step."""
     conform.run_case(request, case)

@@ -30,6 +30,11 @@ def test_parity(conform, request, case):
     conform.run_case(request, case)
 
 
+def test_long_run(conform, request, case):
+    """256 steps (2,000 at nightly depth), gradients and parameters bitwise equal to the native path at every one."""
+    conform.run_case(request, case)
+
+
 def test_accumulation(conform, request, case):
     """Parity under gradient accumulation: no_sync() on all micro-batches but the last; the hook is called once,
     on the locally summed gradient, and must give native's."""

@@ -38,8 +38,18 @@ def test_fsdp2_parity(conform, request, case):
     conform.run_case(request, case)
 
 
+def test_fsdp2_long_run(conform, request, case):
+    """256 steps (2,000 at nightly depth) with the comm on every FSDP module, bitwise equal to native FSDP2 at every one."""
+    conform.run_case(request, case)
+
+
 def test_fsdp2_all_reduce_hook(conform, request, case):
     """An all-reduce hook under native HSDP: gradients and parameters bitwise equal to HSDP without it."""
+    conform.run_case(request, case)
+
+
+def test_fsdp2_all_reduce_long_run(conform, request, case):
+    """256 steps (2,000 at nightly depth) under replicate with the hook, bitwise equal to native at every one."""
     conform.run_case(request, case)
 
 

@@ -18,6 +18,11 @@ def test_fsdp2_replica_parity(conform, request, case):
     conform.run_case(request, case)
 
 
+def test_fsdp2_replica_long_run(conform, request, case):
+    """256 steps (2,000 at nightly depth) with the hook as the replica all-reduce, bitwise equal to native HSDP at every one."""
+    conform.run_case(request, case)
+
+
 def test_fsdp2_replica_hard_inputs(conform, request, case):
     """Near-overflow, zero, subnormal, NaN and Inf gradients and per-rank magnitudes, bitwise equal to native HSDP."""
     conform.run_case(request, case)

@@ -9,7 +9,7 @@ and its recorder ``future.py``; the diagnosis's arithmetic ``arithmetic.py``.
 
 Suite tests (``conformance/suite/test_ddp.py``), each a :class:`~conformance.apis.SuiteTest`:
 
-* ``averaging``, ``parity`` (a ``subgroup`` case too), ``rank_consistency``,
+* ``averaging``, ``parity`` (a ``subgroup`` case too), ``long_run``, ``rank_consistency``,
   ``hard_inputs``, ``clip_grad_norm``: the shared rank checks
   (:data:`conformance.ranks.checks.SHARED_CHECKS`) over
   :class:`~conformance.apis.ddp.models.DdpModels`;
@@ -37,7 +37,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, first_cross_rank_world_size, subgroup_world_size
+from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, SuiteTest, called_as,
+                              first_cross_rank_world_size, simulated_layout_skip, subgroup_world_size,
+                              two_node_world_sizes)
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, is_cpp_hook
 from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.cases import CaseParams
@@ -49,7 +51,7 @@ from conformance.cases import CaseParams
 # training setups; an extra one (3, not a power of two) gets the essentials.
 #: Bitwise parity with the reference, for hooks that claim exactness.
 PARITY_CASES = (
-    ("default", "nested_wrapped"),
+    ("default", "large_buffers"),
     ("default", "transformer_shared"),
     ("small_buckets", "transformer_shared"),
     ("bucket_view", "nested_wrapped"),
@@ -57,7 +59,11 @@ PARITY_CASES = (
     ("find_unused", "unused_param"),
     ("no_sync", "net_flat"),
 )
-EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
+EXTRA_PARITY_CASES = (("default", "nested_wrapped"), ("default", "large_buffers"))
+#: The long run (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): at the main
+#: world size (every world size at nightly depth). It stands in for the short parity case of its config and
+#: model there, which the main world size's :data:`PARITY_CASES` therefore leave out.
+LONG_RUN_CASES = (("default", "nested_wrapped"),)
 #: The ``compiled_autograd`` config's parity cases (only with ``--with-compiled-ddp``): DDP's python reducer
 #: under torch.compile and compiled autograd. Each compiles its two models' forward/backward once (seconds on
 #: a CPU); ``nested_wrapped`` has ten parameters of four shapes, each reduced by its own hook call.
@@ -77,10 +83,13 @@ FUTURE_CASES = (
     ("find_unused", "unused_param"),
     ("no_sync", "gradient_probe"),
 )
-#: Hard inputs through the probe (exact claims): one bucket, bucket views, a bucket per parameter.
+#: Hard inputs through the probe (exact claims): one bucket, bucket views, a bucket per parameter; and through the
+#: probe of production size (``large_probe``: one bucket of 25 MiB), the patterns placed at its ends and
+#: power-of-two boundaries (:func:`conformance.controller.hard_inputs.placed_examples`).
 HARD_INPUT_CASES = (("default", "gradient_probe"), ("bucket_view", "gradient_probe"),
-                    ("bucket_per_param", "gradient_probe"))
-EXTRA_HARD_INPUT_CASES = (("default", "gradient_probe"), ("bucket_per_param", "gradient_probe"))
+                    ("bucket_per_param", "gradient_probe"), ("default", "large_probe"))
+EXTRA_HARD_INPUT_CASES = (("default", "gradient_probe"), ("bucket_per_param", "gradient_probe"),
+                          ("default", "large_probe"))
 #: clip_grad_norm_ with the hook registered (main world size): one bucket, and a model whose unused
 #: parameters have no gradient (find_unused_parameters), as in PyTorch's test_fsdp_clip_grad_norm.py.
 CLIP_CASES = (("default", "nested_wrapped"), ("find_unused", "unused_param"))
@@ -122,13 +131,24 @@ def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = ()
     return plan
 
 
+#: The model of the subgroup and topology cases.
+TOPOLOGY_MODEL = "nested_wrapped"
+
+
 def _with_subgroup(plan: CasePlan) -> CasePlan:
     """``plan``, plus per kept spec one ``subgroup`` case (``nested_wrapped``) on the smallest even pool of
-    at least four ranks: the run's, else the extra pool FSDP2's HSDP starts."""
+    at least four ranks (the run's, else the extra pool FSDP2's HSDP starts), its data-parallel groups across
+    two simulated nodes; then the topology cases: DDP in the default config on 2 nodes at each of
+    :func:`~conformance.apis.two_node_world_sizes`."""
     def with_subgroup(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         ws = subgroup_world_size(settings.world_sizes)
-        return plan(test, specs, settings) + [test.case(spec.name, "subgroup", ws, model="nested_wrapped")
-                                              for spec in specs if _exact(spec)]
+        why = simulated_layout_skip(settings)
+        exact = [spec for spec in specs if _exact(spec)]
+        return (plan(test, specs, settings)
+                + [test.case(spec.name, "subgroup", ws, model=TOPOLOGY_MODEL, nodes=TWO_NODES, skip=why)
+                   for spec in exact]
+                + [test.case(spec.name, "default", size, model=TOPOLOGY_MODEL, nodes=TWO_NODES, skip=why)
+                   for spec in exact for size in two_node_world_sizes(settings)])
 
     return with_subgroup
 
@@ -217,6 +237,8 @@ API = HookApi(
             skip_one_rank=_ACROSS_RANKS), kind="exact"),
         "test_ddp_parity": _test("parity", "parity", _with_compiled(_with_subgroup(_plan(
             PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact))), kind="exact"),
+        "test_ddp_long_run": _test("long_run", "long_run", _plan(LONG_RUN_CASES, keep=_exact), kind="exact",
+                                   depth_params=LONG_RUN_STEPS),
         "test_ddp_rank_consistency": _test("rank_consistency", "rank_grads", _plan(
             CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS), kind="across_ranks",
             params={"steps": RANK_CONSISTENCY_STEPS}),

@@ -8,7 +8,7 @@ recorder, native mixed precision) is ``models.py``; the diagnosis's arithmetic
 
 Suite tests (``conformance/suite/test_fsdp.py``), each a :class:`~conformance.apis.SuiteTest`:
 
-* ``averaging``, ``parity``, ``accumulation`` (parity with ``no_sync()`` on all
+* ``averaging``, ``parity``, ``long_run``, ``accumulation`` (parity with ``no_sync()`` on all
   micro-batches of a step but the last), ``subgroup_parity``, ``clip_grad_norm``,
   ``clip_grad_norm_low_precision``, ``hard_inputs``, ``rank_consistency``: the
   shared rank checks (:data:`conformance.ranks.checks.SHARED_CHECKS`) over
@@ -29,12 +29,19 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from conformance.apis import CasePlan, HookApi, SuiteTest, first_cross_rank_world_size, subgroup_world_size
+from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, SuiteTest, first_cross_rank_world_size,
+                              simulated_layout_skip, subgroup_world_size, two_node_world_sizes)
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.ranks.ulps import dtype_name
 from conformance.signatures import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
 
+#: The long run's model (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): one
+#: FSDP unit, the cheapest per step, once per calling convention a hook serves (``NO_SHARD``'s
+#: ``hook(state, grad)``, and the sharded strategies' ``hook(state, grad, output)``, which FSDP calls alike under
+#: FULL_SHARD and SHARD_GRAD_OP), at the main world size; at nightly depth under every strategy and world size.
+#: It stands in for the short parity case of its strategy and model at the main world size.
+LONG_RUN_MODEL = "net_flat"
 #: Reference models for parity at the main world size (``models.MODELS`` keys).
 #: ``mixture_of_experts`` is left out on purpose: ``register_comm_hook`` gives
 #: every FSDP unit the same hook and state, so a hook whose state holds the whole
@@ -134,6 +141,57 @@ def _training(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Opti
     return out
 
 
+#: The model of production-sized buffers (a flat parameter of more than 2^22 elements): parity under one
+#: strategy per calling convention (:func:`_by_convention`), at every world size; every strategy at nightly depth.
+LARGE_MODEL = "large_buffers"
+
+
+def _by_convention(spec: Any, settings: Any) -> Tuple[str, ...]:
+    """The strategies a spec's long runs and large-buffer cases take: at nightly depth every one it serves, else
+    one per calling convention (``NO_SHARD``, and the first sharded one it serves: FSDP calls the hook alike
+    under FULL_SHARD and SHARD_GRAD_OP)."""
+    served = tuple(spec.strategies or ())
+    if settings.nightly:
+        return served
+    sharded = [s for s in served if s != "NO_SHARD"]
+    return tuple(s for s in served if s == "NO_SHARD") + tuple(sharded[:1])
+
+
+def _long_runs(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """The long run of :data:`LONG_RUN_MODEL` per spec and :func:`_by_convention`, at every world size of the
+    main role."""
+    return [case for spec in specs for strategy in _by_convention(spec, settings)
+            for case in _training(test, [spec], settings, {"main": (LONG_RUN_MODEL,), "extra": ()},
+                                  strategies=(strategy,))]
+
+
+def _parity(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """Parity of :data:`PARITY_MODELS` (main world size) and :data:`EXTRA_PARITY_MODELS`, less the cases a long
+    run of the same strategy, model and world size stands in for (:func:`_long_runs`); then :data:`LARGE_MODEL`
+    at every world size, by convention (:func:`_by_convention`); then the topology cases (:func:`_topology`)."""
+    long = {(c.hook, c.variant, c.model, c.world_size) for c in _long_runs(test, specs, settings)}
+    small = [c for c in _training(test, specs, settings, {"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})
+             if (c.hook, c.variant, c.model, c.world_size) not in long]
+    large = [case for spec in specs for strategy in _by_convention(spec, settings)
+             for case in _training(test, [spec], settings, {"main": (LARGE_MODEL,), "extra": (LARGE_MODEL,)},
+                                   strategies=(strategy,))]
+    return small + large + _topology(specs, settings, test)
+
+
+#: The probe of production size (one flat parameter of 6,553,603 elements): hard inputs placed at its ends and
+#: power-of-two boundaries, by convention (:func:`_by_convention`), at every world size.
+LARGE_PROBE = "large_probe"
+
+
+def _hard_inputs(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    """Hard inputs through ``gradient_probe`` under every strategy at every world size, then through
+    :data:`LARGE_PROBE` by convention (:func:`_by_convention`)."""
+    return _training(test, specs, settings) + [
+        case for spec in specs for strategy in _by_convention(spec, settings)
+        for case in _training(test, [spec], settings, {"main": (LARGE_PROBE,), "extra": (LARGE_PROBE,)},
+                              strategies=(strategy,))]
+
+
 def _registration(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """Every rule per spec and strategy, at the main world size; the hybrid rule once per spec."""
     ws = settings.world_size
@@ -151,10 +209,20 @@ def _registration(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[
 
 def _subgroup(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """Parity on data-parallel subgroups (``conformance.ranks.checks.groups``): every strategy a spec serves, on
-    the smallest even pool of at least four ranks (the run's, else the extra pool FSDP2's HSDP starts)."""
+    the smallest even pool of at least four ranks (the run's, else the extra pool FSDP2's HSDP starts), the
+    groups across two simulated nodes (:data:`~conformance.apis.TWO_NODES`)."""
     ws = subgroup_world_size(settings.world_sizes)
-    return [test.case(spec.name, strategy, ws, model=SUBGROUP_MODEL) for spec in specs
+    why = simulated_layout_skip(settings)
+    return [test.case(spec.name, strategy, ws, model=SUBGROUP_MODEL, nodes=TWO_NODES, skip=why) for spec in specs
             for strategy in spec.strategies or ()]
+
+
+def _topology(specs: Sequence[Any], settings: Any, test: SuiteTest) -> List[CaseParams]:
+    """The topology cases: :data:`SUBGROUP_MODEL` on 2 nodes at each of
+    :func:`~conformance.apis.two_node_world_sizes`, by convention (:func:`_by_convention`)."""
+    why = simulated_layout_skip(settings)
+    return [test.case(spec.name, strategy, ws, model=SUBGROUP_MODEL, nodes=TWO_NODES, skip=why)
+            for spec in specs for strategy in _by_convention(spec, settings) for ws in two_node_world_sizes(settings)]
 
 
 def _low_precision_clip(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
@@ -221,15 +289,16 @@ API = HookApi(
     checks={"registration": "conformance.apis.fsdp.registration:registration"},
     plans={
         "test_averaging": _test("averaging", "averaging", _of(_exact, _training), kind="exact"),
-        "test_parity": _test("parity", "parity", _of(_exact, functools.partial(
-            _training, models={"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})), kind="exact"),
+        "test_parity": _test("parity", "parity", _of(_exact, _parity), kind="exact"),
+        "test_long_run": _test("long_run", "long_run", _of(_exact, _long_runs), kind="exact",
+                               depth_params=LONG_RUN_STEPS),
         "test_rank_consistency": _test("rank_consistency", "rank_grads", functools.partial(
             _training, models={"main": CONSISTENCY_MODELS, "extra": CONSISTENCY_MODELS[:1]}, strategies=("NO_SHARD",),
             skip="rank consistency needs at least 2 ranks"), kind="across_ranks"),
         "test_accumulation": _test("accumulation", "parity", _of(_exact, functools.partial(
             _training, models=ACCUMULATION_MODELS)), kind="exact", params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
         "test_registration": _test("registration", "registration", _registration),
-        "test_hard_inputs": _test("hard_inputs", "hard_inputs", _of(_exact, _training), kind="hard_inputs"),
+        "test_hard_inputs": _test("hard_inputs", "hard_inputs", _of(_exact, _hard_inputs), kind="hard_inputs"),
         "test_subgroup_parity": _test("subgroup_parity", "parity", _of(_exact, _subgroup), params={"subgroup": True}),
         "test_clip_grad_norm": _test("clip_grad_norm", "clip_grad_norm", _of(_exact, functools.partial(
             _training, models={"main": CLIP_MODELS, "extra": ()}))),

@@ -56,9 +56,10 @@ def full_params(model: nn.Module) -> Dict[str, torch.Tensor]:
                 for n, p in model.named_parameters()}
 
 
-#: The gradient views of both APIs: local shards, then full tensors (the ranks agree to stop between).
-GRAD_VIEWS = [("local gradient shard", named_grads, ""),
-              ("full gradient", full_grads, "full_tensor() of every gradient")]
+#: The gradient view of both APIs: this rank's local shards. Every rank compares its own and the ranks agree
+#: (``any_rank``), so equal shards everywhere are equal full gradients: a ``full_tensor()`` of every gradient (an
+#: all-gather per parameter and model, every step) would add nothing but its cost.
+GRAD_VIEWS = [("local gradient shard", named_grads, "")]
 PARAM_VIEW: View = ("local parameter shard after the optimizer step", named_params, "")
 
 

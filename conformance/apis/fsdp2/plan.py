@@ -11,11 +11,11 @@ The rank side (the models of both) is ``models.py``, with ``build.py`` (meshes,
 ``arithmetic.py`` (the diagnosis's).
 
 Suite tests (``conformance/suite/test_fsdp2.py``), each a :class:`~conformance.apis.SuiteTest`
-of one of the two APIs: ``fsdp2_parity``, ``fsdp2_hard_inputs``,
+of one of the two APIs: ``fsdp2_parity``, ``fsdp2_long_run``, ``fsdp2_hard_inputs``,
 ``fsdp2_clip_grad_norm``, ``fsdp2_accumulation`` (parity over micro-batches that
 skip synchronisation) and the lossy contracts (``fsdp2_lossy_*``, which a comm
 with ``lossy=LossyContract(...)`` gets instead of the first three);
-``fsdp2_all_reduce_hook``, ``fsdp2_all_reduce_accumulation`` and
+``fsdp2_all_reduce_hook``, ``fsdp2_all_reduce_long_run``, ``fsdp2_all_reduce_accumulation`` and
 ``fsdp2_all_reduce_hard_inputs``. Every one is a
 shared rank check (:data:`conformance.ranks.checks.SHARED_CHECKS`) but the registration
 rules, ``fsdp2_registration`` and ``fsdp2_all_reduce_registration``
@@ -36,7 +36,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from conformance.apis import CasePlan, HookApi, SuiteTest, called_as, first_cross_rank_world_size, no_strategies
+from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, SuiteTest, called_as,
+                              first_cross_rank_world_size, no_strategies, simulated_layout_skip, two_node_world_sizes)
 from conformance.apis.fsdp2.build import HSDP_REPLICATE, missing_api, missing_replicate
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS, MODELS
@@ -87,14 +88,14 @@ def uses_premul_sum(config: str, reduce_dtype: Optional[torch.dtype], param_dtyp
 FACTOR_CONFIGS = ("divide_factor", "force_sum", "divide_factor_force_sum", "divide_factor_some")
 PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
     ("main", "full"): tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested",
-                                                     "gradient_probe", "mixture_of_experts"))
+                                                     "gradient_probe", "mixture_of_experts", "large_buffers"))
     + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS) + (("replicate", "nested_wrapped"),),
-    ("extra", "full"): (("default", "nested_wrapped"), ("default", "gradient_probe"),
+    ("extra", "full"): (("default", "nested_wrapped"), ("default", "gradient_probe"), ("default", "large_buffers"),
                         ("divide_factor", "nested_wrapped"), ("divide_factor_force_sum", "nested_wrapped"),
                         ("force_sum", "gradient_probe")),
-    ("main", "low"): (("default", "nested_wrapped"), ("divide_factor", "nested_wrapped"),
+    ("main", "low"): (("default", "nested_wrapped"), ("default", "large_buffers"), ("divide_factor", "nested_wrapped"),
                       ("divide_factor_force_sum", "nested_wrapped"), ("divide_factor_some", "nested_wrapped")),
-    ("extra", "low"): (("default", "nested_wrapped"),),
+    ("extra", "low"): (("default", "nested_wrapped"), ("default", "large_buffers")),
     ("hsdp", "full"): (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"),
                        ("subgroup", "nested_wrapped")),
     ("hsdp", "low"): (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"),
@@ -106,8 +107,8 @@ PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
 #: the comm sees the same ops there, and the default run's 60 s budget is better spent at 2
 #: and 3 ranks (an all-reduce hook's hard inputs run under HSDP, its only setting).
 HARD_INPUT_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
-    "main": (("default", "gradient_probe"),),
-    "extra": (("default", "gradient_probe"),),
+    "main": (("default", "gradient_probe"), ("default", "large_probe")),
+    "extra": (("default", "gradient_probe"), ("default", "large_probe")),
 }
 #: Lossy contracts: the relative error per step and parameter, per world-size role, in the configs whose
 #: native reference gloo runs: ``default`` (FSDP2 passes AVG for float32/bfloat16, SUM with its own divides
@@ -118,6 +119,12 @@ LOSSY_ERROR_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
     "extra": (("default", "nested_wrapped"),),
     "hsdp": (("hsdp", "nested_wrapped"),),
 }
+#: The long run (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared), per world-size
+#: role: one FSDP unit (the cheapest per step) in the default config at the main world size; at nightly depth
+#: at every world size (every world size is "main" there). An all-reduce hook's runs under ``replicate`` (AVG),
+#: whose pools are those of the comm's cases.
+LONG_RUN_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {"main": (("default", "net_flat"),)}
+ALL_REDUCE_LONG_RUN_PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {"main": (("replicate", "net_flat"),)}
 #: Gradient accumulation (exact claims), per world-size role: ``set_requires_gradient_sync(False)`` on all
 #: micro-batches but the last (no comm call; FSDP2 accumulates the unsharded gradients in the reduce dtype,
 #: PyTorch PR 125191), with a unit only the last micro-batch uses (PyTorch issue 196996); under HSDP
@@ -136,8 +143,10 @@ ALL_REDUCE_MODELS = ("nested_wrapped",)
 #: Where FSDP2 calls an all-reduce hook after its own all-reduce: native HSDP; ``replicate`` on FSDP2 (its
 #: default AVG, and ``set_gradient_divide_factor(1.0)``, a SUM: torchtitan's default).
 ALL_REDUCE_CONFIGS = ("hsdp", "replicate", "replicate_sum")
-#: The ``replicate`` configs' models, at every world size of the run.
+#: The ``replicate`` configs' models, at every world size of the run (``large_buffers``: whole gradients of
+#: 25 MiB, under ``replicate`` only).
 REPLICATE_MODELS = ("nested_wrapped",)
+LARGE_REPLICATE_MODELS = ("large_buffers",)
 #: The smallest HSDP world size: a HSDP_REPLICATE x 2 (replicate x shard) mesh.
 HSDP_WORLD_SIZE = 2 * HSDP_REPLICATE
 #: The registration rules of both FSDP2 APIs (``conformance/apis/fsdp2/registration.py``), one case each per
@@ -238,6 +247,8 @@ def registration_plan(setter: str, variant: str, rules: Sequence[str], world_siz
 
 def skip_reason(case: CaseParams, spec: Any, settings: Any) -> Optional[str]:
     """Why ``case`` cannot run here, after its world size's availability (``None``: it runs)."""
+    if case.nodes > 1 and simulated_layout_skip(settings):
+        return simulated_layout_skip(settings)
     if case.variant in ("replicate", "replicate_sum"):
         why = missing_replicate()
         if why is not None:
@@ -269,16 +280,30 @@ def _exact(spec: Any) -> bool:
     return spec.lossy is None
 
 
+def _nodes(role: str) -> int:
+    """The node layout of a role's cases: the HSDP mesh's replicas across two simulated nodes, each node one
+    shard group (:data:`~conformance.apis.TWO_NODES`); one node otherwise."""
+    return TWO_NODES if role == "hsdp" else 1
+
+
+#: The model of the topology cases: the default config on 2 nodes at each of
+#: :func:`~conformance.apis.two_node_world_sizes` (a 1-D mesh across both).
+TOPOLOGY_MODEL = "nested_wrapped"
+
+
 def parity_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """The comm cases of a run: per spec that claims exactness, :data:`PLAN` at each world size by its
-    role, then HSDP."""
+    role, then HSDP (on 2 nodes), then the topology cases (:data:`TOPOLOGY_MODEL`)."""
     out = []
     for spec in filter(_exact, specs):
         claim = "full" if spec.reduce_dtype is None else "low"
         roles = [(settings.role(ws), ws) for ws in settings.world_sizes]
         roles.append(("hsdp", hsdp_world_size(settings.world_sizes)))
         for role, ws in roles:
-            out.extend(test.case(spec.name, config, ws, model=model) for config, model in PLAN[(role, claim)])
+            out.extend(test.case(spec.name, config, ws, model=model, nodes=_nodes(role))
+                       for config, model in PLAN[(role, claim)])
+        out.extend(test.case(spec.name, "default", ws, model=TOPOLOGY_MODEL, nodes=TWO_NODES)
+                   for ws in two_node_world_sizes(settings))
     return _with_skips(out, specs, settings)
 
 
@@ -309,7 +334,8 @@ def role_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_
             sizes = (first_cross_rank_world_size(settings.world_sizes),) if first_only else settings.world_sizes
             roles = [(settings.role(ws), ws) for ws in sizes] + [("hsdp", hsdp_world_size(settings.world_sizes))]
             for role, ws in roles:
-                out.extend(test.case(spec.name, config, ws, model=model) for config, model in plan.get(role, ()))
+                out.extend(test.case(spec.name, config, ws, model=model, nodes=_nodes(role))
+                           for config, model in plan.get(role, ()))
         return _with_skips(out, specs, settings)
 
     return cases
@@ -320,9 +346,14 @@ def all_reduce_cases(test: SuiteTest, specs: Sequence[Any], settings: Any, model
     """An all-reduce hook's cases: each of ``models`` under HSDP, then each of ``replicate_models`` under the
     ``replicate`` configs at every world size of the run."""
     ws = hsdp_world_size(settings.world_sizes)
-    out = [test.case(spec.name, "hsdp", ws, model=model) for spec in specs for model in models]
+    out = [test.case(spec.name, "hsdp", ws, model=model, nodes=TWO_NODES) for spec in specs for model in models]
     out += [test.case(spec.name, config, size, model=model) for spec in specs for size in settings.world_sizes
             for config in ("replicate", "replicate_sum") for model in replicate_models]
+    if replicate_models:  # the parity cases: whole gradients of production size, and the topology cases
+        out += [test.case(spec.name, "replicate", size, model=model) for spec in specs
+                for size in settings.world_sizes for model in LARGE_REPLICATE_MODELS]
+        out += [test.case(spec.name, "replicate", size, model=TOPOLOGY_MODEL, nodes=TWO_NODES) for spec in specs
+                for size in two_node_world_sizes(settings) if size != ws]
     return _with_skips(out, specs, settings)
 
 
@@ -337,6 +368,8 @@ APIS = (
             standalone="conformance.apis.fsdp2.standalone",
             models="conformance.apis.fsdp2.models:CommModels",
             plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", parity_cases, kind="exact"),
+                   "test_fsdp2_long_run": _comm_test("fsdp2_long_run", "long_run", role_plan(LONG_RUN_PLAN, _exact),
+                                                     kind="exact", depth_params=LONG_RUN_STEPS),
                    "test_fsdp2_hard_inputs": _comm_test("fsdp2_hard_inputs", "hard_inputs", hard_input_cases,
                                                         kind="hard_inputs"),
                    "test_fsdp2_clip_grad_norm": _comm_test("fsdp2_clip_grad_norm", "clip_grad_norm", clip_cases),
@@ -361,6 +394,9 @@ APIS = (
             models="conformance.apis.fsdp2.models:AllReduceHookModels",
             plans={"test_fsdp2_all_reduce_hook": _all_reduce_test("fsdp2_all_reduce_hook", "parity", functools.partial(
                 all_reduce_cases, replicate_models=REPLICATE_MODELS)),
+                   "test_fsdp2_all_reduce_long_run": _all_reduce_test(
+                       "fsdp2_all_reduce_long_run", "long_run", role_plan(ALL_REDUCE_LONG_RUN_PLAN, _exact),
+                       kind="exact", depth_params=LONG_RUN_STEPS),
                    "test_fsdp2_all_reduce_accumulation": _all_reduce_test(
                        "fsdp2_all_reduce_accumulation", "parity", all_reduce_cases,
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),

@@ -290,17 +290,12 @@ def _detached(t: Any) -> Any:
     return None if t is None else t.detach()
 
 
-def _full(t: Any) -> Any:
-    return None if t is None else (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
-
-
 def _named(model: nn.Module, read: Callable[[Any], Any], grads: bool = True) -> Dict[str, Any]:
     return {fqn_without_wrappers(n): read(p.grad if grads else p) for n, p in model.named_parameters()}
 
 
 GRAD_VIEWS: List[Tuple[str, Callable[[nn.Module], Dict[str, Any]]]] = [
     ("local gradient shard", lambda model: _named(model, lambda t: _detached(local(t)))),
-    ("full gradient", lambda model: _named(model, _full)),
 ]
 PARAM_VIEW = ("local parameter shard after the optimizer step",
               lambda model: _named(model, lambda t: _detached(local(t)), grads=False))

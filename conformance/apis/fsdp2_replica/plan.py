@@ -12,7 +12,8 @@ the 2-D (replicate x shard) mesh of the same ranks. The spec's hook is called as
 ``arithmetic.py``).
 
 Suite tests (``conformance/suite/test_fsdp2_replica.py``), each a shared rank
-check: ``fsdp2_replica_parity`` (``nested_wrapped``), ``fsdp2_replica_hard_inputs``
+check: ``fsdp2_replica_parity`` (``nested_wrapped``), ``fsdp2_replica_long_run`` (``net_flat``),
+``fsdp2_replica_hard_inputs``
 (the probe) and ``fsdp2_replica_accumulation`` (``set_requires_gradient_sync(False)``
 on all micro-batches but the last), at the HSDP world size (2 replicas x 2
 shards) and, in a run with a 6-rank pool (``--extra-world-size 6``), at 3
@@ -30,15 +31,21 @@ import dataclasses
 import functools
 from typing import Any, List, Sequence, Tuple
 
-from conformance.apis import HookApi, SuiteTest, called_as
+from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, called_as, simulated_layout_skip,
+                              two_node_world_sizes)
 from conformance.apis.fsdp2.build import missing_api
+from conformance.apis.fsdp2.standalone import REPLICA_SHARDS
 from conformance.apis.fsdp2.plan import REGISTRATION_RULES, hsdp_unavailable, hsdp_world_size, registration_plan
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError
 
-#: The models of the parity cases; hard inputs run through the probe.
-PARITY_MODELS = ("nested_wrapped",)
+#: The models of the parity cases (``large_buffers``: the hook gets 2 shards' reduce-scatter output of more than
+#: 2^21 elements); hard inputs run through the probe.
+PARITY_MODELS = ("nested_wrapped", "large_buffers")
+#: The long run's model (:data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): one FSDP unit, the
+#: cheapest per step.
+LONG_RUN_MODELS = ("net_flat",)
 #: The models of the accumulation cases (a unit only the last micro-batch uses, as for the other APIs).
 ACCUMULATION_MODELS = ("nested_wrapped", "late_branch")
 #: The replica count that is not a power of two: a run with a world size of ``3 * 2`` also checks there.
@@ -62,11 +69,21 @@ def validate(spec: Any) -> Tuple[str, ...]:
 
 
 def _world_sizes(settings: Any) -> List[int]:
-    """The HSDP world size, and 6 (3 replicas) where the run has it or is at nightly depth."""
+    """The HSDP world size, 6 (3 replicas) where the run has it or is at nightly depth, and the topology cases'
+    8 ranks at nightly depth (2 nodes of 4; their 2 and 4 ranks are no replica mesh, or the HSDP world size)."""
     sizes = [hsdp_world_size(settings.world_sizes)]
     if (settings.nightly or ODD_REPLICA_WORLD_SIZE in settings.world_sizes) and ODD_REPLICA_WORLD_SIZE not in sizes:
         sizes.append(ODD_REPLICA_WORLD_SIZE)
+    sizes += [ws for ws in two_node_world_sizes(settings) if ws > 2 * REPLICA_SHARDS and ws not in sizes]
     return sizes
+
+
+def _nodes(world_size: int) -> int:
+    """The node layout of a replica case: each replica a node of its own, where the replicas are 3 (a count
+    that is not a power of two), else two nodes (:data:`~conformance.apis.TWO_NODES`, torchrun's layout the
+    issue of reach names: 2 nodes of 2, of 4)."""
+    replicas = world_size // 2
+    return replicas if replicas % 2 else TWO_NODES
 
 
 def _skip(settings: Any) -> Any:
@@ -75,8 +92,8 @@ def _skip(settings: Any) -> Any:
 
 def _cases(models: Sequence[str]) -> Any:
     def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
-        why = _skip(settings)
-        return [dataclasses.replace(test.case(spec.name, "replica", ws, model=model), skip=why)
+        why = _skip(settings) or simulated_layout_skip(settings)
+        return [dataclasses.replace(test.case(spec.name, "replica", ws, model=model, nodes=_nodes(ws)), skip=why)
                 for spec in specs for ws in _world_sizes(settings) for model in models]
 
     return plan
@@ -95,8 +112,11 @@ APIS = (
             models="conformance.apis.fsdp2_replica.models:ReplicaModels",
             plans={"test_fsdp2_replica_parity": _test("fsdp2_replica_parity", "parity", _cases(PARITY_MODELS),
                                                       kind="exact"),
+                   "test_fsdp2_replica_long_run": _test("fsdp2_replica_long_run", "long_run", _cases(LONG_RUN_MODELS),
+                                                        kind="exact", depth_params=LONG_RUN_STEPS),
                    "test_fsdp2_replica_hard_inputs": _test("fsdp2_replica_hard_inputs", "hard_inputs",
-                                                           _cases(("gradient_probe",)), kind="hard_inputs"),
+                                                           _cases(("gradient_probe", "large_probe")),
+                                                           kind="hard_inputs"),
                    "test_fsdp2_replica_accumulation": _test(
                        "fsdp2_replica_accumulation", "parity", _cases(ACCUMULATION_MODELS), kind="exact",
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),

@@ -25,7 +25,7 @@ Two kinds, both named by the API's :class:`~conformance.apis.HookApi`:
 
 The modules: ``models.py`` (the protocol), ``common.py`` (named tensors, the
 training step), ``lockstep.py`` (the lock-step loop), ``exact.py``,
-``clip.py``, ``probe.py`` and ``lossy.py`` (the shared checks), ``groups.py``
+``long_run.py``, ``clip.py``, ``probe.py`` and ``lossy.py`` (the shared checks), ``groups.py``
 (data-parallel subgroups).
 """
 
@@ -37,7 +37,7 @@ import importlib
 from typing import Any, Callable, Dict, FrozenSet
 
 from conformance.apis.registry import HOOK_APIS
-from conformance.ranks.checks import clip, exact, lossy, probe
+from conformance.ranks.checks import clip, exact, long_run, lossy, probe
 
 __all__ = ["REPLAYS_DEFAULT_HOOK", "REPLAYS_REFERENCE", "SHARED_CHECKS", "SharedCheck", "get_rank_check",
            "register_every_check"]
@@ -66,6 +66,7 @@ class SharedCheck:
 SHARED_CHECKS: Dict[str, SharedCheck] = {
     "averaging": SharedCheck(exact.averaging, replays_default_hook=True),
     "parity": SharedCheck(exact.parity, replays_reference=True, replays_default_hook=True),
+    "long_run": SharedCheck(long_run.long_run, replays_reference=True, replays_default_hook=True),
     "clip_grad_norm": SharedCheck(clip.clip_grad_norm, replays_reference=True, replays_default_hook=True),
     "hard_inputs": SharedCheck(probe.hard_inputs),
     "rank_grads": SharedCheck(exact.rank_grads, replays_default_hook=True),

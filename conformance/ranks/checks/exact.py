@@ -76,9 +76,11 @@ def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = "analytic_l
 def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
            reference_only: bool = False, **variant: Any) -> List[Finding]:
     """Gradients and parameters bitwise equal to the reference (the native path for the hook's claim) after
-    every step, per parameter FQN. ``reference_only``: train the reference alone, with no hooked model built
+    every step, per parameter FQN; ``steps`` of them, or the model's ``max_steps`` where fewer (a model of
+    production-sized buffers). ``reference_only``: train the reference alone, with no hooked model built
     (the runner's replay, :data:`conformance.ranks.checks.REPLAYS_REFERENCE`); returns no findings."""
     models = make(ctx, spec, model=model, **variant)
+    steps = min(steps, models.model_cls.max_steps or steps)
     ref = models.build(hooked=False)
     if reference_only:
         optim = sgd(ref.model.parameters(), lr=lr, momentum=MOMENTUM)

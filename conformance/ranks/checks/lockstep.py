@@ -42,6 +42,8 @@ class Lockstep:
         train: the training step of both models (:func:`train_step`, or it followed by ``clip_grad_norm_``).
         label: ``label(step)``, what the step feeds or does (hard inputs' example, the clip's norm type):
             the first part of the note on gradient findings, before the recorder's context.
+        loss_fn: ``loss_fn(inputs, output)``, the loss both models train on; ``None``: the model's own
+            (:attr:`~conformance.ranks.checks.models.ApiModels.loss_fn`).
     """
 
     models: ApiModels
@@ -52,14 +54,17 @@ class Lockstep:
     params: Optional[View]
     train: Callable[..., None] = train_step
     label: Optional[Callable[[int], str]] = None
+    loss_fn: Optional[Callable[..., torch.Tensor]] = None
 
     @classmethod
     def of(cls, models: ApiModels, ref: Built, hooked: Built, *, inputs: Any = None,
-           label: Optional[Callable[[int], str]] = None) -> "Lockstep":
+           label: Optional[Callable[[int], str]] = None,
+           loss_fn: Optional[Callable[..., torch.Tensor]] = None) -> "Lockstep":
         """The plan of ``models``' pair: its gradient and parameter views, its training step, its inputs unless
-        ``inputs`` is given."""
+        ``inputs`` is given, the model's own loss unless ``loss_fn`` is given."""
         return cls(models=models, ref=ref, hooked=hooked, inputs=models.inputs if inputs is None else inputs,
-                   grads=models.grad_views, params=models.param_view, train=models.train_step, label=label)
+                   grads=models.grad_views, params=models.param_view, train=models.train_step, label=label,
+                   loss_fn=loss_fn)
 
     @property
     def recorder(self) -> Recorder:
@@ -105,10 +110,11 @@ class LockstepRun:
         plan, models, recorder = self.plan, self.plan.models, self.plan.recorder
         inputs = plan.inputs(step) if callable(plan.inputs) else plan.inputs
         ref, hooked = plan.ref.model, plan.hooked.model
-        plan.train(ctx, "reference", step, ref, self.opt_ref, inputs, models.loss_fn, no_sync=models.no_sync)
+        loss_fn = plan.loss_fn or models.loss_fn
+        plan.train(ctx, "reference", step, ref, self.opt_ref, inputs, loss_fn, no_sync=models.no_sync)
         models.check_reference(ref, inputs, step)
         broken = recorder.run_step(step, lambda: plan.train(ctx, "hooked", step, hooked, self.opt_hooked, inputs,
-                                                            models.loss_fn, no_sync=models.no_sync))
+                                                            loss_fn, no_sync=models.no_sync))
         if broken:
             return True, broken
         findings = recorder.findings(step)

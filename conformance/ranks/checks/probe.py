@@ -25,9 +25,12 @@ import torch
 from conformance.protocol import Finding
 from conformance.ranks.checks.lockstep import Lockstep, LockstepRun
 from conformance.ranks.checks.models import MakeModels
+from conformance.reproducers.standalone_main import placed_tensor
 
 #: ``(label, grads)``: ``grads[rank][i]`` is the gradient of probe parameter ``i`` on ``rank``
-#: (float32, CPU), in the order of ``GradientProbe.input_shapes()``.
+#: (float32, CPU), in the order of the probe's ``input_shapes()``; for a probe of production size
+#: (``large_probe``), its description instead (a dict, :func:`~conformance.reproducers.standalone_main.placed_tensor`),
+#: built on the rank: tens of MiB a rank never travel through the pool's pipes.
 Example = Tuple[str, Sequence[Sequence[torch.Tensor]]]
 
 #: The lock-step run of the case that ran last on this rank, by case id.
@@ -56,7 +59,8 @@ def run_examples(ctx: Any, case_id: str, examples: Sequence[Example], fresh: boo
 
         def inputs(step: int) -> Tuple[torch.Tensor, ...]:
             _, grads = current["examples"][step - current["first"]]
-            return tuple(g.to(ctx.device) for g in grads[ctx.rank])
+            return tuple(placed_tensor(g, ctx.device) if isinstance(g, dict) else g.to(ctx.device)
+                         for g in grads[ctx.rank])
 
         def label(step: int) -> str:
             return f"the {current['examples'][step - current['first']][0]!r} inputs"

@@ -326,6 +326,27 @@ def claim_examples(world_size: int, reduce_dtype: Optional[torch.dtype], example
     return tuple(drawn_examples(strategy, examples, examples_seed(world_size, reduce_dtype, seed)))
 
 
+def state_or_input(replay: Callable[[Tuple[str, Any]], None], example: Tuple[str, Any], step: int) -> Optional[str]:
+    """A case that failed at ``step`` > 0 (its examples feed one step each, to one hook that lives through them):
+    was the example the trigger, or the hook's state after ``step`` steps? ``replay(example)`` feeds ``example``
+    alone to a fresh hook, at its step 0. Where that passes, the words that say the state is the trigger
+    (a warm-up, a counter, a cache); where it fails too, ``None``: the input is."""
+    try:
+        replay(example)
+    except ConformanceFailure:
+        return None
+    return (f"state, not input: the {example[0]!r} example that differs at step {step} matches native when fed "
+            f"alone to a fresh hook, at its step 0; what triggers the difference is the hook's state after {step} "
+            "step(s) of this case (a warm-up that ends, a counter, a cached or reused buffer), not these values. "
+            "The long run (check long_run) follows such a hook step by step")
+
+
+def with_note(exc: ConformanceFailure, note: str) -> ConformanceFailure:
+    """``exc`` with ``note`` (one paragraph) above its re-run command, its findings kept."""
+    text, sep, rerun = str(exc).partition("\nRe-run just this case:")
+    return ConformanceFailure(f"{text}\n  {note}{sep}{rerun}", exc.findings, exc.rank_problems)
+
+
 def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
     """Run one hard-input case: the named examples (packed, :func:`named_hard_values`, and the ranks at their own
     magnitudes, :func:`rank_magnitude_values`), then ``--hypothesis-examples``
@@ -356,13 +377,35 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
         # reached only where the batch passed
         note_reach(request, result, real_nodes=getattr(conform.pools.get(case.world_size), "nodes", None))
 
+    known = request.node.get_closest_marker("xfail") is not None
+
+    def batch(examples_: List[Tuple[str, Any]]) -> Optional[ConformanceFailure]:
+        """One dispatch of ``examples_`` on a fresh hook; its failure, or ``None``. A failure at a step after
+        the first is checked for state (:func:`state_or_input`), and raised at once where the state is the
+        trigger."""
+        try:
+            dispatch(examples_, fresh=True)
+            return None
+        except ConformanceFailure as exc:
+            failed_at = _failed_step(exc)
+            if failed_at is None or failed_at == 0 or known:
+                return exc
+            state = state_or_input(lambda example: dispatch([example], fresh=True), examples_[failed_at], failed_at)
+            if state is not None:
+                raise with_note(exc, state) from None
+            return exc
+
     if sum(_numel(s) for s in shapes) > MAX_DRAWN_ELEMENTS:  # production size: placed, built on the ranks
-        dispatch(placed_examples(case.world_size, shapes, reduce_dtype), fresh=True)
+        failure = batch(placed_examples(case.world_size, shapes, reduce_dtype))
+        if failure is not None:
+            raise failure
         return
     explicit = [(NAMED_LABEL, named_hard_values(case.world_size, shapes, reduce_dtype)),
                 (RANK_MAGNITUDES_LABEL, rank_magnitude_values(case.world_size, shapes))]
     if examples <= 0:
-        dispatch(explicit, fresh=True)
+        failure = batch(explicit)
+        if failure is not None:
+            raise failure
         return
     strategy = hard_gradients(case.world_size, shapes, names, reduce_dtype)
     case_settings = _case_settings(examples)
@@ -370,14 +413,12 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
     # The examples drawn without running them (once per run): the same seed draws the same sequence below.
     drawn_first = claim_examples(case.world_size, reduce_dtype, examples, seed)
     # One dispatch for the named and the drawn examples: what a passing case costs.
-    try:
-        dispatch(explicit + [("generated", d.grads()) for d in drawn_first], fresh=True)
+    batch_failure = batch(explicit + [("generated", d.grads()) for d in drawn_first])
+    if batch_failure is None:
         return
-    except ConformanceFailure as exc:
-        failed_at = _failed_step(exc)
-        if failed_at is None or failed_at < len(explicit) or request.node.get_closest_marker("xfail"):
-            raise  # a named example, a rank that raised or hung, or a known failure: no search
-        batch_failure = exc
+    failed_at = _failed_step(batch_failure)
+    if failed_at is None or failed_at < len(explicit) or known:
+        raise batch_failure  # a named example, a rank that raised or hung, or a known failure: no search
     restarts = conform.restarts
 
     # A drawn example failed: search again, one example per dispatch, and shrink the failure.

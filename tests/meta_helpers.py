@@ -132,13 +132,14 @@ def rerun_args(message: str) -> List[str]:
 
 
 def plan_settings(world_size: int = 2, extra_world_size: int = 3, *, backend: str = "gloo", device: str = "cpu",
-                  gpu_count: int = 0, cpu_pools: Sequence[int] = ()):
+                  gpu_count: int = 0, cpu_pools: Sequence[int] = (), depth: str = "default"):
     """The :class:`~conformance.controller.settings.Settings` of a run, for planning its cases (nothing starts)."""
     from conformance.controller.settings import Settings
 
     return Settings(hooks=(), builtins=True, entry_points=False, world_size=world_size,
                     extra_world_size=extra_world_size, backend=backend, device=device, case_timeout_s=60.0,
-                    hypothesis_examples=3, known_failures=(), gpu_count=gpu_count, cpu_pools=tuple(cpu_pools))
+                    hypothesis_examples=3, known_failures=(), gpu_count=gpu_count, cpu_pools=tuple(cpu_pools),
+                    depth=depth)
 
 
 def planned_test_names(specs: Sequence, settings=None) -> List[str]:

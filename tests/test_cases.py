@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.apis.ddp.models import CONFIGS as DDP_CONFIGS
-from conformance.apis.fsdp.plan import (CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, ONE_RANK_RUNS_NO_SHARD, PARITY_MODELS,
-                                        REGISTRATION_RULES)
+from conformance.apis.fsdp.plan import (CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, LARGE_MODEL, LARGE_PROBE,
+                                        LONG_RUN_MODEL, ONE_RANK_RUNS_NO_SHARD, PARITY_MODELS, REGISTRATION_RULES)
 from conformance.apis.registry import HOOK_APIS, planned_cases
 from conformance.cases import CaseParams, case_id, parse_case_id
 from conformance.spec import FSDP_STRATEGIES, HookSpec
@@ -176,7 +176,7 @@ def _settings(world_sizes):
 @pytest.mark.parametrize("world_sizes", [[2], [2, 3], [4, 1]])
 @pytest.mark.parametrize("test", ["test_averaging", "test_hard_inputs"])
 def test_training_cases_are_every_served_strategy_at_every_world_size(world_sizes, test):
-    got = planned_cases(test, SPECS, _settings(world_sizes))
+    got = [c for c in planned_cases(test, SPECS, _settings(world_sizes)) if c.model != LARGE_PROBE]
     served = sum(len(spec.strategies) for spec in SPECS)  # 1 + 2 + 3
     assert served == 6
     assert len(got) == served * len(world_sizes)
@@ -192,10 +192,42 @@ def test_training_cases_are_every_served_strategy_at_every_world_size(world_size
 
 
 def test_parity_models_per_world_size_role():
+    """Every served strategy runs every parity model of its world size's role, but where the long run of the
+    same strategy, model and world size stands in for it; the production-sized model and the topology cases
+    run once per calling convention (NO_SHARD, the first sharded strategy)."""
     got = planned_cases("test_parity", [EVERYWHERE, NO_SHARD_ONLY], _settings([2, 3]))
-    assert len(got) == (3 + 1) * (len(PARITY_MODELS) + len(EXTRA_PARITY_MODELS))
-    assert {c.model for c in got if c.world_size == 2} == set(PARITY_MODELS)
-    assert {c.model for c in got if c.world_size == 3} == set(EXTRA_PARITY_MODELS)
+    one_node = [c for c in got if c.nodes == 1 and c.model != LARGE_MODEL]
+    long_runs = {(c.hook, c.variant) for c in planned_cases("test_long_run", [EVERYWHERE, NO_SHARD_ONLY],
+                                                            _settings([2, 3]))}
+    assert long_runs == {("every.where", "NO_SHARD"), ("every.where", "FULL_SHARD"), ("ns_only", "NO_SHARD")}
+    assert len(one_node) == (3 + 1) * (len(PARITY_MODELS) + len(EXTRA_PARITY_MODELS)) - len(long_runs)
+    assert {c.model for c in one_node if c.world_size == 2} == set(PARITY_MODELS)
+    assert {(c.hook, c.variant) for c in one_node if c.world_size == 2 and c.model == LONG_RUN_MODEL} == {
+        ("every.where", "SHARD_GRAD_OP")}
+    assert {c.model for c in one_node if c.world_size == 3} == set(EXTRA_PARITY_MODELS)
+    large = {(c.hook, c.variant, c.world_size) for c in got if c.model == LARGE_MODEL}
+    assert large == {(h, v, ws) for h, v in long_runs for ws in (2, 3)}
+    two_nodes = {(c.hook, c.variant, c.world_size) for c in got if c.nodes == 2}
+    assert two_nodes == {(h, v, ws) for h, v in long_runs for ws in (2, 4)}
+
+
+def test_nightly_depth_runs_every_strategy_and_world_size_at_length():
+    nightly = plan_settings(2, 3, depth="nightly")
+    got = planned_cases("test_long_run", [EVERYWHERE], nightly)
+    assert {(c.variant, c.world_size) for c in got} == set(itertools.product(FSDP_STRATEGIES, (2, 3)))
+    assert {c.world_size for c in planned_cases("test_parity", [EVERYWHERE], nightly) if c.nodes == 2} == {2, 4, 8}
+
+
+def test_every_api_plans_a_long_run_for_each_exact_spec():
+    """256 steps at the default depth, 2,000 at nightly: the rank check's parameters say so."""
+    from conformance.apis import LONG_RUN_STEPS
+
+    assert LONG_RUN_STEPS["default"]["steps"] >= 256 and LONG_RUN_STEPS["nightly"]["steps"] >= 2000
+    for api in HOOK_APIS.values():
+        tests = [t for t in api.plans.values() if t.rank_check == "long_run"]
+        assert len(tests) == 1, api.name
+        assert tests[0].params_at("default")["steps"] == LONG_RUN_STEPS["default"]["steps"]
+        assert tests[0].params_at("nightly")["steps"] == LONG_RUN_STEPS["nightly"]["steps"]
 
 
 def test_rank_consistency_keeps_specs_that_serve_no_shard_and_skips_one_rank():
@@ -261,7 +293,7 @@ def test_hybrid_rule_is_skipped_at_one_rank():
 
 def test_a_world_size_beyond_the_gpus_is_a_skip_that_says_so():
     settings = plan_settings(4, None, backend="nccl", device="cuda", gpu_count=2)
-    got = planned_cases("test_parity", [EVERYWHERE], settings)
+    got = [c for c in planned_cases("test_parity", [EVERYWHERE], settings) if c.world_size > 2]
     assert got and all(c.skip and "needs 4 GPUs" in c.skip for c in got)
 
 
@@ -272,7 +304,7 @@ def test_every_api_names_its_variant_and_carries_the_same_properties():
     assert (fsdp.variant_field, ddp.variant_field, fsdp2.variant_field) == ("strategy", "config", "config")
     assert dict(ddp.junit_properties()) == {
         "hook": "h", "api": "ddp", "check": "parity", "variant": "small_buckets", "config": "small_buckets",
-        "world_size": 2, "model": "nested_wrapped"}
+        "world_size": 2, "nodes": 1, "model": "nested_wrapped"}
     assert ddp.check_params() == {"config": "small_buckets", "model": "nested_wrapped"}
     for case in (fsdp, ddp, fsdp2):
         props = dict(case.junit_properties())
@@ -305,8 +337,13 @@ def test_ddp_exact_hooks_get_parity_and_lossy_hooks_their_contract():
     # Neither a loss margin nor determinism is declared: those checks plan nothing.
     assert got["test_ddp_lossy_loss"] == got["test_ddp_lossy_determinism"] == []
     assert {c.world_size for c in got["test_ddp_future_contract"]} == {2, 3}
-    assert {c.world_size for c in got["test_ddp_parity"]} == {2, 3, 4}  # 4: the subgroup case
-    assert [c.variant for c in got["test_ddp_parity"] if c.world_size == 4] == ["subgroup"]
+    assert {c.world_size for c in got["test_ddp_parity"]} == {2, 3, 4}  # 4: the subgroup and topology cases
+    assert [(c.variant, c.nodes) for c in got["test_ddp_parity"] if c.world_size == 4] == [("subgroup", 2),
+                                                                                            ("default", 2)]
+    assert hooks["test_ddp_long_run"] == {"exact"}
+    assert {(c.world_size, c.model) for c in got["test_ddp_long_run"]} == {(2, "nested_wrapped")}
+    assert ("default", "nested_wrapped") not in {(c.variant, c.model) for c in got["test_ddp_parity"]
+                                                 if c.world_size == 2 and c.nodes == 1}  # the long run stands in
     assert hooks["test_ddp_hard_inputs"] == {"exact"}
     assert {c.variant for c in got["test_ddp_future_contract"]} == set(DDP_CONFIGS) - {"subgroup"}
     assert all(c.api == "ddp" and c.variant_field == "config" for cases in got.values() for c in cases)
@@ -398,8 +435,9 @@ def test_an_api_whose_suite_test_makes_another_apis_cases_is_refused():
 class _Recording:
     """Stands for the Runner: records what a suite case asks it to run."""
 
-    def __init__(self):
+    def __init__(self, depth="default"):
         self.calls = []
+        self.settings = plan_settings(2, None, depth=depth)
 
     def check(self, request, case, check, rank_check, params, *, across_ranks=False, note=None):
         self.calls.append((check, rank_check, params, across_ranks, note is not None))
@@ -425,3 +463,13 @@ def test_a_suite_case_runs_its_suite_tests_rank_check_with_the_cases_parameters(
     conform = _Recording()
     run_case(conform, object(), HOOK_APIS[api].suite_test(check).case("h", variant, 2, model=model))
     assert conform.calls == [expected]
+
+
+@pytest.mark.parametrize("depth, steps", [("default", 256), ("nightly", 2000)])
+def test_a_long_run_trains_the_steps_of_its_depth(depth, steps):
+    from conformance.controller.case_kinds import run_case
+
+    conform = _Recording(depth)
+    run_case(conform, object(), HOOK_APIS["ddp"].suite_test("long_run").case("h", "default", 2, model="nested_wrapped"))
+    assert conform.calls == [("long_run", "ddp.long_run", {"config": "default", "model": "nested_wrapped",
+                                                           "steps": steps}, False, True)]

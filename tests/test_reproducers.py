@@ -1,4 +1,5 @@
-"""Standalone reproducers: each failed case's file runs under torchrun where the suite cannot be imported.
+"""Standalone reproducers: each failed case's file runs under torchrun where the suite cannot be imported, and only
+failed cases get one (a passing run writes none).
 
 The zoo runs (``tests/meta_zoos.py``) write a reproducer per failed case
 (``--write-reproducers``). For one zoo hook of every API (an averaging case, a
@@ -25,7 +26,7 @@ import pytest
 from conformance.controller.settings import SettingsError
 from conformance.reproducers import writer
 from tests.meta_helpers import BackgroundJob, ZooRuns
-from tests.meta_zoos import DDP, FSDP, FSDP2
+from tests.meta_zoos import DDP, FSDP, FSDP2, ZOOS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -167,3 +168,25 @@ def test_readme_shows_the_head_of_a_reproducer_as_generated():
                                       {"config": "default", "model": "nested_wrapped"}, 3, name,
                                       [Finding(0, "differs", step=0)], "header", "rerun", "/home/me/repro/x.py")
     assert shown in source
+
+
+# -- only failed cases get a reproducer ---------------------------------------------------------------------
+
+#: The checks whose failures get a reproducer: a passing case of one of them would have got one before issue 31.
+REPLAYED = {"averaging", "parity", "accumulation", "subgroup_parity", "hard_inputs"}
+
+
+@pytest.mark.parametrize("zoo", ZOOS, ids=[z.name for z in ZOOS])
+def test_a_case_that_passed_gets_no_reproducer(zoo_runs, zoo):
+    """Issue 31: every file in a zoo run's reproducers' directory is a failed case's; the run's passing cases of
+    the replayed checks (hard inputs among them, one dispatch per example) wrote none."""
+    run = zoo_runs(zoo)
+    directory = zoo_runs.reproducers(zoo)
+    written = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+    by_file = {os.path.basename(writer.reproducer_path(directory, c.name)): c for c in run.cases}
+    assert all(by_file[name].outcome == "failed" for name in written), \
+        sorted((name, by_file[name].outcome) for name in written if by_file[name].outcome != "failed")
+    passed = [c for c in run.cases if c.outcome == "passed" and any(c.check == r or c.check.endswith(f"_{r}")
+                                                                     for r in REPLAYED)]
+    assert passed, "no passing case of a replayed check in this run: the test would prove nothing"
+    assert not [c.name for c in passed if os.path.basename(writer.reproducer_path(directory, c.name)) in written]

@@ -312,8 +312,10 @@ class Runner:
                       rank_problems=True)
         if findings:
             found = [f for o in result.outcomes for f in o.value.findings] + leaks
-            note = "" if known_failure else self.reproducer_note(test_name, hook, check, params, world_size, found,
-                                                                 describe)
+            # A case that passed gets no reproducer: there is nothing to reproduce (a hard-input case also
+            # passes here for each example its search and shrink try).
+            note = "" if known_failure or not found else self.reproducer_note(test_name, hook, check, params,
+                                                                              world_size, found, describe)
             self.fail_findings(test_name, hook, describe, world_size, found, note=note)
         return result
 

@@ -52,6 +52,18 @@ def command_words(path: Optional[str] = None) -> List[str]:
     return [sys.executable, "-m", "conformance"]
 
 
+def python_words(path: Optional[str] = None) -> List[str]:
+    """The words a fresh shell runs a Python file with on this interpreter: ``["python"]`` where the ``python``
+    found on ``path`` (default: ``$PATH``) is in this interpreter's own directory (its venv's ``bin``), else
+    ``[sys.executable]``. Symlinks are not followed: a venv's ``python`` links to the system's, which lacks
+    the venv's packages."""
+    found = shutil.which("python", path=path)
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    if found and os.path.dirname(os.path.abspath(found)) == here:
+        return ["python"]
+    return [sys.executable]
+
+
 def _runs_this_interpreter(script: str) -> bool:
     sibling = os.path.join(os.path.dirname(sys.executable), "conform")
     try:

@@ -60,7 +60,7 @@ def _run(args, cwd):
 @pytest.fixture(scope="module")
 def nothing(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONFORM_") and k != "PYTEST_ADDOPTS"}
-    proc = subprocess.run([sys.executable, "-m", "conformance", "--hook", "conformance.examples.my_ddp_hook:SPEC",
+    proc = subprocess.run([sys.executable, "-m", "conformance", "--hook", "conformance.examples.my_specs:DDP_SPEC",
                            "-k", "no_such_case_xyz"], cwd=tmp_path_factory.mktemp("nothing"), env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     return proc.returncode, proc.stdout

@@ -197,6 +197,7 @@ def test_the_user_s_packages_load_on_every_rank_and_the_verdicts_are_right(runs,
 def test_the_run_from_the_checkout_names_its_world_sizes_and_says_what_its_counts_mean(runs):
     rc, output, _ = runs["from_checkout"]
     header = next(line for line in output.splitlines() if line.startswith("conformance: torch"))
+    assert "  hook newcomer_mean [ddp; full-precision averaging] from mytrain.ci:SPECS" in output  # no empty field
     assert "world sizes 2 and 4 (4 for test_ddp_parity)" in header, header  # the subgroup config needs 4 ranks
     assert runs["json"]["environment"]["world_sizes"] == [2, 4]
     counts = output.split("what the counts mean", 1)[1]

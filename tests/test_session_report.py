@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from conformance import HookSpec
 from conformance.reports.session_report import counts_lines, no_case_lines
 
 ENV = "torch 2.13.0+cpu, CPU build, gloo, cpu"
@@ -71,3 +72,14 @@ def test_a_k_that_selects_nothing_says_so_and_lists_the_hooks_and_checks(nothing
     assert rc == 5, output[-3000:]
     assert "no case matched -k 'no_such_case_xyz'" in output
     assert "hooks: my_ddp_mean" in output and "test_ddp_parity" in output
+
+
+def test_the_header_gives_each_hook_the_fields_it_has_and_none_empty():
+    """Issue 31: a DDP hook's header read ``[ddp; full-precision averaging; ]``: DDP has no sharding strategies."""
+    from conformance.examples.my_specs import DDP_SPEC, SPEC
+    from conformance.reports.session_report import spec_fields
+
+    assert spec_fields(DDP_SPEC) == ["ddp", "full-precision averaging"]
+    assert spec_fields(SPEC) == ["fsdp", "reduce_dtype=float16", "NO_SHARD, FULL_SHARD, SHARD_GRAD_OP"]
+    compiled = HookSpec(name="c", api="ddp", hook=DDP_SPEC.hook, state=DDP_SPEC.state, compiled_ddp=True)
+    assert spec_fields(compiled) == ["ddp", "full-precision averaging", "compiled DDP"]

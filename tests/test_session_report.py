@@ -83,3 +83,12 @@ def test_the_header_gives_each_hook_the_fields_it_has_and_none_empty():
     assert spec_fields(SPEC) == ["fsdp", "reduce_dtype=float16", "NO_SHARD, FULL_SHARD, SHARD_GRAD_OP"]
     compiled = HookSpec(name="c", api="ddp", hook=DDP_SPEC.hook, state=DDP_SPEC.state, compiled_ddp=True)
     assert spec_fields(compiled) == ["ddp", "full-precision averaging", "compiled DDP"]
+
+
+def test_a_verdict_on_a_k_subset_says_it_covers_only_the_selected_cases():
+    from conformance.reports.session_report import selection_note
+
+    assert selection_note(1, 33, "test_ddp_averaging", "") == (
+        "a verdict on the 1 case(s) -k 'test_ddp_averaging' selected, not on all 34 planned for this hook")
+    assert "-k 'parity' and -m 'slow' selected" in selection_note(2, 1, "parity", "slow")
+    assert selection_note(34, 0, "", "") == ""  # every planned case ran: a full verdict

@@ -170,6 +170,16 @@ def counts_lines(counts: Mapping[str, int], xfailed_builtin: int, empty_tests: M
     return lines
 
 
+def selection_note(selected: int, deselected: int, keyword: str, markexpr: str) -> str:
+    """Under a hook's verdict, where ``-k`` or ``-m`` left out some of its cases: that the verdict covers only the
+    ``selected`` cases, of the ``selected + deselected`` planned for it; ``""`` where none was left out."""
+    if not deselected:
+        return ""
+    asked = " and ".join(f"{flag} {expr!r}" for flag, expr in (("-k", keyword), ("-m", markexpr)) if expr)
+    return (f"a verdict on the {selected} case(s) {asked or '-k or -m'} selected, not on all "
+            f"{selected + deselected} planned for this hook")
+
+
 def no_case_lines(keyword: str, markexpr: str, deselected: Sequence[str], hooks: Sequence[str],
                   empty_tests: int = 0) -> List[str]:
     """Why no case ran when ``-k`` or ``-m`` deselected every one: what was asked, and the hook and check

@@ -216,6 +216,7 @@ API = HookApi(
     builtin_hooks="conformance.apis.ddp.builtin_hooks:DDP_HOOKS",
     default_hook="conformance.apis.ddp.compiled:default_hook",
     standalone="conformance.apis.ddp.standalone",
+    compiled_convention=True,
     models="conformance.apis.ddp.models:DdpModels",
     checks={"future_contract": "conformance.apis.ddp.future:future_contract"},
     plans={

@@ -1,4 +1,5 @@
-"""The README's plug-in example hook (torch only: its spec is in my_specs.py), tested by tests/test_readme_example.py."""
+"""The README's plug-in example hook (torch only: its spec is in my_specs.py), tested by
+tests/test_readme_example.py."""
 
 import torch
 import torch.distributed as dist

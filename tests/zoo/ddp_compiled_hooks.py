@@ -1,7 +1,8 @@
 """A zoo of DDP comm hooks for compiled DDP (``optimize_ddp = "python_reducer"`` under compiled autograd).
 
 ``tests/test_compiled_ddp.py`` runs the suite's ``compiled_autograd`` cases over these hooks
-(``--with-compiled-ddp -k compiled``); a hook runs there only where its spec says ``compiled_ddp=True``. There DDP calls ``hook(state, (grad, param))`` once per
+(``--with-compiled-ddp -k compiled``); a hook runs there only where its spec says
+``compiled_ddp=True``. There DDP calls ``hook(state, (grad, param))`` once per
 parameter, from a post-accumulate-grad hook traced into the backward graph, and ignores what the
 hook returns: the hook must leave the reduced gradient in ``grad`` (which is ``param.grad``), in
 place. With no hook, DDP's native is ``param.grad / world_size``, then a SUM all-reduce

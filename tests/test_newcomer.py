@@ -142,7 +142,7 @@ def recipe_script() -> str:
 
 #: The user's specs in README's recipe, and the cases the scripted night selects (through PYTEST_ADDOPTS).
 RECIPE_HOOKS = "my_pkg.specs:SPECS"
-RECIPE_CASES = "-p no:randomly -k 'averaging or compiled_autograd'"
+RECIPE_CASES = "-p no:randomly -k 'ws2 and (averaging or compiled_autograd)'"
 
 
 def python_on_path(bindir: Path) -> Path:

@@ -24,3 +24,13 @@ NO_TESTS_COLLECTED = int(pytest.ExitCode.NO_TESTS_COLLECTED)
 #: (``--listen``), a lost link to the ranks, or a report file that could not be written at the end. The
 #: hooks it could not check read ``NOT RUN (reason)``, never ``DOES NOT CONFORM``.
 RUN_ERROR = 10
+
+#: Every exit status with its meaning in a few words, in order: what ``conform --help`` lists.
+MEANINGS = (
+    (OK, "every hook conforms (known failures allowed)"),
+    (TESTS_FAILED, "a hook failed"),
+    (INTERRUPTED, "interrupted"),
+    (USAGE_ERROR, "usage error"),
+    (NO_TESTS_COLLECTED, "no case matched -k or -m"),
+    (RUN_ERROR, "the run could not check every hook (NOT RUN), no hook blamed"),
+)

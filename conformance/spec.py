@@ -133,12 +133,22 @@ class HookSpec:
             imports ``numpy``). Where one is not installed, the hook's cases are
             skipped with a reason that names it: the suite never reports a
             missing package as the hook failing.
+        compiled_ddp: api ``ddp`` only (``HookApi.compiled_convention``): the hook also takes compiled DDP's
+            calling convention. Under compiled autograd
+            (``torch._dynamo.config.optimize_ddp = "python_reducer"``,
+            ``DistributedDataParallel._register_accum_grad_hook``) DDP calls
+            ``hook(state, (grad, param))`` once per parameter and ignores the
+            return value: the hook must reduce ``grad`` (``param.grad``) in
+            place. Only such hooks get ``--with-compiled-ddp`` cases; a
+            ``GradBucket`` hook (PyTorch's own included) is skipped there with
+            the reason, whatever its annotations.
 
     Raises:
         SpecError: on construction, for a bad name, an unknown api, a hook
             that is not callable or whose signature fits no strategy, a state
-            factory that is not callable, an unsupported reduce dtype or an
-            unknown strategy.
+            factory that is not callable, an unsupported reduce dtype, an
+            unknown strategy, or ``compiled_ddp`` set on an api without a
+            compiled calling convention (``HookApi.compiled_convention``).
     """
 
     name: str
@@ -150,6 +160,7 @@ class HookSpec:
     description: str = ""
     lossy: Optional[LossyContract] = None
     requires: Tuple[str, ...] = ()
+    compiled_ddp: bool = False
 
     def __post_init__(self) -> None:
         requires = (self.requires,) if isinstance(self.requires, str) else tuple(self.requires)
@@ -181,6 +192,13 @@ class HookSpec:
             raise SpecError(
                 f"HookSpec {self.name!r}: lossy={self.lossy!r} must be a LossyContract, e.g. "
                 "lossy=LossyContract(rel_error_bound=0.1, loss_margin=0.05)"
+            )
+        if not isinstance(self.compiled_ddp, bool) or (self.compiled_ddp and not api.compiled_convention):
+            with_it = ", ".join(repr(name) for name, a in HOOK_APIS.items() if a.compiled_convention)
+            raise SpecError(
+                f"HookSpec {self.name!r}: compiled_ddp={self.compiled_ddp!r} says a DDP hook also takes compiled "
+                f"DDP's hook(state, (grad, param)); it must be True or False, and True only with api={with_it} "
+                f"(this spec's api is {self.api!r})"
             )
         if self.reduce_dtype is not None and self.reduce_dtype not in _REDUCE_DTYPES:
             raise SpecError(

@@ -1,9 +1,8 @@
-"""The README's plug-in example, tested by tests/test_readme_example.py."""
+"""The README's plug-in example hook (torch only: its spec is in my_specs.py), tested by
+tests/test_readme_example.py."""
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms._comm_hooks.default_hooks import LowPrecisionState
-from conformance import HookSpec
 
 
 def fp16_hook(state, grad, output=None):
@@ -21,12 +20,3 @@ def fp16_hook(state, grad, output=None):
     if state.gradient_postdivide_factor > 1:
         result.div_(state.gradient_postdivide_factor)
     target.copy_(result)                     # back to the parameter dtype
-
-
-SPEC = HookSpec(
-    name="my_fp16",                # unique; appears in every test id of this hook
-    api="fsdp",                    # FullyShardedDataParallel.register_comm_hook
-    hook=fp16_hook,                # hook(state, grad) for NO_SHARD, hook(state, grad, output) for sharded
-    state=LowPrecisionState,       # called on each rank as state(process_group)
-    reduce_dtype=torch.float16,    # the claim: None = full-precision averaging; X = MixedPrecision(reduce_dtype=X)
-)

@@ -41,6 +41,17 @@ def test_help_opens_with_the_suite_usage_and_its_options_before_pytest_options(h
         assert noise not in help_text, noise
 
 
+def test_help_lists_every_exit_status(help_text):
+    """Issue 31: the help listed 0/1/2/4/5 but not 10; it is now written from conformance.exit_codes, each code once."""
+    from conformance import exit_codes
+
+    ours = " ".join(help_text.partition("\nconformance options")[0].split())
+    codes = {v for k, v in vars(exit_codes).items() if k.isupper() and isinstance(v, int)}
+    assert {code for code, _ in exit_codes.MEANINGS} == codes
+    for code, meaning in exit_codes.MEANINGS:
+        assert f"{code} {meaning}" in ours, (code, ours)
+
+
 def test_every_option_shows_its_environment_variable_and_default(help_text):
     ours = help_text.partition("\npytest options")[0]
     blocks = re.split(r"\n(?=  --)", ours)

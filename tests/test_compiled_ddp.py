@@ -1,14 +1,15 @@
 """DDP under compiled autograd (``--with-compiled-ddp``): the ``compiled_autograd`` config of ``test_ddp_parity``.
 
 Without a run: the default run plans no such case; with the option, every exact DDP hook gets one
-at each world size, PyTorch's own hooks skipped with the reason (they take a ``GradBucket``, or run
-in the C++ Reducer that compiled DDP bypasses), and the texts the rank side builds.
+at each world size, run only where its spec says ``compiled_ddp=True`` and otherwise skipped with the
+reason (PyTorch's own hooks take a ``GradBucket``, or run in the C++ Reducer that compiled DDP
+bypasses), and the texts the rank side builds.
 
 With a run (``COMPILED_RUN``, in the zoo runs' background threads): the zoo
 ``tests/zoo/ddp_compiled_hooks.py`` under ``--with-compiled-ddp -k compiled``. Each case compiles
 (``torch.compile``, backend ``aot_eager``) a reference and a hooked model, seconds each on a CPU, so
 the run takes a few minutes on 2 cores: the good hooks pass at 2 and 3 ranks, each bad one fails
-where ``EXPECTED`` says with the text it names, and the hook annotated with ``GradBucket`` is skipped.
+where ``EXPECTED`` says with the text it names, and the hooks not declared for it are skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from conformance import HookSpec
 from conformance.apis.ddp import plan as ddp_plan
 from conformance.apis.ddp.builtin_hooks import DDP_HOOKS
 from conformance.apis.ddp.compiled import GRADBUCKET_NOTE, convention_error, registration_refused
+from conformance.apis.ddp.plan import COMPILED_NOT_DECLARED
+from conformance.spec import SpecError
 from conformance.apis.registry import planned_cases
 from tests.meta_helpers import BackgroundJob, SuiteRun, plan_settings, run_suite
 from tests.zoo import ddp_compiled_hooks as zoo
@@ -48,7 +51,25 @@ def test_with_the_option_every_exact_hook_gets_one_case_per_world_size():
     assert sorted((c.hook, c.world_size) for c in cases) == sorted((s.name, ws) for s in zoo.ALL for ws in (2, 3))
     assert {c.model for c in cases} == {"nested_wrapped"} and {c.check for c in cases} == {"parity"}
     skipped = {c.hook: c.skip for c in cases if c.skip}
-    assert skipped == {"annotated_gradbucket_hook": GRADBUCKET_NOTE}
+    assert skipped == {"annotated_gradbucket_hook": GRADBUCKET_NOTE, "eager_unannotated_mean": COMPILED_NOT_DECLARED}
+
+
+def test_only_a_spec_that_says_compiled_ddp_runs_there_whatever_its_annotations():
+    """Issue 31: README's DDP example, a right GradBucket hook with no annotation, failed compiled parity with
+    'tuple' object has no attribute 'buffer'. A hook runs under compiled DDP only where its spec says it takes
+    that convention; README's example is skipped with the reason, which names the field."""
+    from conformance.examples.my_specs import DDP_SPEC
+
+    cases = _compiled_cases([DDP_SPEC], flag=True)
+    assert len(cases) == 2 and all(c.skip == COMPILED_NOT_DECLARED for c in cases)
+    assert "compiled_ddp=True" in COMPILED_NOT_DECLARED
+    declared = HookSpec(name="declared", api="ddp", hook=DDP_SPEC.hook, state=DDP_SPEC.state, compiled_ddp=True)
+    assert [c.skip for c in _compiled_cases([declared], flag=True)] == [None, None]
+
+
+def test_compiled_ddp_is_for_ddp_specs_only():
+    with pytest.raises(SpecError, match="True only with api='ddp' \\(this spec's api is 'fsdp'\\)"):
+        HookSpec(name="x", api="fsdp", hook=lambda state, grad: None, state=lambda pg: pg, compiled_ddp=True)
 
 
 def test_pytorchs_own_hooks_are_skipped_with_the_reason_not_failed():
@@ -73,7 +94,7 @@ def test_a_torch_without_the_python_reducer_skips_with_its_version(monkeypatch):
 
 def test_a_reduced_precision_claim_is_skipped_with_the_reason():
     spec = HookSpec(name="claims_fp16", api="ddp", hook=zoo.good_div_then_sum, state=zoo.process_group_state,
-                    reduce_dtype=torch.float16)
+                    reduce_dtype=torch.float16, compiled_ddp=True)
     cases = _compiled_cases([spec], flag=True)
     assert len(cases) == 2 and all("no reduced-precision native" in c.skip for c in cases)
 
@@ -196,6 +217,8 @@ def test_a_hook_that_returns_its_result_is_told_it_must_write_in_place(run):
         assert "never communicated" not in case.message and "equals native's arithmetic" not in case.message
 
 
-def test_a_hook_annotated_with_gradbucket_is_skipped_with_the_reason(run):
-    cases = _cases(run, "annotated_gradbucket_hook")
-    assert len(cases) == len(_sizes("annotated_gradbucket_hook")) and all(c.outcome == "skipped" and GRADBUCKET_NOTE in c.message for c in cases)
+@pytest.mark.parametrize("hook, reason", [("annotated_gradbucket_hook", GRADBUCKET_NOTE),
+                                          ("eager_unannotated_mean", COMPILED_NOT_DECLARED)])
+def test_a_hook_not_declared_for_compiled_ddp_is_skipped_with_the_reason(run, hook, reason):
+    cases = _cases(run, hook)
+    assert len(cases) == len(_sizes(hook)) and all(c.outcome == "skipped" and reason in c.message for c in cases)

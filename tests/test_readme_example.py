@@ -1,31 +1,64 @@
-"""The README's plug-in example is real: it is examples/my_hooks.py, installed as conformance.examples, and it
-conforms, run from a directory that is not the suite's checkout (README: "runs from any directory")."""
+"""The README's plug-in example is real: it is examples/my_hooks.py, my_ddp_hook.py and my_specs.py, installed as
+conformance.examples, and it conforms, run from a directory that is not the suite's checkout (README: "runs from
+any directory"). Its layout keeps hooks (torch only) and specs apart, so a reproducer needs only torch and the hook."""
 
 from __future__ import annotations
 
 import os
 import re
-
+import sys
 from typing import Dict
 
+from conformance.reproducers import writer
 from tests.meta_helpers import REPO, BackgroundJob, SuiteRun, run_suite
 
 
-def test_readme_shows_the_example_module_verbatim():
+def _block(readme: str, heading: str) -> str:
+    """The Python code block of README that opens with the comment line ``# heading``."""
+    return re.search(rf"```python\n# {re.escape(heading)}\n(.*?)```", readme, re.S).group(1)
+
+
+def test_readme_shows_the_example_modules_verbatim():
     readme = open(os.path.join(REPO, "README.md")).read()
-    block = re.search(r"```python\n# examples/my_hooks.py\n(.*?)```", readme, re.S).group(1)
-    source = open(os.path.join(REPO, "examples", "my_hooks.py")).read()
-    assert block in source
+    for heading, name in (("examples/my_hooks.py", "my_hooks.py"), ("examples/my_specs.py", "my_specs.py"),
+                          ("examples/my_ddp_hook.py", "my_ddp_hook.py"), ("examples/my_specs.py, below SPEC",
+                                                                          "my_specs.py")):
+        assert _block(readme, heading) in open(os.path.join(REPO, "examples", name)).read(), heading
+
+
+def test_readme_keeps_hooks_apart_from_their_specs_so_a_reproducer_needs_only_torch(tmp_path, monkeypatch):
+    """Issue 31: README's layout, copied into a package of one's own, gives specs whose reproducer imports only torch
+    and the hook's module: the hook modules import nothing of the suite, the spec module imports them."""
+    readme = open(os.path.join(REPO, "README.md")).read()
+    package = tmp_path / "readme_layout_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for heading, name in (("examples/my_hooks.py", "my_hooks.py"), ("examples/my_ddp_hook.py", "my_ddp_hook.py")):
+        (package / name).write_text(_block(readme, heading))
+        assert not writer.imports_the_suite(f"readme_layout_pkg.{name[:-3]}"), heading
+    (package / "my_specs.py").write_text(_block(readme, "examples/my_specs.py")
+                                         + _block(readme, "examples/my_specs.py, below SPEC"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from readme_layout_pkg import my_specs
+
+    for spec in my_specs.SPECS:
+        assert writer.needs_the_suite(spec, "readme_layout_pkg.my_specs:SPECS") is None, spec.name
+        assert "from readme_layout_pkg.my_" in writer.reproducer_source(
+            spec, "readme_layout_pkg.my_specs:SPECS", f"{spec.api}.parity", {"model": "net_flat"}, 2, "case", [],
+            "header", "rerun", "/tmp/x.py")
+    for name in ("my_hooks", "my_ddp_hook", "my_specs"):
+        sys.modules.pop(f"readme_layout_pkg.{name}", None)
+    sys.modules.pop("readme_layout_pkg", None)
 
 
 def _example_run(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
-    return run_suite(["--hook", "conformance.examples.my_hooks:SPEC", "--hypothesis-examples", "2", "-q",
+    return run_suite(["--hook", "conformance.examples.my_specs:SPEC", "--hypothesis-examples", "2", "-q",
                       "-k", "not transformer_shared and not always_wrap_nested and not registration"],
                      os.path.join(directory, "example.xml"), cwd=directory, env=env)
 
 
 def _ddp_example_run(runs: object, directory: str, env: Dict[str, str]) -> SuiteRun:
-    return run_suite(["--hook", "conformance.examples.my_ddp_hook:SPEC", "-q", "-k", "test_ddp"],
+    return run_suite(["--hook", "conformance.examples.my_specs:DDP_SPEC", "-q", "-k", "test_ddp"],
                      os.path.join(directory, "ddp.xml"), cwd=directory, env=env)
 
 
@@ -42,10 +75,7 @@ def test_readme_example_conforms(zoo_runs):
                                             "subgroup_parity", "clip_grad_norm", "clip_grad_norm_low_precision"}
 
 
-def test_readme_ddp_example_is_the_module_and_conforms(zoo_runs):
-    readme = open(os.path.join(REPO, "README.md")).read()
-    block = re.search(r"```python\n# examples/my_ddp_hook.py\n(.*?)```", readme, re.S).group(1)
-    assert block in open(os.path.join(REPO, "examples", "my_ddp_hook.py")).read()
+def test_readme_ddp_example_conforms(zoo_runs):
     run = zoo_runs(DDP_EXAMPLE_RUN)
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "passed" for c in run.cases)
@@ -68,4 +98,4 @@ def test_readme_first_screen_is_purpose_commands_summary_then_your_own_hook():
     counts = re.search(r"`(\d+) passed, (\d+) skipped, \d+ deselected, (\d+) xfailed`", summary).groups()
     assert f"({counts[0]} passed, {counts[1]} skipped, {counts[2]} xfailed)" in readme  # the Speed section's run
     own = first_screen.split("## Check your own hook", 1)[1]
-    assert "conform --hook conformance.examples.my_hooks:SPEC" in own
+    assert "conform --hook conformance.examples.my_specs:SPEC" in own

@@ -1,17 +1,22 @@
-"""Standalone reproducers: each failed case's file runs under torchrun where the suite cannot be imported.
+"""Standalone reproducers: each failed case's file runs where the suite cannot be imported, and only failed cases
+get one.
 
 The zoo runs (``tests/meta_zoos.py``) write a reproducer per failed case
-(``--write-reproducers``). For one zoo hook of every API (an averaging case, a
-parity case, a hard-input case with its shrunk input), this test runs the file
-as its author would, ``torchrun --standalone --nproc-per-node N file.py``, in a
-clean directory: the hook's module (``tests/zoo/plain_hooks.py``, torch only)
-beside a ``conformance`` package that raises on import, so anything of the
-suite the file used would fail it. Each must exit 1 and print the parameter the
-suite named; with ``--without-hook`` (both copies native) each must exit 0.
+(``--write-reproducers``); a case that passed gets none. For one zoo hook of every
+API (an averaging case, a parity case, a hard-input case with its shrunk input),
+this test runs the file as its author would, ``python file.py`` (it starts its
+own ranks), in a clean directory: the hook's module (``tests/zoo/plain_hooks.py``,
+torch only) beside a ``conformance`` package that raises on import, so anything
+of the suite the file used would fail it. Each must exit 1 and print the
+parameter the suite named; with ``--without-hook`` (both copies native) it
+must exit 0 (two of them, each launch costing seconds). One also runs as
+torchrun's workers (``torchrun --standalone --nproc-per-node N file.py``), which must
+print the same verdict line.
 """
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import os
 import re
@@ -23,9 +28,9 @@ from typing import Dict, List, Tuple
 import pytest
 
 from conformance.controller.settings import SettingsError
-from conformance.reproducers import writer
+from conformance.reproducers import standalone_main, writer
 from tests.meta_helpers import BackgroundJob, ZooRuns
-from tests.meta_zoos import DDP, FSDP, FSDP2
+from tests.meta_zoos import DDP, FSDP, FSDP2, ZOOS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,20 +57,35 @@ def _clean_dir(root: str) -> str:
     return root
 
 
-def _torchrun(path: str, world_size: int, cwd: str, base_env: Dict[str, str], *extra: str) -> Tuple[int, str]:
+def _clean_env(base_env: Dict[str, str], cwd: str) -> Dict[str, str]:
     env = {k: v for k, v in base_env.items() if not k.startswith(("CONFORM_", "PYTHON", "MASTER_", "TORCHELASTIC"))}
     env["PYTHONPATH"] = cwd
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc-per-node={world_size}", path, *extra],
-                          cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    return env
+
+
+def _launch(path: str, world_size: int, cwd: str, base_env: Dict[str, str], how: str, *extra: str
+            ) -> Tuple[int, str]:
+    """Run the file ``how``: ``python`` (it starts its own ranks) or ``torchrun`` (as its workers)."""
+    launcher = ([] if how == "python" else
+                ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}"])
+    proc = subprocess.run([sys.executable, *launcher, path, *extra], cwd=cwd, env=_clean_env(base_env, cwd),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     return proc.returncode, proc.stdout
 
 
+#: The cases whose reproducer also runs under torchrun, and with ``--without-hook``: each launch costs seconds of
+#: a 2-core machine, so every case runs once as its author would, and these once more.
+UNDER_TORCHRUN = (CASES[0][1],)
+WITHOUT_HOOK = (CASES[1][1], CASES[2][1])
+
+
 def _launch_all(runs: ZooRuns, directory: str, env: Dict[str, str]) -> Dict[str, Dict[str, object]]:
-    """Per case: the suite's failure, the reproducer's path, and both torchrun runs (two at a time)."""
+    """Per case: the suite's failure, the reproducer's path, and its runs (two at a time): ``hooked`` with
+    ``python file.py``; ``native`` (``--without-hook``) for :data:`WITHOUT_HOOK`; ``torchrun`` for
+    :data:`UNDER_TORCHRUN`."""
     clean = _clean_dir(os.path.join(directory, "clean"))
     out: Dict[str, Dict[str, object]] = {}
-    jobs: List[Tuple[str, str, str, int, Tuple[str, ...]]] = []
+    jobs: List[Tuple[str, str, str, int, str, Tuple[str, ...]]] = []
     for zoo, name in CASES:
         run = runs(zoo)
         failed = [c for c in run.cases if c.name == name]
@@ -73,10 +93,14 @@ def _launch_all(runs: ZooRuns, directory: str, env: Dict[str, str]) -> Dict[str,
         world_size = int(re.search(r"-ws(\d+)\]$", name).group(1))
         out[name] = {"case": failed[0] if failed else None, "path": path}
         if os.path.exists(path):
-            jobs += [(name, "hooked", path, world_size, ()), (name, "native", path, world_size, ("--without-hook",))]
+            jobs.append((name, "hooked", path, world_size, "python", ()))
+            if name in WITHOUT_HOOK:
+                jobs.append((name, "native", path, world_size, "python", ("--without-hook",)))
+            if name in UNDER_TORCHRUN:
+                jobs.append((name, "torchrun", path, world_size, "torchrun", ()))
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {pool.submit(_torchrun, path, ws, clean, env, *extra): (name, which)
-                   for name, which, path, ws, extra in jobs}
+        futures = {pool.submit(_launch, path, ws, clean, env, how, *extra): (name, which)
+                   for name, which, path, ws, how, extra in jobs}
         for future, (name, which) in futures.items():
             out[name][which] = future.result()
     return out
@@ -106,10 +130,22 @@ def test_the_reproducer_reproduces_the_failure_without_the_suite(launched, name)
     step, fqn, got_bits, want_bits = lines[0]
     assert got_bits != want_bits
     assert f"parameter '{fqn}'" in case.message or f"{fqn}[" in case.message, (fqn, case.message[:3000])
-    assert "the difference reproduces: hook" in output
+    verdicts = [line for line in output.splitlines() if line.startswith("the difference reproduces: ")]
+    assert len(verdicts) == 1 and verdicts[0].startswith(f"the difference reproduces: hook {case.hook} differs"), \
+        output[-2000:]
 
 
-@pytest.mark.parametrize("name", [name for _, name in CASES], ids=IDS)
+@pytest.mark.parametrize("name", UNDER_TORCHRUN, ids=[n.split("[", 1)[0][5:] for n in UNDER_TORCHRUN])
+def test_under_torchrun_the_reproducer_prints_the_same_verdict_line(launched, name):
+    """As torchrun's workers the file gives the verdict line of ``python file.py`` (torchrun's own status is 1 for
+    any failed worker, whatever the reason, so the line is what to read there)."""
+    code, output = launched[name]["torchrun"]
+    verdict = next(line for line in launched[name]["hooked"][1].splitlines()
+                   if line.startswith("the difference reproduces: "))
+    assert code == 1 and verdict in output.splitlines(), (verdict, output[-4000:])
+
+
+@pytest.mark.parametrize("name", WITHOUT_HOOK, ids=[n.split("[", 1)[0][5:] for n in WITHOUT_HOOK])
 def test_the_reproducer_without_the_hook_finds_no_difference(launched, name):
     code, output = launched[name]["native"]
     assert code == 0, output[-4000:]
@@ -167,3 +203,82 @@ def test_readme_shows_the_head_of_a_reproducer_as_generated():
                                       {"config": "default", "model": "nested_wrapped"}, 3, name,
                                       [Finding(0, "differs", step=0)], "header", "rerun", "/home/me/repro/x.py")
     assert shown in source
+
+
+# -- only failed cases get a reproducer ---------------------------------------------------------------------
+
+#: The checks whose failures get a reproducer: a passing case of one of them would have got one before issue 31.
+REPLAYED = {"averaging", "parity", "accumulation", "subgroup_parity", "hard_inputs"}
+
+
+@pytest.mark.parametrize("zoo", ZOOS, ids=[z.name for z in ZOOS])
+def test_a_case_that_passed_gets_no_reproducer(zoo_runs, zoo):
+    """Issue 31: every file in a zoo run's reproducers' directory is a failed case's; the run's passing cases of
+    the replayed checks (hard inputs among them, one dispatch per example) wrote none."""
+    run = zoo_runs(zoo)
+    directory = zoo_runs.reproducers(zoo)
+    written = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+    by_file = {os.path.basename(writer.reproducer_path(directory, c.name)): c for c in run.cases}
+    assert all(by_file[name].outcome == "failed" for name in written), \
+        sorted((name, by_file[name].outcome) for name in written if by_file[name].outcome != "failed")
+    passed = [c for c in run.cases if c.outcome == "passed" and any(c.check == r or c.check.endswith(f"_{r}")
+                                                                     for r in REPLAYED)]
+    assert passed, "no passing case of a replayed check in this run: the test would prove nothing"
+    assert not [c.name for c in passed if os.path.basename(writer.reproducer_path(directory, c.name)) in written]
+
+
+# -- how the file starts its ranks, and what it needs ----------------------------------------------------------
+
+@pytest.mark.parametrize("cuda, gpus, local_ranks, expected", [
+    (False, 0, 2, ("gloo", "cpu")),
+    (True, 8, 3, ("nccl", "cuda")),    # one GPU per process
+    (True, 3, 3, ("nccl", "cuda")),
+    (True, 2, 3, ("gloo", "cpu")),     # fewer GPUs than ranks: CPU ranks, as the suite places its pools
+    (True, 1, 2, ("gloo", "cpu")),
+])
+def test_the_reproducer_picks_nccl_with_a_gpu_per_rank_else_gloo(cuda, gpus, local_ranks, expected):
+    assert standalone_main.select_backend(cuda, gpus, local_ranks) == expected
+
+
+@pytest.mark.parametrize("codes, expected", [
+    ([1, 1], 1), ([0, 0, 0], 0), ([1, None], 1),      # a rank whose hook raised, the other stopped by the launcher
+    ([2, 2], 2), ([0, 2], 2), ([-9, None], 2), ([0, 3], 2),
+])
+def test_the_launcher_s_status_is_reproduced_not_reproduced_or_could_not_run(codes, expected):
+    code, lines = standalone_main.combine(codes)
+    assert code == expected
+    if -9 in codes:
+        assert lines == ["could not run: rank 0 was killed by signal SIGKILL"]
+    if 3 in codes:
+        assert lines == ["could not run: rank 1 exited with status 3"]
+
+
+def test_the_printed_command_runs_the_file_with_this_interpreter(tmp_path):
+    from conformance.controller.cli import python_words
+
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    elsewhere = tmp_path / "bin"
+    elsewhere.mkdir()
+    (elsewhere / "python").write_text("#!/bin/sh\n")
+    (elsewhere / "python").chmod(0o755)
+    assert python_words(str(elsewhere)) == [sys.executable]  # another python first on PATH
+    if os.path.exists(os.path.join(here, "python")):
+        assert python_words(here) == ["python"]
+
+
+def test_a_hook_whose_module_imports_the_suite_is_said_to_need_it():
+    """README's layout keeps hooks (torch only) and their specs apart; a file whose hook module imports the suite
+    says it needs it, in the file and in the failure."""
+    from tests.zoo import ddp_hooks
+
+    mixed = next(s for s in ddp_hooks.ALL if s.name == "bad_divides_by_world_size")  # defined beside its HookSpec
+    apart = next(s for s in ddp_hooks.ALL if s.name == "bad_saturates_inf_off_rank0")  # from plain_hooks
+    why = writer.needs_the_suite(mixed, "tests.zoo.ddp_hooks:ALL")
+    assert why and "tests.zoo.ddp_hooks imports conformance" in why and "HookSpecs in another" in why
+    assert writer.needs_the_suite(apart, "tests.zoo.ddp_hooks:ALL") is None
+    source = writer.reproducer_source(mixed, "tests.zoo.ddp_hooks:ALL", "ddp.parity",
+                                      {"config": "default", "model": "net_flat"}, 2, "case", [], "header", "rerun",
+                                      "/tmp/x.py")
+    assert f"It needs commhook-conformance installed: {why}" in source
+    hint = ast.literal_eval(re.search(r"^IMPORT_HINT = (\(.*?\))$", source, re.M | re.S).group(1))
+    assert hint == f"this file needs commhook-conformance installed: {why}"  # said where the import fails

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from conformance.reports import results
-from conformance.reports.baseline import BaselineDiff, diff_runs, diff_text
+from conformance.reports.baseline import BaselineDiff, diff_markdown, diff_runs, diff_text, options_changed
 from conformance.reports.markdown_summary import markdown_summary
 from conformance.reports.matrix import hook_matrix, matrix_markdown, matrix_text, pattern
 from conformance.reports.results import CaseRecord, ResultsError
@@ -261,6 +261,32 @@ def test_a_run_identical_to_its_baseline_has_an_empty_diff():
     recs = overwritten_records()
     diff = diff_runs(json.loads(json.dumps(document(recs))), recs)
     assert diff.empty() and not diff.regressions
+
+
+def test_a_baseline_run_with_other_options_is_said_to_differ_in_them():
+    """Issue 31: a --depth nightly baseline against a default run listed 19 'disappeared' cases and never said the
+    runs were asked for different cases."""
+    baseline = document(overwritten_records())
+    baseline["environment"].update(depth="nightly", hypothesis_examples=200)
+    baseline["run"]["args"] = ["-c", "pytest.ini", "-k", "parity", "--depth", "nightly"]
+    now_env = {**baseline["environment"], "depth": "default", "hypothesis_examples": 3, "world_sizes": [2, 3, 4]}
+    changed = options_changed(baseline, now_env, ["overwritten", "mine"], ["-c", "pytest.ini", "-kaveraging"])
+    assert changed == ["depth nightly -> default", "world_sizes 2,3 -> 2,3,4", "hypothesis_examples 200 -> 3",
+                       "hooks: +mine, -good", "-k 'parity' -> 'averaging'"]
+    same = options_changed(baseline, dict(baseline["environment"]), ["overwritten", "good"], baseline["run"]["args"])
+    assert same == []
+    older = dict(baseline["environment"])
+    del older["depth"]  # a file of schema 1.4 has no depth: nothing is said of it
+    assert options_changed({**baseline, "environment": older}, now_env, ["overwritten", "good"],
+                           baseline["run"]["args"]) == ["world_sizes 2,3 -> 2,3,4", "hypothesis_examples 200 -> 3"]
+    diff = diff_runs(baseline, overwritten_records(), "nightly.json")
+    diff.options_changed = changed
+    said = "the two runs' options differ, so cases may have appeared or disappeared for that, not for a hook: "
+    assert diff_text(diff)[1] == said + "; ".join(changed)
+    assert ("T" + said[1:] + "; ".join(changed) + ".") in diff_markdown(diff)
+    doc = document(overwritten_records(), baseline=diff.to_json())
+    assert results.schema_problems(doc) == []
+    assert BaselineDiff.from_json(doc["baseline"]).options_changed == changed
 
 
 def test_a_known_failure_that_fails_is_not_a_regression():

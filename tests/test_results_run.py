@@ -222,6 +222,9 @@ def test_baseline_round_trip_lists_the_changes_and_gates_on_regressions_only(zoo
     diff = json.load(open(c))["baseline"]
     assert diff["new_failures"] == [] and _ids(diff["disappeared"]) == rank_consistency
     assert "--fail-on regressions: exit status 0, no new failure against the baseline" in run_c.output
+    # C selected fewer cases than B: the diff says so, which explains what disappeared.
+    assert diff["options_changed"] == ["-k 'test_ddp_averaging or test_ddp_rank_consistency' -> 'test_ddp_averaging'"]
+    assert "the two runs' options differ" in run_c.output
 
 
 def test_the_projects_own_tests_leave_the_github_step_summary_alone(tmp_path):

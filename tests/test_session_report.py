@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from conformance import HookSpec
 from conformance.reports.session_report import counts_lines, no_case_lines
 
 ENV = "torch 2.13.0+cpu, CPU build, gloo, cpu"
@@ -60,7 +61,7 @@ def _run(args, cwd):
 @pytest.fixture(scope="module")
 def nothing(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONFORM_") and k != "PYTEST_ADDOPTS"}
-    proc = subprocess.run([sys.executable, "-m", "conformance", "--hook", "conformance.examples.my_ddp_hook:SPEC",
+    proc = subprocess.run([sys.executable, "-m", "conformance", "--hook", "conformance.examples.my_specs:DDP_SPEC",
                            "-k", "no_such_case_xyz"], cwd=tmp_path_factory.mktemp("nothing"), env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     return proc.returncode, proc.stdout
@@ -71,3 +72,23 @@ def test_a_k_that_selects_nothing_says_so_and_lists_the_hooks_and_checks(nothing
     assert rc == 5, output[-3000:]
     assert "no case matched -k 'no_such_case_xyz'" in output
     assert "hooks: my_ddp_mean" in output and "test_ddp_parity" in output
+
+
+def test_the_header_gives_each_hook_the_fields_it_has_and_none_empty():
+    """Issue 31: a DDP hook's header read ``[ddp; full-precision averaging; ]``: DDP has no sharding strategies."""
+    from conformance.examples.my_specs import DDP_SPEC, SPEC
+    from conformance.reports.session_report import spec_fields
+
+    assert spec_fields(DDP_SPEC) == ["ddp", "full-precision averaging"]
+    assert spec_fields(SPEC) == ["fsdp", "reduce_dtype=float16", "NO_SHARD, FULL_SHARD, SHARD_GRAD_OP"]
+    compiled = HookSpec(name="c", api="ddp", hook=DDP_SPEC.hook, state=DDP_SPEC.state, compiled_ddp=True)
+    assert spec_fields(compiled) == ["ddp", "full-precision averaging", "compiled DDP"]
+
+
+def test_a_verdict_on_a_k_subset_says_it_covers_only_the_selected_cases():
+    from conformance.reports.session_report import selection_note
+
+    assert selection_note(1, 33, "test_ddp_averaging", "") == (
+        "a verdict on the 1 case(s) -k 'test_ddp_averaging' selected, not on all 34 planned for this hook")
+    assert "-k 'parity' and -m 'slow' selected" in selection_note(2, 1, "parity", "slow")
+    assert selection_note(34, 0, "", "") == ""  # every planned case ran: a full verdict

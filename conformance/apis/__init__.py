@@ -141,6 +141,9 @@ class HookApi:
         standalone: the module of the API's standalone part (``conformance.apis.<api>.standalone``), importing
             only torch: how the suite builds its native and hooked models, written as it is into every
             standalone reproducer of its cases (:mod:`conformance.reproducers`); ``None``: no reproducers.
+        compiled_convention: the API has a compiled path that calls hooks another way (DDP under compiled
+            autograd: ``hook(state, (grad, param))``), so a spec may say its hook takes it
+            (``HookSpec.compiled_ddp``); elsewhere that is a :class:`~conformance.spec.SpecError`.
     """
 
     name: str
@@ -154,6 +157,7 @@ class HookApi:
     checks: Mapping[str, str] = dataclasses.field(default_factory=dict)
     default_hook: Optional[str] = None
     standalone: Optional[str] = None
+    compiled_convention: bool = False
 
     def __post_init__(self) -> None:
         checks = [test.check for test in self.plans.values()]

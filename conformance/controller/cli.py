@@ -5,7 +5,8 @@ Conformance options (``--hook``, ``--world-size``, ``--backend``, ``--device``,
 ``--junitxml``) may be mixed. The exit codes are README's ("Using it as a
 nightly CI gate", :mod:`conformance.exit_codes`): 0 every hook conforms (known
 failures allowed), 1 a hook failed a check, 2 the run was interrupted, 4 a usage
-error such as a bad hook spec, 5 no case matched ``-k``/``-m``.
+error such as a bad hook spec, 5 no case matched ``-k``/``-m``, 10 the run itself
+failed (a rank pool that could not start, a report that could not be written).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import List, Optional
 from conformance.controller.interruption import process_signals
 from conformance.controller.options import OPTIONS
 from conformance.controller.zygote_client import start_zygote
+from conformance import exit_codes
 from conformance.exit_codes import INTERRUPTED
 
 SUITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "suite")
@@ -52,6 +54,18 @@ def command_words(path: Optional[str] = None) -> List[str]:
     return [sys.executable, "-m", "conformance"]
 
 
+def python_words(path: Optional[str] = None) -> List[str]:
+    """The words a fresh shell runs a Python file with on this interpreter: ``["python"]`` where the ``python``
+    found on ``path`` (default: ``$PATH``) is in this interpreter's own directory (its venv's ``bin``), else
+    ``[sys.executable]``. Symlinks are not followed: a venv's ``python`` links to the system's, which lacks
+    the venv's packages."""
+    found = shutil.which("python", path=path)
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    if found and os.path.dirname(os.path.abspath(found)) == here:
+        return ["python"]
+    return [sys.executable]
+
+
 def _runs_this_interpreter(script: str) -> bool:
     sibling = os.path.join(os.path.dirname(sys.executable), "conform")
     try:
@@ -76,11 +90,10 @@ def conformance_help() -> str:
              "       python -m conformance ...  (the same command, with this interpreter)",
              "",
              "Checks gradient communication hooks (FSDP, DDP, FSDP2) against PyTorch's own semantics, bit for bit.",
-             "With no --hook, PyTorch's built-in hooks are checked. Exit status: 0 every hook conforms (known",
-             "failures allowed), 1 a hook failed, 2 interrupted, 4 usage error, 5 no case matched -k or -m;",
-             "README.md, 'Using it as a nightly CI gate', lists them all.",
-             "",
-             "conformance options (the command line wins over the environment variable):"]
+             "With no --hook, PyTorch's built-in hooks are checked.", ""]
+    status = "Exit status: " + ", ".join(f"{code} {meaning}" for code, meaning in exit_codes.MEANINGS)
+    lines += textwrap.wrap(status + "; README.md, 'Using it as a nightly CI gate', says more.", 100)
+    lines += ["", "conformance options (the command line wins over the environment variable):"]
     for opt in OPTIONS:
         name = f"{opt.flag} {opt.metavar}" if opt.metavar else opt.flag
         body = textwrap.wrap(opt.help, 72)

@@ -136,8 +136,8 @@ OPTIONS: Tuple[Option, ...] = (
            "write a Markdown summary to this path (it is also appended to $GITHUB_STEP_SUMMARY when that is "
            "set)", "conform_markdown", "PATH", "none (make conform: reports/conformance.md)"),
     Option("--write-reproducers", "CONFORM_WRITE_REPRODUCERS",
-           "write a standalone reproducer (torch and the hook's module only; run with torchrun) for every failed "
-           "case of a hook under test into this directory, one <case id>.py each", "conform_write_reproducers",
+           "write a standalone reproducer (torch and the hook's module only; run it with python FILE) for every "
+           "failed case of a hook under test into this directory, one <case id>.py each", "conform_write_reproducers",
            "DIR", "none"),
     Option("--baseline", "CONFORM_BASELINE",
            "the --json results of an earlier run: report new failures, fixed cases, cases that appeared or "

@@ -70,7 +70,7 @@ import pytest
 
 from conformance.controller import case_kinds, default_replay
 from conformance.controller.across_ranks import compare_across_ranks, findings_of
-from conformance.controller.cli import command_words
+from conformance.controller.cli import command_words, python_words
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
 from conformance.controller.pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
@@ -315,8 +315,10 @@ class Runner:
                       rank_problems=True)
         if findings:
             found = [f for o in result.outcomes for f in o.value.findings] + leaks
-            note = "" if known_failure else self.reproducer_note(test_name, hook, check, params, world_size, found,
-                                                                 describe)
+            # A case that passed gets no reproducer: there is nothing to reproduce (a hard-input case also
+            # passes here for each example its search and shrink try).
+            note = "" if known_failure or not found else self.reproducer_note(test_name, hook, check, params,
+                                                                              world_size, found, describe)
             self.fail_findings(test_name, hook, describe, world_size, found, note=note)
         return result
 
@@ -405,8 +407,10 @@ class Runner:
     def reproducer_note(self, test_name: str, hook: Optional[str], rank_check: str, params: Dict[str, Any],
                         world_size: int, findings: Sequence[Finding], describe: Dict[str, Any]) -> str:
         """Under ``--write-reproducers DIR``, write the failed case's standalone reproducer
-        (:mod:`conformance.reproducers`) and return the failure's lines that say where it is and how to run it,
-        or why the case has none; ``""`` without the option (or for a case of no hook)."""
+        (:mod:`conformance.reproducers`) and return the failure's lines that say where it is and how to run it
+        (:meth:`reproducer_command`, and why it needs the suite where it does), or why the case has none; ``""``
+        without the option (or for a case of no hook). Only a failed case is given one: callers pass its
+        findings (none for a rank that raised, hung or died)."""
         directory = getattr(self.settings, "reproducers_dir", None)
         item = self.specs.get(hook) if hook else None
         if not directory or item is None:
@@ -422,8 +426,20 @@ class Runner:
             return f"No standalone reproducer: {exc}"
         except OSError as exc:
             return f"No standalone reproducer: writing {path} failed: {exc}"
+        needs = writer.needs_the_suite(item.spec, item.target)
         return (f"Standalone reproducer: {path}\n"
-                f"  torchrun --nproc-per-node {world_size} {shlex.quote(path)}   (exit 1: reproduced)")
+                f"  {self.reproducer_command(path)}   (from this directory; it starts its {world_size} ranks; "
+                f"exit 1 reproduced, 0 not, 2 could not run)"
+                + (f"\n  It needs commhook-conformance installed: {needs}" if needs else ""))
+
+    @staticmethod
+    def reproducer_command(path: str) -> str:
+        """The shell command that runs a reproducer from a fresh shell in this working directory: ``PYTHONPATH=...``
+        first where the session imported modules from ``PYTHONPATH`` entries (as :meth:`rerun_command`), then this
+        interpreter (``python`` where the ``python`` on ``PATH`` is this venv's, :func:`python_words`) and the file."""
+        command = " ".join(shlex.quote(w) for w in [*python_words(), path])
+        extra = pythonpath_to_rerun()
+        return f"PYTHONPATH={shlex.quote(os.pathsep.join(extra))} {command}" if extra else command
 
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
              world_size: Optional[int] = None, findings: Sequence[Finding] = (), rank_problems: bool = False) -> None:

@@ -2,8 +2,10 @@
 
 ``--baseline PREVIOUS.json`` loads a results file of an earlier run
 (:func:`conformance.reports.results.load_results`); :func:`diff_runs` compares its
-cases with this run's, matched by case id (the pytest node id). With
-``--fail-on regressions`` the exit code depends only on
+cases with this run's, matched by case id (the pytest node id), and
+:func:`options_changed` says where the two runs were asked for different cases (a
+``--depth nightly`` baseline against a default run: cases disappear that no hook
+lost). With ``--fail-on regressions`` the exit code depends only on
 :attr:`BaselineDiff.regressions`: the new failures.
 """
 
@@ -15,10 +17,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from conformance.reports.results import CaseRecord, figure_value, records_from_json
 
-__all__ = ["BaselineDiff", "Change", "FigureChange", "diff_markdown", "diff_runs", "diff_text"]
+__all__ = ["BaselineDiff", "Change", "FigureChange", "diff_markdown", "diff_runs", "diff_text", "options_changed"]
 
 #: Cases listed per category in the terminal and the Markdown; the JSON lists them all.
 MAX_LISTED = 20
+#: The results' ``environment`` fields that decide which cases a run plans and how it runs them
+#: (``docs/results.md``); a field a results file lacks (an older schema) is not compared.
+OPTION_FIELDS = ("depth", "with_compiled_ddp", "world_sizes", "hypothesis_examples", "backend", "device",
+                 "torch_version")
+#: The pytest options that select cases, read from the results' ``run.args``.
+_SELECTION = {"-k": "-k", "--keyword": "-k", "-m": "-m"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +82,9 @@ class BaselineDiff:
         changed_figures: figures (max ULP and absolute differences, lossy errors) of cases in
             both runs whose values differ; none of a new failure, whose figures are its own
             (in its case record), not a change to list twice.
+        options_changed: where the two runs were asked for different cases or settings
+            (:func:`options_changed`), one ``"what before -> now"`` each: cases that appeared or
+            disappeared there may be the options', not the hooks'.
     """
 
     baseline: str
@@ -84,6 +95,7 @@ class BaselineDiff:
     disappeared: List[Change] = dataclasses.field(default_factory=list)
     changed_outcomes: List[Change] = dataclasses.field(default_factory=list)
     changed_figures: List[FigureChange] = dataclasses.field(default_factory=list)
+    options_changed: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def regressions(self) -> List[Change]:
@@ -103,6 +115,7 @@ class BaselineDiff:
                                "counts": self.counts()}
         for name in _CATEGORIES:
             out[name] = [c.to_json() for c in getattr(self, name)]
+        out["options_changed"] = list(self.options_changed)
         return out
 
     @classmethod
@@ -116,6 +129,7 @@ class BaselineDiff:
             return [Change(c["id"], c.get("before"), c.get("after"), c.get("hook")) for c in data.get(name, [])]
 
         return cls(baseline=data.get("path", ""), baseline_started_at=data.get("started_at"),
+                   options_changed=list(data.get("options_changed", [])),
                    **{name: changes(name) for name in _CATEGORIES})
 
 
@@ -162,6 +176,61 @@ def diff_runs(baseline: Mapping[str, Any], current: Sequence[CaseRecord], baseli
     return diff
 
 
+def _selection(args: Sequence[str]) -> Dict[str, str]:
+    """``{"-k": expression, "-m": expression}`` of a pytest command line (``-k EXPR``, ``-kEXPR``, ``--keyword=EXPR``),
+    each as given last."""
+    out: Dict[str, str] = {}
+    args = list(args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in _SELECTION and eq:
+            out[_SELECTION[flag]] = value
+        elif arg in _SELECTION and i + 1 < len(args):
+            out[_SELECTION[arg]] = args[i + 1]
+        elif arg[:2] in ("-k", "-m") and len(arg) > 2 and not arg.startswith("--"):
+            out[arg[:2]] = arg[2:]
+    return out
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == "":
+        return "none"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "none"
+    return str(value)
+
+
+def options_changed(baseline: Mapping[str, Any], environment: Mapping[str, Any], hooks: Sequence[str],
+                    args: Sequence[str]) -> List[str]:
+    """Where this run and the ``baseline`` document were asked for different cases or settings, one
+    ``"what before -> now"`` each: the :data:`OPTION_FIELDS` of their ``environment`` (``depth nightly -> default``),
+    the hooks under test (``hooks: +new, -gone``) and a ``-k`` or ``-m`` selection (from the ``run.args`` of each).
+
+    Args:
+        baseline: the loaded ``--baseline`` results document.
+        environment: this run's ``environment`` object; ``hooks``: the names of its hooks under test;
+            ``args``: its pytest command line.
+    """
+    before = baseline.get("environment") or {}
+    out = [f"{name} {_shown(before[name])} -> {_shown(environment[name])}" for name in OPTION_FIELDS
+           if name in before and name in environment and before[name] != environment[name]]
+    then = {h.get("name") for h in baseline.get("hooks") or () if isinstance(h, Mapping)}
+    added, gone = sorted(set(hooks) - then), sorted(then - set(hooks))
+    if added or gone:
+        out.append("hooks: " + ", ".join([f"+{h}" for h in added] + [f"-{h}" for h in gone]))
+    picked_then, picked_now = _selection((baseline.get("run") or {}).get("args") or ()), _selection(args)
+    for flag in ("-k", "-m"):
+        if picked_then.get(flag) != picked_now.get(flag):
+            then_expr, now_expr = (repr(e) if e else "none" for e in (picked_then.get(flag), picked_now.get(flag)))
+            out.append(f"{flag} {then_expr} -> {now_expr}")
+    return out
+
+
+def _options_line(diff: BaselineDiff) -> str:
+    return ("the two runs' options differ, so cases may have appeared or disappeared for that, not for a hook: "
+            + "; ".join(diff.options_changed))
+
+
 def _listed(items: Sequence[Any], code: bool = False) -> List[str]:
     lines = [f"`{item.text()}`" if code else item.text() for item in items[:MAX_LISTED]]
     if len(items) > MAX_LISTED:
@@ -175,6 +244,8 @@ def diff_text(diff: BaselineDiff) -> List[str]:
     lines = [f"against {diff.baseline}" + (f" (run started {diff.baseline_started_at})"
                                            if diff.baseline_started_at else "") + ": "
              + ", ".join(f"{counts[name]} {_TITLES[name]}" for name in _CATEGORIES)]
+    if diff.options_changed:
+        lines.append(_options_line(diff))
     for name in _CATEGORIES:
         items = getattr(diff, name)
         if items:
@@ -188,6 +259,9 @@ def diff_markdown(diff: BaselineDiff) -> str:
     counts = diff.counts()
     out = [f"Against `{diff.baseline}`: " + ", ".join(f"{counts[name]} {_TITLES[name]}" for name in _CATEGORIES)
            + "."]
+    if diff.options_changed:
+        line = _options_line(diff)
+        out += ["", line[0].upper() + line[1:] + "."]
     for name in _CATEGORIES:
         items = getattr(diff, name)
         if items:

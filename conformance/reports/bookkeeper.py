@@ -131,7 +131,7 @@ class Bookkeeper:
         tests_at: world size -> the suite tests whose cases ran there (skipped ones excluded).
         planned: hook name -> cases collected; ``collected``: ``(node id, CaseParams)`` of each.
         cases_run: cases that finished (setup, call and teardown).
-        deselected: names of the cases ``-k`` or ``-m`` deselected.
+        deselected: names of the cases ``-k`` or ``-m`` deselected; ``deselected_of``: how many, per hook.
         empty_tests: suite tests with no case for the hooks under test (pytest's ``[NOTSET]``) ->
             :func:`conformance.reports.session_report.notset_cause`.
     """
@@ -146,6 +146,7 @@ class Bookkeeper:
         self.collected: List[Tuple[str, Any]] = []
         self.cases_run = 0
         self.deselected: List[str] = []
+        self.deselected_of: Dict[Optional[str], int] = defaultdict(int)
         self.empty_tests: Dict[str, Tuple[str, bool]] = {}
         self._cases: Dict[str, Any] = {}
         self._finished: Set[str] = set()
@@ -163,6 +164,7 @@ class Bookkeeper:
                 self.empty_tests[test] = notset_cause(test, [i.spec for i in self.state.specs])
             else:
                 self.deselected.append(item.name)
+                self.deselected_of[case_hook(item)] += 1
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         for item in session.items:

@@ -160,6 +160,9 @@ class ResultsRecorder:
         records = self.finish_records()
         if self.baseline_doc is not None:
             self.diff = baseline_mod.diff_runs(self.baseline_doc, records, s.baseline_path)
+            self.diff.options_changed = baseline_mod.options_changed(
+                self.baseline_doc, self.environment(), [item.spec.name for item in self.state.specs],
+                [str(a) for a in self.config.invocation_params.args])
             if s.fail_on == "regressions" and int(session.exitstatus) in (0, 1):
                 session.exitstatus = (pytest.ExitCode.TESTS_FAILED if self.diff.regressions
                                       else pytest.ExitCode.OK)

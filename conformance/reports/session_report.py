@@ -98,10 +98,20 @@ def header_lines(state: Any, torch_version: str) -> List[str]:
         lines.append(f"  one GPU: world size {s.world_size} alone proves nothing about averaging, so world sizes "
                      f"{_join(s.cpu_pools)} (and any larger one a case needs) run as gloo pools on the CPU")
     for item in state.specs:
-        spec = item.spec
-        claim = "full-precision averaging" if spec.reduce_dtype is None else f"reduce_dtype={spec.reduce_dtype_name}"
-        lines.append(f"  hook {spec.name} [{spec.api}; {claim}; {', '.join(spec.strategies)}] from {item.target}")
+        lines.append(f"  hook {item.spec.name} [{'; '.join(spec_fields(item.spec))}] from {item.target}")
     return lines
+
+
+def spec_fields(spec: Any) -> List[str]:
+    """What the header says of a hook: its api, its claim, its sharding strategies (FSDP1's) and ``compiled DDP``
+    where it says it takes compiled DDP's convention; a field a spec has nothing for is left out, never empty."""
+    claim = "full-precision averaging" if spec.reduce_dtype is None else f"reduce_dtype={spec.reduce_dtype_name}"
+    fields = [spec.api, claim]
+    if spec.strategies:
+        fields.append(", ".join(spec.strategies))
+    if getattr(spec, "compiled_ddp", False):
+        fields.append("compiled DDP")
+    return fields
 
 
 def counts_lines(counts: Mapping[str, int], xfailed_builtin: int, empty_tests: Mapping[str, Tuple[str, bool]],
@@ -158,6 +168,16 @@ def counts_lines(counts: Mapping[str, int], xfailed_builtin: int, empty_tests: M
     if ran_at:
         lines.append(f"world sizes: the cases ran at {_sizes_text(ran_at, usual_sizes)}")
     return lines
+
+
+def selection_note(selected: int, deselected: int, keyword: str, markexpr: str) -> str:
+    """Under a hook's verdict, where ``-k`` or ``-m`` left out some of its cases: that the verdict covers only the
+    ``selected`` cases, of the ``selected + deselected`` planned for it; ``""`` where none was left out."""
+    if not deselected:
+        return ""
+    asked = " and ".join(f"{flag} {expr!r}" for flag, expr in (("-k", keyword), ("-m", markexpr)) if expr)
+    return (f"a verdict on the {selected} case(s) {asked or '-k or -m'} selected, not on all "
+            f"{selected + deselected} planned for this hook")
 
 
 def no_case_lines(keyword: str, markexpr: str, deselected: Sequence[str], hooks: Sequence[str],

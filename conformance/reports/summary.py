@@ -122,6 +122,10 @@ class Summary:
             rerun = session_report.crash_rerun_verdict_note(getattr(state.runner, "crash_reruns", ()), name)
             if rerun:
                 tr.write_line(f"{'':<28}   {rerun}", yellow=True)
+            subset = session_report.selection_note(sum(counts.values()), keeper.deselected_of.get(name, 0),
+                                                   tr.config.option.keyword, tr.config.option.markexpr)
+            if subset:  # a -k subset's verdict is not the hook's
+                tr.write_line(f"{'':<28}   {subset}", yellow=True)
             for reason in verdict.known_failure_reasons:
                 tr.write_line(f"{'':<28}   expected: {reason}")
             if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):

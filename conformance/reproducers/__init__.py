@@ -7,10 +7,15 @@ module. Written into it, as they are in the suite: the reference model's class
 the hooked model, which the suite's own models use too) and the training loop
 (:mod:`conformance.reproducers.standalone_main`). The case (world size,
 variant, reduce dtype, seeds, steps, the hard inputs' values) is a literal
-``CASE`` dict. ``torchrun --nproc-per-node N file.py`` runs it on CPUs (gloo) or
-GPUs (NCCL) and exits 1 where the difference reproduces, 0 where it does not;
-``--without-hook`` builds both copies native (it must exit 0).
+``CASE`` dict. ``python file.py`` starts the case's ranks itself on CPUs (gloo) or
+GPUs (NCCL, one per process) and exits 1 where the difference reproduces, 0 where
+it does not, 2 where it could not run (the hook's module does not import: the
+error is named); under ``torchrun --nproc-per-node N file.py`` it runs as the
+workers and prints the same verdict line. ``--without-hook`` builds both copies
+native (it must exit 0). Where the hook's module imports ``conformance``, the file
+needs the suite, and says so (:func:`~conformance.reproducers.writer.needs_the_suite`).
 
 :func:`conformance.reproducers.writer.write_reproducer` writes one; the runner
-calls it for every failed case of a hook under ``--write-reproducers DIR``.
+calls it for every failed case of a hook under ``--write-reproducers DIR``, and
+for no case that passed.
 """

@@ -15,8 +15,14 @@ view, then ``SGD(foreach=False)`` steps on both and compare the parameters.
 The first difference is printed per rank (parameter FQN, index, both values
 and their bits); the ranks agree, with an all-reduce, to stop together.
 
-Exit status: 1 the difference reproduces, 0 it does not, 2 the launch does not
-fit the case (world size).
+``python FILE.py`` starts the case's ranks itself (:func:`launch`: gloo on CPU,
+or one process per GPU with NCCL, :func:`select_backend`); under ``torchrun``
+the file runs as one of its workers. Either way the same verdict line is
+printed, and ``python FILE.py`` exits with it: 1 the difference reproduces, 0 it
+does not, 2 it could not run (a process group that cannot start, a launch that
+does not fit the case's world size; the file's head exits 2 itself where the
+hook's module cannot be imported, naming the error). torchrun's own exit status
+is 1 for any failed worker, so under torchrun read the verdict line.
 """
 
 from __future__ import annotations
@@ -24,7 +30,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
+import socket
+import subprocess
 import sys
+import time
+import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -230,73 +241,185 @@ def layout_env(rank: int, world_size: int, nodes: int) -> Dict[str, str]:
             "GROUP_WORLD_SIZE": str(nodes), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size)}
 
 
-def _device_and_backend() -> Tuple[torch.device, str]:
-    """One GPU per rank (``LOCAL_RANK``) and NCCL where CUDA is available, else CPU and gloo."""
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        if local >= torch.cuda.device_count():
-            raise SystemExit(f"local rank {local} has no GPU (this node has {torch.cuda.device_count()}): "
-                             "start fewer processes per node")
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local), "nccl"
-    return torch.device("cpu"), "gloo"
+#: The reproducer's exit statuses, whichever way it was started (``python FILE.py`` or as torchrun's worker).
+NOT_REPRODUCED, REPRODUCED, COULD_NOT_RUN = 0, 1, 2
+#: Seconds the launcher lets the other ranks finish after one rank ended with a verdict other than "no
+#: difference" (a rank whose hook raised leaves the others waiting in a collective), before it stops them.
+GRACE_S = 20.0
+
+
+def select_backend(cuda_available: bool, gpu_count: int, local_world_size: int) -> Tuple[str, str]:
+    """``(backend, device type)`` of the ranks on this machine: ``("nccl", "cuda")``, one GPU per process
+    (``LOCAL_RANK``), where CUDA is available with a GPU for each of this machine's ``local_world_size`` ranks;
+    else ``("gloo", "cpu")``. The suite places its pools the same way (``Settings.placement``: a world size
+    larger than the GPUs runs on CPU ranks, gloo)."""
+    if cuda_available and gpu_count >= local_world_size:
+        return "nccl", "cuda"
+    return "gloo", "cpu"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(procs: List[subprocess.Popen]) -> None:
+    """SIGTERM every rank still running, then SIGKILL any left after 5 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def combine(codes: List[Optional[int]]) -> Tuple[int, List[str]]:
+    """The launcher's exit status from its ranks' (``None``: stopped by the launcher after another rank's
+    verdict), and the lines to print for ranks that died without one (a signal, an unexpected status):
+    1 where any rank saw the difference, 0 where every rank saw none, else 2."""
+    if REPRODUCED in codes:
+        return REPRODUCED, []
+    if all(c == NOT_REPRODUCED for c in codes):
+        return NOT_REPRODUCED, []
+    lines = []
+    for rank, code in enumerate(codes):
+        if code is not None and code < 0:
+            lines.append(f"could not run: rank {rank} was killed by signal {signal.Signals(-code).name}")
+        elif code not in (None, NOT_REPRODUCED, REPRODUCED, COULD_NOT_RUN):
+            lines.append(f"could not run: rank {rank} exited with status {code}")
+    return COULD_NOT_RUN, lines
+
+
+def launch(argv: List[str]) -> int:
+    """``python FILE.py``: start the case's ranks on this machine, one process each running this file as a
+    worker (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` / ``MASTER_PORT`` on loopback, as torchrun sets them), and
+    return their verdict (:func:`combine`). CPU ranks see no GPU (``CUDA_VISIBLE_DEVICES=""``), as the suite's."""
+    world_size = CASE["world_size"]
+    backend, device = select_backend(torch.cuda.is_available(), torch.cuda.device_count(), world_size)
+    port = _free_port()
+    procs: List[subprocess.Popen] = []
+    for rank in range(world_size):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(sys.argv[0]), *argv], env=env))
+    deadline = None
+    try:
+        while any(p.poll() is None for p in procs):
+            if deadline is None and any(p.poll() not in (None, NOT_REPRODUCED) for p in procs):
+                deadline = time.monotonic() + GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _stop(procs)
+        print("could not run: interrupted", flush=True)
+        return COULD_NOT_RUN
+    codes = [p.poll() for p in procs]
+    _stop(procs)
+    code, lines = combine(codes)
+    for line in lines:
+        print(line, flush=True)
+    return code
+
+
+def _hook_raised(rank: int, step: Optional[int], exc: BaseException) -> int:
+    """A rank whose hooked copy raised (native trained): the traceback, and the verdict; other ranks are left
+    waiting in a collective, so this rank leaves without the closing barrier."""
+    traceback.print_exc()
+    when = "building the hooked copy" if step is None else f"at step {step}"
+    print(f"the difference reproduces: hook {CASE['hook']} raised on rank {rank} {when}, where {reference()} "
+          f"did not: {type(exc).__name__}: {exc}", flush=True)
+    return REPRODUCED
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the case under ``torchrun``; the exit status says whether the difference reproduces."""
+    """Run the case: as torchrun's worker where ``RANK`` is set, else start its ranks (:func:`launch`). The exit
+    status says whether the difference reproduces (:data:`REPRODUCED`, :data:`NOT_REPRODUCED`,
+    :data:`COULD_NOT_RUN`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--without-hook", action="store_true",
                         help="build the hooked copy without the hook (native on both sides): must print no difference")
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
-        print(f"run me with torchrun: torchrun --nproc-per-node {CASE['world_size']} {sys.argv[0]}", file=sys.stderr)
-        return 2
-    device, backend = _device_and_backend()
+        return launch(argv)
+    backend, device_type = select_backend(torch.cuda.is_available(), torch.cuda.device_count(),
+                                          int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if CASE.get("nodes", 1) > 1:  # the layout the case simulated: torchrun's variables as on that many nodes
         os.environ.update(layout_env(int(os.environ["RANK"]), CASE["world_size"], CASE["nodes"]))
     dist.init_process_group(backend)
+    if dist.get_world_size() != CASE["world_size"]:
+        if dist.get_rank() == 0:
+            print(f"could not run: this case ran at world size {CASE['world_size']}, not {dist.get_world_size()}: "
+                  f"python {sys.argv[0]}, or torchrun --nproc-per-node {CASE['world_size']} {sys.argv[0]}",
+                  flush=True)
+        return COULD_NOT_RUN
+    ranks = subgroup(Ranks(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, device))
+    native = build(ranks, hooked=False)
     try:
-        if dist.get_world_size() != CASE["world_size"]:
-            if dist.get_rank() == 0:
-                print(f"this case ran at world size {CASE['world_size']}, not {dist.get_world_size()}: "
-                      f"torchrun --nproc-per-node {CASE['world_size']} {sys.argv[0]}", file=sys.stderr)
-            return 2
-        ranks = subgroup(Ranks(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, device))
-        native = build(ranks, hooked=False)
         hooked = build(ranks, hooked=not args.without_hook)
-        optims = [torch.optim.SGD(m.parameters(), lr=CASE["lr"], momentum=CASE["momentum"], foreach=False)
-                  for m in (native, hooked)]
-        for step in range(CASE["steps"]):
-            inputs = step_inputs(ranks, step)
-            train_step(native, optims[0], inputs)
+    except Exception as exc:  # noqa: BLE001 - the hook's state or its registration raised
+        if args.without_hook:
+            raise
+        return _hook_raised(ranks.rank, None, exc)
+    optims = [torch.optim.SGD(m.parameters(), lr=CASE["lr"], momentum=CASE["momentum"], foreach=False)
+              for m in (native, hooked)]
+    for step in range(CASE["steps"]):
+        inputs = step_inputs(ranks, step)
+        train_step(native, optims[0], inputs)
+        try:
             train_step(hooked, optims[1], inputs)
-            views = GRAD_VIEWS[:CASE["grad_views"]] + ([PARAM_VIEW] if CASE["optimizer_step"] else [])
-            for k, (what, view) in enumerate(views):
-                if CASE["optimizer_step"] and k == len(views) - 1:
-                    for optim in optims:
-                        optim.step()
-                line = compare(what, view(hooked), view(native), ranks.rank, step)
-                if line is not None:
-                    sys.stdout.write(line + "\n")  # one write a line: the ranks share torchrun's stdout
-                    sys.stdout.flush()
-                if any_rank(line is not None, device):
-                    if ranks.rank == 0:
-                        who = ("native differs from native: not deterministic here" if args.without_hook else
-                               f"hook {CASE['hook']} differs from {reference()} at step {step}")
-                        print(f"the difference reproduces: {who}", flush=True)
-                    return 1
-        if ranks.rank == 0:
-            print(f"no difference in {CASE['steps']} step(s): "
-                  + ("native equals native" if args.without_hook else "the case does not reproduce here"), flush=True)
-        return 0
-    finally:
-        dist.barrier()
+        except Exception as exc:  # noqa: BLE001 - the hook raised where native did not
+            if args.without_hook:
+                raise
+            return _hook_raised(ranks.rank, step, exc)
+        views = GRAD_VIEWS[:CASE["grad_views"]] + ([PARAM_VIEW] if CASE["optimizer_step"] else [])
+        for k, (what, view) in enumerate(views):
+            if CASE["optimizer_step"] and k == len(views) - 1:
+                for optim in optims:
+                    optim.step()
+            line = compare(what, view(hooked), view(native), ranks.rank, step)
+            if line is not None:
+                sys.stdout.write(line + "\n")  # one write a line: the ranks share the terminal
+                sys.stdout.flush()
+            if any_rank(line is not None, device):
+                if ranks.rank == 0:
+                    who = ("native differs from native: not deterministic here" if args.without_hook else
+                           f"hook {CASE['hook']} differs from {reference()} at step {step}")
+                    print(f"the difference reproduces: {who}", flush=True)
+                dist.barrier()
+                return REPRODUCED
+    if ranks.rank == 0:
+        print(f"no difference in {CASE['steps']} step(s): "
+              + ("native equals native" if args.without_hook else "the case does not reproduce here"), flush=True)
+    dist.barrier()
+    return NOT_REPRODUCED
 
 
 def run() -> None:
-    """:func:`main`, then leave at once with its exit status (``os._exit``): the interpreter's teardown of
-    FSDP2's and gloo's threads can abort a process that already gave its answer."""
-    code = main()
+    """:func:`main`, then leave at once with its exit status (``os._exit``: the interpreter's teardown of FSDP2's
+    and gloo's threads can abort a process that already gave its answer). Anything that raises outside the
+    hook (a process group that cannot start, the native copy) is :data:`COULD_NOT_RUN`, never exit 1, the
+    status of a reproduced difference."""
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse: --help (0), a bad option (2)
+        code = exc.code if isinstance(exc.code, int) else COULD_NOT_RUN
+    except BaseException as exc:  # noqa: BLE001 - reported, and the status says so
+        traceback.print_exc()
+        print(f"could not run: {type(exc).__name__}: {exc}", flush=True)
+        code = COULD_NOT_RUN
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -10,12 +10,14 @@ could import, has no reproducer: :class:`NoReproducer` says why.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import os
 import re
 import sys
 import tempfile
+import textwrap
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -99,6 +101,40 @@ def _importable(obj: Any, modules: Sequence[str]) -> Optional[Tuple[str, str]]:
     return None
 
 
+def imports_the_suite(module_name: str) -> bool:
+    """Whether the module ``module_name`` imports ``conformance`` (an ``import`` or ``from ... import`` of it,
+    read from its source), or is part of it: then a file that imports the hook from it needs the suite
+    installed. ``False`` where its source cannot be read."""
+    if module_name == "conformance" or module_name.startswith("conformance."):
+        return True
+    try:
+        tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    except (ImportError, OSError, TypeError, SyntaxError):
+        return False
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(n == "conformance" or n.startswith("conformance.") for n in names):
+            return True
+    return False
+
+
+def needs_the_suite(spec: Any, target: str) -> Optional[str]:
+    """Why the reproducer of ``spec`` needs commhook-conformance installed, or ``None`` (it imports only torch and
+    the hook's module): the module it imports the hook from imports ``conformance`` (README: keep hooks in a
+    module of their own, and their ``HookSpec`` s in another), or the hook has no name to import it by."""
+    lines = _hook_imports(spec, target)
+    if "_SPECS" in lines:
+        return (f"the hook or its state has no name to import it by (a lambda, an object built in the spec), so the "
+                f"file takes them from the spec in {target.partition(':')[0]}, which imports conformance")
+    modules = sorted({line.split()[1] for line in lines.splitlines() if line.startswith("from ")})
+    suite = [m for m in modules if imports_the_suite(m)]
+    if suite:
+        return (f"the hook's module {suite[0]} imports conformance; keep hooks in a module that imports only "
+                f"torch, and their HookSpecs in another (README: Plugging in your hook)")
+    return None
+
+
 def _hook_imports(spec: Any, target: str) -> str:
     """The lines that bind ``HOOK`` and ``STATE``: imported by name from the hook's module where both can be,
     else through the spec's own target (which needs the suite installed, as the comment says)."""
@@ -111,12 +147,39 @@ def _hook_imports(spec: Any, target: str) -> str:
         lines.append(f"from {state[0]} import {state[1]} as STATE" if state[0] else "STATE = None")
         return "\n".join(lines)
     attr = target.partition(":")[2]
-    return (f"# The hook or its state has no name to import it by: they come from the spec, whose module needs\n"
-            f"# commhook-conformance installed.\n"
-            f"from {module} import {attr} as _SPECS\n"
+    return (f"from {module} import {attr} as _SPECS\n"
             f"_SPEC = next(s for s in (_SPECS if isinstance(_SPECS, (list, tuple)) else [_SPECS])\n"
             f"             if s.name == {spec.name!r})\n"
             f"HOOK, STATE = _SPEC.hook, _SPEC.state")
+
+
+def _head(spec: Any, target: str) -> str:
+    """The file's imports: the working directory on the import path (as ``python -m`` puts it), then torch and
+    the hook inside a ``try`` whose failure exits 2 ("could not run"), naming the error, on one rank only."""
+    why = needs_the_suite(spec, target)
+    hint = ("run this file from the directory the hook's module imports from, or put that directory on PYTHONPATH"
+            if why is None else f"this file needs commhook-conformance installed: {why}")
+    imports = "\n".join(f"    {line}" for line in _hook_imports(spec, target).splitlines())
+    chunks = textwrap.wrap(hint, 96, drop_whitespace=False)
+    hint_literal = "\n".join(("IMPORT_HINT = (" if k == 0 else " " * 15) + repr(c) + (")" if k == len(chunks) - 1 else "")
+                             for k, c in enumerate(chunks))
+    return "\n".join([
+        "import os",
+        "import sys",
+        "",
+        "# As `python -m` does: the working directory first on the import path, so the hook's module imports",
+        "# from where the file is run (the suite ran the case from there).",
+        "sys.path.insert(0, os.getcwd())",
+        hint_literal,
+        "",
+        "try:",
+        "    import torch",
+        imports,
+        "except Exception as exc:  # noqa: BLE001 - the case cannot run here: exit 2, naming the error",
+        '    if os.environ.get("RANK", "0") == "0":  # one line, not one per rank',
+        '        print(f"could not run: {type(exc).__name__}: {exc} ({IMPORT_HINT})", flush=True)',
+        "    sys.exit(2)",
+    ])
 
 
 def _hex_values(t: torch.Tensor) -> List[str]:
@@ -210,6 +273,9 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
     if isinstance(why, str):
         raise NoReproducer(f"{why}; re-run the case with the command below")
     case = case_literal(spec, rank_check, params, world_size, case_id, findings, nodes=nodes)
+    why = needs_the_suite(spec, target)
+    imports_line = ("It imports only torch and the hook's module" if why is None else
+                    f"It needs commhook-conformance installed: {why}")
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
     shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)][:4]
@@ -218,21 +284,21 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         "#!/usr/bin/env python3",
         f'"""Standalone reproducer of {case_id}\n\n'
         f"{header}\n{found}\n\n"
-        f"Run it (CPU: gloo; GPUs: NCCL, one per process):\n"
-        f"    torchrun --nproc-per-node {world_size} {{file}}\n"
-        f"    torchrun --nproc-per-node {world_size} {{file}} --without-hook   (both copies native: no difference)\n"
-        "It trains the model with the hook and without it side by side, as the suite did, and prints\n"
-        "the first differing parameter on each rank. Exit status: 1 the difference reproduces, 0 it\n"
-        "does not, 2 a launch that does not fit the case.\n\n"
-        f"It imports only torch and the hook's module; the model, the API's build ({api.installed_with})\n"
+        f"Run it from the directory the hook's module imports from:\n"
+        f"    python {{file}}                   starts its {world_size} ranks (CPU: gloo; CUDA: NCCL, one GPU each)\n"
+        f"    python {{file}} --without-hook    both copies native: must find no difference\n"
+        f"    torchrun --nproc-per-node {world_size} {{file}}   as torchrun's workers (torchrun exits 1 on any failure)\n"
+        "It trains the model with the hook and without it side by side, as the suite did, prints the\n"
+        "first differing parameter on each rank, then one verdict line. Exit status of python FILE:\n"
+        "1 the difference reproduces, 0 it does not, 2 it could not run (the error is named).\n\n"
+        f"{imports_line}; the model, the API's build ({api.installed_with})\n"
         f"and the loop are written in below. Written by commhook-conformance with torch {torch.__version__}.\n"
         f"Re-run the case in the suite:\n    {rerun}\n"
         '"""',
         "from __future__ import annotations",
         _rule("the hook under test"),
-        _hook_imports(spec, target),
+        _head(spec, target),
         _rule("the case"),
-        "import torch  # noqa: E402",
         _literal(case),
         _rule(f"the model: {model_cls.__name__} (the suite's models/base.py and {model_cls.__module__})"),
         _source("conformance.models.base"),

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 from conformance.spec import HookSpec, LossyContract
-from tests.zoo.plain_hooks import bad_saturates_inf_off_rank0, process_group_state
+from tests.zoo.plain_hooks import bad_saturates_inf_off_rank0, bad_sum_then_divide, process_group_state
 from tests.zoo.plain_hooks import mean_allreduce as _mean_allreduce
 
 __all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "no_state", "process_group_state"]
@@ -176,12 +176,6 @@ def bad_averages_param_grads(process_group, bucket):
     fut: Any = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut
-
-
-def bad_sum_then_divide(process_group, bucket):
-    """SUM, then divides by the world size: the textbook average, 1-2 ULP off DDP's x * (1/N) at 3 ranks."""
-    return dist.all_reduce(bucket.buffer(), group=process_group, async_op=True).get_future().then(
-        lambda f: f.value()[0].div_(process_group.size()))
 
 
 def bad_world_size_divisor(process_group, bucket):

@@ -5,7 +5,7 @@ from their module, and nothing of the suite: these hooks live apart from the zoo
 modules that wrap them in ``HookSpec`` s (``ddp_hooks``, ``fsdp_hooks``,
 ``fsdp2_comms`` import them from here), so ``tests/test_reproducers.py`` can run
 their reproducers where ``conformance`` cannot be imported. One bad hook per API,
-each with the helpers the zoo shares.
+each with the helpers the zoo shares, and the DDP hook README's reproducer example shows.
 """
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ def mean_allreduce(process_group: Any, tensor: torch.Tensor) -> "torch.futures.F
     """DDP's own averaging: scale by the reciprocal of the world size, then SUM all-reduce."""
     tensor.mul_(1.0 / process_group.size())
     return dist.all_reduce(tensor, group=process_group, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def bad_sum_then_divide(process_group, bucket):
+    """SUM, then divides by the world size: the textbook average, 1-2 ULP off DDP's x * (1/N) at 3 ranks (README's
+    reproducer example, so its hook import is torch only)."""
+    return dist.all_reduce(bucket.buffer(), group=process_group, async_op=True).get_future().then(
+        lambda f: f.value()[0].div_(process_group.size()))
 
 
 def bad_saturates_inf_off_rank0(process_group, bucket):

@@ -166,9 +166,9 @@ def convention_error(exc: BaseException) -> Optional[str]:
     m = re.search(r"'tuple' object has no attribute '(\w+)'", text)
     if m and m.group(1) in _GRADBUCKET_METHODS:
         return (f"{GRADBUCKET_NOTE} once per parameter, with no bucket and no future, and the hook called "
-                f"bucket.{m.group(1)}() on that tuple ({_first_line(text)}). Annotate it (bucket: dist.GradBucket) "
-                "to have its compiled_autograd cases skipped, or serve both conventions: if isinstance(bucket, "
-                "tuple): grad, param = bucket, and reduce grad in place")
+                f"bucket.{m.group(1)}() on that tuple ({_first_line(text)}). Its spec says compiled_ddp=True: "
+                "leave that out to have its compiled_autograd cases skipped, or serve both conventions: if "
+                "isinstance(bucket, tuple): grad, param = bucket, and reduce grad in place")
     if m or "'tuple'" in text:
         return ("the hook fits neither calling convention: compiled DDP calls hook(state, (grad, param)), eager DDP "
                 f"hook(state, bucket: GradBucket), and it used its second argument as neither "

@@ -24,9 +24,9 @@ With ``--with-compiled-ddp`` (``Settings.with_compiled_ddp``), ``parity`` also
 plans the ``compiled_autograd`` config: DDP's python reducer under
 ``torch.compile`` and compiled autograd, which calls ``hook(state, (grad,
 param))`` per parameter and ignores its return value; its native divides by
-the world size before the SUM (``compiled.py``). Hooks that say they take a
-``GradBucket`` (PyTorch's own) and DDP's C++ built-in hooks are skipped there
-with the reason.
+the world size before the SUM (``compiled.py``). Only a spec with
+``compiled_ddp=True`` runs there; every other hook (PyTorch's own, any
+``GradBucket`` hook, DDP's C++ built-ins) is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -159,6 +159,11 @@ def _exact(spec: Any) -> bool:
 
 #: Why PyTorch's own DDP hooks (and any hook that says it takes a ``GradBucket``) have no compiled case.
 GRADBUCKET_NOTE = "this hook takes a GradBucket; compiled DDP calls hook(state, (grad, param))"
+#: Why a hook whose spec does not say it takes compiled DDP's convention has no compiled case: a GradBucket hook
+#: raises there (PyTorch's ``allreduce_hook`` too), which is no failure of the hook.
+COMPILED_NOT_DECLARED = ("its spec does not say the hook takes compiled DDP's hook(state, (grad, param)), called "
+                         "once per parameter with grad reduced in place (a GradBucket hook is not written for it); "
+                         "HookSpec(..., compiled_ddp=True) runs it here")
 
 
 def compiled_unavailable() -> Optional[str]:
@@ -188,13 +193,15 @@ def takes_grad_bucket(hook: Any) -> bool:
 
 
 def compiled_skip(spec: Any) -> Optional[str]:
-    """Why ``spec`` has no ``compiled_autograd`` case that can run (``None``: its cases run): a C++ built-in hook,
-    a hook that says it takes a ``GradBucket`` (:func:`takes_grad_bucket`), a reduced-precision claim."""
+    """Why ``spec`` has no ``compiled_autograd`` case that can run (``None``: its cases run): a C++ built-in hook;
+    a spec without ``compiled_ddp=True`` (:data:`GRADBUCKET_NOTE` where the hook says it takes a ``GradBucket``,
+    :func:`takes_grad_bucket`, else :data:`COMPILED_NOT_DECLARED`): only a hook declared for compiled DDP's
+    calling convention is held to it; a reduced-precision claim."""
     if is_cpp_hook(spec):
         return ("a C++ built-in comm hook is registered with DDP's C++ Reducer, which compiled DDP's python reducer "
                 "bypasses: DDP would train with its own native averaging and never run the hook")
-    if takes_grad_bucket(spec.hook):
-        return GRADBUCKET_NOTE
+    if not getattr(spec, "compiled_ddp", False):
+        return GRADBUCKET_NOTE if takes_grad_bucket(spec.hook) else COMPILED_NOT_DECLARED
     if spec.reduce_dtype not in (None, torch.float32):
         return ("compiled DDP has no reduced-precision native to compare with: its python reducer reduces every "
                 "gradient in its own dtype; only full-precision hooks have compiled_autograd cases")
@@ -229,6 +236,7 @@ API = HookApi(
     builtin_hooks="conformance.apis.ddp.builtin_hooks:DDP_HOOKS",
     default_hook="conformance.apis.ddp.compiled:default_hook",
     standalone="conformance.apis.ddp.standalone",
+    compiled_convention=True,
     models="conformance.apis.ddp.models:DdpModels",
     checks={"future_contract": "conformance.apis.ddp.future:future_contract"},
     plans={

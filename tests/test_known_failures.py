@@ -439,3 +439,53 @@ def test_min_world_size_must_be_a_whole_number_of_ranks(write_toml, value):
     """.replace("True", "true").replace("'2'", '"2"'))
     with pytest.raises(KnownFailuresError, match="min_world_size"):
         load_known_failures(path)
+
+
+# -- which known failures run ------------------------------------------------------------------
+
+
+def _item(test, case):
+    import types
+
+    name = f"{test}[{case.id}]"
+    return types.SimpleNamespace(nodeid=f"suite.py::{name}", name=name,
+                                 callspec=types.SimpleNamespace(params={"case": case}))
+
+
+def _known(**fields):
+    from conformance.controller.known_failures import KnownFailure, KnownFailureBook, RunEnvironment
+
+    entry = KnownFailure(reason="because", source="kf#0", **fields)
+    return KnownFailureBook([entry], RunEnvironment(backend="gloo", device="cpu", torch_version="2.13.0",
+                                                    cuda_build=False))
+
+
+def _ddp(variant, ws, model="nested_wrapped", check="parity", nodes=1):
+    from conformance.apis.registry import HOOK_APIS
+
+    return HOOK_APIS["ddp"].suite_test(check).case("h", variant, ws, model=model, nodes=nodes)
+
+
+def test_a_sampled_entry_runs_one_case_per_suite_test_and_world_size():
+    from conformance.controller.pytest_plugin import _known_failures_run
+
+    items = [_item("test_ddp_parity", _ddp("default", 2)), _item("test_ddp_parity", _ddp("bucket_view", 2)),
+             _item("test_ddp_parity", _ddp("default", 3)), _item("test_ddp_averaging", _ddp("default", 2,
+                                                                                            "analytic_linear",
+                                                                                            "averaging"))]
+    runs = _known_failures_run(items, _known(test="test_ddp_*[h-*]", sample=True))
+    assert [runs[i.nodeid] for i in items] == [True, False, True, True]
+    assert _known_failures_run(items, _known(test="test_ddp_*[h-*]")) == {}  # not sampled: every case runs
+
+
+def test_a_reach_case_runs_only_where_its_entry_marks_no_ordinary_case_that_runs():
+    from conformance.controller.pytest_plugin import _known_failures_run
+
+    small, large = _item("test_ddp_parity", _ddp("default", 3)), _item("test_ddp_parity", _ddp("default", 3,
+                                                                                                "large_buffers"))
+    long = _item("test_ddp_long_run", _ddp("default", 3, check="long_run"))
+    two = _item("test_ddp_parity", _ddp("default", 4, nodes=2))
+    runs = _known_failures_run([small, large, long, two], _known(test="test_ddp_*[h-*]"))
+    assert runs == {large.nodeid: False, long.nodeid: False, two.nodeid: False}
+    # An entry that marks only reach cases: they run, and show whether it holds.
+    assert _known_failures_run([large, long], _known(test="test_ddp_*[h-*]")) == {}

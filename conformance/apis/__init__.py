@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from conformance.controller.settings import Settings  # typing only: the controller imports the APIs
     from conformance.spec import HookSpec  # typing only: spec.py validates specs against this registry
 
-__all__ = ["CASE_KINDS", "LONG_RUN_STEPS", "SUBGROUP_WORLD_SIZE", "TWO_NODES", "simulated_layout_skip",
+__all__ = ["CASE_KINDS", "LONG_RUN_STEPS", "REACH_MODELS", "SUBGROUP_WORLD_SIZE", "TWO_NODES", "is_reach_case",
+           "simulated_layout_skip",
            "two_node_world_sizes", "CasePlan", "HookApi", "SuiteTest", "called_as", "no_strategies",
            "subgroup_world_size"]
 
@@ -193,6 +194,18 @@ TWO_NODES = 2
 def two_node_world_sizes(settings: Any) -> Tuple[int, ...]:
     """The world sizes of the topology cases: 2 and 4, and 8 at nightly depth."""
     return (2, 4, 8) if settings.nightly else (2, 4)
+
+
+#: The reference models of production size (``models/large.py``).
+REACH_MODELS = ("large_buffers", "large_probe")
+
+
+def is_reach_case(case: CaseParams) -> bool:
+    """Whether ``case`` is one of the reach's (issue 28): a production-sized model, a long run, or a simulated
+    layout of several nodes. Such a case costs seconds; where a known failure also marks cases of the same hook
+    that are not, those run, and say whether the failure still holds
+    (:func:`conformance.controller.pytest_plugin.pytest_collection_modifyitems`)."""
+    return case.model in REACH_MODELS or case.nodes > 1 or case.check.endswith("long_run")
 
 
 def simulated_layout_skip(settings: Any) -> Optional[str]:

@@ -15,6 +15,10 @@ The file is TOML, one ``[[failure]]`` table per entry::
                                                 # or kills a rank); reported as XFAIL unrun
     min_world_size = 2                          # optional: only cases of at least this many
                                                 # ranks (a cross-rank bug passes at 1)
+    sample = true                               # optional: the failure does not depend on the
+                                                # case (a refused registration, a raise on the
+                                                # CPU): one case per suite test and world size
+                                                # runs; the others are reported as XFAIL unrun
 
 A matching test is reported as an expected failure with its reason and does
 not fail the run; if it passes, it is flagged. An entry that could apply to this
@@ -46,7 +50,7 @@ from conformance import fixtures
 
 __all__ = ["KnownFailure", "KnownFailureBook", "KnownFailuresError", "RunEnvironment", "load_known_failures"]
 
-_KEYS = {"test", "reason", "hook", "backend", "device", "torch", "cuda_build", "run", "min_world_size"}
+_KEYS = {"test", "reason", "hook", "backend", "device", "torch", "cuda_build", "run", "min_world_size", "sample"}
 _WORLD_SIZE_AT_END = re.compile(r"-ws(\d+)\]$")
 
 
@@ -93,6 +97,10 @@ class KnownFailure:
             as an expected failure without being run (pytest's ``xfail(run=False)``).
         min_world_size: where set, a case whose id names fewer ranks (``-ws1]``) does not match: a bug
             between ranks (a hook that never communicates) passes at one rank, which a one-GPU machine runs.
+        sample: the failure does not depend on the case (DDP refuses the hook at registration; the hook raises
+            on the CPU whatever it reduces): the first matching case of each suite test and world size runs,
+            and shows whether the failure still holds; the others are reported as expected failures without
+            being run (each would cost a pool dispatch and a model build to fail the same way).
     """
 
     test: Tuple[str, ...]
@@ -105,6 +113,7 @@ class KnownFailure:
     cuda_build: Optional[bool] = None
     run: bool = True
     min_world_size: Optional[int] = None
+    sample: bool = False
 
     def __post_init__(self) -> None:
         tests = (self.test,) if isinstance(self.test, str) else tuple(self.test)
@@ -202,8 +211,9 @@ def load_known_failures(path: str) -> List[KnownFailure]:
         where = f"{path}#failure[{i}]"
         if not isinstance(raw, dict):
             raise KnownFailuresError(f"{where}: each entry must be a table; write it as [[failure]] with keys")
-        if "run" in raw and not isinstance(raw["run"], bool):
-            raise KnownFailuresError(f"{where}: run = {raw['run']!r} must be true or false")
+        for flag in ("run", "sample"):
+            if flag in raw and not isinstance(raw[flag], bool):
+                raise KnownFailuresError(f"{where}: {flag} = {raw[flag]!r} must be true or false")
         if "min_world_size" in raw and (type(raw["min_world_size"]) is not int or raw["min_world_size"] < 1):
             raise KnownFailuresError(f"{where}: min_world_size = {raw['min_world_size']!r} must be a whole number "
                                      "of ranks, at least 1")

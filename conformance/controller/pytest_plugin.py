@@ -18,6 +18,7 @@ import pytest
 import torch
 from packaging.version import Version
 
+from conformance.apis import is_reach_case
 from conformance.apis.registry import api_of_test, planned_cases
 from conformance.controller import settings as settings_mod
 from conformance.controller.failures import ConformanceFailure, NotRun
@@ -139,6 +140,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     _order_by_hook(items, [item.spec.name for item in state.specs])
     strict = state.settings.strict_known_failures
+    runs = _known_failures_run(suite_items, state.book)
     for item in suite_items:
         hook = case_hook(item)
         entry = state.book.lookup(item.name)  # first: an entry about a case that cannot run here is not stale
@@ -149,9 +151,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 f"{sys.executable} -m pip install {' '.join(missing)}")))
             continue
         if entry is not None:
-            prefix = "known failure, not run" if not entry.run else "known failure"
+            run = runs.get(item.nodeid, entry.run)
+            prefix = ("known failure, not run" if not entry.run else
+                      "known failure, not run here: its other cases run and show whether it holds" if not run
+                      else "known failure")
             item.add_marker(pytest.mark.xfail(reason=f"{prefix} ({entry.source}): {entry.reason}", strict=strict,
-                                              run=entry.run))
+                                              run=run))
     hooks = [s.spec.name for s in state.specs]
     # An entry about world size 3 is not stale in a run without 3 ranks (--extra-world-size 0, --listen).
     sizes = {getattr(case_of(item), "world_size", None) for item in suite_items}
@@ -160,6 +165,35 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         warnings.warn(pytest.PytestWarning(
             f"known failure {entry.source} (test = {entry.test!r}, {entry.conditions()}) matches no test in this run; "
             "the failure may be fixed or the pattern out of date: update or remove the entry"))
+
+
+def _known_failures_run(items: List[pytest.Item], book: KnownFailureBook) -> Dict[str, bool]:
+    """Which known-failure cases run: node id -> whether it runs (its entry's ``run``, unless one of these says
+    not). A case a known failure marks shows whether the failure still holds; where others show it, a case
+    that would only cost seconds to fail the same way is reported without running:
+
+    * an entry with ``sample = true`` (its failure does not depend on the case) runs its first case of each
+      suite test and world size;
+    * a reach case (:func:`~conformance.apis.is_reach_case`: production-sized buffers, a long run, a simulated
+      layout) whose entry also marks cases that run and are not the reach's.
+    """
+    entries = {item.nodeid: book.lookup(item.name) for item in items}
+    held_elsewhere = {id(entry) for item in items for entry in [entries[item.nodeid]]
+                      if entry is not None and entry.run and case_of(item) is not None
+                      and not is_reach_case(case_of(item))}
+    sampled = set()
+    out: Dict[str, bool] = {}
+    for item in items:
+        entry, case = entries[item.nodeid], case_of(item)
+        if entry is None or not entry.run or case is None:
+            continue
+        if entry.sample:
+            first = (id(entry), item.name.split("[", 1)[0], case.world_size)
+            out[item.nodeid] = first not in sampled
+            sampled.add(first)
+        elif id(entry) in held_elsewhere and is_reach_case(case):
+            out[item.nodeid] = False
+    return out
 
 
 def _order_by_hook(items: List[pytest.Item], hooks: List[str]) -> None:

@@ -25,21 +25,11 @@ from conformance.protocol import ZYGOTE_FORK_UNSAFE_EXIT, Msg, recv, send
 __all__ = ["close_zygote", "rank_env", "start_zygote", "zygote"]
 
 
-#: glibc's ``M_MMAP_THRESHOLD`` for the ranks (``MALLOC_MMAP_THRESHOLD_``), in bytes: every allocation of this size
-#: or more is its own mapping, returned to the system when freed. Left to itself, glibc raises the threshold to
-#: the size of each large block freed (up to 32 MiB), so the 25 MiB buffers of the production-sized cases come
-#: from its heap, which keeps them once freed: a rank's resident memory then grows by a GiB over a few such
-#: cases, which the memory-growth check (``--rank-memory-growth``) would lay at the hook's door.
-MMAP_THRESHOLD_BYTES = 1 << 20
-
-
 def rank_env() -> dict:
     """The environment of a rank process (and of the zygote, which imports torch for them): the
-    controller's, with one OpenMP thread unless set, unbuffered output for the rank logs, and freed large
-    buffers returned to the system unless set (:data:`MMAP_THRESHOLD_BYTES`)."""
+    controller's, with one OpenMP thread unless set, and unbuffered output for the rank logs."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD_BYTES))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

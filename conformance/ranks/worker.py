@@ -252,6 +252,7 @@ class _Worker:
                 findings_before_error=self.ctx.findings_before_error(),
             )
         outcome.leaks = self.leaks()
+        process_state.release_freed_memory()
         outcome.rss = process_state.resident_bytes()
         outcome.reach = reach.read()
         return outcome

@@ -20,9 +20,8 @@ with no ``auto_wrap_policy``/``mixed_precision`` in ``fsdp_kwargs``):
 * ``unused_param`` (1): synthetic; a submodule forward never uses.
 * ``late_branch`` (2): synthetic; a branch unit only the last micro-batch of a
   gradient-accumulation step uses.
-* ``large_buffers`` (2): synthetic; buckets, flat parameters and reduce-scatter inputs of
-  production size (25 MiB, more than 2^22 elements);
-* ``large_probe`` (1): synthetic; one parameter of 25 MiB whose gradient is its input.
+* ``large_probe`` (2): synthetic; its gradients are its inputs, in buckets, flat parameters and
+  reduce-scatter inputs of production size (25 MiB, more than 2^22 elements).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from typing import Dict, Type
 
 from conformance.models.analytic import AnalyticLinear
 from conformance.models.base import ReferenceModel
-from conformance.models.large import LargeProbe, WideLinear
+from conformance.models.large import LargeProbe
 from conformance.models.late_branch import ACCUMULATION_MICRO_STEPS, LateBranchModel
 from conformance.models.moe import MixtureOfExperts
 from conformance.models.nested import AlwaysWrapNestedWrappedModule, NestedWrappedModule
@@ -60,7 +59,6 @@ __all__ = [
     "ReferenceModel",
     "TransformerWithSharedParams",
     "UnusedParamModel",
-    "WideLinear",
     "get_model",
 ]
 
@@ -79,7 +77,6 @@ MODELS: Dict[str, Type[ReferenceModel]] = {
         MixtureOfExperts,
         UnusedParamModel,
         LateBranchModel,
-        WideLinear,
         LargeProbe,
     )
 }

@@ -25,7 +25,7 @@ EXPLAINED = "explained, bit for bit, by"
 #: and the reach zoo (:data:`REACH`) is the one that runs them.
 TOPOLOGY_CASES = ("((test_parity and 2nodes) or (test_ddp_parity and default-nested_wrapped-2nodes) "
                   "or (test_fsdp2_parity and default-nested_wrapped-2nodes) or replicate-nested_wrapped-2nodes)")
-REACH_CASES = f"(large_buffers or large_probe or long_run or {TOPOLOGY_CASES})"
+REACH_CASES = f"(large_probe or long_run or {TOPOLOGY_CASES})"
 NOT_REACH = f"not {REACH_CASES}"
 
 
@@ -356,9 +356,10 @@ LOSSY = MetaZoo(
 
 # -- Reach: size, horizon, topology (issue 28) -------------------------------------------------------------------
 
-#: The checks that catch each bad hook of the reach zoo, by axis: what a size bug fails is parity on the
-#: production-sized model, a horizon bug the long run, a topology bug parity on 2 simulated nodes.
-_AXIS_CATCH = {"size": ("model", "large_buffers"), "horizon": ("check", "long_run"), "topology": ("nodes", "2")}
+#: The checks that catch each bad hook of the reach zoo, by axis: what a size bug fails is the probe of production
+#: size (its ordinary and its placed hard gradients), a horizon bug the long run, a topology bug parity on 2
+#: simulated nodes.
+_AXIS_CATCH = {"size": ("model", "large_probe"), "horizon": ("check", "long_run"), "topology": ("nodes", "2")}
 #: Where each API's checks of the reach are named (JUnit ``check``).
 _API_CHECK = {"ddp": "", "fsdp": "", "fsdp2": "fsdp2_", "fsdp2_replica": "fsdp2_replica_"}
 
@@ -379,13 +380,11 @@ def _reach_selection():
     terms = []
     for spec in reach_hooks.ALL:
         axis = reach_hooks.REACH[spec.name]["axis"]
-        where = {"size": "(large_buffers or large_probe)", "horizon": "long_run", "topology": TOPOLOGY_CASES}[axis]
+        where = {"size": "large_probe", "horizon": "long_run", "topology": TOPOLOGY_CASES}[axis]
         if axis == "topology" and spec.api == "fsdp2_replica":  # its mesh is two nodes: its own parity cases
             where = "(test_fsdp2_replica_parity and nested_wrapped)"
-        if spec.name.startswith("bad_"):
-            where = f"({where} and not ws3)" if axis != "horizon" else where
-            if axis == "size":
-                where = f"({where} and not large_probe)"
+        if spec.name.startswith("bad_") and axis != "horizon":
+            where = f"({where} and not ws3)"
         terms.append(f"({spec.name} and {where})")
     terms.append(f"(test_ddp_hard_inputs and {STATE_HOOK} and default-gradient_probe-ws2)")
     return " or ".join(terms)

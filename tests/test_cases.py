@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.apis.ddp.models import CONFIGS as DDP_CONFIGS
-from conformance.apis.fsdp.plan import (CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, LARGE_MODEL, LARGE_PROBE,
-                                        LONG_RUN_MODEL, ONE_RANK_RUNS_NO_SHARD, PARITY_MODELS, REGISTRATION_RULES)
+from conformance.apis.fsdp.plan import (CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, LARGE_PROBE, LONG_RUN_MODEL,
+                                        ONE_RANK_RUNS_NO_SHARD, PARITY_MODELS, REGISTRATION_RULES)
 from conformance.apis.registry import HOOK_APIS, planned_cases
 from conformance.cases import CaseParams, case_id, parse_case_id
 from conformance.spec import FSDP_STRATEGIES, HookSpec
@@ -193,10 +193,10 @@ def test_training_cases_are_every_served_strategy_at_every_world_size(world_size
 
 def test_parity_models_per_world_size_role():
     """Every served strategy runs every parity model of its world size's role, but where the long run of the
-    same strategy, model and world size stands in for it; the production-sized model and the topology cases
-    run once per calling convention (NO_SHARD, the first sharded strategy)."""
+    same strategy, model and world size stands in for it; the topology cases, and the hard inputs of production
+    size, run once per calling convention (NO_SHARD, the first sharded strategy)."""
     got = planned_cases("test_parity", [EVERYWHERE, NO_SHARD_ONLY], _settings([2, 3]))
-    one_node = [c for c in got if c.nodes == 1 and c.model != LARGE_MODEL]
+    one_node = [c for c in got if c.nodes == 1]
     long_runs = {(c.hook, c.variant) for c in planned_cases("test_long_run", [EVERYWHERE, NO_SHARD_ONLY],
                                                             _settings([2, 3]))}
     assert long_runs == {("every.where", "NO_SHARD"), ("every.where", "FULL_SHARD"), ("ns_only", "NO_SHARD")}
@@ -205,7 +205,9 @@ def test_parity_models_per_world_size_role():
     assert {(c.hook, c.variant) for c in one_node if c.world_size == 2 and c.model == LONG_RUN_MODEL} == {
         ("every.where", "SHARD_GRAD_OP")}
     assert {c.model for c in one_node if c.world_size == 3} == set(EXTRA_PARITY_MODELS)
-    large = {(c.hook, c.variant, c.world_size) for c in got if c.model == LARGE_MODEL}
+    large = {(c.hook, c.variant, c.world_size)
+             for c in planned_cases("test_hard_inputs", [EVERYWHERE, NO_SHARD_ONLY], _settings([2, 3]))
+             if c.model == LARGE_PROBE}
     assert large == {(h, v, ws) for h, v in long_runs for ws in (2, 3)}
     two_nodes = {(c.hook, c.variant, c.world_size) for c in got if c.nodes == 2}
     assert two_nodes == {(h, v, ws) for h, v in long_runs for ws in (2, 4)}

@@ -481,8 +481,8 @@ def test_a_sampled_entry_runs_one_case_per_suite_test_and_world_size():
 def test_a_reach_case_runs_only_where_its_entry_marks_no_ordinary_case_that_runs():
     from conformance.controller.pytest_plugin import _known_failures_run
 
-    small, large = _item("test_ddp_parity", _ddp("default", 3)), _item("test_ddp_parity", _ddp("default", 3,
-                                                                                                "large_buffers"))
+    small = _item("test_ddp_hard_inputs", _ddp("default", 3, "gradient_probe", "hard_inputs"))
+    large = _item("test_ddp_hard_inputs", _ddp("default", 3, "large_probe", "hard_inputs"))
     long = _item("test_ddp_long_run", _ddp("default", 3, check="long_run"))
     two = _item("test_ddp_parity", _ddp("default", 4, nodes=2))
     runs = _known_failures_run([small, large, long, two], _known(test="test_ddp_*[h-*]"))

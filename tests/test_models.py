@@ -56,8 +56,7 @@ EXPECTED_UNITS = {
     "mixture_of_experts": {"", "module.1", "module.2"},
     "unused_param": {""},
     "late_branch": {"", "branch"},
-    "large_buffers": {"", "wide"},
-    "large_probe": {""},
+    "large_probe": {"", "wide"},
 }
 
 
@@ -480,29 +479,20 @@ def _awkward(n: int) -> bool:
     return n % 2 == 1 and n % 3 != 0
 
 
-def test_large_buffers_fill_ddp_buckets_of_production_size():
-    """DDP's rebuilt buckets (in the order the gradients become ready: tail, wide, head) are one past the 1 MiB
-    first-bucket cap, one past the 25 MiB cap and the rest, 1 to 4 MiB; the first iteration's one bucket holds all."""
-    from conformance.models.large import WIDE_LAYERS
+def test_the_large_probe_fills_ddp_buckets_and_fsdp_units_of_production_size():
+    """DDP's rebuilt buckets (in the order the gradients become ready: wide first) are one past the 25 MiB cap
+    and one of 1 to 4 MiB; the first iteration's one bucket holds all, wide first. FSDP's flat parameter of
+    ``wide`` exceeds 2^22 elements, 2^21 a shard of two. Every length awkward; the probe's gradients are its
+    inputs."""
+    from conformance.models.large import LARGE_PROBE_SHAPES
 
-    model = MODELS["large_buffers"]._construct(1)
-    sizes = {name: p.numel() for name, p in model.named_parameters()}
-    head = sizes["head.weight"] + sizes["head.bias"]
+    model = MODELS["large_probe"]._construct(1)
+    sizes = {name.split(".")[0]: p.numel() for name, p in model.named_parameters()}
+    assert list(sizes) == [name for name, _ in LARGE_PROBE_SHAPES] and list(sizes)[0] == "wide"
     mib = 2**20 / 4  # float32 elements in a MiB
-    assert 1 * mib < sizes["tail.weight"] < 4 * mib
-    assert sizes["wide.weight"] >= 25 * mib
-    assert 1 * mib < head < 4 * mib
-    assert all(_awkward(n) for n in (head, sizes["wide.weight"], sizes["tail.weight"], sum(sizes.values())))
-    assert [(m.in_features, m.out_features, m.bias is not None) for m in (model.head, model.wide, model.tail)] \
-        == list(WIDE_LAYERS)
-
-
-def test_large_buffers_units_and_probe_exceed_the_fsdp_sizes():
-    """FSDP's flat parameter of ``wide`` exceeds 2^22 elements, and so does the large probe's one parameter, a
-    DDP bucket of 25 MiB by itself; every length awkward."""
-    from conformance.models.large import LARGE_PROBE_NUMEL
-
-    assert MODELS["large_buffers"]._construct(1).wide.weight.numel() > 2**22
-    assert LARGE_PROBE_NUMEL * 4 >= 25 * 2**20 and _awkward(LARGE_PROBE_NUMEL)
-    assert MODELS["large_probe"].input_shapes() == [(LARGE_PROBE_NUMEL,)]
-    assert MODELS["large_buffers"].max_steps == 2  # where DDP's buckets are built, then rebuilt
+    assert sizes["wide"] >= 25 * mib and sizes["wide"] > 2**22 and sizes["wide"] // 2 > 2**21
+    assert 1 * mib < sizes["head"] + sizes["tail"] < 4 * mib and sizes["tail"] > 1 * mib
+    assert all(_awkward(n) for n in (*sizes.values(), sum(sizes.values())))
+    inputs = MODELS["large_probe"].make_input(0, 2, CPU)
+    model(*inputs).backward()
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), inputs))

@@ -197,7 +197,7 @@ def two_node_world_sizes(settings: Any) -> Tuple[int, ...]:
 
 
 #: The reference models of production size (``models/large.py``).
-REACH_MODELS = ("large_buffers", "large_probe")
+REACH_MODELS = ("large_probe",)
 
 
 def is_reach_case(case: CaseParams) -> bool:

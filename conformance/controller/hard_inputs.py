@@ -326,19 +326,30 @@ def claim_examples(world_size: int, reduce_dtype: Optional[torch.dtype], example
     return tuple(drawn_examples(strategy, examples, examples_seed(world_size, reduce_dtype, seed)))
 
 
-def state_or_input(replay: Callable[[Tuple[str, Any]], None], example: Tuple[str, Any], step: int) -> Optional[str]:
+def state_or_input(replay: Callable[[List[Tuple[str, Any]]], None], examples: Sequence[Tuple[str, Any]],
+                   step: int) -> Optional[str]:
     """A case that failed at ``step`` > 0 (its examples feed one step each, to one hook that lives through them):
-    was the example the trigger, or the hook's state after ``step`` steps? ``replay(example)`` feeds ``example``
-    alone to a fresh hook, at its step 0. Where that passes, the words that say the state is the trigger
-    (a warm-up, a counter, a cache); where it fails too, ``None``: the input is."""
-    try:
-        replay(example)
-    except ConformanceFailure:
-        return None
-    return (f"state, not input: the {example[0]!r} example that differs at step {step} matches native when fed "
-            f"alone to a fresh hook, at its step 0; what triggers the difference is the hook's state after {step} "
-            "step(s) of this case (a warm-up that ends, a counter, a cached or reused buffer), not these values. "
-            "The long run (check long_run) follows such a hook step by step")
+    was the example the trigger, or the hook's state after ``step`` steps? ``replay(batch)`` feeds ``batch`` to a
+    fresh hook. The failing example goes alone, at the hook's step 0; where that matches native, it goes again
+    after the case's first example, at step 1, where the API has taken its steady shape (DDP rebuilds its
+    buckets after the first step, so a bucket-size path first shows there). Where both match, the words that
+    say the hook's own state is the trigger (a warm-up, a counter, a cache); else ``None``: the input is."""
+    failing = examples[step]
+    # At step 1, [examples[0], failing] is the case itself: only the replay at step 0 tells anything.
+    for batch in ([failing], [examples[0], failing])[:1 if step == 1 else 2]:
+        try:
+            replay(batch)
+        except ConformanceFailure:
+            return None
+    if step == 1:
+        return (f"state or input: the {failing[0]!r} example that differs at step 1 matches native when fed to a "
+                "fresh hook at its step 0, where the API may not have taken its steady shape yet (DDP rebuilds its "
+                "buckets after the first step); after one step, the hook's state or the API's is the trigger, not "
+                "these values alone")
+    return (f"state, not input: the {failing[0]!r} example that differs at step {step} matches native when fed "
+            f"to a fresh hook at its step 0 and at step 1, after the first example; what triggers the difference "
+            f"is the hook's state after {step} step(s) of this case (a warm-up that ends, a counter, a cached or "
+            "reused buffer), not these values. The long run (check long_run) follows such a hook step by step")
 
 
 def with_note(exc: ConformanceFailure, note: str) -> ConformanceFailure:
@@ -390,7 +401,7 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
             failed_at = _failed_step(exc)
             if failed_at is None or failed_at == 0 or known:
                 return exc
-            state = state_or_input(lambda example: dispatch([example], fresh=True), examples_[failed_at], failed_at)
+            state = state_or_input(lambda replayed: dispatch(replayed, fresh=True), examples_, failed_at)
             if state is not None:
                 raise with_note(exc, state) from None
             return exc

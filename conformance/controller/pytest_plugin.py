@@ -100,6 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(keeper, BOOKKEEPER)
     config.pluginmanager.register(Summary(state, keeper), "conformance-summary")
     config.pluginmanager.register(_Stopping(state), "conformance-stopping")
+    config.pluginmanager.register(_FailureReports(), "conformance-failure-reports")
     # Before any case: an unwritable or busy report path is a usage error (the reports are marked stale later,
     # once a case is about to run).
     config.pluginmanager.register(ReportGuard(config, settings.json_path, settings.markdown_path,
@@ -251,6 +252,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
         item.user_properties.extend(props)
         report.user_properties.extend(props)
     return report
+
+
+class _FailureReports:
+    """Reports a :class:`~conformance.controller.runner.ConformanceFailure` without pytest's traceback
+    (``tryfirst``: the one ``pytest_runtest_makereport`` implementation that answers): the failure's message is
+    its whole report (:func:`pytest_runtest_makereport` puts it there in any case), and rendering the
+    traceback through the suite's test function costs tens of milliseconds a case, for hundreds of known
+    failures in a default run. The wrappers (``xfail``'s, this module's) see the report as ever."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Optional[pytest.TestReport]:
+        if call.excinfo is None or not isinstance(call.excinfo.value, ConformanceFailure):
+            return None
+        return pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed",
+                                 str(call.excinfo.value), call.when, sections=list(item._report_sections),
+                                 duration=call.duration, start=call.start, stop=call.stop,
+                                 user_properties=item.user_properties)
 
 
 #: Finding kinds that are something the hook left behind rather than a check's own finding, with what the

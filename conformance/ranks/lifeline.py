@@ -22,7 +22,6 @@ out-of-memory killer) cannot stop them. Two lifelines, so that neither alone has
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import select
 import signal
@@ -60,7 +59,9 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The C library already in this process (``CDLL(None)``): ctypes.util.find_library runs ``ldconfig -p``
+        # in a subprocess, twice, in every rank.
+        libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             return False
     except (OSError, AttributeError):

@@ -51,7 +51,6 @@ from conformance.cases import CaseParams
 # training setups; an extra one (3, not a power of two) gets the essentials.
 #: Bitwise parity with the reference, for hooks that claim exactness.
 PARITY_CASES = (
-    ("default", "large_buffers"),
     ("default", "transformer_shared"),
     ("small_buckets", "transformer_shared"),
     ("bucket_view", "nested_wrapped"),
@@ -59,7 +58,7 @@ PARITY_CASES = (
     ("find_unused", "unused_param"),
     ("no_sync", "net_flat"),
 )
-EXTRA_PARITY_CASES = (("default", "nested_wrapped"), ("default", "large_buffers"))
+EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
 #: The long run (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): at the main
 #: world size (every world size at nightly depth). It stands in for the short parity case of its config and
 #: model there, which the main world size's :data:`PARITY_CASES` therefore leave out.

@@ -141,13 +141,9 @@ def _training(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Opti
     return out
 
 
-#: The model of production-sized buffers (a flat parameter of more than 2^22 elements): parity under one
-#: strategy per calling convention (:func:`_by_convention`), at every world size; every strategy at nightly depth.
-LARGE_MODEL = "large_buffers"
-
-
 def _by_convention(spec: Any, settings: Any) -> Tuple[str, ...]:
-    """The strategies a spec's long runs and large-buffer cases take: at nightly depth every one it serves, else
+    """The strategies a spec's long runs, production-sized and topology cases take: at nightly depth every one it
+    serves, else
     one per calling convention (``NO_SHARD``, and the first sharded one it serves: FSDP calls the hook alike
     under FULL_SHARD and SHARD_GRAD_OP)."""
     served = tuple(spec.strategies or ())
@@ -167,19 +163,17 @@ def _long_runs(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[Cas
 
 def _parity(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
     """Parity of :data:`PARITY_MODELS` (main world size) and :data:`EXTRA_PARITY_MODELS`, less the cases a long
-    run of the same strategy, model and world size stands in for (:func:`_long_runs`); then :data:`LARGE_MODEL`
-    at every world size, by convention (:func:`_by_convention`); then the topology cases (:func:`_topology`)."""
+    run of the same strategy, model and world size stands in for (:func:`_long_runs`); then the topology cases
+    (:func:`_topology`)."""
     long = {(c.hook, c.variant, c.model, c.world_size) for c in _long_runs(test, specs, settings)}
     small = [c for c in _training(test, specs, settings, {"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})
              if (c.hook, c.variant, c.model, c.world_size) not in long]
-    large = [case for spec in specs for strategy in _by_convention(spec, settings)
-             for case in _training(test, [spec], settings, {"main": (LARGE_MODEL,), "extra": (LARGE_MODEL,)},
-                                   strategies=(strategy,))]
-    return small + large + _topology(specs, settings, test)
+    return small + _topology(specs, settings, test)
 
 
-#: The probe of production size (one flat parameter of 6,553,603 elements): hard inputs placed at its ends and
-#: power-of-two boundaries, by convention (:func:`_by_convention`), at every world size.
+#: The probe of production size (a flat parameter of 6,620,005 elements): two steps of its gradients, ordinary
+#: ones and the named hard values placed at the ends and power-of-two boundaries of the hook's buffer, by
+#: convention (:func:`_by_convention`), at every world size.
 LARGE_PROBE = "large_probe"
 
 

@@ -88,14 +88,14 @@ def uses_premul_sum(config: str, reduce_dtype: Optional[torch.dtype], param_dtyp
 FACTOR_CONFIGS = ("divide_factor", "force_sum", "divide_factor_force_sum", "divide_factor_some")
 PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
     ("main", "full"): tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested",
-                                                     "gradient_probe", "mixture_of_experts", "large_buffers"))
+                                                     "gradient_probe", "mixture_of_experts"))
     + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS) + (("replicate", "nested_wrapped"),),
-    ("extra", "full"): (("default", "nested_wrapped"), ("default", "gradient_probe"), ("default", "large_buffers"),
+    ("extra", "full"): (("default", "nested_wrapped"), ("default", "gradient_probe"),
                         ("divide_factor", "nested_wrapped"), ("divide_factor_force_sum", "nested_wrapped"),
                         ("force_sum", "gradient_probe")),
-    ("main", "low"): (("default", "nested_wrapped"), ("default", "large_buffers"), ("divide_factor", "nested_wrapped"),
+    ("main", "low"): (("default", "nested_wrapped"), ("divide_factor", "nested_wrapped"),
                       ("divide_factor_force_sum", "nested_wrapped"), ("divide_factor_some", "nested_wrapped")),
-    ("extra", "low"): (("default", "nested_wrapped"), ("default", "large_buffers")),
+    ("extra", "low"): (("default", "nested_wrapped"),),
     ("hsdp", "full"): (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"),
                        ("subgroup", "nested_wrapped")),
     ("hsdp", "low"): (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"),
@@ -143,10 +143,8 @@ ALL_REDUCE_MODELS = ("nested_wrapped",)
 #: Where FSDP2 calls an all-reduce hook after its own all-reduce: native HSDP; ``replicate`` on FSDP2 (its
 #: default AVG, and ``set_gradient_divide_factor(1.0)``, a SUM: torchtitan's default).
 ALL_REDUCE_CONFIGS = ("hsdp", "replicate", "replicate_sum")
-#: The ``replicate`` configs' models, at every world size of the run (``large_buffers``: whole gradients of
-#: 25 MiB, under ``replicate`` only).
+#: The ``replicate`` configs' models, at every world size of the run.
 REPLICATE_MODELS = ("nested_wrapped",)
-LARGE_REPLICATE_MODELS = ("large_buffers",)
 #: The smallest HSDP world size: a HSDP_REPLICATE x 2 (replicate x shard) mesh.
 HSDP_WORLD_SIZE = 2 * HSDP_REPLICATE
 #: The registration rules of both FSDP2 APIs (``conformance/apis/fsdp2/registration.py``), one case each per
@@ -342,18 +340,19 @@ def role_plan(plan: Dict[str, Tuple[Tuple[str, str], ...]], keep: Any, *, first_
 
 
 def all_reduce_cases(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS,
-                     replicate_models: Sequence[str] = ()) -> List[CaseParams]:
+                     replicate_models: Sequence[str] = (), large: Sequence[str] = ()) -> List[CaseParams]:
     """An all-reduce hook's cases: each of ``models`` under HSDP, then each of ``replicate_models`` under the
-    ``replicate`` configs at every world size of the run."""
+    ``replicate`` configs at every world size of the run (and the topology cases), then each of ``large`` (the
+    probe of production size: whole gradients of 25 MiB) under ``replicate`` at every world size."""
     ws = hsdp_world_size(settings.world_sizes)
     out = [test.case(spec.name, "hsdp", ws, model=model, nodes=TWO_NODES) for spec in specs for model in models]
     out += [test.case(spec.name, config, size, model=model) for spec in specs for size in settings.world_sizes
             for config in ("replicate", "replicate_sum") for model in replicate_models]
-    if replicate_models:  # the parity cases: whole gradients of production size, and the topology cases
-        out += [test.case(spec.name, "replicate", size, model=model) for spec in specs
-                for size in settings.world_sizes for model in LARGE_REPLICATE_MODELS]
+    if replicate_models:  # the parity cases: the topology cases too
         out += [test.case(spec.name, "replicate", size, model=TOPOLOGY_MODEL, nodes=TWO_NODES) for spec in specs
                 for size in two_node_world_sizes(settings) if size != ws]
+    out += [test.case(spec.name, "replicate", size, model=model) for spec in specs for size in settings.world_sizes
+            for model in large]
     return _with_skips(out, specs, settings)
 
 
@@ -402,7 +401,8 @@ APIS = (
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
                    "test_fsdp2_all_reduce_hard_inputs": _all_reduce_test(
                        "fsdp2_all_reduce_hard_inputs", "hard_inputs",
-                       functools.partial(all_reduce_cases, models=("gradient_probe",)), kind="hard_inputs"),
+                       functools.partial(all_reduce_cases, models=("gradient_probe",), large=("large_probe",)),
+                       kind="hard_inputs"),
                    "test_fsdp2_all_reduce_registration": _all_reduce_test(
                        "fsdp2_all_reduce_registration", "registration", registration_plan(
                            "set_all_reduce_hook", "hsdp", REGISTRATION_RULES + (HSDP_STREAM_RULE,),

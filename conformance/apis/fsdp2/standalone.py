@@ -208,6 +208,22 @@ def reference() -> str:
 REPLICA_SHARDS = 2
 
 
+def replica_shape(world_size: int) -> Tuple[int, int]:
+    """``(replicas, shards)`` of a replica case's mesh: :data:`REPLICA_SHARDS` shards, ``world_size / 2``
+    replicas (2 at 4 ranks, 3 at 6); at 2 ranks, 2 replicas of 1 shard, where FSDP2 copies the gradient into
+    the hook's tensor whole (the long run's layout: the cheapest that calls the hook across replicas).
+
+    Raises:
+        ValueError: ``world_size`` is odd, or under 4 and not 2.
+    """
+    if world_size == 2:
+        return (2, 1)
+    if world_size % REPLICA_SHARDS or world_size < 2 * REPLICA_SHARDS:
+        raise ValueError(f"a replica case needs 2 ranks or an even world size of at least {2 * REPLICA_SHARDS} "
+                         f"(replicas x {REPLICA_SHARDS} shards), got {world_size}")
+    return (world_size // REPLICA_SHARDS, REPLICA_SHARDS)
+
+
 def subgroup(ranks: Any) -> Any:
     """The ``subgroup`` config shards over this rank's data-parallel subgroup."""
     return on_data_parallel_subgroup(ranks) if CASE["variant"].get("config") == "subgroup" else ranks
@@ -261,7 +277,7 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
             for module in fsdp_modules(model):
                 module.set_all_reduce_hook(HOOK)
         return model
-    grid = mesh(ranks, (ranks.world_size // REPLICA_SHARDS, REPLICA_SHARDS))
+    grid = mesh(ranks, replica_shape(ranks.world_size))
     if not hooked:
         return shard_units(MODEL, model, grid, claim, ranks.group, ranks.device)
     model = shard_units(MODEL, model, grid["shard"], claim, ranks.group, ranks.device)

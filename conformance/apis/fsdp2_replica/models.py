@@ -17,29 +17,13 @@ from typing import Any, Tuple
 from conformance.apis.fsdp2.build import build_fsdp2
 from conformance.apis.fsdp2.models import Fsdp2Models
 from conformance.apis.fsdp2.registration import register_on_every_module
+from conformance.apis.fsdp2.standalone import REPLICA_SHARDS, replica_shape  # noqa: F401 - imported from here too
 from conformance.apis.fsdp2_replica.arithmetic import ReplicaArithmetic
 from conformance.apis.fsdp2_replica.recorder import ReplicaRecorder
 from conformance.ranks.checks.models import Built
 from conformance.ranks.compare import dtype_name
 
 __all__ = ["REPLICA_SHARDS", "ReplicaModels", "replica_shape"]
-
-#: The shard group's size in every replica case; the rest of the pool is replicas.
-REPLICA_SHARDS = 2
-
-
-def replica_shape(world_size: int) -> Tuple[int, int]:
-    """``(replicas, shards)`` of a replica case's mesh: :data:`REPLICA_SHARDS` shards, ``world_size / 2``
-    replicas (2 at 4 ranks, 3 at 6).
-
-    Raises:
-        ValueError: ``world_size`` is odd or under 4.
-    """
-    if world_size % REPLICA_SHARDS or world_size < 2 * REPLICA_SHARDS:
-        raise ValueError(f"a replica case needs an even world size of at least {2 * REPLICA_SHARDS} "
-                         f"(replicas x {REPLICA_SHARDS} shards), got {world_size}")
-    return (world_size // REPLICA_SHARDS, REPLICA_SHARDS)
-
 
 class ReplicaModels(Fsdp2Models):
     """A replica all-reduce hook's models on a pool of ``replicas x shards`` ranks (:func:`replica_shape`).

@@ -34,18 +34,20 @@ from typing import Any, List, Sequence, Tuple
 from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, called_as, simulated_layout_skip,
                               two_node_world_sizes)
 from conformance.apis.fsdp2.build import missing_api
-from conformance.apis.fsdp2.standalone import REPLICA_SHARDS
+from conformance.apis.fsdp2.standalone import REPLICA_SHARDS, replica_shape
 from conformance.apis.fsdp2.plan import REGISTRATION_RULES, hsdp_unavailable, hsdp_world_size, registration_plan
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError
 
-#: The models of the parity cases (``large_buffers``: the hook gets 2 shards' reduce-scatter output of more than
-#: 2^21 elements); hard inputs run through the probe.
-PARITY_MODELS = ("nested_wrapped", "large_buffers")
+#: The models of the parity cases; hard inputs run through the probes (``large_probe``: the hook gets 2 shards'
+#: reduce-scatter output of more than 2^21 elements).
+PARITY_MODELS = ("nested_wrapped",)
 #: The long run's model (:data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): one FSDP unit, the
-#: cheapest per step.
+#: cheapest per step, at 2 ranks: 2 replicas of 1 shard on 2 nodes (every world size of the API's at nightly
+#: depth too).
 LONG_RUN_MODELS = ("net_flat",)
+LONG_RUN_WORLD_SIZE = 2
 #: The models of the accumulation cases (a unit only the last micro-batch uses, as for the other APIs).
 ACCUMULATION_MODELS = ("nested_wrapped", "late_branch")
 #: The replica count that is not a power of two: a run with a world size of ``3 * 2`` also checks there.
@@ -80,9 +82,8 @@ def _world_sizes(settings: Any) -> List[int]:
 
 def _nodes(world_size: int) -> int:
     """The node layout of a replica case: each replica a node of its own, where the replicas are 3 (a count
-    that is not a power of two), else two nodes (:data:`~conformance.apis.TWO_NODES`, torchrun's layout the
-    issue of reach names: 2 nodes of 2, of 4)."""
-    replicas = world_size // 2
+    that is not a power of two), else two nodes (:data:`~conformance.apis.TWO_NODES`: 2 nodes of 1, of 2, of 4)."""
+    replicas = replica_shape(world_size)[0]
     return replicas if replicas % 2 else TWO_NODES
 
 
@@ -90,11 +91,17 @@ def _skip(settings: Any) -> Any:
     return hsdp_unavailable(settings.world_sizes) or missing_api(("set_all_reduce_hook",))
 
 
-def _cases(models: Sequence[str]) -> Any:
+def _long_run_world_sizes(settings: Any) -> List[int]:
+    """:data:`LONG_RUN_WORLD_SIZE`; at nightly depth, every world size of the API's too."""
+    return [LONG_RUN_WORLD_SIZE] + ([ws for ws in _world_sizes(settings) if ws != LONG_RUN_WORLD_SIZE]
+                                    if settings.nightly else [])
+
+
+def _cases(models: Sequence[str], world_sizes: Any = _world_sizes) -> Any:
     def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         why = _skip(settings) or simulated_layout_skip(settings)
         return [dataclasses.replace(test.case(spec.name, "replica", ws, model=model, nodes=_nodes(ws)), skip=why)
-                for spec in specs for ws in _world_sizes(settings) for model in models]
+                for spec in specs for ws in world_sizes(settings) for model in models]
 
     return plan
 
@@ -112,7 +119,8 @@ APIS = (
             models="conformance.apis.fsdp2_replica.models:ReplicaModels",
             plans={"test_fsdp2_replica_parity": _test("fsdp2_replica_parity", "parity", _cases(PARITY_MODELS),
                                                       kind="exact"),
-                   "test_fsdp2_replica_long_run": _test("fsdp2_replica_long_run", "long_run", _cases(LONG_RUN_MODELS),
+                   "test_fsdp2_replica_long_run": _test("fsdp2_replica_long_run", "long_run",
+                                                        _cases(LONG_RUN_MODELS, _long_run_world_sizes),
                                                         kind="exact", depth_params=LONG_RUN_STEPS),
                    "test_fsdp2_replica_hard_inputs": _test("fsdp2_replica_hard_inputs", "hard_inputs",
                                                            _cases(("gradient_probe", "large_probe")),

@@ -28,11 +28,12 @@ LARGE_PROBE_SHAPES: Tuple[Tuple[str, Tuple[int, ...]], ...] = (("wide", (6_620_0
 
 
 class _Leaf(nn.Module):
-    """One parameter; ``forward(g) = (weight * g).sum()``."""
+    """One parameter, zero (a probe's gradient is its input whatever its weight: drawing 25 MiB of normal values
+    for every copy would only cost time); ``forward(g) = (weight * g).sum()``."""
 
     def __init__(self, numel: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(numel))
+        self.weight = nn.Parameter(torch.zeros(numel))
 
     def forward(self, g: torch.Tensor) -> torch.Tensor:
         return (self.weight * g).sum()
@@ -46,7 +47,7 @@ class LargeProbe(ReferenceModel):
     ``wide``'s gradient starts each API's largest buffer, where the placed hard values must land
     (:func:`conformance.controller.hard_inputs.placed_positions`).
 
-    * Parameters (float32, ``randn``), in ``named_parameters()`` order: ``wide.weight (6620005,)`` (25.25 MiB),
+    * Parameters (float32, zero), in ``named_parameters()`` order: ``wide.weight (6620005,)`` (25.25 MiB),
       ``head.weight (615755,)``, ``tail.weight (370513,)``; 7,606,273 in all (29 MiB).
     * DDP: the first iteration's one bucket holds them all in ``parameters()`` order, ``wide`` first; then,
       rebuilt in the order the gradients become ready (``wide`` first: the forward uses it last), a first

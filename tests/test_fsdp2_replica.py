@@ -18,7 +18,8 @@ API = HOOK_APIS["fsdp2_replica"]
 def test_mesh_shapes_keep_two_shards_and_make_the_rest_replicas():
     assert replica_shape(4) == (2, 2)
     assert replica_shape(ODD_REPLICA_WORLD_SIZE) == (3, 2)
-    for bad in (2, 3, 5):
+    assert replica_shape(2) == (2, 1)  # the long run's: 2 replicas of 1 shard
+    for bad in (3, 5):
         with pytest.raises(ValueError, match="even world size of at least 4"):
             replica_shape(bad)
 
@@ -35,7 +36,7 @@ def test_a_hook_is_called_with_its_state_and_the_tensor_and_claims_exactness():
 
 def test_default_run_plans_every_check_on_the_four_rank_pool_and_six_only_when_asked():
     spec = REPLICA_HOOKS[0]
-    for test in API.plans:
+    for test in (t for t in API.plans if "long_run" not in t):
         cases = planned_cases(test, [spec], plan_settings(2, 3))
         assert cases and {c.world_size for c in cases} == {4} and {c.variant for c in cases} == {"replica"}
         assert all(c.skip is None for c in cases)
@@ -44,3 +45,10 @@ def test_default_run_plans_every_check_on_the_four_rank_pool_and_six_only_when_a
         assert {c.world_size for c in wider} == {ODD_REPLICA_WORLD_SIZE}
         both = planned_cases(test, [spec], plan_settings(4, ODD_REPLICA_WORLD_SIZE))
         assert {c.world_size for c in both} == {4, ODD_REPLICA_WORLD_SIZE}
+
+
+def test_the_long_run_trains_on_two_replicas_of_one_shard_across_two_nodes():
+    (case,) = planned_cases("test_fsdp2_replica_long_run", [REPLICA_HOOKS[0]], plan_settings(2, 3))
+    assert (case.world_size, case.nodes, case.model) == (2, 2, "net_flat") and case.skip is None
+    nightly = planned_cases("test_fsdp2_replica_long_run", [REPLICA_HOOKS[0]], plan_settings(2, 3, depth="nightly"))
+    assert {c.world_size for c in nightly} == {2, 4, ODD_REPLICA_WORLD_SIZE, 8}

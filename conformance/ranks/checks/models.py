@@ -137,9 +137,17 @@ class ApiModels(abc.ABC):
         self.spec = spec
         self.model_name = model
         self.model_cls = get_model(model)
-        self.inputs: List[Tuple[torch.Tensor, ...]] = [
-            self.model_cls.make_input(ctx.rank + k * ctx.world_size, ctx.world_size, ctx.device)
-            for k in range(self.micro_steps)]
+        self._inputs: Optional[List[Tuple[torch.Tensor, ...]]] = None
+
+    @property
+    def inputs(self) -> List[Tuple[torch.Tensor, ...]]:
+        """This rank's inputs of one step, made on first use (a check that feeds its own, the hard inputs and the
+        long run, never pays for them: tens of MiB for the probe of production size)."""
+        if self._inputs is None:
+            ctx = self.ctx
+            self._inputs = [self.model_cls.make_input(ctx.rank + k * ctx.world_size, ctx.world_size, ctx.device)
+                            for k in range(self.micro_steps)]
+        return self._inputs
 
     @abc.abstractmethod
     def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:

@@ -192,18 +192,17 @@ def test_training_cases_are_every_served_strategy_at_every_world_size(world_size
 
 
 def test_parity_models_per_world_size_role():
-    """Every served strategy runs every parity model of its world size's role, but where the long run of the
-    same strategy, model and world size stands in for it; the topology cases, and the hard inputs of production
-    size, run once per calling convention (NO_SHARD, the first sharded strategy)."""
+    """Every served strategy runs every parity model of its world size's role; the long runs, the topology cases
+    and the hard inputs of production size run once per calling convention (NO_SHARD, the first sharded
+    strategy)."""
     got = planned_cases("test_parity", [EVERYWHERE, NO_SHARD_ONLY], _settings([2, 3]))
     one_node = [c for c in got if c.nodes == 1]
     long_runs = {(c.hook, c.variant) for c in planned_cases("test_long_run", [EVERYWHERE, NO_SHARD_ONLY],
                                                             _settings([2, 3]))}
     assert long_runs == {("every.where", "NO_SHARD"), ("every.where", "FULL_SHARD"), ("ns_only", "NO_SHARD")}
-    assert len(one_node) == (3 + 1) * (len(PARITY_MODELS) + len(EXTRA_PARITY_MODELS)) - len(long_runs)
+    assert {c.model for c in planned_cases("test_long_run", [EVERYWHERE], _settings([2, 3]))} == {LONG_RUN_MODEL}
+    assert len(one_node) == (3 + 1) * (len(PARITY_MODELS) + len(EXTRA_PARITY_MODELS))
     assert {c.model for c in one_node if c.world_size == 2} == set(PARITY_MODELS)
-    assert {(c.hook, c.variant) for c in one_node if c.world_size == 2 and c.model == LONG_RUN_MODEL} == {
-        ("every.where", "SHARD_GRAD_OP")}
     assert {c.model for c in one_node if c.world_size == 3} == set(EXTRA_PARITY_MODELS)
     large = {(c.hook, c.variant, c.world_size)
              for c in planned_cases("test_hard_inputs", [EVERYWHERE, NO_SHARD_ONLY], _settings([2, 3]))
@@ -344,8 +343,6 @@ def test_ddp_exact_hooks_get_parity_and_lossy_hooks_their_contract():
                                                                                             ("default", 2)]
     assert hooks["test_ddp_long_run"] == {"exact"}
     assert {(c.world_size, c.model) for c in got["test_ddp_long_run"]} == {(2, "nested_wrapped")}
-    assert ("default", "nested_wrapped") not in {(c.variant, c.model) for c in got["test_ddp_parity"]
-                                                 if c.world_size == 2 and c.nodes == 1}  # the long run stands in
     assert hooks["test_ddp_hard_inputs"] == {"exact"}
     assert {c.variant for c in got["test_ddp_future_contract"]} == set(DDP_CONFIGS) - {"subgroup"}
     assert all(c.api == "ddp" and c.variant_field == "config" for cases in got.values() for c in cases)

@@ -33,7 +33,7 @@ CASES: Dict[Tuple[str, str], Tuple[str, ...]] = {
     ("ddp_hooks", "bad_divides_by_world_size"): (
         "test_ddp_parity[bad_divides_by_world_size-default-nested_wrapped-ws3]",),
     ("ddp_hooks", "bad_bf16_undeclared"): ("test_ddp_parity[bad_bf16_undeclared-default-nested_wrapped-ws2]",),
-    ("ddp_hooks", "bad_world_size_divisor"): ("test_ddp_parity[bad_world_size_divisor-subgroup-nested_wrapped-ws4]",),
+    ("ddp_hooks", "bad_world_size_divisor"): ("test_ddp_parity[bad_world_size_divisor-subgroup-nested_wrapped-2nodes-ws4]",),
     ("ddp_hooks", "bad_fp16_cast_back_then_divide"): (
         "test_ddp_parity[bad_fp16_cast_back_then_divide-default-nested_wrapped-ws3]",),
     ("ddp_hooks", "bad_rank_order_mean"): ("test_ddp_parity[bad_rank_order_mean-default-nested_wrapped-ws3]",),
@@ -41,7 +41,7 @@ CASES: Dict[Tuple[str, str], Tuple[str, ...]] = {
         "test_ddp_parity[bad_ring_no_average_tail-default-nested_wrapped-ws3]",),
     ("ddp_hooks", "bad_rs_ag_tail_unreduced"): (
         "test_ddp_parity[bad_rs_ag_tail_unreduced-default-nested_wrapped-ws3]",),
-    ("ddp_hooks", "bad_default_group"): ("test_ddp_parity[bad_default_group-subgroup-nested_wrapped-ws4]",),
+    ("ddp_hooks", "bad_default_group"): ("test_ddp_parity[bad_default_group-subgroup-nested_wrapped-2nodes-ws4]",),
     ("ddp_hooks", "bad_noop_hook"): ("test_ddp_rank_consistency[bad_noop_hook-default-net_flat-ws2]",),
     ("fsdp_hooks", "bad_sum_no_average"): ("test_parity[bad_sum_no_average-FULL_SHARD-net_wrapped-ws2]",),
     ("fsdp_hooks", "bad_wrong_shard"): ("test_parity[bad_wrong_shard-FULL_SHARD-net_wrapped-ws2]",),
@@ -58,16 +58,16 @@ CASES: Dict[Tuple[str, str], Tuple[str, ...]] = {
         "test_fsdp2_parity[bad_self_average_fp16-default-nested_wrapped-ws2]",),
     ("fsdp2_comms", "bad_nan_to_zero"): ("test_fsdp2_hard_inputs[bad_nan_to_zero-default-gradient_probe-ws2]",),
     ("fsdp2_comms", "bad_world_average_hook"): (
-        "test_fsdp2_all_reduce_hook[bad_world_average_hook-hsdp-nested_wrapped-ws4]",),
+        "test_fsdp2_all_reduce_hook[bad_world_average_hook-hsdp-nested_wrapped-2nodes-ws4]",),
     ("fsdp2_comms", "bad_replica_divide_hook"): (
-        "test_fsdp2_all_reduce_hook[bad_replica_divide_hook-hsdp-nested_wrapped-ws4]",),
-    ("fsdp2_comms", "bad_replica_sum"): ("test_fsdp2_replica_parity[bad_replica_sum-replica-nested_wrapped-ws4]",),
+        "test_fsdp2_all_reduce_hook[bad_replica_divide_hook-hsdp-nested_wrapped-2nodes-ws4]",),
+    ("fsdp2_comms", "bad_replica_sum"): ("test_fsdp2_replica_parity[bad_replica_sum-replica-nested_wrapped-2nodes-ws4]",),
     ("fsdp2_comms", "bad_replica_world_divisor"): (
-        "test_fsdp2_replica_parity[bad_replica_world_divisor-replica-nested_wrapped-ws4]",),
+        "test_fsdp2_replica_parity[bad_replica_world_divisor-replica-nested_wrapped-2nodes-ws4]",),
     ("fsdp2_comms", "bad_replica_default_group"): (
-        "test_fsdp2_replica_parity[bad_replica_default_group-replica-nested_wrapped-ws4]",),
+        "test_fsdp2_replica_parity[bad_replica_default_group-replica-nested_wrapped-2nodes-ws4]",),
     ("fsdp2_comms", "bad_replica_out_of_place"): (
-        "test_fsdp2_replica_parity[bad_replica_out_of_place-replica-nested_wrapped-ws4]",),
+        "test_fsdp2_replica_parity[bad_replica_out_of_place-replica-nested_wrapped-2nodes-ws4]",),
 }
 
 _DDP_AVERAGE = ("multiply the bucket by 1/{n} before the all-reduce (DDP scales each gradient by 1/world_size as it "

@@ -51,4 +51,6 @@ def test_the_long_run_trains_on_two_replicas_of_one_shard_across_two_nodes():
     (case,) = planned_cases("test_fsdp2_replica_long_run", [REPLICA_HOOKS[0]], plan_settings(2, 3))
     assert (case.world_size, case.nodes, case.model) == (2, 2, "net_flat") and case.skip is None
     nightly = planned_cases("test_fsdp2_replica_long_run", [REPLICA_HOOKS[0]], plan_settings(2, 3, depth="nightly"))
-    assert {c.world_size for c in nightly} == {2, 4, ODD_REPLICA_WORLD_SIZE, 8}
+    assert {c.world_size for c in nightly} == {2, 4}
+    parity = planned_cases("test_fsdp2_replica_parity", [REPLICA_HOOKS[0]], plan_settings(2, 3, depth="nightly"))
+    assert {(c.world_size, c.nodes) for c in parity} == {(4, 2), (ODD_REPLICA_WORLD_SIZE, 3), (8, 2)}

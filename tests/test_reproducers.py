@@ -40,7 +40,7 @@ CASES = [
     (FSDP, "test_averaging[bad_sum_no_average-FULL_SHARD-ws2]"),
     (FSDP2, "test_fsdp2_parity[bad_always_sum-default-nested_wrapped-ws2]"),
     (FSDP2, "test_fsdp2_all_reduce_hook[bad_replica_divide_hook-replicate-nested_wrapped-ws2]"),
-    (FSDP2, "test_fsdp2_replica_parity[bad_replica_sum-replica-nested_wrapped-ws4]"),
+    (FSDP2, "test_fsdp2_replica_parity[bad_replica_sum-replica-nested_wrapped-2nodes-ws4]"),
 ]
 IDS = [name.split("[", 1)[0][5:] for _, name in CASES]
 

@@ -255,13 +255,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 
 
 class _FailureReports:
-    """Reports a :class:`~conformance.controller.runner.ConformanceFailure` without pytest's traceback
-    (``tryfirst``: the one ``pytest_runtest_makereport`` implementation that answers): the failure's message is
-    its whole report (:func:`pytest_runtest_makereport` puts it there in any case), and rendering the
-    traceback through the suite's test function costs tens of milliseconds a case, for hundreds of known
-    failures in a default run. The wrappers (``xfail``'s, this module's) see the report as ever."""
+    """Reports a :class:`~conformance.controller.runner.ConformanceFailure` without pytest's traceback: the
+    failure's message is its whole report (:func:`pytest_runtest_makereport` puts it there in any case), and
+    rendering the traceback through the suite's test function costs tens of milliseconds a case, for hundreds of
+    known failures in a default run. Registered after pytest's own runner, so this answers before it (and after
+    every ``tryfirst`` implementation: the bookkeeper's, which keeps the failure's figures and findings); the
+    wrappers (``xfail``'s, this module's) see the report as ever."""
 
-    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Optional[pytest.TestReport]:
         if call.excinfo is None or not isinstance(call.excinfo.value, ConformanceFailure):
             return None

@@ -51,6 +51,7 @@ from conformance.cases import CaseParams
 # training setups; an extra one (3, not a power of two) gets the essentials.
 #: Bitwise parity with the reference, for hooks that claim exactness.
 PARITY_CASES = (
+    ("default", "nested_wrapped"),
     ("default", "transformer_shared"),
     ("small_buckets", "transformer_shared"),
     ("bucket_view", "nested_wrapped"),
@@ -59,9 +60,9 @@ PARITY_CASES = (
     ("no_sync", "net_flat"),
 )
 EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
-#: The long run (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): at the main
-#: world size (every world size at nightly depth). It stands in for the short parity case of its config and
-#: model there, which the main world size's :data:`PARITY_CASES` therefore leave out.
+#: The long run (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared, on its own
+#: objective, :mod:`conformance.ranks.checks.long_run`): at the main world size (every world size at nightly
+#: depth).
 LONG_RUN_CASES = (("default", "nested_wrapped"),)
 #: The ``compiled_autograd`` config's parity cases (only with ``--with-compiled-ddp``): DDP's python reducer
 #: under torch.compile and compiled autograd. Each compiles its two models' forward/backward once (seconds on

@@ -40,7 +40,6 @@ from conformance.signatures import FSDP_STRATEGIES, SpecError, qualname, signatu
 #: FSDP unit, the cheapest per step, once per calling convention a hook serves (``NO_SHARD``'s
 #: ``hook(state, grad)``, and the sharded strategies' ``hook(state, grad, output)``, which FSDP calls alike under
 #: FULL_SHARD and SHARD_GRAD_OP), at the main world size; at nightly depth under every strategy and world size.
-#: It stands in for the short parity case of its strategy and model at the main world size.
 LONG_RUN_MODEL = "net_flat"
 #: Reference models for parity at the main world size (``models.MODELS`` keys).
 #: ``mixture_of_experts`` is left out on purpose: ``register_comm_hook`` gives
@@ -162,13 +161,10 @@ def _long_runs(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[Cas
 
 
 def _parity(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
-    """Parity of :data:`PARITY_MODELS` (main world size) and :data:`EXTRA_PARITY_MODELS`, less the cases a long
-    run of the same strategy, model and world size stands in for (:func:`_long_runs`); then the topology cases
+    """Parity of :data:`PARITY_MODELS` (main world size) and :data:`EXTRA_PARITY_MODELS`, then the topology cases
     (:func:`_topology`)."""
-    long = {(c.hook, c.variant, c.model, c.world_size) for c in _long_runs(test, specs, settings)}
-    small = [c for c in _training(test, specs, settings, {"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})
-             if (c.hook, c.variant, c.model, c.world_size) not in long]
-    return small + _topology(specs, settings, test)
+    return (_training(test, specs, settings, {"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})
+            + _topology(specs, settings, test))
 
 
 #: The probe of production size (a flat parameter of 6,620,005 elements): two steps of its gradients, ordinary

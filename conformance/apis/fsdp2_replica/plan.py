@@ -44,8 +44,7 @@ from conformance.signatures import SpecError
 #: reduce-scatter output of more than 2^21 elements).
 PARITY_MODELS = ("nested_wrapped",)
 #: The long run's model (:data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): one FSDP unit, the
-#: cheapest per step, at 2 ranks: 2 replicas of 1 shard on 2 nodes (every world size of the API's at nightly
-#: depth too).
+#: cheapest per step, at 2 ranks: 2 replicas of 1 shard on 2 nodes (and on the 2x2 mesh at nightly depth).
 LONG_RUN_MODELS = ("net_flat",)
 LONG_RUN_WORLD_SIZE = 2
 #: The models of the accumulation cases (a unit only the last micro-batch uses, as for the other APIs).
@@ -71,13 +70,18 @@ def validate(spec: Any) -> Tuple[str, ...]:
 
 
 def _world_sizes(settings: Any) -> List[int]:
-    """The HSDP world size, 6 (3 replicas) where the run has it or is at nightly depth, and the topology cases'
-    8 ranks at nightly depth (2 nodes of 4; their 2 and 4 ranks are no replica mesh, or the HSDP world size)."""
+    """The HSDP world size, and 6 (3 replicas) where the run has it or is at nightly depth."""
     sizes = [hsdp_world_size(settings.world_sizes)]
     if (settings.nightly or ODD_REPLICA_WORLD_SIZE in settings.world_sizes) and ODD_REPLICA_WORLD_SIZE not in sizes:
         sizes.append(ODD_REPLICA_WORLD_SIZE)
-    sizes += [ws for ws in two_node_world_sizes(settings) if ws > 2 * REPLICA_SHARDS and ws not in sizes]
     return sizes
+
+
+def _parity_world_sizes(settings: Any) -> List[int]:
+    """:func:`_world_sizes`, and the topology cases' 8 ranks at nightly depth (2 nodes of 4; their 2 and 4 ranks
+    are no replica mesh, or the HSDP world size)."""
+    sizes = _world_sizes(settings)
+    return sizes + [ws for ws in two_node_world_sizes(settings) if ws > 2 * REPLICA_SHARDS and ws not in sizes]
 
 
 def _nodes(world_size: int) -> int:
@@ -92,9 +96,8 @@ def _skip(settings: Any) -> Any:
 
 
 def _long_run_world_sizes(settings: Any) -> List[int]:
-    """:data:`LONG_RUN_WORLD_SIZE`; at nightly depth, every world size of the API's too."""
-    return [LONG_RUN_WORLD_SIZE] + ([ws for ws in _world_sizes(settings) if ws != LONG_RUN_WORLD_SIZE]
-                                    if settings.nightly else [])
+    """:data:`LONG_RUN_WORLD_SIZE`; at nightly depth the HSDP world size's 2x2 mesh too."""
+    return [LONG_RUN_WORLD_SIZE] + ([hsdp_world_size(settings.world_sizes)] if settings.nightly else [])
 
 
 def _cases(models: Sequence[str], world_sizes: Any = _world_sizes) -> Any:
@@ -117,8 +120,8 @@ APIS = (
             default_hook="conformance.apis.fsdp2_replica.builtin_hooks:default_hook",
             standalone="conformance.apis.fsdp2.standalone",
             models="conformance.apis.fsdp2_replica.models:ReplicaModels",
-            plans={"test_fsdp2_replica_parity": _test("fsdp2_replica_parity", "parity", _cases(PARITY_MODELS),
-                                                      kind="exact"),
+            plans={"test_fsdp2_replica_parity": _test("fsdp2_replica_parity", "parity",
+                                                      _cases(PARITY_MODELS, _parity_world_sizes), kind="exact"),
                    "test_fsdp2_replica_long_run": _test("fsdp2_replica_long_run", "long_run",
                                                         _cases(LONG_RUN_MODELS, _long_run_world_sizes),
                                                         kind="exact", depth_params=LONG_RUN_STEPS),

@@ -114,7 +114,7 @@ def _unrecorded(ctx: Any, models: ApiModels, ref: Built, hooked: Built, inputs: 
 
 
 def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, lr: float = 0.01,
-             reference_only: bool = False, **variant: Any) -> CheckResult:
+             reference_only: bool = False, **variant: Any) -> Any:
     """``steps`` training steps of the reference and the hooked model, compared bit for bit after every one
     (gradients, local shards where sharded, and parameters), unrecorded; a difference is replayed with the
     recorder on up to its step, for the findings and the diagnosis (module docstring).
@@ -123,7 +123,8 @@ def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, l
     :data:`conformance.ranks.checks.REPLAYS_REFERENCE`); returns no findings.
 
     Returns:
-        this rank's findings, empty when every step matched: where one differed, a first finding (rank 0)
+        a :class:`~conformance.protocol.CheckResult` of this rank's findings (a list, ``[]``, for
+        ``reference_only``), empty when every step matched: where one differed, a first finding (rank 0)
         that says at which step of how many, then the replay's findings with their diagnosis (or, where the
         replay matched, the unrecorded pass's own findings and why there is no diagnosis).
     """
@@ -140,7 +141,7 @@ def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, l
             models.train_step(ctx, "reference", step, ref.model, optim, inputs(step), regression_loss,
                               no_sync=models.no_sync)
             optim.step()
-        return CheckResult()
+        return []
     hooked = models.build(hooked=True)
     first, mine = _unrecorded(ctx, models, ref, hooked, inputs, steps, lr)
     if first is None:

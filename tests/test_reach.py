@@ -21,6 +21,9 @@ def test_the_meter_keeps_the_longest_training_and_the_largest_buffer_of_a_case()
     meter.saw_buffer(torch.empty(7, dtype=torch.bfloat16))
     meter.saw_buffer("not a tensor")
     assert meter.read() == {"steps": 3, "buffer_bytes": 40, "calls": 5}
+    meter.saw_bytes(30)  # a bucket DDP logs for its C++ hook: no tensor seen, no call counted
+    meter.saw_bytes(64)
+    assert meter.read() == {"steps": 3, "buffer_bytes": 64, "calls": 5}
     meter.start()
     assert meter.read() == {"steps": 0, "buffer_bytes": 0, "calls": 0}
 

@@ -85,3 +85,15 @@ def test_the_worker_simulates_only_a_case_of_several_nodes():
     assert worker.case_layout(Case("ddp.parity", None, {})) == {}
     layout = worker.case_layout(Case("ddp.parity", None, {}, nodes=2))
     assert layout == topology.torchrun_env(3, 4, 2) and layout["GROUP_RANK"] == "1"
+
+
+def test_under_listen_the_layout_reported_is_torchruns_own():
+    """torchrun's ranks say their node (GROUP_RANK) when they join; the pool's nodes are how many there are,
+    which replace a case's own in its reach (``conformance.controller.reach.note_reach``)."""
+    from conformance.controller.remote import RemotePool
+
+    pool = RemotePool.__new__(RemotePool)
+    pool._info = []
+    assert pool.nodes is None  # no rank joined yet
+    pool._info = [{"group_rank": 0}, {"group_rank": 0}, {"group_rank": 1}, {"group_rank": 1}]
+    assert pool.nodes == 2

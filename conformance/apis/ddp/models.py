@@ -113,7 +113,7 @@ class DdpModels(ApiModels):
         model = build_ddp(self.model_name, ctx, self.config)
         if hooked and is_cpp_hook(self.spec):
             model._register_builtin_comm_hook(self.spec.hook.hook_type())
-            return Built(model, CppHookRecorder(self.spec.hook))
+            return Built(model, CppHookRecorder(self.spec.hook, model))
         if hooked:
             names = {id(p): fqn_inside_ddp(n) for n, p in model.named_parameters()}
             recorder = DDPHookRecorder(self.spec.hook, ctx.rank, names)

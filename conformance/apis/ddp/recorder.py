@@ -222,11 +222,25 @@ class DDPHookRecorder(Recorder):
 
 class CppHookRecorder(Recorder):
     """The recorder of a :class:`CppCommHook`: nothing to record, so no findings of its own and no calls for the
-    diagnosis; each gradient finding notes why (:data:`CPP_HOOK_NOTE`)."""
+    diagnosis; each gradient finding notes why (:data:`CPP_HOOK_NOTE`). The buckets DDP handed the hook, it reads
+    after each step from DDP's own logging data (``bucket_sizes``, in bytes; a private API: nothing where this
+    torch lacks it), for the case's reach (:mod:`conformance.ranks.reach`)."""
 
-    def __init__(self, hook: CppCommHook):
+    def __init__(self, hook: CppCommHook, model: Any = None):
         self.hook = hook
+        self.model = model
         self.log = CallLog()
+
+    def run_step(self, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
+        out = super().run_step(step, run)
+        try:
+            sizes = str(self.model._get_ddp_logging_data().get("bucket_sizes", ""))
+        except Exception:  # noqa: BLE001 - a private API; the reach then says nothing of buffers
+            return out
+        for size in filter(None, (s.strip() for s in sizes.split(","))):
+            if size.isdigit():
+                reach.saw_bytes(int(size))
+        return out
 
     def context(self, step: int) -> str:
         return f"{self.hook.__name__}: {CPP_HOOK_NOTE}"

@@ -89,23 +89,26 @@ def _unrecorded(ctx: Any, models: ApiModels, ref: Built, hooked: Built, inputs: 
     first: Optional[int] = None
     mine: List[Finding] = []
     for step in range(steps):
+        # Every rank trains every step, whatever it found: a rank that stopped while its peers went on would
+        # leave them waiting in the models' collectives. Only the comparisons stop at a rank's first difference.
+        ctx.phase(f"step {step} of {steps}: training both models (unrecorded)")
+        batch = inputs(step)
+        models.train_step(quiet, "reference", step, ref.model, opt_ref, batch, regression_loss,
+                          no_sync=models.no_sync)
+        broken = recorder.run_step(step, lambda: models.train_step(quiet, "hooked", step, hooked.model, opt_hooked,
+                                                                    batch, regression_loss, no_sync=models.no_sync))
         if first is None:
-            ctx.phase(f"step {step} of {steps}: training both models (unrecorded)")
-            batch = inputs(step)
-            models.train_step(quiet, "reference", step, ref.model, opt_ref, batch, regression_loss,
-                              no_sync=models.no_sync)
-            broken = recorder.run_step(step, lambda: models.train_step(quiet, "hooked", step, hooked.model,
-                                                                        opt_hooked, batch, regression_loss,
-                                                                        no_sync=models.no_sync))
             found = list(broken or []) + recorder.findings(step)
             if not broken:
                 found += compare_named(grads_what, grads(hooked.model), grads(ref.model), rank=ctx.rank, step=step,
                                        reference=models.reference, reduce_dtype=models.reduce_dtype)
-            if not found:
-                opt_ref.step()
-                opt_hooked.step()
-                found = compare_named(params_what, params(hooked.model), params(ref.model), rank=ctx.rank,
-                                      step=step, reference=models.reference)
+            if found:
+                first, mine = step, found
+        opt_ref.step()
+        opt_hooked.step()
+        if first is None:
+            found = compare_named(params_what, params(hooked.model), params(ref.model), rank=ctx.rank, step=step,
+                                  reference=models.reference)
             if found:
                 first, mine = step, found
         if check_in(step, steps) and ctx.any_rank(first is not None):

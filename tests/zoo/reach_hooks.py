@@ -15,7 +15,8 @@ hook here switches on one of them:
   counter that advances on the last bucket, as PowerSGD's ``maybe_increase_iter``
   does, or a call count per FSDP unit, keyed by the unit's gradient size): a
   warm-up that ends in a wrong path, communication skipping that reuses the last
-  result, a periodic probe that writes into the result, a 7-bit/6-bit sequence
+  result, a periodic probe that writes into the result (on every rank, or on rank 0
+  alone), a 7-bit/6-bit sequence
   number whose reply table is never evicted. The good twins end their warm-up in
   another implementation of the same arithmetic. Every threshold is at step 10 or
   later (0-based), and under 200;
@@ -356,6 +357,37 @@ def bad_ddp_noise_probe(state, bucket: dist.GradBucket) -> torch.futures.Future[
             mean.sub_(local)
             state.noise.append(float(mean.norm()))
             return mean.add_(local)
+
+        fut = fut.then(measure)
+    state.maybe_increase_iter(bucket)
+    return fut
+
+
+class DdpRankZeroProbeState(DdpStepState):
+    """A gradient-norm probe taken on rank 0 only, at steps 40, 104, 168, ... (``probe_at`` mod ``probe_every``)."""
+
+    def __init__(self, process_group: Any, probe_at: int = 40, probe_every: int = 64) -> None:
+        super().__init__(process_group)
+        self.probe_at = probe_at
+        self.probe_every = probe_every
+        self.norms: List[float] = []
+
+
+def bad_ddp_rank0_norm_probe(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's averaging; at step 40 and every 64 steps after, rank 0 alone logs the averaged gradient's norm,
+    normalising the result in place and scaling it back (``(m * (1/n)) * n`` is not ``m`` in floating point):
+    a difference on one rank only, at a step where the suite's ranks do not check in. The other ranks stay
+    native, so a suite whose differing rank stops training while its peers go on leaves them in DDP's next
+    all-reduce."""
+    probe = (dist.get_rank(state.process_group) == 0 and state.iter >= state.probe_at
+             and state.iter % state.probe_every == state.probe_at % state.probe_every)
+    fut = _ddp_mean(state.process_group, bucket.buffer())
+    if probe:
+        def measure(f: Any) -> torch.Tensor:
+            mean = f.value()
+            norm = float(mean.norm())
+            state.norms.append(norm)
+            return mean.mul_(1.0 / norm).mul_(norm) if norm > 0 else mean
 
         fut = fut.then(measure)
     state.maybe_increase_iter(bucket)
@@ -1066,6 +1098,8 @@ KNOWN_BAD: List[HookSpec] = [
          "every 37th step reuses the last reduced bucket"),
     _ddp("bad_ddp_noise_probe", bad_ddp_noise_probe, DdpProbeState,
          "every 100 steps an in-place (m - l) + l probe on the result"),
+    _ddp("bad_ddp_rank0_norm_probe", bad_ddp_rank0_norm_probe, DdpRankZeroProbeState,
+         "rank 0 alone, at step 40 and every 64 after, an in-place (m / n) * n norm probe on the result"),
     _ddp("bad_ddp_reply_table_wraps", bad_ddp_reply_table_wraps, DdpReplyTableState,
          "reply table keyed by a 7-bit sequence number: replays step s - 128 from step 128"),
     _ddp("bad_ddp_local_world_divisor", bad_ddp_local_world_divisor, process_group_state,
@@ -1138,6 +1172,7 @@ REACH: Dict[str, Dict[str, Any]] = {
     "bad_ddp_skip_every_k": {"axis": "horizon", "first_step": 36},
     "bad_ddp_noise_probe": {"axis": "horizon", "first_step": 100},
     "bad_ddp_reply_table_wraps": {"axis": "horizon", "first_step": 128},
+    "bad_ddp_rank0_norm_probe": {"axis": "horizon", "first_step": 40},
     "good_fsdp_warmup_switch": {"axis": "horizon", "first_step": 25},
     "bad_fsdp_warmup_bf16": {"axis": "horizon", "first_step": 150},
     "bad_fsdp_skip_every_k": {"axis": "horizon", "first_step": 15},
@@ -1175,6 +1210,9 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_ddp_warmup_fp16": "long-run parity, first differs at step 10 (float16 rounding); " + _SMALL,
     "bad_ddp_skip_every_k": "long-run parity, first differs at step 36 (the step-35 gradient reused); " + _SMALL,
     "bad_ddp_noise_probe": "long-run parity, first differs at step 100 (a few ULPs); " + _SMALL,
+    "bad_ddp_rank0_norm_probe": (
+        "long-run parity, first differs at step 40 on rank 0 only (a few ULPs), between two check-ins: every rank "
+        "must go on training after its first difference; " + _SMALL),
     "bad_ddp_reply_table_wraps": "long-run parity, first differs at step 128 (step 0's gradient replayed); " + _SMALL,
     "bad_ddp_local_world_divisor": (
         "parity with a 2-node environment (2 nodes of 1, of 2, of 4): gradients nodes times the mean; DDP's own "

@@ -258,12 +258,18 @@ class _FailureReports:
     """Reports a :class:`~conformance.controller.runner.ConformanceFailure` without pytest's traceback: the
     failure's message is its whole report (:func:`pytest_runtest_makereport` puts it there in any case), and
     rendering the traceback through the suite's test function costs tens of milliseconds a case, for hundreds of
-    known failures in a default run. Registered after pytest's own runner, so this answers before it (and after
+    known failures in a default run. A known failure that is not run (``xfail(run=False)``) raises pytest's
+    ``XFailed`` in its setup, whose traceback pytest would render the same way, to print none of it: its reason
+    is the report's ``wasxfail``. Registered after pytest's own runner, so this answers before it (and after
     every ``tryfirst`` implementation: the bookkeeper's, which keeps the failure's figures and findings); the
     wrappers (``xfail``'s, this module's) see the report as ever."""
 
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Optional[pytest.TestReport]:
-        if call.excinfo is None or not isinstance(call.excinfo.value, ConformanceFailure):
+        if call.excinfo is None:
+            return None
+        exc = call.excinfo.value
+        not_run = isinstance(exc, pytest.xfail.Exception) and item.get_closest_marker("conformance") is not None
+        if not (isinstance(exc, ConformanceFailure) or not_run):
             return None
         return pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed",
                                  str(call.excinfo.value), call.when, sections=list(item._report_sections),

@@ -208,7 +208,7 @@ def placed_tensor(placed: Dict[str, Any], device: torch.device) -> torch.Tensor:
     gen = torch.Generator().manual_seed(int(placed["seed"]))
     block = (torch.rand(min(numel, PLACED_PERIOD), generator=gen) * 2 - 1) * torch.tensor(float(placed["scale"]),
                                                                                           dtype=torch.float32)
-    out = block.repeat(-(-numel // block.numel()))[:numel].clone()
+    out = block.repeat(-(-numel // block.numel()))[:numel]  # a fresh tensor's view: written in place below
     if placed["at"]:
         out[torch.tensor(placed["at"], dtype=torch.int64)] = torch.tensor(
             [_float(v) if isinstance(v, str) else float(v) for v in placed["values"]], dtype=torch.float32)

@@ -1,6 +1,6 @@
 """Adding a hook API is one folder: no module of the package outside ``conformance/apis/<api>/`` names an API.
 
-README's "Adding a hook API" says which files a new API touches; this holds
+The manual's "Adding a hook API" (docs/architecture.md) says which files a new API touches; this holds
 the rest of the package to it. A module names an API when its code (not its
 prose) has:
 
@@ -110,7 +110,7 @@ def test_no_module_outside_an_apis_folder_names_an_api(path):
         found = list(names_of_apis(path, f.read()))
     assert not found, (f"{path} names a hook API ({'; '.join(f'line {n}: {w}' for n, w in found)}): what an API "
                        "needs belongs in its folder, conformance/apis/<api>/, reached through its HookApi "
-                       "(README, 'Adding a hook API')")
+                       "(docs/architecture.md, 'Adding a hook API')")
 
 
 def test_every_allowed_exception_is_still_needed():

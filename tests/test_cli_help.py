@@ -1,7 +1,7 @@
 """``conform --help``: the suite's own usage and options first, each with its variable and default, then pytest's.
 
-Also holds README's "Options" table to the declared options (:data:`conformance.controller.options.OPTIONS`), so the
-help and the README give the same defaults.
+Also holds the manual's options table (docs/options.md) to the declared options
+(:data:`conformance.controller.options.OPTIONS`), so the help and the manual give the same defaults.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def test_every_option_shows_its_environment_variable_and_default(help_text):
     assert f"environment: CONFORM_KNOWN_FAILURES (separated by {os.pathsep!r})" in by_flag["--known-failures"]
 
 
-def test_readme_options_table_gives_each_option_its_variable_and_default():
-    readme = (REPO / "README.md").read_text()
-    table = readme.split("\n## Options\n\n", 1)[1].split("\n\n", 1)[0]
+def test_the_options_page_s_table_gives_each_option_its_variable_and_default():
+    page = (REPO / "docs" / "options.md").read_text()
+    table = page[page.index("\n| option | environment | default |\n") + 1:].split("\n\n", 1)[0]
     rows = {}
     for row in table.splitlines()[2:]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]  # "\|" is a pipe inside a cell
@@ -75,13 +75,14 @@ def test_readme_options_table_gives_each_option_its_variable_and_default():
         env = re.match(r"`(CONFORM_[A-Z_]+)`", cells[1])
         rows[flag] = (env.group(1) if env else None, cells[2].replace("`", ""))
     for opt in OPTIONS:
-        assert rows.get(opt.flag) == (opt.env, opt.default), f"README's row of {opt.flag}: {rows.get(opt.flag)}"
+        assert rows.get(opt.flag) == (opt.env, opt.default), f"docs/options.md's row of {opt.flag}: {rows.get(opt.flag)}"
+    assert set(rows) - {opt.flag for opt in OPTIONS} == {"--hypothesis-seed"}  # hypothesis's own; no stale row
 
 
-def test_readme_has_a_loopback_torchrun_recipe_for_one_machine():
+def test_the_torchrun_page_has_a_loopback_recipe_for_one_machine():
     """Two agents of one rank each, on loopback, CPU and gloo: the form tests/test_torchrun.py runs."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Across nodes, on torchrun\n", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "torchrun.md").read_text()
+    assert section.startswith("# Across nodes, on torchrun\n"), section[:80]
     block = next(b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "--nproc-per-node 1" in b)
     listen = re.search(r"^conform --listen (127\.0\.0\.1:\d+) --world-size 2 --device cpu --backend gloo &$", block,
                        re.M)

@@ -120,8 +120,9 @@ def myrepo(tmp_path_factory) -> Path:
 
 
 def nightly_section() -> str:
-    readme = Path(REPO, "README.md").read_text()
-    return readme.split("\n### A complete nightly job (GitHub Actions)\n", 1)[1].split("\n## ", 1)[0]
+    """The manual's nightly job (docs/nightly.md), to the next section."""
+    page = Path(REPO, "docs", "nightly.md").read_text()
+    return page.split("\n## A complete nightly job (GitHub Actions)\n", 1)[1].split("\n## ", 1)[0]
 
 
 def nightly_step(step_id: str) -> str:

@@ -63,7 +63,7 @@ class TestOutcomesGuard(expecttest.TestCase):
         got = counts(closing)
         self.assertEqual({word: got.get(word, 0) for word in counts(shown)}, counts(shown),
                          f"README's 'What the first summary means' gives `{shown}`, but the default run ended "
-                         f"`{closing}`: put the run's counts in README (and in its Speed section's default run)")
+                         f"`{closing}`: put the run's counts in README (and in docs/speed.md's default run)")
 
     def test_outcomes_of_every_world_size_3_case(self):
         run = self.zoo_runs(DEFAULT_RUN)

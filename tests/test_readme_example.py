@@ -1,6 +1,7 @@
-"""The README's plug-in example is real: it is examples/my_hooks.py, my_ddp_hook.py and my_specs.py, installed as
-conformance.examples, and it conforms, run from a directory that is not the suite's checkout (README: "runs from
-any directory"). Its layout keeps hooks (torch only) and specs apart, so a reproducer needs only torch and the hook."""
+"""The README's plug-in example is real: it is examples/my_hooks.py, my_ddp_hook.py and my_specs.py (the FSDP1 hook
+and its spec in README.md, the DDP hook and its spec in docs/api-ddp.md), installed as conformance.examples, and it
+conforms, run from a directory that is not the suite's checkout (README: "runs from any directory"). Its layout keeps
+hooks (torch only) and specs apart, so a reproducer needs only torch and the hook."""
 
 from __future__ import annotations
 
@@ -15,12 +16,23 @@ from tests.meta_helpers import REPO, BackgroundJob, SuiteRun, run_suite
 
 
 def _block(readme: str, heading: str) -> str:
-    """The Python code block of README that opens with the comment line ``# heading``."""
-    return re.search(rf"```python\n# {re.escape(heading)}\n(.*?)```", readme, re.S).group(1)
+    """The Python code block of the manual that opens with the comment line ``# heading``: exactly one."""
+    found = re.findall(rf"```python\n# {re.escape(heading)}\n(.*?)```", readme, re.S)
+    assert len(found) == 1, (heading, len(found))
+    return found[0]
+
+
+def _manual() -> str:
+    """README.md, then every page of docs/: where the example's blocks are shown."""
+    docs = os.path.join(REPO, "docs")
+    pages = [os.path.join(REPO, "README.md")] + [os.path.join(docs, n) for n in sorted(os.listdir(docs))
+                                                 if n.endswith(".md")]
+    return "\n".join(open(p, encoding="utf-8").read() for p in pages)
 
 
 def test_readme_shows_the_example_modules_verbatim():
-    readme = open(os.path.join(REPO, "README.md")).read()
+    readme = _manual()
+    assert _block(open(os.path.join(REPO, "README.md")).read(), "examples/my_hooks.py")  # on the README itself
     for heading, name in (("examples/my_hooks.py", "my_hooks.py"), ("examples/my_specs.py", "my_specs.py"),
                           ("examples/my_ddp_hook.py", "my_ddp_hook.py"), ("examples/my_specs.py, below SPEC",
                                                                           "my_specs.py")):
@@ -30,7 +42,7 @@ def test_readme_shows_the_example_modules_verbatim():
 def test_readme_keeps_hooks_apart_from_their_specs_so_a_reproducer_needs_only_torch(tmp_path, monkeypatch):
     """Issue 31: README's layout, copied into a package of one's own, gives specs whose reproducer imports only torch
     and the hook's module: the hook modules import nothing of the suite, the spec module imports them."""
-    readme = open(os.path.join(REPO, "README.md")).read()
+    readme = _manual()
     package = tmp_path / "readme_layout_pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -85,7 +97,7 @@ def test_readme_ddp_example_conforms(zoo_runs):
 
 def test_readme_first_screen_is_purpose_commands_summary_then_your_own_hook():
     """Issue 19: what the suite is for, the two commands, what the first summary means, how to check one's own
-    hook, in that order, on the first screen; the summary's figures are those the Speed section measured."""
+    hook, in that order, on the first screen; the summary's figures are those docs/speed.md measured."""
     readme = open(os.path.join(REPO, "README.md")).read()
     first_screen = "\n".join(readme.splitlines()[:60])
     headings = re.findall(r"^## (.+)$", first_screen, re.M)
@@ -97,6 +109,7 @@ def test_readme_first_screen_is_purpose_commands_summary_then_your_own_hook():
     for word in ("**passed**", "**xfailed**: known failures of PyTorch's own built-in hooks", "**skipped**"):
         assert word in summary, word
     counts = re.search(r"`(\d+) passed, (\d+) skipped, \d+ deselected, (\d+) xfailed`", summary).groups()
-    assert f"({counts[0]} passed, {counts[1]} skipped, {counts[2]} xfailed)" in readme  # the Speed section's run
+    speed = open(os.path.join(REPO, "docs", "speed.md")).read()
+    assert f"({counts[0]} passed, {counts[1]} skipped, {counts[2]} xfailed)" in speed  # docs/speed.md's default run
     own = first_screen.split("## Check your own hook", 1)[1]
     assert "conform --hook conformance.examples.my_specs:SPEC" in own

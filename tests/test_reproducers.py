@@ -190,12 +190,13 @@ def test_case_ids_become_file_names_a_shell_takes_unquoted(tmp_path):
 
 
 def test_readme_shows_the_head_of_a_reproducer_as_generated():
-    """README's "A standalone reproducer" shows the hook imports and the case of a generated file, verbatim."""
+    """The manual's reproducer page (docs/reproducers.md) shows the hook imports and the case of a generated file,
+    verbatim."""
     from conformance.protocol import Finding
     from tests.zoo import ddp_hooks
 
-    readme = open(os.path.join(REPO, "README.md")).read()
-    shown = readme.split("### A standalone reproducer", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    page = open(os.path.join(REPO, "docs", "reproducers.md")).read()
+    shown = page.split("# A standalone reproducer", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     shown = shown[shown.index("from __future__"):]
     spec = next(s for s in ddp_hooks.ALL if s.name == "bad_sum_then_divide")
     name = "test_ddp_parity[bad_sum_then_divide-default-nested_wrapped-ws3]"

@@ -18,7 +18,8 @@ import torch.multiprocessing as mp
 
 from conformance.apis.ddp.arithmetic import DdpArithmetic
 from conformance.apis.fsdp.arithmetic import FsdpArithmetic
-from conformance.ranks.arithmetic import Arithmetic, in_rank_order
+from conformance.ranks.arithmetic import Arithmetic
+from conformance.ranks.reduction import in_rank_order
 from conformance.ranks.diagnosis import HookCall, explain
 
 WORLD_SIZE = 3

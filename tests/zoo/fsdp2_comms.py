@@ -40,7 +40,8 @@ from tests.zoo.plain_hooks import Alloc as _Alloc
 from tests.zoo.plain_hooks import AlwaysSumComm, replica_divide_hook, replica_state, replica_sum
 from tests.zoo.plain_hooks import comm_reduce_scatter as _reduce_scatter
 
-__all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "LOSSY", "LOSSY_EXPECTED", "NCCL_ONLY_BAD"]
+__all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "LOSSY", "LOSSY_EXPECTED", "NCCL_ONLY_BAD",
+           "THREE_RANK_BAD", "THREE_RANK_EXPECTED"]
 
 
 # ---------------------------------------------------------------------------
@@ -481,13 +482,26 @@ KNOWN_BAD += [
              description="native reduce-scatter, then NaN and +/-Inf replaced by zero"),
     HookSpec(name="bad_nan_to_zero_hook", api="fsdp2_all_reduce", hook=nan_to_zero_hook,
              description="replaces NaN and +/-Inf in the HSDP-reduced gradient by zero"),
-    HookSpec(name="bad_all_to_all_mean", api="fsdp2", hook=AllToAllMeanComm,
-             description="all-to-all, float32 sum in rank order, then x 1/world size"),
     HookSpec(name="bad_world_size_average", api="fsdp2", hook=WorldSizeAverageComm,
              description="AVG turned into SUM, then / dist.get_world_size() (the default group's size)"),
 ]
 
 ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD + NCCL_ONLY_BAD
+
+#: Bad comms that are native's arithmetic bit for bit at 2 ranks (and on the 2-rank shard groups of the 4-rank
+#: pool), so the zoo's meta-run, at 2 and 4, cannot catch them: ``tests/test_meta_fsdp2.py`` runs them at 3.
+THREE_RANK_BAD: List[HookSpec] = [
+    HookSpec(name="bad_all_to_all_mean", api="fsdp2", hook=AllToAllMeanComm,
+             description="all-to-all, float32 sum in rank order, then x 1/world size"),
+]
+#: For each of those, what must catch it at 3 ranks, and what the diagnosis names.
+THREE_RANK_EXPECTED: Dict[str, str] = {
+    "bad_all_to_all_mean": (
+        "default at 3 ranks, parity and hard inputs: x * (1/3) rounds unlike gloo's AVG (a SUM, then / 3); the "
+        "diagnosis names the comm's own arithmetic, a sum in rank order then a multiply by 1/3; at 2 ranks it "
+        "passes"
+    ),
+}
 
 #: The declared bound of the float32-accumulating bfloat16 comm: the input is rounded to bfloat16 once (by
 #: FSDP2, before the comm) and the result once (by the comm), each by at most half a bfloat16 ULP (2**-9
@@ -573,6 +587,11 @@ EXPECTED_CATCH: Dict[str, str] = {
     ),
     "bad_nan_to_zero": "default, hard inputs only: NaN on one rank and +Inf against -Inf come back as zeros",
     "bad_nan_to_zero_hook": "hsdp all-reduce hook, hard inputs only: NaN and Inf come back as zeros",
+    "bad_world_size_average": (
+        "hsdp and subgroup: the shard group has 2 of the 4 ranks, so the SUM is divided by 4; the diagnosis names "
+        "the default group's size, and 'averaged twice' beside it (the same bits); on a 1-D mesh over every rank "
+        "the comm is right"
+    ),
     "bad_premul_as_avg": (
         "divide_factor on NCCL: FSDP2 passes PREMUL_SUM(1/factor) and the comm averages instead; "
         "gloo has no PREMUL_SUM, so those cases are skipped there with the reason"

@@ -147,7 +147,8 @@ class Arithmetic(abc.ABC):
         if default_ws != ws:
             # Named before "averaged twice", which it equals bit for bit where both sizes are powers of two.
             as_default = self.dividing_as(default_ws).reduction(call)
-            out += [dataclasses.replace(as_default, group=DEFAULT_GROUP, divides_as=default_ws)] * (as_default != native)
+            if as_default != native:  # an FSDP2 comm asked for SUM divides nothing, whatever the group's size
+                out.append(dataclasses.replace(as_default, group=DEFAULT_GROUP, divides_as=default_ws))
             out.append(dataclasses.replace(summed, post=(Scale(default_ws),), group=DEFAULT_GROUP))
         out += [summed, dataclasses.replace(native, post=native.post + (div,)), dataclasses.replace(summed, post=(div,))]
         if not self.divides_before_sum:

@@ -1,7 +1,7 @@
 """Why a hook's result differs from native: named causes, each tested bit for bit on the hook's own calls.
 
 Every API's recorder keeps, for every call of the hook under test, a
-:class:`HookCall`: the local gradient the hook received (a clone taken before
+:class:`~conformance.ranks.hook_call.HookCall`: the local gradient the hook received (a clone taken before
 the call), the result it produced (FSDP1: its ``output`` shard, or the gradient
 it reduced in place under ``NO_SHARD``; DDP: the tensor its future holds; FSDP2:
 the comm's output buffer, or the tensor an all-reduce hook left), and how many
@@ -12,13 +12,17 @@ named cause would have produced from those inputs, and reports every cause
 whose result equals the hook's bit for bit.
 
 The causes of a reduction are the API's own :class:`~conformance.ranks.arithmetic.Arithmetic`
-(its models hand it over; this module names no API):
+(its models hand it over; this module names no API), each native's reduction
+with one or two fields changed (:class:`~conformance.ranks.reduction.Reduction`):
 
 * native's own arithmetic (the hook's result is right; the difference arose after it);
-* SUM without averaging; averaged twice;
+* SUM without averaging; averaged twice; divided as for the default group's size
+  or another world size (two causes of the same bits are both named);
 * another rounding order: SUM then divide by the world size, or divide before the
   SUM, where native multiplies by ``1/N`` (DDP's ``Reducer``) or pre- and
   post-divides (FSDP's ``_div_if_needed`` with ``_get_gradient_predivide_factor``);
+  a sum the hook computes itself in rank, ring or pairwise order, with a divide or a
+  reciprocal multiply before or after it;
 * native's arithmetic in another dtype than the one claimed;
 * the shard of another rank (reduce-scatter, or an all-reduce and the wrong chunk);
 * an all-reduce then this rank's chunk, where native reduce-scatters (another summation order);

@@ -293,3 +293,55 @@ def test_an_fsdp2_comm_is_named_by_its_own_arithmetic(tmp_path, world_size):
         pytest.skip("torch.distributed with gloo is not available")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     mp.spawn(_run_fsdp2_comm, args=(str(tmp_path / "store"), world_size), nprocs=world_size, join=True)
+
+
+def _words(**kw):
+    from conformance.ranks.cause_words import Words
+
+    base = dict(world_size=3, default_world_size=3, rank=0, sharded=False, reduce_in=torch.float32,
+                own=torch.float32, claim=None, describe="DDP with no hook multiplies by 1/3 before the SUM",
+                average="AVERAGE", group_arg="group=process_group", describe_as=lambda n: f"DDP multiplies by 1/{n}")
+    base.update(kw)
+    return Words(**base)
+
+
+def test_a_cause_is_worded_from_the_fields_it_changes():
+    """Each change of native's reduction gets its words and its fix from the fields it changes, composed: the scaling
+    and the order as one sentence, the group a divisor was read off, the dtype, the rank whose shard was kept."""
+    from dataclasses import replace
+
+    from conformance.ranks.reduction import DEFAULT_GROUP, RANK, REDUCE_SCATTER, Reduction, Scale
+
+    native = Reduction(pre=(Scale(3, reciprocal=True),))
+    summed = native.plain_sum()
+    words = _words()
+    assert words.of(native, native) == ("native", "")
+    assert words.of(native, summed) == ("SUM without averaging: 3 times native's average (the group's size)",
+                                        "average: AVERAGE")
+    assert words.of(native, replace(summed, post=(Scale(3),))) == (
+        "SUM, then divided by 3, where DDP with no hook multiplies by 1/3 before the SUM",
+        "AVERAGE, instead of dividing the SUM by 3")
+    assert words.of(native, replace(summed, pre=(Scale(3),))) == (
+        "divided by 3 before the SUM, where DDP with no hook multiplies by 1/3 before the SUM",
+        "AVERAGE, instead of dividing by 3 before the SUM")
+    assert words.of(native, replace(native, post=(Scale(3),)))[0] == "averaged twice: native's average divided by 3 again"
+    # Two fields, composed: the hook's own sum in rank order, then a reciprocal multiply.
+    cause, fix = words.of(native, replace(summed, order=RANK, post=(Scale(3, reciprocal=True),)))
+    assert cause == ("summed in rank order (rank 0 + rank 1 + rank 2), then multiplied by 1/3, where DDP with no hook "
+                     "multiplies by 1/3 before the SUM")
+    assert fix == ("reduce with dist.all_reduce itself, not a sum of every rank's values in rank order computed by the "
+                   "hook, and AVERAGE")
+    assert words.of(native, replace(summed, order=RANK, pre=(Scale(3, reciprocal=True),)))[0].startswith(
+        "each rank's values multiplied by 1/3, then summed in rank order (rank 0 + rank 1 + rank 2), where")
+    # The group a divisor was read off: the default group's, named as such with the fix to ask the hook's group.
+    wide = _words(world_size=2, default_world_size=4)
+    cause, fix = wide.of(native, Reduction(pre=(Scale(4, reciprocal=True),), group=DEFAULT_GROUP, divides_as=4))
+    assert cause.startswith("divided as for 4 ranks, the default group's size (dist.get_world_size() with no group)")
+    assert fix.startswith("pass group=process_group to dist.get_world_size (with no group it returns 4")
+    assert wide.of(native, replace(summed, post=(Scale(4),), group=DEFAULT_GROUP))[0] == (
+        "SUM, then divided by 4 (the default group's size, not the process group's 2)")
+    assert words.of(native, replace(native, dtype=torch.bfloat16))[0] == (
+        "reduced in bfloat16, where the hook claims no reduce dtype (the gradient's own)")
+    shard = Reduction(collective=REDUCE_SCATTER)
+    assert _words(sharded=True, rank=1).of(shard, replace(shard, read=1))[0] == (
+        "the reduced shard of rank 0, not this rank's (1)")

@@ -253,6 +253,7 @@ FSDP2_MUST_CATCH = {
     "bad_replica_world_divisor": {"replica"},
     "bad_replica_default_group": {"replica"},
     "bad_replica_out_of_place": {"replica"},
+    "bad_world_size_average": {"hsdp", "subgroup"},
 }
 #: Caught only by hard inputs (NaN, Inf, subnormals): the check, not the config, is what matters.
 FSDP2_MUST_CATCH_BY_CHECK = {"bad_nan_to_zero": {"fsdp2_hard_inputs"},
@@ -320,6 +321,14 @@ FSDP2 = MetaZoo(
                  for hook, (check, cause) in FSDP2_DIAGNOSED.items()) + tuple(
         Cause(hook, check, (cause,), (("config", ("replica",)),), no_lossy_hint=True)
         for hook, (check, cause) in REPLICA_DIAGNOSED.items()) + (
+        # The default group's size as the divisor, named as for DDP, and beside it 'averaged twice', which gives
+        # the same bits on a 2-rank shard group of 4 ranks: both causes, each with its fix.
+        Cause("bad_world_size_average", "fsdp2_parity",
+              ("divided as for 4 ranks, the default group's size (dist.get_world_size() with no group), where the "
+               "hook's process group has 2", "averaged twice: native's average divided by 2 again",
+               "fix, if divided as for 4 ranks, the default group's size (dist.get_world_size() with no group): pass "
+               "group=group (the group FSDP2 passes the comm) to dist.get_world_size"),
+              (("config", ("hsdp", "subgroup")),), no_lossy_hint=True),
         # An always-SUM comm and a bfloat16 wire are named exact causes, not lossy designs: no hint.
         Cause("bad_always_sum", "fsdp2_parity", (EXPLAINED,), no_lossy_hint=True),
         Cause("bad_bf16_wire", "fsdp2_parity", (EXPLAINED,), no_lossy_hint=True),

@@ -18,7 +18,8 @@ import torch.multiprocessing as mp
 
 from conformance.apis.ddp.arithmetic import DdpArithmetic
 from conformance.apis.fsdp.arithmetic import FsdpArithmetic
-from conformance.ranks.arithmetic import Arithmetic, in_rank_order
+from conformance.ranks.arithmetic import Arithmetic
+from conformance.ranks.reduction import in_rank_order
 from conformance.ranks.diagnosis import HookCall, explain
 
 WORLD_SIZE = 3
@@ -236,3 +237,111 @@ def test_each_api_words_how_native_averages_and_where_the_result_goes_its_own_wa
     assert "op=ReduceOp.AVG" in replica.how_to_average() and "in place" in replica.where_result_goes(flat)
     assert AllReduceHookArithmetic(4, None).how_to_average().startswith(
         "leave the tensor as native HSDP hands it")
+
+
+def _run_fsdp2_comm(rank: int, store_path: str, world_size: int) -> None:
+    """The zoo's comm, called as FSDP2 calls it (``op=AVG``; at 4 ranks over a 2-rank shard group), then explained
+    with the arithmetic FSDP2's recorder gives the diagnosis."""
+    from conformance.apis.fsdp2.arithmetic import CommArithmetic
+    from tests.zoo.fsdp2_comms import AllToAllMeanComm, WorldSizeAverageComm
+
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    try:
+        if world_size == 3:
+            group, comm = dist.group.WORLD, AllToAllMeanComm()
+        else:  # two shard groups of 2 ranks, as under 2x2 HSDP: every rank makes both
+            shards = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+            group, comm = shards[rank // 2], WorldSizeAverageComm()
+        n, grank = dist.get_world_size(group), dist.get_rank(group)
+        gen = torch.Generator().manual_seed(7 + rank)
+        x = torch.randn(n * 40, generator=gen) * 10.0 ** (rank % 3)
+        out = torch.empty(40)
+        comm(output_tensor=out, input_tensor=x.clone(), group=group, op=dist.ReduceOp.AVG)
+        call = HookCall(step=0, index=0, where="call 0", input=x, output=out, sharded=True, group=group,
+                        op=dist.ReduceOp.AVG)
+        arith = CommArithmetic(world_size, None).for_call(call)
+        causes = explain(arith, call, None, group, grank)
+        named = [c.cause for c in causes]
+        assert "native" not in named, named
+        if world_size == 3:
+            # Its own arithmetic: a sum in rank order (the all-to-all's chunks, added in a loop), then x 1/3.
+            own = [c for c in causes if c.cause.startswith(
+                "summed in rank order (rank 0 + rank 1 + rank 2), then multiplied by 1/3, where FSDP2 asked the comm "
+                "for op=AVG over 3 ranks")]
+            assert own and own[0].fix.startswith("reduce with dist.reduce_scatter_tensor itself, not a sum of every "
+                                                 "rank's values in rank order computed by the hook"), causes
+        else:
+            # The default group's size as the divisor, as for DDP, and "averaged twice" beside it: the same bits.
+            default = [c for c in causes if c.cause.startswith("divided as for 4 ranks, the default group's size")]
+            assert default and default[0].fix.startswith(
+                "pass group=group (the group FSDP2 passes the comm) to dist.get_world_size (with no group it returns "
+                "4"), causes
+            assert "averaged twice: native's average divided by 2 again" in named, named
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", [3, 4], ids=["all_to_all_mean-3", "world_size_average-hsdp-4"])
+def test_an_fsdp2_comm_is_named_by_its_own_arithmetic(tmp_path, world_size):
+    """At 3 ranks a comm that sums an all-to-all's chunks in rank order and multiplies by 1/3 is named by that
+    arithmetic, not only by its rank-order neighbours; at 4 ranks a comm that divides a SUM over a 2-rank shard
+    group by dist.get_world_size() is named by the default group's size, and by 'averaged twice' too."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_run_fsdp2_comm, args=(str(tmp_path / "store"), world_size), nprocs=world_size, join=True)
+
+
+def _words(**kw):
+    from conformance.ranks.cause_words import Words
+
+    base = dict(world_size=3, default_world_size=3, rank=0, sharded=False, reduce_in=torch.float32,
+                own=torch.float32, claim=None, describe="DDP with no hook multiplies by 1/3 before the SUM",
+                average="AVERAGE", group_arg="group=process_group", describe_as=lambda n: f"DDP multiplies by 1/{n}")
+    base.update(kw)
+    return Words(**base)
+
+
+def test_a_cause_is_worded_from_the_fields_it_changes():
+    """Each change of native's reduction gets its words and its fix from the fields it changes, composed: the scaling
+    and the order as one sentence, the group a divisor was read off, the dtype, the rank whose shard was kept."""
+    from dataclasses import replace
+
+    from conformance.ranks.reduction import DEFAULT_GROUP, RANK, REDUCE_SCATTER, Reduction, Scale
+
+    native = Reduction(pre=(Scale(3, reciprocal=True),))
+    summed = native.plain_sum()
+    words = _words()
+    assert words.of(native, native) == ("native", "")
+    assert words.of(native, summed) == ("SUM without averaging: 3 times native's average (the group's size)",
+                                        "average: AVERAGE")
+    assert words.of(native, replace(summed, post=(Scale(3),))) == (
+        "SUM, then divided by 3, where DDP with no hook multiplies by 1/3 before the SUM",
+        "AVERAGE, instead of dividing the SUM by 3")
+    assert words.of(native, replace(summed, pre=(Scale(3),))) == (
+        "divided by 3 before the SUM, where DDP with no hook multiplies by 1/3 before the SUM",
+        "AVERAGE, instead of dividing by 3 before the SUM")
+    assert words.of(native, replace(native, post=(Scale(3),)))[0] == "averaged twice: native's average divided by 3 again"
+    # Two fields, composed: the hook's own sum in rank order, then a reciprocal multiply.
+    cause, fix = words.of(native, replace(summed, order=RANK, post=(Scale(3, reciprocal=True),)))
+    assert cause == ("summed in rank order (rank 0 + rank 1 + rank 2), then multiplied by 1/3, where DDP with no hook "
+                     "multiplies by 1/3 before the SUM")
+    assert fix == ("reduce with dist.all_reduce itself, not a sum of every rank's values in rank order computed by the "
+                   "hook, and AVERAGE")
+    assert words.of(native, replace(summed, order=RANK, pre=(Scale(3, reciprocal=True),)))[0].startswith(
+        "each rank's values multiplied by 1/3, then summed in rank order (rank 0 + rank 1 + rank 2), where")
+    # The group a divisor was read off: the default group's, named as such with the fix to ask the hook's group.
+    wide = _words(world_size=2, default_world_size=4)
+    cause, fix = wide.of(native, Reduction(pre=(Scale(4, reciprocal=True),), group=DEFAULT_GROUP, divides_as=4))
+    assert cause.startswith("divided as for 4 ranks, the default group's size (dist.get_world_size() with no group)")
+    assert fix.startswith("pass group=process_group to dist.get_world_size (with no group it returns 4")
+    assert wide.of(native, replace(summed, post=(Scale(4),), group=DEFAULT_GROUP))[0] == (
+        "SUM, then divided by 4 (the default group's size, not the process group's 2)")
+    assert words.of(native, replace(native, dtype=torch.bfloat16))[0] == (
+        "reduced in bfloat16, where the hook claims no reduce dtype (the gradient's own)")
+    shard = Reduction(collective=REDUCE_SCATTER)
+    assert _words(sharded=True, rank=1).of(shard, replace(shard, read=1))[0] == (
+        "the reduced shard of rank 0, not this rank's (1)")

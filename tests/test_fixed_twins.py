@@ -57,6 +57,9 @@ CASES: Dict[Tuple[str, str], Tuple[str, ...]] = {
     ("fsdp2_comms", "bad_self_average_fp16"): (
         "test_fsdp2_parity[bad_self_average_fp16-default-nested_wrapped-ws2]",),
     ("fsdp2_comms", "bad_nan_to_zero"): ("test_fsdp2_hard_inputs[bad_nan_to_zero-default-gradient_probe-ws2]",),
+    ("fsdp2_comms", "bad_world_size_average"): (
+        "test_fsdp2_parity[bad_world_size_average-hsdp-nested_wrapped-2nodes-ws4]",
+        "test_fsdp2_parity[bad_world_size_average-subgroup-nested_wrapped-2nodes-ws4]"),
     ("fsdp2_comms", "bad_world_average_hook"): (
         "test_fsdp2_all_reduce_hook[bad_world_average_hook-hsdp-nested_wrapped-2nodes-ws4]",),
     ("fsdp2_comms", "bad_replica_divide_hook"): (
@@ -115,6 +118,8 @@ FIX: Dict[Tuple[str, str], str] = {
     ("fsdp2_comms", "bad_self_average_fp16"): _FSDP2_OP.format(op="SUM") + " over the group it passes, and divide "
                                                                            "nothing yourself",
     ("fsdp2_comms", "bad_nan_to_zero"): "fix: " + _KEEP_NAN,
+    ("fsdp2_comms", "bad_world_size_average"): "pass group=group (the group FSDP2 passes the comm) to "
+                                               "dist.get_world_size",
     ("fsdp2_comms", "bad_world_average_hook"): "fix: drop the all-reduce: leave the tensor as native HSDP hands it",
     ("fsdp2_comms", "bad_replica_divide_hook"): "fix: drop the division by 2: leave the tensor as native HSDP hands "
                                                 "it",

@@ -16,6 +16,7 @@ import torch
 from conformance.apis.fsdp2 import plan as checks
 from conformance.apis.fsdp2 import build
 from conformance.apis.fsdp2 import recorders
+from tests.meta_helpers import run_suite
 from tests.meta_zoos import FSDP2, FSDP2_MUST_CATCH_WITH_PREMUL_SUM
 from tests.zoo import fsdp2_comms as zoo
 
@@ -183,3 +184,29 @@ def test_a_comm_under_replicate_is_told_it_is_never_called(zoo_run):
     assert case.outcome == "skipped", (case.outcome, case.message[:2000])
     assert "ran, and matched, but the hook was never called: this comm is never called under replicate" \
         in case.message, case.message[:2000]
+
+
+#: The cases of the comms only 3 ranks catch (``fsdp2_comms.THREE_RANK_BAD``): parity at 2 and 3 ranks, and the
+#: 3-rank hard inputs.
+_THREE_RANK_CASES = ("(test_fsdp2_parity and default-nested_wrapped and (ws2 or ws3) and not 2nodes) "
+                     "or (test_fsdp2_hard_inputs and gradient_probe and ws3)")
+
+
+@pytest.mark.timeout(600)
+def test_a_comm_exact_at_two_ranks_is_caught_at_three_and_named_by_its_own_arithmetic(tmp_path):
+    """The all-to-all comm sums in rank order, then multiplies by 1/world size: native at 2 ranks, caught at 3,
+    where the diagnosis names that arithmetic (and its fix) in every failure, parity and hard inputs alike."""
+    assert {s.name for s in zoo.THREE_RANK_BAD} == set(zoo.THREE_RANK_EXPECTED)
+    run = run_suite(["--hook", "tests.zoo.fsdp2_comms:THREE_RANK_BAD", "--extra-world-size", "3", "-q",
+                     "--hypothesis-examples", "2", "-k", _THREE_RANK_CASES], str(tmp_path / "three.xml"), timeout=540)
+    cases = {c.name: c for c in run.cases}
+    assert cases["test_fsdp2_parity[bad_all_to_all_mean-default-nested_wrapped-ws2]"].outcome == "passed", run.output
+    failed = [c for c in cases.values() if c.properties.get("world_size") == "3"]
+    assert {c.check for c in failed} == {"fsdp2_parity", "fsdp2_hard_inputs"}, run.output[-3000:]
+    own = ("summed in rank order (rank 0 + rank 1 + rank 2), then multiplied by 1/3, where FSDP2 asked the comm "
+           "for op=AVG over 3 ranks")
+    fix = "reduce with dist.reduce_scatter_tensor itself, not a sum of every rank's values in rank order"
+    for case in failed:
+        assert case.outcome == "failed", (case.name, case.outcome, case.message[-2000:])
+        assert own in case.message and fix in case.message, case.message[-3000:]
+        assert "LossyContract" not in case.message, case.message[-3000:]

@@ -2,7 +2,10 @@
 
 :mod:`~conformance.ranks.zygote` forks them, :mod:`~conformance.ranks.worker` is each rank's loop
 (:mod:`~conformance.ranks.remote_worker` under torchrun), :mod:`~conformance.ranks.checks` holds what a
-rank runs for a case, :mod:`~conformance.ranks.diagnosis` names why a hook's result differs,
+rank runs for a case, :mod:`~conformance.ranks.diagnosis` names why a hook's result differs (over an API's
+:mod:`~conformance.ranks.arithmetic`: native's :mod:`~conformance.ranks.reduction` as named fields, each cause a
+change of them, worded by :mod:`~conformance.ranks.cause_words`; the calls a recorder keeps,
+:mod:`~conformance.ranks.hook_call`),
 :mod:`~conformance.ranks.compare` compares tensors bit for bit, and
 :mod:`~conformance.ranks.process_state` fingerprints what a hook may leave behind.
 """

@@ -1,7 +1,7 @@
 """Why a hook's result differs from native: named causes, each tested bit for bit on the hook's own calls.
 
 Every API's recorder keeps, for every call of the hook under test, a
-:class:`HookCall`: the local gradient the hook received (a clone taken before
+:class:`~conformance.ranks.hook_call.HookCall`: the local gradient the hook received (a clone taken before
 the call), the result it produced (FSDP1: its ``output`` shard, or the gradient
 it reduced in place under ``NO_SHARD``; DDP: the tensor its future holds; FSDP2:
 the comm's output buffer, or the tensor an all-reduce hook left), and how many
@@ -12,13 +12,17 @@ named cause would have produced from those inputs, and reports every cause
 whose result equals the hook's bit for bit.
 
 The causes of a reduction are the API's own :class:`~conformance.ranks.arithmetic.Arithmetic`
-(its models hand it over; this module names no API):
+(its models hand it over; this module names no API), each native's reduction
+with one or two fields changed (:class:`~conformance.ranks.reduction.Reduction`):
 
 * native's own arithmetic (the hook's result is right; the difference arose after it);
-* SUM without averaging; averaged twice;
+* SUM without averaging; averaged twice; divided as for the default group's size
+  or another world size (two causes of the same bits are both named);
 * another rounding order: SUM then divide by the world size, or divide before the
   SUM, where native multiplies by ``1/N`` (DDP's ``Reducer``) or pre- and
   post-divides (FSDP's ``_div_if_needed`` with ``_get_gradient_predivide_factor``);
+  a sum the hook computes itself in rank, ring or pairwise order, with a divide or a
+  reciprocal multiply before or after it;
 * native's arithmetic in another dtype than the one claimed;
 * the shard of another rank (reduce-scatter, or an all-reduce and the wrong chunk);
 * an all-reduce then this rank's chunk, where native reduce-scatters (another summation order);
@@ -48,27 +52,18 @@ line saying so) otherwise.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import inspect
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from conformance.protocol import Finding, cause_key
+from conformance.ranks.arithmetic import Arithmetic, Candidate
 from conformance.ranks.compare import dtype_name, same_bits
+# Re-exported: the recorders import what they keep of a call from here.
+from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives  # noqa: F401
 from conformance.ranks.ulps import bits_equal
 
-if TYPE_CHECKING:  # pragma: no cover
-    from conformance.ranks.arithmetic import Arithmetic, Candidate  # typing only
-
-#: ``torch.distributed`` functions counted while the hook runs (:func:`counting_collectives`).
-COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter", "all_gather",
-               "all_gather_into_tensor", "_all_gather_base", "broadcast", "reduce", "all_to_all_single",
-               "all_to_all", "gather", "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv")
-#: Recorded calls kept per recorder: the failing step and the one before it (for "stale").
-KEEP_STEPS = 2
 #: Calls explained per failing step: each costs a dozen collectives, and the first ones tell the cause.
 MAX_DIAGNOSED_CALLS = 2
 
@@ -79,127 +74,6 @@ class Named(NamedTuple):
 
     cause: str
     fix: str = ""
-
-
-@dataclasses.dataclass
-class HookCall:
-    """One call of the hook under test on this rank.
-
-    Attributes:
-        step: the training step (0-based).
-        index: the call's position among the step's calls (DDP: the bucket index).
-        where: what the call reduced, for messages (``"bucket 0 [fc.weight, ...]"``).
-        input: the local gradient the hook received, 1-D, cloned before the call.
-        output: what the hook produced, 1-D (the shard of a reduce-scatter).
-        sharded: ``output`` is this rank's shard of a reduce-scatter over ``input``
-            (``input.numel() == world_size * output.numel()``), else an all-reduce.
-        collectives: ``torch.distributed`` collectives the hook issued during the call.
-        group_sizes: the size of the process group each of those ran over.
-        group: the process group the API passed the hook (FSDP2), else ``None``
-            (the rank check's group).
-        op: the ``ReduceOp`` the API asked for (FSDP2), else ``None``.
-        pending: the API's output buffer, read (cloned into ``output``) once the
-            call has completed (FSDP2 may wait on a comm after it returns).
-    """
-
-    step: int
-    index: int
-    where: str
-    input: torch.Tensor
-    output: Optional[torch.Tensor] = None
-    sharded: bool = False
-    collectives: int = 0
-    group_sizes: Tuple[int, ...] = ()
-    group: Any = None
-    op: Any = None
-    pending: Optional[torch.Tensor] = None
-
-    def settle_from(self, tensor: torch.Tensor) -> None:
-        """Read the call's result from ``tensor`` now."""
-        self.pending = tensor
-        self.settle()
-
-    def settle(self) -> None:
-        """Clone the pending output buffer into ``output`` (the call has completed)."""
-        if self.pending is not None:
-            self.output, self.pending = self.pending.detach().reshape(-1).clone(), None
-
-
-class CallLog:
-    """The :class:`HookCall` s of a recorder, the last :data:`KEEP_STEPS` steps only."""
-
-    def __init__(self) -> None:
-        self.calls: List[HookCall] = []
-
-    def add(self, call: HookCall) -> HookCall:
-        for old in self.calls:
-            if old.step < call.step:
-                old.settle()  # a call of an earlier step has completed; its buffer may be reused now
-        self.calls = [c for c in self.calls if c.step > call.step - KEEP_STEPS] + [call]
-        return call
-
-    def of_step(self, step: int) -> List[HookCall]:
-        """The completed calls of ``step`` with a result, by index (pending buffers read now)."""
-        for call in self.calls:
-            if call.step == step:
-                call.settle()
-        return sorted((c for c in self.calls if c.step == step and c.output is not None), key=lambda c: c.index)
-
-
-class Collectives(List[int]):
-    """What :func:`counting_collectives` saw: ``[count]``, and ``group_sizes``, the size of the process group
-    each call ran over (the default group's where it was given none)."""
-
-    def __init__(self) -> None:
-        super().__init__([0])
-        self.group_sizes: List[int] = []
-
-
-#: ``inspect.signature`` of each wrapped ``torch.distributed`` function, once: it is read on every collective a
-#: hook issues, in every case.
-_signature = functools.lru_cache(maxsize=None)(inspect.signature)
-
-
-def _group_size(fn: Callable, args: Any, kwargs: Any) -> int:
-    """The size of the group a ``torch.distributed`` call runs over (``group=None``: the default group)."""
-    try:
-        group = _signature(fn).bind_partial(*args, **kwargs).arguments.get("group")
-    except (TypeError, ValueError):  # a signature it cannot bind: the call itself will say what is wrong
-        group = kwargs.get("group")
-    try:
-        return dist.get_world_size(group)
-    except Exception:  # noqa: BLE001 - a group object this torch does not take; sizes are a diagnosis aid
-        return -1
-
-
-@contextlib.contextmanager
-def counting_collectives() -> Iterator[Collectives]:
-    """Count calls of the :data:`COLLECTIVES` through ``torch.distributed`` inside the block, and the size of
-    the process group each ran over.
-
-    Yields a :class:`Collectives`, whose item 0 is the count so far. Calls made
-    through a name imported before the block (``from torch.distributed import
-    all_reduce``) are not seen, so "no collective seen" is worded as such.
-    """
-    count = Collectives()
-    saved: Dict[str, Any] = {}
-    for name in COLLECTIVES:
-        fn = getattr(dist, name, None)
-        if fn is None:
-            continue
-        saved[name] = fn
-
-        def counted(*args: Any, __fn: Callable = fn, **kwargs: Any) -> Any:
-            count[0] += 1
-            count.group_sizes.append(_group_size(__fn, args, kwargs))
-            return __fn(*args, **kwargs)
-
-        setattr(dist, name, counted)
-    try:
-        yield count
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
 
 
 def _partial(output: torch.Tensor, native: torch.Tensor, local: torch.Tensor) -> Optional[str]:
@@ -234,7 +108,7 @@ def _nonfinite_replaced(output: torch.Tensor, native: torch.Tensor) -> Optional[
             f"NaN/Inf and the hook left {', '.join(repr(v) for v in values)}")
 
 
-def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], group: Any,
+def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], group: Any,
             rank: int) -> List[Named]:
     """Every named cause that reproduces ``call.output`` bit for bit, with its fix (collective: every rank calls it).
 
@@ -279,7 +153,7 @@ def explain(arith: "Arithmetic", call: HookCall, previous: Optional[HookCall], g
     return causes
 
 
-def wrong_group(arith: "Arithmetic", call: HookCall, group: Any) -> Optional[Named]:
+def wrong_group(arith: Arithmetic, call: HookCall, group: Any) -> Optional[Named]:
     """What the hook's own calls show, whatever its result's bits: a collective over the default group where
     the hook's process group (``group``) is smaller (the ``group=`` argument forgotten), with its fix, or
     ``None``."""
@@ -303,7 +177,7 @@ def agreed(causes: List[Named], group: Any) -> List[Named]:
     return [c for c in causes if cause_key(c.cause) in common] if common else causes
 
 
-def _local_tails(arith: "Arithmetic", call: HookCall, local: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
+def _local_tails(arith: Arithmetic, call: HookCall, local: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
     """What a part of the buffer a hook never exchanged holds: the local gradient, as it arrived or already
     scaled as the API scales it before the SUM (``1/N``, or ``/N``), in the reduce dtype."""
     ws = arith.world_size
@@ -313,7 +187,7 @@ def _local_tails(arith: "Arithmetic", call: HookCall, local: torch.Tensor) -> Li
             (f"the local gradient divided by {ws}, never reduced", local.to(low).div(ws).to(local.dtype))]
 
 
-def _combined(out: torch.Tensor, bodies: Sequence["Candidate"],
+def _combined(out: torch.Tensor, bodies: Sequence[Candidate],
               tails: Sequence[Tuple[str, torch.Tensor]]) -> List[Named]:
     """Two causes at once, each explaining a disjoint part of ``out`` bit for bit: the first of ``bodies``
     (native first) that explains some elements, with the first of ``tails`` that explains every other one.
@@ -367,7 +241,7 @@ def diagnosing(enabled: bool) -> Iterator[None]:
         _ENABLED[0] = saved
 
 
-def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Finding]:
+def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Finding]:
     """The diagnosis of ``step`` on this rank: one finding per group of calls with the same explanation, of
     kind ``"diagnosis"`` (named causes), ``"diagnosis_wider_dtype"`` (only a reduction in a wider dtype
     than claimed explains it: more accurate than native), ``"no_known_cause"``, or ``"native_result"``
@@ -392,7 +266,7 @@ def diagnose(ctx: Any, arith: "Arithmetic", log: CallLog, step: int) -> List[Fin
     groups: Dict[Tuple[Named, ...], List[HookCall]] = {}
     native_ok: List[HookCall] = []
     observed: Dict[Named, List[HookCall]] = {}
-    def context(call: HookCall) -> Tuple[Any, int, "Arithmetic"]:
+    def context(call: HookCall) -> Tuple[Any, int, Arithmetic]:
         # The group the API passed the hook (FSDP2), else the check's: a subgroup context keeps the global
         # rank in ctx.rank, so the rank in the group is asked for.
         group = ctx.group if call.group is None else call.group

@@ -244,6 +244,18 @@ class Fsdp2FreshComm(fsdp2.StaleReplayComm):
         return PlainReduceScatter.__call__(self, output_tensor, input_tensor, group, op)  # the fix: no replay
 
 
+class Fsdp2GroupSizeAverageComm(fsdp2._Alloc):
+    """bad_world_size_average (WorldSizeAverageComm), fixed: "pass group=group (the group FSDP2 passes the comm) to
+    dist.get_world_size"."""
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        if op != ReduceOp.AVG:
+            return fsdp2._reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        fsdp2._reduce_scatter(output_tensor, input_tensor, op=ReduceOp.SUM, group=group)
+        output_tensor.div_(dist.get_world_size(group))  # the fix: the shard group's size
+        return None
+
+
 class Fsdp2KeepNanComm(PlainReduceScatter):
     """bad_nan_to_zero (NanToZeroComm), fixed: "leave NaN and Inf as the reduction gives them"."""
 
@@ -326,6 +338,7 @@ TWINS: Dict[Tuple[str, str], HookSpec] = {
     ("fsdp2_comms", "bad_self_average_fp16"): _fsdp2("self_average_fp16", Fsdp2NoSelfDivideComm,
                                                      reduce_dtype=torch.float16),
     ("fsdp2_comms", "bad_nan_to_zero"): _fsdp2("nan_to_zero", Fsdp2KeepNanComm),
+    ("fsdp2_comms", "bad_world_size_average"): _fsdp2("world_size_average", Fsdp2GroupSizeAverageComm),
     ("fsdp2_comms", "bad_world_average_hook"): _fsdp2("world_average_hook", fsdp2_leave_as_is_hook,
                                                       "fsdp2_all_reduce"),
     ("fsdp2_comms", "bad_replica_divide_hook"): _fsdp2("replica_divide_hook", fsdp2_leave_as_is_hook,

@@ -40,7 +40,8 @@ from tests.zoo.plain_hooks import Alloc as _Alloc
 from tests.zoo.plain_hooks import AlwaysSumComm, replica_divide_hook, replica_state, replica_sum
 from tests.zoo.plain_hooks import comm_reduce_scatter as _reduce_scatter
 
-__all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "LOSSY", "LOSSY_EXPECTED", "NCCL_ONLY_BAD"]
+__all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "LOSSY", "LOSSY_EXPECTED", "NCCL_ONLY_BAD",
+           "THREE_RANK_BAD", "THREE_RANK_EXPECTED"]
 
 
 # ---------------------------------------------------------------------------
@@ -99,6 +100,47 @@ class SelfAveragingComm(_Alloc):
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         _reduce_scatter(output_tensor, input_tensor, op=ReduceOp.SUM, group=group)
         output_tensor.div_(group.size())
+        return None
+
+
+class AllToAllMeanComm(_Alloc):
+    """Wrong at 3 ranks and more: a "deterministic" reduce-scatter over an all-to-all.
+
+    Every rank sends chunk ``j`` of its buffer to rank ``j`` (``all_to_all_single``), sums the chunks it
+    receives in float32, in rank order, and for ``AVG`` multiplies by ``1/world size``. At 2 ranks that is
+    native's arithmetic bit for bit (one addition; ``x * 0.5`` is ``x / 2``); at 3 the reciprocal rounds
+    (``1/3`` is not a float) and the sum's order may differ from the collective's. Realistic: a comm written
+    for bitwise reproducibility across backends, with the reciprocal multiply a hot loop would use.
+    """
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        n = group.size()
+        received = torch.empty_like(input_tensor)
+        dist.all_to_all_single(received, input_tensor.contiguous(), group=group)
+        chunks = received.reshape(n, -1).to(torch.float32)
+        total = chunks[0].clone()
+        for chunk in chunks[1:]:
+            total += chunk
+        if op == ReduceOp.AVG:
+            total *= 1.0 / n
+        output_tensor.copy_(total.view_as(output_tensor))
+        return None
+
+
+class WorldSizeAverageComm(_Alloc):
+    """Wrong under HSDP and on a subgroup: turns ``AVG`` into a SUM and divides by ``dist.get_world_size()``.
+
+    ``dist.get_world_size()`` with no group is the default group's size: every rank of the job, not the shard
+    group FSDP2 passes the comm. Right on a 1-D mesh over every rank; under 2x2 HSDP, or on a 2-rank subgroup
+    of 4, every gradient is half native's. Realistic: the portable "AVG is SUM / world size" rewrite, for a
+    backend without ``AVG``, by an author who thinks of one data-parallel group.
+    """
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        if op != ReduceOp.AVG:
+            return _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        _reduce_scatter(output_tensor, input_tensor, op=ReduceOp.SUM, group=group)
+        output_tensor.div_(dist.get_world_size())
         return None
 
 
@@ -440,9 +482,26 @@ KNOWN_BAD += [
              description="native reduce-scatter, then NaN and +/-Inf replaced by zero"),
     HookSpec(name="bad_nan_to_zero_hook", api="fsdp2_all_reduce", hook=nan_to_zero_hook,
              description="replaces NaN and +/-Inf in the HSDP-reduced gradient by zero"),
+    HookSpec(name="bad_world_size_average", api="fsdp2", hook=WorldSizeAverageComm,
+             description="AVG turned into SUM, then / dist.get_world_size() (the default group's size)"),
 ]
 
 ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD + NCCL_ONLY_BAD
+
+#: Bad comms that are native's arithmetic bit for bit at 2 ranks (and on the 2-rank shard groups of the 4-rank
+#: pool), so the zoo's meta-run, at 2 and 4, cannot catch them: ``tests/test_meta_fsdp2.py`` runs them at 3.
+THREE_RANK_BAD: List[HookSpec] = [
+    HookSpec(name="bad_all_to_all_mean", api="fsdp2", hook=AllToAllMeanComm,
+             description="all-to-all, float32 sum in rank order, then x 1/world size"),
+]
+#: For each of those, what must catch it at 3 ranks, and what the diagnosis names.
+THREE_RANK_EXPECTED: Dict[str, str] = {
+    "bad_all_to_all_mean": (
+        "default at 3 ranks, parity and hard inputs: x * (1/3) rounds unlike gloo's AVG (a SUM, then / 3); the "
+        "diagnosis names the comm's own arithmetic, a sum in rank order then a multiply by 1/3; at 2 ranks it "
+        "passes"
+    ),
+}
 
 #: The declared bound of the float32-accumulating bfloat16 comm: the input is rounded to bfloat16 once (by
 #: FSDP2, before the comm) and the result once (by the comm), each by at most half a bfloat16 ULP (2**-9
@@ -528,6 +587,11 @@ EXPECTED_CATCH: Dict[str, str] = {
     ),
     "bad_nan_to_zero": "default, hard inputs only: NaN on one rank and +Inf against -Inf come back as zeros",
     "bad_nan_to_zero_hook": "hsdp all-reduce hook, hard inputs only: NaN and Inf come back as zeros",
+    "bad_world_size_average": (
+        "hsdp and subgroup: the shard group has 2 of the 4 ranks, so the SUM is divided by 4; the diagnosis names "
+        "the default group's size, and 'averaged twice' beside it (the same bits); on a 1-D mesh over every rank "
+        "the comm is right"
+    ),
     "bad_premul_as_avg": (
         "divide_factor on NCCL: FSDP2 passes PREMUL_SUM(1/factor) and the comm averages instead; "
         "gloo has no PREMUL_SUM, so those cases are skipped there with the reason"

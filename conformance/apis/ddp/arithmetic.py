@@ -13,22 +13,23 @@ divides each parameter's gradient by the world size, then SUMs
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, List
 
-import torch
-
-from conformance.ranks.arithmetic import Arithmetic, Candidate, reduced
+from conformance.ranks.arithmetic import Arithmetic, Candidate
 from conformance.ranks.compare import same_bits
+from conformance.ranks.reduction import ALL_REDUCE, Recompute, Reduction, Scale
 from conformance.ranks.ulps import dtype_name
 
 
 class DdpArithmetic(Arithmetic):
     """DDP's ``1/N`` before the SUM, or its reference's divide in the claimed dtype (see the module docstring)."""
 
-    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
-               shift: int) -> torch.Tensor:
-        t = t.div(self.world_size) if cast else t.mul(1.0 / self.world_size)
-        return reduced(t, call, group, group_size, shift)
+    def reduction(self, call: Any) -> Reduction:
+        """``x 1/N`` in the gradient's dtype, or ``/ N`` after a cast to the claimed dtype, then a SUM all-reduce."""
+        cast = (self.reduce_dtype or call.input.dtype) != call.input.dtype
+        return Reduction(pre=(Scale(self.world_size, reciprocal=not cast),), dtype=self.reduce_dtype,
+                         collective=ALL_REDUCE)
 
     def describe(self) -> str:
         ws = self.world_size
@@ -69,9 +70,9 @@ class CompiledDdpArithmetic(Arithmetic):
     #: Dividing before the SUM is native's own order here.
     divides_before_sum = True
 
-    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
-               shift: int) -> torch.Tensor:
-        return reduced(t.div(self.world_size), call, group, group_size, shift)
+    def reduction(self, call: Any) -> Reduction:
+        """``param.grad / N``, then a SUM all-reduce (no bucket: one parameter a call)."""
+        return Reduction(pre=(Scale(self.world_size),), dtype=self.reduce_dtype, collective=ALL_REDUCE)
 
     def describe(self) -> str:
         return f"compiled DDP (python_reducer) divides each gradient by {self.world_size} before the SUM"
@@ -96,10 +97,10 @@ class CompiledDdpArithmetic(Arithmetic):
         collective explains it."""
         out = super().candidates(call, group, rank)
         ws = self.world_size
+        order = dataclasses.replace(self.reduction(call), pre=(Scale(ws, reciprocal=True),))
         eager = Candidate(
             f"multiplied by 1/{ws} before the SUM, as eager DDP's C++ Reducer does, where under compiled autograd "
-            f"DDP's native divides: grad / {ws}, then SUM",
-            reduced(call.input.mul(1.0 / ws), call, group, ws).to(call.output.dtype),
+            f"DDP's native divides: grad / {ws}, then SUM", Recompute(call, group, ws, rank)(order),
             f"divide (grad.div_({ws})), not multiply by 1/{ws}: compiled DDP's native is param.grad / world_size, "
             "then SUM, not eager DDP's x 1/world_size")
         rest = [c for c in out[1:] if not same_bits(c.value, eager.value)]

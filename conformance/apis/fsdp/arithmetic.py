@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-import torch
 
-from conformance.ranks.arithmetic import Arithmetic, reduced
+from conformance.ranks.arithmetic import Arithmetic
+from conformance.ranks.reduction import ALL_REDUCE, REDUCE_SCATTER, Reduction, Scale
 from conformance.ranks.ulps import dtype_name
 
 
@@ -32,13 +32,11 @@ class FsdpArithmetic(Arithmetic):
         """Where the pre-divide factor is the world size (1 or 2 ranks), dividing first is native's order."""
         return self.factors[0] == self.world_size
 
-    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
-               shift: int) -> torch.Tensor:
+    def reduction(self, call: Any) -> Reduction:
+        """Cast, ``/ predivide``, SUM (a reduce-scatter when sharded), ``/ postdivide`` (a factor of 1 is skipped)."""
         pre, post = self.factors
-        if pre > 1:
-            t = t.div(pre)
-        s = reduced(t, call, group, group_size, shift)
-        return s.div(post) if post > 1 else s
+        return Reduction(pre=(Scale(pre),) if pre > 1 else (), post=(Scale(post),) if post > 1 else (),
+                         dtype=self.reduce_dtype, collective=REDUCE_SCATTER if call.sharded else ALL_REDUCE)
 
     def describe(self) -> str:
         pre, post = self.factors

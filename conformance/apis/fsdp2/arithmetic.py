@@ -3,7 +3,9 @@
 * A custom reduce-scatter comm performs exactly the collective FSDP2 asks for,
   ``reduce_scatter_tensor(output, input, op=op, group=group)`` on the
   reduce-dtype buffer FSDP2 filled (``foreach_reduce``); FSDP2 does any pre- and
-  post-division itself (:class:`CommArithmetic`).
+  post-division itself (:class:`CommArithmetic`). A comm that averages by hand
+  where FSDP2 asks for ``AVG`` picks its own divisor, so one read off the
+  default group (``dist.get_world_size()``) under HSDP or on a subgroup is named.
 * An all-reduce hook runs after native HSDP has reduced the gradient
   (``foreach_reduce`` calls it on the result), so native is the tensor unchanged,
   and the causes are the mesh's sizes a hook might divide by again, or a second
@@ -19,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from conformance.apis.fsdp2.recorders import op_name
-from conformance.ranks.arithmetic import Arithmetic, Candidate, reduced
+from conformance.ranks.arithmetic import Arithmetic, Candidate
+from conformance.ranks.reduction import ALL_REDUCE, NO_COLLECTIVE, REDUCE_SCATTER, Reduction, Scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,11 +31,16 @@ class CommArithmetic(Arithmetic):
     :meth:`for_call`, from the recorded call)."""
 
     op: Any = None
-    hook_picks_divisor = False
 
-    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
-               shift: int) -> torch.Tensor:
-        return reduced(t, call, group, group_size, shift, op=self.op)
+    def reduction(self, call: Any) -> Reduction:
+        """The collective FSDP2 asked for, with its op, in the buffer's dtype. Dividing as for another world size
+        than the group's (:meth:`dividing_as`), an ``AVG`` is a SUM divided by that size: what a comm that
+        averages by hand computes; a SUM or ``PREMUL_SUM`` stays as asked (FSDP2 divides itself)."""
+        collective = REDUCE_SCATTER if call.sharded else ALL_REDUCE
+        group_size = call.group.size() if call.group is not None else self.world_size
+        if self.world_size != group_size and op_name(self.op) == "AVG":
+            return Reduction(post=(Scale(self.world_size),), dtype=self.reduce_dtype, collective=collective)
+        return Reduction(op=self.op, dtype=self.reduce_dtype, collective=collective)
 
     def describe(self) -> str:
         return f"FSDP2 asked the comm for op={op_name(self.op)} over {self.world_size} ranks"
@@ -65,9 +73,9 @@ class AllReduceHookArithmetic(Arithmetic):
     native_name: str = "native HSDP"
     hook_picks_divisor = False  # the mesh's sizes, the world's among them, are in ``divisors``
 
-    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
-               shift: int) -> torch.Tensor:
-        return t
+    def reduction(self, call: Any) -> Reduction:
+        """No collective: the tensor is native HSDP's already."""
+        return Reduction(collective=NO_COLLECTIVE)
 
     def describe(self) -> str:
         return f"{self.native_name} hands the hook its already reduced gradient, to leave as it is"

@@ -13,9 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import torch
-
-from conformance.ranks.arithmetic import Arithmetic, reduced
+from conformance.ranks.arithmetic import Arithmetic
+from conformance.ranks.reduction import ALL_REDUCE, Reduction, Scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,9 +27,9 @@ class ReplicaArithmetic(Arithmetic):
 
     hook_picks_divisor = True
 
-    def reduce(self, t: torch.Tensor, cast: bool, call: Any, group: Any, group_size: int,
-               shift: int) -> torch.Tensor:
-        return reduced(t, call, group, group_size).div(self.world_size)
+    def reduction(self, call: Any) -> Reduction:
+        """A SUM all-reduce over the replica group, divided by the replica count (gloo's ``AVG``)."""
+        return Reduction(post=(Scale(self.world_size),), dtype=self.reduce_dtype, collective=ALL_REDUCE)
 
     def describe(self) -> str:
         return f"native HSDP averages over the {self.world_size} replicas (ReduceOp.AVG)"

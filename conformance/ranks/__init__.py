@@ -3,6 +3,6 @@
 :mod:`~conformance.ranks.zygote` forks them, :mod:`~conformance.ranks.worker` is each rank's loop
 (:mod:`~conformance.ranks.remote_worker` under torchrun), :mod:`~conformance.ranks.checks` holds what a
 rank runs for a case, :mod:`~conformance.ranks.diagnosis` names why a hook's result differs,
-:mod:`~conformance.ranks.compare` compares tensors bit for bit, and
+:mod:`~conformance.shared.compare` compares tensors bit for bit, and
 :mod:`~conformance.ranks.process_state` fingerprints what a hook may leave behind.
 """

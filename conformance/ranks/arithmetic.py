@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, Seq
 import torch
 import torch.distributed as dist
 
-from conformance.ranks.ulps import bits_equal, dtype_name
+from conformance.ulps import bits_equal, dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.diagnosis import HookCall  # typing only: diagnosis imports this module

@@ -57,8 +57,8 @@ import torch
 import torch.distributed as dist
 
 from conformance.protocol import Finding, cause_key
-from conformance.ranks.compare import dtype_name, same_bits
-from conformance.ranks.ulps import bits_equal
+from conformance.shared.compare import dtype_name, same_bits
+from conformance.ulps import bits_equal
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.arithmetic import Arithmetic, Candidate  # typing only

@@ -18,8 +18,8 @@ from typing import Any, List
 import torch
 
 from conformance.ranks.arithmetic import Arithmetic, Candidate, reduced
-from conformance.ranks.compare import same_bits
-from conformance.ranks.ulps import dtype_name
+from conformance.shared.compare import same_bits
+from conformance.ulps import dtype_name
 
 
 class DdpArithmetic(Arithmetic):

@@ -13,7 +13,7 @@ from typing import Any, Tuple
 import torch
 
 from conformance.ranks.arithmetic import Arithmetic, reduced
-from conformance.ranks.ulps import dtype_name
+from conformance.ulps import dtype_name
 
 
 class FsdpArithmetic(Arithmetic):

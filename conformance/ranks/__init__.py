@@ -2,7 +2,8 @@
 
 :mod:`~conformance.ranks.zygote` forks them, :mod:`~conformance.ranks.worker` is each rank's loop
 (:mod:`~conformance.ranks.remote_worker` under torchrun), :mod:`~conformance.ranks.checks` holds what a
-rank runs for a case, :mod:`~conformance.ranks.diagnosis` names why a hook's result differs,
-:mod:`~conformance.shared.compare` compares tensors bit for bit, and
-:mod:`~conformance.ranks.process_state` fingerprints what a hook may leave behind.
+rank runs for a case, :mod:`~conformance.ranks.diagnosis` names why a hook's result differs, and
+:mod:`~conformance.ranks.process_state` fingerprints what a hook may leave behind. What the controller
+runs too (spec loading, the link to it, bitwise comparison) is in :mod:`conformance.shared`; the rank
+side never imports the controller (docs/layers.md).
 """

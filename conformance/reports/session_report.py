@@ -8,7 +8,9 @@ the run plans (the main and extra ones, and 4 for the cases that need four
 ranks); :func:`no_case_lines` answers a ``-k`` or ``-m`` that selected no case
 with the hook names and check names there are. The pytest plugin's summary
 (:class:`conformance.reports.summary.Summary`) gathers the figures; everything
-here is plain text from them.
+here is plain text from them. Nothing here plans a case: the world sizes come
+from the controller, which plans every case once
+(:func:`conformance.controller.pytest_plugin.plan_every_case`).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ conform: setup
 		--markdown=$(REPORTS)/conformance.md $(HOOK_ARGS) $(ARGS)
 
 test: setup
-	@$(PYTHON) -c 'import expecttest, pytest_timeout, jsonschema' || { echo "make test needs expecttest, pytest-timeout and jsonschema" >&2; exit 2; }
+	@$(PYTHON) -c 'import sys, expecttest, pytest_timeout, jsonschema; sys.version_info < (3, 10) or __import__("importlinter")' || { echo "make test needs expecttest, pytest-timeout, jsonschema and import-linter (make setup installs them)" >&2; exit 2; }
 	$(PYTHON) -m pytest tests $(ARGS)
 
 bench: setup

@@ -98,7 +98,7 @@ def _spawn_rank(rank: int, world_size: int, store_path: str, out_dir: str, cases
                                 timeout=timedelta(seconds=SPAWN_CASE_TIMEOUT_S))
         stamps["joined"] = time.time()
         from conformance.ranks.checks import get_rank_check
-        from conformance.controller.spec_loading import load_target
+        from conformance.shared.spec_loading import load_target
 
         ctx = RankContext(rank, world_size, dist.group.WORLD, torch.device("cpu"), "gloo")
         specs = {case.hook: next(s for s in load_target(case.hook.target) if s.name == case.hook.name)

@@ -1,13 +1,18 @@
 """commhook-conformance: a conformance suite for PyTorch gradient communication hooks.
 
 Start with :class:`HookSpec` (the plug-in contract, ``conformance/spec.py``).
-The rest of the package, in four parts (README's "Layout" lists every module):
+The rest of the package, in parts that import one another only downwards (docs/layers.md gives
+the order, which ``lint-imports`` checks):
 
-* ``apis/``: the hook APIs, a folder each (its plan, its models, its arithmetic, its extras);
-* ``controller/``: the pytest process (plugin, settings, spec loading, the runner, the rank pools);
-* ``ranks/``: the rank processes (worker, zygote) and what they run (``checks/``, the diagnosis,
-  bitwise comparison);
-* ``reports/``: what a run writes (failure text, verdicts, JSON, grids, baseline, Markdown).
+* ``apis/``: the hook APIs, a folder each (its plan, its models, its arithmetic, its extras), and
+  the registry that loads their plans;
+* ``controller/``: the pytest process (plugin, settings, the runner, the rank pools, its replay policy);
+* ``ranks/``: the rank processes (worker, zygote) and what they run (``checks/``, the diagnosis);
+* ``reports/`` and ``reproducers/``: what a run writes (failure text, verdicts, JSON, grids, baseline,
+  Markdown; standalone files);
+* ``shared/``: what the controller and the ranks both run (spec loading, the rank link and log,
+  bitwise comparison, the reproducers' torch-only loop);
+* the foundation: ``protocol.py``, ``cases.py``, ``signatures.py``, ``exit_codes.py``, ``ulps.py``.
 """
 
 from conformance.spec import HookSpec, LossyContract, SpecError

@@ -284,7 +284,7 @@ class Finding:
         message: what was observed and what it should be, one sentence.
         step: the training step (0-based), when the check trains.
         fqn: the parameter's fully qualified name, when it concerns one.
-        mismatch: bitwise diagnostics (:class:`conformance.ranks.compare.Mismatch`).
+        mismatch: bitwise diagnostics (:class:`conformance.shared.compare.Mismatch`).
         kind: what sort of finding, for code that reacts to it (never by its
             message): ``"mismatch"`` (differs from the reference or expected
             value), ``"local_gradient"`` (every rank kept its own gradient: the

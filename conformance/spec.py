@@ -12,6 +12,10 @@ state on each rank, and its claim about numerics. The suite checks the claim:
 
 Specs are loaded by the controller and again inside every rank process, so a
 spec must be importable by module path (``pkg.module:ATTR``).
+
+Importing this module loads no API plan: the API registry
+(:data:`conformance.apis.registry.HOOK_APIS`), which validates ``api`` and holds each API's rules (its
+calling convention, whether it takes a state), is imported when the first spec is built.
 """
 
 from __future__ import annotations
@@ -23,8 +27,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import torch
 
-from conformance.apis.registry import HOOK_APIS
-from conformance.ranks.ulps import dtype_name
+from conformance.ulps import dtype_name
 # The helpers every API's validation uses live below the registry, so that it need not import this module;
 # imported from here too (their home before).
 from conformance.signatures import (FSDP_STRATEGIES, SpecError, binds_signature, qualname, signature_text,
@@ -46,6 +49,14 @@ __all__ = [
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 _REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _hook_apis() -> Any:
+    """The API registry, imported on first use: the plans load when a spec is built, not when
+    ``conformance`` is imported."""
+    from conformance.apis.registry import HOOK_APIS
+
+    return HOOK_APIS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +184,11 @@ class HookSpec:
                 f"HookSpec name {self.name!r} is not usable in test ids: use letters, "
                 "digits, '_' and '.', not starting with a digit (e.g. 'my_fp16_hook')"
             )
-        api = HOOK_APIS.get(self.api)
+        hook_apis = _hook_apis()
+        api = hook_apis.get(self.api)
         if api is None:
             raise SpecError(
-                f"HookSpec {self.name!r}: unknown api {self.api!r}; expected one of {', '.join(HOOK_APIS)}"
+                f"HookSpec {self.name!r}: unknown api {self.api!r}; expected one of {', '.join(hook_apis)}"
             )
         if not callable(self.hook):
             raise SpecError(
@@ -194,7 +206,7 @@ class HookSpec:
                 "lossy=LossyContract(rel_error_bound=0.1, loss_margin=0.05)"
             )
         if not isinstance(self.compiled_ddp, bool) or (self.compiled_ddp and not api.compiled_convention):
-            with_it = ", ".join(repr(name) for name, a in HOOK_APIS.items() if a.compiled_convention)
+            with_it = ", ".join(repr(name) for name, a in hook_apis.items() if a.compiled_convention)
             raise SpecError(
                 f"HookSpec {self.name!r}: compiled_ddp={self.compiled_ddp!r} says a DDP hook also takes compiled "
                 f"DDP's hook(state, (grad, param)); it must be True or False, and True only with api={with_it} "

@@ -8,7 +8,8 @@ because nothing else may be installed yet. What it does, in order:
    pull several GB of CUDA packages). A torch that is installed but fails to
    import is an error: installing over it would replace the user's torch.
 2. This package, editable, with its small dependencies (pyproject.toml;
-   torch is deliberately not among them).
+   torch is deliberately not among them) and its ``test`` extra
+   (import-linter, which ``make test`` runs to check the package's layers).
 
    ``pip install -e .`` builds a PEP 660 editable wheel. Where the
    interpreter's own setuptools can build it without downloads (setuptools
@@ -41,6 +42,8 @@ SMALL_DEPENDENCIES = (("numpy", "numpy"), ("pytest", "pytest"), ("hypothesis", "
                       ("pytest-timeout", "pytest_timeout"), ("expecttest", "expecttest"),
                       ("packaging", "packaging"), ("jsonschema", "jsonschema")
                       ) + ((("tomli", "tomli"),) if sys.version_info < (3, 11) else ())
+#: What ``make test`` needs besides (the ``test`` extra), where this Python can install it.
+TEST_DEPENDENCIES = (("import-linter", "importlinter"),) if sys.version_info >= (3, 10) else ()
 
 
 def say(message: str) -> None:
@@ -102,7 +105,7 @@ def can_build_offline() -> bool:
 
 
 def install_package() -> None:
-    args = ["install", "-e", REPO]
+    args = ["install", "-e", f"{REPO}[test]"]
     if can_build_offline():
         args.insert(1, "--no-build-isolation")
         say(f"installing {REPO} (editable) with the interpreter's setuptools {installed_version('setuptools')}")
@@ -112,7 +115,8 @@ def install_package() -> None:
             "isolated environment")
     if pip(*args) == 0:
         return
-    missing = [dist for dist, module in SMALL_DEPENDENCIES if importlib.util.find_spec(module) is None]
+    missing = [dist for dist, module in SMALL_DEPENDENCIES + TEST_DEPENDENCIES
+               if importlib.util.find_spec(module) is None]
     hints = []
     if missing:
         hints.append(f"install the small dependencies first: {sys.executable} -m pip install {' '.join(missing)}")

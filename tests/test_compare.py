@@ -1,4 +1,4 @@
-"""Tests for conformance.ranks.compare: bitwise comparison, ULP distance, Mismatch reports.
+"""Tests for conformance.shared.compare: bitwise comparison, ULP distance, Mismatch reports.
 
 Expected bit patterns are written out as literals or computed with ``struct``
 and Python integers (an oracle independent of the implementation).
@@ -17,7 +17,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conformance.ranks.compare import Mismatch, bits_equal, compare_bitwise, ulp_distance, ulp_distance_in
+from conformance.shared.compare import Mismatch, bits_equal, compare_bitwise, ulp_distance, ulp_distance_in
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INT_VIEW = {

@@ -17,12 +17,12 @@ from packaging.version import Version
 
 from conformance.controller import default_replay
 from conformance.apis.registry import HOOK_APIS
-from conformance.ranks.compare import compare_bitwise
+from conformance.shared.compare import compare_bitwise
 from conformance.protocol import CaseResult, CheckResult, Finding, RankOutcome
 from conformance.controller.runner import ConformanceFailure, Runner
 from conformance.controller.settings import resolve
 from conformance.spec import HookSpec
-from conformance.controller.spec_loading import LoadedSpec, load_target
+from conformance.shared.spec_loading import LoadedSpec, load_target
 from tests.meta_helpers import run_suite
 
 NORM = "total norm (norm_type=2.0)"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.controller.spec_loading import load_specs
+from conformance.shared.spec_loading import load_specs
 from tests.meta_helpers import plan_settings, planned_test_names
 from conformance import cases
 from conformance.apis.fsdp import builtin_hooks as builtin_fsdp

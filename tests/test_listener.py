@@ -2,7 +2,7 @@
 
 Unit tests on loopback, no torchrun and no torch.distributed, against
 :class:`conformance.controller.remote_listener.RankListener` and
-:func:`conformance.controller.remote_link.connect`: a peer without the key is refused and
+:func:`conformance.shared.remote_link.connect`: a peer without the key is refused and
 nothing it sent is unpickled; a bounded flood of half-open connections meets the
 cap on concurrent handshakes and a real rank still joins after it; a peer that
 trickles bytes is dropped at one deadline for the whole handshake; closing the
@@ -23,7 +23,7 @@ from multiprocessing.connection import AuthenticationError, Client
 import pytest
 
 from conformance.protocol import recv, send
-from conformance.controller.remote_link import connect
+from conformance.shared.remote_link import connect
 from conformance.controller.remote_listener import RankListener, RefusedPeers
 
 KEY = b"0123456789abcdef0123456789abcdef"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.ranks.checks.lossy import DECLARE_LOSSY_HINT, lossy_hint
+from conformance.controller.lossy_cases import DECLARE_LOSSY_HINT, lossy_hint
 from conformance.protocol import Finding
 from conformance.spec import HookSpec, LossyContract, SpecError
 from tests.meta_helpers import planned_test_names

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from conformance.controller.rank_log import RankLog, cut_note
+from conformance.shared.rank_log import RankLog, cut_note
 
 
 @pytest.fixture

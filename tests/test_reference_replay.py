@@ -5,7 +5,7 @@ The runner tells "PyTorch cannot run the suite's reference here" (a skip) from
 ``reference_only=True`` (``conformance.controller.replays.replay_reference``). That
 replay must never build the hooked model or call anything of the hook's: if it
 did, a hook that raises would turn its own failure into a skip. Each check of
-``conformance.ranks.checks.REPLAYS_REFERENCE`` runs here on a one-rank gloo group with
+``conformance.controller.replay_policy.REPLAYS_REFERENCE`` runs here on a one-rank gloo group with
 a spec whose hook, state and comm all raise.
 """
 
@@ -18,7 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conformance.ranks.checks import REPLAYS_REFERENCE, get_rank_check
+import inspect
+
+from conformance.controller.replay_policy import DEFAULT_HOOK_REPLAYABLE, REFERENCE_REPLAYABLE, REPLAYS_REFERENCE
+from conformance.ranks.checks import SHARED_CHECKS, get_rank_check
 from conformance.spec import HookSpec
 from conformance.ranks.worker import RankContext
 
@@ -68,6 +71,15 @@ def group(tmp_path_factory):
 
 def test_every_replayed_check_is_covered():
     assert set(CASES) | set(ON_FOUR_RANKS) == set(REPLAYS_REFERENCE)
+
+
+def test_the_controllers_replay_policy_names_shared_checks_that_can_replay():
+    """The controller's policy names the rank side's shared checks, and those it replays with the reference
+    alone take ``reference_only`` (a name there without it would fail the replay with a TypeError)."""
+    assert REFERENCE_REPLAYABLE <= set(SHARED_CHECKS) and DEFAULT_HOOK_REPLAYABLE <= set(SHARED_CHECKS)
+    takes = {name for name, shared in SHARED_CHECKS.items()
+             if "reference_only" in inspect.signature(shared.run).parameters}
+    assert takes == REFERENCE_REPLAYABLE
 
 
 @pytest.mark.parametrize("low_precision_grads", [False, True])

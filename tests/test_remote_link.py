@@ -1,6 +1,6 @@
 """The controller link for torchrun's ranks: the secret, the address, and a pool whose ranks never come.
 
-Unit tests, no torchrun and no torch.distributed: :mod:`conformance.controller.remote_link`
+Unit tests, no torchrun and no torch.distributed: :mod:`conformance.shared.remote_link`
 (where the secret may come from, address parsing), the ``--listen`` settings,
 and :class:`conformance.controller.remote.RemotePool` when torchrun's ranks do not connect
 (:class:`conformance.controller.remote.RanksNotConnected`, a failure of the run). The
@@ -22,7 +22,7 @@ import pytest
 
 from conformance.protocol import recv, send
 from conformance.controller.remote import RankListener
-from conformance.controller.remote_link import LinkError, parse_address, read_authkey
+from conformance.shared.remote_link import LinkError, parse_address, read_authkey
 from conformance.ranks.remote_worker import without_own_threads
 from conformance.controller.settings import OPTIONS, SettingsError, resolve
 

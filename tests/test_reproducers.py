@@ -28,7 +28,8 @@ from typing import Dict, List, Tuple
 import pytest
 
 from conformance.controller.settings import SettingsError
-from conformance.reproducers import standalone_main, writer
+from conformance.reproducers import writer
+from conformance.shared import standalone_main
 from tests.meta_helpers import BackgroundJob, ZooRuns
 from tests.meta_zoos import DDP, FSDP, FSDP2, ZOOS
 

@@ -356,7 +356,7 @@ def test_markdown_has_the_verdicts_the_grid_the_findings_and_the_rerun_commands(
 def test_failure_figures_take_the_largest_value_mismatch_and_ignore_others():
     import torch
 
-    from conformance.ranks.compare import compare_bitwise
+    from conformance.shared.compare import compare_bitwise
     from conformance.protocol import Finding
     from conformance.reports.bookkeeper import failure_figures
 

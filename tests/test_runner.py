@@ -11,7 +11,7 @@ from typing import List
 
 import pytest
 
-from conformance.controller.spec_loading import LoadedSpec
+from conformance.shared.spec_loading import LoadedSpec
 from conformance.protocol import CaseResult, CheckResult, RankOutcome
 from conformance.controller.runner import ConformanceFailure, Runner
 from conformance.controller.settings import resolve

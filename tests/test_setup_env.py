@@ -95,7 +95,8 @@ def test_install_uses_no_build_isolation_only_when_it_builds_offline(setup_env, 
     setup_env.install_package()
     monkeypatch.setattr(setup_env, "can_build_offline", lambda: False)
     setup_env.install_package()
-    assert setup_env.pip_calls == [("install", "--no-build-isolation", "-e", str(REPO)), ("install", "-e", str(REPO))]
+    assert setup_env.pip_calls == [("install", "--no-build-isolation", "-e", f"{REPO}[test]"),
+                                   ("install", "-e", f"{REPO}[test]")]
 
 
 def test_a_failed_install_says_how_to_install_offline(setup_env, monkeypatch, capsys):

@@ -262,3 +262,19 @@ def test_spec_is_immutable():
 def test_spec_error_is_a_value_error():
     # Callers that only know ValueError still catch bad specs.
     assert issubclass(SpecError, ValueError)
+
+
+def test_importing_the_contract_loads_no_api_plan():
+    """``from conformance import HookSpec`` imports neither the registry nor any plan; building a spec does."""
+    import subprocess
+    import sys
+
+    code = ("import sys, conformance, torch\n"
+            "from conformance import HookSpec\n"
+            "print(sorted(m for m in sys.modules if m.startswith('conformance.apis')))\n"
+            "from torch.distributed.algorithms._comm_hooks import default_hooks\n"
+            "HookSpec(name='h', api='fsdp', hook=default_hooks.allreduce_hook, state=default_hooks.DefaultState)\n"
+            "print('conformance.apis.registry' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["[]", "True"]

@@ -1,4 +1,4 @@
-"""Tests for conformance.controller.spec_loading: ``module:ATTR`` targets, entry points, and the CLI's usage errors.
+"""Tests for conformance.shared.spec_loading: ``module:ATTR`` targets, entry points, and the CLI's usage errors.
 
 Spec modules are written to ``tmp_path`` (put on ``sys.path``) or come from
 ``tests/data/``. Entry points are real: a ``*.dist-info`` directory on ``sys.path``
@@ -20,7 +20,7 @@ import expecttest
 import pytest
 
 from conformance.apis.fsdp import builtin_hooks as builtin_fsdp
-from conformance.controller.spec_loading import BUILTIN_TARGETS, ENTRY_POINT_GROUP, entry_point_targets, load_specs, load_target
+from conformance.shared.spec_loading import BUILTIN_TARGETS, ENTRY_POINT_GROUP, entry_point_targets, load_specs, load_target
 from conformance.spec import HookSpec, SpecError
 from tests.data import hooks as data_hooks
 
@@ -336,7 +336,7 @@ def test_pythonpath_to_rerun_keeps_the_entries_modules_came_from(tmp_path):
     the working directory and entries that provided nothing are left out."""
     from types import SimpleNamespace
 
-    from conformance.controller.spec_loading import pythonpath_to_rerun
+    from conformance.shared.spec_loading import pythonpath_to_rerun
 
     hooks, deps, unused, cwd = (str(tmp_path / d) for d in ("hooks", "deps", "unused", "cwd"))
     modules = {

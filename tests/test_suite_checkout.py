@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.controller import suite_checkout
-from conformance.controller.spec_loading import user_paths_first
+from conformance.shared import suite_checkout
+from conformance.shared.spec_loading import user_paths_first
 
 if sys.version_info >= (3, 11):
     import tomllib

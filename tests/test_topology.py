@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conformance.cases import CaseParams, case_id, parse_case_id
 from conformance.ranks import topology
-from conformance.reproducers.standalone_main import layout_env
+from conformance.shared.standalone_main import layout_env
 from conformance.reports.report import header
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence
 
 from conformance.protocol import CaseResult, Finding
-from conformance.ranks.compare import compare_bitwise
+from conformance.shared.compare import compare_bitwise
 from conformance.reports.report import DIAGNOSIS_KINDS
 
 __all__ = ["compare_across_ranks", "findings_of"]

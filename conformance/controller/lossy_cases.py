@@ -9,18 +9,47 @@ these, so a lossy case reads the same whichever API produced it:
 * :func:`determinism_case` runs ``<api>.lossy_determinism``;
 * :func:`exact_case` runs an exactness check and, where no named cause explains a
   failure, closes it with the hint on declaring a contract
-  (:func:`conformance.ranks.checks.lossy.lossy_hint`).
+  (:func:`lossy_hint`).
 
 The rank-side checks are in :mod:`conformance.ranks.checks.lossy`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Sequence
 
-from conformance.ranks.checks.lossy import lossy_hint
+from conformance.protocol import Finding
 from conformance.reports import report
 from conformance.reports.results import ShortFigure
+
+#: Shown under a failed exactness check of a hook that declares no lossy contract, where no named exact
+#: cause (:func:`conformance.reports.report.explained`) explains the difference (:func:`lossy_hint`).
+DECLARE_LOSSY_HINT = (
+    "If this hook is lossy by design (compression, quantization, low-rank, a reduction more accurate than "
+    "native), declare what it promises instead of exactness: "
+    "HookSpec(..., lossy=LossyContract(rel_error_bound=..., loss_margin=...)); "
+    "the suite then checks the declared error bound against the exact float64 mean, no NaN/Inf introduced, "
+    "the training-loss margin and determinism, plus the API's structural rules, instead of bitwise parity"
+)
+
+
+def lossy_hint(spec: Any, found: Sequence[Finding]) -> str:
+    """The closing note of a failed exactness check: :data:`DECLARE_LOSSY_HINT` where it fits, else ``""``.
+
+    It fits a hook with no contract yet whose difference nothing else explains:
+    not a hook that never communicated (a finding of kind ``"local_gradient"``),
+    not a hook that broke its API's contract (kind ``"contract"``: a Tensor returned
+    where DDP needs a Future, a gradient left in the wrong dtype; a bug whatever
+    the design),
+    not a failure made only of what the hook left behind (``"process_state"``, ``"memory"``),
+    and not one whose result a named exact cause reproduces bit for bit
+    (:func:`conformance.reports.report.explained`: a wrong divisor, a stale step, a
+    neighbour's shard are bugs, not a lossy design).
+    """
+    found = [f for f in found if f.kind not in ("process_state", "memory")]  # leaks, not a numerical design
+    fits = (spec.lossy is None and bool(found) and not any(f.kind in ("local_gradient", "contract") for f in found)
+            and not report.explained(found))
+    return "  " + DECLARE_LOSSY_HINT if fits else ""
 
 
 def _spec(conform: Any, case: Any) -> Any:

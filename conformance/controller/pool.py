@@ -12,7 +12,7 @@ rank was doing and starts a fresh pool for the next case. Rendezvous uses a
 ``FileStore`` in a private temporary directory, so no TCP port is reserved and
 a port already in use cannot break start-up.
 
-Each rank's stdout and stderr go through a pipe to a :class:`~conformance.controller.rank_log.RankLog`
+Each rank's stdout and stderr go through a pipe to a :class:`~conformance.shared.rank_log.RankLog`
 in the controller, which keeps a bounded part of each case's output. A pool runs
 the cases of one hook (:meth:`conformance.controller.runner.Runner.serve`). A rank whose
 resident memory grew by more than ``PoolConfig.memory_growth_bytes`` since the
@@ -38,7 +38,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from conformance.controller.pools import (Pool, PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step,
                                           memory_grown)
-from conformance.controller.rank_log import RankLog
+from conformance.shared.rank_log import RankLog
 from conformance.controller.zygote_client import close_zygote, rank_env, start_zygote, zygote as _session_zygote
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send, send_all
 

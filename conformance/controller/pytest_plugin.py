@@ -19,13 +19,14 @@ import torch
 from packaging.version import Version
 
 from conformance.apis import is_reach_case
-from conformance.apis.registry import api_of_test, planned_cases
-from conformance.controller import settings as settings_mod
+from conformance.apis.registry import HOOK_APIS, api_of_test, planned_cases
+from conformance.cases import CaseParams
+from conformance.controller import remote, settings as settings_mod
 from conformance.controller.failures import ConformanceFailure, NotRun
 from conformance.controller.interruption import session_signals
 from conformance.controller.known_failures import KnownFailureBook, KnownFailuresError, RunEnvironment, load_known_failures
 from conformance.controller.runner import Runner
-from conformance.controller.spec_loading import LoadedSpec, load_specs, user_paths_first
+from conformance.shared.spec_loading import LoadedSpec, load_specs, user_paths_first
 from conformance.reports import results_plugin, session_report
 from conformance.reports.bookkeeper import PLUGIN_NAME as BOOKKEEPER, Bookkeeper
 from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
@@ -44,8 +45,13 @@ class SessionState:
     sys_path: Tuple[str, ...] = ()
     runner: Optional[object] = None
     unused_entries: List[object] = dataclasses.field(default_factory=list)
+    #: Every suite test's cases for these specs and settings, planned once (:func:`plan_every_case`).
+    cases: Dict[str, List[CaseParams]] = dataclasses.field(default_factory=dict)
     #: Every world size the run plans a case at that can run here -> its suite tests (the header, the JSON).
     world_sizes: Dict[int, set] = dataclasses.field(default_factory=dict)
+    #: The terminal summary's lines on the ``--listen`` listener (the connections it refused), set when the
+    #: session finishes (:func:`conformance.controller.remote.summary_lines`).
+    listener_lines: List[str] = dataclasses.field(default_factory=list)
 
     def spec(self, name: str) -> LoadedSpec:
         for item in self.specs:
@@ -90,11 +96,13 @@ def pytest_configure(config: pytest.Config) -> None:
     except (settings_mod.SettingsError, SpecError, KnownFailuresError) as exc:
         raise pytest.UsageError(str(exc)) from None
     env = RunEnvironment.of_this_process(backend=settings.backend, device=settings.device)
-    planned = session_report.planned_world_sizes([s.spec for s in specs], settings)
+    cases = plan_every_case([s.spec for s in specs], settings)
+    planned = world_sizes_of(cases)
     # Each case is matched where its ranks run: a one-GPU machine's cross-rank pools are gloo on the CPU.
     book = KnownFailureBook(entries, env, placements={ws: settings.placement(ws)
                                                       for ws in {*settings.world_sizes, *planned}})
-    state = SessionState(settings=settings, specs=specs, book=book, sys_path=sys_path, world_sizes=planned)
+    state = SessionState(settings=settings, specs=specs, book=book, sys_path=sys_path, cases=cases,
+                         world_sizes=planned)
     config.stash[_STATE_KEY] = state
     keeper = Bookkeeper(state)  # classifies every case's reports, for the summary and the results files
     config.pluginmanager.register(keeper, BOOKKEEPER)
@@ -108,8 +116,31 @@ def pytest_configure(config: pytest.Config) -> None:
     results_plugin.register(config, state, keeper)  # --json, --markdown, --baseline; the per-hook grids
 
 
+def plan_every_case(specs: List[object], settings: settings_mod.Settings) -> Dict[str, List[CaseParams]]:
+    """Suite test -> its cases for ``specs`` under ``settings`` (:func:`conformance.apis.registry.planned_cases`),
+    for every API's suite tests: planned once per session, for the parametrization and the world sizes."""
+    return {test: planned_cases(test, specs, settings) for api in HOOK_APIS.values() for test in api.plans}
+
+
+def world_sizes_of(cases: Dict[str, List[CaseParams]]) -> Dict[int, set]:
+    """World size -> the suite tests with a case planned there that can run here (not skipped)."""
+    out: Dict[int, set] = {}
+    for test, planned in cases.items():
+        for case in planned:
+            if case.skip is None:
+                out.setdefault(case.world_size, set()).add(test)
+    return out
+
+
 def _release(version: str) -> Tuple[int, ...]:
     return Version(version).release
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Hand the terminal summary what it says of the ``--listen`` listener (it runs after this)."""
+    state = session.config.stash.get(_STATE_KEY, None)
+    if state is not None and state.settings.listen is not None:
+        state.listener_lines = remote.summary_lines()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -220,8 +251,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if api_of_test(metafunc.function.__name__) is None:
         return
     params = [pytest.param(case, id=case.id, marks=[pytest.mark.skip(reason=case.skip)] if case.skip else [])
-              for case in planned_cases(metafunc.function.__name__, [item.spec for item in state.specs],
-                                        state.settings)]
+              for case in state.cases[metafunc.function.__name__]]
     metafunc.parametrize("case", params)
 
 

@@ -3,7 +3,7 @@
 With ``--listen`` the controller starts no rank itself. torchrun
 (``torch.distributed.elastic``) starts them on every node as
 ``torchrun ... -m conformance.worker --controller HOST:PORT``; each connects
-here, proves it knows the shared secret (:mod:`conformance.controller.remote_link`) and
+here, proves it knows the shared secret (:mod:`conformance.shared.remote_link`) and
 joins one process group from torchrun's environment
 (:mod:`conformance.ranks.remote_worker`). :class:`RemotePool` then runs cases on
 them exactly as :class:`conformance.controller.pool.RankPool` does on local ranks: same
@@ -38,7 +38,7 @@ import pytest
 
 from conformance.controller.pools import PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step, memory_grown
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
-from conformance.controller.remote_link import Address, format_address, read_authkey
+from conformance.shared.remote_link import Address, format_address, read_authkey
 from conformance.controller.remote_listener import RankListener, shutdown_rank
 
 __all__ = ["RankListener", "RanksNotConnected", "RemotePool", "close_listener", "remote_pool", "summary_lines"]

@@ -2,7 +2,7 @@
 
 :class:`RankListener` accepts connections in one background thread, only on the
 address the user named, and runs each peer's handshake
-(:class:`conformance.controller.remote_link.Handshake`: the shared secret both ways, then
+(:class:`conformance.shared.remote_link.Handshake`: the shared secret both ways, then
 the rank's ``(Msg.JOIN, info)``) in a thread of its own. It holds under abuse:
 
 * at most ``max_handshakes`` handshakes run at once; a peer that connects
@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Dict, List, Optional, Tuple
 
 from conformance.protocol import Msg, recv, send
-from conformance.controller.remote_link import (HANDSHAKE_TIMEOUT_S, Address, AuthenticationError, Handshake, HandshakeTimeout,
+from conformance.shared.remote_link import (HANDSHAKE_TIMEOUT_S, Address, AuthenticationError, Handshake, HandshakeTimeout,
                                      format_address)
 
 __all__ = ["MAX_HANDSHAKES", "RankListener", "RefusedPeers", "shutdown_rank"]
@@ -105,7 +105,7 @@ class RefusedPeers:
 class RankListener:
     """Accepts torchrun's ranks on ``address`` (this address only), authenticating each, in background threads.
 
-    Each peer gets a :class:`conformance.controller.remote_link.Handshake` (the
+    Each peer gets a :class:`conformance.shared.remote_link.Handshake` (the
     challenge/response of ``multiprocessing.connection``, both ways) before
     anything it sends is unpickled; then its ``(Msg.JOIN, info)`` is read, and the
     rank waits in :meth:`next_join`.

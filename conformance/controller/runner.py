@@ -78,10 +78,10 @@ from conformance.controller.reach import note_reach
 from conformance.controller.remote import remote_pool
 from conformance.controller.replays import (RERUN_NOT_STARTED, CrashRerun, first_loss, lost_a_rank, replay_crash,
                                            replay_default_hook, replay_reference, second_run_outcome)
-from conformance.controller.spec_loading import pythonpath_to_rerun
+from conformance.shared.spec_loading import pythonpath_to_rerun
 from conformance.controller.zygote_client import close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
-from conformance.ranks.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
+from conformance.controller.replay_policy import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.reports import report
 from conformance.reproducers import writer
 
@@ -115,10 +115,10 @@ class Runner:
 
     Args:
         settings: the session's :class:`~conformance.controller.settings.Settings`.
-        specs: the loaded specs (:class:`~conformance.controller.spec_loading.LoadedSpec`);
+        specs: the loaded specs (:class:`~conformance.shared.spec_loading.LoadedSpec`);
             every rank loads them all when its pool starts.
         sys_path: the module search path the controller loaded them with; every
-            rank gets it (:func:`~conformance.controller.spec_loading.user_paths_first`).
+            rank gets it (:func:`~conformance.shared.spec_loading.user_paths_first`).
 
     Attributes:
         restarts: pools restarted after a case hung, killed a rank, or left the
@@ -453,7 +453,7 @@ class Runner:
 
         ``PYTHONPATH=...`` first where the session imported modules from
         ``PYTHONPATH`` entries other than the working directory (a hook package
-        outside it, :func:`~conformance.controller.spec_loading.pythonpath_to_rerun`); then
+        outside it, :func:`~conformance.shared.spec_loading.pythonpath_to_rerun`); then
         ``conform``, or ``/path/to/python -m conformance`` where the ``conform`` on
         ``PATH`` is not this interpreter's (:func:`~conformance.controller.cli.command_words`:
         a fresh shell may not have the venv on ``PATH``); then the hook's ``--hook``

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from conformance import fixtures
-from conformance.controller.remote_link import LinkError, parse_address, read_authkey
+from conformance.shared.remote_link import LinkError, parse_address, read_authkey
 from conformance.reports.results import unwritable_reason
 
 # Declared in their own modules, and importable from here as before.

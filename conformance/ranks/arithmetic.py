@@ -39,7 +39,7 @@ from conformance.ranks.cause_words import Words
 from conformance.ranks.hook_call import HookCall
 from conformance.ranks.reduction import (ALL_REDUCE_THEN_CHUNK, DEFAULT_GROUP, PAIRWISE, RANK, RING, Recompute,
                                          Reduction, Scale)
-from conformance.ranks.ulps import bits_equal
+from conformance.ulps import bits_equal
 
 __all__ = ["Arithmetic", "Candidate"]
 

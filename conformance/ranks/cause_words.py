@@ -27,7 +27,7 @@ import torch
 
 from conformance.ranks.reduction import (ALL_REDUCE_THEN_CHUNK, DEFAULT_GROUP, PAIRWISE, RANK, RING, THE_COLLECTIVES,
                                          Reduction, Scale, pairwise_text)
-from conformance.ranks.ulps import dtype_name
+from conformance.ulps import dtype_name
 
 __all__ = ["Words"]
 

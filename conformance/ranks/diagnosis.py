@@ -59,10 +59,10 @@ import torch.distributed as dist
 
 from conformance.protocol import Finding, cause_key
 from conformance.ranks.arithmetic import Arithmetic, Candidate
-from conformance.ranks.compare import dtype_name, same_bits
+from conformance.shared.compare import dtype_name, same_bits
 # Re-exported: the recorders import what they keep of a call from here.
 from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives  # noqa: F401
-from conformance.ranks.ulps import bits_equal
+from conformance.ulps import bits_equal
 
 #: Calls explained per failing step: each costs a dozen collectives, and the first ones tell the cause.
 MAX_DIAGNOSED_CALLS = 2

@@ -5,7 +5,7 @@ per rank, with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` set. Each rank:
 
 1. connects to the controller (``conform --listen HOST:PORT``) and proves it
-   knows the shared secret (:mod:`conformance.controller.remote_link`);
+   knows the shared secret (:mod:`conformance.shared.remote_link`);
 2. says who it is (``(Msg.JOIN, {...})``) and gets the run's backend, device and
    hook specs (``(Msg.HELLO, {...})``);
 3. fingerprints its clean process state, loads the hook's spec, joins the
@@ -47,8 +47,8 @@ from typing import Any, Dict, List, Optional
 
 import torch.distributed as dist
 
-from conformance.controller.rank_log import RankLog
-from conformance.controller.remote_link import AuthenticationError, LinkError, connect, parse_address, read_authkey
+from conformance.shared.rank_log import RankLog
+from conformance.shared.remote_link import AuthenticationError, LinkError, connect, parse_address, read_authkey
 from conformance.protocol import Msg, recv, send
 from conformance.ranks import lifeline
 from conformance.ranks.worker import _Worker
@@ -76,7 +76,7 @@ class _KeptOutput:
     """Copies this process's file descriptors 1 and 2 to where they went before, and into a :class:`RankLog`.
 
     The local pool's controller reads each rank's output through a
-    :class:`conformance.controller.rank_log.RankLog`; a rank on another node keeps its own
+    :class:`conformance.shared.rank_log.RankLog`; a rank on another node keeps its own
     the same way, so a failure shows the same excerpt (head, tail, and the
     ``... N bytes of rank output cut ...`` note) whichever launcher started it,
     while torchrun still gets every byte.

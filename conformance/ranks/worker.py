@@ -33,7 +33,7 @@ import torch.distributed as dist
 # Bound here, when this module is imported: before any hook's module is (see _suite_all_reduce).
 from torch.distributed.distributed_c10d import all_reduce as _all_reduce_before_hooks
 
-from conformance.controller.spec_loading import load_target
+from conformance.shared.spec_loading import load_target
 from conformance.protocol import Msg, RankOutcome, as_check_result, recv, send
 from conformance.ranks import lifeline, process_state, reach, topology
 from conformance.ranks.checks import get_rank_check, register_every_check

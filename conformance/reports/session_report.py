@@ -8,18 +8,20 @@ the run plans (the main and extra ones, and 4 for the cases that need four
 ranks); :func:`no_case_lines` answers a ``-k`` or ``-m`` that selected no case
 with the hook names and check names there are. The pytest plugin's summary
 (:class:`conformance.reports.summary.Summary`) gathers the figures; everything
-here is plain text from them.
+here is plain text from them. Nothing here plans a case: the world sizes come
+from the controller, which plans every case once
+(:func:`conformance.controller.pytest_plugin.plan_every_case`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from conformance.apis.registry import HOOK_APIS, api_of_test, planned_cases
-from conformance.controller.remote_link import format_address
+from conformance.apis.registry import api_of_test
+from conformance.shared.remote_link import format_address
 
 __all__ = ["counts_lines", "crash_rerun_lines", "crash_rerun_verdict_note", "header_lines", "no_case_lines",
-           "notset_cause", "planned_world_sizes", "split_counts"]
+           "notset_cause", "split_counts"]
 
 #: Names listed in one line before "and N more".
 MAX_NAMES = 8
@@ -36,18 +38,6 @@ def _names(items: Iterable[str]) -> str:
     names = sorted(set(items))
     more = f" and {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else ""
     return ", ".join(names[:MAX_NAMES]) + more
-
-
-def planned_world_sizes(specs: Sequence[Any], settings: Any) -> Dict[int, Set[str]]:
-    """World size -> the suite tests with a case planned there that can run here (not skipped), for ``specs``
-    (:class:`~conformance.spec.HookSpec`) under ``settings``, as collection will plan them."""
-    out: Dict[int, Set[str]] = {}
-    for api in HOOK_APIS.values():
-        for test in api.plans:
-            for case in planned_cases(test, specs, settings):
-                if case.skip is None:
-                    out.setdefault(case.world_size, set()).add(test)
-    return out
 
 
 def _sizes_text(sizes: Mapping[int, Set[str]], usual: Sequence[int]) -> str:

@@ -19,7 +19,6 @@ from typing import Any, List
 import pytest
 
 from conformance import exit_codes
-from conformance.controller.remote import summary_lines as remote_summary_lines
 from conformance.reports import report, results, results_plugin, session_report
 from conformance.reports.bookkeeper import Bookkeeper, case_hook, case_of
 from conformance.reports.reach import hook_reach
@@ -164,9 +163,8 @@ class Summary:
                           "rank pools that could not start, or cases that even PyTorch's own default hook cannot run here); no "
                           "hook is blamed for that. Fix what the reason says "
                           "and run again", red=True)
-        if state.settings.listen is not None:  # connections refused for want of the shared secret
-            for line in remote_summary_lines():
-                tr.write_line(line, yellow=True)
+        for line in getattr(state, "listener_lines", ()):  # connections the --listen listener refused
+            tr.write_line(line, yellow=True)
         if keeper.hooks:
             totals, xfailed_builtin = session_report.split_counts(
                 {name: tally.counts for name, tally in keeper.hooks.items()},

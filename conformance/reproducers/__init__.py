@@ -5,7 +5,7 @@ module. Written into it, as they are in the suite: the reference model's class
 (``models/base.py`` and the model's module), the API's standalone part
 (``conformance/apis/<api>/standalone.py``: how the suite builds the native and
 the hooked model, which the suite's own models use too) and the training loop
-(:mod:`conformance.reproducers.standalone_main`). The case (world size,
+(:mod:`conformance.shared.standalone_main`). The case (world size,
 variant, reduce dtype, seeds, steps, the hard inputs' values) is a literal
 ``CASE`` dict. ``python file.py`` starts the case's ranks itself on CPUs (gloo) or
 GPUs (NCCL, one per process) and exits 1 where the difference reproduces, 0 where

@@ -25,39 +25,14 @@ import torch
 from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
 from conformance.protocol import Finding
-from conformance.reproducers import standalone_main
+from conformance.shared import standalone_main
+from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
 
-def _defaults(fn: Any) -> Dict[str, Any]:
-    """The keyword defaults of ``fn``'s signature."""
-    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
-            if p.default is not inspect.Parameter.empty}
-
-
-def _check_defaults() -> Dict[str, Dict[str, Any]]:
-    """The rank checks a reproducer replays (the part of ``<api>.<check>`` after the API), with their defaults:
-    the model, the steps, SGD's learning rate and momentum, whether the optimizer steps. Read from the rank
-    checks themselves (their signatures, :data:`~conformance.ranks.checks.common.MOMENTUM`), so a reproducer
-    trains as the suite did after either changes."""
-    from conformance.ranks.checks import common, exact, long_run, probe
-
-    averaging, parity, long = _defaults(exact.averaging), _defaults(exact.parity), _defaults(long_run.long_run)
-    return {
-        "averaging": {"model": averaging["model"], "steps": averaging["steps"], "lr": averaging["lr"],
-                      "momentum": _defaults(common.sgd)["momentum"], "optimizer_step": True},
-        "parity": {"steps": parity["steps"], "lr": parity["lr"], "momentum": common.MOMENTUM, "optimizer_step": True},
-        # the long run: its steps are the case's (``LONG_RUN_STEPS``), its objective a regression onto random
-        # targets with inputs that change every step (standalone_main.regression_inputs)
-        "long_run": {"steps": 0, "lr": long["lr"], "momentum": common.MOMENTUM, "optimizer_step": True,
-                     "objective": "regression"},
-        "hard_inputs": {"model": _defaults(probe.hard_inputs)["model"], "steps": 1,
-                        "lr": _defaults(probe.run_examples)["lr"], "momentum": common.MOMENTUM,
-                        "optimizer_step": False},
-    }
-
-
-CHECK_DEFAULTS: Dict[str, Dict[str, Any]] = _check_defaults()
+#: The rank checks a reproducer replays, with how each trains: the same table the checks' signatures read
+#: (:data:`conformance.shared.training.CHECK_TRAINING`), so a reproducer trains as the suite did.
+CHECK_DEFAULTS = CHECK_TRAINING
 #: Parameters of a rank check that are not the case's variant.
 _NOT_VARIANT = {"model", "steps", "lr", "examples", "case_id", "fresh", "micro_steps", "reference_only"}
 
@@ -304,7 +279,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         _source("conformance.models.base"),
         _source(model_cls.__module__),
         f"MODEL = {model_cls.__name__}",
-        _rule("the training loop (the suite's conformance/reproducers/standalone_main.py)"),
+        _rule("the training loop (the suite's conformance/shared/standalone_main.py)"),
         _source(standalone_main.__name__),
         _rule(f"how the suite builds {api.name}'s models ({api.standalone})"),
         _source(api.standalone),

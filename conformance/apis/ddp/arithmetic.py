@@ -17,9 +17,9 @@ import dataclasses
 from typing import Any, List
 
 from conformance.ranks.arithmetic import Arithmetic, Candidate
-from conformance.ranks.compare import same_bits
+from conformance.shared.compare import same_bits
 from conformance.ranks.reduction import ALL_REDUCE, Recompute, Reduction, Scale
-from conformance.ranks.ulps import dtype_name
+from conformance.ulps import dtype_name
 
 
 class DdpArithmetic(Arithmetic):

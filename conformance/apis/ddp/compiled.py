@@ -62,7 +62,7 @@ from conformance.ranks import reach
 from conformance.ranks.checks.common import model_no_sync
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.diagnosis import CallLog, HookCall
-from conformance.ranks.compare import same_bits
+from conformance.shared.compare import same_bits
 
 __all__ = ["COMPILE_BACKEND", "COMPILED_REFERENCE", "GRADBUCKET_NOTE", "CompiledHookRecorder", "CompiledTraining",
            "compiled_ddp_missing", "convention_error", "default_hook", "registration_refused"]

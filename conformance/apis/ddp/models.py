@@ -48,7 +48,7 @@ from conformance.models import get_model
 from conformance.ranks.checks.common import fqn_inside_ddp, model_no_sync, named_grads, named_params, train_step
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built
-from conformance.ranks.compare import dtype_name
+from conformance.shared.compare import dtype_name
 
 def build_ddp(model_name: str, ctx: Any, config: str) -> nn.Module:
     """``DistributedDataParallel`` around a freshly built ``model_name`` under ``config``, in ``ctx.group``.

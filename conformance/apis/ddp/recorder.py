@@ -25,7 +25,7 @@ from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, CppCommHook
 from conformance.protocol import Finding
 from conformance.ranks import reach
 from conformance.ranks.checks.models import Recorder
-from conformance.ranks.compare import dtype_name
+from conformance.shared.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
 
 

@@ -16,7 +16,7 @@ import torch
 
 # The reference hooks live in the API's standalone part, which reproducers copy as it is (torch only).
 from conformance.apis.ddp.standalone import reference_hook  # noqa: F401 - imported from here too
-from conformance.ranks.compare import dtype_name
+from conformance.shared.compare import dtype_name
 
 
 def reference_name(spec: Any) -> str:

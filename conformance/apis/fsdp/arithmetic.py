@@ -13,7 +13,7 @@ from typing import Any, Tuple
 
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.reduction import ALL_REDUCE, REDUCE_SCATTER, Reduction, Scale
-from conformance.ranks.ulps import dtype_name
+from conformance.ulps import dtype_name
 
 
 class FsdpArithmetic(Arithmetic):

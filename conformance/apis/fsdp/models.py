@@ -28,7 +28,7 @@ from conformance.ranks import reach
 from conformance.ranks.checks.common import fqn_without_wrappers, named_grads, named_params
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
-from conformance.ranks.compare import dtype_name
+from conformance.shared.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
 
 

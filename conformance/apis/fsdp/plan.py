@@ -33,7 +33,7 @@ from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, Suit
                               simulated_layout_skip, subgroup_world_size, two_node_world_sizes)
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
-from conformance.ranks.ulps import dtype_name
+from conformance.ulps import dtype_name
 from conformance.signatures import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
 
 #: The long run's model (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): one

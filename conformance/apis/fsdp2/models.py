@@ -37,7 +37,7 @@ from conformance.ranks.checks.common import View, fqn_without_wrappers, named_gr
 from conformance.models import get_model
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built, NativeDoesNotHold
-from conformance.ranks.compare import dtype_name
+from conformance.shared.compare import dtype_name
 
 
 def full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:

@@ -18,7 +18,7 @@ from conformance.apis.fsdp2.standalone import make_comm as standalone_make_comm
 from conformance.protocol import Finding
 from conformance.ranks import reach
 from conformance.ranks.checks.models import Recorder
-from conformance.ranks.compare import dtype_name
+from conformance.shared.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
 
 

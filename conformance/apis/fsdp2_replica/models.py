@@ -21,7 +21,7 @@ from conformance.apis.fsdp2.standalone import REPLICA_SHARDS, replica_shape  # n
 from conformance.apis.fsdp2_replica.arithmetic import ReplicaArithmetic
 from conformance.apis.fsdp2_replica.recorder import ReplicaRecorder
 from conformance.ranks.checks.models import Built
-from conformance.ranks.compare import dtype_name
+from conformance.shared.compare import dtype_name
 
 __all__ = ["REPLICA_SHARDS", "ReplicaModels", "replica_shape"]
 

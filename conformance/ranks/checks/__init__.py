@@ -17,9 +17,8 @@ Two kinds, both named by the API's :class:`~conformance.apis.HookApi`:
   clip_grad_norm_, hard inputs, rank gradients and the three lossy-contract
   checks. Each one an API's suite tests run is registered for it, bound to its
   models class (``HookApi.models``), as PyTorch's ``_get_grads`` takes the hook
-  type. The same table says which of them the controller may replay with the
-  reference alone (:data:`REPLAYS_REFERENCE`) or with PyTorch's default hook
-  (:data:`REPLAYS_DEFAULT_HOOK`);
+  type. Which of them the controller replays (the reference alone, PyTorch's
+  default hook) is the controller's policy (:mod:`conformance.controller.replay_policy`);
 * an API's **own checks** (``HookApi.checks``): FSDP1's registration rules,
   DDP's future contract.
 
@@ -34,13 +33,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from typing import Any, Callable, Dict, FrozenSet
+from typing import Any, Callable, Dict
 
 from conformance.apis.registry import HOOK_APIS
 from conformance.ranks.checks import clip, exact, long_run, lossy, probe
 
-__all__ = ["REPLAYS_DEFAULT_HOOK", "REPLAYS_REFERENCE", "SHARED_CHECKS", "SharedCheck", "get_rank_check",
-           "register_every_check"]
+__all__ = ["SHARED_CHECKS", "SharedCheck", "get_rank_check", "register_every_check"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,44 +46,26 @@ class SharedCheck:
     """A rank check written once over :class:`~conformance.ranks.checks.models.ApiModels`.
 
     Attributes:
-        run: ``run(ctx, spec, make, **params)``, ``make`` the API's models class.
-        replays_reference: it takes ``reference_only=True``: it then builds and trains only its reference
-            model (the native path, no hook), so the controller can tell a reference that PyTorch cannot run
-            here from a hook that broke it (:meth:`conformance.controller.runner.Runner.run`).
-        replays_default_hook: it runs the same with any spec of its API, and its reference is PyTorch's
-            behaviour on this torch version: a failure that no cause of the hook's own explains is replayed
-            with PyTorch's own default hook in its place (:mod:`conformance.controller.default_replay`).
+        run: ``run(ctx, spec, make, **params)``, ``make`` the API's models class. Those that take
+            ``reference_only=True`` then build and train only their reference model (the native path, no
+            hook): the controller's reference replay (:mod:`conformance.controller.replay_policy`).
     """
 
     run: Callable[..., Any]
-    replays_reference: bool = False
-    replays_default_hook: bool = False
 
 
 #: The shared checks, by name: every API registers those its suite tests run as ``<api>.<name>``.
 SHARED_CHECKS: Dict[str, SharedCheck] = {
-    "averaging": SharedCheck(exact.averaging, replays_default_hook=True),
-    "parity": SharedCheck(exact.parity, replays_reference=True, replays_default_hook=True),
-    "long_run": SharedCheck(long_run.long_run, replays_reference=True, replays_default_hook=True),
-    "clip_grad_norm": SharedCheck(clip.clip_grad_norm, replays_reference=True, replays_default_hook=True),
+    "averaging": SharedCheck(exact.averaging),
+    "parity": SharedCheck(exact.parity),
+    "long_run": SharedCheck(long_run.long_run),
+    "clip_grad_norm": SharedCheck(clip.clip_grad_norm),
     "hard_inputs": SharedCheck(probe.hard_inputs),
-    "rank_grads": SharedCheck(exact.rank_grads, replays_default_hook=True),
+    "rank_grads": SharedCheck(exact.rank_grads),
     "lossy_error": SharedCheck(lossy.lossy_error),
     "lossy_loss": SharedCheck(lossy.lossy_loss),
     "lossy_determinism": SharedCheck(lossy.lossy_determinism),
 }
-
-
-def _shared(flag: str) -> FrozenSet[str]:
-    """The registered names of the shared checks any API runs whose :class:`SharedCheck` has ``flag``."""
-    return frozenset(test.rank_check_name for api in HOOK_APIS.values() for test in api.plans.values()
-                     if test.rank_check in SHARED_CHECKS and getattr(SHARED_CHECKS[test.rank_check], flag))
-
-
-#: Checks that accept ``reference_only=True`` (:attr:`SharedCheck.replays_reference`).
-REPLAYS_REFERENCE = _shared("replays_reference")
-#: Checks the controller may replay with PyTorch's own default hook (:attr:`SharedCheck.replays_default_hook`).
-REPLAYS_DEFAULT_HOOK = _shared("replays_default_hook")
 
 
 def _resolve(target: str) -> Any:

@@ -16,11 +16,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conformance.ranks.compare import compare_bitwise
+from conformance.shared.compare import compare_bitwise
+# SGD's momentum in the lock-step checks: with the other training defaults, shared with the reproducer writer.
+from conformance.shared.training import MOMENTUM  # noqa: F401
 # The parameter-name helpers live in the reproducers' loop (torch only), which copies them into every file;
 # imported from here too.
-from conformance.reproducers.standalone_main import fqn_inside_ddp, fqn_without_wrappers, local  # noqa: F401
-from conformance.ranks.ulps import INT_OF_SIZE
+from conformance.shared.standalone_main import fqn_inside_ddp, fqn_without_wrappers, local  # noqa: F401
+from conformance.ulps import INT_OF_SIZE
 from conformance.protocol import CheckResult, Finding
 
 def named_grads(model: nn.Module, fqn: Callable[[str], str] = fqn_without_wrappers
@@ -48,7 +50,7 @@ def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
             counts its ULPs in that dtype too (``Mismatch.max_ulp_diff_reduce``).
 
     A tensor present on one side and ``None`` on the other is a finding too.
-    Comparison is :func:`conformance.ranks.compare.compare_bitwise` (NaN equals NaN).
+    Comparison is :func:`conformance.shared.compare.compare_bitwise` (NaN equals NaN).
     """
     findings: List[Finding] = []
     for fqn, exp in expected.items():
@@ -63,12 +65,6 @@ def compare_named(what: str, actual: Dict[str, Any], expected: Dict[str, Any], *
         if mismatch is not None:
             findings.append(Finding(rank, f"{what} differs from {reference}", step=step, fqn=fqn, mismatch=mismatch))
     return findings
-
-
-#: SGD's momentum in every check that trains several steps in lock step (parity, clip, the lossy contracts): a
-#: gradient difference then reaches the parameters through the optimizer's state too. The averaging check's
-#: analytic model trains without momentum (:func:`sgd`'s default).
-MOMENTUM = 0.9
 
 
 class _SGD(torch.optim.SGD):

@@ -29,10 +29,11 @@ from conformance.ranks.checks.common import (MOMENTUM, averaging_findings, grads
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
 from conformance.ranks.diagnosis import diagnose
+from conformance.shared.training import AVERAGING, PARITY
 
 
-def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = "analytic_linear", steps: int = 4,
-              lr: float = 0.1, **variant: Any) -> List[Finding]:
+def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = AVERAGING["model"],
+              steps: int = AVERAGING["steps"], lr: float = AVERAGING["lr"], **variant: Any) -> List[Finding]:
     """Seed ``test_default_communication_hook_behavior``: every gradient equals mean(0..world_size-1), each step.
 
     Where the API's reference for the hook's claim computes another average
@@ -47,12 +48,12 @@ def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = "analytic_l
     ctx = models.ctx
     hooked = models.build(hooked=True)
     recorder = hooked.recorder
-    optim = sgd(hooked.model.parameters(), lr=lr)
+    optim = sgd(hooked.model.parameters(), lr=lr, momentum=AVERAGING["momentum"])
     what = models.reference_average(hooked.model)
     ref = ref_optim = None
     if what is not None:
         ref = models.build(hooked=False).model
-        ref_optim = sgd(ref.parameters(), lr=lr)
+        ref_optim = sgd(ref.parameters(), lr=lr, momentum=AVERAGING["momentum"])
     for step in range(steps):
         broken = recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim, models.inputs,
                                                             models.loss_fn))
@@ -73,12 +74,12 @@ def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = "analytic_l
     return []
 
 
-def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
+def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = PARITY["steps"], lr: float = PARITY["lr"],
            reference_only: bool = False, **variant: Any) -> List[Finding]:
     """Gradients and parameters bitwise equal to the reference (the native path for the hook's claim) after
     every step, per parameter FQN; ``steps`` of them, or the model's ``max_steps`` where fewer (a model of
     production-sized buffers). ``reference_only``: train the reference alone, with no hooked model built
-    (the runner's replay, :data:`conformance.ranks.checks.REPLAYS_REFERENCE`); returns no findings."""
+    (the runner's replay, :data:`conformance.controller.replay_policy.REPLAYS_REFERENCE`); returns no findings."""
     models = make(ctx, spec, model=model, **variant)
     steps = min(steps, models.model_cls.max_steps or steps)
     ref = models.build(hooked=False)

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Tuple
 import torch.distributed as dist
 
 from conformance.apis import SUBGROUP_WORLD_SIZE
-from conformance.reproducers.standalone_main import data_parallel_groups
+from conformance.shared.standalone_main import data_parallel_groups
 
 _SUBGROUPS: Dict[Tuple[int, int], Any] = {}
 

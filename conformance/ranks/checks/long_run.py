@@ -18,7 +18,7 @@ steps never meets them. :func:`long_run` trains the reference model and the hook
    a reproducer trains to.
 
 The objective is a regression onto random targets with inputs that change every step
-(:func:`~conformance.reproducers.standalone_main.regression_inputs`, ``regression_loss``): a model trained on its
+(:func:`~conformance.shared.standalone_main.regression_inputs`, ``regression_loss``): a model trained on its
 own ``output.sum()`` overflows within ten steps, after which NaN equals NaN on both sides and nothing is checked.
 """
 
@@ -34,7 +34,8 @@ from conformance.ranks.checks.common import MOMENTUM, compare_named, sgd
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import ApiModels, Built, MakeModels
 # The objective lives in the reproducers' loop (torch only), which copies it into every file; imported from here.
-from conformance.reproducers.standalone_main import regression_inputs, regression_loss
+from conformance.shared.standalone_main import regression_inputs, regression_loss
+from conformance.shared.training import LONG_RUN
 
 __all__ = ["CHECK_IN_EVERY", "check_in", "long_run"]
 
@@ -116,14 +117,14 @@ def _unrecorded(ctx: Any, models: ApiModels, ref: Built, hooked: Built, inputs: 
     return None, []
 
 
-def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, lr: float = 0.01,
+def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, lr: float = LONG_RUN["lr"],
              reference_only: bool = False, **variant: Any) -> Any:
     """``steps`` training steps of the reference and the hooked model, compared bit for bit after every one
     (gradients, local shards where sharded, and parameters), unrecorded; a difference is replayed with the
     recorder on up to its step, for the findings and the diagnosis (module docstring).
 
     ``reference_only``: train the reference alone for ``steps`` steps (the runner's replay,
-    :data:`conformance.ranks.checks.REPLAYS_REFERENCE`); returns no findings.
+    :data:`conformance.controller.replay_policy.REPLAYS_REFERENCE`); returns no findings.
 
     Returns:
         a :class:`~conformance.protocol.CheckResult` of this rank's findings (a list, ``[]``, for

@@ -25,11 +25,12 @@ import torch
 from conformance.protocol import Finding
 from conformance.ranks.checks.lockstep import Lockstep, LockstepRun
 from conformance.ranks.checks.models import MakeModels
-from conformance.reproducers.standalone_main import placed_tensor
+from conformance.shared.standalone_main import placed_tensor
+from conformance.shared.training import HARD_INPUTS
 
 #: ``(label, grads)``: ``grads[rank][i]`` is the gradient of probe parameter ``i`` on ``rank``
 #: (float32, CPU), in the order of the probe's ``input_shapes()``; for a probe of production size
-#: (``large_probe``), its description instead (a dict, :func:`~conformance.reproducers.standalone_main.placed_tensor`),
+#: (``large_probe``), its description instead (a dict, :func:`~conformance.shared.standalone_main.placed_tensor`),
 #: built on the rank: tens of MiB a rank never travel through the pool's pipes.
 Example = Tuple[str, Sequence[Sequence[torch.Tensor]]]
 
@@ -39,7 +40,7 @@ _RUNS: Dict[str, LockstepRun] = {}
 
 def run_examples(ctx: Any, case_id: str, examples: Sequence[Example], fresh: bool,
                  make_plan: Callable[[Callable[[int], Any], Callable[[int], str]], Lockstep],
-                 lr: float = 0.01) -> List[Finding]:
+                 lr: float = HARD_INPUTS["lr"]) -> List[Finding]:
     """Feed ``examples`` through the hooked and the reference probe, one step each; findings of the first
     example that differs (every rank stops there together).
 
@@ -73,7 +74,7 @@ def run_examples(ctx: Any, case_id: str, examples: Sequence[Example], fresh: boo
 
 
 def hard_inputs(ctx: Any, spec: Any, make: MakeModels, *, examples: Sequence[Example], case_id: str,
-                fresh: bool = True, model: str = "gradient_probe", **variant: Any) -> List[Finding]:
+                fresh: bool = True, model: str = HARD_INPUTS["model"], **variant: Any) -> List[Finding]:
     """Chosen gradients through the API's probe (:func:`run_examples`), bitwise against its reference probe:
     every rank's local gradient (together, every element), one example per step, no optimizer step.
 

@@ -16,7 +16,7 @@ import sys
 from importlib import metadata
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from conformance.controller import suite_checkout
+from conformance.shared import suite_checkout
 from conformance.apis.registry import HOOK_APIS
 from conformance.spec import HookSpec, SpecError
 
@@ -149,7 +149,7 @@ def user_paths_first() -> Tuple[str, ...]:
     A checkout of this suite among them (the working directory of ``make conform``,
     say) goes after the others, and its ``models/``, ``fixtures/`` and
     ``examples/`` folders never resolve as top-level packages
-    (:mod:`conformance.controller.suite_checkout`): a user's ``models``, ``fixtures``,
+    (:mod:`conformance.shared.suite_checkout`): a user's ``models``, ``fixtures``,
     ``examples`` or ``tests`` package is never shadowed by the suite, whichever
     directory the run starts in. (The ranks install the same guard in
     :func:`load_target`.)

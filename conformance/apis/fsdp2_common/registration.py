@@ -33,7 +33,8 @@ finding is either PyTorch's (its text starts "PyTorch changed", with the torch v
 ``"pytorch_changed"``: the case is skipped with it as the reason) or the suite's own registration's
 (its text says so; kind ``"suite"``: the case is ``NOT RUN``); none blames the hook.
 
-The rule names and the plan are in ``plan.py`` (:data:`~conformance.apis.fsdp2.plan.REGISTRATION_RULES`).
+The rule names and the plan are in ``plan.py`` (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`);
+each API's rank check is :func:`registration_check` of its setup object, in its ``models.py``.
 Everything FSDP2 is looked up when used, as in ``build.py``: this module imports on a torch without FSDP2.
 """
 
@@ -41,21 +42,20 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Tuple
 
 import torch
 from torch import nn
 
-from conformance.apis.fsdp2.build import build_fsdp2, fsdp2_api, hsdp_shape, mesh_for
-from conformance.apis.fsdp2.plan import HSDP_STREAM_RULE, REGISTRATION_RULES
-from conformance.apis.fsdp2.recorders import make_comm
-from conformance.apis.fsdp2.standalone import mixed_precision
-from conformance.models import get_model
+from conformance.apis.fsdp2_common.build import build_fsdp2, mesh_for, several_groups_model
+from conformance.apis.fsdp2_common.plan import HSDP_STREAM_RULE, REGISTRATION_RULES
+from conformance.apis.fsdp2_common.setup import Fsdp2Setup
+from conformance.apis.fsdp2_common.standalone import fsdp2_api
 from conformance.protocol import Finding
 
 __all__ = ["ALL_REDUCE_HOOK", "MULTIPLE_PARAM_GROUPS", "REDUCE_SCATTER", "RegistrationRefused", "Setter",
-           "all_reduce_hook_registration", "check_rule", "comm_registration", "fsdp_modules_by_fqn", "param_groups",
-           "refusal_message", "register_on_every_module", "several_groups_model"]
+           "check_rule", "fsdp_modules_by_fqn", "param_groups", "refusal_message", "register_on_every_module",
+           "registration_check", "several_groups_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,57 +162,6 @@ def register_on_every_module(model: nn.Module, setter: str, hook: Any) -> int:
                 raise
             raise RegistrationRefused(refusal_message(fqn, module, setter, exc)) from exc
     return len(modules)
-
-
-# -- a module with several parameter groups ------------------------------------------------------------------
-
-_EXPERT_MESHES: Dict[Tuple[int, str], Any] = {}
-
-
-def _expert_mesh(ctx: Any) -> Any:
-    """A 1-D device mesh over this rank alone (``MixtureOfExperts.expert_group``), cached per group and device type;
-    collective the first time (it creates the pool's singleton groups)."""
-    from torch.distributed.device_mesh import DeviceMesh  # optional: see the module docstring
-
-    group = get_model("mixture_of_experts").expert_group(ctx.group)
-    key = (id(group), ctx.device.type)
-    if key not in _EXPERT_MESHES:
-        _EXPERT_MESHES[key] = DeviceMesh.from_group(group, ctx.device.type)
-    return _EXPERT_MESHES[key]
-
-
-def _shard0() -> Any:
-    try:
-        from torch.distributed.tensor import Shard  # torch >= 2.5
-    except ImportError:  # pragma: no cover - depends on the torch version
-        from torch.distributed._tensor import Shard  # type: ignore[no-redef]
-    return Shard(0)
-
-
-def several_groups_model(ctx: Any, mesh: Any, reduce_dtype: Optional[torch.dtype]) -> nn.Module:
-    """``mixture_of_experts`` (plain build) under ``fully_shard`` on ``mesh``, with one FSDP module of several
-    parameter groups: ``module.1`` (shared) an FSDP module of its own; ``module`` (the ``Sequential``) one whose
-    ``shard_placement_fn`` returns ``ShardPlacementResult(Shard(0), FSDPMeshInfo(<a mesh of this rank alone>))``
-    for the expert's parameters (``module.2``), so it has two parameter groups (``module.0`` and ``module.3``
-    on ``mesh``, the expert on its own); the root, with no parameters of its own. The MoE layout that per-param
-    meshes exist for (expert parameters on an expert-parallel mesh).
-
-    Raises:
-        ImportError: a torch without ``ShardPlacementResult`` (the plan skips the rule there).
-    """
-    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult  # optional
-
-    fully_shard = fsdp2_api()[0]
-    kwargs = mixed_precision(reduce_dtype)
-    model = get_model("mixture_of_experts").build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-    expert_info = FSDPMeshInfo(_expert_mesh(ctx), shard_mesh_dim=0)  # one object for every expert parameter
-    experts = {id(p) for p in model.module[2].parameters()}
-    placement = ShardPlacementResult(placement=_shard0(), mesh_info=expert_info)
-    fully_shard(model.module[1], mesh=mesh, **kwargs)
-    fully_shard(model.module, mesh=mesh, shard_placement_fn=lambda p: placement if id(p) in experts else None,
-                **kwargs)
-    fully_shard(model, mesh=mesh, **kwargs)
-    return model
 
 
 # -- the rules -------------------------------------------------------------------------------------------------
@@ -371,8 +320,8 @@ def _a_stream(ctx: Any) -> Any:
 
 
 def check_rule(ctx: Any, spec: Any, setter: Setter, mesh: Any, hook: Any, rule: str) -> List[Finding]:
-    """One registration rule (:data:`~conformance.apis.fsdp2.plan.REGISTRATION_RULES`, or
-    :data:`~conformance.apis.fsdp2.plan.HSDP_STREAM_RULE` on a 2-D mesh) of ``setter`` with ``hook`` (the object
+    """One registration rule (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`, or
+    :data:`~conformance.apis.fsdp2_common.plan.HSDP_STREAM_RULE` on a 2-D mesh) of ``setter`` with ``hook`` (the object
     the suite registers for ``spec``), on models under ``fully_shard`` on ``mesh`` (1-D, a 1-D sub-mesh, or 2-D
     for native HSDP) in ``spec``'s reduce dtype. Returns the findings, each PyTorch's or the suite's (see the
     module docstring).
@@ -397,14 +346,23 @@ def check_rule(ctx: Any, spec: Any, setter: Setter, mesh: Any, hook: Any, rule: 
     raise ValueError(f"unknown registration rule {rule!r}; known: {', '.join(known)}")
 
 
-def comm_registration(ctx: Any, spec: Any, *, config: str, rule: str) -> List[Finding]:
-    """``fsdp2.registration``: one rule of ``FSDPModule.set_custom_reduce_scatter`` with the spec's comm (made by
-    its factory, as every check makes it), on a 1-D mesh over the pool (``config="default"``)."""
-    return check_rule(ctx, spec, REDUCE_SCATTER, mesh_for(ctx, (ctx.world_size,)), make_comm(spec), rule)
+def registration_check(setup: Fsdp2Setup, setter: Setter) -> Callable[..., List[Finding]]:
+    """An FSDP2 API's rank check ``<api>.registration``: ``registration(ctx, spec, *, config, rule)``, one rule of
+    ``setter`` (the API's ``setup.setter``) with the object the suite registers for ``spec``
+    (``setup.bind``), on the mesh the hooked model of ``config`` shards on (the config's mesh over the pool,
+    or its ``hooked_dim`` alone).
 
+    Raises:
+        ValueError: ``setter`` is not the setup's.
+    """
+    if setter.name != setup.setter:
+        raise ValueError(f"the rules of {setter.name} checked for a hook installed with {setup.setter}")
 
-def all_reduce_hook_registration(ctx: Any, spec: Any, *, config: str, rule: str) -> List[Finding]:
-    """``fsdp2_all_reduce.registration``: one rule of ``FSDPModule.set_all_reduce_hook`` with the spec's hook, under
-    native HSDP (``config="hsdp"``: the 2-D replicate x shard mesh of the pool)."""
-    return check_rule(ctx, spec, ALL_REDUCE_HOOK, mesh_for(ctx, hsdp_shape(ctx.world_size)), spec.hook, rule)
+    def registration(ctx: Any, spec: Any, *, config: str, rule: str) -> List[Finding]:
+        layout = setup.configs[config]
+        grid = mesh_for(ctx, layout.shape(ctx.world_size))
+        hook = setup.bind(spec.hook, spec.state, spec.name, grid)
+        mesh = grid[layout.hooked_dim] if layout.hooked_dim else grid
+        return check_rule(ctx, spec, setter, mesh, hook, rule)
 
+    return registration

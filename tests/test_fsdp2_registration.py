@@ -1,4 +1,4 @@
-"""FSDP2's registration rules (``conformance/apis/fsdp2_common/registration.py``): planned, kept, and broken on purpose.
+"""FSDP2's registration rules (``apis/fsdp2_common/registration_rules.py``): planned, kept, and broken on purpose.
 
 The plan gives each FSDP2 hook API its rules once per hook at one world size, and skips them with the torch
 version where torch lacks what a rule needs. Three runs in the background:
@@ -145,13 +145,13 @@ REFUSAL_SCRIPT = textwrap.dedent("""
 
     dist.init_process_group("gloo", init_method="file://" + os.path.join(sys.argv[1], "store"), rank=0, world_size=1)
     from conformance.apis.fsdp2_common import registration
-    from conformance.apis.fsdp2_common.build import mesh_for
+    from conformance.apis.fsdp2_common.build import mesh_for, several_groups_model
 
     ctx = types.SimpleNamespace(rank=0, world_size=1, group=dist.group.WORLD, device=torch.device("cpu"),
                                 phase=lambda text: None)
     out = {}
     for setter in ("set_custom_reduce_scatter", "set_all_reduce_hook"):
-        model = registration.several_groups_model(ctx, mesh_for(ctx, (1,)), None)
+        model = several_groups_model(ctx, mesh_for(ctx, (1,)), None)
         try:
             registration.register_on_every_module(model, setter, lambda *args, **kwargs: None)
         except registration.RegistrationRefused as exc:
@@ -256,7 +256,8 @@ def test_the_suites_refusal_names_the_module_the_setter_pytorchs_message_and_the
 
 
 def test_an_unknown_rule_names_the_known_ones():
-    from conformance.apis.fsdp2_common.registration import REDUCE_SCATTER, check_rule
+    from conformance.apis.fsdp2_common.registration import REDUCE_SCATTER
+    from conformance.apis.fsdp2_common.registration_rules import check_rule
 
     spec = HookSpec(name="c", api="fsdp2", hook=zoo.KNOWN_GOOD[0].hook)
     ctx = type("Ctx", (), {"phase": lambda self, text: None})()

@@ -21,7 +21,8 @@ from conformance.apis.fsdp2.arithmetic import CommArithmetic
 from conformance.apis.fsdp2.recorder import CommRecorder
 from conformance.apis.fsdp2.standalone import SETUP
 from conformance.apis.fsdp2_common.models import Fsdp2Models, full_grads, full_params
-from conformance.apis.fsdp2_common.registration import REDUCE_SCATTER, registration_check
+from conformance.apis.fsdp2_common.registration import REDUCE_SCATTER
+from conformance.apis.fsdp2_common.registration_rules import registration_check
 from conformance.apis.fsdp2_common.setup import Fsdp2Config
 from conformance.apis.fsdp2_common.standalone import fsdp_modules
 from conformance.models import get_model

@@ -17,7 +17,8 @@ from conformance.apis.fsdp2_all_reduce.arithmetic import AllReduceHookArithmetic
 from conformance.apis.fsdp2_all_reduce.standalone import SETUP
 from conformance.apis.fsdp2_common.models import Fsdp2Models
 from conformance.apis.fsdp2_common.recorders import HookRecorder
-from conformance.apis.fsdp2_common.registration import ALL_REDUCE_HOOK, registration_check
+from conformance.apis.fsdp2_common.registration import ALL_REDUCE_HOOK
+from conformance.apis.fsdp2_common.registration_rules import registration_check
 from conformance.ranks.checks.models import Recorder
 
 #: ``fsdp2_all_reduce.registration``: the registration rules of ``set_all_reduce_hook`` with the spec's hook,

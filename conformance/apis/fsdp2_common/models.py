@@ -122,7 +122,8 @@ class Fsdp2Models(ApiModels):
 
     def build(self, hooked: bool = False, *, full_precision: bool = False) -> Built:
         """The reference (native, no hook) or the hooked model: the setter on every FSDP module, with the
-        API's recorder around the bound hook (:func:`~conformance.apis.fsdp2_common.registration.register_on_every_module`)."""
+        API's recorder around the bound hook
+        (:func:`~conformance.apis.fsdp2_common.registration.register_on_every_module`)."""
         ctx = self.ctx
         ctx.phase(f"building the hooked model (FSDPModule.{self.setup.setter} on every FSDP module)" if hooked else
                   f"building the reference model ({self.reference})")

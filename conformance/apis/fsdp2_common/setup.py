@@ -91,6 +91,8 @@ class Fsdp2Config:
         divide_factor: ``set_gradient_divide_factor(divide_factor(world_size))`` on every FSDP module (on the
             root alone with ``divide_root_only``); ``None``: FSDP2's own average.
         force_sum: ``set_force_sum_reduction_for_comms(True)`` on every FSDP module.
+        reshard_after_forward: ``fully_shard(..., reshard_after_forward=...)`` on every unit; ``None``: FSDP2's
+            default (``True``). Where FSDP2 all-gathers again in the backward, it calls an all-gather comm again.
         sync_setter: the ``FSDPModule`` setter that turns synchronisation off for an accumulation micro-batch:
             the whole reduction (``set_requires_gradient_sync``: no reduce-scatter, no comm call) or, where
             FSDP2 all-reduces across replicas, that all-reduce only (``set_requires_all_reduce``).
@@ -102,6 +104,7 @@ class Fsdp2Config:
     divide_factor: Optional[Callable[[int], float]] = None
     divide_root_only: bool = False
     force_sum: bool = False
+    reshard_after_forward: Optional[bool] = None
     sync_setter: str = "set_requires_gradient_sync"
 
     def shape(self, world_size: int) -> Optional[Tuple[int, ...]]:

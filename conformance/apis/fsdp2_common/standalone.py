@@ -120,16 +120,19 @@ def mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Dict[str, Any]:
 
 
 def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype], group: Any,
-                device: torch.device) -> nn.Module:
+                device: torch.device, reshard_after_forward: Optional[bool] = None) -> nn.Module:
     """``model`` (a plain ``cls``) under ``fully_shard(mesh=mesh)``: one call per FSDP1 unit, innermost first, then
-    the root, with ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)`` for a reduced-precision claim. A model
-    with ``apply_fully_shard`` (``mixture_of_experts``: its expert on a 1-rank mesh of its own) shards itself.
+    the root, with ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)`` for a reduced-precision claim (and
+    ``reshard_after_forward`` where given). A model with ``apply_fully_shard`` (``mixture_of_experts``: its
+    expert on a 1-rank mesh of its own) shards itself.
 
     Raises:
         ValueError: such a model on a 2-D mesh (it builds its own 1-D meshes).
     """
     fully_shard = fsdp2_api()[0]
     kwargs = mixed_precision(reduce_dtype)
+    if reshard_after_forward is not None:
+        kwargs["reshard_after_forward"] = reshard_after_forward
     if hasattr(cls, "apply_fully_shard"):
         if mesh.ndim != 1:
             raise ValueError(f"{cls.name} builds its own 1-D meshes; it cannot run under HSDP")
@@ -147,7 +150,7 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
         model = _wrap_units(model, lambda module: replicate_api()(module, **kwargs))
     else:
         on = mesh[layout.hooked_dim] if hooked and layout.hooked_dim else mesh
-        model = shard_units(cls, model, on, reduce_dtype, group, device)
+        model = shard_units(cls, model, on, reduce_dtype, group, device, layout.reshard_after_forward)
     apply_config(model, layout, world_size)
     return model
 

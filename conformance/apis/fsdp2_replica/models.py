@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.apis.fsdp2_common.models import Fsdp2Models
-from conformance.apis.fsdp2_common.registration import ALL_REDUCE_HOOK, registration_check
+from conformance.apis.fsdp2_common.registration import ALL_REDUCE_HOOK
+from conformance.apis.fsdp2_common.registration_rules import registration_check
 from conformance.apis.fsdp2_replica.arithmetic import ReplicaArithmetic
 from conformance.apis.fsdp2_replica.recorder import ReplicaRecorder
 from conformance.apis.fsdp2_replica.standalone import SETUP

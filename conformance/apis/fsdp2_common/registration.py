@@ -10,7 +10,6 @@ PyTorch refuses a module of several parameter groups, the suite says which modul
 Everything FSDP2 is looked up when used, as in ``build.py``: this module imports on a torch without FSDP2.
 """
 
-
 from __future__ import annotations
 
 import dataclasses

@@ -190,7 +190,7 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
     if HOOK_APIS[api].standalone is None:
         raise NoReproducer(f"api {api!r} has no standalone part (HookApi.standalone), so no file can build its "
                            "models without the suite; re-run the case with the command below")
-    part = importlib.import_module(HOOK_APIS[api].standalone)
+    part = importlib.import_module(HOOK_APIS[api].standalone_modules[-1])
     micro = part.micro_steps(variant, micro) if hasattr(part, "micro_steps") else micro
     inputs = None
     if check == "hard_inputs":
@@ -281,8 +281,8 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         f"MODEL = {model_cls.__name__}",
         _rule("the training loop (the suite's conformance/shared/standalone_main.py)"),
         _source(standalone_main.__name__),
-        _rule(f"how the suite builds {api.name}'s models ({api.standalone})"),
-        _source(api.standalone),
+        _rule(f"how the suite builds {api.name}'s models ({', '.join(api.standalone_modules)})"),
+        *map(_source, api.standalone_modules),
         'if __name__ == "__main__":\n    run()',
     ]
     return "\n\n".join(parts).replace("{file}", path) + "\n"

@@ -15,7 +15,7 @@ The rules, in the order they are read (each a :class:`Rule`):
    (:attr:`Rule.OWN_EXIT`). A rank killed by a signal (the machine's out-of-memory kill, a C++ abort's
    ``SIGABRT``, ``SIGSEGV``) or lost (torchrun's, exit status unknown) may have died of something from before
    the case: the case runs once more in fresh ranks (:attr:`Rule.DEATH_BY_SIGNAL`), once per hook, and the
-   second run is the case's (:attr:`Rule.RERUN_NOT_STARTED`: no fresh ranks, the first stands).
+   second run is the case's (where no fresh ranks could start, the first stands).
 2. Where a rank raised, hung or died in the case's run: what the hook left behind fails it
    (:attr:`Rule.RANK_PROBLEMS_AND_LEAKS`); a failure inside the suite's own reference replays the reference
    alone (PyTorch's where it fails there too); else a hook's crash is replayed with PyTorch's own default hook
@@ -69,7 +69,6 @@ class Rule(enum.Enum):
 
     OWN_EXIT = "a rank ended its own process in the hook's case"
     DEATH_BY_SIGNAL = "a rank died by a signal, or was lost"
-    RERUN_NOT_STARTED = "the re-run in fresh ranks could not start"
     RANK_PROBLEMS_AND_LEAKS = "a rank raised, hung or died, and the hook left its process changed"
     REFERENCE_FAILED = "a rank failed inside the suite's reference"
     REFERENCE_FAILS_ALONE = "the reference alone fails too"

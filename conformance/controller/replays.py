@@ -9,7 +9,7 @@ the case's runs; this module runs what it asks for, on the runner's pools
 * :func:`replay`: a :class:`~conformance.controller.attribution.Replay` of the case, as a
   :class:`~conformance.controller.attribution.Run`: the reference alone (``reference_only=True``, on the same
   pool), or PyTorch's own default hook in the hook's place (in ranks of their own; once per case shape, kept
-  for the session). The crash re-run in fresh ranks is the runner's own (it is the case's run).
+  for the session), or the case again in fresh ranks (the case's own run, where it starts).
 * :class:`CrashRerun`: a case whose rank died by a signal, run once more in fresh ranks: the hook's verdict
   line, the summary and the results file show it.
 """
@@ -25,9 +25,11 @@ from conformance.apis.registry import HOOK_APIS
 from conformance.controller import default_replay
 from conformance.controller.attribution import (CaseFacts, Replay, Run, crash_signatures, first_loss, lost_a_rank,
                                                 own_exit)
+from conformance.controller.failures import NotRun
 from conformance.controller.pools import PoolStartError
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 from conformance.ranks.checks import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
+from conformance.reports import report
 
 # lost_a_rank, first_loss, crash_signatures and own_exit are imported from here too (their home before attribution).
 __all__ = ["CrashRerun", "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "case_facts",
@@ -125,11 +127,15 @@ def case_facts(runner: Any, case: Case, world_size: int, described: Dict[str, An
 
 
 def replay(runner: Any, asked: Replay, case: Case, world_size: int, pool: Any,
-           judge: Callable[[CaseResult], List[Finding]]) -> Run:
-    """Run the replay ``asked`` of ``case`` (:attr:`Replay.REFERENCE` on the case's ``pool``,
-    :attr:`Replay.DEFAULT_HOOK` in ranks of their own), its findings judged by ``judge`` where every rank
-    finished. A replay whose ranks cannot start is a :class:`Run` with no result, saying why. The default
-    hook's replay of a case shape is kept in the runner's ``crash_replays`` for the session."""
+           judge: Callable[[CaseResult], List[Finding]], first: CaseResult) -> Run:
+    """Run the replay ``asked`` of ``case`` (whose first run was ``first``), its findings judged by ``judge``
+    where every rank finished: :attr:`Replay.CRASH_RERUN` on the case's ``pool`` (rebuilt: fresh ranks), kept in
+    the runner's ``crash_reruns``; :attr:`Replay.REFERENCE` on ``pool``; :attr:`Replay.DEFAULT_HOOK` in ranks of
+    their own, kept in the runner's ``crash_replays`` for the session, by case shape. A replay whose ranks cannot
+    start is a :class:`Run` with no result, saying why."""
+    __tracebackhide__ = True
+    if asked is Replay.CRASH_RERUN:
+        return _rerun(runner, pool, case, world_size, judge, first)
     try:
         if asked is Replay.REFERENCE:
             result = runner.run_replay(pool, dataclasses.replace(case, params={**case.params, "reference_only": True}))
@@ -145,3 +151,22 @@ def replay(runner: Any, asked: Replay, case: Case, world_size: int, pool: Any,
         return runner.crash_replays[key]
     except PoolStartError as exc:  # no evidence either way: the attribution says so
         return Run(asked, None, not_started=str(exc))
+
+
+def _rerun(runner: Any, pool: Any, case: Case, world_size: int, judge: Callable[[CaseResult], List[Finding]],
+           first: CaseResult) -> Run:
+    """The case once more, as the case's own run (counted, :class:`NotRun` where its pool failed before), in the
+    fresh ranks of the rebuilt pool; kept in the runner's ``crash_reruns`` (:class:`CrashRerun`)."""
+    __tracebackhide__ = True
+    hook = case.hook.name if case.hook is not None else None
+    try:
+        result = runner._run_on(pool, case, hook, world_size)
+    except NotRun:  # no fresh ranks (torchrun's restarts spent, say): no evidence, the first run stands
+        why = (runner.not_run.get((hook, world_size)) or "").strip().splitlines()
+        run, second = Run(Replay.CRASH_RERUN, None, not_started=why[0] if why else ""), RERUN_NOT_STARTED
+    else:
+        run = Run(Replay.CRASH_RERUN, result, tuple(judge(result)) if result.all_ok else ())
+        second = second_run_outcome(result)
+    runner.crash_reruns.append(CrashRerun(case.case_id, hook, *first_loss(first), report.rank_problems(first),
+                                          second))
+    return run

@@ -38,16 +38,13 @@ the command that re-runs just that case.
 5. Outcomes (controller). Each rank answers with a ``RankOutcome``; a rank
    that raises, hangs past ``--case-timeout`` (stacks via faulthandler) or
    dies is reported per rank, and the pool is rebuilt when the ranks no
-   longer match up in any process group they hold. Who is to blame is one
-   pure function of the case's runs
-   (:func:`conformance.controller.attribution.attribute`): it reads the first
-   run, asks for a replay where it needs one (the case again in fresh ranks
-   after a rank's death by a signal, the reference alone, PyTorch's own
-   default hook in the hook's place), and the runner runs that replay
-   (:mod:`conformance.controller.replays`) and asks again, until it is final:
-   the hook's fails the case, PyTorch's or "not applicable" skips it, the
-   suite's or the machine's makes it ``NOT RUN`` (:class:`NotRun`), as a pool
-   that cannot start does.
+   longer match up in any process group they hold. Who is to blame is one pure function of the case's
+   runs (:func:`conformance.controller.attribution.attribute`): it reads the first run and asks for a
+   replay where it needs one (the case again in fresh ranks after a rank's death by a signal, the
+   reference alone, PyTorch's own default hook in the hook's place); the runner runs it
+   (:mod:`conformance.controller.replays`) and asks again, until it is final: the hook's fails the case,
+   PyTorch's or "not applicable" skips it, the suite's or the machine's makes it ``NOT RUN``
+   (:class:`NotRun`), as a pool that cannot start does.
 6. Verdict (controller). Findings become one ``ConformanceFailure`` message
    with the re-run command; the plugin's summary turns every report into the
    per-hook verdict.
@@ -55,29 +52,23 @@ the command that re-runs just that case.
 
 from __future__ import annotations
 
-import os
-import shlex
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
 
-from conformance.controller import case_kinds
+from conformance.controller import case_failure, case_kinds
 from conformance.controller.across_ranks import compare_across_ranks, findings_of
 from conformance.controller.attribution import (NOT_THE_HOOKS_RULES, REPRODUCED, Attribution, Blame, Replay, Run,
                                                 attribute, case_run)
-from conformance.controller.cli import command_words, python_words
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
 from conformance.controller.pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
 from conformance.controller.reach import note_reach
 from conformance.controller.remote import remote_pool
-from conformance.controller.replays import (RERUN_NOT_STARTED, CrashRerun, case_facts, first_loss, replay,
-                                           second_run_outcome)
-from conformance.controller.spec_loading import pythonpath_to_rerun
+from conformance.controller.replays import CrashRerun, case_facts, replay
 from conformance.controller.zygote_client import close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 from conformance.reports import report
-from conformance.reproducers import writer
 
 # ConformanceFailure, NotRun and compare_across_ranks are imported from here too (their home before the split).
 __all__ = ["ConformanceFailure", "NotRun", "Runner", "compare_across_ranks"]
@@ -269,30 +260,10 @@ class Runner:
             return first
         facts = case_facts(self, case, world_size, describe, known_failure)
         attribution = attribute(facts, runs)
-        while not attribution.final:
-            if attribution.next is Replay.CRASH_RERUN:
-                runs.append(self._rerun(pool, case, hook, world_size, first, judge))
-            else:
-                runs.append(replay(self, attribution.next, case, world_size, pool, judge))
+        while not attribution.final:  # run what it asks for, and ask again
+            runs.append(replay(self, attribution.next, case, world_size, pool, judge, first))
             attribution = attribute(facts, runs)
         return self._end(attribution, runs, case, world_size, describe, known_failure, finished, note)
-
-    def _rerun(self, pool: Pool, case: Case, hook: Optional[str], world_size: int, first: CaseResult,
-               judge: Callable[[CaseResult], List[Finding]]) -> Run:
-        """The case once more, in the fresh ranks of the rebuilt pool, kept in :attr:`crash_reruns`."""
-        __tracebackhide__ = True
-        try:
-            result = self._run_on(pool, case, hook, world_size)
-        except NotRun:  # no fresh ranks (torchrun's restarts spent, say): no evidence, the first run stands
-            why = (self.not_run.get((hook, world_size)) or "").strip().splitlines()
-            run = Run(Replay.CRASH_RERUN, None, not_started=why[0] if why else "")
-            second = RERUN_NOT_STARTED
-        else:
-            run = Run(Replay.CRASH_RERUN, result, tuple(judge(result)) if result.all_ok else ())
-            second = second_run_outcome(result)
-        self.crash_reruns.append(CrashRerun(case.case_id, hook, *first_loss(first), report.rank_problems(first),
-                                            second))
-        return run
 
     def _end(self, attribution: Attribution, runs: List[Run], case: Case, world_size: int,
              describe: Dict[str, Any], known_failure: bool, finished: Optional[Callable[[CaseResult], None]],
@@ -303,18 +274,8 @@ class Runner:
         result, found, hook = run.result, list(run.findings), case.hook.name if case.hook is not None else None
         assert result is not None
         blame, reason = attribution.blame, attribution.reason
-        problems = report.rank_problems(result)
-        if problems:
-            rerun = next((r for r in runs if r.replay is Replay.CRASH_RERUN), None)
-            if rerun is not None and rerun.result is None:
-                why = f": {rerun.not_started}" if rerun.not_started else ""
-                problems += f"\n(a rank died, and the case could not run again in fresh ranks{why})"
-            elif rerun is not None:
-                problems += (f"\n(the case was run twice, the second time in fresh ranks of its own; this is the "
-                             f"second run's failure; the first: {self.crash_reruns[-1].death})")
-            leaks = result.leak_findings()
-            problems += "\n" + report.findings_text(leaks) if leaks else ""
-        elif finished is not None:
+        problems = case_failure.rank_problems(result, runs, self.crash_reruns)
+        if not problems and finished is not None:
             finished(result)
         if blame in (Blame.SUITE, Blame.MACHINE):
             raise NotRun(reason, detail=attribution.detail or problems)
@@ -327,8 +288,8 @@ class Runner:
             return result
         closing.append(reason)
         if attribution.rule in REPRODUCED and not known_failure:
-            closing.append(self.reproducer_note(case.case_id, hook, case.check, case.params, world_size, found,
-                                                describe))
+            closing.append(case_failure.reproducer_note(self.settings, self.specs.get(hook) if hook else None,
+                                                        case, world_size, found, describe))
         text = "\n".join(t for t in closing if t)
         header = report.header(hook, describe, world_size)
         if problems:
@@ -408,43 +369,6 @@ class Runner:
             self.restarts += 1
         return result
 
-    def reproducer_note(self, test_name: str, hook: Optional[str], rank_check: str, params: Dict[str, Any],
-                        world_size: int, findings: Sequence[Finding], describe: Dict[str, Any]) -> str:
-        """Under ``--write-reproducers DIR``, write the failed case's standalone reproducer
-        (:mod:`conformance.reproducers`) and return the failure's lines that say where it is and how to run it
-        (:meth:`reproducer_command`, and why it needs the suite where it does), or why the case has none; ``""``
-        without the option (or for a case of no hook). Only a failed case is given one: callers pass its
-        findings (none for a rank that raised, hung or died)."""
-        directory = getattr(self.settings, "reproducers_dir", None)
-        item = self.specs.get(hook) if hook else None
-        if not directory or item is None:
-            return ""
-        path = writer.reproducer_path(directory, test_name)
-        try:
-            source = writer.reproducer_source(item.spec, item.target, rank_check, params, world_size, test_name,
-                                              findings, report.header(hook, describe, world_size),
-                                              self.rerun_command(test_name, hook, world_size), path,
-                                              nodes=int(describe.get("nodes", 1)))
-            writer.write_reproducer(path, source)
-        except writer.NoReproducer as exc:
-            return f"No standalone reproducer: {exc}"
-        except OSError as exc:
-            return f"No standalone reproducer: writing {path} failed: {exc}"
-        needs = writer.needs_the_suite(item.spec, item.target)
-        return (f"Standalone reproducer: {path}\n"
-                f"  {self.reproducer_command(path)}   (from this directory; it starts its {world_size} ranks; "
-                f"exit 1 reproduced, 0 not, 2 could not run)"
-                + (f"\n  It needs commhook-conformance installed: {needs}" if needs else ""))
-
-    @staticmethod
-    def reproducer_command(path: str) -> str:
-        """The shell command that runs a reproducer from a fresh shell in this working directory: ``PYTHONPATH=...``
-        first where the session imported modules from ``PYTHONPATH`` entries (as :meth:`rerun_command`), then this
-        interpreter (``python`` where the ``python`` on ``PATH`` is this venv's, :func:`python_words`) and the file."""
-        command = " ".join(shlex.quote(w) for w in [*python_words(), path])
-        extra = pythonpath_to_rerun()
-        return f"PYTHONPATH={shlex.quote(os.pathsep.join(extra))} {command}" if extra else command
-
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
              world_size: Optional[int] = None, findings: Sequence[Finding] = (), rank_problems: bool = False) -> None:
         """Raise the case's :class:`ConformanceFailure`: ``header``, ``body``, then the re-run command."""
@@ -453,30 +377,10 @@ class Runner:
         raise ConformanceFailure(report.failure_message(header, body, rerun), findings, rank_problems)
 
     def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
-        """The shell command that re-runs just ``test_name`` from a fresh shell in this working directory.
-
-        ``PYTHONPATH=...`` first where the session imported modules from
-        ``PYTHONPATH`` entries other than the working directory (a hook package
-        outside it, :func:`~conformance.controller.spec_loading.pythonpath_to_rerun`); then
-        ``conform``, or ``/path/to/python -m conformance`` where the ``conform`` on
-        ``PATH`` is not this interpreter's (:func:`~conformance.controller.cli.command_words`:
-        a fresh shell may not have the venv on ``PATH``); then the hook's ``--hook``
-        target (a built-in or entry-point hook needs none), the machine settings of
-        the case's pool and a hypothesis seed where one was given
-        (:meth:`Settings.rerun_args`, paths absolute), ``-k test_name``.
-        """
-        args = command_words()
-        item = self.specs.get(hook) if hook else None
-        if item is not None and item.origin == "--hook":
-            args += ["--hook", item.target]
-        args += self.settings.rerun_args(world_size)
-        args += ["-k", test_name]
-        command = " ".join(shlex.quote(a) for a in args)
-        path = pythonpath_to_rerun()
-        if path:
-            # Quote the value only: a quoted "NAME=value" word is a command, not an assignment.
-            command = f"PYTHONPATH={shlex.quote(os.pathsep.join(path))} {command}"
-        return command
+        """The shell command that re-runs just ``test_name`` from a fresh shell here
+        (:func:`~conformance.controller.case_failure.rerun_command`)."""
+        return case_failure.rerun_command(self.settings, self.specs.get(hook) if hook else None, test_name,
+                                          world_size)
 
     def fail_findings(self, test_name: str, hook: Optional[str], describe: Dict[str, Any], world_size: int,
                       findings: Sequence[Finding], note: str = "") -> None:

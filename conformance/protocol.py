@@ -286,7 +286,7 @@ class FindingKind(str, enum.Enum):
     A ``str`` enum, as :class:`Msg`: each kind equals its string value, so ``Finding(..., kind="contract")``
     still works (:class:`Finding` coerces it), a kind pickles and JSON-serialises as that string, and code
     that compares ``f.kind == "suite"`` still matches. :mod:`conformance.controller.attribution` reads the
-    kinds that decide who is blamed (:data:`HOOK_CAUSES`, :data:`NOT_THE_HOOKS`).
+    kinds that decide who is blamed (the last three say it is not the hook).
     """
 
     # -- what differs ------------------------------------------------------------------------------

@@ -228,3 +228,13 @@ def test_a_case_needs_its_first_run():
         attribute(FACTS, [])
     with pytest.raises(ValueError):
         attribute(FACTS, [not_started(Replay.NONE)])
+
+
+def test_an_own_exit_in_the_re_run_is_the_second_runs_failure_not_a_first_exit():
+    """A signal death, then rank 1 exits 3 in the fresh ranks: the default hook's replay decides, as for any failed
+    re-run, and the reason does not claim the case was not run again."""
+    runs = [run(ok(0), died(1, -9)), run(ok(0), died(1, 3), replay=Replay.CRASH_RERUN)]
+    got = attribute(FACTS, runs)
+    assert (got.blame, got.rule, got.next) == (None, Rule.CRASH, Replay.DEFAULT_HOOK)
+    got = attribute(FACTS, [*runs, run(ok(0), ok(1), replay=Replay.DEFAULT_HOOK)])
+    assert (got.blame, got.rule) == (Blame.HOOK, Rule.CRASH_OF_THE_HOOK) and "not run again" not in got.reason

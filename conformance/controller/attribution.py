@@ -40,7 +40,7 @@ from conformance.controller import default_replay
 from conformance.protocol import LOST_CONTROLLER_EXIT_CODE, CaseResult, Finding, FindingKind, RankOutcome
 from conformance.reports.report import exception_line, failed_in_reference
 
-__all__ = ["Attribution", "Blame", "CaseFacts", "NOT_THE_HOOKS", "NOT_THE_HOOKS_RULES", "REPRODUCED", "Replay", "Rule",
+__all__ = ["Attribution", "Blame", "CaseFacts", "NOT_THE_HOOKS_RULES", "REPRODUCED", "Replay", "Rule",
            "Run", "attribute", "case_run", "crash_signatures", "first_loss", "lost_a_rank", "own_exit"]
 
 
@@ -90,10 +90,6 @@ class Rule(enum.Enum):
     FINDINGS = "the hook's findings"
     CONFORMS = "no finding"
 
-
-#: Finding kinds that say the hook is not what failed (:attr:`Rule.NEVER_CALLED`, :attr:`Rule.PYTORCH_RULE`,
-#: :attr:`Rule.SUITE_RULE`).
-NOT_THE_HOOKS = frozenset({FindingKind.NOT_APPLICABLE, FindingKind.PYTORCH_CHANGED, FindingKind.SUITE})
 
 #: Rules of findings that hold whatever the hook is: the case ends before the check's closing note is read.
 NOT_THE_HOOKS_RULES = frozenset({Rule.NEVER_CALLED, Rule.SUITE_RULE, Rule.PYTORCH_RULE})
@@ -277,7 +273,8 @@ def attribute(facts: CaseFacts, runs: Sequence[Run]) -> Attribution:
 
 def _rank_problems(facts: CaseFacts, runs: Sequence[Run], result: CaseResult) -> Attribution:
     """Rules 1 and 2: a rank of the case's run raised, hung or died."""
-    mine = own_exit(result) if facts.hook is not None else None
+    # an own exit in a re-run is told by the re-run's note (the rank problems), as any second run's failure
+    mine = own_exit(result) if facts.hook is not None and result is runs[0].result else None
     if failed_in_reference(result) and facts.replays_reference:
         alone = _replay(runs, Replay.REFERENCE)
         if alone is None:
@@ -334,12 +331,12 @@ def _own_exit_note(o: RankOutcome) -> str:
 
 def _findings(facts: CaseFacts, runs: Sequence[Run], found: Sequence[Finding]) -> Attribution:
     """Rule 3: every rank of the case's run finished; ``found`` is what it found."""
-    if found and all(f.kind is FindingKind.NOT_APPLICABLE for f in found):
+    if found and all(f.kind == FindingKind.NOT_APPLICABLE for f in found):
         return _final(Blame.NOT_APPLICABLE, Rule.NEVER_CALLED,
                       f"ran, and matched, but the hook was never called: {found[0].message}")
     if found and all(f.kind in (FindingKind.PYTORCH_CHANGED, FindingKind.SUITE) for f in found):
         said = list(dict.fromkeys(f.message for f in found))  # every rank says the same: once each
-        suites = [f.message for f in found if f.kind is FindingKind.SUITE]
+        suites = [f.message for f in found if f.kind == FindingKind.SUITE]
         if suites:
             return _final(Blame.SUITE, Rule.SUITE_RULE,
                           f"a rule that holds whatever the hook is, and that the suite's other checks rely on, "

@@ -5,16 +5,21 @@
 whatever its file: a zoo run costs minutes on a 2-core machine. Once the tests are collected,
 the runs they will need start in the background (:meth:`~tests.meta_helpers.ZooRuns.prefetch`), in the
 order the tests need them, and those tests run last.
+
+``gloo_group`` and ``fsdp1``: a single-rank gloo process group in this process, and the FSDP1 builds of the reference
+models over it (``tests/test_models.py``, ``tests/test_models_extra.py``).
 """
 
 from __future__ import annotations
 
 import tempfile
-from typing import List
+from typing import Iterator, List
 
 import pytest
+import torch.distributed as dist
 
 from tests.meta_helpers import BackgroundJob, MetaZoo, ZooRuns
+from tests.model_helpers import Fsdp1Builds
 
 _ZOO_RUNS = pytest.StashKey[ZooRuns]()
 
@@ -62,3 +67,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def zoo_runs(pytestconfig) -> ZooRuns:
     """``zoo_runs(zoo)``: the :class:`~tests.meta_helpers.SuiteRun` of a :class:`~tests.meta_helpers.MetaZoo`."""
     return _zoo_runs(pytestconfig)
+
+
+@pytest.fixture(scope="module")
+def gloo_group(tmp_path_factory) -> Iterator[dist.ProcessGroup]:
+    """The default process group of this process, gloo over a file store, world size 1; made for the module and
+    destroyed after it (one already made, of world size 1, is used and left alone). Skips where torch.distributed
+    has no gloo, or where a default group of several ranks is already made."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    created = False
+    if not dist.is_initialized():
+        store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        created = True
+    elif dist.get_world_size() != 1:
+        pytest.skip("a multi-rank default process group is already initialized")
+    yield dist.group.WORLD
+    if created:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def fsdp1(gloo_group) -> Fsdp1Builds:
+    """FSDP1 builds of the reference models on :func:`gloo_group` (:class:`~tests.model_helpers.Fsdp1Builds`)."""
+    return Fsdp1Builds(gloo_group)

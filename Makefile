@@ -2,9 +2,11 @@
 #   make conform   run the conformance suite (PyTorch's built-in hooks, plus HOOKS); reports/
 #                  gets conformance.xml (JUnit), conformance.json (docs/results.md), conformance.md
 #   make test      run the project's own tests (what CI runs)
+#   make test-fast the unit tests alone (pytest -m unit: no rank, no run of the suite), in about a
+#                  minute on 2 cores; tests/kinds.py gives each test module its kind
 #   make bench     per-case time of the rank pool vs spawn-per-case on a sample of the default
 #                  run's cases (ARGS go to benchmarks/pool_overhead.py), then the default run's wall time
-#   make compat TORCH=2.11.0   one row of README's torch compatibility table (a one-off:
+#   make compat TORCH=2.11.0   one row of docs/compatibility.md's torch table (a one-off:
 #                  installs that torch, several GB, into .compat/; never run in CI)
 #
 # PYTHON picks the interpreter (default: python3). Setup (scripts/setup_env.py)
@@ -23,7 +25,7 @@ TORCH ?=
 COMPAT_PYTHON ?= $(PYTHON)
 COMPAT_VENV ?=
 
-.PHONY: setup conform test bench compat clean
+.PHONY: setup conform test test-fast bench compat clean
 
 setup: $(STAMP)
 
@@ -40,6 +42,10 @@ conform: setup
 test: setup
 	@$(PYTHON) -c 'import sys, expecttest, pytest_timeout, jsonschema; sys.version_info < (3, 10) or __import__("importlinter")' || { echo "make test needs expecttest, pytest-timeout, jsonschema and import-linter (make setup installs them)" >&2; exit 2; }
 	$(PYTHON) -m pytest tests $(ARGS)
+
+test-fast: setup
+	@$(PYTHON) -c 'import sys, expecttest, pytest_timeout, jsonschema; sys.version_info < (3, 10) or __import__("importlinter")' || { echo "make test-fast needs expecttest, pytest-timeout, jsonschema and import-linter (make setup installs them)" >&2; exit 2; }
+	$(PYTHON) -m pytest tests -m unit $(ARGS)
 
 bench: setup
 	$(PYTHON) benchmarks/pool_overhead.py $(ARGS)

@@ -46,7 +46,7 @@ class LargeProbe(ReferenceModel):
 
     Not a PyTorch test model: sized so that each hook API hands its hook production-sized buffers, and so that
     ``wide``'s gradient starts each API's largest buffer, where the placed hard values must land
-    (:func:`conformance.controller.hard_inputs.placed_positions`).
+    (:func:`conformance.controller.hard_examples.placed_positions`).
 
     * Parameters (float32, zero), in ``named_parameters()`` order: ``wide.weight (6620005,)`` (25.25 MiB),
       ``head.weight (615755,)``, ``tail.weight (370513,)``; 7,606,273 in all (29 MiB).

@@ -1,4 +1,4 @@
-"""conformance.controller.hard_inputs: what the hard-input cases feed the ranks.
+"""conformance.controller.hard_examples and hard_inputs: what the hard-input cases feed the ranks.
 
 The named examples are deterministic, so their properties are checked directly;
 the drawn ones as a case draws them (``drawn_examples``, seeded), and per example
@@ -13,9 +13,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from conformance.controller.hard_inputs import (RANK_MAGNITUDES, claim_examples, drawn_examples, examples_seed,
-                                                hard_gradients, named_hard_values, probe_layout, rank_magnitude_values,
-                                                special_values)
+from conformance.controller.hard_examples import (RANK_MAGNITUDES, hard_gradients, named_hard_values,
+                                                  rank_magnitude_values, special_values)
+from conformance.controller.hard_inputs import claim_examples, drawn_examples, examples_seed, probe_layout
 
 SHAPES, NAMES = probe_layout()
 

@@ -9,7 +9,6 @@ import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 import conformance.models as models
@@ -23,8 +22,8 @@ from conformance.models import (
     TransformerWithSharedParams,
     get_model,
 )
+from tests.model_helpers import CPU, bits, plain_build, unwrapped
 
-CPU = torch.device("cpu")
 ALL = sorted(MODELS)
 
 #: What each model's FSDP build must wrap: module paths (FSDP wrapper prefixes
@@ -64,30 +63,6 @@ def _gradless(cls, pname: str, p: nn.Parameter) -> bool:
     """Parameters that get no gradient by design: frozen ones
     (``nonuniform_req_grad``) and the ones forward never uses (``unused_param``)."""
     return not p.requires_grad or pname in getattr(cls, "unused_parameter_names", ())
-
-
-class _Group:
-    """Stand-in for a ProcessGroup in unwrapped builds (only ``size``/``rank``)."""
-
-    def __init__(self, size: int, rank: int = 0) -> None:
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
-
-def _plain(name: str, world_size: int = 2) -> nn.Module:
-    return MODELS[name].build(group=_Group(world_size), device=CPU, fsdp_kwargs=None)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Integer view of a float tensor, so that ``torch.equal`` compares bit patterns
-    (NaN payloads and the sign of zero included)."""
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return t.detach().contiguous().view(ints[t.element_size()])
 
 
 def _assert_same_tensors(a, b) -> None:
@@ -130,16 +105,16 @@ def test_get_model_unknown_name_lists_known_names():
 def test_build_is_deterministic_and_leaves_global_rng_alone(name):
     torch.manual_seed(1234)
     state = torch.get_rng_state()
-    first = _plain(name)
+    first = plain_build(name)
     assert torch.equal(torch.get_rng_state(), state), "build changed the global RNG"
     torch.manual_seed(4321)  # a different global state must not matter
-    second = _plain(name)
+    second = plain_build(name)
     sd1, sd2 = first.state_dict(), second.state_dict()
     assert list(sd1) == list(sd2) and sd1
     for key in sd1:
         assert sd1[key].dtype == sd2[key].dtype
-        assert torch.equal(_bits(sd1[key]) if sd1[key].is_floating_point() else sd1[key],
-                           _bits(sd2[key]) if sd2[key].is_floating_point() else sd2[key]), key
+        assert torch.equal(bits(sd1[key]) if sd1[key].is_floating_point() else sd1[key],
+                           bits(sd2[key]) if sd2[key].is_floating_point() else sd2[key]), key
     # parameters are real random values, not constants; but the large probe's, whose gradients are its inputs
     # whatever its weights (drawing 29 MiB of them per copy would only cost time)
     if name == "large_probe":
@@ -190,7 +165,7 @@ def test_input_dtypes_and_shapes():
 @pytest.mark.parametrize("name", ALL)
 def test_plain_forward_backward_reaches_every_parameter(name):
     cls = MODELS[name]
-    model = _plain(name)
+    model = plain_build(name)
     assert isinstance(model, cls)
     inputs = cls.make_input(1, 2, CPU)
     loss = cls.loss(inputs, model(*inputs))
@@ -212,7 +187,7 @@ def test_analytic_linear_gradient_is_rank():
     world_size = 4
     assert AnalyticLinear.expected_grad(world_size) == 1.5
     for rank in range(world_size):
-        model = _plain("analytic_linear", world_size)
+        model = plain_build("analytic_linear", world_size=world_size)
         (weight,) = model.parameters()
         assert weight.shape == (world_size, 1)
         inputs = AnalyticLinear.make_input(rank, world_size, CPU)
@@ -223,7 +198,7 @@ def test_analytic_linear_gradient_is_rank():
 
 
 def test_transformer_shared_weight_buffers_and_eval_mode():
-    model = _plain("transformer_shared")
+    model = plain_build("transformer_shared")
     assert model.output_proj.weight is model.embed_tokens.weight
     assert isinstance(model.output_proj.weight, nn.Parameter)
     names = [n for n, _ in model.named_parameters()]
@@ -246,7 +221,7 @@ def test_transformer_shared_weight_buffers_and_eval_mode():
 def test_transformer_construction_is_quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _plain("transformer_shared")
+        plain_build("transformer_shared")
 
 
 # --------------------------------------------------------------------------
@@ -283,7 +258,7 @@ def _hard_inputs():
 
 
 def test_probe_shapes_follow_named_parameters_order():
-    model = _plain("gradient_probe")
+    model = plain_build("gradient_probe")
     shapes = [tuple(p.shape) for _, p in model.named_parameters()]
     assert shapes == GradientProbe.input_shapes()
     assert shapes == [PROBE_ROOT_SHAPE, *PROBE_SHAPES]
@@ -292,7 +267,7 @@ def test_probe_shapes_follow_named_parameters_order():
 
 @pytest.mark.parametrize("inputs", ["hard", "random"])
 def test_probe_gradients_are_the_supplied_tensors_bitwise(inputs):
-    model = _plain("gradient_probe")
+    model = plain_build("gradient_probe")
     grads = _hard_inputs() if inputs == "hard" else GradientProbe.make_input(1, 2, CPU)
     if inputs == "hard":
         flat = torch.cat([g.flatten() for g in grads])
@@ -302,11 +277,11 @@ def test_probe_gradients_are_the_supplied_tensors_bitwise(inputs):
     assert loss is out and loss.dim() == 0
     loss.backward()
     for p, g in zip(model.parameters(), grads):
-        assert torch.equal(_bits(p.grad), _bits(g))
+        assert torch.equal(bits(p.grad), bits(g))
 
 
 def test_probe_rejects_wrong_number_of_tensors():
-    model = _plain("gradient_probe")
+    model = plain_build("gradient_probe")
     with pytest.raises(ValueError, match="takes 5 tensors"):
         model(*GradientProbe.make_input(0, 1, CPU)[:-1])
 
@@ -316,72 +291,32 @@ def test_probe_rejects_wrong_number_of_tensors():
 # --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def group(tmp_path_factory):
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    created = False
-    if not dist.is_initialized():
-        store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        created = True
-    elif dist.get_world_size() != 1:
-        pytest.skip("a multi-rank default process group is already initialized")
-    yield dist.group.WORLD
-    if created:
-        dist.destroy_process_group()
-
-
-def _fsdp():
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return FullyShardedDataParallel
-
-
-def _build_fsdp(name, group, **extra):
-    from torch.distributed.fsdp import ShardingStrategy
-
-    kwargs = dict(sharding_strategy=ShardingStrategy.NO_SHARD, use_orig_params=True)
-    kwargs.update(extra)
-    return MODELS[name].build(group=group, device=CPU, fsdp_kwargs=kwargs)
-
-
-def _unit_paths(model) -> set:
-    FSDP = _fsdp()
-    prefix = "_fsdp_wrapped_module."
-    return {
-        n.replace(prefix, "")
-        for n, m in model.named_modules()
-        if isinstance(m, FSDP)
-    }
-
-
 @pytest.mark.parametrize("name", ALL)
-def test_fsdp_units_match_pytorch_wrapping(group, name):
-    FSDP = _fsdp()
-    model = _build_fsdp(name, group)
+def test_fsdp_units_match_pytorch_wrapping(fsdp1, name):
+    FSDP = fsdp1.FSDP
+    model = fsdp1.build(name)
     assert isinstance(model, FSDP)
     units = FSDP.fsdp_modules(model)
     assert units[0] is model
     assert len(units) == len(EXPECTED_UNITS[name]) == MODELS[name].fsdp_units
-    assert _unit_paths(model) == EXPECTED_UNITS[name]
+    assert fsdp1.unit_paths(model) == EXPECTED_UNITS[name]
     expert = units[0].module.module[2] if name == "mixture_of_experts" else None
     for unit in units:
         if unit is expert:  # the expert unit is over this rank's singleton group
-            assert unit.process_group is MODELS[name].expert_group(group)
+            assert unit.process_group is MODELS[name].expert_group(fsdp1.group)
         else:
-            assert unit.process_group is group
+            assert unit.process_group is fsdp1.group
         assert unit.compute_device == CPU
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_fsdp_forward_backward_matches_plain_model(group, name):
+def test_fsdp_forward_backward_matches_plain_model(fsdp1, name):
     cls = MODELS[name]
-    plain = _plain(name, world_size=1)
-    wrapped = _build_fsdp(name, group)
+    plain = plain_build(name, world_size=1)
+    wrapped = fsdp1.build(name)
     plain_params = dict(plain.named_parameters())
     wrapped_params = {
-        n.replace("_fsdp_wrapped_module.", ""): p for n, p in wrapped.named_parameters()
+        unwrapped(n): p for n, p in wrapped.named_parameters()
     }
     assert set(wrapped_params) == set(plain_params)
     for pname, p in plain_params.items():  # same initial values as the plain build
@@ -403,38 +338,38 @@ def test_fsdp_forward_backward_matches_plain_model(group, name):
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6, msg=pname)
 
 
-def test_fsdp_probe_gradients_are_the_supplied_tensors(group):
-    model = _build_fsdp("gradient_probe", group)
+def test_fsdp_probe_gradients_are_the_supplied_tensors(fsdp1):
+    model = fsdp1.build("gradient_probe")
     grads = GradientProbe.make_input(0, 1, CPU)
     GradientProbe.loss(grads, model(*grads)).backward()
     for p, g in zip(model.parameters(), grads):
         assert torch.equal(p.grad, g)
 
 
-def test_fsdp_comm_hook_registers_on_every_unit(group):
+def test_fsdp_comm_hook_registers_on_every_unit(fsdp1):
     from torch.distributed.algorithms._comm_hooks import default_hooks
 
-    FSDP = _fsdp()
-    model = _build_fsdp("nested_wrapped", group, use_orig_params=False)
-    state = default_hooks.DefaultState(process_group=group)
+    FSDP = fsdp1.FSDP
+    model = fsdp1.build("nested_wrapped", use_orig_params=False)
+    state = default_hooks.DefaultState(process_group=fsdp1.group)
     model.register_comm_hook(state, default_hooks.allreduce_hook)
     units = FSDP.fsdp_modules(model)
     assert len(units) == 4
     assert all(u._comm_hook is default_hooks.allreduce_hook for u in units)
 
 
-def test_fsdp_transformer_with_mixed_precision(group):
+def test_fsdp_transformer_with_mixed_precision(fsdp1):
     from torch.distributed.fsdp import MixedPrecision
 
-    FSDP = _fsdp()
+    FSDP = fsdp1.FSDP
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     with warnings.catch_warnings():
         # FSDP warns that it wraps BatchNorm separately under mixed precision
         warnings.simplefilter("ignore", UserWarning)
-        model = _build_fsdp("transformer_shared", group, mixed_precision=mp)
+        model = fsdp1.build("transformer_shared", mixed_precision=mp)
     # BatchNorm becomes its own (full-precision) unit: one more than usual
     assert len(FSDP.fsdp_modules(model)) == TransformerWithSharedParams.fsdp_units + 1
-    assert "bn" in _unit_paths(model)
+    assert "bn" in fsdp1.unit_paths(model)
     inputs = TransformerWithSharedParams.make_input(1, 2, CPU)
     out = model(*inputs)
     assert out.dtype == torch.bfloat16
@@ -444,32 +379,28 @@ def test_fsdp_transformer_with_mixed_precision(group):
     assert all(p.grad is not None for p in model.parameters())
 
 
-def test_fsdp_caller_auto_wrap_policy_overrides_default(group):
+def test_fsdp_caller_auto_wrap_policy_overrides_default(fsdp1):
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    FSDP = _fsdp()
-    model = _build_fsdp(
-        "transformer_shared",
-        group,
-        auto_wrap_policy=ModuleWrapPolicy({nn.TransformerEncoderLayer}),
-    )
+    FSDP = fsdp1.FSDP
+    model = fsdp1.build("transformer_shared", auto_wrap_policy=ModuleWrapPolicy({nn.TransformerEncoderLayer}))
     assert len(FSDP.fsdp_modules(model)) == 3
 
 
-def test_fsdp_build_rejects_reserved_kwargs(group):
+def test_fsdp_build_rejects_reserved_kwargs(gloo_group):
     with pytest.raises(TypeError, match="device_id"):
-        MODELS["net_flat"].build(group=group, device=CPU, fsdp_kwargs={"device_id": CPU})
+        MODELS["net_flat"].build(group=gloo_group, device=CPU, fsdp_kwargs={"device_id": CPU})
     with pytest.raises(TypeError, match="process_group"):
-        MODELS["net_flat"].build(group=group, device=CPU, fsdp_kwargs={"process_group": group})
+        MODELS["net_flat"].build(group=gloo_group, device=CPU, fsdp_kwargs={"process_group": gloo_group})
 
 
-def test_build_does_not_mutate_caller_kwargs(group):
+def test_build_does_not_mutate_caller_kwargs(gloo_group):
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     policy = ModuleWrapPolicy({nn.TransformerEncoderLayer})
     kwargs = {"sharding_strategy": ShardingStrategy.NO_SHARD, "auto_wrap_policy": policy}
-    MODELS["transformer_shared"].build(group=group, device=CPU, fsdp_kwargs=kwargs)
+    MODELS["transformer_shared"].build(group=gloo_group, device=CPU, fsdp_kwargs=kwargs)
     assert kwargs == {"sharding_strategy": ShardingStrategy.NO_SHARD, "auto_wrap_policy": policy}
 
 

@@ -5,8 +5,6 @@ group on CPU."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,10 +20,9 @@ from conformance.models import (
 )
 from conformance.models import moe as moe_module
 from conformance.models.nonuniform import is_trainable_name
+from tests.model_helpers import CPU, bits, plain_build, unwrapped
 
-CPU = torch.device("cpu")
 NEW = ("nonuniform_req_grad", "mixture_of_experts", "unused_param")
-PREFIX = "_fsdp_wrapped_module."
 
 EXPECTED_UNITS = {
     "nonuniform_req_grad": {"", "module.1", "module.1.0", "module.2"},
@@ -35,32 +32,6 @@ EXPECTED_UNITS = {
 TRAINABLE = {"module.2.1.weight", "module.2.1.bias"}
 EXPERT = {"module.2.weight", "module.2.bias"}
 UNUSED = {"unused.weight", "unused.bias"}
-
-
-class _Group:
-    """Stand-in for a ProcessGroup in unwrapped builds (only ``size``/``rank``)."""
-
-    def __init__(self, size: int, rank: int = 0) -> None:
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
-
-def _plain(name: str, rank: int = 0, world_size: int = 2) -> nn.Module:
-    return MODELS[name].build(group=_Group(world_size, rank), device=CPU, fsdp_kwargs=None)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return t.detach().contiguous().view(ints[t.element_size()])
-
-
-def _clean(name: str) -> str:
-    return name.replace(PREFIX, "")
 
 
 def _backward(name: str, model: nn.Module, rank: int = 0, world_size: int = 1) -> torch.Tensor:
@@ -93,14 +64,14 @@ def test_registry_has_the_new_models():
 def test_build_is_deterministic_and_leaves_global_rng_alone(name, rank):
     torch.manual_seed(1234)
     state = torch.get_rng_state()
-    first = _plain(name, rank)
+    first = plain_build(name, rank)
     assert torch.equal(torch.get_rng_state(), state), "build changed the global RNG"
     torch.manual_seed(4321)
-    second = _plain(name, rank)
+    second = plain_build(name, rank)
     sd1, sd2 = first.state_dict(), second.state_dict()
     assert list(sd1) == list(sd2) and sd1
     for key in sd1:
-        assert torch.equal(_bits(sd1[key]), _bits(sd2[key])), key
+        assert torch.equal(bits(sd1[key]), bits(sd2[key])), key
     assert all(p.numel() > 1 and p.std() > 0 for n, p in first.named_parameters() if "weight" in n)
     req1 = {n: p.requires_grad for n, p in first.named_parameters()}
     assert req1 == {n: p.requires_grad for n, p in second.named_parameters()}
@@ -127,7 +98,7 @@ def test_make_input_depends_on_rank_not_on_global_rng(name):
                         ("unused_param", (4, 4))]
 )
 def test_output_shapes(name, out_shape):
-    model = _plain(name)
+    model = plain_build(name)
     (x,) = MODELS[name].make_input(0, 2, CPU)
     assert model(x).shape == out_shape
 
@@ -138,7 +109,7 @@ def test_output_shapes(name, out_shape):
 
 
 def test_nonuniform_plain_freezes_all_but_module_2_1():
-    model = _plain("nonuniform_req_grad")
+    model = plain_build("nonuniform_req_grad")
     params = dict(model.named_parameters())
     assert len(params) == 10
     assert {n for n, p in params.items() if p.requires_grad} == TRAINABLE
@@ -174,7 +145,7 @@ def test_nonuniform_trainable_pattern(pname, expected):
 
 
 def test_moe_expert_differs_across_ranks_shared_does_not():
-    rank0, rank1 = _plain("mixture_of_experts", 0), _plain("mixture_of_experts", 1)
+    rank0, rank1 = plain_build("mixture_of_experts", 0), plain_build("mixture_of_experts", 1)
     p0, p1 = dict(rank0.named_parameters()), dict(rank1.named_parameters())
     assert list(p0) == list(p1) and len(p0) == 8
     assert {n for n, p in p0.items() if getattr(p, "expert", False)} == EXPERT
@@ -185,12 +156,12 @@ def test_moe_expert_differs_across_ranks_shared_does_not():
         same = torch.equal(p0[n], p1[n])
         assert same is (n not in EXPERT), n
     # the expert is a function of the rank only, not of the world size
-    other = _plain("mixture_of_experts", 1, world_size=5)
+    other = plain_build("mixture_of_experts", 1, world_size=5)
     assert torch.equal(dict(other.named_parameters())["module.2.weight"], p1["module.2.weight"])
 
 
 def test_moe_plain_backward_reaches_every_parameter():
-    model = _plain("mixture_of_experts", 1)
+    model = plain_build("mixture_of_experts", 1)
     _backward("mixture_of_experts", model, rank=1, world_size=2)
     for n, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, n
@@ -208,7 +179,7 @@ def test_moe_expert_group_needs_a_process_group(monkeypatch):
 
 
 def test_unused_param_gets_no_grad():
-    model = _plain("unused_param")
+    model = plain_build("unused_param")
     params = dict(model.named_parameters())
     assert list(params) == [
         "fc1.weight", "fc1.bias", "unused.weight", "unused.bias", "fc2.weight", "fc2.bias"
@@ -227,64 +198,26 @@ def test_unused_param_gets_no_grad():
 # --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def group(tmp_path_factory):
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    created = False
-    if not dist.is_initialized():
-        store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        created = True
-    elif dist.get_world_size() != 1:
-        pytest.skip("a multi-rank default process group is already initialized")
-    yield dist.group.WORLD
-    if created:
-        dist.destroy_process_group()
-
-
-def _fsdp():
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return FullyShardedDataParallel
-
-
-def _build_fsdp(name, group, strategy="NO_SHARD", **extra):
-    from torch.distributed.fsdp import ShardingStrategy
-
-    kwargs = dict(sharding_strategy=ShardingStrategy[strategy], use_orig_params=True)
-    kwargs.update(extra)
-    with warnings.catch_warnings():
-        # FSDP1 clamps FULL_SHARD to NO_SHARD on a 1-rank group, with a warning
-        warnings.filterwarnings("ignore", message="FSDP is switching to use `NO_SHARD`")
-        return MODELS[name].build(group=group, device=CPU, fsdp_kwargs=kwargs)
-
-
-def _unit_paths(model) -> set:
-    FSDP = _fsdp()
-    return {_clean(n) for n, m in model.named_modules() if isinstance(m, FSDP)}
-
-
 @pytest.mark.parametrize("name", NEW)
-def test_fsdp_units(group, name):
-    FSDP = _fsdp()
-    model = _build_fsdp(name, group)
+def test_fsdp_units(fsdp1, name):
+    FSDP = fsdp1.FSDP
+    model = fsdp1.build(name)
     assert isinstance(model, FSDP)
     units = FSDP.fsdp_modules(model)
     assert units[0] is model
     assert len(units) == MODELS[name].fsdp_units
-    assert _unit_paths(model) == EXPECTED_UNITS[name]
+    assert fsdp1.unit_paths(model) == EXPECTED_UNITS[name]
     for unit in units:
         assert unit.compute_device == CPU
 
 
 @pytest.mark.parametrize("name", NEW)
 @pytest.mark.parametrize("strategy", ["NO_SHARD", "FULL_SHARD"])
-def test_fsdp_forward_backward_matches_plain_model(group, name, strategy):
-    plain = _plain(name, rank=0, world_size=1)
-    wrapped = _build_fsdp(name, group, strategy)
+def test_fsdp_forward_backward_matches_plain_model(fsdp1, name, strategy):
+    plain = plain_build(name, rank=0, world_size=1)
+    wrapped = fsdp1.build(name, strategy)
     plain_params = dict(plain.named_parameters())
-    wrapped_params = {_clean(n): p for n, p in wrapped.named_parameters()}
+    wrapped_params = {unwrapped(n): p for n, p in wrapped.named_parameters()}
     assert set(wrapped_params) == set(plain_params)
     for pname, p in plain_params.items():
         assert torch.equal(wrapped_params[pname].detach(), p.detach()), pname
@@ -301,65 +234,65 @@ def test_fsdp_forward_backward_matches_plain_model(group, name, strategy):
             torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6, msg=pname)
 
 
-def test_fsdp_nonuniform_trainable_set_and_use_orig_params_required(group):
+def test_fsdp_nonuniform_trainable_set_and_use_orig_params_required(fsdp1):
     from torch.distributed.fsdp import ShardingStrategy
 
-    model = _build_fsdp("nonuniform_req_grad", group, "FULL_SHARD")
-    trainable = {_clean(n) for n, p in model.named_parameters() if p.requires_grad}
+    model = fsdp1.build("nonuniform_req_grad", "FULL_SHARD")
+    trainable = {unwrapped(n) for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == TRAINABLE
     for bad in ({}, {"use_orig_params": False}, {"use_orig_params": 1}):
         kwargs = dict(bad, sharding_strategy=ShardingStrategy.NO_SHARD)
         with pytest.raises(ValueError, match="use_orig_params=True"):
-            NonUniformReqGradNWM.build(group=group, device=CPU, fsdp_kwargs=kwargs)
+            NonUniformReqGradNWM.build(group=fsdp1.group, device=CPU, fsdp_kwargs=kwargs)
     # the plain build needs no FSDP kwargs at all
-    assert isinstance(NonUniformReqGradNWM.build(group=group, device=CPU, fsdp_kwargs=None),
+    assert isinstance(NonUniformReqGradNWM.build(group=fsdp1.group, device=CPU, fsdp_kwargs=None),
                       NonUniformReqGradNWM)
 
 
-def test_fsdp_nonuniform_training_moves_only_module_2_1(group):
-    model = _build_fsdp("nonuniform_req_grad", group)
-    before = {_clean(n): p.detach().clone() for n, p in model.named_parameters()}
+def test_fsdp_nonuniform_training_moves_only_module_2_1(fsdp1):
+    model = fsdp1.build("nonuniform_req_grad")
+    before = {unwrapped(n): p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     _backward("nonuniform_req_grad", model)
     opt.step()
     changed = {
-        _clean(n) for n, p in model.named_parameters() if not torch.equal(p, before[_clean(n)])
+        unwrapped(n) for n, p in model.named_parameters() if not torch.equal(p, before[unwrapped(n)])
     }
     assert changed == TRAINABLE
 
 
-def test_fsdp_moe_expert_unit_uses_singleton_group(group):
-    FSDP = _fsdp()
-    model = _build_fsdp("mixture_of_experts", group)
-    expert_group = MixtureOfExperts.expert_group(group)
-    assert expert_group is not group and expert_group.size() == 1
-    units = {_clean(n): m for n, m in model.named_modules() if isinstance(m, FSDP)}
+def test_fsdp_moe_expert_unit_uses_singleton_group(fsdp1):
+    FSDP = fsdp1.FSDP
+    model = fsdp1.build("mixture_of_experts")
+    expert_group = MixtureOfExperts.expert_group(fsdp1.group)
+    assert expert_group is not fsdp1.group and expert_group.size() == 1
+    units = {unwrapped(n): m for n, m in model.named_modules() if isinstance(m, FSDP)}
     assert units["module.2"].process_group is expert_group
-    assert units["module.1"].process_group is group
-    assert units[""].process_group is group
-    expert = {_clean(n) for n, p in model.named_parameters() if getattr(p, "expert", False)}
+    assert units["module.1"].process_group is fsdp1.group
+    assert units[""].process_group is fsdp1.group
+    expert = {unwrapped(n) for n, p in model.named_parameters() if getattr(p, "expert", False)}
     assert expert == EXPERT
     # repeated builds reuse the cached groups instead of creating new ones
-    again = _build_fsdp("mixture_of_experts", group, "FULL_SHARD")
-    again_units = {_clean(n): m for n, m in again.named_modules() if isinstance(m, FSDP)}
+    again = fsdp1.build("mixture_of_experts", "FULL_SHARD")
+    again_units = {unwrapped(n): m for n, m in again.named_modules() if isinstance(m, FSDP)}
     assert again_units["module.2"].process_group is expert_group
     assert moe_module._singleton_groups() == [expert_group]
 
 
-def test_fsdp_moe_flat_param_marked_expert(group):
-    model = _build_fsdp("mixture_of_experts", group, use_orig_params=False)
+def test_fsdp_moe_flat_param_marked_expert(fsdp1):
+    model = fsdp1.build("mixture_of_experts", use_orig_params=False)
     flat = dict(model.named_parameters())
     marked = {n for n, p in flat.items() if getattr(p, "expert", False)}
     assert len(flat) == 3 and len(marked) == 1
-    assert _clean(marked.pop()) == "module.2._flat_param"
+    assert unwrapped(marked.pop()) == "module.2._flat_param"
 
 
-def test_fsdp_moe_rejects_reserved_kwargs(group):
+def test_fsdp_moe_rejects_reserved_kwargs(gloo_group):
     with pytest.raises(TypeError, match="process_group"):
-        MixtureOfExperts.build(group=group, device=CPU, fsdp_kwargs={"process_group": group})
+        MixtureOfExperts.build(group=gloo_group, device=CPU, fsdp_kwargs={"process_group": gloo_group})
 
 
-def test_fsdp2_moe_apply_fully_shard(group):
+def test_fsdp2_moe_apply_fully_shard(gloo_group):
     import torch.distributed.fsdp as fsdp_pkg
 
     if not hasattr(fsdp_pkg, "fully_shard"):
@@ -372,14 +305,14 @@ def test_fsdp2_moe_apply_fully_shard(group):
     if not hasattr(DeviceMesh, "from_group"):
         pytest.skip("this torch has no DeviceMesh.from_group")
     assert fully_shard is fsdp_pkg.fully_shard
-    plain = _plain("mixture_of_experts", rank=0, world_size=1)
+    plain = plain_build("mixture_of_experts", rank=0, world_size=1)
     model = MixtureOfExperts.apply_fully_shard(
-        MixtureOfExperts.build(group=group, device=CPU, fsdp_kwargs=None), group=group, device=CPU
+        MixtureOfExperts.build(group=gloo_group, device=CPU, fsdp_kwargs=None), group=gloo_group, device=CPU
     )
     _backward("mixture_of_experts", plain)
     _backward("mixture_of_experts", model)
     expert_param = model.module[2].weight
-    assert expert_param.device_mesh.get_group() is MixtureOfExperts.expert_group(group)
+    assert expert_param.device_mesh.get_group() is MixtureOfExperts.expert_group(gloo_group)
     for (n, p), (pn, pp) in zip(model.named_parameters(), plain.named_parameters()):
         assert n == pn
         torch.testing.assert_close(p.grad.full_tensor(), pp.grad, rtol=1e-5, atol=1e-6, msg=n)

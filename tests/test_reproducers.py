@@ -177,12 +177,12 @@ def test_ddp_cpp_hooks_say_why_they_have_no_reproducer():
 
 
 def test_a_reproducers_directory_that_cannot_be_written_is_a_usage_error(tmp_path):
-    from conformance.controller.settings import _results_paths
+    from conformance.controller.option_values import results_paths
 
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(SettingsError, match="reproducers' directory"):
-        _results_paths(lambda dest: (str(blocker / "sub") if dest == "conform_write_reproducers" else None, "--x"))
+        results_paths(lambda dest: (str(blocker / "sub") if dest == "conform_write_reproducers" else None, "--x"))
 
 
 def test_case_ids_become_file_names_a_shell_takes_unquoted(tmp_path):

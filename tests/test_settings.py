@@ -278,6 +278,7 @@ def test_rerun_args_reproduce_the_run_over_the_environment():
 # -- the conform command ------------------------------------------------------------------------
 
 
+@pytest.mark.cli  # a child interpreter: seconds, for torch and pytest's plugins
 def test_cli_world_size_zero_is_a_usage_error_naming_the_flag():
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONFORM_")}
     env.pop("PYTEST_ADDOPTS", None)

@@ -309,12 +309,14 @@ def cli(tmp_path_factory):
     return results
 
 
+@pytest.mark.cli
 def test_cli_unknown_hook_module_exits_4_with_the_spec_error(cli):
     rc, output = cli["missing_module"]
     assert rc == 4, output
     assert load_error("no_such_hook_module_3f9c:SPEC") in output
 
 
+@pytest.mark.cli
 def test_cli_duplicate_hook_names_exit_4(cli):
     rc, output = cli["duplicate"]
     with pytest.raises(SpecError) as info:
@@ -324,6 +326,7 @@ def test_cli_duplicate_hook_names_exit_4(cli):
     assert "'twin'" in output
 
 
+@pytest.mark.cli
 def test_cli_bad_hook_leaves_an_existing_junit_report_untouched(cli):
     rc, output = cli["missing_module"]
     report, previous = cli["report"]

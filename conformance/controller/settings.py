@@ -3,7 +3,8 @@
 Each option is declared once (:data:`conformance.controller.options.OPTIONS`) and read from
 one place (:func:`resolve`); what the machine can hold is :mod:`conformance.controller.capacity`.
 An invalid value raises :class:`SettingsError`, whose message says where the value
-came from (``--world-size`` or ``CONFORM_WORLD_SIZE``).
+came from (``--world-size`` or ``CONFORM_WORLD_SIZE``); one value is read and checked in
+:mod:`conformance.controller.option_values`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import torch
 
 from conformance import fixtures
 from conformance.shared.remote_link import LinkError, parse_address, read_authkey
-from conformance.reports.results import unwritable_reason
 
 # Declared in their own modules, and importable from here as before.
 from conformance.controller.capacity import (CPU_RANK_MEMORY_BYTES, MAX_CPU_RANKS_PER_CORE, available_memory,  # noqa: F401
@@ -26,6 +26,7 @@ from conformance.controller.options import (DEFAULT_CASE_TIMEOUT_S, DEFAULT_HYPO
                                  DEFAULT_LISTEN_TIMEOUT_S, DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB,
                                  DEPTHS, HYPOTHESIS_SEED_DEST, NIGHTLY_HYPOTHESIS_EXAMPLES, OPTIONS, Option,
                                  SettingsError)
+from conformance.controller.option_values import flag, given_value, integer, listen_timeout, mib_in_bytes, results_paths
 
 __all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
 
@@ -181,49 +182,6 @@ def _default_known_failures() -> str:
     return os.path.join(os.path.dirname(fixtures.__file__), "known_failures.toml")
 
 
-def _pick(cli: Any, option: Option, env: Dict[str, str]) -> Tuple[Any, str]:
-    if cli not in (None, [], False):
-        return cli, option.flag
-    if option.env and env.get(option.env, "").strip():
-        return env[option.env].strip(), option.env
-    return None, ""
-
-
-def _int(value: Any, source: str, *, minimum: int) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"invalid value {value!r} from {source}: expected an integer") from None
-    if number < minimum:
-        raise SettingsError(f"invalid value {value!r} from {source}: must be at least {minimum}")
-    return number
-
-
-def _mib(value: Any, source: str, default: float, *, minimum: float) -> int:
-    """``value`` MiB (``default`` when ``None``) in bytes; at least ``minimum`` MiB unless 0 is allowed."""
-    if value is None:
-        return int(default * 2**20)
-    try:
-        mib = float(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"invalid value {value!r} from {source}: expected a number of MiB") from None
-    if not math.isfinite(mib) or mib < minimum:
-        raise SettingsError(f"invalid value {value!r} from {source}: must be a finite number of MiB, "
-                            f"at least {minimum:g}")
-    return int(mib * 2**20)
-
-
-def _flag(value: Any, source: str) -> bool:
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise SettingsError(f"invalid value {value!r} from {source}: expected 1 or 0 (true/false)")
-
-
 def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = None,
             gpu_count: Optional[int] = None, cores: Optional[int] = None,
             memory: Optional[int] = -1) -> Settings:
@@ -245,10 +203,10 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     by_dest = {o.dest: o for o in OPTIONS}
 
     def pick(dest: str) -> Tuple[Any, str]:
-        return _pick(getoption(dest), by_dest[dest], env)
+        return given_value(getoption(dest), by_dest[dest], env)
 
     strict_value, strict_source = pick("conform_strict_known_failures")
-    strict = _flag(strict_value, strict_source)
+    strict = flag(strict_value, strict_source)
 
     hooks_value, hooks_source = pick("conform_hooks")
     if isinstance(hooks_value, str):
@@ -279,7 +237,7 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     if ws_value is None:
         world_size = gpu_count if device == "cuda" else 2
     else:
-        world_size = _int(ws_value, ws_source, minimum=1)
+        world_size = integer(ws_value, ws_source, minimum=1)
         if device == "cuda" and world_size > gpu_count and listen is None:
             raise SettingsError(
                 f"--world-size {world_size} (from {ws_source}) is larger than the GPU count: this machine has "
@@ -287,7 +245,7 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
                 f"--world-size {gpu_count}, or --device cpu --backend gloo for CPU ranks.")
 
     extra_value, extra_source = pick("conform_extra_world_size")
-    extra = (0 if listen else 3) if extra_value is None else _int(extra_value, extra_source, minimum=0)
+    extra = (0 if listen else 3) if extra_value is None else integer(extra_value, extra_source, minimum=0)
     cpu_pools: Tuple[int, ...] = ()
     if device == "cuda" and ws_value is None and world_size == 1:
         # One GPU: averaging over one rank proves nothing, so the cross-rank checks
@@ -313,13 +271,13 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         raise SettingsError(f"invalid depth {depth_value!r} from {depth_source}: expected one of {', '.join(DEPTHS)} "
                             "(nightly adds the cases the default run leaves out for time)")
     compiled_value, compiled_source = pick("conform_with_compiled_ddp")
-    with_compiled_ddp = _flag(compiled_value, compiled_source)
+    with_compiled_ddp = flag(compiled_value, compiled_source)
 
     ex_value, ex_source = pick("conform_hypothesis_examples")
     if ex_value is None:
         examples = NIGHTLY_HYPOTHESIS_EXAMPLES if depth == "nightly" else DEFAULT_HYPOTHESIS_EXAMPLES
     else:
-        examples = _int(ex_value, ex_source, minimum=0)
+        examples = integer(ex_value, ex_source, minimum=0)
     try:  # hypothesis's pytest plugin defines the option; it may be disabled (-p no:hypothesispytest)
         hypothesis_seed = getoption(HYPOTHESIS_SEED_DEST)
     except (ValueError, KeyError):
@@ -327,9 +285,9 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     hypothesis_seed = "" if hypothesis_seed is None else str(hypothesis_seed)
 
     log_value, log_source = pick("conform_rank_log_limit")
-    rank_log_limit = _mib(log_value, log_source, DEFAULT_RANK_LOG_LIMIT_MIB, minimum=0.01)
+    rank_log_limit = mib_in_bytes(log_value, log_source, DEFAULT_RANK_LOG_LIMIT_MIB, minimum=0.01)
     growth_value, growth_source = pick("conform_rank_memory_growth")
-    rank_memory_growth = _mib(growth_value, growth_source, DEFAULT_RANK_MEMORY_GROWTH_MIB, minimum=0)
+    rank_memory_growth = mib_in_bytes(growth_value, growth_source, DEFAULT_RANK_MEMORY_GROWTH_MIB, minimum=0)
 
     kf_value, _ = pick("conform_known_failures")
     if isinstance(kf_value, str):
@@ -340,7 +298,7 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     # user's file (for their hooks) should not have to repeat.
     default_file = _default_known_failures()
     known = (default_file,) + tuple(f for f in extra_files if os.path.abspath(f) != os.path.abspath(default_file))
-    report_paths = _results_paths(pick)
+    report_paths = results_paths(pick)
 
     return Settings(
         hooks=hooks,
@@ -361,60 +319,10 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         rank_memory_growth_bytes=rank_memory_growth,
         **report_paths,
         listen=listen,
-        listen_timeout_s=_listen_timeout(pick) if listen else DEFAULT_LISTEN_TIMEOUT_S,
+        listen_timeout_s=listen_timeout(pick) if listen else DEFAULT_LISTEN_TIMEOUT_S,
         depth=depth,
         with_compiled_ddp=with_compiled_ddp,
     )
-
-
-#: ``--fail-on`` values.
-FAIL_ON = ("failures", "regressions")
-
-
-def _results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
-    """``json_path``, ``markdown_path``, ``reproducers_dir``, ``baseline_path`` and ``fail_on``, checked before any
-    case runs.
-
-    Raises:
-        SettingsError: a report path that cannot be written (a directory, a directory
-            that cannot be created or written), a reproducers' directory that cannot be made or written, a baseline that is not a file, an unknown
-            ``--fail-on``, or ``--fail-on regressions`` without a baseline.
-    """
-    out: Dict[str, Any] = {}
-    for dest, key in (("conform_json", "json_path"), ("conform_markdown", "markdown_path")):
-        value, source = pick(dest)
-        if value:
-            reason = unwritable_reason(str(value))
-            if reason:
-                raise SettingsError(f"cannot write the report {value!r} from {source}: {reason}. Nothing was run.")
-            out[key] = os.path.abspath(str(value))
-    value, source = pick("conform_write_reproducers")
-    if value:
-        directory = os.path.abspath(str(value))
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as exc:
-            raise SettingsError(f"cannot create the reproducers' directory {value!r} from {source}: {exc.strerror}. "
-                                "Nothing was run.") from None
-        if not os.access(directory, os.W_OK):
-            raise SettingsError(f"cannot write into the reproducers' directory {value!r} from {source}: give a "
-                                "writable directory. Nothing was run.")
-        out["reproducers_dir"] = directory
-    value, source = pick("conform_baseline")
-    if value:
-        if not os.path.isfile(str(value)):
-            raise SettingsError(f"baseline {value!r} from {source} is not a file: give the --json results of an "
-                                "earlier run")
-        out["baseline_path"] = os.path.abspath(str(value))
-    value, source = pick("conform_fail_on")
-    fail_on = str(value).strip().lower() if value else "failures"
-    if fail_on not in FAIL_ON:
-        raise SettingsError(f"invalid value {value!r} from {source}: expected failures or regressions")
-    if fail_on == "regressions" and "baseline_path" not in out:
-        raise SettingsError(f"--fail-on regressions (from {source}) needs a baseline to compare with: add "
-                            "--baseline PREVIOUS.json (or CONFORM_BASELINE)")
-    out["fail_on"] = fail_on
-    return out
 
 
 def _listen(value: Any, source: str, env: Dict[str, str], pick: Callable[[str], Tuple[Any, str]]) -> Optional[Tuple[str, int]]:
@@ -430,16 +338,3 @@ def _listen(value: Any, source: str, env: Dict[str, str], pick: Callable[[str], 
         raise SettingsError(f"{source} needs --world-size N, the WORLD_SIZE of the torchrun job (--nnodes times "
                             "--nproc-per-node): the cases are planned before the ranks connect")
     return address
-
-
-def _listen_timeout(pick: Callable[[str], Tuple[Any, str]]) -> float:
-    value, source = pick("conform_listen_timeout")
-    if value is None:
-        return DEFAULT_LISTEN_TIMEOUT_S
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise SettingsError(f"invalid value {value!r} from {source}: expected a positive number of seconds")
-    return seconds

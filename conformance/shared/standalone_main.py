@@ -197,7 +197,7 @@ PLACED_PERIOD = 65_521
 
 
 def placed_tensor(placed: Dict[str, Any], device: torch.device) -> torch.Tensor:
-    """A large hard input from its description (the suite's ``hard_inputs.placed_examples``; a reproducer's
+    """A large hard input from its description (the suite's ``hard_examples.placed_examples``; a reproducer's
     ``CASE["inputs"]``): float32 ``shape``, filled with :data:`PLACED_PERIOD` uniform values in [-1, 1) from a CPU
     generator seeded ``seed``, repeated, times ``scale`` (float32); then ``values`` at the flat positions ``at``
     (floats or float hex). Repeating a block costs a copy, where drawing tens of millions of values costs

@@ -85,7 +85,7 @@ FUTURE_CASES = (
 )
 #: Hard inputs through the probe (exact claims): one bucket, bucket views, a bucket per parameter; and through the
 #: probe of production size (``large_probe``: one bucket of 25 MiB), the patterns placed at its ends and
-#: power-of-two boundaries (:func:`conformance.controller.hard_inputs.placed_examples`).
+#: power-of-two boundaries (:func:`conformance.controller.hard_examples.placed_examples`).
 HARD_INPUT_CASES = (("default", "gradient_probe"), ("bucket_view", "gradient_probe"),
                     ("bucket_per_param", "gradient_probe"), ("default", "large_probe"))
 EXTRA_HARD_INPUT_CASES = (("default", "gradient_probe"), ("bucket_per_param", "gradient_probe"),

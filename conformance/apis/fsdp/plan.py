@@ -34,7 +34,7 @@ from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, Suit
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.ulps import dtype_name
-from conformance.signatures import FSDP_STRATEGIES, SpecError, qualname, signature_text, strategies_from_signature
+from conformance.apis.fsdp.validation import validate
 
 #: The long run's model (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): one
 #: FSDP unit, the cheapest per step, once per calling convention a hook serves (``NO_SHARD``'s
@@ -78,39 +78,6 @@ REGISTRATION_RULES = (
     "preset_submodule_raises",
     "hybrid_strategy_raises",
 )
-
-
-def validate(spec: Any) -> Tuple[str, ...]:
-    """FSDP calls ``hook(state, grad)`` under NO_SHARD and ``hook(state, grad, output)`` when sharded.
-
-    Returns the strategies the spec is checked under: ``spec.strategies``, or
-    every one its hook's signature serves. Raises :class:`SpecError` naming
-    the strategy and the signature that do not fit.
-    """
-    supported = strategies_from_signature(spec.hook)
-    if not supported:
-        raise SpecError(
-            f"HookSpec {spec.name!r}: hook {qualname(spec.hook)}{signature_text(spec.hook)} "
-            "accepts neither (state, grad) for NO_SHARD nor (state, grad, output) for "
-            "sharded strategies"
-        )
-    if spec.strategies is None:
-        return supported
-    strategies = (spec.strategies,) if isinstance(spec.strategies, str) else tuple(spec.strategies)
-    unknown = [s for s in strategies if s not in FSDP_STRATEGIES]
-    if unknown or not strategies:
-        raise SpecError(
-            f"HookSpec {spec.name!r}: unknown strategies {unknown or strategies!r}; "
-            f"expected names from {', '.join(FSDP_STRATEGIES)}"
-        )
-    unfit = [s for s in strategies if s not in supported]
-    if unfit:
-        raise SpecError(
-            f"HookSpec {spec.name!r}: strategies {unfit} need a hook signature of "
-            f"{'(state, grad)' if 'NO_SHARD' in unfit else '(state, grad, output)'}, but the "
-            f"hook is {qualname(spec.hook)}{signature_text(spec.hook)}"
-        )
-    return strategies
 
 
 #: Why a sharded strategy's case at world size 1 (a one-GPU machine's NCCL pool) is skipped.

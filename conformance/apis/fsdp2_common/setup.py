@@ -150,24 +150,35 @@ class Fsdp2Setup:
         return text + ("" if claim is None else f" with reduce_dtype={claim}")
 
 
-def make_comm(hook: Any, name: str) -> Any:
+#: What a comm of each kind is, for :func:`make_comm`'s error: ``ReduceScatter`` and ``AllGather`` (the two
+#: ``torch.distributed.fsdp._fully_shard._fsdp_api`` comm protocols).
+COMM_KINDS = {"ReduceScatter": "__call__(output_tensor, input_tensor, group, op, async_op)",
+              "AllGather": "__call__(output_tensor, input_tensor, group, async_op)"}
+
+
+def make_comm(hook: Any, name: str, kind: str = "ReduceScatter") -> Any:
     """A comm spec's comm: the object itself, or what its zero-argument factory (a comm class) returns.
 
     Raises:
-        TypeError: the factory returned no ``ReduceScatter`` comm.
+        TypeError: the factory returned no comm of ``kind`` (a key of :data:`COMM_KINDS`).
     """
     if not isinstance(hook, type) and callable(getattr(hook, "allocate", None)):
         return hook
     comm = hook()
     if not callable(getattr(comm, "allocate", None)) or not callable(comm):
-        raise TypeError(f"the factory of hook {name!r} returned {comm!r}, not a ReduceScatter comm "
-                        "(an object with allocate() and __call__(output_tensor, input_tensor, group, op, async_op))")
+        raise TypeError(f"the factory of hook {name!r} returned {comm!r}, not a {kind} comm "
+                        f"(an object with allocate() and {COMM_KINDS[kind]})")
     return comm
 
 
 def bind_comm(hook: Any, state: Any, name: str, mesh: Any) -> Any:
     """A custom comm: the spec's object, or what its factory makes (:func:`make_comm`), one for every module."""
     return make_comm(hook, name)
+
+
+def bind_all_gather(hook: Any, state: Any, name: str, mesh: Any) -> Any:
+    """A custom all-gather comm (``set_custom_all_gather``): the spec's object, or what its factory makes."""
+    return make_comm(hook, name, "AllGather")
 
 
 def bind_hook(hook: Any, state: Any, name: str, mesh: Any) -> Any:

@@ -150,7 +150,7 @@ class AllGatherRecorder(Recorder):
     def summary(self, step: int) -> str:
         seen = sorted({(c["group_size"], dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})
         count = sum(1 for c in self.calls if c["step"] == step)
-        return (f"{count} call{'' if count == 1 else 's'}, " +
+        return (f"{count} time{'' if count == 1 else 's'}, " +
                 "; ".join(f"over a group of {g} in {d}" for g, d in seen)) if seen else "not called"
 
     def context(self, step: int) -> str:

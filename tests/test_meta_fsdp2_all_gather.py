@@ -35,7 +35,8 @@ MUST_CATCH = {
                           "over a group of 4 ranks where FSDP2 passed it a group of 2"),
     "bad_dropped_work": ("fsdp2_all_gather_parity", EVERY_CONFIG, "neither waited on its Work nor returned it"),
     "bad_bf16_alloc": ("fsdp2_all_gather_parity", EVERY_CONFIG, ("dtype=float32) returned shape (", "bfloat16 on cpu")),
-    "bad_scaled_by_one": ("fsdp2_all_gather_hard_params", {"default", "subgroup"}, "bit for bit: first at element"),
+    "bad_scaled_by_one": ("fsdp2_all_gather_hard_params", {"default", "subgroup"},
+                          ("bit for bit: first at element", "explained, bit for bit, by the same values with other bits")),
 }
 
 
@@ -98,6 +99,8 @@ def test_causes_are_named_bit_for_bit():
     old = shards * 2
     assert "stale" in arithmetic.explain(_call(old.clone(), shards, previous=old))[0]
     assert "group of 4 ranks" in arithmetic.explain(_call(shards + 1, shards, other_groups=(4,)))[0]
+    signed = torch.tensor([0.0, -0.0, float("nan"), 1.0])
+    assert "a zero's sign changed" in arithmetic.explain(_call(signed + 0.0, signed))[0]
     assert arithmetic.explain(_call(shards + 1, shards)) is None
     assert "no known cause" in arithmetic.findings_text(_call(shards + 1, shards))[1]
 

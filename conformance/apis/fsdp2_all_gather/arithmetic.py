@@ -97,7 +97,15 @@ CAUSES = (
     ("reversed", "the shards in reverse rank order (chunk r from rank world_size - 1 - r)"),
     ("wire dtype", "the shards cast to a narrower dtype on the wire and back"),
     ("stale", "the gather of the step before (stale: served again from a cache, the parameters have changed)"),
+    ("arithmetic", "the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
+                   "gathered values, such as x * 1.0 or x + 0.0)"),
 )
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal as values where NaN counts as NaN: what arithmetic that changes only bits leaves."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.isnan(), b.isnan())) and \
+        bool((a[~a.isnan()] == b[~b.isnan()]).all())
 
 
 def explain(call: GatherCall) -> Optional[Tuple[str, str]]:
@@ -123,6 +131,10 @@ def explain(call: GatherCall) -> Optional[Tuple[str, str]]:
         return (f"the gather of step {call.step - 1} (stale: served again, while the parameters changed at the "
                 "optimizer step)", "gather on every call: FSDP2 re-gathers after every optimizer step, and "
                 "between the forward and the backward where it resharded")
+    if call.expected.is_floating_point() and _same_values(call.output, call.expected):
+        return ("the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
+                "gathered values, such as x * 1.0 or x + 0.0)",
+                "copy the shards as they are: no arithmetic on the gathered output (an all-gather only moves data)")
     return None
 
 

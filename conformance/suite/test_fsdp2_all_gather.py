@@ -20,6 +20,11 @@ def test_fsdp2_all_gather_parity(conform, request, case):
     conform.run_case(request, case)
 
 
+def test_fsdp2_all_gather_long_run(conform, request, case):
+    """256 steps (2,000 at nightly depth) with the comm on every FSDP module, bitwise equal to native FSDP2 at every one."""
+    conform.run_case(request, case)
+
+
 def test_fsdp2_all_gather_hard_params(conform, request, case):
     """Parameter shards holding NaN with payloads, -0.0, subnormals and float extremes gathered bit for bit."""
     conform.run_case(request, case)

@@ -12,6 +12,7 @@ gather); what the FSDP2 APIs share is in ``conformance/apis/fsdp2_common/``.
 Suite tests (``conformance/suite/test_fsdp2_all_gather.py``):
 ``fsdp2_all_gather_parity`` (the shared lockstep check: losses, local gradient
 shards and parameter shards bitwise equal to native FSDP2 after every step),
+``fsdp2_all_gather_long_run`` (the shared long run),
 ``fsdp2_all_gather_hard_params`` (the API's own rank check
 :func:`~conformance.apis.fsdp2_all_gather.models.hard_params`: hard parameter
 shards gathered bit for bit) and ``fsdp2_all_gather_registration`` (the
@@ -26,10 +27,10 @@ from __future__ import annotations
 import functools
 from typing import Any, List, Sequence, Tuple
 
-from conformance.apis import HookApi, SuiteTest, no_strategies
+from conformance.apis import LONG_RUN_STEPS, HookApi, SuiteTest, no_strategies
 from conformance.apis.fsdp2_all_gather.standalone import SETUP
-from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, RolePlan, hsdp_world_size, registration_plan,
-                                                role_nodes, with_skips)
+from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, RolePlan, exact, hsdp_world_size,
+                                                registration_plan, role_nodes, role_plan, with_skips)
 from conformance.cases import CaseParams
 from conformance.signatures import SpecError, binds_signature, qualname, signature_text
 
@@ -43,6 +44,9 @@ PLAN: RolePlan = {
     "extra": (("default", "always_wrap_nested"),),
     "hsdp": (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
 }
+#: The long run (:data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared; each gather checked in the
+#: replay of a difference only): one FSDP unit, the cheapest per step, at the main world size.
+LONG_RUN_PLAN: RolePlan = {"main": (("default", "net_flat"),)}
 #: Hard parameter shards, per world-size role: at the main world size and on the subgroup mesh.
 HARD_PARAMS_PLAN: RolePlan = {"main": (("default", "nested_wrapped"),), "hsdp": (("subgroup", "nested_wrapped"),)}
 
@@ -98,6 +102,9 @@ APIS = (
             standalone=STANDALONE, models="conformance.apis.fsdp2_all_gather.models:AllGatherModels",
             plans={"test_fsdp2_all_gather_parity": _test("fsdp2_all_gather_parity", "parity", _by_role(PLAN),
                                                          kind="exact"),
+                   "test_fsdp2_all_gather_long_run": _test(
+                       "fsdp2_all_gather_long_run", "long_run", role_plan(SETUP, LONG_RUN_PLAN, exact), kind="exact",
+                       depth_params=LONG_RUN_STEPS),
                    "test_fsdp2_all_gather_hard_params": _test("fsdp2_all_gather_hard_params", "hard_params",
                                                               _by_role(HARD_PARAMS_PLAN)),
                    "test_fsdp2_all_gather_registration": _test(

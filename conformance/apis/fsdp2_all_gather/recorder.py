@@ -85,7 +85,8 @@ class AllGatherRecorder(Recorder):
 
     ``rank``: this rank, for findings. Each call's output is checked once the call completed (the comm returned,
     and its returned ``Work`` was waited on, as FSDP2 does): one ``all_gather_into_tensor`` of the recorder's
-    over the group FSDP2 passed, so every rank of that group checks every call.
+    over the group FSDP2 passed, so every rank of that group checks every call; not while
+    :attr:`~conformance.ranks.checks.models.Recorder.recording` is off (a long run's unrecorded pass).
     """
 
     def __init__(self, comm: Any, rank: int):
@@ -121,7 +122,9 @@ class AllGatherRecorder(Recorder):
                            "dtype": None if inp is None else inp.dtype,
                            "numel": None if inp is None else inp.numel()})
         reach.saw_buffer(inp)
-        shard = inp.detach().clone()  # FSDP2's input_tensor is a view of output_tensor: keep it before the call
+        # FSDP2's input_tensor is a view of output_tensor: keep it before the call (not in a long run's unrecorded
+        # pass, whose gradient comparison catches a wrong gather; its replay records and names the cause)
+        shard = inp.detach().clone() if self.recording else None
         sizes: List[int] = []
         works: List[TrackedWork] = []
         self.pending_group.append({"step": self.step, "index": index, "group_size": group_size, "sizes": sizes})
@@ -134,6 +137,8 @@ class AllGatherRecorder(Recorder):
         if left:
             self.dropped.append({"step": self.step, "index": index})
             return result  # FSDP2 reads output_tensor now: what it holds is unknown until the work completes
+        if shard is None:
+            return result
         if isinstance(result, dist.Work):
             result.wait()  # FSDP2 waits on it before it reads output_tensor
         expected = torch.empty_like(out)

@@ -34,9 +34,11 @@ MUST_CATCH = {
     "bad_default_group": ("fsdp2_all_gather_parity", {"hsdp", "subgroup"},
                           "over a group of 4 ranks where FSDP2 passed it a group of 2"),
     "bad_dropped_work": ("fsdp2_all_gather_parity", EVERY_CONFIG, "neither waited on its Work nor returned it"),
-    "bad_bf16_alloc": ("fsdp2_all_gather_parity", EVERY_CONFIG, ("dtype=float32) returned shape (", "bfloat16 on cpu")),
+    "bad_bf16_alloc": ("fsdp2_all_gather_parity", EVERY_CONFIG,
+                       ("dtype=float32) returned shape (", "bfloat16 on cpu")),
     "bad_scaled_by_one": ("fsdp2_all_gather_hard_params", {"default", "subgroup"},
-                          ("bit for bit: first at element", "explained, bit for bit, by the same values with other bits")),
+                          ("bit for bit: first at element",
+                           "explained, bit for bit, by the same values with other bits")),
 }
 
 

@@ -21,7 +21,8 @@ def test_fsdp2_all_gather_parity(conform, request, case):
 
 
 def test_fsdp2_all_gather_long_run(conform, request, case):
-    """256 steps (2,000 at nightly depth) with the comm on every FSDP module, bitwise equal to native FSDP2 at every one."""
+    """256 steps (2,000 at nightly depth) with the comm on every FSDP module, bitwise equal to native FSDP2 at every
+    one."""
     conform.run_case(request, case)
 
 

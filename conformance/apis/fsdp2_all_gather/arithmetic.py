@@ -55,7 +55,8 @@ def first_difference(got: torch.Tensor, want: torch.Tensor, group_size: int) -> 
     i = int(where[0])
     chunk = max(1, want.numel() // max(1, group_size))
     return (f"first at element {i} (chunk {i // chunk}, the shard of rank {i // chunk} of the group, element "
-            f"{i % chunk}): {got[i].item()!r} ({_hex(got, i)}) where the shard holds {want[i].item()!r} ({_hex(want, i)})")
+            f"{i % chunk}): {got[i].item()!r} ({_hex(got, i)}) where the shard holds {want[i].item()!r} "
+            f"({_hex(want, i)})")
 
 
 def _hex(t: torch.Tensor, i: int) -> str:

@@ -119,3 +119,12 @@ def test_a_reduce_dtype_or_lossy_claim_is_refused():
     with pytest.raises(SpecError, match="takes no reduce_dtype"):
         gather_plan.validate(HookSpec(name="x", api="fsdp2_all_gather", hook=zoo.ListCatAllGather,
                                       reduce_dtype=torch.bfloat16))
+
+
+def test_a_factory_that_makes_no_comm_is_named_as_an_all_gather():
+    from conformance.apis.fsdp2_all_gather.standalone import SETUP
+
+    assert isinstance(SETUP.bind(zoo.ListCatAllGather, None, "h", None), zoo.ListCatAllGather)
+    with pytest.raises(TypeError, match=r"not an AllGather comm .*__call__\(output_tensor, input_tensor, group, "
+                                        r"async_op\)"):
+        SETUP.bind(lambda: object(), None, "h", None)

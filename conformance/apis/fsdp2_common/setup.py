@@ -166,7 +166,8 @@ def make_comm(hook: Any, name: str, kind: str = "ReduceScatter") -> Any:
         return hook
     comm = hook()
     if not callable(getattr(comm, "allocate", None)) or not callable(comm):
-        raise TypeError(f"the factory of hook {name!r} returned {comm!r}, not a {kind} comm "
+        article = "an" if kind[0] in "AEIOU" else "a"
+        raise TypeError(f"the factory of hook {name!r} returned {comm!r}, not {article} {kind} comm "
                         f"(an object with allocate() and {COMM_KINDS[kind]})")
     return comm
 

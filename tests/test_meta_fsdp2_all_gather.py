@@ -1,9 +1,9 @@
-"""Meta-tests of the all-gather comm API (``api="fsdp2_all_gather"``, ``FSDPModule.set_custom_all_gather``).
+"""Meta-tests specific to the all-gather comm API (``api="fsdp2_all_gather"``, ``set_custom_all_gather``).
 
-The zoo run (``tests/zoo/fsdp2_all_gathers.py``, one run per session: every case of the API but the
-registration rules, at the main world size and on the 4-rank pool) must pass every good comm and catch
-every bad one where ``EXPECTED_CATCH`` says, with its cause named. Plus quick checks, without a pool, of the
-cause catalogue the recorder names a wrong gather with.
+They read the zoo's run (``tests/meta_zoos.py``: ``FSDP2_ALL_GATHER``, one run per session); the shape every
+zoo shares (each good comm passes every config, each bad one is caught where ``EXPECTED_CATCH`` says, with its
+cause and fix) is in ``tests/test_meta.py``. Plus quick checks, without a pool, of the cause catalogue the
+recorder names a wrong gather with.
 """
 
 from __future__ import annotations
@@ -15,60 +15,14 @@ from conformance.apis.fsdp2_all_gather import arithmetic, models
 from conformance.apis.fsdp2_all_gather import plan as gather_plan
 from conformance.signatures import SpecError
 from conformance.spec import HookSpec
-from tests.meta_helpers import MetaZoo, select
+from tests.meta_helpers import select
+from tests.meta_zoos import FSDP2_ALL_GATHER
 from tests.zoo import fsdp2_all_gathers as zoo
-
-ALL_GATHER = MetaZoo(
-    name="fsdp2_all_gathers",
-    args=("--hook", "tests.zoo.fsdp2_all_gathers:ALL", "--extra-world-size", "4", "-q",
-          "-k", "fsdp2_all_gather and not registration"),
-    bad=frozenset(s.name for s in zoo.KNOWN_BAD), documented=frozenset(zoo.EXPECTED_CATCH), catches=(),
-    good=tuple(zoo.KNOWN_GOOD))
-
-EVERY_CONFIG = {"default", "no_reshard", "hsdp", "subgroup"}
-#: bad comm -> (the check, the configs whose cases must fail there, and only those; the text(s) each carries).
-MUST_CATCH = {
-    "bad_reversed_order": ("fsdp2_all_gather_parity", EVERY_CONFIG, "by the shards in reverse rank order"),
-    "bad_cached_gather": ("fsdp2_all_gather_parity", EVERY_CONFIG, "the gather of step 0 (stale"),
-    "bad_bf16_wire": ("fsdp2_all_gather_parity", EVERY_CONFIG, "the shards cast to bfloat16 on the wire"),
-    "bad_default_group": ("fsdp2_all_gather_parity", {"hsdp", "subgroup"},
-                          "over a group of 4 ranks where FSDP2 passed it a group of 2"),
-    "bad_dropped_work": ("fsdp2_all_gather_parity", EVERY_CONFIG, "neither waited on its Work nor returned it"),
-    "bad_bf16_alloc": ("fsdp2_all_gather_parity", EVERY_CONFIG,
-                       ("dtype=float32) returned shape (", "bfloat16 on cpu")),
-    "bad_scaled_by_one": ("fsdp2_all_gather_hard_params", {"default", "subgroup"},
-                          ("bit for bit: first at element",
-                           "explained, bit for bit, by the same values with other bits")),
-}
 
 
 @pytest.fixture
 def run(zoo_runs):
-    return zoo_runs(ALL_GATHER)
-
-
-def test_every_bad_comm_has_an_expected_catch():
-    assert set(MUST_CATCH) == ALL_GATHER.bad == ALL_GATHER.documented
-
-
-@pytest.mark.parametrize("spec", zoo.KNOWN_GOOD, ids=lambda s: s.name)
-def test_good_comm_passes_every_case(run, spec):
-    cases = run.by_hook()[spec.name]
-    assert {c.properties.get("config") for c in cases} == EVERY_CONFIG, [c.name for c in cases]
-    bad = [f"{c.name}: {c.outcome}\n{c.message[:2000]}" for c in cases if c.outcome != "passed"]
-    assert not bad, "\n".join(bad)
-
-
-@pytest.mark.parametrize("hook", sorted(MUST_CATCH))
-def test_bad_comm_is_caught_where_expected_with_its_cause(run, hook):
-    check, configs, text = MUST_CATCH[hook]
-    cases = run.by_hook()[hook]
-    failed = [c for c in cases if c.outcome == "failed" and c.properties.get("check") == check]
-    assert {c.properties.get("config") for c in failed} == configs, [(c.name, c.outcome) for c in cases]
-    for case in failed:
-        for needle in (text,) if isinstance(text, str) else text:
-            assert needle in case.message, f"{case.name}:\n{case.message[:3000]}"
-    assert not [c.name for c in cases if c.outcome == "error"]
+    return zoo_runs(FSDP2_ALL_GATHER)
 
 
 def test_default_group_passes_on_the_pool_mesh(run):

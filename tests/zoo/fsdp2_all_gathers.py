@@ -42,7 +42,7 @@ class ListCatAllGather(PlainAllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
                  async_op: bool = False) -> Optional[Any]:
         chunks = _chunks(output_tensor, group)
-        dist.all_gather(chunks, input_tensor.clone(), group=group)
+        dist.all_gather(chunks, input_tensor.clone(), group)  # the group positionally: the recorder binds it
         torch.cat(chunks, out=output_tensor)
         return None
 

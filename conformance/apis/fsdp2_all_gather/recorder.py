@@ -18,6 +18,7 @@ the gradients and parameters the lockstep compares then differ too.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
@@ -60,8 +61,14 @@ def watching(group_sizes: List[int], works: List[TrackedWork]) -> Iterator[None]
     saved: Dict[str, Callable[..., Any]] = {}
 
     def watched(fn: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(fn)
+
         def call(*args: Any, **kwargs: Any) -> Any:
-            group_sizes.append(dist.get_world_size(kwargs.get("group")))
+            try:
+                group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+            except TypeError:  # arguments the function does not take: the call itself says what is wrong
+                group = kwargs.get("group")
+            group_sizes.append(dist.get_world_size(group))
             out = fn(*args, **kwargs)
             if kwargs.get("async_op") and out is not None:
                 works.append(TrackedWork(out))

@@ -1,8 +1,8 @@
 """The suite's registration of an FSDP2 comm or hook: the setter on every FSDP module, and its refusal.
 
-FSDP2 installs a comm or a hook per FSDP module: ``FSDPModule.set_custom_reduce_scatter(comm)``
-and ``FSDPModule.set_all_reduce_hook(hook)`` set it on the module's own parameter groups
-(``FSDPParamGroup``), and on nothing else. The suite therefore registers on every FSDP module
+FSDP2 installs a comm or a hook per FSDP module: ``FSDPModule.set_custom_reduce_scatter(comm)``,
+``FSDPModule.set_custom_all_gather(comm)`` and ``FSDPModule.set_all_reduce_hook(hook)`` set it on the
+module's own parameter groups (``FSDPParamGroup``), and on nothing else. The suite therefore registers on every FSDP module
 (:func:`register_on_every_module`, what every FSDP2 check's hooked model goes through); where
 PyTorch refuses a module of several parameter groups, the suite says which module, why and the fix
 (:class:`RegistrationRefused`). :class:`Setter` describes each setter for the registration rules

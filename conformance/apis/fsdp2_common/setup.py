@@ -1,7 +1,7 @@
 """The FSDP2 setup object (torch only): what one FSDP2 hook API is, as data both builds read.
 
 Every FSDP2 hook API (``fsdp2``: the reduce-scatter comm, ``fsdp2_all_reduce``,
-``fsdp2_replica``) is one :class:`Fsdp2Setup`, its ``SETUP`` in its own
+``fsdp2_replica``, ``fsdp2_all_gather``: the all-gather comm) is one :class:`Fsdp2Setup`, its ``SETUP`` in its own
 ``standalone.py``: the ``FSDPModule`` setter that installs its hook, how the
 hook is bound to what the setter takes, and its configs (:class:`Fsdp2Config`:
 the device mesh, the dimension the hooked model shards on, the divide factor,
@@ -134,7 +134,7 @@ class Fsdp2Setup:
             it is called on every one), e.g. ``"set_custom_reduce_scatter"``.
         bind: ``bind(hook, state, name, mesh)``: the object the setter gets for the spec's ``hook`` (its
             ``state`` factory, its ``name`` for messages, the case's device mesh, ``None`` under
-            ``replicate``): :func:`bind_comm`, :func:`bind_hook`, :func:`bind_to_replicas`.
+            ``replicate``): :func:`bind_comm`, :func:`bind_all_gather`, :func:`bind_hook`, :func:`bind_to_replicas`.
         configs: the API's configs by name (the case field ``config``).
     """
 

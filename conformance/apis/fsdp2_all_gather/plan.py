@@ -100,10 +100,10 @@ APIS = (
             builtin_hooks="conformance.apis.fsdp2_all_gather.builtin_hooks:FSDP2_ALL_GATHER_HOOKS",
             default_hook="conformance.apis.fsdp2_all_gather.builtin_hooks:default_hook",
             standalone=STANDALONE, models="conformance.apis.fsdp2_all_gather.models:AllGatherModels",
-            plans={"test_fsdp2_all_gather_parity": _test("fsdp2_all_gather_parity", "parity", _by_role(PLAN),
-                                                         kind="exact"),
+            # "plain", not "exact": no failure here ends with how to declare a LossyContract (validate refuses one)
+            plans={"test_fsdp2_all_gather_parity": _test("fsdp2_all_gather_parity", "parity", _by_role(PLAN)),
                    "test_fsdp2_all_gather_long_run": _test(
-                       "fsdp2_all_gather_long_run", "long_run", role_plan(SETUP, LONG_RUN_PLAN, exact), kind="exact",
+                       "fsdp2_all_gather_long_run", "long_run", role_plan(SETUP, LONG_RUN_PLAN, exact),
                        depth_params=LONG_RUN_STEPS),
                    "test_fsdp2_all_gather_hard_params": _test("fsdp2_all_gather_hard_params", "hard_params",
                                                               _by_role(HARD_PARAMS_PLAN)),

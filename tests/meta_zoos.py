@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from tests.meta_helpers import Catch, Cause, MetaZoo, Pick
-from tests.zoo import ddp_hooks, fsdp2_comms, fsdp_hooks, reach_hooks
+from tests.zoo import ddp_hooks, fsdp2_all_gathers, fsdp2_comms, fsdp_hooks, reach_hooks
 
 #: The hint an exact-claiming hook gets where no named exact cause explains its difference.
 LOSSY_HINT = "lossy=LossyContract(rel_error_bound=..., loss_margin=...)"
@@ -413,4 +413,58 @@ REACH = MetaZoo(
     rerun=Pick("bad_ddp_skip_every_k", outcome="failed"),
 )
 
-ZOOS = (FSDP, DDP, FSDP2, LOSSY, REACH)
+# -- FSDP2 custom all-gather comms (set_custom_all_gather) ----------------------------------------------------
+
+#: Every config of the all-gather API (``conformance/apis/fsdp2_all_gather/standalone.py``).
+ALL_GATHER_CONFIGS = frozenset({"default", "no_reshard", "hsdp", "subgroup"})
+#: The configs (``config`` property) whose cases must fail for each known-bad comm; see
+#: fsdp2_all_gathers.EXPECTED_CATCH. A wrong gather is wrong everywhere, but over the default group.
+FSDP2_ALL_GATHER_MUST_CATCH = {
+    "bad_reversed_order": ALL_GATHER_CONFIGS, "bad_cached_gather": ALL_GATHER_CONFIGS,
+    "bad_bf16_wire": ALL_GATHER_CONFIGS, "bad_dropped_work": ALL_GATHER_CONFIGS, "bad_bf16_alloc": ALL_GATHER_CONFIGS,
+}
+#: Caught there only: over the default group (right on a 1-D mesh over the pool); x * 1.0 (hard values only).
+FSDP2_ALL_GATHER_ONLY = {"bad_default_group": ("config", {"hsdp", "subgroup"}),
+                         "bad_scaled_by_one": ("check", {"fsdp2_all_gather_hard_params"})}
+#: comm -> (check, the texts its failures must carry: the cause and its fix).
+FSDP2_ALL_GATHER_DIAGNOSED = {
+    "bad_reversed_order": ("fsdp2_all_gather_parity", (f"{EXPLAINED} the shards in reverse rank order",
+                                                        "fix: put the shard of rank r of the group in chunk r")),
+    "bad_cached_gather": ("fsdp2_all_gather_parity", (f"{EXPLAINED} the gather of step 0 (stale",
+                                                       "fix: gather on every call")),
+    "bad_bf16_wire": ("fsdp2_all_gather_parity", (f"{EXPLAINED} the shards cast to bfloat16 on the wire",
+                                                   "fix: gather input_tensor in its own dtype")),
+    "bad_default_group": ("fsdp2_all_gather_parity", ("over a group of 4 ranks where FSDP2 passed it a group of 2",
+                                                       "fix: pass group=group")),
+    "bad_dropped_work": ("fsdp2_all_gather_parity", ("neither waited on its Work nor returned it",
+                                                      "return the Work (or wait on it before returning)")),
+    "bad_bf16_alloc": ("fsdp2_all_gather_parity", ("dtype=float32) returned shape (", "bfloat16 on cpu")),
+    "bad_scaled_by_one": ("fsdp2_all_gather_hard_params", (f"{EXPLAINED} the same values with other bits",
+                                                            "fix: copy the shards as they are")),
+}
+
+#: Every case of the API but the registration rules (the good comms keep them in ``tests/test_fsdp2_registration.py``)
+#: and the long run: at the main world size and on the 4-rank pool (HSDP, the subgroup mesh, ``always_wrap_nested``).
+FSDP2_ALL_GATHER = MetaZoo(
+    name="fsdp2_all_gathers",
+    args=("--hook", "tests.zoo.fsdp2_all_gathers:ALL", "--extra-world-size", "4", "-q",
+          "-k", "fsdp2_all_gather and not registration and not long_run"),
+    bad=frozenset(s.name for s in fsdp2_all_gathers.KNOWN_BAD),
+    documented=frozenset(fsdp2_all_gathers.EXPECTED_CATCH),
+    catches=_catches(FSDP2_ALL_GATHER_MUST_CATCH, by="config") + tuple(
+        Catch(hook, frozenset(values), by, True) for hook, (by, values) in FSDP2_ALL_GATHER_ONLY.items()),
+    good=tuple(fsdp2_all_gathers.KNOWN_GOOD),
+    good_coverage=lambda spec: ("config", set(ALL_GATHER_CONFIGS), True),
+    acting=Pick("bad_reversed_order", (("config", "default"), ("world_size", "2"))),
+    acting_needles=("hook bad_reversed_order does not conform", "check=fsdp2_all_gather_parity", "config=default",
+                    "model=nested_wrapped", "world_size=2", "[rank 0, step 0] call 0: the comm's output_tensor",
+                    "[rank 0, step 0, parameter '", "differs from native fully_shard",
+                    "FSDP2 called the all-gather comm", "over a group of 2 in float32", "Re-run just this case:",
+                    "-k 'test_fsdp2_all_gather_parity[bad_reversed_order-default-nested_wrapped-ws2]'"),
+    rerun=Pick("bad_cached_gather", (("config", "no_reshard"),), "failed"),
+    causes=tuple(Cause(hook, check, texts, no_lossy_hint=True)
+                 for hook, (check, texts) in FSDP2_ALL_GATHER_DIAGNOSED.items()),
+)
+
+
+ZOOS = (FSDP, DDP, FSDP2, LOSSY, REACH, FSDP2_ALL_GATHER)

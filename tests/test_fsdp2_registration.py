@@ -28,6 +28,7 @@ from conformance.apis.fsdp2_common.plan import HSDP_STREAM_RULE, HSDP_WORLD_SIZE
 from conformance.apis.registry import planned_cases
 from conformance.spec import HookSpec
 from tests.meta_helpers import REPO, BackgroundJob, plan_settings, run_suite
+from tests.zoo import fsdp2_all_gathers as gathers
 from tests.zoo import fsdp2_comms as zoo
 
 #: Each FSDP2 API's registration test, its variant and its rules.
@@ -35,12 +36,13 @@ TESTS = {
     "test_fsdp2_registration": ("fsdp2", "default", REGISTRATION_RULES),
     "test_fsdp2_all_reduce_registration": ("fsdp2_all_reduce", "hsdp", REGISTRATION_RULES + (HSDP_STREAM_RULE,)),
     "test_fsdp2_replica_registration": ("fsdp2_replica", "replica", REGISTRATION_RULES),
+    "test_fsdp2_all_gather_registration": ("fsdp2_all_gather", "default", REGISTRATION_RULES),
 }
 
 
 def _specs():
     """One good spec per FSDP2 API, from the zoo."""
-    return [next(s for s in zoo.KNOWN_GOOD if s.api == api) for api, _, _ in TESTS.values()]
+    return [next(s for s in zoo.KNOWN_GOOD + gathers.KNOWN_GOOD if s.api == api) for api, _, _ in TESTS.values()]
 
 
 # -- the plan ------------------------------------------------------------------------------------------------
@@ -53,7 +55,7 @@ def test_each_fsdp2_api_plans_every_rule_once_per_hook_at_one_world_size():
         spec = next(s for s in _specs() if s.api == api)
         assert [c.rule for c in cases] == list(rules), test
         assert {(c.hook, c.variant, c.api) for c in cases} == {(spec.name, variant, api)}, test
-        assert {c.world_size for c in cases} == {2 if api == "fsdp2" else HSDP_WORLD_SIZE}, test
+        assert {c.world_size for c in cases} == {2 if api in ("fsdp2", "fsdp2_all_gather") else HSDP_WORLD_SIZE}, test
         assert all(c.skip is None for c in cases), [c.skip for c in cases]
         assert [c.id for c in cases] == [f"{spec.name}-{variant}-{rule}" for rule in rules]
 
@@ -184,7 +186,7 @@ def test_pytorchs_and_the_zoos_good_hooks_keep_every_rule(zoo_runs):
     assert by_test == {test: set(rules) for test, (_, _, rules) in TESTS.items()}
     good = {s.name for s in zoo.KNOWN_GOOD} | {"plain_reduce_scatter", "plain_reduce_scatter_bf16",
                                                "plain_reduce_scatter_fp16", "replica_avg_all_reduce",
-                                               "replica_avg_all_reduce_bf16"}
+                                               "replica_avg_all_reduce_bf16", "plain_all_gather"}
     assert set(run.by_hook()) == good
 
 

@@ -1,6 +1,6 @@
 """The FSDP2 family's setup object: one folder per API, each one ``SETUP`` that both builds read, no API names.
 
-``conformance/apis/fsdp2``, ``fsdp2_all_reduce`` and ``fsdp2_replica`` each hold their
+``conformance/apis/fsdp2``, ``fsdp2_all_reduce``, ``fsdp2_replica`` and ``fsdp2_all_gather`` each hold their
 :class:`~conformance.apis.fsdp2_common.setup.Fsdp2Setup` (``standalone.py``: ``SETUP``); the suite's models
 (``fsdp2_common/models.py``) and a reproducer's build (``fsdp2_common/standalone.py``) read it. These tests hold
 that shape: what each config asks of FSDP2, the references, the reproducer's torch-only modules, and no code of
@@ -20,7 +20,7 @@ from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_co
 from conformance.apis.registry import HOOK_APIS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAMILY = ("fsdp2", "fsdp2_all_reduce", "fsdp2_replica")
+FAMILY = ("fsdp2", "fsdp2_all_reduce", "fsdp2_replica", "fsdp2_all_gather")
 FOLDERS = FAMILY + ("fsdp2_common",)
 
 
@@ -37,19 +37,19 @@ def test_each_api_of_the_family_is_its_own_folder_with_its_setup():
         assert HOOK_APIS[api].checks["registration"] == f"conformance.apis.{api}.models:registration"
         assert isinstance(_setup(api), Fsdp2Setup)
     assert [_setup(api).setter for api in FAMILY] == ["set_custom_reduce_scatter", "set_all_reduce_hook",
-                                                      "set_all_reduce_hook"]
+                                                      "set_all_reduce_hook", "set_custom_all_gather"]
 
 
 def test_every_planned_config_is_one_of_the_setup_s():
     """A case's config is looked up in its API's setup, by the models and the reproducer alike."""
     from tests.meta_helpers import plan_settings
-    from tests.zoo import fsdp2_comms
+    from tests.zoo import fsdp2_all_gathers, fsdp2_comms
 
     for api in FAMILY:
         for test in HOOK_APIS[api].plans:
             from conformance.apis.registry import planned_cases
             for settings in (plan_settings(2, 3), plan_settings(4, 6, depth="nightly")):
-                for case in planned_cases(test, fsdp2_comms.ALL, settings):
+                for case in planned_cases(test, fsdp2_comms.ALL + fsdp2_all_gathers.ALL, settings):
                     assert case.variant in _setup(api).configs, (api, test, case.id)
 
 

@@ -205,7 +205,7 @@ def test_the_run_from_the_checkout_names_its_world_sizes_and_says_what_its_count
     assert runs["json"]["environment"]["world_sizes"] == [2, 4]
     counts = output.split("what the counts mean", 1)[1]
     assert "1 passed: " in counts and "1 failed: " in counts and "xfailed" not in counts
-    assert ("every test of api fsdp, fsdp2, fsdp2_all_reduce and fsdp2_replica (no hook under test has that api)"
+    assert ("every test of api fsdp, fsdp2, fsdp2_all_gather, fsdp2_all_reduce and fsdp2_replica (no hook under test has that api)"
             in counts)
     assert "world sizes: the cases ran at 2\n" in counts
 

@@ -46,10 +46,12 @@ CASES = {
     "ddp.clip_grad_norm": ("ddp", {"config": "default", "model": "nested_wrapped"}),
     "fsdp2.parity": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
     "fsdp2.clip_grad_norm": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
+    "fsdp2_all_gather.parity": ("fsdp2_all_gather", {"config": "default", "model": "nested_wrapped"}),
     # the long runs, a few steps of their regression (their own objective)
     "ddp.long_run": ("ddp", {"config": "default", "model": "net_flat", "steps": 3}),
     "fsdp.long_run": ("fsdp", {"strategy": "FULL_SHARD", "model": "net_flat", "steps": 3}),
     "fsdp2.long_run": ("fsdp2", {"config": "default", "model": "net_flat", "steps": 3}),
+    "fsdp2_all_gather.long_run": ("fsdp2_all_gather", {"config": "default", "model": "net_flat", "steps": 3}),
 }
 #: Replayed too, but only on an HSDP mesh of 4 ranks: :func:`test_all_reduce_hook_replay_trains_native_hsdp_alone`.
 ON_FOUR_RANKS = {"fsdp2_all_reduce.parity": ("fsdp2_all_reduce", {"config": "hsdp", "model": "nested_wrapped"}),

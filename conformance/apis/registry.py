@@ -25,6 +25,7 @@ ADAPTERS: Tuple[str, ...] = (
     "conformance.apis.fsdp2.plan",
     "conformance.apis.fsdp2_all_reduce.plan",
     "conformance.apis.fsdp2_replica.plan",
+    "conformance.apis.fsdp2_all_gather.plan",
 )
 
 #: Every hook API, by ``HookSpec.api``.

@@ -1,8 +1,8 @@
 """The suite's registration of an FSDP2 comm or hook: the setter on every FSDP module, and its refusal.
 
-FSDP2 installs a comm or a hook per FSDP module: ``FSDPModule.set_custom_reduce_scatter(comm)``
-and ``FSDPModule.set_all_reduce_hook(hook)`` set it on the module's own parameter groups
-(``FSDPParamGroup``), and on nothing else. The suite therefore registers on every FSDP module
+FSDP2 installs a comm or a hook per FSDP module: ``FSDPModule.set_custom_reduce_scatter(comm)``,
+``FSDPModule.set_custom_all_gather(comm)`` and ``FSDPModule.set_all_reduce_hook(hook)`` set it on the
+module's own parameter groups (``FSDPParamGroup``), and on nothing else. The suite therefore registers on every FSDP module
 (:func:`register_on_every_module`, what every FSDP2 check's hooked model goes through); where
 PyTorch refuses a module of several parameter groups, the suite says which module, why and the fix
 (:class:`RegistrationRefused`). :class:`Setter` describes each setter for the registration rules
@@ -21,7 +21,7 @@ from torch import nn
 
 from conformance.apis.fsdp2_common.standalone import fsdp2_api
 
-__all__ = ["ALL_REDUCE_HOOK", "MULTIPLE_PARAM_GROUPS", "REDUCE_SCATTER", "RegistrationRefused", "Setter",
+__all__ = ["ALL_GATHER", "ALL_REDUCE_HOOK", "MULTIPLE_PARAM_GROUPS", "REDUCE_SCATTER", "RegistrationRefused", "Setter",
            "fsdp_modules_by_fqn", "module_place", "param_groups", "refusal_message", "register_on_every_module"]
 
 
@@ -47,6 +47,8 @@ class Setter:
 REDUCE_SCATTER = Setter("set_custom_reduce_scatter", "_reduce_scatter_comm", "comm",
                         "FSDP2's own DefaultReduceScatter (None on older torch)",
                         "FSDP2's own reduce-scatter (DefaultReduceScatter)")
+ALL_GATHER = Setter("set_custom_all_gather", "_all_gather_comm", "all-gather comm",
+                    "FSDP2's own DefaultAllGather", "FSDP2's own all-gather (DefaultAllGather)")
 ALL_REDUCE_HOOK = Setter("set_all_reduce_hook", "_all_reduce_hook", "all-reduce hook", "None",
                          "FSDP2's path without a hook (under native HSDP its own all-reduce alone; on a 1-D mesh "
                          "no reduction across replicas at all)")

@@ -1,7 +1,8 @@
 """FSDP2's registration rules, with the hook under test: what the suite's registration relies on.
 
 FSDP2 installs a comm or a hook per FSDP module: ``FSDPModule.set_custom_reduce_scatter(comm)``
-(``api="fsdp2"``) and ``FSDPModule.set_all_reduce_hook(hook)`` (``api="fsdp2_all_reduce"``,
+(``api="fsdp2"``), ``FSDPModule.set_custom_all_gather(comm)`` (``api="fsdp2_all_gather"``) and
+``FSDPModule.set_all_reduce_hook(hook)`` (``api="fsdp2_all_reduce"``,
 ``api="fsdp2_replica"``) set it on the module's own parameter groups (``FSDPParamGroup``), and on
 nothing else. The suite therefore registers on every FSDP module
 (:func:`~conformance.apis.fsdp2_common.registration.register_on_every_module`, what every FSDP2

@@ -1,7 +1,7 @@
 """The FSDP2 setup object (torch only): what one FSDP2 hook API is, as data both builds read.
 
 Every FSDP2 hook API (``fsdp2``: the reduce-scatter comm, ``fsdp2_all_reduce``,
-``fsdp2_replica``) is one :class:`Fsdp2Setup`, its ``SETUP`` in its own
+``fsdp2_replica``, ``fsdp2_all_gather``: the all-gather comm) is one :class:`Fsdp2Setup`, its ``SETUP`` in its own
 ``standalone.py``: the ``FSDPModule`` setter that installs its hook, how the
 hook is bound to what the setter takes, and its configs (:class:`Fsdp2Config`:
 the device mesh, the dimension the hooked model shards on, the divide factor,
@@ -134,7 +134,7 @@ class Fsdp2Setup:
             it is called on every one), e.g. ``"set_custom_reduce_scatter"``.
         bind: ``bind(hook, state, name, mesh)``: the object the setter gets for the spec's ``hook`` (its
             ``state`` factory, its ``name`` for messages, the case's device mesh, ``None`` under
-            ``replicate``): :func:`bind_comm`, :func:`bind_hook`, :func:`bind_to_replicas`.
+            ``replicate``): :func:`bind_comm`, :func:`bind_all_gather`, :func:`bind_hook`, :func:`bind_to_replicas`.
         configs: the API's configs by name (the case field ``config``).
     """
 
@@ -150,24 +150,36 @@ class Fsdp2Setup:
         return text + ("" if claim is None else f" with reduce_dtype={claim}")
 
 
-def make_comm(hook: Any, name: str) -> Any:
+#: What a comm of each kind is, for :func:`make_comm`'s error: ``ReduceScatter`` and ``AllGather`` (the two
+#: ``torch.distributed.fsdp._fully_shard._fsdp_api`` comm protocols).
+COMM_KINDS = {"ReduceScatter": "__call__(output_tensor, input_tensor, group, op, async_op)",
+              "AllGather": "__call__(output_tensor, input_tensor, group, async_op)"}
+
+
+def make_comm(hook: Any, name: str, kind: str = "ReduceScatter") -> Any:
     """A comm spec's comm: the object itself, or what its zero-argument factory (a comm class) returns.
 
     Raises:
-        TypeError: the factory returned no ``ReduceScatter`` comm.
+        TypeError: the factory returned no comm of ``kind`` (a key of :data:`COMM_KINDS`).
     """
     if not isinstance(hook, type) and callable(getattr(hook, "allocate", None)):
         return hook
     comm = hook()
     if not callable(getattr(comm, "allocate", None)) or not callable(comm):
-        raise TypeError(f"the factory of hook {name!r} returned {comm!r}, not a ReduceScatter comm "
-                        "(an object with allocate() and __call__(output_tensor, input_tensor, group, op, async_op))")
+        article = "an" if kind[0] in "AEIOU" else "a"
+        raise TypeError(f"the factory of hook {name!r} returned {comm!r}, not {article} {kind} comm "
+                        f"(an object with allocate() and {COMM_KINDS[kind]})")
     return comm
 
 
 def bind_comm(hook: Any, state: Any, name: str, mesh: Any) -> Any:
     """A custom comm: the spec's object, or what its factory makes (:func:`make_comm`), one for every module."""
     return make_comm(hook, name)
+
+
+def bind_all_gather(hook: Any, state: Any, name: str, mesh: Any) -> Any:
+    """A custom all-gather comm (``set_custom_all_gather``): the spec's object, or what its factory makes."""
+    return make_comm(hook, name, "AllGather")
 
 
 def bind_hook(hook: Any, state: Any, name: str, mesh: Any) -> Any:

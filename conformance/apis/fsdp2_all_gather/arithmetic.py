@@ -1,0 +1,172 @@
+"""What a custom all-gather comm must produce, and the causes that explain a wrong gather, bit for bit.
+
+An all-gather only moves data: FSDP2 copies this rank's flat shard into its
+slot of the comm's output (``all_gather_copy_in``; ``input_tensor`` is a view
+of ``output_tensor``), and the comm must leave the shards of the group FSDP2
+passed, in the group's rank order, in ``output_tensor``: bit for bit, whatever
+the values (NaN payloads, ``-0.0``, subnormals). :func:`explain` names what a
+wrong output is instead (:data:`CAUSES`), from this rank's recorded call alone
+(the expected gather, recomputed over the same group, is in the call): the
+shards in reverse rank order, a collective over another group (the default
+one), a cast on the wire, a stale gather served again. The gradient diagnosis
+(:mod:`conformance.ranks.diagnosis`) has no reduction to recompute here:
+:class:`AllGatherArithmetic` says so, and the recorder's log stays empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from conformance.ranks.arithmetic import Arithmetic
+from conformance.ranks.reduction import NO_COLLECTIVE, Reduction
+
+#: The integer dtype of each element size: floats are compared by their bits (every NaN payload counts).
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: The dtypes a comm might cast the shards to on the wire.
+WIRE_DTYPES = (torch.bfloat16, torch.float16)
+#: The fix of a gather that is not the group's shards in rank order.
+FIX = ("all-gather input_tensor over group=group (the group FSDP2 passes the comm) into output_tensor, chunk r "
+       "from the rank r of that group, in the dtype FSDP2 passed, on every call (as DefaultAllGather: "
+       "dist.all_gather_into_tensor(output_tensor, input_tensor, group=group))")
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as integers of its element size (floats by their bits), 1-D, on the CPU."""
+    t = t.detach().reshape(-1).cpu()
+    return t.view(_INT_OF_SIZE[t.element_size()]) if t.dtype.is_floating_point else t
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` have the same shape, dtype and bits (NaN payloads and the sign of zero included)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
+
+
+def first_difference(got: torch.Tensor, want: torch.Tensor, group_size: int) -> str:
+    """Where ``got`` first differs from ``want`` (both 1-D, ``group_size`` chunks): the chunk (whose rank of the
+    group) and the element, with both values."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"it is {tuple(got.shape)} in {got.dtype}, the gather is {tuple(want.shape)} in {want.dtype}"
+    where = (bits(got) != bits(want)).nonzero()
+    if not len(where):
+        return "no element differs"
+    i = int(where[0])
+    chunk = max(1, want.numel() // max(1, group_size))
+    return (f"first at element {i} (chunk {i // chunk}, the shard of rank {i // chunk} of the group, element "
+            f"{i % chunk}): {got[i].item()!r} ({_hex(got, i)}) where the shard holds {want[i].item()!r} "
+            f"({_hex(want, i)})")
+
+
+def _hex(t: torch.Tensor, i: int) -> str:
+    """The bits of element ``i`` of ``t``, in hex (a NaN's payload shows)."""
+    value = int(bits(t)[i]) & ((1 << (8 * t.element_size())) - 1)
+    return f"0x{value:0{2 * t.element_size()}x}"
+
+
+@dataclasses.dataclass
+class GatherCall:
+    """One recorded call of the comm on this rank.
+
+    Attributes:
+        step, index: the training step and the call's position in it.
+        output: what the comm left in ``output_tensor``, 1-D (cloned once the call completed).
+        expected: the shards of the group's ranks in rank order, gathered again by the recorder over the group
+            FSDP2 passed (``all_gather_into_tensor``), 1-D, the output's dtype.
+        group_size: the size of that group.
+        other_groups: the sizes of the groups of the comm's own collectives that were not that group's.
+        previous: what the comm produced in the call of the same index in the step before, or ``None``.
+    """
+
+    step: int
+    index: int
+    output: torch.Tensor
+    expected: torch.Tensor
+    group_size: int
+    other_groups: Tuple[int, ...] = ()
+    previous: Optional[torch.Tensor] = None
+
+
+def _reversed(t: torch.Tensor, group_size: int) -> torch.Tensor:
+    return torch.cat(list(reversed(t.chunk(group_size)))) if group_size > 1 else t
+
+
+#: ``(name, what it means)`` of each cause :func:`explain` tries, in order.
+CAUSES = (
+    ("wrong group", "a collective over a group other than the one FSDP2 passed (the default group, with no group=)"),
+    ("reversed", "the shards in reverse rank order (chunk r from rank world_size - 1 - r)"),
+    ("wire dtype", "the shards cast to a narrower dtype on the wire and back"),
+    ("stale", "the gather of the step before (stale: served again from a cache, the parameters have changed)"),
+    ("arithmetic", "the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
+                   "gathered values, such as x * 1.0 or x + 0.0)"),
+)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal as values where NaN counts as NaN: what arithmetic that changes only bits leaves."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.isnan(), b.isnan())) and \
+        bool((a[~a.isnan()] == b[~b.isnan()]).all())
+
+
+def explain(call: GatherCall) -> Optional[Tuple[str, str]]:
+    """``(cause, fix)`` of a wrong ``call``, the first of :data:`CAUSES` that reproduces its output bit for bit
+    (a wrong group: one of the comm's collectives ran over another group), or ``None``."""
+    g = call.group_size
+    if call.other_groups:
+        sizes = ", ".join(map(str, sorted(set(call.other_groups))))
+        return (f"a collective over a group of {sizes} ranks where FSDP2 passed the comm a group of {g} (a collective "
+                "with no group= runs over the default group)",
+                "pass group=group (the group FSDP2 passes the comm) to every collective of the comm")
+    if g > 1 and same_bits(call.output, _reversed(call.expected, g)):
+        return ("the shards in reverse rank order (chunk r holds the shard of rank "
+                f"{g - 1} - r of the group)", "put the shard of rank r of the group in chunk r (rank order)")
+    for wire in WIRE_DTYPES:
+        if wire != call.expected.dtype and call.expected.is_floating_point() and \
+                same_bits(call.output, call.expected.to(wire).to(call.expected.dtype)):
+            return (f"the shards cast to {str(wire).replace('torch.', '')} on the wire and back to "
+                    f"{str(call.expected.dtype).replace('torch.', '')}",
+                    "gather input_tensor in its own dtype (FSDP2 passes it in the parameter dtype; an all-gather "
+                    "only moves data)")
+    if call.previous is not None and same_bits(call.output, call.previous):
+        return (f"the gather of step {call.step - 1} (stale: served again, while the parameters changed at the "
+                "optimizer step)", "gather on every call: FSDP2 re-gathers after every optimizer step, and "
+                "between the forward and the backward where it resharded")
+    if call.expected.is_floating_point() and _same_values(call.output, call.expected):
+        return ("the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
+                "gathered values, such as x * 1.0 or x + 0.0)",
+                "copy the shards as they are: no arithmetic on the gathered output (an all-gather only moves data)")
+    return None
+
+
+def findings_text(call: GatherCall) -> List[str]:
+    """The messages of a wrong ``call``: what differs, then the cause and its fix (or that none explains it)."""
+    head = (f"call {call.index}: the comm's output_tensor ({call.output.numel()} elements) is not the shards of the "
+            f"{call.group_size} ranks of the group FSDP2 passed, in rank order, bit for bit: "
+            f"{first_difference(call.output, call.expected, call.group_size)}")
+    found = explain(call)
+    if found is None:
+        names = "; ".join(text for _, text in CAUSES)
+        return [head, f"no known cause reproduces it (tried: {names}); fix: {FIX}"]
+    cause, fix = found
+    return [head, f"explained, bit for bit, by {cause}; fix: {fix}"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AllGatherArithmetic(Arithmetic):
+    """No reduction to recompute: the comm moves parameters, and its recorder checks every gather itself
+    (:mod:`conformance.apis.fsdp2_all_gather.recorder`); the gradient diagnosis finds no call in its log."""
+
+    def reduction(self, call: Any) -> Reduction:
+        return Reduction(collective=NO_COLLECTIVE)
+
+    def describe(self) -> str:
+        return "FSDP2 asks the comm to all-gather the parameter shards of the group it passes, in rank order"
+
+    group_arg = "group=group (the group FSDP2 passes the comm)"
+
+    def how_to_average(self) -> str:
+        return "average nothing: an all-gather only moves the parameter shards"
+
+    def where_result_goes(self, call: Any) -> str:
+        return "gather into the output_tensor FSDP2 passes the comm (FSDP2 copies the parameters out of it)"

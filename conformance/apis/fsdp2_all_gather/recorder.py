@@ -1,0 +1,213 @@
+"""What FSDP2 hands a custom all-gather comm, and what the comm leaves, as the suite records it.
+
+:class:`AllGatherRecorder` stands between ``fully_shard`` and the comm under test
+(``FSDPModule.set_custom_all_gather``): it forwards every call unchanged, with
+exactly FSDP2's arguments (``foreach_all_gather`` calls
+``comm(output_tensor=..., input_tensor=..., group=..., async_op=...)`` after
+``comm.allocate((world_size * shard_numel,), dtype=<parameter dtype>, device=...)``),
+and checks each call where FSDP2 cannot: the buffer ``allocate`` returned, the
+``Work`` of a collective the comm launched with ``async_op=True`` and neither
+waited on nor returned (FSDP2 waits on a returned ``Work`` only, even when it
+passed ``async_op=False``), and the gathered output, bit for bit, against the
+shards of the group FSDP2 passed, gathered again by the recorder over that group
+(:mod:`~conformance.apis.fsdp2_all_gather.arithmetic` names the cause of a
+wrong one). A wrong gather corrupts the parameters of the forward and backward;
+the gradients and parameters the lockstep compares then differ too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from conformance.apis.fsdp2_all_gather.arithmetic import GatherCall, findings_text, same_bits
+from conformance.protocol import Finding
+from conformance.ranks import reach
+from conformance.ranks.checks.models import Recorder
+from conformance.ranks.hook_call import CallLog
+from conformance.shared.compare import dtype_name
+
+#: The ``torch.distributed`` all-gathers a comm may call, watched while it runs (:func:`watching`).
+ALL_GATHERS = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base", "all_gather")
+#: Wrong gathers reported per step and rank (the first ones; the others say the same).
+MAX_REPORTED = 2
+
+
+class TrackedWork:
+    """The ``Work`` of a collective the comm launched with ``async_op=True``, as the comm gets it: every
+    attribute forwarded; whether the comm waited on it is kept."""
+
+    def __init__(self, work: Any):
+        self.work = work
+        self.waited = False
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self.waited = True
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+
+@contextlib.contextmanager
+def watching(group_sizes: List[int], works: List[TrackedWork]) -> Iterator[None]:
+    """While the comm runs: the size of the group of each of its :data:`ALL_GATHERS` (the default group's where
+    it passed none) into ``group_sizes``, and each ``Work`` it launched wrapped as a :class:`TrackedWork` in
+    ``works``. Names imported before (``from torch.distributed import all_gather``) are not seen."""
+    saved: Dict[str, Callable[..., Any]] = {}
+
+    def watched(fn: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(fn)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+            except TypeError:  # arguments the function does not take: the call itself says what is wrong
+                group = kwargs.get("group")
+            group_sizes.append(dist.get_world_size(group))
+            out = fn(*args, **kwargs)
+            if kwargs.get("async_op") and out is not None:
+                works.append(TrackedWork(out))
+                return works[-1]
+            return out
+        return call
+
+    for name in ALL_GATHERS:
+        if hasattr(dist, name):
+            saved[name] = getattr(dist, name)
+            setattr(dist, name, watched(saved[name]))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+class AllGatherRecorder(Recorder):
+    """Wraps the all-gather comm under test; forwards FSDP2's calls unchanged, records and checks them.
+
+    ``rank``: this rank, for findings. Each call's output is checked once the call completed (the comm returned,
+    and its returned ``Work`` was waited on, as FSDP2 does): one ``all_gather_into_tensor`` of the recorder's
+    over the group FSDP2 passed, so every rank of that group checks every call; not while
+    :attr:`~conformance.ranks.checks.models.Recorder.recording` is off (a long run's unrecorded pass).
+    """
+
+    def __init__(self, comm: Any, rank: int):
+        self.comm = comm
+        self.rank = rank
+        self.step = 0
+        self.log = CallLog()  # no reduction to diagnose: the recorder names a wrong gather's cause itself
+        self.calls: List[Dict[str, Any]] = []
+        self.bad_allocations: List[Dict[str, Any]] = []
+        self.dropped: List[Dict[str, Any]] = []
+        self.wrong: List[GatherCall] = []
+        self.pending_group: List[Dict[str, Any]] = []
+        self._outputs: Dict[int, Dict[int, torch.Tensor]] = {}
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        out = self.comm.allocate(size, dtype=dtype, device=device)
+        want = torch.Size([int(s) for s in size])
+        if not isinstance(out, torch.Tensor):
+            self.bad_allocations.append({"step": self.step, "size": tuple(want), "dtype": dtype,
+                                         "got": f"a {type(out).__name__}, not a tensor"})
+        elif out.shape != want or out.dtype != dtype or out.device.type != torch.device(device).type:
+            self.bad_allocations.append({"step": self.step, "size": tuple(want), "dtype": dtype,
+                                         "got": f"shape {tuple(out.shape)}, {dtype_name(out.dtype)} on {out.device}"})
+        return out
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = kwargs.get("output_tensor", args[0] if args else None)
+        inp = kwargs.get("input_tensor", args[1] if len(args) > 1 else None)
+        group = kwargs.get("group", args[2] if len(args) > 2 else None)
+        index = sum(1 for c in self.calls if c["step"] == self.step)
+        group_size = dist.get_world_size(group)
+        self.calls.append({"step": self.step, "group_size": group_size,
+                           "dtype": None if inp is None else inp.dtype,
+                           "numel": None if inp is None else inp.numel()})
+        reach.saw_buffer(inp)
+        # FSDP2's input_tensor is a view of output_tensor: keep it before the call (not in a long run's unrecorded
+        # pass, whose gradient comparison catches a wrong gather; its replay records and names the cause)
+        shard = inp.detach().clone() if self.recording else None
+        sizes: List[int] = []
+        works: List[TrackedWork] = []
+        self.pending_group.append({"step": self.step, "index": index, "group_size": group_size, "sizes": sizes})
+        with watching(sizes, works):
+            result = self.comm(*args, **kwargs)
+        self.pending_group.pop()
+        if isinstance(result, TrackedWork):
+            result = result.work
+        left = [w for w in works if not w.waited and w.work is not result]
+        if left:
+            self.dropped.append({"step": self.step, "index": index})
+            return result  # FSDP2 reads output_tensor now: what it holds is unknown until the work completes
+        if shard is None:
+            return result
+        if isinstance(result, dist.Work):
+            result.wait()  # FSDP2 waits on it before it reads output_tensor
+        expected = torch.empty_like(out)
+        dist.all_gather_into_tensor(expected, shard.to(out.dtype), group=group)
+        got = out.detach().reshape(-1).clone()
+        previous = self._outputs.get(self.step - 1, {}).get(index)
+        self._outputs.setdefault(self.step, {})[index] = got
+        self._outputs = {s: v for s, v in self._outputs.items() if s >= self.step - 1}
+        if not same_bits(got, expected.reshape(-1)):
+            others = tuple(s for s in sizes if s != group_size)
+            self.wrong.append(GatherCall(self.step, index, got, expected.reshape(-1), group_size, others, previous))
+        return result
+
+    def summary(self, step: int) -> str:
+        seen = sorted({(c["group_size"], dtype_name(c["dtype"])) for c in self.calls if c["step"] == step})
+        count = sum(1 for c in self.calls if c["step"] == step)
+        return (f"{count} time{'' if count == 1 else 's'}, " +
+                "; ".join(f"over a group of {g} in {d}" for g, d in seen)) if seen else "not called"
+
+    def context(self, step: int) -> str:
+        """What FSDP2 called the comm with in ``step``: the note on a gradient finding."""
+        return f"FSDP2 called the all-gather comm {self.summary(step)}"
+
+    def findings_so_far(self, step: int) -> List[Finding]:
+        """A wrong ``allocate``, a dropped ``Work``, a wrong gather of ``step``, and a call that raised after a
+        collective over another group than FSDP2's: what a step that raised can still report."""
+        out: List[Finding] = []
+        for bad in self.bad_allocations:
+            if bad["step"] == step:
+                out.append(Finding(self.rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
+                                          f"returned {bad['got']}: FSDP2 copies the parameter shards into exactly "
+                                          "that buffer and reads the unsharded parameters out of it; return "
+                                          "torch.empty(size, dtype=dtype, device=device) or a buffer of exactly "
+                                          "that size, dtype and device", step=step, kind="contract"))
+                break
+        for late in self.dropped:
+            if late["step"] == step:
+                out.append(Finding(self.rank, f"call {late['index']}: the comm launched an all-gather with "
+                                          "async_op=True and neither waited on its Work nor returned it: FSDP2 waits "
+                                          "only on a Work the comm returns, and otherwise reads output_tensor at "
+                                          "once, before the collective wrote it; return the Work (or wait on it "
+                                          "before returning)", step=step, kind="contract"))
+                break
+        for pending in self.pending_group:
+            others = sorted({s for s in pending["sizes"] if s != pending["group_size"]})
+            if pending["step"] == step and others:
+                out.append(Finding(self.rank, f"call {pending['index']}: the comm ran an all-gather over a group of "
+                                          f"{', '.join(map(str, others))} ranks where FSDP2 passed it a group of "
+                                          f"{pending['group_size']} (a collective with no group= runs over the "
+                                          "default group); fix: pass group=group (the group FSDP2 passes the comm)",
+                                   step=step, kind="contract"))
+        for call in [c for c in self.wrong if c.step == step][:MAX_REPORTED]:
+            head, cause = findings_text(call)
+            out.append(Finding(self.rank, head, step=step, kind="mismatch"))
+            out.append(Finding(self.rank, cause, step=step, kind="diagnosis" if cause.startswith("explained")
+                               else "no_known_cause"))
+        return out
+
+    def findings(self, step: int) -> List[Finding]:
+        """What the finished ``step`` shows: :meth:`findings_so_far`, and a step in which the comm was never called."""
+        out = self.findings_so_far(step)
+        if not any(c["step"] == step for c in self.calls):
+            out.append(Finding(self.rank, "FSDP2 never called the all-gather comm in this step "
+                                     "(set_custom_all_gather did not take effect)", step=step, kind="contract"))
+        return out

@@ -78,6 +78,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_meta_ddp": ("meta",),
     "test_meta_fsdp": ("meta",),
     "test_meta_fsdp2": ("meta",),
+    "test_meta_fsdp2_all_gather": ("meta",),
     "test_meta_lossy": ("meta",),
     "test_meta_reach": ("meta", "torchrun"),
     "test_models": ("unit",),

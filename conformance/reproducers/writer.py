@@ -24,8 +24,10 @@ import torch
 
 from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
+from conformance.models.base import ReferenceModel
 from conformance.protocol import Finding
-from conformance.shared import standalone_main
+from conformance.reproducers.sources import written_code
+from conformance.shared import standalone_inputs, standalone_main
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -128,9 +130,10 @@ def _hook_imports(spec: Any, target: str) -> str:
             f"HOOK, STATE = _SPEC.hook, _SPEC.state")
 
 
-def _head(spec: Any, target: str) -> str:
-    """The file's imports: the working directory on the import path (as ``python -m`` puts it), then torch and
-    the hook inside a ``try`` whose failure exits 2 ("could not run"), naming the error, on one rank only."""
+def _head(spec: Any, target: str, imports_of_code: Sequence[str] = ()) -> str:
+    """The file's imports: the working directory on the import path (as ``python -m`` puts it), then torch, the
+    hook and what the written code imports (``imports_of_code``) inside a ``try`` whose failure exits 2 ("could
+    not run"), naming the error, on one rank only."""
     why = needs_the_suite(spec, target)
     hint = ("run this file from the directory the hook's module imports from, or put that directory on PYTHONPATH"
             if why is None else f"this file needs commhook-conformance installed: {why}")
@@ -149,6 +152,7 @@ def _head(spec: Any, target: str) -> str:
         "",
         "try:",
         "    import torch",
+        *(f"    {line}" for line in imports_of_code),
         imports,
         "except Exception as exc:  # noqa: BLE001 - the case cannot run here: exit 2, naming the error",
         '    if os.environ.get("RANK", "0") == "0":  # one line, not one per rank',
@@ -253,6 +257,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
                     f"It needs commhook-conformance installed: {why}")
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
+    imports, code, bindings = _written_code(case, model_cls, api.standalone)
     shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)][:4]
     found = "\n".join(f"    {line}" for text in shown for line in text.splitlines()[:2])
     parts = [
@@ -266,26 +271,80 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         "It trains the model with the hook and without it side by side, as the suite did, prints the\n"
         "first differing parameter on each rank, then one verdict line. Exit status of python FILE:\n"
         "1 the difference reproduces, 0 it does not, 2 it could not run (the error is named).\n\n"
-        f"{imports_line}; the model, the API's build ({api.installed_with})\n"
-        f"and the loop are written in below. Written by commhook-conformance with torch {torch.__version__}.\n"
-        f"Re-run the case in the suite:\n    {rerun}\n"
+        f"{imports_line}; of the suite's model, the API's build ({api.installed_with})\n"
+        f"and the loop, what this case runs is written in below. Written by commhook-conformance with torch "
+        f"{torch.__version__}.\nRe-run the case in the suite:\n    {rerun}\n"
         '"""',
         "from __future__ import annotations",
         _rule("the hook under test"),
-        _head(spec, target),
+        _head(spec, target, imports),
         _rule("the case"),
         _literal(case),
-        _rule(f"the model: {model_cls.__name__} (the suite's models/base.py and {model_cls.__module__})"),
-        _source("conformance.models.base"),
-        _source(model_cls.__module__),
-        f"MODEL = {model_cls.__name__}",
-        _rule("the training loop (the suite's conformance/shared/standalone_main.py)"),
-        _source(standalone_main.__name__),
-        _rule(f"how the suite builds {api.name}'s models ({api.standalone})"),
-        _source(api.standalone),
-        'if __name__ == "__main__":\n    run()',
     ]
+    for title, module in _sections(model_cls, api):
+        if code.get(module):
+            parts.extend([_rule(title.format(module=module.replace(".", "/").replace("conformance/models", "models")
+                                             + ".py")), *code[module]])
+        if module == model_cls.__module__:
+            parts.append(f"MODEL = {model_cls.__name__}")
+    parts.extend([bindings, 'if __name__ == "__main__":\n    run()'])
     return "\n\n".join(parts).replace("{file}", path) + "\n"
+
+
+#: Names the file binds itself, not read from the suite's modules: its head's imports, the case, the hook,
+#: the model, and the two the writer picks per case (:func:`_written_code`).
+PROVIDED = ("os", "sys", "torch", "IMPORT_HINT", "HOOK", "STATE", "CASE", "MODEL", "STEP_INPUTS", "LOSS")
+
+
+def _model_modules(model_cls: type) -> List[str]:
+    """The modules of the model's class and of its bases among the suite's models, base class first."""
+    out: List[str] = []
+    for cls in reversed(model_cls.__mro__):
+        if cls.__module__.startswith("conformance.models") and cls.__module__ not in out:
+            out.append(cls.__module__)
+    return out
+
+
+def _sections(model_cls: type, api: Any) -> List[Tuple[str, str]]:
+    """``(heading, module)`` of each part of the file's code, in the order a reader meets them."""
+    model = [(f"the model: {model_cls.__name__} ({{module}}, as the suite builds it)", m)
+             for m in _model_modules(model_cls)]
+    return [*model,
+            (f"how the suite builds {api.name}'s models ({{module}})", api.standalone),
+            ("the training loop ({module})", standalone_main.__name__),
+            ("the comparison, bit for bit ({module})", "conformance.shared.standalone_compare"),
+            ("the inputs ({module})", "conformance.shared.standalone_inputs"),
+            ("the launcher: python FILE starts the ranks ({module})", "conformance.shared.standalone_launch")]
+
+
+def _written_code(case: Dict[str, Any], model_cls: type, standalone: str
+                  ) -> Tuple[List[str], Dict[str, List[str]], str]:
+    """``(imports, code by module, bindings)``: of the model's modules, the loop's pieces and the API's
+    standalone part, only what the case runs (:func:`conformance.reproducers.sources.written_code`, from
+    ``run``, the model's class and the case's way of making inputs), and the line that binds ``STEP_INPUTS``
+    and ``LOSS``."""
+    step_inputs = standalone_inputs.step_inputs_of(case)
+    loss = standalone_inputs.loss_of(case)
+    roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss])]
+    modules = [*_model_modules(model_cls), *standalone_main.PIECES, standalone]
+    imports, code = written_code(roots, modules, provided=PROVIDED, model=model_cls, prune=[ReferenceModel])
+    return _merged(imports), code, f"STEP_INPUTS, LOSS = {step_inputs}, {loss}"
+
+
+def _merged(imports: Sequence[str]) -> List[str]:
+    """``import`` lines as written, and one ``from X import ...`` line per module ``X``, in first-seen order."""
+    out: List[str] = []
+    froms: Dict[str, List[str]] = {}
+    for line in imports:
+        if line.startswith("from "):
+            module, _, names = line[5:].partition(" import ")
+            if module not in froms:
+                froms[module] = []
+                out.append(module)
+            froms[module].extend(names.split(", "))
+        else:
+            out.append(line)
+    return [f"from {line} import {', '.join(froms[line])}" if line in froms else line for line in out]
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

@@ -53,6 +53,10 @@ class Msg(str, enum.Enum):
     STATUS = "status"  # controller asks for [pid, ...]; the zygote answers with the same kind, {pid: exit code or None}
 
 
+#: The exit status of a rank that ended itself because its controller was gone
+#: (:func:`conformance.ranks.lifeline.exit_when_closed`): the suite's own exit, never a hook's.
+LOST_CONTROLLER_EXIT_CODE = 75
+
 #: The zygote's exit status when, after its imports, it cannot fork ranks safely (threads running, CUDA
 #: initialised: :func:`conformance.ranks.zygote.fork_unsafe`); the controller then starts every rank as a
 #: fresh interpreter for the rest of the session (:func:`conformance.controller.zygote_client.zygote`).
@@ -275,6 +279,47 @@ def cause_key(cause: str) -> str:
     return re.sub(r"\d+", "#", cause)
 
 
+@enum.unique
+class FindingKind(str, enum.Enum):
+    """What sort of finding a :class:`Finding` is, for code that reacts to it (never by its message).
+
+    A ``str`` enum, as :class:`Msg`: each kind equals its string value, so ``Finding(..., kind="contract")``
+    still works (:class:`Finding` coerces it), a kind pickles and JSON-serialises as that string, and code
+    that compares ``f.kind == "suite"`` still matches. :mod:`conformance.controller.attribution` reads the
+    kinds that decide who is blamed (the last three say it is not the hook).
+    """
+
+    # -- what differs ------------------------------------------------------------------------------
+    MISMATCH = "mismatch"  # differs from the reference or expected value
+    EXACT = "exact"  # an exactness check's observed difference (lockstep, analytic)
+    HARD_INPUTS = "hard_inputs"  # a hard input (NaN, Inf, a cancelling sum) the hook reduced otherwise
+    ACROSS_RANKS = "across_ranks"  # a rank's gradient differs from rank 0's where every rank must hold the same
+    LOSSY_ERROR = "lossy_error"  # a lossy hook's error past its declared bound
+    LOSSY_LOSS = "lossy_loss"  # a lossy hook's loss past its declared margin
+    LOSSY_DETERMINISM = "lossy_determinism"  # two runs of a lossy hook from one seed differ
+    # -- the diagnosis (:mod:`conformance.ranks.diagnosis`) ----------------------------------------
+    DIAGNOSIS = "diagnosis"  # a named cause that reproduces the hook's result
+    DIAGNOSIS_WIDER_DTYPE = "diagnosis_wider_dtype"  # only a reduction in a wider dtype than claimed explains it
+    DIAGNOSIS_NOTE = "diagnosis_note"  # a line the diagnosis adds (what it tried)
+    NO_KNOWN_CAUSE = "no_known_cause"  # a difference no named cause explains
+    NATIVE_RESULT = "native_result"  # the hook's own result equals native's arithmetic in every call
+    # -- the hook's own doing, whatever the values ---------------------------------------------------
+    LOCAL_GRADIENT = "local_gradient"  # every rank kept its own gradient: the hook never communicated
+    CONTRACT = "contract"  # the hook broke its API's calling contract
+    PROCESS_STATE = "process_state"  # the hook left the rank process changed
+    MEMORY = "memory"  # the rank's memory grew past the bound over the hook's cases
+    # -- not the hook's ------------------------------------------------------------------------------
+    NOT_APPLICABLE = "not_applicable"  # the API never called the hook in this case, by design
+    PYTORCH_CHANGED = "pytorch_changed"  # a rule that holds whatever the hook is, that this torch no longer keeps
+    SUITE = "suite"  # a rule the suite's own machinery relies on failed (its registration, say)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     """One way a hook failed a check on one rank.
@@ -285,7 +330,8 @@ class Finding:
         step: the training step (0-based), when the check trains.
         fqn: the parameter's fully qualified name, when it concerns one.
         mismatch: bitwise diagnostics (:class:`conformance.shared.compare.Mismatch`).
-        kind: what sort of finding, for code that reacts to it (never by its
+        kind: what sort of finding (a :class:`FindingKind`; a plain string is coerced to one, and an
+            unknown one raises ``ValueError``), for code that reacts to it (never by its
             message): ``"mismatch"`` (differs from the reference or expected
             value), ``"local_gradient"`` (every rank kept its own gradient: the
             hook never communicated), ``"diagnosis"`` (a named cause that
@@ -319,9 +365,13 @@ class Finding:
     step: Optional[int] = None
     fqn: Optional[str] = None
     mismatch: Any = None
-    kind: str = "mismatch"
+    kind: FindingKind = FindingKind.MISMATCH
     causes: Tuple[str, ...] = ()
     fixes: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, FindingKind):
+            object.__setattr__(self, "kind", FindingKind(self.kind))
 
     def fix_of(self, cause: str) -> str:
         """The fix :attr:`fixes` gives ``cause`` (one of :attr:`causes`), or ``""``."""

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conformance.apis.fsdp2.build import missing_api
+from conformance.apis.fsdp2_common.build import missing_api
 from conformance.apis.fsdp2.models import CommModels
 from conformance.ranks.checks.models import NativeDoesNotHold
 

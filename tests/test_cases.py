@@ -374,7 +374,7 @@ def _comm(name, reduce_dtype=None):
 
 
 def test_fsdp2_runs_hsdp_on_a_pool_of_its_own_when_no_world_size_fits():
-    from conformance.apis.fsdp2.plan import HSDP_WORLD_SIZE
+    from conformance.apis.fsdp2_common.plan import HSDP_WORLD_SIZE
 
     got = planned_cases("test_fsdp2_parity", [_comm("c")], _settings([2, 3]))
     assert {c.world_size for c in got if c.variant == "hsdp"} == {HSDP_WORLD_SIZE}
@@ -384,8 +384,8 @@ def test_fsdp2_runs_hsdp_on_a_pool_of_its_own_when_no_world_size_fits():
 
 
 def test_fsdp2_skips_say_why():
-    from conformance.apis.fsdp2.plan import GLOO_PREMUL_SUM
-    from conformance.apis.fsdp2.build import missing_api
+    from conformance.apis.fsdp2_common.plan import GLOO_PREMUL_SUM
+    from conformance.apis.fsdp2_common.build import missing_api
 
     if missing_api(("set_custom_reduce_scatter", "set_gradient_divide_factor")) is not None:
         pytest.skip("this torch has no FSDP2 custom comms")

@@ -2,11 +2,13 @@
 
 Runs the suite (as a user would) over ``tests/zoo/contained.py``: a hook that
 hangs on rank 1, one that exits rank 1 mid-backward, one that aborts rank 1
-once in the run, and PyTorch's plain ``allreduce_hook`` after them. The first
-two must fail with what each rank was doing, the pool must be rebuilt, the
-third must pass (its case runs once more in fresh ranks, where nothing kills a
-rank) with the first run's death in the summary, and the last must still pass,
-with the JUnit report written.
+once in the run, two that end rank 1's process once in the run with an exit
+status of their own (``sys.exit(3)``, ``os._exit(3)``), and PyTorch's plain
+``allreduce_hook`` after them. The first two must fail with what each rank was
+doing, the pool must be rebuilt, the abort (a death by a signal) must pass (its
+case runs once more in fresh ranks, where nothing kills a rank) with the first
+run's death in the summary, the two own exits must fail at once (the hook's
+doing, never re-run), and the last must still pass, with the JUnit report written.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from tests.meta_helpers import BackgroundJob, run_suite
 
 
 def _contained_run(runs, directory, env):
-    env = {**env, "CONFORM_TEST_CRASH_ONCE": os.path.join(directory, "aborted-once")}
+    env = {**env, "CONFORM_TEST_CRASH_ONCE": os.path.join(directory, "aborted-once"),
+           "CONFORM_TEST_EXIT_ONCE": os.path.join(directory, "exited-once")}
     return run_suite(["--hook", "tests.zoo.contained:ALL", "--case-timeout", "5", "--extra-world-size", "0",
                       "-k", "test_averaging", "-q", f"--json={os.path.join(directory, 'contained.json')}"],
                      os.path.join(directory, "contained.xml"), timeout=300, env=env)
@@ -68,7 +71,8 @@ def _case(run, hook):
 def test_run_finishes_with_a_report_and_exit_code_1(contained_run):
     assert contained_run.returncode == 1, contained_run.output[-3000:]
     assert sorted(c.hook for c in contained_run.cases) == ["zoo_abort_once_rank1", "zoo_crash_rank1", "zoo_hang_rank1",
-                                                           "zoo_plain_allreduce"]
+                                                           "zoo_os_exit_once_rank1", "zoo_plain_allreduce",
+                                                           "zoo_sys_exit_once_rank1"]
 
 
 def test_hanging_rank_is_reported_with_its_stack(contained_run):
@@ -85,7 +89,29 @@ def test_dead_rank_is_reported_with_its_exit_code(contained_run):
     case = _case(contained_run, "zoo_crash_rank1")
     assert case.outcome == "failed"
     assert "rank 1: died with exit code 17 during 'step 0: forward/backward of the hooked model'" in case.message
-    assert "the case was run twice, the second time in fresh ranks of its own" in case.message
+    # os._exit(17) is an exit status of the process's own making: the hook's doing, not run again
+    assert "rank 1 ended its own process, exit status 17, in the hook's case" in case.message
+    assert "run twice" not in case.message
+
+
+@pytest.mark.parametrize("hook, how", [("zoo_os_exit_once_rank1", "os._exit"), ("zoo_sys_exit_once_rank1", "sys.exit")])
+def test_a_rank_that_ends_its_own_process_once_fails_the_hook_and_is_not_re_run(contained_run, hook, how):
+    """Rank 1 calls ``os._exit(3)`` (or ``sys.exit(3)``) at its first call of the run only, so a re-run in fresh
+    ranks would pass: the case must fail anyway, with no re-run, and the hook DOES NOT CONFORM (the suite once
+    re-ran ``os._exit(3)`` and gave it CONFORMS with a note)."""
+    case = _case(contained_run, hook)
+    assert case.outcome == "failed", case.message[:3000]
+    assert "run twice" not in case.message
+    assert f"zoo: rank 1 calls {how}(3) once" in case.message
+    if how == "os._exit":
+        assert "rank 1: died with exit code 3 during 'step 0: forward/backward of the hooked model'" in case.message
+        assert "rank 1 ended its own process, exit status 3" in case.message
+    else:  # SystemExit reaches the rank's own code in the hook's thread: reported as what the hook raised
+        assert "rank 1: raised SystemExit during 'step 0: forward/backward of the hooked model'" in case.message
+    out = contained_run.output
+    verdict = next(line for line in out.splitlines() if line.startswith(f"{hook} "))
+    assert verdict.split()[1:4] == ["DOES", "NOT", "CONFORM"], verdict
+    assert not any(line.startswith(f"  test_averaging[{hook}") for line in out.splitlines()), "listed as re-run"
 
 
 def test_a_rank_death_that_does_not_recur_in_fresh_ranks_is_re_run_and_reported(contained_run):
@@ -94,14 +120,12 @@ def test_a_rank_death_that_does_not_recur_in_fresh_ranks_is_re_run_and_reported(
     and the summary keeps the first run's death, with what the rank printed."""
     assert _case(contained_run, "zoo_abort_once_rank1").outcome == "passed"
     out = contained_run.output
-    assert "2 case(s) lost a rank and ran once more in fresh ranks (once per hook)" in out
+    assert "1 case(s) lost a rank and ran once more in fresh ranks (once per hook)" in out
     assert "the suite cannot tell which" in out
     once = next(line for line in out.splitlines() if line.startswith("  test_averaging[zoo_abort_once_rank1"))
     assert ": the second run ran to the end; the first run: " in once
     assert f"rank 1: died with exit code {-signal.SIGABRT} during 'step 0: forward/backward of the hooked model'" in once
     assert "(it printed: zoo: rank 1 aborts once)" in once
-    again = next(line for line in out.splitlines() if line.startswith("  test_averaging[zoo_crash_rank1"))
-    assert ": the second run a rank died again; the first run: rank 1: died with exit code 17" in again
     verdict = out[out.index("zoo_abort_once_rank1 "):].splitlines()
     assert verdict[0].split()[1] == "CONFORMS", verdict[0]
     assert verdict[1].strip() == ("a rank died once, in test_averaging[zoo_abort_once_rank1-NO_SHARD-ws2] (rank 1: "
@@ -116,17 +140,16 @@ def test_the_results_file_keeps_each_rerun_with_the_first_runs_ranks(contained_r
         doc = json.load(f)
     assert results.schema_problems(doc) == []
     reruns = {r["hook"]: r for r in doc["run"]["crash_reruns"]}
-    assert sorted(reruns) == ["zoo_abort_once_rank1", "zoo_crash_rank1"]
+    assert sorted(reruns) == ["zoo_abort_once_rank1"], "only a death by a signal is re-run"
     assert reruns["zoo_abort_once_rank1"]["second_run"] == "ran to the end"
-    assert reruns["zoo_crash_rank1"]["second_run"] == "a rank died again"
     assert "zoo: rank 1 aborts once" in reruns["zoo_abort_once_rank1"]["first_run"]
-    assert "died with exit code 17" in reruns["zoo_crash_rank1"]["death"]
+    assert "died with exit code -6" in reruns["zoo_abort_once_rank1"]["death"]
 
 
 def test_cases_after_the_broken_ones_still_pass(contained_run):
     assert _case(contained_run, "zoo_plain_allreduce").outcome == "passed"
-    # the hang, the crash twice (its re-run in fresh ranks dies too), the abort once
-    assert "rank pools restarted 4 time(s)" in contained_run.output
+    # the hang, the crash (not re-run: its exit status is its own), the abort once, the two own exits
+    assert "rank pools restarted 5 time(s)" in contained_run.output
 
 
 def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):

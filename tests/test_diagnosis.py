@@ -211,7 +211,8 @@ def test_a_tree_all_reduce_over_four_ranks_is_named_as_a_pairwise_sum(tmp_path):
 def test_each_api_words_how_native_averages_and_where_the_result_goes_its_own_way():
     """The fixes are the API's: DDP's 1/N as the bucket fills and the future's value, FSDP1's two factors and its
     output shard or gradient, FSDP2's op for the comm and its output buffer, the replica group's AVG."""
-    from conformance.apis.fsdp2.arithmetic import AllReduceHookArithmetic, CommArithmetic
+    from conformance.apis.fsdp2.arithmetic import CommArithmetic
+    from conformance.apis.fsdp2_all_reduce.arithmetic import AllReduceHookArithmetic
     from conformance.apis.fsdp2_replica.arithmetic import ReplicaArithmetic
 
     sharded = HookCall(step=0, index=0, where="", input=torch.zeros(6), output=torch.zeros(2), sharded=True)

@@ -1,4 +1,4 @@
-"""FSDP2's registration rules (``conformance/apis/fsdp2/registration.py``): planned, kept, and broken on purpose.
+"""FSDP2's registration rules (``apis/fsdp2_common/registration_rules.py``): planned, kept, and broken on purpose.
 
 The plan gives each FSDP2 hook API its rules once per hook at one world size, and skips them with the torch
 version where torch lacks what a rule needs. Three runs in the background:
@@ -24,7 +24,7 @@ import textwrap
 
 import pytest
 
-from conformance.apis.fsdp2.plan import HSDP_STREAM_RULE, HSDP_WORLD_SIZE, REGISTRATION_RULES
+from conformance.apis.fsdp2_common.plan import HSDP_STREAM_RULE, HSDP_WORLD_SIZE, REGISTRATION_RULES
 from conformance.apis.registry import planned_cases
 from conformance.spec import HookSpec
 from tests.meta_helpers import REPO, BackgroundJob, plan_settings, run_suite
@@ -102,7 +102,7 @@ def _good_run(runs, directory, env):
 #: In every process of the run: FSDP2's comm setter recurses into child FSDP modules and takes a module of several
 #: parameter groups (a PyTorch that changed), and the suite's registration of an all-reduce hook is the root's alone.
 BROKEN = textwrap.dedent("""
-    import conformance.apis.fsdp2.registration as registration
+    import conformance.apis.fsdp2_common.registration as registration
     from torch.distributed.fsdp import FSDPModule
 
 
@@ -144,14 +144,14 @@ REFUSAL_SCRIPT = textwrap.dedent("""
     import torch, torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="file://" + os.path.join(sys.argv[1], "store"), rank=0, world_size=1)
-    from conformance.apis.fsdp2 import registration
-    from conformance.apis.fsdp2.build import mesh_for
+    from conformance.apis.fsdp2_common import registration
+    from conformance.apis.fsdp2_common.build import mesh_for, several_groups_model
 
     ctx = types.SimpleNamespace(rank=0, world_size=1, group=dist.group.WORLD, device=torch.device("cpu"),
                                 phase=lambda text: None)
     out = {}
     for setter in ("set_custom_reduce_scatter", "set_all_reduce_hook"):
-        model = registration.several_groups_model(ctx, mesh_for(ctx, (1,)), None)
+        model = several_groups_model(ctx, mesh_for(ctx, (1,)), None)
         try:
             registration.register_on_every_module(model, setter, lambda *args, **kwargs: None)
         except registration.RegistrationRefused as exc:
@@ -256,7 +256,8 @@ def test_the_suites_refusal_names_the_module_the_setter_pytorchs_message_and_the
 
 
 def test_an_unknown_rule_names_the_known_ones():
-    from conformance.apis.fsdp2.registration import REDUCE_SCATTER, check_rule
+    from conformance.apis.fsdp2_common.registration import REDUCE_SCATTER
+    from conformance.apis.fsdp2_common.registration_rules import check_rule
 
     spec = HookSpec(name="c", api="fsdp2", hook=zoo.KNOWN_GOOD[0].hook)
     ctx = type("Ctx", (), {"phase": lambda self, text: None})()

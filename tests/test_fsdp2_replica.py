@@ -6,7 +6,7 @@ import pytest
 
 from conformance import HookSpec, LossyContract
 from conformance.apis.fsdp2_replica.builtin_hooks import REPLICA_HOOKS, replica_avg_all_reduce, replica_group_state
-from conformance.apis.fsdp2_replica.models import replica_shape
+from conformance.apis.fsdp2_common.setup import replica_shape
 from conformance.apis.fsdp2_replica.plan import ODD_REPLICA_WORLD_SIZE
 from conformance.apis.registry import HOOK_APIS, planned_cases
 from conformance.signatures import SpecError

@@ -122,3 +122,13 @@ def test_docs_layers_states_the_contracts_order():
     for row, layer in zip(rows, _layers()):
         for name in re.split(r"[|:]", layer):
             assert f"`{name.strip()}`" in row, (name, row)
+
+
+def test_every_api_folder_is_reached_only_by_name():
+    """The ``apis-by-name`` contract lists its folders by hand: a new API folder (or a shared one, as
+    ``fsdp2_common``) left out of it could be imported from the controller unseen."""
+    config = tomllib.loads((Path(REPO) / "pyproject.toml").read_text(encoding="utf-8"))
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "apis-by-name")
+    folders = {f"conformance.apis.{p.name}" for p in (Path(REPO) / "conformance" / "apis").iterdir()
+               if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders and set(contract["forbidden_modules"]) == folders

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from conformance.apis.fsdp2 import plan as checks
-from conformance.apis.fsdp2 import build
-from conformance.apis.fsdp2 import recorders
+from conformance.apis.fsdp2 import recorder as recorders
+from conformance.apis.fsdp2_common import build, setup, standalone
 from tests.meta_helpers import run_suite
 from tests.meta_zoos import FSDP2, FSDP2_MUST_CATCH_WITH_PREMUL_SUM
 from tests.zoo import fsdp2_comms as zoo
@@ -101,10 +101,10 @@ def test_divide_factors_follow_fsdp2():
                 return 2
 
         pre, post, rs_op, _ = _get_gradient_divide_factors(_Group(), None, torch.float32, "cpu",
-                                                           build.divide_factor(2), False)
+                                                           setup.divide_factor(2), False)
         assert (pre, post) == (None, None) and "PREMUL_SUM" in recorders.op_name(rs_op)
         pre, post, rs_op, _ = _get_gradient_divide_factors(_Group(), None, torch.float16, "cpu",
-                                                           build.divide_factor(2), False)
+                                                           setup.divide_factor(2), False)
         assert (pre, post, recorders.op_name(rs_op)) == (2, 2.0, "SUM")
 
 
@@ -118,7 +118,7 @@ def test_op_names():
 
 def test_missing_api_names_the_method_and_torch_version():
     why = build.missing_api(["set_something_from_the_future"])
-    if build.fsdp2_api() is None:
+    if standalone.fsdp2_api() is None:
         assert "fully_shard" in why
     else:
         assert "FSDPModule.set_something_from_the_future" in why
@@ -135,7 +135,7 @@ def test_fully_shard_units_mirror_the_fsdp1_units(name):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = cls._construct(2)
-    units = build._unit_modules(model)
+    units = standalone._unit_modules(model)
     assert len(units) + 1 == cls.fsdp_units
     order = list(model.modules())
     for i, unit in enumerate(units):  # innermost first: no unit contains a later one

@@ -133,7 +133,7 @@ def _replay_on_four_ranks(rank, store_path):
 def test_all_reduce_hook_replay_trains_native_hsdp_alone(tmp_path):
     """An all-reduce hook's parity, and a replica hook's, replay their reference, native HSDP on a 2x2 mesh,
     without the hook."""
-    from conformance.apis.fsdp2.build import missing_api
+    from conformance.apis.fsdp2_common.build import missing_api
 
     why = missing_api(("set_all_reduce_hook",))
     if why is not None:

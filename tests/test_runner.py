@@ -185,23 +185,30 @@ def test_both_launchers_offer_every_method_of_the_pool_protocol_with_its_signatu
             assert [p.default for p in got[:len(want)]] == [p.default for p in want], f"{launcher.__name__}.{name}"
 
 
-def test_findings_that_hold_whatever_the_hook_is_never_fail_it():
+def findings_run(runner, findings):
+    """One case whose every rank finished with ``findings`` (each on its own rank)."""
+    outcomes = [RankOutcome(rank=r, ok=True, value=CheckResult(findings=[f for f in findings if f.rank == r]))
+                for r in range(2)]
+    return run_case(runner, ScriptedPool([outcomes]))
+
+
+def test_findings_that_hold_whatever_the_hook_is_never_fail_it(runner):
     """PyTorch's rule findings skip the case; the suite's own make it NOT RUN; any other finding lets it fail."""
     from conformance.controller.failures import NotRun
-    from conformance.controller.runner import not_the_hooks
     from conformance.protocol import Finding
 
     torch_changed = Finding(0, "PyTorch changed (torch 9.9): the setter recursed", kind="pytorch_changed")
     suites = Finding(1, "the suite's registration missed a group", kind="suite")
-    hooks = Finding(0, "gradient differs", kind="mismatch")
-    not_the_hooks([])
-    not_the_hooks([torch_changed, hooks])  # the hook's own finding: the case goes on to fail
+    hooks = Finding(1, "gradient differs", kind="mismatch")
+    findings_run(runner, [])
+    with pytest.raises(ConformanceFailure, match="gradient differs"):  # the hook's own finding: the case fails
+        findings_run(runner, [torch_changed, hooks])
     with pytest.raises(pytest.skip.Exception, match=r"^PyTorch changed \(torch 9.9\): the setter recursed$") as skip:
-        not_the_hooks([torch_changed, Finding(1, torch_changed.message, kind="pytorch_changed")])
+        findings_run(runner, [torch_changed, Finding(1, torch_changed.message, kind="pytorch_changed")])
     assert not isinstance(skip.value, NotRun)
     with pytest.raises(NotRun, match="a rule that holds whatever the hook is, and that the suite's other checks rely "
                                      "on, fails here: the suite's registration missed a group\nPyTorch changed"):
-        not_the_hooks([torch_changed, suites])
+        findings_run(runner, [torch_changed, suites])
 
 
 def died(rank: int, phase: str, code: int = -6) -> RankOutcome:
@@ -227,7 +234,7 @@ def test_a_dead_rank_reruns_the_case_in_fresh_ranks_once_per_hook(runner):
 
 def test_a_rank_that_dies_in_fresh_ranks_too_fails_saying_the_case_ran_twice(runner):
     phase = "step 0: forward/backward of the hooked model"
-    pool = ScriptedPool([[ok(0), died(1, phase, 17)], [ok(0), died(1, phase, 17)]])
+    pool = ScriptedPool([[ok(0), died(1, phase, -9)], [ok(0), died(1, phase, -9)]])
     with pytest.raises(ConformanceFailure) as info:
         run_case(runner, pool)
     assert "the case was run twice, the second time in fresh ranks of its own" in str(info.value)
@@ -256,10 +263,32 @@ class UnstartablePool(ScriptedPool):
 
 def test_a_rerun_that_cannot_start_keeps_the_first_failure_and_spends_the_hooks_rerun(runner):
     phase = "step 0: forward/backward of the hooked model"
-    pool = UnstartablePool([[ok(0), died(1, phase, 17)]])
+    pool = UnstartablePool([[ok(0), died(1, phase, -11)]])
     with pytest.raises(ConformanceFailure) as info:
         run_case(runner, pool)
-    assert "rank 1: died with exit code 17" in str(info.value)
+    assert "rank 1: died with exit code -11" in str(info.value)
     assert "(a rank died, and the case could not run again in fresh ranks)" in str(info.value)
     (rerun,) = runner.crash_reruns
     assert rerun.second_run == "could not start" and rerun.hook == "h"
+
+
+@pytest.mark.parametrize("code", [0, 3, 17])
+def test_a_rank_that_ends_its_own_process_in_the_hooks_case_fails_it_at_once(runner, code):
+    """An exit status of the rank's own (``sys.exit`` that ends the process, ``os._exit``) is the hook's doing: no
+    re-run in fresh ranks (the script has no second answer), and the failure says why; the hook keeps its re-run."""
+    pool = ScriptedPool([[ok(0), died(1, "step 0: forward/backward of the hooked model", code)]])
+    with pytest.raises(ConformanceFailure) as info:
+        run_case(runner, pool)
+    message = str(info.value)
+    assert f"rank 1: died with exit code {code}" in message and "run twice" not in message
+    assert f"rank 1 ended its own process, exit status {code}, in the hook's case" in message
+    assert len(pool.cases) == 1 and runner.crash_reruns == []
+
+
+def test_the_suites_own_exit_of_a_rank_whose_controller_went_is_not_the_hooks(runner):
+    """Exit status 75 is the lifeline's (the rank's controller is gone): no exit of the hook's, so it is re-run."""
+    from conformance.protocol import LOST_CONTROLLER_EXIT_CODE
+
+    phase = "step 0: forward/backward of the hooked model"
+    run_case(runner, ScriptedPool([[ok(0), died(1, phase, LOST_CONTROLLER_EXIT_CODE)], [ok(0), ok(1)]]))
+    assert runner.crash_reruns[0].second_run == "ran to the end"

@@ -27,7 +27,7 @@ all read it. README's "Adding a hook API" lists the files a new API touches.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from conformance.cases import CaseParams
 from conformance.signatures import SpecError, binds_signature, qualname, signature_text
@@ -141,7 +141,9 @@ class HookApi:
             could be PyTorch's with it (:mod:`conformance.controller.default_replay`).
         standalone: the module of the API's standalone part (``conformance.apis.<api>.standalone``), importing
             only torch: how the suite builds its native and hooked models, written as it is into every
-            standalone reproducer of its cases (:mod:`conformance.reproducers`); ``None``: no reproducers.
+            standalone reproducer of its cases (:mod:`conformance.reproducers`); or a tuple of such modules,
+            written in order (the FSDP2 APIs: their shared part, then the API's setup object); ``None``: no
+            reproducers.
         compiled_convention: the API has a compiled path that calls hooks another way (DDP under compiled
             autograd: ``hook(state, (grad, param))``), so a spec may say its hook takes it
             (``HookSpec.compiled_ddp``); elsewhere that is a :class:`~conformance.spec.SpecError`.
@@ -157,7 +159,7 @@ class HookApi:
     models: str
     checks: Mapping[str, str] = dataclasses.field(default_factory=dict)
     default_hook: Optional[str] = None
-    standalone: Optional[str] = None
+    standalone: Union[None, str, Tuple[str, ...]] = None
     compiled_convention: bool = False
 
     def __post_init__(self) -> None:
@@ -168,6 +170,13 @@ class HookApi:
                                  f"cases of api {test.api!r} (variant field {test.variant_field!r})")
             if checks.count(test.check) > 1:
                 raise ValueError(f"api {self.name!r}: check {test.check!r} names more than one suite test")
+
+    @property
+    def standalone_modules(self) -> Tuple[str, ...]:
+        """The modules of :attr:`standalone`, in the order a reproducer holds them (``()``: none)."""
+        if self.standalone is None:
+            return ()
+        return (self.standalone,) if isinstance(self.standalone, str) else tuple(self.standalone)
 
     def suite_test(self, check: str) -> SuiteTest:
         """The suite test whose cases have ``check``; ``KeyError`` names the API's checks."""

@@ -23,6 +23,7 @@ ADAPTERS: Tuple[str, ...] = (
     "conformance.apis.fsdp.plan",
     "conformance.apis.ddp.plan",
     "conformance.apis.fsdp2.plan",
+    "conformance.apis.fsdp2_all_reduce.plan",
     "conformance.apis.fsdp2_replica.plan",
 )
 

@@ -3,9 +3,9 @@
 A check compares a hook against PyTorch's native path. On some torch versions
 that reference does not hold: the native path differs from itself, or from any
 hook, after the hook has returned. A failure there would be a red that every
-hook gets, so the runner (:meth:`conformance.controller.runner.Runner.check`) asks this
-module, for a failed case whose findings name no cause of the hook's own
-(:func:`could_be_pytorchs`), whether the difference is PyTorch's:
+hook gets, so the case's attribution (:func:`conformance.controller.attribution.attribute`)
+reads this module's rules, for a failed case whose findings name no cause of the hook's own
+(:func:`could_be_pytorchs`), to tell whether the difference is PyTorch's:
 
 1. A :class:`ReferenceCaveat` of this torch version covers the case (a known
    PyTorch behaviour that makes the reference unreliable here, named with its
@@ -14,7 +14,7 @@ module, for a failed case whose findings name no cause of the hook's own
    (``HookApi.default_hook``) and its result equals native's arithmetic in
    every call (a finding of kind ``"native_result"``): its failure is the
    evidence, and the case is skipped.
-3. Else the runner replays the case with that default hook in the hook's place.
+3. Else the attribution asks for a replay of the case with that default hook in the hook's place.
    If the default hook fails it with the **same** findings (rank, step, FQN,
    first differing index and both values: :func:`same_difference`), the case is
    skipped; otherwise the failure stands, with a note saying what the default
@@ -32,13 +32,14 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tup
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.reports.report import DIAGNOSIS_KINDS
 
 #: Finding kinds that name a cause of the hook's own: such a failure is never replayed.
-HOOK_CAUSES = frozenset({"diagnosis", "diagnosis_wider_dtype", "no_known_cause", "local_gradient", "contract",
+HOOK_CAUSES = frozenset({FindingKind.DIAGNOSIS, FindingKind.DIAGNOSIS_WIDER_DTYPE, FindingKind.NO_KNOWN_CAUSE,
+                         FindingKind.LOCAL_GRADIENT, FindingKind.CONTRACT,
                          # what the hook left in its own ranks (conformance.ranks.process_state): never PyTorch's
-                         "process_state", "memory"})
+                         FindingKind.PROCESS_STATE, FindingKind.MEMORY})
 
 
 def could_be_pytorchs(found: Sequence[Finding]) -> bool:
@@ -51,7 +52,7 @@ def could_be_pytorchs(found: Sequence[Finding]) -> bool:
 def after_the_hook_returned(found: Sequence[Finding]) -> bool:
     """Whether the diagnosis found the hook's own result equal to native's arithmetic in every call (kind
     ``"native_result"``) and nothing of the hook's own: what differs arose after it returned."""
-    return could_be_pytorchs(found) and any(f.kind == "native_result" for f in found)
+    return could_be_pytorchs(found) and any(f.kind == FindingKind.NATIVE_RESULT for f in found)
 
 
 def observed(found: Sequence[Finding]) -> List[Finding]:

@@ -1,40 +1,39 @@
-"""Replays of a failed case that tell the hook's failure from one it is not to blame for.
+"""The runs a case's attribution asks for, and the record of a case run again in fresh ranks.
 
-* :func:`replay_reference`: a rank failed inside the suite's own reference: train the reference alone; the
-  case is a skip when it fails there too (PyTorch cannot run it here).
-* :func:`replay_default_hook`: findings that name no cause of the hook's own: replay the case with PyTorch's
-  own default hook for it (:mod:`conformance.controller.default_replay`); a skip when it shows the same
-  difference, or when a reference caveat of this torch version explains it.
-* :func:`lost_a_rank`: a rank died (or, under torchrun, was lost): the runner runs the case once more in
-  fresh ranks before anything else (:class:`CrashRerun`); the second run is the case's.
-* :func:`replay_crash`: a rank raised, hung or died outside the reference: replay the case with PyTorch's own
-  default hook for it, in ranks of their own; ``NOT RUN`` when that fails the same way (the machine, the
-  suite or this torch cannot run the case, whatever the hook).
+Who is to blame for a case is decided by :func:`conformance.controller.attribution.attribute`, a pure function of
+the case's runs; this module runs what it asks for, on the runner's pools
+(:meth:`~conformance.controller.runner.Runner.run_replay`):
 
-They run on the runner's pools (:meth:`~conformance.controller.runner.Runner.run_replay`) and skip with
-``pytest.skip`` or :class:`NotRun`.
+* :func:`case_facts`: what the attribution needs of a case beside its runs (PyTorch's own default hook for it,
+  the torch version, whether the check replays its reference or the default hook);
+* :func:`replay`: a :class:`~conformance.controller.attribution.Replay` of the case, as a
+  :class:`~conformance.controller.attribution.Run`: the reference alone (``reference_only=True``, on the same
+  pool), or PyTorch's own default hook in the hook's place (in ranks of their own; once per case shape, kept
+  for the session), or the case again in fresh ranks (the case's own run, where it starts).
+* :class:`CrashRerun`: a case whose rank died by a signal, run once more in fresh ranks: the hook's verdict
+  line, the summary and the results file show it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import pytest
 import torch
 
 from conformance.apis.registry import HOOK_APIS
 from conformance.controller import default_replay
-from conformance.controller.across_ranks import findings_of
+from conformance.controller.attribution import (CaseFacts, Replay, Run, crash_signatures, first_loss, lost_a_rank,
+                                                own_exit)
 from conformance.controller.failures import NotRun
-from conformance.controller.pools import Pool, PoolStartError
-from conformance.protocol import Case, CaseResult, Finding, HookRef, RankOutcome
+from conformance.controller.pools import PoolStartError
+from conformance.protocol import Case, CaseResult, Finding, HookRef
+from conformance.controller.replay_policy import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.reports import report
 
-__all__ = ["CrashRerun", "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "crash_signatures",
-           "first_loss", "lost_a_rank", "replay_crash", "replay_default_hook", "replay_reference",
-           "second_run_outcome"]
+# lost_a_rank, first_loss, crash_signatures and own_exit are imported from here too (their home before attribution).
+__all__ = ["CrashRerun", "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "case_facts",
+           "crash_signatures", "first_loss", "lost_a_rank", "own_exit", "replay", "second_run_outcome"]
 
 
 #: How the re-run after a dead rank went (:attr:`CrashRerun.second_run`).
@@ -46,13 +45,16 @@ RERUN_NOT_STARTED = "could not start"
 
 @dataclasses.dataclass(frozen=True)
 class CrashRerun:
-    """A case whose rank died, run once more in fresh ranks (:meth:`conformance.controller.runner.Runner.run`).
+    """A case whose rank died by a signal (or was lost), run once more in fresh ranks
+    (:meth:`conformance.controller.runner.Runner.run`, as :func:`~conformance.controller.attribution.attribute`
+    asks).
 
     A rank that dies takes its pool with it, so the second run gets ranks that ran nothing before it: not
     the hook's earlier cases, not what an earlier case left in its process groups. The second run is the
     case's result; this record keeps the first for the hook's verdict line, the summary and the results
-    file. Whether the death was the machine's, an earlier case's or the hook's own (a hook that crashes
-    now and then) the suite cannot tell: it says so, and grants the re-run once per hook.
+    file. Whether a death by a signal was the machine's, an earlier case's or the hook's own (a hook that
+    crashes now and then) the suite cannot tell: it says so, and grants the re-run once per hook. A rank that
+    ended its own process (an exit status of its own) is the hook's doing and is not re-run.
 
     Attributes:
         case: the test name (``item.name``).
@@ -89,20 +91,6 @@ def second_run_outcome(result: CaseResult) -> str:
     return RERUN_FINISHED if all(o.ok for o in result.outcomes) else RERUN_FAILED
 
 
-def lost_a_rank(result: CaseResult) -> bool:
-    """Whether a rank of ``result`` died or was lost (not one that raised or hung) and the pool was rebuilt:
-    the case can run again in ranks of its own at the cost of one pool start. A process that dies does so
-    for a reason of its own process (a signal, a C++ abort from an unmatched collective, the machine), which
-    may come from before the case; an exception or a hang is the case's own, and is not re-run."""
-    return result.pool_rebuilt and any(o.exit_code is not None or o.lost for o in result.outcomes if not o.ok)
-
-
-def first_loss(result: CaseResult) -> Tuple[str, str]:
-    """The first dead or lost rank of ``result``: its summary line, and the first line of its output (``""``)."""
-    o = next(o for o in result.outcomes if not o.ok and (o.exit_code is not None or o.lost))
-    return o.summary(), next((line.strip() for line in (o.output or "").splitlines() if line.strip()), "")
-
-
 def _default_hook(runner: Any, hook: str, params: Dict[str, Any], world_size: int) -> Tuple[Any, Optional[str], bool]:
     """``(api, name, itself)``: the hook's API, the name of PyTorch's own default hook for the case
     (``HookApi.default_hook``; ``None`` where the API names none), and whether the hook under test is that
@@ -123,116 +111,62 @@ def _run_default_hook(runner: Any, api: Any, name: str, check: str, params: Dict
         nodes=nodes))
 
 
-def replay_default_hook(runner: Any, case: Any, rank_check: str, params: Dict[str, Any], found: List[Finding],
-                         across_ranks: bool) -> str:
-    """Skip a failure that any hook would get here (:mod:`conformance.controller.default_replay`): one a reference
-    caveat of this torch version explains, or that PyTorch's own default hook for the case shows too
-    (replayed on the same pool, or the hook under test itself). Else the failure's closing note."""
+def case_facts(runner: Any, case: Case, world_size: int, described: Dict[str, Any],
+               known_failure: bool) -> CaseFacts:
+    """The attribution's :class:`~conformance.controller.attribution.CaseFacts` of ``case`` (``described``: what the
+    case is, shown in reasons), read from the runner's specs, the API's default hook and this torch."""
+    hook = case.hook.name if case.hook is not None else None
+    name, itself = None, False
+    if hook is not None:
+        _, name, itself = _default_hook(runner, hook, case.params, world_size)
+    return CaseFacts(check=case.check, hook=hook, what=" ".join(f"{k}={v}" for k, v in described.items()),
+                     known_failure=known_failure, rerun_spent=any(r.hook == hook for r in runner.crash_reruns),
+                     replays_reference=case.check in REPLAYS_REFERENCE,
+                     replays_default_hook=case.check in REPLAYS_DEFAULT_HOOK, default_hook=name,
+                     is_default_hook=itself, torch_version=torch.__version__, params=dict(case.params))
+
+
+def replay(runner: Any, asked: Replay, case: Case, world_size: int, pool: Any,
+           judge: Callable[[CaseResult], List[Finding]], first: CaseResult) -> Run:
+    """Run the replay ``asked`` of ``case`` (whose first run was ``first``), its findings judged by ``judge``
+    where every rank finished: :attr:`Replay.CRASH_RERUN` on the case's ``pool`` (rebuilt: fresh ranks), kept in
+    the runner's ``crash_reruns``; :attr:`Replay.REFERENCE` on ``pool``; :attr:`Replay.DEFAULT_HOOK` in ranks of
+    their own, kept in the runner's ``crash_replays`` for the session, by case shape. A replay whose ranks cannot
+    start is a :class:`Run` with no result, saying why."""
     __tracebackhide__ = True
-    version = torch.__version__
-    caveat = default_replay.caveat_for(rank_check, params, found, version)
-    if caveat is not None:
-        pytest.skip(default_replay.caveat_reason(caveat, found, version))
-    api, name, itself = _default_hook(runner, case.hook, params, case.world_size)
-    if name is None:
-        return ""
-    if itself:  # the evidence is this very failure
-        if default_replay.after_the_hook_returned(found):
-            pytest.skip(default_replay.default_hook_reason(name, found, version, itself=True))
-        return ""
-    result = _run_default_hook(runner, api, name, rank_check, params, case.world_size,
-                               f"{case.hook} case replayed with {name}", nodes=case.nodes)
-    theirs = findings_of(result, across_ranks) if result.all_ok else []
-    if result.all_ok and default_replay.same_difference(found, theirs):
-        pytest.skip(default_replay.default_hook_reason(name, found, version, itself=False))
-    if not default_replay.after_the_hook_returned(found):
-        return ""
-    return "  " + default_replay.default_hook_note(name, theirs, result.all_ok)
+    if asked is Replay.CRASH_RERUN:
+        return _rerun(runner, pool, case, world_size, judge, first)
+    try:
+        if asked is Replay.REFERENCE:
+            result = runner.run_replay(pool, dataclasses.replace(case, params={**case.params, "reference_only": True}))
+            return Run(asked, result)
+        if asked is not Replay.DEFAULT_HOOK:
+            raise ValueError(f"not a replay of this module: {asked}")
+        api, name, _ = _default_hook(runner, case.hook.name, case.params, world_size)
+        key = (case.check, name, world_size, repr(sorted(case.params.items())))
+        if key not in runner.crash_replays:
+            result = _run_default_hook(runner, api, name, case.check, case.params, world_size,
+                                       f"{case.case_id} replayed with {name}", nodes=case.nodes)
+            runner.crash_replays[key] = Run(asked, result, tuple(judge(result)) if result.all_ok else ())
+        return runner.crash_replays[key]
+    except PoolStartError as exc:  # no evidence either way: the attribution says so
+        return Run(asked, None, not_started=str(exc))
 
 
-def replay_reference(runner: Any, pool: Pool, case: Case, describe: Dict[str, Any]) -> str:
-    """Train the reference alone; skip the case if it fails there too, else say the hook broke it.
-
-    The suite never blames a hook for its own reference: a reference that
-    PyTorch cannot run here (a bug of this torch version, say) makes the
-    case a skip with the reference's error as the reason.
-    """
+def _rerun(runner: Any, pool: Any, case: Case, world_size: int, judge: Callable[[CaseResult], List[Finding]],
+           first: CaseResult) -> Run:
+    """The case once more, as the case's own run (counted, :class:`NotRun` where its pool failed before), in the
+    fresh ranks of the rebuilt pool; kept in the runner's ``crash_reruns`` (:class:`CrashRerun`)."""
     __tracebackhide__ = True
-    result = runner.run_replay(pool, dataclasses.replace(case, params={**case.params, "reference_only": True}))
-    bad = [o for o in result.outcomes if not o.ok]
-    if bad:
-        what = " ".join(f"{k}={v}" for k, v in describe.items())
-        pytest.skip(f"the suite's reference ({what}, no hook under test) cannot run here with torch "
-                    f"{torch.__version__}: rank {bad[0].rank} {bad[0].summary().split(': ', 1)[-1]}: "
-                    f"{report.exception_line(bad[0].error or bad[0].stack or '')}")
-    return ("\n(the reference trained alone, with no hook, runs here: the failure above comes from "
-            "training it beside the hooked model)")
-
-
-def _signature(o: RankOutcome, timed_out: bool) -> Tuple[str, ...]:
-    """How one rank did not finish: raised (phase, exception type, its line with addresses blanked), hung
-    (phase), died (phase, exit code) or was lost."""
-    if o.error is not None:
-        line = re.sub(r"0x[0-9a-fA-F]+", "0x...", report.exception_line(o.error))
-        return ("raised", o.phase, o.error_type or "", line)
-    if o.stack is not None or timed_out:
-        return ("hung", o.phase)
-    if o.exit_code is not None:
-        return ("died", o.phase, str(o.exit_code))
-    return ("lost", o.phase)
-
-
-def crash_signatures(result: CaseResult) -> FrozenSet[Tuple[str, ...]]:
-    """How the ranks of ``result`` that did not finish failed (:func:`_signature`), as a set: two runs of a case
-    failed the same way where they share one."""
-    return frozenset(_signature(o, result.timed_out) for o in result.outcomes if not o.ok)
-
-
-def _describe(signature: Tuple[str, ...]) -> str:
-    kind, phase, *rest = signature
-    if kind == "raised":
-        what = f"raised {rest[-1]}"
-    elif kind == "died":
-        what = f"died (exit code {rest[0]})"
+    hook = case.hook.name if case.hook is not None else None
+    try:
+        result = runner._run_on(pool, case, hook, world_size)
+    except NotRun:  # no fresh ranks (torchrun's restarts spent, say): no evidence, the first run stands
+        why = (runner.not_run.get((hook, world_size)) or "").strip().splitlines()
+        run, second = Run(Replay.CRASH_RERUN, None, not_started=why[0] if why else ""), RERUN_NOT_STARTED
     else:
-        what = "hung" if kind == "hung" else "was lost"
-    return f"a rank {what} during {phase!r}"
-
-
-def replay_crash(runner: Any, case: Case, world_size: int, params: Dict[str, Any], result: CaseResult,
-                 problems: str) -> str:
-    """A rank raised, hung or died while the hook's model trained: is that the hook's doing?
-
-    Replays the case with PyTorch's own default hook for it (``HookApi.default_hook``) in ranks of their own,
-    once per case shape (the replay's outcome is kept for the session). Where it fails the same way (a rank
-    that raised the same exception in the same phase, hung or died in the same phase: :func:`crash_signatures`),
-    the case is :class:`NotRun`: the machine, the suite or this torch cannot run it, whatever the hook (a GPU
-    machine once failed every forked rank's first backward pass; PyTorch's hooks blamed). Where the hook
-    under test is itself that default hook, it is its own evidence: ``NOT RUN`` too. Else the failure stands,
-    and the note returned says so. No default hook for the case (an API without one): ``""``, it stands.
-    """
-    __tracebackhide__ = True
-    api, name, itself = _default_hook(runner, case.hook.name, params, world_size)
-    if name is None:
-        return ""
-    mine = crash_signatures(result)
-    whose = f"the run's failure (this machine's, the suite's or torch {torch.__version__}'s), not the hook's"
-    if itself:
-        raise NotRun(f"PyTorch's own default hook for this case ({name}, the hook under test) cannot run it here: "
-                     f"{_describe(min(mine))}; {whose}", detail=problems)
-    key = (case.check, name, world_size, repr(sorted(params.items())))
-    theirs = runner.crash_replays.get(key)
-    if theirs is None:
-        try:
-            replayed = _run_default_hook(runner, api, name, case.check, params, world_size,
-                                         f"{case.case_id} replayed with {name}", nodes=case.nodes)
-        except PoolStartError as exc:  # no evidence either way: the failure stands, and says so
-            return f"\n(PyTorch's own default hook for this case, {name}, could not be replayed: {exc})"
-        theirs = runner.crash_replays[key] = crash_signatures(replayed)
-    same = mine & theirs
-    if same:
-        raise NotRun(f"PyTorch's own default hook for this case ({name}), replayed in ranks of its own, fails it "
-                     f"the same way: {_describe(min(same))}; {whose}", detail=problems)
-    how = "runs it to the end" if not theirs else f"fails it otherwise ({_describe(min(theirs))})"
-    return (f"\n(PyTorch's own default hook for this case, {name}, replayed in ranks of its own, {how}: "
-            "what failed above is this hook's doing)")
+        run = Run(Replay.CRASH_RERUN, result, tuple(judge(result)) if result.all_ok else ())
+        second = second_run_outcome(result)
+    runner.crash_reruns.append(CrashRerun(case.case_id, hook, *first_loss(first), report.rank_problems(first),
+                                          second))
+    return run

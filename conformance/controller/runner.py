@@ -38,23 +38,13 @@ the command that re-runs just that case.
 5. Outcomes (controller). Each rank answers with a ``RankOutcome``; a rank
    that raises, hangs past ``--case-timeout`` (stacks via faulthandler) or
    dies is reported per rank, and the pool is rebuilt when the ranks no
-   longer match up in any process group they hold. A case in which a rank
-   died runs once more (once per hook), in the fresh ranks that the rebuilt
-   pool starts: the second run is the case's (a death can come from before
-   the case); the hook's verdict line and the summary say so. What the hook
-   left changed in its ranks' process state, a process group that no longer
-   runs a collective in step, and memory grown past the bound over the
-   hook's cases fail the case, and the pool is rebuilt. A
-   failure inside the suite's own reference is replayed with the reference
-   alone, and becomes a skip if that fails too. Findings that name no cause
-   of the hook's own are replayed with PyTorch's own default hook for the
-   case (in fresh ranks), and become a skip if it shows the same difference,
-   or if a reference caveat of this torch version explains them
-   (:mod:`conformance.controller.default_replay`). A rank that raised, hung or died
-   while the hook's model trained is replayed with that default hook too; where it
-   fails the same way, no hook could pass the case here (:func:`replay_crash`). That,
-   and a pool that cannot start, is the run's failure, not the hook's: the case is
-   ``NOT RUN`` (:class:`NotRun`).
+   longer match up in any process group they hold. Who is to blame is one pure function of the case's
+   runs (:func:`conformance.controller.attribution.attribute`): it reads the first run and asks for a
+   replay where it needs one (the case again in fresh ranks after a rank's death by a signal, the
+   reference alone, PyTorch's own default hook in the hook's place); the runner runs it
+   (:mod:`conformance.controller.replays`) and asks again, until it is final: the hook's fails the case,
+   PyTorch's or "not applicable" skips it, the suite's or the machine's makes it ``NOT RUN``
+   (:class:`NotRun`), as a pool that cannot start does.
 6. Verdict (controller). Findings become one ``ConformanceFailure`` message
    with the re-run command; the plugin's summary turns every report into the
    per-hook verdict.
@@ -62,52 +52,26 @@ the command that re-runs just that case.
 
 from __future__ import annotations
 
-import os
-import shlex
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
 
-from conformance.controller import case_kinds, default_replay
+from conformance.controller import case_failure, case_kinds
 from conformance.controller.across_ranks import compare_across_ranks, findings_of
-from conformance.controller.cli import command_words, python_words
+from conformance.controller.attribution import (NOT_THE_HOOKS_RULES, REPRODUCED, Attribution, Blame, Replay, Run,
+                                                attribute, case_run)
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
 from conformance.controller.pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
 from conformance.controller.reach import note_reach
 from conformance.controller.remote import remote_pool
-from conformance.controller.replays import (RERUN_NOT_STARTED, CrashRerun, first_loss, lost_a_rank, replay_crash,
-                                           replay_default_hook, replay_reference, second_run_outcome)
-from conformance.shared.spec_loading import pythonpath_to_rerun
+from conformance.controller.replays import CrashRerun, case_facts, replay
 from conformance.controller.zygote_client import close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
-from conformance.controller.replay_policy import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.reports import report
-from conformance.reproducers import writer
 
 # ConformanceFailure, NotRun and compare_across_ranks are imported from here too (their home before the split).
 __all__ = ["ConformanceFailure", "NotRun", "Runner", "compare_across_ranks"]
-
-
-
-def not_the_hooks(found: Sequence[Finding]) -> None:
-    """End a case whose every finding says the hook is not what failed: the API never called the hook there
-    (kind ``"not_applicable"``: a skip, with the first as the reason), or a rule that holds whatever the hook
-    is broke: PyTorch's (kind ``"pytorch_changed"``: a skip with the findings as the reason, as for a reference
-    that does not hold on this torch) or one the suite's other checks rely on (kind ``"suite"``: its own
-    registration, or a reference that may no longer be native; with or without PyTorch's: :class:`NotRun`, the
-    run's failure). Returns where any finding could be the hook's, or there are none."""
-    __tracebackhide__ = True
-    if found and all(f.kind == "not_applicable" for f in found):
-        pytest.skip(f"ran, and matched, but the hook was never called: {found[0].message}")
-    if not found or any(f.kind not in ("pytorch_changed", "suite") for f in found):
-        return
-    said = list(dict.fromkeys(f.message for f in found))  # every rank says the same: once each
-    if any(f.kind == "suite" for f in found):
-        first = next(f.message for f in found if f.kind == "suite")
-        raise NotRun(f"a rule that holds whatever the hook is, and that the suite's other checks rely on, fails "
-                     f"here: {first}", detail="\n".join(m for m in said if m != first))
-    pytest.skip(" ".join(said))
 
 
 class Runner:
@@ -146,11 +110,10 @@ class Runner:
         self.hook_pool_starts = 0
         #: ``(hook, world size) -> reason`` of pools that could not start: their cases are NOT RUN.
         self.not_run: Dict[Tuple[Optional[str], int], str] = {}
-        #: ``(rank check, default hook, world size, params) ->`` how PyTorch's default hook, replayed on a case
-        #: where a hook's rank raised, hung or died, failed it (:func:`~conformance.controller.replays.replay_crash`;
-        #: empty: it ran to the end). Zoo and user hooks that crash share their cases' replays.
-        self.crash_replays: Dict[Tuple[Any, ...], FrozenSet[Tuple[str, ...]]] = {}
-        #: Cases whose rank died, run once more in fresh ranks (:func:`~conformance.controller.replays.lost_a_rank`).
+        #: ``(rank check, default hook, world size, params) ->`` PyTorch's default hook replayed on a case shape
+        #: (:func:`~conformance.controller.replays.replay`). Zoo and user hooks that fail share their cases' replays.
+        self.crash_replays: Dict[Tuple[Any, ...], Run] = {}
+        #: Cases whose rank died by a signal, run once more in fresh ranks (:attr:`Replay.CRASH_RERUN`).
         self.crash_reruns: List[CrashRerun] = []
 
     def _specs_of(self, hook: Optional[str]) -> Tuple[Tuple[str, str], ...]:
@@ -250,9 +213,11 @@ class Runner:
         close_zygote()
 
     def run(self, test_name: str, *, check: str, hook: Optional[str], params: Dict[str, Any], world_size: int,
-            describe: Dict[str, Any], findings: bool = True, known_failure: bool = False,
-            nodes: int = 1) -> CaseResult:
-        """Run one case on every rank of the ``world_size`` pool.
+            describe: Dict[str, Any], known_failure: bool = False, nodes: int = 1,
+            judge: Optional[Callable[[CaseResult], List[Finding]]] = None,
+            finished: Optional[Callable[[CaseResult], None]] = None,
+            note: Optional[Callable[[CaseResult, List[Finding]], str]] = None) -> CaseResult:
+        """Run one case on every rank of the ``world_size`` pool, and end it as its attribution says.
 
         Args:
             test_name: the pytest test name (``item.name``), for messages and the re-run command.
@@ -260,66 +225,77 @@ class Runner:
             hook: the spec's name, or ``None``.
             params: keyword arguments for the rank check.
             describe: what the case is (check, strategy, model, ...), shown on failure.
-            findings: treat each rank's return value as a list of findings.
-            known_failure: the case is an expected failure (xfail): a crash is not re-run or replayed
-                (:func:`~conformance.controller.replays.replay_crash`), there being no red to avoid.
+            known_failure: the case is an expected failure (xfail): nothing is re-run or replayed, there being
+                no red to avoid.
             nodes: the node layout the case simulates (:attr:`~conformance.protocol.Case.nodes`).
+            judge: a run's findings, where every rank finished (default: every rank's findings, then what the
+                hook left in its ranks, :meth:`CaseResult.leak_findings`).
+            finished: called with the case's result where every rank finished, before it is judged.
+            note: ``note(result, findings)`` closes the failure text of findings the hook may be blamed for
+                (it runs on success too, with none).
 
-        A rank that died (:func:`~conformance.controller.replays.lost_a_rank`) runs the case once more in
-        fresh ranks; that run is the case's (:attr:`crash_reruns` keeps the first). Once per hook: a second
-        death in the same hook's cases is no passing accident of the machine (a hook that crashes after
-        so many calls would pass each re-run), and its failure stands.
+        The first run and each replay the attribution asks for
+        (:func:`~conformance.controller.attribution.attribute`) are its :class:`Run` values; the runner runs
+        nothing else. A re-run in fresh ranks after a death by a signal is the case's run (once per hook:
+        :attr:`crash_reruns` keeps the first run).
 
         Raises:
-            ConformanceFailure: a rank raised, hung or died, or returned findings.
-            NotRun: the pool could not start, or PyTorch's own default hook fails the case the same way
-                (:func:`~conformance.controller.replays.replay_crash`).
+            ConformanceFailure: the hook is to blame: a rank raised, hung or died, or it has findings.
+            NotRun: the pool could not start, or the suite or the machine is to blame.
+            pytest.skip.Exception: PyTorch is to blame, or the hook was never called.
         """
         __tracebackhide__ = True
-        ref = None
-        if hook is not None:
-            ref = HookRef(target=self.specs[hook].target, name=hook)
+        ref = HookRef(target=self.specs[hook].target, name=hook) if hook is not None else None
         case = Case(check=check, hook=ref, params=params, case_id=test_name, nodes=nodes, diagnose=not known_failure)
+        if judge is None:
+            judge = lambda r: [f for o in r.outcomes for f in o.value.findings] + r.leak_findings()  # noqa: E731
         pool = self._pool_or_not_run(world_size, hook)
-        result = self._run_on(pool, case, hook, world_size)
-        rerun_note = ""
-        if lost_a_rank(result) and not known_failure and not any(r.hook == hook for r in self.crash_reruns):
-            first = result
-            try:
-                result = self._run_on(pool, case, hook, world_size)  # the pool was rebuilt: ranks of this case alone
-            except NotRun:  # no fresh ranks (torchrun's restarts spent, say): no evidence, the first run stands
-                result, second = first, RERUN_NOT_STARTED
-                why = (self.not_run.get((hook, world_size)) or "").strip().splitlines()
-                rerun_note = (f"\n(a rank died, and the case could not run again in fresh ranks"
-                              f"{': ' + why[0] if why else ''})")
-            else:
-                second = second_run_outcome(result)
-            rerun = CrashRerun(test_name, hook, *first_loss(first), report.rank_problems(first), second)
-            self.crash_reruns.append(rerun)
-            if second != RERUN_NOT_STARTED:
-                rerun_note = (f"\n(the case was run twice, the second time in fresh ranks of its own; this is the "
-                              f"second run's failure; the first: {rerun.death})")
-        problems = report.rank_problems(result)
-        problems += rerun_note if problems else ""
-        leaks = result.leak_findings()
+        first = self._run_on(pool, case, hook, world_size)
+        runs = [Run(Replay.NONE, first, tuple(judge(first)) if first.all_ok else ())]
+        if first.all_ok and not runs[0].findings:  # the common case: nothing to attribute
+            if finished is not None:
+                finished(first)
+            if note is not None:
+                note(first, [])
+            return first
+        facts = case_facts(self, case, world_size, describe, known_failure)
+        attribution = attribute(facts, runs)
+        while not attribution.final:  # run what it asks for, and ask again
+            runs.append(replay(self, attribution.next, case, world_size, pool, judge, first))
+            attribution = attribute(facts, runs)
+        return self._end(attribution, runs, case, world_size, describe, known_failure, finished, note)
+
+    def _end(self, attribution: Attribution, runs: List[Run], case: Case, world_size: int,
+             describe: Dict[str, Any], known_failure: bool, finished: Optional[Callable[[CaseResult], None]],
+             note: Optional[Callable[[CaseResult, List[Finding]], str]]) -> CaseResult:
+        """Act on the final ``attribution``: fail, skip, ``NOT RUN`` or pass the case."""
+        __tracebackhide__ = True
+        run = case_run(runs)
+        result, found, hook = run.result, list(run.findings), case.hook.name if case.hook is not None else None
+        assert result is not None
+        blame, reason = attribution.blame, attribution.reason
+        problems = case_failure.rank_problems(result, runs, self.crash_reruns)
+        if not problems and finished is not None:
+            finished(result)
+        if blame in (Blame.SUITE, Blame.MACHINE):
+            raise NotRun(reason, detail=attribution.detail or problems)
+        closing = []
+        if not problems and note is not None and attribution.rule not in NOT_THE_HOOKS_RULES:
+            closing.append(note(result, found))
+        if blame in (Blame.PYTORCH, Blame.NOT_APPLICABLE):
+            pytest.skip(reason)
+        if blame is Blame.NOBODY:
+            return result
+        closing.append(reason)
+        if attribution.rule in REPRODUCED and not known_failure:
+            closing.append(case_failure.reproducer_note(self.settings, self.specs.get(hook) if hook else None,
+                                                        case, world_size, found, describe))
+        text = "\n".join(t for t in closing if t)
+        header = report.header(hook, describe, world_size)
         if problems:
-            if leaks:
-                problems += "\n" + report.findings_text(leaks)
-            if report.failed_in_reference(result) and check in REPLAYS_REFERENCE:
-                problems += replay_reference(self, pool, case, describe)
-            elif ref is not None and not leaks and not known_failure:
-                problems += replay_crash(self, case, world_size, params, result, problems)
-                note = self.reproducer_note(test_name, hook, check, params, world_size, [], describe)
-                problems += f"\n{note}" if note else ""
-            self.fail(test_name, hook, report.header(hook, describe, world_size), problems, world_size, leaks,
-                      rank_problems=True)
-        if findings:
-            found = [f for o in result.outcomes for f in o.value.findings] + leaks
-            # A case that passed gets no reproducer: there is nothing to reproduce (a hard-input case also
-            # passes here for each example its search and shrink try).
-            note = "" if known_failure or not found else self.reproducer_note(test_name, hook, check, params,
-                                                                              world_size, found, describe)
-            self.fail_findings(test_name, hook, describe, world_size, found, note=note)
+            self.fail(case.case_id, hook, header, problems + (f"\n{text}" if text else ""), world_size,
+                      result.leak_findings(), rank_problems=True)
+        self.fail_findings(case.case_id, hook, describe, world_size, found, note=text)
         return result
 
     def _run_on(self, pool: Pool, case: Case, hook: Optional[str], world_size: int) -> CaseResult:
@@ -372,23 +348,12 @@ class Runner:
         """
         __tracebackhide__ = True
         describe = self.tag(request, case, check)
-        name = request.node.name
-        known_failure = request.node.get_closest_marker("xfail") is not None
-        result = self.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, params=params,
-                          describe=describe, findings=False, known_failure=known_failure, nodes=case.nodes)
-        note_reach(request, result, real_nodes=getattr(self.pools.get(case.world_size), "nodes", None))
-        found = findings_of(result, across_ranks)
-        not_the_hooks(found)
-        closing = note(result, found) if note is not None else ""
-        if (rank_check in REPLAYS_DEFAULT_HOOK and default_replay.could_be_pytorchs(found)
-                and not known_failure):  # a known failure is no red to avoid
-            replayed = replay_default_hook(self, case, rank_check, params, found, across_ranks)
-            closing = "\n".join(text for text in (closing, replayed) if text)
-        if found and not known_failure:
-            reproducer = self.reproducer_note(name, case.hook, rank_check, params, case.world_size, found, describe)
-            closing = "\n".join(text for text in (closing, reproducer) if text)
-        self.fail_findings(name, case.hook, describe, case.world_size, found, note=closing)
-        return result
+        return self.run(request.node.name, check=rank_check, hook=case.hook, world_size=case.world_size,
+                        params=params, describe=describe, nodes=case.nodes,
+                        known_failure=request.node.get_closest_marker("xfail") is not None,
+                        judge=lambda result: findings_of(result, across_ranks),
+                        finished=lambda result: note_reach(request, result, real_nodes=getattr(
+                            self.pools.get(case.world_size), "nodes", None)), note=note)
 
     def run_case(self, request: Any, case: Any) -> None:
         """Run one suite case as its API's suite test says (:func:`conformance.controller.case_kinds.run_case`):
@@ -404,43 +369,6 @@ class Runner:
             self.restarts += 1
         return result
 
-    def reproducer_note(self, test_name: str, hook: Optional[str], rank_check: str, params: Dict[str, Any],
-                        world_size: int, findings: Sequence[Finding], describe: Dict[str, Any]) -> str:
-        """Under ``--write-reproducers DIR``, write the failed case's standalone reproducer
-        (:mod:`conformance.reproducers`) and return the failure's lines that say where it is and how to run it
-        (:meth:`reproducer_command`, and why it needs the suite where it does), or why the case has none; ``""``
-        without the option (or for a case of no hook). Only a failed case is given one: callers pass its
-        findings (none for a rank that raised, hung or died)."""
-        directory = getattr(self.settings, "reproducers_dir", None)
-        item = self.specs.get(hook) if hook else None
-        if not directory or item is None:
-            return ""
-        path = writer.reproducer_path(directory, test_name)
-        try:
-            source = writer.reproducer_source(item.spec, item.target, rank_check, params, world_size, test_name,
-                                              findings, report.header(hook, describe, world_size),
-                                              self.rerun_command(test_name, hook, world_size), path,
-                                              nodes=int(describe.get("nodes", 1)))
-            writer.write_reproducer(path, source)
-        except writer.NoReproducer as exc:
-            return f"No standalone reproducer: {exc}"
-        except OSError as exc:
-            return f"No standalone reproducer: writing {path} failed: {exc}"
-        needs = writer.needs_the_suite(item.spec, item.target)
-        return (f"Standalone reproducer: {path}\n"
-                f"  {self.reproducer_command(path)}   (from this directory; it starts its {world_size} ranks; "
-                f"exit 1 reproduced, 0 not, 2 could not run)"
-                + (f"\n  It needs commhook-conformance installed: {needs}" if needs else ""))
-
-    @staticmethod
-    def reproducer_command(path: str) -> str:
-        """The shell command that runs a reproducer from a fresh shell in this working directory: ``PYTHONPATH=...``
-        first where the session imported modules from ``PYTHONPATH`` entries (as :meth:`rerun_command`), then this
-        interpreter (``python`` where the ``python`` on ``PATH`` is this venv's, :func:`python_words`) and the file."""
-        command = " ".join(shlex.quote(w) for w in [*python_words(), path])
-        extra = pythonpath_to_rerun()
-        return f"PYTHONPATH={shlex.quote(os.pathsep.join(extra))} {command}" if extra else command
-
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
              world_size: Optional[int] = None, findings: Sequence[Finding] = (), rank_problems: bool = False) -> None:
         """Raise the case's :class:`ConformanceFailure`: ``header``, ``body``, then the re-run command."""
@@ -449,30 +377,10 @@ class Runner:
         raise ConformanceFailure(report.failure_message(header, body, rerun), findings, rank_problems)
 
     def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
-        """The shell command that re-runs just ``test_name`` from a fresh shell in this working directory.
-
-        ``PYTHONPATH=...`` first where the session imported modules from
-        ``PYTHONPATH`` entries other than the working directory (a hook package
-        outside it, :func:`~conformance.shared.spec_loading.pythonpath_to_rerun`); then
-        ``conform``, or ``/path/to/python -m conformance`` where the ``conform`` on
-        ``PATH`` is not this interpreter's (:func:`~conformance.controller.cli.command_words`:
-        a fresh shell may not have the venv on ``PATH``); then the hook's ``--hook``
-        target (a built-in or entry-point hook needs none), the machine settings of
-        the case's pool and a hypothesis seed where one was given
-        (:meth:`Settings.rerun_args`, paths absolute), ``-k test_name``.
-        """
-        args = command_words()
-        item = self.specs.get(hook) if hook else None
-        if item is not None and item.origin == "--hook":
-            args += ["--hook", item.target]
-        args += self.settings.rerun_args(world_size)
-        args += ["-k", test_name]
-        command = " ".join(shlex.quote(a) for a in args)
-        path = pythonpath_to_rerun()
-        if path:
-            # Quote the value only: a quoted "NAME=value" word is a command, not an assignment.
-            command = f"PYTHONPATH={shlex.quote(os.pathsep.join(path))} {command}"
-        return command
+        """The shell command that re-runs just ``test_name`` from a fresh shell here
+        (:func:`~conformance.controller.case_failure.rerun_command`)."""
+        return case_failure.rerun_command(self.settings, self.specs.get(hook) if hook else None, test_name,
+                                          world_size)
 
     def fail_findings(self, test_name: str, hook: Optional[str], describe: Dict[str, Any], world_size: int,
                       findings: Sequence[Finding], note: str = "") -> None:

@@ -29,12 +29,13 @@ import sys
 import threading
 from typing import Optional
 
+# Exit code of a process that ended because its controller was gone (the controller tells it from a hook's own exit).
+from conformance.protocol import LOST_CONTROLLER_EXIT_CODE
+
 __all__ = ["die_with_parent", "exit_when_closed", "LOST_CONTROLLER_EXIT_CODE"]
 
 #: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
 _PR_SET_PDEATHSIG = 1
-#: Exit code of a process that ended because its controller was gone.
-LOST_CONTROLLER_EXIT_CODE = 75
 #: Seconds between the watchdog's checks of the parent pid (the socket is watched continuously).
 _PARENT_POLL_S = 1.0
 

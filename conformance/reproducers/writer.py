@@ -43,25 +43,6 @@ class NoReproducer(Exception):
     """A failed case no standalone file can replay; the message says why (shown in the failure)."""
 
 
-def _source(module_name: str) -> str:
-    """A module's source for the file: ``from __future__`` and imports of the suite's own modules left out (what
-    they import is written into the file too)."""
-    text = inspect.getsource(importlib.import_module(module_name))
-    out: List[str] = []
-    skipping = False
-    for line in text.splitlines():
-        if skipping:
-            skipping = ")" not in line
-            continue
-        if line.startswith("from __future__ import"):
-            continue
-        if re.match(r"(from|import) conformance\b", line):
-            skipping = "(" in line and ")" not in line
-            continue
-        out.append(line)
-    return "\n".join(out).strip() + "\n"
-
-
 def _importable(obj: Any, modules: Sequence[str]) -> Optional[Tuple[str, str]]:
     """``(module, name)`` that imports ``obj`` itself (``from module import name``), or ``None``: a function or
     class by its qualified name, else any module-level name in ``modules`` bound to it."""
@@ -194,7 +175,7 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
     if HOOK_APIS[api].standalone is None:
         raise NoReproducer(f"api {api!r} has no standalone part (HookApi.standalone), so no file can build its "
                            "models without the suite; re-run the case with the command below")
-    part = importlib.import_module(HOOK_APIS[api].standalone)
+    part = importlib.import_module(HOOK_APIS[api].standalone_modules[-1])
     micro = part.micro_steps(variant, micro) if hasattr(part, "micro_steps") else micro
     inputs = None
     if check == "hard_inputs":
@@ -257,7 +238,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
                     f"It needs commhook-conformance installed: {why}")
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
-    imports, code, bindings = _written_code(case, model_cls, api.standalone)
+    imports, code, bindings = _written_code(case, model_cls, api.standalone_modules)
     shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)][:4]
     found = "\n".join(f"    {line}" for text in shown for line in text.splitlines()[:2])
     parts = [
@@ -310,14 +291,14 @@ def _sections(model_cls: type, api: Any) -> List[Tuple[str, str]]:
     model = [(f"the model: {model_cls.__name__} ({{module}}, as the suite builds it)", m)
              for m in _model_modules(model_cls)]
     return [*model,
-            (f"how the suite builds {api.name}'s models ({{module}})", api.standalone),
+            *((f"how the suite builds {api.name}'s models ({{module}})", m) for m in api.standalone_modules),
             ("the training loop ({module})", standalone_main.__name__),
             ("the comparison, bit for bit ({module})", "conformance.shared.standalone_compare"),
             ("the inputs ({module})", "conformance.shared.standalone_inputs"),
             ("the launcher: python FILE starts the ranks ({module})", "conformance.shared.standalone_launch")]
 
 
-def _written_code(case: Dict[str, Any], model_cls: type, standalone: str
+def _written_code(case: Dict[str, Any], model_cls: type, standalone: Sequence[str]
                   ) -> Tuple[List[str], Dict[str, List[str]], str]:
     """``(imports, code by module, bindings)``: of the model's modules, the loop's pieces and the API's
     standalone part, only what the case runs (:func:`conformance.reproducers.sources.written_code`, from
@@ -326,7 +307,7 @@ def _written_code(case: Dict[str, Any], model_cls: type, standalone: str
     step_inputs = standalone_inputs.step_inputs_of(case)
     loss = standalone_inputs.loss_of(case)
     roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss])]
-    modules = [*_model_modules(model_cls), *standalone_main.PIECES, standalone]
+    modules = [*_model_modules(model_cls), *standalone_main.PIECES, *standalone]
     imports, code = written_code(roots, modules, provided=PROVIDED, model=model_cls, prune=[ReferenceModel])
     return _merged(imports), code, f"STEP_INPUTS, LOSS = {step_inputs}, {loss}"
 

@@ -1,8 +1,9 @@
 """Conformance of FSDP2 (``fully_shard``) custom comms and all-reduce hooks (two APIs).
 
 Every test here is one call, ``conform.run_case(request, case)``: the case comes
-from the suite test of the same name of its API (``conformance/apis/fsdp2/``),
-which plans it and says which rank check runs and how.
+from the suite test of the same name of its API (``conformance/apis/fsdp2/`` or
+``conformance/apis/fsdp2_all_reduce/``), which plans it and says which rank
+check runs and how.
 
 A ``ReduceScatter`` comm installed with ``FSDPModule.set_custom_reduce_scatter``
 on every FSDP module must give gradients (local shards and full tensors) and

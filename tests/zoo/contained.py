@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import time
 
 import torch
@@ -52,6 +53,31 @@ def abort_once_on_rank1(state, grad):
         print("zoo: rank 1 aborts once", flush=True)
         os.abort()
     allreduce_hook(state, grad)
+
+
+def _exit_once_on_rank1(state, grad, how):
+    """Rank 1 ends its own process with exit status 3 (``how``: ``"sys.exit"`` or ``"os._exit"``) at its first call
+    of the run, then reduces correctly: the case must fail, not run again in fresh ranks as a death by signal
+    does. "Once" is kept in the file ``$CONFORM_TEST_EXIT_ONCE.<how>``, so it holds across rank processes (a
+    re-run would pass); without that variable the hook never exits."""
+    marker = os.environ.get("CONFORM_TEST_EXIT_ONCE")
+    if marker and dist.get_rank(state.process_group) == 1 and not os.path.exists(f"{marker}.{how}"):
+        open(f"{marker}.{how}", "w").close()
+        print(f"zoo: rank 1 calls {how}(3) once", flush=True)
+        if how == "sys.exit":
+            sys.exit(3)
+        os._exit(3)
+    allreduce_hook(state, grad)
+
+
+def sys_exit_once_on_rank1(state, grad):
+    """``sys.exit(3)`` on rank 1 at its first call of the run (:func:`_exit_once_on_rank1`)."""
+    _exit_once_on_rank1(state, grad, "sys.exit")
+
+
+def os_exit_once_on_rank1(state, grad):
+    """``os._exit(3)`` on rank 1 at its first call of the run (:func:`_exit_once_on_rank1`)."""
+    _exit_once_on_rank1(state, grad, "os._exit")
 
 
 _GROUP = []
@@ -132,6 +158,10 @@ CRASH = HookSpec(name="zoo_crash_rank1", api="fsdp", hook=crash_on_rank1, state=
                  description="rank 1 exits during backward")
 CRASH_ONCE = HookSpec(name="zoo_abort_once_rank1", api="fsdp", hook=abort_once_on_rank1, state=DefaultState,
                       description="rank 1 aborts at its first call of the run, then reduces correctly")
+SYS_EXIT_ONCE = HookSpec(name="zoo_sys_exit_once_rank1", api="fsdp", hook=sys_exit_once_on_rank1, state=DefaultState,
+                         description="rank 1 calls sys.exit(3) at its first call of the run, then reduces correctly")
+OS_EXIT_ONCE = HookSpec(name="zoo_os_exit_once_rank1", api="fsdp", hook=os_exit_once_on_rank1, state=DefaultState,
+                        description="rank 1 calls os._exit(3) at its first call of the run, then reduces correctly")
 RAISE_MID_WAY = HookSpec(name="zoo_raise_mid_way", api="fsdp", hook=raise_with_a_collective_mid_way,
                          state=DefaultState, description="raises once, leaving a collective of its group unmatched")
 LEAVES_A_COLLECTIVE = HookSpec(name="zoo_leaves_a_collective", api="fsdp", hook=leave_a_collective_behind,
@@ -145,6 +175,6 @@ NOISY = HookSpec(name="zoo_noisy", api="fsdp", hook=noisy_then_raise, state=Defa
                  description="prints 3 MB, then raises")
 LEAKY = HookSpec(name="zoo_leak_once", api="fsdp", hook=leak_once, state=DefaultState,
                  description="rank 1 keeps 200 MiB, then reduces correctly")
-ALL = [HANG, CRASH, CRASH_ONCE, GOOD]
+ALL = [HANG, CRASH, CRASH_ONCE, SYS_EXIT_ONCE, OS_EXIT_ONCE, GOOD]
 UNRULY = [NOISY, LEAKY, GOOD]
 INTERRUPTIBLE = [GOOD, HANG_IN_HOOK]

@@ -1,2 +1,1 @@
-"""The ``fsdp2`` and ``fsdp2_all_reduce`` hook APIs: FSDP2's ``set_custom_reduce_scatter`` and
-``set_all_reduce_hook``."""
+"""The ``fsdp2`` hook API: FSDP2's ``FSDPModule.set_custom_reduce_scatter(comm)``."""

@@ -8,8 +8,10 @@ process group outside the mesh (torchft's and torchtitan's fault-tolerant HSDP
 all-reduce with AVG over the replica group). The reference is native HSDP on
 the 2-D (replicate x shard) mesh of the same ranks. The spec's hook is called as
 ``hook(state, tensor)``, ``state = spec.state(replica_group)``, and must reduce
-``tensor`` in place. The rank side is ``models.py`` (with ``recorder.py`` and
-``arithmetic.py``).
+``tensor`` in place. Its setup object is
+:data:`~conformance.apis.fsdp2_replica.standalone.SETUP`; the rank side is
+``models.py`` (with ``recorder.py`` and ``arithmetic.py``); what the FSDP2 APIs
+share is in ``conformance/apis/fsdp2_common/``.
 
 Suite tests (``conformance/suite/test_fsdp2_replica.py``), each a shared rank
 check: ``fsdp2_replica_parity`` (``nested_wrapped``), ``fsdp2_replica_long_run`` (``net_flat``),
@@ -18,9 +20,9 @@ check: ``fsdp2_replica_parity`` (``nested_wrapped``), ``fsdp2_replica_long_run``
 on all micro-batches but the last), at the HSDP world size (2 replicas x 2
 shards) and, in a run with a 6-rank pool (``--extra-world-size 6``), at 3
 replicas x 2 shards, where dividing before the SUM rounds differently
-(:func:`~conformance.apis.fsdp2_replica.models.replica_shape`); and
+(:func:`~conformance.apis.fsdp2_common.setup.replica_shape`); and
 ``fsdp2_replica_registration``, FSDP2's registration rules of ``set_all_reduce_hook``
-in this setting (``registration.py``, the API's own rank check).
+in this setting (the API's own rank check, ``fsdp2_replica.registration``).
 
 Only ``torch`` is imported at module level, as for the other FSDP2 APIs.
 """
@@ -33,9 +35,10 @@ from typing import Any, List, Sequence, Tuple
 
 from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, called_as, simulated_layout_skip,
                               two_node_world_sizes)
-from conformance.apis.fsdp2.build import missing_api
-from conformance.apis.fsdp2.standalone import REPLICA_SHARDS, replica_shape
-from conformance.apis.fsdp2.plan import REGISTRATION_RULES, hsdp_unavailable, hsdp_world_size, registration_plan
+from conformance.apis.fsdp2_common.build import missing_api
+from conformance.apis.fsdp2_common.plan import REGISTRATION_RULES, hsdp_unavailable, hsdp_world_size, registration_plan
+from conformance.apis.fsdp2_common.setup import REPLICA_SHARDS, replica_shape
+from conformance.apis.fsdp2_replica.standalone import SETUP
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError
@@ -92,7 +95,7 @@ def _nodes(world_size: int) -> int:
 
 
 def _skip(settings: Any) -> Any:
-    return hsdp_unavailable(settings.world_sizes) or missing_api(("set_all_reduce_hook",))
+    return hsdp_unavailable(settings.world_sizes) or missing_api((SETUP.setter,))
 
 
 def _long_run_world_sizes(settings: Any) -> List[int]:
@@ -109,6 +112,10 @@ def _cases(models: Sequence[str], world_sizes: Any = _world_sizes) -> Any:
     return plan
 
 
+#: The modules a reproducer of a replica case holds, in order: the FSDP2 setup types, the FSDP2 build, this
+#: API's ``SETUP`` (each torch only).
+STANDALONE = ("conformance.apis.fsdp2_common.setup", "conformance.apis.fsdp2_common.standalone",
+              "conformance.apis.fsdp2_replica.standalone")
 _test = functools.partial(SuiteTest, "fsdp2_replica", "config")
 
 APIS = (
@@ -118,7 +125,7 @@ APIS = (
             variant_field="config", stateful=True, validate=validate,
             builtin_hooks="conformance.apis.fsdp2_replica.builtin_hooks:REPLICA_HOOKS",
             default_hook="conformance.apis.fsdp2_replica.builtin_hooks:default_hook",
-            standalone="conformance.apis.fsdp2.standalone",
+            standalone=STANDALONE,
             models="conformance.apis.fsdp2_replica.models:ReplicaModels",
             plans={"test_fsdp2_replica_parity": _test("fsdp2_replica_parity", "parity",
                                                       _cases(PARITY_MODELS, _parity_world_sizes), kind="exact"),
@@ -133,7 +140,7 @@ APIS = (
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
                    "test_fsdp2_replica_registration": _test(
                        "fsdp2_replica_registration", "registration", registration_plan(
-                           "set_all_reduce_hook", "replica", REGISTRATION_RULES, _world_sizes,
+                           SETUP.setter, "replica", REGISTRATION_RULES, _world_sizes,
                            lambda settings: hsdp_unavailable(settings.world_sizes)))},
-            checks={"registration": "conformance.apis.fsdp2_replica.registration:registration"}),
+            checks={"registration": "conformance.apis.fsdp2_replica.models:registration"}),
 )

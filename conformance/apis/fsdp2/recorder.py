@@ -1,20 +1,20 @@
-"""What FSDP2 hands a custom comm or an all-reduce hook, as the suite records it (an FSDP2 extra).
+"""What FSDP2 hands a custom reduce-scatter comm, as the suite records it.
 
 :class:`CommRecorder` stands between ``fully_shard`` and the comm under test
-(``FSDPModule.set_custom_reduce_scatter``), :class:`HookRecorder` between it and
-an all-reduce hook (``set_all_reduce_hook``); both forward every call
-unchanged and turn what they saw into findings: an ``allocate`` that returned
-the wrong buffer, a step in which FSDP2 never called the comm, and the ops,
-groups and dtypes it was called with (the context of a gradient finding).
+(``FSDPModule.set_custom_reduce_scatter``): it forwards every call unchanged
+and turns what it saw into findings: an ``allocate`` that returned the wrong
+buffer, a comm that returned unfinished work, a step in which FSDP2 never
+called the comm, and the ops, groups and dtypes it was called with (the context
+of a gradient finding). An all-reduce hook's recorder is
+:class:`~conformance.apis.fsdp2_common.recorders.HookRecorder`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 
-from conformance.apis.fsdp2.standalone import make_comm as standalone_make_comm
 from conformance.protocol import Finding
 from conformance.ranks import reach
 from conformance.ranks.checks.models import Recorder
@@ -152,63 +152,3 @@ class CommRecorder(Recorder):
             out.append(Finding(self.rank, "FSDP2 never called the comm in this step (set_custom_reduce_scatter did "
                                      "not take effect)", step=step, kind="contract"))
         return out
-
-
-class HookRecorder(Recorder):
-    """Wraps an all-reduce hook; records each call's dtype and size, its input, in-place result and collectives.
-    ``rank``: this rank, for findings; ``mesh_shape``: the HSDP mesh's ``(replicate, shard)`` (``(world size, 1)``
-    under ``replicate``), for the note on a gradient finding; ``group``: the process group the diagnosis
-    recomputes each call over (``None``: the check's)."""
-
-    def __init__(self, hook: Any, rank: int, mesh_shape: Tuple[int, int], group: Any = None):
-        self.hook = hook
-        self.rank = rank
-        self.mesh_shape = mesh_shape
-        self.group = group
-        self.step = 0
-        self.calls: List[Dict[str, Any]] = []
-        self.log = CallLog()
-
-    def __call__(self, tensor: torch.Tensor) -> Any:
-        index = sum(1 for c in self.calls if c["step"] == self.step)
-        self.calls.append({"step": self.step, "dtype": tensor.dtype, "numel": tensor.numel()})
-        reach.saw_buffer(tensor)
-        if not self.recording:
-            return self.hook(tensor)
-        call = self.log.add(HookCall(self.step, index, f"call {index} ({tensor.numel()} elements)",
-                                     tensor.detach().reshape(-1).clone(), group=self.group))
-        with counting_collectives() as count:
-            result = self.hook(tensor)
-        call.collectives = count[0]
-        call.group_sizes = tuple(count.group_sizes)
-        call.settle_from(tensor)
-        return result
-
-    def dtypes(self, step: int) -> str:
-        """The dtypes of the tensors the hook got in ``step``, ``/``-joined (``"?"``: no call)."""
-        return "/".join(sorted({dtype_name(c["dtype"]) for c in self.calls if c["step"] == step})) or "?"
-
-    def context(self, step: int) -> str:
-        """The dtypes of the all-reduced gradients the hook got in ``step``: the note on a gradient finding."""
-        replicate, shard = self.mesh_shape
-        if shard == 1:
-            return f"the hook got the all-reduced {self.dtypes(step)} whole gradients of {replicate} replicas"
-        return f"the hook got the all-reduced {self.dtypes(step)} gradients of a {replicate}x{shard} HSDP mesh"
-
-    def findings(self, step: int) -> List[Finding]:
-        """A finished step in which FSDP2 never called the hook (every call is forwarded as it is, so only a
-        finished step can show something)."""
-        if not any(c["step"] == step for c in self.calls):
-            return [Finding(self.rank, "FSDP2 never called the all-reduce hook in this step", step=step,
-                            kind="contract")]
-        return []
-
-
-def make_comm(spec: Any) -> Any:
-    """The spec's comm: the object itself, or what its zero-argument factory returns
-    (:func:`conformance.apis.fsdp2.standalone.make_comm`, which reproducers copy).
-
-    Raises:
-        TypeError: the factory returned no ``ReduceScatter`` comm.
-    """
-    return standalone_make_comm(spec.hook, spec.name)

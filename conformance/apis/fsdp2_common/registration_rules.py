@@ -1,11 +1,12 @@
-"""FSDP2's registration rules, with the hook under test, and the suite's own registration (an FSDP2 extra).
+"""FSDP2's registration rules, with the hook under test: what the suite's registration relies on.
 
 FSDP2 installs a comm or a hook per FSDP module: ``FSDPModule.set_custom_reduce_scatter(comm)``
 (``api="fsdp2"``) and ``FSDPModule.set_all_reduce_hook(hook)`` (``api="fsdp2_all_reduce"``,
 ``api="fsdp2_replica"``) set it on the module's own parameter groups (``FSDPParamGroup``), and on
 nothing else. The suite therefore registers on every FSDP module
-(:func:`register_on_every_module`, what every FSDP2 check's hooked model goes through), and these
-rules pin what that relies on, one rule per case, as FSDP1's ``register_comm_hook`` rules do
+(:func:`~conformance.apis.fsdp2_common.registration.register_on_every_module`, what every FSDP2
+check's hooked model goes through), and these rules pin what that relies on, one rule per case, as
+FSDP1's ``register_comm_hook`` rules do
 (``conformance/apis/fsdp/registration.py``). Seen on torch 2.13 (CPU, gloo, 2 and 4 ranks):
 
 * ``unset_before_registration``: before any registration, every parameter group holds FSDP2's own
@@ -19,7 +20,8 @@ rules pin what that relies on, one rule per case, as FSDP1's ``register_comm_hoo
   another process group: one group per process group), the setter raises PyTorch's ``ValueError``
   ("set_custom_reduce_scatter is not supported with multiple param groups (from per-param mesh via
   shard_placement_fn) ...") before it sets anything, and the suite's registration turns that into a
-  :class:`RegistrationRefused` naming the module's FQN, the setter, PyTorch's message and the fix;
+  :class:`~conformance.apis.fsdp2_common.registration.RegistrationRefused` naming the module's FQN, the
+  setter, PyTorch's message and the fix;
 * ``stream_under_hsdp_raises`` (``set_all_reduce_hook`` under native HSDP only):
   ``set_all_reduce_hook(hook, stream=...)`` raises ``ValueError("stream cannot be set when using native
   HSDP")`` (after it has set the hook on the module's first parameter group; on a 1-D mesh the stream is
@@ -33,189 +35,35 @@ finding is either PyTorch's (its text starts "PyTorch changed", with the torch v
 ``"pytorch_changed"``: the case is skipped with it as the reason) or the suite's own registration's
 (its text says so; kind ``"suite"``: the case is ``NOT RUN``); none blames the hook.
 
-The rule names and the plan are in ``plan.py`` (:data:`~conformance.apis.fsdp2.plan.REGISTRATION_RULES`).
+The rule names and the plan are in ``plan.py`` (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`);
+each API's rank check is :func:`registration_check` of its setup object, in its ``models.py``.
 Everything FSDP2 is looked up when used, as in ``build.py``: this module imports on a torch without FSDP2.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Tuple
 
 import torch
 from torch import nn
 
-from conformance.apis.fsdp2.build import build_fsdp2, fsdp2_api, hsdp_shape, mesh_for
-from conformance.apis.fsdp2.plan import HSDP_STREAM_RULE, REGISTRATION_RULES
-from conformance.apis.fsdp2.recorders import make_comm
-from conformance.apis.fsdp2.standalone import mixed_precision
-from conformance.models import get_model
+from conformance.apis.fsdp2_common.build import build_fsdp2, mesh_for, several_groups_model
+from conformance.apis.fsdp2_common.plan import HSDP_STREAM_RULE, REGISTRATION_RULES
+from conformance.apis.fsdp2_common.registration import (MULTIPLE_PARAM_GROUPS, RegistrationRefused, Setter,
+                                                        fsdp_modules_by_fqn, module_place, param_groups,
+                                                        register_on_every_module)
+from conformance.apis.fsdp2_common.setup import Fsdp2Setup
 from conformance.protocol import Finding
 
-__all__ = ["ALL_REDUCE_HOOK", "MULTIPLE_PARAM_GROUPS", "REDUCE_SCATTER", "RegistrationRefused", "Setter",
-           "all_reduce_hook_registration", "check_rule", "comm_registration", "fsdp_modules_by_fqn", "param_groups",
-           "refusal_message", "register_on_every_module", "several_groups_model"]
+__all__ = ["HSDP_STREAM", "REGISTRATION_MODEL", "SEVERAL_GROUPS_FQN", "check_rule", "registration_check"]
 
-
-@dataclasses.dataclass(frozen=True)
-class Setter:
-    """An ``FSDPModule`` setter of a hook API.
-
-    Attributes:
-        name: the method (``"set_custom_reduce_scatter"``).
-        target: the ``FSDPParamGroup`` attribute it sets (``"_reduce_scatter_comm"``).
-        what: the object it installs, for messages (``"comm"``).
-        default: what the target holds before any registration (torch 2.13), for messages.
-        native: the path a parameter group without it takes, for messages.
-    """
-
-    name: str
-    target: str
-    what: str
-    default: str
-    native: str
-
-
-REDUCE_SCATTER = Setter("set_custom_reduce_scatter", "_reduce_scatter_comm", "comm",
-                        "FSDP2's own DefaultReduceScatter (None on older torch)",
-                        "FSDP2's own reduce-scatter (DefaultReduceScatter)")
-ALL_REDUCE_HOOK = Setter("set_all_reduce_hook", "_all_reduce_hook", "all-reduce hook", "None",
-                         "FSDP2's path without a hook (under native HSDP its own all-reduce alone; on a 1-D mesh "
-                         "no reduction across replicas at all)")
-
-#: What PyTorch's setters say when an FSDP module has several parameter groups (torch 2.13,
-#: ``FSDPModule.set_custom_reduce_scatter`` / ``set_all_reduce_hook`` / ``set_custom_all_gather``).
-MULTIPLE_PARAM_GROUPS = r"is not supported with multiple param groups"
 #: ``FSDPModule.set_all_reduce_hook(hook, stream=...)`` under native HSDP (torch 2.13).
 HSDP_STREAM = r"^stream cannot be set when using native HSDP$"
 #: The model of the unset and reaching rules: several FSDP modules, nested (``nested_wrapped``).
 REGISTRATION_MODEL = "nested_wrapped"
 #: The FQN of the FSDP module :func:`several_groups_model` gives several parameter groups.
 SEVERAL_GROUPS_FQN = "module"
-
-
-class RegistrationRefused(ValueError):
-    """FSDP2 refused the suite's registration of a comm or hook on one FSDP module (PyTorch's ``ValueError``
-    as its ``__cause__``); the message names the module's FQN, the setter, PyTorch's message and the fix."""
-
-
-def fsdp_modules_by_fqn(model: nn.Module) -> List[Tuple[str, nn.Module]]:
-    """``(fqn, module)`` of every FSDP2 module of ``model``, root (``""``) first, in ``model.modules()`` order."""
-    _, _, FSDPModule = fsdp2_api()
-    return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, FSDPModule)]
-
-
-def param_groups(module: nn.Module) -> List[Any]:
-    """The ``FSDPParamGroup`` s of one FSDP module: ``state._fsdp_param_groups`` (torch 2.13), or the one
-    ``state._fsdp_param_group`` of older torch; ``[]`` for a module without parameters of its own."""
-    state = module._get_fsdp_state()
-    groups = getattr(state, "_fsdp_param_groups", None)
-    if groups is not None:
-        return list(groups)
-    one = getattr(state, "_fsdp_param_group", None)
-    return [] if one is None else [one]
-
-
-def _where(fqn: str) -> str:
-    return f"{fqn!r}" if fqn else "'' (the root)"
-
-
-def _group_params(module: nn.Module, fqn: str, group: Any) -> str:
-    """The FQNs of a parameter group's parameters, and its shard group's size."""
-    mine = {id(p): name for name, p in module.named_parameters()}
-    names = [mine.get(id(getattr(fp, "sharded_param", None)), "?") for fp in getattr(group, "fsdp_params", ())]
-    names = [f"{fqn}.{n}" if fqn else n for n in names]
-    size = getattr(getattr(group, "mesh_info", None), "shard_mesh_size", "?")
-    return f"{', '.join(names) or '?'} (a shard group of {size} rank{'' if size == 1 else 's'})"
-
-
-def refusal_message(fqn: str, module: nn.Module, setter: str, exc: BaseException) -> str:
-    """What :func:`register_on_every_module` says when FSDP module ``fqn`` has several parameter groups."""
-    groups = param_groups(module)
-    listed = "; ".join(f"group {i}: {_group_params(module, fqn, g)}" for i, g in enumerate(groups))
-    return (f"FSDPModule.{setter} on FSDP module {_where(fqn)} raised ValueError: {exc} The module has "
-            f"{len(groups)} parameter groups, one per process group ({listed}): fully_shard(..., "
-            "shard_placement_fn=...) returned a ShardPlacementResult with a mesh of its own for some of its "
-            "parameters, and FSDP2 will not give one comm or hook to parameter groups on different meshes. "
-            "Fix: give those parameters an FSDP module of their own, fully_shard(the submodule that holds them, "
-            f"mesh=their mesh) before fully_shard on {_where(fqn)} and without a shard_placement_fn that moves "
-            "them, so that every FSDP module has one parameter group; then call the setter on every FSDP module")
-
-
-def register_on_every_module(model: nn.Module, setter: str, hook: Any) -> int:
-    """``FSDPModule.<setter>(hook)`` on every FSDP module of ``model``: the suite's registration of a comm or hook
-    (the setters set the module's own parameter groups only, they do not recurse). Returns the number of FSDP
-    modules.
-
-    Raises:
-        RegistrationRefused: PyTorch refused an FSDP module with several parameter groups (``ValueError``
-            matching :data:`MULTIPLE_PARAM_GROUPS`, its cause), naming the module's FQN, the setter, PyTorch's
-            message and the fix. Any other error of the setter propagates as it is.
-    """
-    modules = fsdp_modules_by_fqn(model)
-    for fqn, module in modules:
-        try:
-            getattr(module, setter)(hook)
-        except ValueError as exc:
-            if not re.search(MULTIPLE_PARAM_GROUPS, str(exc)):
-                raise
-            raise RegistrationRefused(refusal_message(fqn, module, setter, exc)) from exc
-    return len(modules)
-
-
-# -- a module with several parameter groups ------------------------------------------------------------------
-
-_EXPERT_MESHES: Dict[Tuple[int, str], Any] = {}
-
-
-def _expert_mesh(ctx: Any) -> Any:
-    """A 1-D device mesh over this rank alone (``MixtureOfExperts.expert_group``), cached per group and device type;
-    collective the first time (it creates the pool's singleton groups)."""
-    from torch.distributed.device_mesh import DeviceMesh  # optional: see the module docstring
-
-    group = get_model("mixture_of_experts").expert_group(ctx.group)
-    key = (id(group), ctx.device.type)
-    if key not in _EXPERT_MESHES:
-        _EXPERT_MESHES[key] = DeviceMesh.from_group(group, ctx.device.type)
-    return _EXPERT_MESHES[key]
-
-
-def _shard0() -> Any:
-    try:
-        from torch.distributed.tensor import Shard  # torch >= 2.5
-    except ImportError:  # pragma: no cover - depends on the torch version
-        from torch.distributed._tensor import Shard  # type: ignore[no-redef]
-    return Shard(0)
-
-
-def several_groups_model(ctx: Any, mesh: Any, reduce_dtype: Optional[torch.dtype]) -> nn.Module:
-    """``mixture_of_experts`` (plain build) under ``fully_shard`` on ``mesh``, with one FSDP module of several
-    parameter groups: ``module.1`` (shared) an FSDP module of its own; ``module`` (the ``Sequential``) one whose
-    ``shard_placement_fn`` returns ``ShardPlacementResult(Shard(0), FSDPMeshInfo(<a mesh of this rank alone>))``
-    for the expert's parameters (``module.2``), so it has two parameter groups (``module.0`` and ``module.3``
-    on ``mesh``, the expert on its own); the root, with no parameters of its own. The MoE layout that per-param
-    meshes exist for (expert parameters on an expert-parallel mesh).
-
-    Raises:
-        ImportError: a torch without ``ShardPlacementResult`` (the plan skips the rule there).
-    """
-    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult  # optional
-
-    fully_shard = fsdp2_api()[0]
-    kwargs = mixed_precision(reduce_dtype)
-    model = get_model("mixture_of_experts").build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-    expert_info = FSDPMeshInfo(_expert_mesh(ctx), shard_mesh_dim=0)  # one object for every expert parameter
-    experts = {id(p) for p in model.module[2].parameters()}
-    placement = ShardPlacementResult(placement=_shard0(), mesh_info=expert_info)
-    fully_shard(model.module[1], mesh=mesh, **kwargs)
-    fully_shard(model.module, mesh=mesh, shard_placement_fn=lambda p: placement if id(p) in experts else None,
-                **kwargs)
-    fully_shard(model, mesh=mesh, **kwargs)
-    return model
-
-
-# -- the rules -------------------------------------------------------------------------------------------------
 
 
 def _pytorch_changed(ctx: Any, text: str, kind: str = "pytorch_changed") -> Finding:
@@ -252,7 +100,7 @@ def _describe(value: Any) -> str:
 
 
 def _listed(places: List[Tuple[str, int]]) -> str:
-    return ", ".join(f"group {i} of {_where(fqn)}" for fqn, i in places)
+    return ", ".join(f"group {i} of {module_place(fqn)}" for fqn, i in places)
 
 
 _MISSING = object()
@@ -371,8 +219,8 @@ def _a_stream(ctx: Any) -> Any:
 
 
 def check_rule(ctx: Any, spec: Any, setter: Setter, mesh: Any, hook: Any, rule: str) -> List[Finding]:
-    """One registration rule (:data:`~conformance.apis.fsdp2.plan.REGISTRATION_RULES`, or
-    :data:`~conformance.apis.fsdp2.plan.HSDP_STREAM_RULE` on a 2-D mesh) of ``setter`` with ``hook`` (the object
+    """One registration rule (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`, or
+    :data:`~conformance.apis.fsdp2_common.plan.HSDP_STREAM_RULE` on a 2-D mesh) of ``setter`` with ``hook`` (the object
     the suite registers for ``spec``), on models under ``fully_shard`` on ``mesh`` (1-D, a 1-D sub-mesh, or 2-D
     for native HSDP) in ``spec``'s reduce dtype. Returns the findings, each PyTorch's or the suite's (see the
     module docstring).
@@ -397,14 +245,23 @@ def check_rule(ctx: Any, spec: Any, setter: Setter, mesh: Any, hook: Any, rule: 
     raise ValueError(f"unknown registration rule {rule!r}; known: {', '.join(known)}")
 
 
-def comm_registration(ctx: Any, spec: Any, *, config: str, rule: str) -> List[Finding]:
-    """``fsdp2.registration``: one rule of ``FSDPModule.set_custom_reduce_scatter`` with the spec's comm (made by
-    its factory, as every check makes it), on a 1-D mesh over the pool (``config="default"``)."""
-    return check_rule(ctx, spec, REDUCE_SCATTER, mesh_for(ctx, (ctx.world_size,)), make_comm(spec), rule)
+def registration_check(setup: Fsdp2Setup, setter: Setter) -> Callable[..., List[Finding]]:
+    """An FSDP2 API's rank check ``<api>.registration``: ``registration(ctx, spec, *, config, rule)``, one rule of
+    ``setter`` (the API's ``setup.setter``) with the object the suite registers for ``spec``
+    (``setup.bind``), on the mesh the hooked model of ``config`` shards on (the config's mesh over the pool,
+    or its ``hooked_dim`` alone).
 
+    Raises:
+        ValueError: ``setter`` is not the setup's.
+    """
+    if setter.name != setup.setter:
+        raise ValueError(f"the rules of {setter.name} checked for a hook installed with {setup.setter}")
 
-def all_reduce_hook_registration(ctx: Any, spec: Any, *, config: str, rule: str) -> List[Finding]:
-    """``fsdp2_all_reduce.registration``: one rule of ``FSDPModule.set_all_reduce_hook`` with the spec's hook, under
-    native HSDP (``config="hsdp"``: the 2-D replicate x shard mesh of the pool)."""
-    return check_rule(ctx, spec, ALL_REDUCE_HOOK, mesh_for(ctx, hsdp_shape(ctx.world_size)), spec.hook, rule)
+    def registration(ctx: Any, spec: Any, *, config: str, rule: str) -> List[Finding]:
+        layout = setup.configs[config]
+        grid = mesh_for(ctx, layout.shape(ctx.world_size))
+        hook = setup.bind(spec.hook, spec.state, spec.name, grid)
+        mesh = grid[layout.hooked_dim] if layout.hooked_dim else grid
+        return check_rule(ctx, spec, setter, mesh, hook, rule)
 
+    return registration

@@ -1,0 +1,67 @@
+"""FSDP2's native reduction, as an all-reduce hook sees it, for the diagnosis.
+
+An all-reduce hook runs after native HSDP (or ``replicate``) has reduced the
+gradient (``foreach_reduce`` calls it on the result), so native is the tensor
+unchanged, and the causes are the mesh's sizes a hook might divide by again, or
+a second reduction over the default group (:class:`AllReduceHookArithmetic`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Tuple
+
+import torch
+import torch.distributed as dist
+
+from conformance.ranks.arithmetic import Arithmetic, Candidate
+from conformance.ranks.reduction import NO_COLLECTIVE, Reduction
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceHookArithmetic(Arithmetic):
+    """Native HSDP's (or ``replicate``'s) already reduced gradient, left as it is. ``divisors``: the mesh's sizes
+    (replicate, shard, world) a hook might divide it by again."""
+
+    divisors: Tuple[int, ...] = ()
+    #: What reduced the gradient before the hook: ``"native HSDP"``, or ``"replicate"``.
+    native_name: str = "native HSDP"
+    hook_picks_divisor = False  # the mesh's sizes, the world's among them, are in ``divisors``
+
+    def reduction(self, call: Any) -> Reduction:
+        """No collective: the tensor is native HSDP's already."""
+        return Reduction(collective=NO_COLLECTIVE)
+
+    def describe(self) -> str:
+        return f"{self.native_name} hands the hook its already reduced gradient, to leave as it is"
+
+    group_arg = "group=<the replicate group>"
+
+    def how_to_average(self) -> str:
+        return f"leave the tensor as {self.native_name} hands it to the hook: already reduced and averaged"
+
+    def where_result_goes(self, call: Any) -> str:
+        return "change the tensor FSDP2 passes the hook in place, if at all (FSDP2 ignores the return value)"
+
+    def native_result(self, call: Any, group: Any) -> torch.Tensor:
+        return call.input.to(call.output.dtype)
+
+    def unreduced(self, call: Any, rank: int) -> torch.Tensor:
+        """Native itself: the hook's input is reduced already."""
+        return call.input.to(call.output.dtype)
+
+    def candidates(self, call: Any, group: Any, rank: int) -> List[Candidate]:
+        x = call.input.to(call.output.dtype)
+        out: List[Candidate] = [Candidate("native", x.clone())]
+        for d in sorted(set(self.divisors)):
+            out.append(Candidate(f"divided by {d} after {self.native_name} had already averaged it", x.div(d),
+                                 f"drop the division by {d}: {self.how_to_average()}"))
+        summed = x.clone()
+        dist.all_reduce(summed, group=group)
+        again = (f"drop the all-reduce: {self.how_to_average()} (a collective with no group= runs over every rank "
+                 "of the default group, whose shards differ)")
+        out.append(Candidate("all-reduced (SUM) again over the default group, mixing the shards of different ranks",
+                             summed, again))
+        out.append(Candidate("averaged again over the default group, mixing the shards of different ranks",
+                             summed.div(self.world_size), again))
+        return out

@@ -1,0 +1,180 @@
+"""The FSDP2 setup object (torch only): what one FSDP2 hook API is, as data both builds read.
+
+Every FSDP2 hook API (``fsdp2``: the reduce-scatter comm, ``fsdp2_all_reduce``,
+``fsdp2_replica``) is one :class:`Fsdp2Setup`, its ``SETUP`` in its own
+``standalone.py``: the ``FSDPModule`` setter that installs its hook, how the
+hook is bound to what the setter takes, and its configs (:class:`Fsdp2Config`:
+the device mesh, the dimension the hooked model shards on, the divide factor,
+the accumulation setter, the reference). The suite's models
+(``fsdp2_common/models.py``), its registration rules and every FSDP2
+reproducer (this module, ``fsdp2_common/standalone.py`` and the API's
+``SETUP``, written into the file as they are) read it; no code names an API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import torch
+
+
+#: Size of the replicate dimension of the HSDP mesh; the shard dimension takes the rest.
+HSDP_REPLICATE = 2
+#: Shards of a replica all-reduce hook's mesh (replicas x shards): 2 shards, the rest replicas.
+REPLICA_SHARDS = 2
+
+
+def divide_factor(world_size: int) -> float:
+    """The factor the ``divide_factor`` configs set: twice the data-parallel size.
+
+    Realistic (a loss summed over two micro-batches) and it keeps FSDP2's
+    float16 split non-trivial: pre-divide 2 and post-divide 2 at 2 ranks,
+    2 and 3 at 3 ranks.
+    """
+    return 2.0 * world_size
+
+
+def no_division(world_size: int) -> float:
+    """The factor 1.0: FSDP2 divides nothing, the reduction is a SUM (torchtitan's default under ``replicate``)."""
+    return 1.0
+
+
+def hsdp_shape(world_size: int) -> Tuple[int, int]:
+    """``(replicate, shard)`` of the HSDP mesh: :data:`HSDP_REPLICATE` replicas, the rest shards.
+
+    Raises:
+        ValueError: ``world_size`` is not a multiple of :data:`HSDP_REPLICATE` of at least twice it.
+    """
+    if world_size % HSDP_REPLICATE or world_size < 2 * HSDP_REPLICATE:
+        raise ValueError(f"HSDP needs a world size that is a multiple of {HSDP_REPLICATE} and at least "
+                         f"{2 * HSDP_REPLICATE}, got {world_size}")
+    return (HSDP_REPLICATE, world_size // HSDP_REPLICATE)
+
+
+def replica_shape(world_size: int) -> Tuple[int, int]:
+    """``(replicas, shards)`` of a replica case's mesh: :data:`REPLICA_SHARDS` shards, ``world_size / 2``
+    replicas (2 at 4 ranks, 3 at 6); at 2 ranks, 2 replicas of 1 shard, where FSDP2 copies the gradient into
+    the hook's tensor whole (the long run's layout: the cheapest that calls the hook across replicas).
+
+    Raises:
+        ValueError: ``world_size`` is odd, or under 4 and not 2.
+    """
+    if world_size == 2:
+        return (2, 1)
+    if world_size % REPLICA_SHARDS or world_size < 2 * REPLICA_SHARDS:
+        raise ValueError(f"a replica case needs 2 ranks or an even world size of at least {2 * REPLICA_SHARDS} "
+                         f"(replicas x {REPLICA_SHARDS} shards), got {world_size}")
+    return (world_size // REPLICA_SHARDS, REPLICA_SHARDS)
+
+
+#: The device meshes of :attr:`Fsdp2Config.mesh`: the shape for a world size (the pool's, or the subgroup's).
+MESH_SHAPES: Dict[str, Callable[[int], Tuple[int, ...]]] = {
+    "pool": lambda world_size: (world_size,), "subgroup": lambda world_size: (world_size,),
+    "hsdp": hsdp_shape, "replica": replica_shape}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fsdp2Config:
+    """One FSDP2 setting an API's cases run under (the case field ``config``): how both models are built.
+
+    Attributes:
+        reference: what the hooked model is compared with, for messages; ``{mesh}`` is replaced by the mesh's
+            shape (``"2x2"``), and the reduced-precision claim is appended.
+        mesh: ``"pool"`` (``fully_shard`` on a 1-D mesh over the pool), ``"subgroup"`` (a 1-D mesh over this
+            rank's data-parallel subgroup), ``"hsdp"`` (a 2-D ``("replicate", "shard")`` mesh,
+            :func:`hsdp_shape`), ``"replica"`` (the same names, :func:`replica_shape`) or ``"replicate"``
+            (``replicate`` on FSDP2, over its own 1-D mesh of the pool).
+        hooked_dim: the mesh dimension the hooked model alone shards on (``"shard"``: FSDP2 then reduces
+            within it, and the hook across the other); ``None``: both models on the whole mesh.
+        divide_factor: ``set_gradient_divide_factor(divide_factor(world_size))`` on every FSDP module (on the
+            root alone with ``divide_root_only``); ``None``: FSDP2's own average.
+        force_sum: ``set_force_sum_reduction_for_comms(True)`` on every FSDP module.
+        reshard_after_forward: ``fully_shard(..., reshard_after_forward=...)`` on every unit; ``None``: FSDP2's
+            default (``True``). Where FSDP2 all-gathers again in the backward, it calls an all-gather comm again.
+        sync_setter: the ``FSDPModule`` setter that turns synchronisation off for an accumulation micro-batch:
+            the whole reduction (``set_requires_gradient_sync``: no reduce-scatter, no comm call) or, where
+            FSDP2 all-reduces across replicas, that all-reduce only (``set_requires_all_reduce``).
+    """
+
+    reference: str
+    mesh: str = "pool"
+    hooked_dim: Optional[str] = None
+    divide_factor: Optional[Callable[[int], float]] = None
+    divide_root_only: bool = False
+    force_sum: bool = False
+    reshard_after_forward: Optional[bool] = None
+    sync_setter: str = "set_requires_gradient_sync"
+
+    def shape(self, world_size: int) -> Optional[Tuple[int, ...]]:
+        """The device mesh's shape for ``world_size`` ranks (the subgroup's under ``"subgroup"``); ``None``
+        under ``replicate`` (its own mesh)."""
+        return None if self.mesh == "replicate" else MESH_SHAPES[self.mesh](world_size)
+
+    @property
+    def methods(self) -> Tuple[str, ...]:
+        """The ``FSDPModule`` methods the config calls, besides the API's setter."""
+        return (("set_gradient_divide_factor",) if self.divide_factor else ()) + \
+            (("set_force_sum_reduction_for_comms",) if self.force_sum else ())
+
+    def premul_sum(self, reduce_dtype: Optional[torch.dtype], param_dtype: torch.dtype = torch.float32) -> bool:
+        """Whether FSDP2 reduce-scatters with ``PREMUL_SUM(1/factor)`` here (``_get_gradient_divide_factors``):
+        a divide factor, no forced SUM, a float32 or bfloat16 reduce dtype, under ``fully_shard``."""
+        return (self.divide_factor is not None and not self.force_sum and self.mesh != "replicate"
+                and (reduce_dtype or param_dtype) in (torch.float32, torch.bfloat16))
+
+
+@dataclasses.dataclass(frozen=True)
+class Fsdp2Setup:
+    """An FSDP2 hook API, as both the suite's models and a reproducer build it.
+
+    Attributes:
+        setter: the ``FSDPModule`` method that installs the hook on one FSDP module (it does not recurse:
+            it is called on every one), e.g. ``"set_custom_reduce_scatter"``.
+        bind: ``bind(hook, state, name, mesh)``: the object the setter gets for the spec's ``hook`` (its
+            ``state`` factory, its ``name`` for messages, the case's device mesh, ``None`` under
+            ``replicate``): :func:`bind_comm`, :func:`bind_hook`, :func:`bind_to_replicas`.
+        configs: the API's configs by name (the case field ``config``).
+    """
+
+    setter: str
+    bind: Callable[[Any, Any, str, Any], Any]
+    configs: Mapping[str, Fsdp2Config]
+
+    def reference(self, config: str, world_size: int, claim: Optional[str]) -> str:
+        """What a case of ``config`` compares the hooked model with (``claim``: the reduce dtype's name)."""
+        layout = self.configs[config]
+        shape = layout.shape(world_size)
+        text = layout.reference.format(mesh="x".join(map(str, shape or (world_size,))))
+        return text + ("" if claim is None else f" with reduce_dtype={claim}")
+
+
+def make_comm(hook: Any, name: str) -> Any:
+    """A comm spec's comm: the object itself, or what its zero-argument factory (a comm class) returns.
+
+    Raises:
+        TypeError: the factory returned no ``ReduceScatter`` comm.
+    """
+    if not isinstance(hook, type) and callable(getattr(hook, "allocate", None)):
+        return hook
+    comm = hook()
+    if not callable(getattr(comm, "allocate", None)) or not callable(comm):
+        raise TypeError(f"the factory of hook {name!r} returned {comm!r}, not a ReduceScatter comm "
+                        "(an object with allocate() and __call__(output_tensor, input_tensor, group, op, async_op))")
+    return comm
+
+
+def bind_comm(hook: Any, state: Any, name: str, mesh: Any) -> Any:
+    """A custom comm: the spec's object, or what its factory makes (:func:`make_comm`), one for every module."""
+    return make_comm(hook, name)
+
+
+def bind_hook(hook: Any, state: Any, name: str, mesh: Any) -> Any:
+    """A hook FSDP2 calls as ``hook(tensor)``: the spec's hook itself."""
+    return hook
+
+
+def bind_to_replicas(hook: Any, state: Any, name: str, mesh: Any) -> Any:
+    """A replica all-reduce hook: ``hook(state, tensor)`` with ``state = STATE(the mesh's "replicate" group)``."""
+    return functools.partial(hook, state(mesh.get_group("replicate")))

@@ -1,0 +1,20 @@
+"""The replica all-reduce hook's FSDP2 setup (torch only): ``FSDPModule.set_all_reduce_hook`` on a 1-D shard mesh,
+where the hook is the whole reduction across replicas.
+
+Its ``SETUP`` is written into every reproducer of an ``fsdp2_replica`` case,
+after the FSDP2 part (``fsdp2_common/setup.py``, ``fsdp2_common/standalone.py``),
+and the suite's models read the same object
+(:class:`~conformance.apis.fsdp2_replica.models.ReplicaModels`). One config,
+``replica``: the reference is native HSDP on the replicas x shards mesh
+(:func:`~conformance.apis.fsdp2_common.setup.replica_shape`); the hooked model
+shards on its ``shard`` dimension alone, and the hook, ``hook(state, tensor)``
+with ``state = spec.state(replica_group)``, all-reduces across the replicas.
+"""
+
+from __future__ import annotations
+
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_to_replicas
+
+SETUP = Fsdp2Setup(setter="set_all_reduce_hook", bind=bind_to_replicas, configs={
+    "replica": Fsdp2Config("native HSDP on the {mesh} mesh", mesh="replica", hooked_dim="shard"),
+})

@@ -1,0 +1,371 @@
+"""Who is to blame for a case: one pure function over the case's runs.
+
+:func:`attribute` reads what a case did (the first run, then each replay it asked for, as :class:`Run` values)
+and the facts of the case (:class:`CaseFacts`), and returns an :class:`Attribution`: who is to blame
+(:class:`Blame`), why (its reason, the text the case ends with), which rule of the table below decided
+(:class:`Rule`) and the replay it needs next (:class:`Replay`; :attr:`Replay.NONE` once it is final). The runner
+(:meth:`conformance.controller.runner.Runner.run`) runs the replay asked for, appends its run, and asks again; it
+runs nothing else, and acts on the final attribution: the hook's fails the case, PyTorch's and "not applicable"
+skip it, the suite's and the machine's make it ``NOT RUN``, nobody's passes it.
+
+The rules, in the order they are read (each a :class:`Rule`):
+
+1. A rank that ended its own process during a case of a hook (an exit status of its own: ``sys.exit`` where
+   it ends the process, ``os._exit``) did so in the hook's code: the hook's doing, not run again
+   (:attr:`Rule.OWN_EXIT`). A rank killed by a signal (the machine's out-of-memory kill, a C++ abort's
+   ``SIGABRT``, ``SIGSEGV``) or lost (torchrun's, exit status unknown) may have died of something from before
+   the case: the case runs once more in fresh ranks (:attr:`Rule.DEATH_BY_SIGNAL`), once per hook, and the
+   second run is the case's (where no fresh ranks could start, the first stands).
+2. Where a rank raised, hung or died in the case's run: what the hook left behind fails it
+   (:attr:`Rule.RANK_PROBLEMS_AND_LEAKS`); a failure inside the suite's own reference replays the reference
+   alone (PyTorch's where it fails there too); else a hook's crash is replayed with PyTorch's own default hook
+   for the case, and is the machine's where that fails the same way (the ``CRASH_*`` rules).
+3. Where every rank finished: findings that hold whatever the hook is are not its failure (the hook never
+   called: not applicable; a rule of PyTorch's: PyTorch's; one of the suite's own: the suite's); findings that
+   name no cause of the hook's own may be PyTorch's (a reference caveat of this torch, or PyTorch's own
+   default hook showing the same difference: the ``DEFAULT_HOOK_*`` rules); other findings are the hook's.
+
+The module reads plain data only (:mod:`conformance.protocol`'s outcomes and findings): no torch of its own, no
+I/O. ``tests/test_attribution.py`` holds one row per rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from typing import Any, Dict, FrozenSet, Optional, Sequence, Tuple
+
+from conformance.controller import default_replay
+from conformance.protocol import LOST_CONTROLLER_EXIT_CODE, CaseResult, Finding, FindingKind, RankOutcome
+from conformance.reports.report import exception_line, failed_in_reference
+
+__all__ = ["Attribution", "Blame", "CaseFacts", "NOT_THE_HOOKS_RULES", "REPRODUCED", "Replay", "Rule",
+           "Run", "attribute", "case_run", "crash_signatures", "first_loss", "lost_a_rank", "own_exit"]
+
+
+class Blame(enum.Enum):
+    """Whose failure a case is, and so how it ends."""
+
+    NOBODY = "nobody"  # nothing failed: the case passes
+    HOOK = "the hook"  # the case fails
+    PYTORCH = "PyTorch"  # PyTorch cannot run the case, or its reference does not hold here: a skip
+    SUITE = "the suite"  # a rule the suite's own machinery relies on fails: NOT RUN, the run's failure
+    MACHINE = "the machine"  # the machine (or the suite, or this torch) cannot run it, whatever the hook: NOT RUN
+    NOT_APPLICABLE = "not applicable"  # the API never called the hook in this case: a skip
+
+
+class Replay(enum.Enum):
+    """A run of the case beside the first, that the attribution asks for."""
+
+    NONE = "none"  # nothing more: the attribution is final
+    CRASH_RERUN = "the case again, in fresh ranks"
+    REFERENCE = "the suite's reference alone, no hook"  # the case's parameters with ``reference_only=True``
+    DEFAULT_HOOK = "the case with PyTorch's own default hook in the hook's place, in ranks of its own"
+
+
+class Rule(enum.Enum):
+    """The row of the attribution table that decided (module docstring)."""
+
+    OWN_EXIT = "a rank ended its own process in the hook's case"
+    DEATH_BY_SIGNAL = "a rank died by a signal, or was lost"
+    RANK_PROBLEMS_AND_LEAKS = "a rank raised, hung or died, and the hook left its process changed"
+    REFERENCE_FAILED = "a rank failed inside the suite's reference"
+    REFERENCE_FAILS_ALONE = "the reference alone fails too"
+    REFERENCE_RUNS_ALONE = "the reference alone runs"
+    CRASH_NOT_REPLAYED = "a rank raised, hung or died; nothing to replay it with"
+    CRASH_OF_THE_DEFAULT_HOOK = "PyTorch's own default hook, under test, crashed"
+    CRASH = "a rank of the hook's case raised, hung or died"
+    CRASH_REPLAY_NOT_STARTED = "the default hook's replay could not start"
+    CRASH_SHARED = "the default hook fails the case the same way"
+    CRASH_OF_THE_HOOK = "the default hook runs the case, or fails it otherwise"
+    NEVER_CALLED = "the API never called the hook"
+    SUITE_RULE = "a rule the suite relies on fails"
+    PYTORCH_RULE = "a rule of PyTorch's fails"
+    REFERENCE_CAVEAT = "a reference caveat of this torch explains the difference"
+    DEFAULT_HOOK_ITSELF = "the hook is PyTorch's own default hook, exact until it returned"
+    DEFAULT_HOOK_DIFFERS = "findings that could be PyTorch's"
+    DEFAULT_HOOK_SAME = "the default hook shows the same difference"
+    DEFAULT_HOOK_NOT_SAME = "the default hook does not show the same difference"
+    FINDINGS = "the hook's findings"
+    CONFORMS = "no finding"
+
+
+#: Rules of findings that hold whatever the hook is: the case ends before the check's closing note is read.
+NOT_THE_HOOKS_RULES = frozenset({Rule.NEVER_CALLED, Rule.SUITE_RULE, Rule.PYTORCH_RULE})
+
+#: Rules after which a failure gets a standalone reproducer (under ``--write-reproducers``).
+REPRODUCED = frozenset({Rule.OWN_EXIT, Rule.CRASH_NOT_REPLAYED, Rule.CRASH_REPLAY_NOT_STARTED, Rule.CRASH_OF_THE_HOOK,
+                        Rule.FINDINGS, Rule.DEFAULT_HOOK_DIFFERS, Rule.DEFAULT_HOOK_NOT_SAME})
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of a case, as the attribution reads it.
+
+    Attributes:
+        replay: which run it is: :attr:`Replay.NONE` for the first, else the replay that asked for it.
+        result: every rank's outcome; ``None`` where its ranks could not start.
+        findings: what the run found, judged as the case judges them (every rank's findings, across ranks
+            where the check compares them, what the hook left in its ranks), where every rank finished.
+        not_started: why its ranks could not start (with ``result`` ``None``).
+    """
+
+    replay: Replay
+    result: Optional[CaseResult]
+    findings: Tuple[Finding, ...] = ()
+    not_started: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseFacts:
+    """What the attribution needs to know of a case beside its runs.
+
+    Attributes:
+        check: the rank check's registered name.
+        hook: the hook's spec name (``None``: a case of no hook).
+        what: the case, ``key=value`` words, for reasons (``check=parity model=m``).
+        known_failure: an expected failure (xfail): nothing is re-run or replayed, there being no red to avoid.
+        rerun_spent: the hook's one re-run in fresh ranks was spent on an earlier case.
+        replays_reference: the check can train its reference alone (``REPLAYS_REFERENCE``).
+        replays_default_hook: the check can be replayed with PyTorch's default hook (``REPLAYS_DEFAULT_HOOK``).
+        default_hook: PyTorch's own default hook for the case (``HookApi.default_hook``), ``None``: none.
+        is_default_hook: the hook under test is that very built-in hook.
+        torch_version: ``torch.__version__``.
+        params: the rank check's parameters (a reference caveat reads them).
+    """
+
+    check: str
+    hook: Optional[str]
+    what: str = ""
+    known_failure: bool = False
+    rerun_spent: bool = False
+    replays_reference: bool = False
+    replays_default_hook: bool = False
+    default_hook: Optional[str] = None
+    is_default_hook: bool = False
+    torch_version: str = ""
+    params: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribution:
+    """Who is to blame, why, and the replay needed before it is final.
+
+    Attributes:
+        blame: whose failure it is; ``None`` while :attr:`next` is to run.
+        rule: the table's row that decided.
+        reason: the skip's or ``NOT RUN``'s reason; for the hook's failure, the note that closes it (``""``: none).
+        next: the replay to run and append before asking again (:attr:`Replay.NONE`: final).
+        detail: what follows a ``NOT RUN`` reason (a rank's traceback, the other findings).
+    """
+
+    blame: Optional[Blame]
+    rule: Rule
+    reason: str = ""
+    next: Replay = Replay.NONE
+    detail: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.next is Replay.NONE
+
+
+# -- rank deaths -----------------------------------------------------------------------------------
+
+
+def _dead(o: RankOutcome) -> bool:
+    return not o.ok and (o.exit_code is not None or bool(o.lost))
+
+
+def lost_a_rank(result: CaseResult) -> bool:
+    """Whether a rank of ``result`` died or was lost (not one that raised or hung) and the pool was rebuilt."""
+    return result.pool_rebuilt and any(_dead(o) for o in result.outcomes)
+
+
+def own_exit(result: CaseResult) -> Optional[RankOutcome]:
+    """The first rank of ``result`` that ended its own process: an exit status of its own (0 or more, not a
+    signal's negative one), other than the suite's (:data:`LOST_CONTROLLER_EXIT_CODE`, a rank whose controller
+    is gone). Its code is no signal from the machine: in a case's rank, only the hook's code exits so (the
+    rank's own code reports a ``SystemExit`` that reaches it as a raise; PyTorch aborts, by ``SIGABRT``)."""
+    return next((o for o in result.outcomes if not o.ok and o.exit_code is not None and o.exit_code >= 0
+                 and o.exit_code != LOST_CONTROLLER_EXIT_CODE), None)
+
+
+def first_loss(result: CaseResult) -> Tuple[str, str]:
+    """The first dead or lost rank of ``result``: its summary line, and the first line of its output (``""``)."""
+    o = next(o for o in result.outcomes if _dead(o))
+    return o.summary(), next((line.strip() for line in (o.output or "").splitlines() if line.strip()), "")
+
+
+def _signature(o: RankOutcome, timed_out: bool) -> Tuple[str, ...]:
+    """How one rank did not finish: raised (phase, exception type, its line with addresses blanked), hung
+    (phase), died (phase, exit code) or was lost."""
+    if o.error is not None:
+        line = re.sub(r"0x[0-9a-fA-F]+", "0x...", exception_line(o.error))
+        return ("raised", o.phase, o.error_type or "", line)
+    if o.stack is not None or timed_out:
+        return ("hung", o.phase)
+    if o.exit_code is not None:
+        return ("died", o.phase, str(o.exit_code))
+    return ("lost", o.phase)
+
+
+def crash_signatures(result: CaseResult) -> FrozenSet[Tuple[str, ...]]:
+    """How the ranks of ``result`` that did not finish failed, as a set: two runs of a case failed the same
+    way where they share one."""
+    return frozenset(_signature(o, result.timed_out) for o in result.outcomes if not o.ok)
+
+
+def _describe(signature: Tuple[str, ...]) -> str:
+    kind, phase, *rest = signature
+    if kind == "raised":
+        what = f"raised {rest[-1]}"
+    elif kind == "died":
+        what = f"died (exit code {rest[0]})"
+    else:
+        what = "hung" if kind == "hung" else "was lost"
+    return f"a rank {what} during {phase!r}"
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+def _final(blame: Blame, rule: Rule, reason: str = "", detail: str = "") -> Attribution:
+    return Attribution(blame, rule, reason, Replay.NONE, detail)
+
+
+def _ask(replay: Replay, rule: Rule, reason: str) -> Attribution:
+    return Attribution(None, rule, reason, replay)
+
+
+def case_run(runs: Sequence[Run]) -> Run:
+    """The run whose outcome is the case's: the re-run in fresh ranks where one started, else the first."""
+    rerun = next((r for r in runs if r.replay is Replay.CRASH_RERUN and r.result is not None), None)
+    return rerun or runs[0]
+
+
+def _replay(runs: Sequence[Run], replay: Replay) -> Optional[Run]:
+    return next((r for r in runs if r.replay is replay), None)
+
+
+def attribute(facts: CaseFacts, runs: Sequence[Run]) -> Attribution:
+    """Who is to blame for the case ``facts`` whose runs so far are ``runs`` (the first, then each replay asked
+    for, in order), and the replay it needs next (module docstring: the table).
+
+    Raises:
+        ValueError: ``runs`` is empty, or its first run did not start (the runner ends such a case first).
+    """
+    if not runs or runs[0].result is None:
+        raise ValueError("a case's attribution needs its first run")
+    first = runs[0].result
+    if lost_a_rank(first) and not facts.known_failure and not facts.rerun_spent:
+        mine = own_exit(first) if facts.hook is not None else None
+        if mine is None and _replay(runs, Replay.CRASH_RERUN) is None:
+            return _ask(Replay.CRASH_RERUN, Rule.DEATH_BY_SIGNAL,
+                        f"{first_loss(first)[0]}: a death by a signal may come from before the case")
+    run = case_run(runs)
+    assert run.result is not None
+    if not run.result.all_ok:
+        return _rank_problems(facts, runs, run.result)
+    return _findings(facts, runs, list(run.findings))
+
+
+def _rank_problems(facts: CaseFacts, runs: Sequence[Run], result: CaseResult) -> Attribution:
+    """Rules 1 and 2: a rank of the case's run raised, hung or died."""
+    # an own exit in a re-run is told by the re-run's note (the rank problems), as any second run's failure
+    mine = own_exit(result) if facts.hook is not None and result is runs[0].result else None
+    if failed_in_reference(result) and facts.replays_reference:
+        alone = _replay(runs, Replay.REFERENCE)
+        if alone is None:
+            return _ask(Replay.REFERENCE, Rule.REFERENCE_FAILED, "a rank failed inside the suite's reference")
+        if alone.result is None:
+            return _final(Blame.HOOK, Rule.REFERENCE_RUNS_ALONE,
+                          f"(the reference alone could not be replayed: {alone.not_started})")
+        bad = [o for o in alone.result.outcomes if not o.ok]
+        if bad:
+            return _final(Blame.PYTORCH, Rule.REFERENCE_FAILS_ALONE,
+                          f"the suite's reference ({facts.what}, no hook under test) cannot run here with torch "
+                          f"{facts.torch_version}: rank {bad[0].rank} {bad[0].summary().split(': ', 1)[-1]}: "
+                          f"{exception_line(bad[0].error or bad[0].stack or '')}")
+        return _final(Blame.HOOK, Rule.REFERENCE_RUNS_ALONE,
+                      "(the reference trained alone, with no hook, runs here: the failure above comes from "
+                      "training it beside the hooked model)")
+    if result.leak_findings():
+        return _final(Blame.HOOK, Rule.RANK_PROBLEMS_AND_LEAKS, _own_exit_note(mine) if mine is not None else "")
+    if facts.hook is None or facts.known_failure or facts.default_hook is None:
+        rule = Rule.OWN_EXIT if mine is not None else Rule.CRASH_NOT_REPLAYED
+        return _final(Blame.HOOK, rule, _own_exit_note(mine) if mine is not None else "")
+    name, shapes = facts.default_hook, crash_signatures(result)
+    whose = f"the run's failure (this machine's, the suite's or torch {facts.torch_version}'s), not the hook's"
+    if facts.is_default_hook:
+        return _final(Blame.MACHINE, Rule.CRASH_OF_THE_DEFAULT_HOOK,
+                      f"PyTorch's own default hook for this case ({name}, the hook under test) cannot run it here: "
+                      f"{_describe(min(shapes))}; {whose}")
+    replayed = _replay(runs, Replay.DEFAULT_HOOK)
+    if replayed is None:
+        return _ask(Replay.DEFAULT_HOOK, Rule.OWN_EXIT if mine is not None else Rule.CRASH,
+                    _own_exit_note(mine) if mine is not None else "a rank of the hook's case raised, hung or died")
+    lead = (_own_exit_note(mine) + "\n") if mine is not None else ""
+    if replayed.result is None:
+        return _final(Blame.HOOK, Rule.CRASH_REPLAY_NOT_STARTED,
+                      f"{lead}(PyTorch's own default hook for this case, {name}, could not be replayed: "
+                      f"{replayed.not_started})")
+    theirs = crash_signatures(replayed.result)
+    same = shapes & theirs
+    if same:
+        return _final(Blame.MACHINE, Rule.CRASH_SHARED,
+                      f"PyTorch's own default hook for this case ({name}), replayed in ranks of its own, fails it "
+                      f"the same way: {_describe(min(same))}; {whose}")
+    how = "runs it to the end" if not theirs else f"fails it otherwise ({_describe(min(theirs))})"
+    return _final(Blame.HOOK, Rule.CRASH_OF_THE_HOOK,
+                  f"{lead}(PyTorch's own default hook for this case, {name}, replayed in ranks of its own, {how}: "
+                  "what failed above is this hook's doing)")
+
+
+def _own_exit_note(o: RankOutcome) -> str:
+    return (f"(rank {o.rank} ended its own process, exit status {o.exit_code}, in the hook's case: an exit of the "
+            "process's own making is the hook's doing, so the case was not run again in fresh ranks; only a "
+            "death by a signal is)")
+
+
+def _findings(facts: CaseFacts, runs: Sequence[Run], found: Sequence[Finding]) -> Attribution:
+    """Rule 3: every rank of the case's run finished; ``found`` is what it found."""
+    if found and all(f.kind == FindingKind.NOT_APPLICABLE for f in found):
+        return _final(Blame.NOT_APPLICABLE, Rule.NEVER_CALLED,
+                      f"ran, and matched, but the hook was never called: {found[0].message}")
+    if found and all(f.kind in (FindingKind.PYTORCH_CHANGED, FindingKind.SUITE) for f in found):
+        said = list(dict.fromkeys(f.message for f in found))  # every rank says the same: once each
+        suites = [f.message for f in found if f.kind == FindingKind.SUITE]
+        if suites:
+            return _final(Blame.SUITE, Rule.SUITE_RULE,
+                          f"a rule that holds whatever the hook is, and that the suite's other checks rely on, "
+                          f"fails here: {suites[0]}", detail="\n".join(m for m in said if m != suites[0]))
+        return _final(Blame.PYTORCH, Rule.PYTORCH_RULE, " ".join(said))
+    if not found:
+        return _final(Blame.NOBODY, Rule.CONFORMS)
+    if not (facts.replays_default_hook and default_replay.could_be_pytorchs(found) and not facts.known_failure):
+        return _final(Blame.HOOK, Rule.FINDINGS)
+    version = facts.torch_version
+    caveat = default_replay.caveat_for(facts.check, facts.params, found, version)
+    if caveat is not None:
+        return _final(Blame.PYTORCH, Rule.REFERENCE_CAVEAT, default_replay.caveat_reason(caveat, found, version))
+    name, returned = facts.default_hook, default_replay.after_the_hook_returned(found)
+    if name is None:
+        return _final(Blame.HOOK, Rule.FINDINGS)
+    if facts.is_default_hook:  # the evidence is this very failure
+        if returned:
+            return _final(Blame.PYTORCH, Rule.DEFAULT_HOOK_ITSELF,
+                          default_replay.default_hook_reason(name, found, version, itself=True))
+        return _final(Blame.HOOK, Rule.FINDINGS)
+    replayed = _replay(runs, Replay.DEFAULT_HOOK)
+    if replayed is None:
+        return _ask(Replay.DEFAULT_HOOK, Rule.DEFAULT_HOOK_DIFFERS,
+                    "no finding names a cause of the hook's own: the difference could be PyTorch's")
+    all_ok = replayed.result is not None and replayed.result.all_ok
+    theirs = list(replayed.findings) if all_ok else []
+    if all_ok and default_replay.same_difference(found, theirs):
+        return _final(Blame.PYTORCH, Rule.DEFAULT_HOOK_SAME,
+                      default_replay.default_hook_reason(name, found, version, itself=False))
+    note = "  " + default_replay.default_hook_note(name, theirs, all_ok) if returned else ""
+    return _final(Blame.HOOK, Rule.DEFAULT_HOOK_NOT_SAME, note)

@@ -20,7 +20,9 @@ import ast
 import builtins
 import importlib
 import inspect
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+import torch
 
 __all__ = ["written_code"]
 
@@ -95,10 +97,70 @@ def _without_docstrings(node: ast.stmt, lines: List[str]) -> List[str]:
     return out
 
 
-def _definitions(module_name: str) -> List[_Definition]:
-    """Every module-level statement of ``module_name`` but its docstring and ``from __future__``."""
+def _case_constant(test: ast.expr, case: Optional[Dict[str, Any]], constants: Dict[str, Any]) -> Optional[bool]:
+    """The truth of an ``if`` test that reads ``CASE`` and nothing else but torch's dtypes and the module's
+    literal constants (``constants``), evaluated on ``case``; ``None`` where it reads anything else or calls
+    anything but ``.get``."""
+    if case is None:
+        return None
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    calls = [n for n in ast.walk(test) if isinstance(n, ast.Call)]
+    if "CASE" not in names or not names <= {"CASE", "torch", *constants} or \
+            any(not (isinstance(c.func, ast.Attribute) and c.func.attr == "get") for c in calls):
+        return None
+    try:
+        return bool(eval(compile(ast.Expression(test), "<case>", "eval"),
+                         {"__builtins__": {}, **constants, "CASE": case, "torch": torch}))
+    except Exception:  # noqa: BLE001 - not decidable from the case: the file keeps the test
+        return None
+
+
+def _literal_constants(module: Any) -> Dict[str, Any]:
+    """The module's globals bound to a string, number, ``None`` or dtype (a config's name, a factor)."""
+    return {k: v for k, v in vars(module).items()
+            if not k.startswith("__") and (v is None or isinstance(v, (str, int, float, torch.dtype)))}
+
+
+def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[str, Any]) -> str:
+    """``source`` with every ``if`` (or ``elif``) whose test reads only ``CASE`` replaced by the branch the case
+    takes, the file holds its case's path alone: a top ``if`` by its branch's body, dedented into place; an
+    ``elif`` by an ``else`` holding that body, or by nothing."""
+    while True:
+        lines = source.splitlines()
+        found = next(((n, v) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.If)
+                      for v in [_case_constant(n.test, case, constants)] if v is not None), None)
+        if found is None:
+            return source
+        node, value = found
+        first = lines[node.lineno - 1]
+        indent = first[:len(first) - len(first.lstrip())]
+        is_elif = first.lstrip().startswith("elif")
+        body = lines[node.body[0].lineno - 1:node.body[-1].end_lineno]
+        rest = lines[node.orelse[0].lineno - 1:node.orelse[-1].end_lineno] if node.orelse else []
+        rest_is_elif = bool(rest) and rest[0].lstrip().startswith("elif")
+        if value:
+            kept = [indent + "else:"] + body if is_elif else _dedented(body, len(indent))
+        elif rest_is_elif:
+            kept = rest if is_elif else [rest[0].replace("elif", "if", 1)] + rest[1:]
+        elif rest:
+            kept = [indent + "else:"] + rest if is_elif else _dedented(rest, len(indent))
+        else:
+            kept = []
+        end = (node.orelse[-1] if node.orelse else node.body[-1]).end_lineno
+        source = "\n".join(lines[:node.lineno - 1] + kept + lines[end:]) + "\n"
+
+
+def _dedented(lines: List[str], indent: int) -> List[str]:
+    """``lines`` (a block's) moved to ``indent``, from wherever their first line stands."""
+    by = (len(lines[0]) - len(lines[0].lstrip())) - indent if lines else 0
+    return [line[by:] if line[:by].strip() == "" else line for line in lines]
+
+
+def _definitions(module_name: str, case: Optional[Dict[str, Any]] = None) -> List[_Definition]:
+    """Every module-level statement of ``module_name`` but its docstring and ``from __future__``, each ``if``
+    on ``CASE`` replaced by the branch ``case`` takes (:func:`_specialised`)."""
     module = importlib.import_module(module_name)
-    source = inspect.getsource(module)
+    source = _specialised(inspect.getsource(module), case, _literal_constants(module))
     lines = source.splitlines()
     out = []
     for node in ast.parse(source).body:
@@ -111,30 +173,52 @@ def _definitions(module_name: str) -> List[_Definition]:
     return out
 
 
-def _pruned_class(definition: _Definition, model: Optional[type], attrs: Set[str], supers: Set[str]) -> str:
-    """The base class's text with only the methods ``model`` inherits from it (or calls on ``super()``) and some
-    written code names; class-level annotations without a value, and values no code reads, dropped."""
-    node = definition.node
-    base = getattr(importlib.import_module(definition.module), node.name)
-    lines = inspect.getsource(importlib.import_module(definition.module)).splitlines()
-    kept: List[str] = [lines[node.lineno - 1]]
-    for member in node.body:
-        name = getattr(member, "name", None) or next(iter(_bound_names(member)), None)
-        if name is None or (isinstance(member, ast.Expr)):
-            continue
-        owner = next((c for c in (model.__mro__ if model else ()) if name in vars(c)), None)
-        inherited = owner is base or name in supers
-        if name in _CALLED_IMPLICITLY:
-            wanted = inherited
-        else:
-            wanted = inherited and name in attrs
-        if isinstance(member, ast.AnnAssign) and member.value is None:
-            wanted = False
-        if wanted:
-            kept.extend(_without_docstrings(member, lines))
-    if len(kept) == 1:
-        kept.append(" " * (node.col_offset + 4) + "pass")
-    return "\n".join(kept)
+def _member_name(member: ast.stmt) -> Optional[str]:
+    if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return member.name
+    if isinstance(member, ast.Assign) and len(member.targets) == 1 and isinstance(member.targets[0], ast.Name):
+        return member.targets[0].id
+    if isinstance(member, ast.AnnAssign) and member.value is not None and isinstance(member.target, ast.Name):
+        return member.target.id
+    return None  # a docstring, a bare annotation: left out
+
+
+class _Pruned:
+    """A class of the model's ancestry, written with the members the file's code reaches only."""
+
+    def __init__(self, definition: _Definition, cls: type, model: type):
+        self.definition, self.cls, self.model = definition, cls, model
+        node = definition.node
+        self.members = [(m, _member_name(m)) for m in node.body]
+        self.kept: Set[int] = set()
+        header = ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords, body=[],
+                              decorator_list=node.decorator_list)
+        self.reads = _read_names(header)[0]  # its bases and decorators
+
+    def owner(self, name: str) -> Optional[type]:
+        return next((c for c in self.model.__mro__ if name in vars(c)), None)
+
+    def wanted(self, k: int, attrs: Set[str], supers: Set[str]) -> bool:
+        """Whether member ``k`` runs: the model takes it from this class and some code names it (or Python and
+        PyTorch call it: ``forward``, ``__init__``), or the class that hides it calls it on ``super()``."""
+        name = self.members[k][1]
+        if name is None:
+            return False
+        if self.owner(name) is self.cls:
+            return name in attrs or name in _CALLED_IMPLICITLY
+        return name in supers
+
+    def text(self, lines: List[str]) -> str:
+        node = self.definition.node
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        out = lines[start - 1:node.body[0].lineno - 1]
+        while out and not out[-1].rstrip().endswith(":"):  # a docstring's first line left on the header
+            out.pop()
+        for k in sorted(self.kept):
+            out.extend(_without_docstrings(self.members[k][0], lines))
+        if not self.kept:
+            out.append(" " * (node.col_offset + 4) + "pass")
+        return "\n".join(out)
 
 
 def _import_lines(node: ast.stmt, used: Set[str], bound: Set[str]) -> List[str]:
@@ -151,40 +235,66 @@ def _import_lines(node: ast.stmt, used: Set[str], bound: Set[str]) -> List[str]:
 
 
 def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterable[str] = (),
-                 model: Optional[type] = None, prune: Sequence[type] = ()) -> Tuple[List[str], Dict[str, List[str]]]:
+                 model: Optional[type] = None, prune: Sequence[type] = (), also_reads: str = "",
+                 case: Optional[Dict[str, Any]] = None) -> Tuple[List[str], Dict[str, List[str]]]:
     """``(imports, definitions by module)``: the import lines and the definitions (each a text) of ``modules``
     that the names ``roots`` reach, following the global names each definition reads; each module's in its
     own order (a base class before its subclass, a constant before the code that reads it when the module
     runs).
 
     ``provided``: names the file binds itself (not looked up). ``model``: the model class the file trains,
-    whose inherited methods decide what is kept of the classes in ``prune``. A name bound in two modules takes
+    whose methods decide what is kept of the classes in ``prune`` (a method the model takes from another
+    class, or that no written code names, is left out). ``also_reads``: code the file holds beside the
+    definitions (the writer's bindings), whose names and attributes are followed too. ``case``: the file's
+    ``CASE``; an ``if`` on it alone is written as the branch the case takes. A name bound in two modules takes
     the later module's definition (an API's part may override a shared helper's).
     """
     table: Dict[str, _Definition] = {}
     order: List[_Definition] = []
     for module_name in modules:
-        for definition in _definitions(module_name):
+        for definition in _definitions(module_name, case):
             order.append(definition)
             for name in definition.binds:
                 table[name] = definition
+    prunable = {(c.__module__, c.__name__): c for c in prune}
     skip = set(provided) | set(dir(builtins))
     seen: Set[int] = set()
+    pruned: Dict[int, _Pruned] = {}
     reads: Set[str] = set()
     attrs: Set[str] = set()
     supers: Set[str] = set()
-    todo = list(roots)
+    extra = ast.parse(also_reads or "None")
+    attrs |= {n.attr for n in ast.walk(extra) if isinstance(n, ast.Attribute)}
+    todo = [*roots, *(n.id for n in ast.walk(extra) if isinstance(n, ast.Name))]
     while todo:
-        name = todo.pop()
-        definition = table.get(name)
-        if name in skip or definition is None or id(definition) in seen:
-            continue
-        seen.add(id(definition))
-        reads |= definition.reads
-        attrs |= definition.attrs
-        supers |= definition.supers
-        todo.extend(definition.reads)
-    pruned = {c.__name__ for c in prune}
+        while todo:
+            name = todo.pop()
+            definition = table.get(name)
+            if name in skip or definition is None or id(definition) in seen:
+                continue
+            seen.add(id(definition))
+            cls = prunable.get((definition.module, name))
+            if cls is not None and model is not None:
+                pruned[id(definition)] = _Pruned(definition, cls, model)
+                found = (pruned[id(definition)].reads, set(), set())
+            else:
+                found = (definition.reads, definition.attrs, definition.supers)
+            reads |= found[0]
+            attrs |= found[1]
+            supers |= found[2]
+            todo.extend(found[0])
+        for part in pruned.values():  # the members the code reached so far runs: what they read runs too
+            for k, (member, _) in enumerate(part.members):
+                if k not in part.kept and part.wanted(k, attrs, supers):
+                    part.kept.add(k)
+                    member_reads, member_attrs, member_supers = _read_names(member)
+                    reads |= member_reads
+                    attrs |= member_attrs
+                    supers |= member_supers
+                    todo.extend(member_reads)
+        if not todo and any(k not in p.kept and p.wanted(k, attrs, supers)
+                            for p in pruned.values() for k in range(len(p.members))):
+            todo.append("")  # one more round: a member reached another
     imports: List[str] = []
     bound = set(provided)
     texts: Dict[str, List[str]] = {m: [] for m in modules}
@@ -193,8 +303,10 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
             continue
         if definition.is_import:
             imports.extend(_import_lines(definition.node, reads, bound))
-        elif isinstance(definition.node, ast.ClassDef) and definition.node.name in pruned:
-            texts[definition.module].append(_pruned_class(definition, model, attrs, supers))
+        elif id(definition) in pruned:
+            module = importlib.import_module(definition.module)
+            lines = _specialised(inspect.getsource(module), case, _literal_constants(module)).splitlines()
+            texts[definition.module].append(pruned[id(definition)].text(lines))
         else:
             texts[definition.module].append("\n".join(definition.text))
     return imports, texts

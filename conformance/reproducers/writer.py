@@ -126,8 +126,7 @@ def _head(spec: Any, target: str, imports_of_code: Sequence[str] = ()) -> str:
         "import os",
         "import sys",
         "",
-        "# As `python -m` does: the working directory first on the import path, so the hook's module imports",
-        "# from where the file is run (the suite ran the case from there).",
+        "# As `python -m` does: the working directory first on the import path (the suite ran the case from there).",
         "sys.path.insert(0, os.getcwd())",
         hint_literal,
         "",
@@ -200,15 +199,21 @@ def _rule(title: str) -> str:
     return head + "-" * max(3, 110 - len(head))
 
 
-def _literal(case: Dict[str, Any]) -> str:
-    """``CASE = {...}``, one key a line; a dtype as ``torch.<name>``."""
-    lines = []
+def _text(value: Any) -> str:
+    """``repr(value)``; a dtype as ``torch.<name>``."""
+    return f"torch.{str(value).rsplit('.', 1)[-1]}" if isinstance(value, torch.dtype) else repr(value)
+
+
+def _literal(case: Dict[str, Any], width: int = 110) -> str:
+    """``CASE = {...}``, as many keys a line as fit in ``width`` columns, a long value on a line of its own (a
+    hard-input case's ``inputs``); a dtype as ``torch.<name>``."""
+    lines: List[str] = []
     for key, value in case.items():
-        if isinstance(value, torch.dtype):
-            text = f"torch.{str(value).rsplit('.', 1)[-1]}"
+        item = f"{key!r}: {_text(value)},"
+        if lines and len(lines[-1]) + 1 + len(item) <= width and len(item) < width // 2:
+            lines[-1] += " " + item
         else:
-            text = repr(value)
-        lines.append(f"    {key!r}: {text},")
+            lines.append("    " + item)
     return "CASE = {\n" + "\n".join(lines) + "\n}"
 
 
@@ -238,35 +243,35 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
                     f"It needs commhook-conformance installed: {why}")
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
-    imports, code, bindings = _written_code(case, model_cls, api.standalone_modules)
-    shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)][:4]
-    found = "\n".join(f"    {line}" for text in shown for line in text.splitlines()[:2])
+    constants = _constants(case, api.standalone_modules)
+    imports, code, bindings = _written_code(case, model_cls, api.standalone_modules, tuple(constants))
+    shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)]
+    found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
+                      + (["    ..."] if len(shown) > 2 else []))
     parts = [
         "#!/usr/bin/env python3",
         f'"""Standalone reproducer of {case_id}\n\n'
         f"{header}\n{found}\n\n"
-        f"Run it from the directory the hook's module imports from:\n"
+        "Run it from the directory the hook's module imports from (exit status 1: the difference reproduces,\n"
+        "0: it does not, 2: it could not run, the error named); it prints each rank's first difference and a verdict:\n"
         f"    python {{file}}                   starts its {world_size} ranks (CPU: gloo; CUDA: NCCL, one GPU each)\n"
         f"    python {{file}} --without-hook    both copies native: must find no difference\n"
         f"    torchrun --nproc-per-node {world_size} {{file}}   as torchrun's workers (torchrun exits 1 on any failure)\n"
-        "It trains the model with the hook and without it side by side, as the suite did, prints the\n"
-        "first differing parameter on each rank, then one verdict line. Exit status of python FILE:\n"
-        "1 the difference reproduces, 0 it does not, 2 it could not run (the error is named).\n\n"
-        f"{imports_line}; of the suite's model, the API's build ({api.installed_with})\n"
-        f"and the loop, what this case runs is written in below. Written by commhook-conformance with torch "
-        f"{torch.__version__}.\nRe-run the case in the suite:\n    {rerun}\n"
+        f"{imports_line}. Of the suite's model, {api.name}'s build\n({api.installed_with}) and lock-step "
+        f"loop, what this case runs is written in below\n(commhook-conformance, torch {torch.__version__}). "
+        f"Re-run the case in the suite:\n    {rerun}\n"
         '"""',
         "from __future__ import annotations",
         _rule("the hook under test"),
         _head(spec, target, imports),
         _rule("the case"),
-        _literal(case),
+        "\n".join([_literal(case), *(f"{name} = {_text(value)}" for name, value in constants.items())]),
     ]
-    for title, module in _sections(model_cls, api):
-        if code.get(module):
-            parts.extend([_rule(title.format(module=module.replace(".", "/").replace("conformance/models", "models")
-                                             + ".py")), *code[module]])
-        if module == model_cls.__module__:
+    for title, modules in _sections(model_cls, api):
+        texts = [text for module in modules for text in code.get(module, [])]
+        if texts:
+            parts.extend([_rule(title), *texts])
+        if model_cls.__module__ in modules:
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend([bindings, 'if __name__ == "__main__":\n    run()'])
     return "\n\n".join(parts).replace("{file}", path) + "\n"
@@ -286,19 +291,37 @@ def _model_modules(model_cls: type) -> List[str]:
     return out
 
 
-def _sections(model_cls: type, api: Any) -> List[Tuple[str, str]]:
-    """``(heading, module)`` of each part of the file's code, in the order a reader meets them."""
-    model = [(f"the model: {model_cls.__name__} ({{module}}, as the suite builds it)", m)
-             for m in _model_modules(model_cls)]
-    return [*model,
-            *((f"how the suite builds {api.name}'s models ({{module}})", m) for m in api.standalone_modules),
-            ("the training loop ({module})", standalone_main.__name__),
-            ("the comparison, bit for bit ({module})", "conformance.shared.standalone_compare"),
-            ("the inputs ({module})", "conformance.shared.standalone_inputs"),
-            ("the launcher: python FILE starts the ranks ({module})", "conformance.shared.standalone_launch")]
+def _path(module: str) -> str:
+    """A module's file as the repository has it (``models/nested.py``, ``conformance/apis/ddp/standalone.py``)."""
+    return module.replace(".", "/").replace("conformance/models/", "models/") + ".py"
 
 
-def _written_code(case: Dict[str, Any], model_cls: type, standalone: Sequence[str]
+def _sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
+    """``(heading, modules)`` of each part of the file's code, in the order a reader meets them."""
+    models = _model_modules(model_cls)
+    loop = (standalone_main.__name__, *standalone_main.PIECES[:-2])
+    return [(f"the model: {model_cls.__name__} ({', '.join(_path(m) for m in models[::-1])}, as the suite builds it)",
+             models),
+            (f"how the suite builds {api.name}'s models ({', '.join(map(_path, api.standalone_modules))})",
+             api.standalone_modules),
+            (f"the lock-step loop ({', '.join(_path(m).rpartition('/')[2] for m in loop)} of conformance/shared)",
+             loop),
+            (f"the launcher: python FILE starts the ranks ({_path(standalone_main.PIECES[-2])})",
+             standalone_main.PIECES[-2:-1])]
+
+
+def _constants(case: Dict[str, Any], standalone: Sequence[str]) -> Dict[str, Any]:
+    """What the API's standalone part binds beside the case (its ``reproducer_constants(case)``: DDP's constructor
+    keywords of the case's config)."""
+    out: Dict[str, Any] = {}
+    for name in standalone:
+        module = importlib.import_module(name)
+        if hasattr(module, "reproducer_constants"):
+            out.update(module.reproducer_constants(case))
+    return out
+
+
+def _written_code(case: Dict[str, Any], model_cls: type, standalone: Sequence[str], constants: Sequence[str] = ()
                   ) -> Tuple[List[str], Dict[str, List[str]], str]:
     """``(imports, code by module, bindings)``: of the model's modules, the loop's pieces and the API's
     standalone part, only what the case runs (:func:`conformance.reproducers.sources.written_code`, from
@@ -308,7 +331,9 @@ def _written_code(case: Dict[str, Any], model_cls: type, standalone: Sequence[st
     loss = standalone_inputs.loss_of(case)
     roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss])]
     modules = [*_model_modules(model_cls), *standalone_main.PIECES, *standalone]
-    imports, code = written_code(roots, modules, provided=PROVIDED, model=model_cls, prune=[ReferenceModel])
+    prune = [c for c in model_cls.__mro__ if c.__module__.startswith("conformance.models")]
+    imports, code = written_code(roots, modules, provided=(*PROVIDED, *constants), model=model_cls, prune=prune,
+                                 also_reads=f"{step_inputs}, {loss}", case=case)
     return _merged(imports), code, f"STEP_INPUTS, LOSS = {step_inputs}, {loss}"
 
 
@@ -325,7 +350,9 @@ def _merged(imports: Sequence[str]) -> List[str]:
             froms[module].extend(names.split(", "))
         else:
             out.append(line)
-    return [f"from {line} import {', '.join(froms[line])}" if line in froms else line for line in out]
+    lines = [f"from {line} import {', '.join(sorted(froms[line]))}" if line in froms else line for line in out]
+    return sorted(lines, key=lambda line: (line.split()[1].startswith("torch"), line.startswith("from"),
+                                           line.split()[1]))
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

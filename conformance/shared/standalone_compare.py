@@ -34,53 +34,45 @@ def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+#: The integer dtype of each floating dtype's width, to read its stored bits.
+_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _bits(value: torch.Tensor) -> str:
     """The stored bits of a one-element floating tensor, in hex, as wide as its dtype."""
     size = value.element_size()
-    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    raw = int(value.reshape(1).view(ints[size])[0])
-    return f"0x{raw & ((1 << (8 * size)) - 1):0{2 * size}x}"
+    return f"0x{int(value.reshape(1).view(_INTS[size])[0]) & ((1 << (8 * size)) - 1):0{2 * size}x}"
 
 
 def _short(value: torch.Tensor) -> str:
-    """The shortest decimal that reads back as ``value``'s bits in its own dtype (``-0.33552012``)."""
+    """The shortest decimal that reads back as ``value``'s bits in its own dtype (``-0.33552012``); NaN and
+    infinities as ``repr``."""
     number = float(value)
-    if number != number or number in (float("inf"), float("-inf")):
-        return repr(number)
-    for digits in range(1, 18):
-        text = f"{number:.{digits}g}"
-        if _bits(torch.tensor(float(text), dtype=value.dtype)) == _bits(value):
-            return text
-    return repr(number)
+    finite = number == number and abs(number) != float("inf")
+    texts = (f"{number:.{digits}g}" for digits in range(1, 18) if finite)
+    return next((t for t in texts if _bits(torch.tensor(float(t), dtype=value.dtype)) == _bits(value)), repr(number))
 
 
 def first_difference(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor]) -> Optional[str]:
     """Why ``actual`` (hooked) is not bitwise equal to ``expected`` (native), or ``None``; NaN equals NaN,
     ``-0.0`` is not ``+0.0`` (the suite's ``compare_bitwise``)."""
     if actual is None or expected is None:
-        if actual is None and expected is None:
-            return None
         hooked, native = ("None" if t is None else "set" for t in (actual, expected))
-        return f"is {hooked} with the hook but {native} natively"
+        return None if actual is expected else f"is {hooked} with the hook but {native} natively"
     a, e = actual.detach().cpu(), expected.detach().cpu()
-    if a.dtype != e.dtype:
-        return f"dtype {a.dtype} with the hook, {e.dtype} natively"
-    if a.shape != e.shape:
-        return f"shape {tuple(a.shape)} with the hook, {tuple(e.shape)} natively"
-    if not a.is_floating_point():
-        differ = a != e
-    else:
-        ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        differ = (a.view(ints) != e.view(ints)) & ~(torch.isnan(a) & torch.isnan(e))
+    if a.dtype != e.dtype or a.shape != e.shape:
+        return (f"dtype {a.dtype} with the hook, {e.dtype} natively" if a.dtype != e.dtype else
+                f"shape {tuple(a.shape)} with the hook, {tuple(e.shape)} natively")
+    floating = a.is_floating_point()
+    ints = _INTS.get(a.element_size())
+    differ = ((a.view(ints) != e.view(ints)) & ~(torch.isnan(a) & torch.isnan(e))) if floating else a != e
     if not bool(differ.any()):
         return None
     flat = int(differ.reshape(-1).nonzero()[0])
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else ()
     got, want = a.reshape(-1)[flat], e.reshape(-1)[flat]
-    if a.is_floating_point():
-        text = f"got {_short(got)} ({_bits(got)}), but expected {_short(want)} ({_bits(want)})"
-    else:
-        text = f"got {got.item()!r}, but expected {want.item()!r}"
+    text = (f"got {_short(got)} ({_bits(got)}), but expected {_short(want)} ({_bits(want)})" if floating else
+            f"got {got.item()!r}, but expected {want.item()!r}")
     return f"first difference at index {index}: {text}; {int(differ.sum())} of {a.numel()} elements differ"
 
 

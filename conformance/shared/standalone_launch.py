@@ -38,69 +38,48 @@ def select_backend(cuda_available: bool, gpu_count: int, local_world_size: int) 
     (``LOCAL_RANK``), where CUDA is available with a GPU for each of this machine's ``local_world_size`` ranks;
     else ``("gloo", "cpu")``. The suite places its pools the same way (``Settings.placement``: a world size
     larger than the GPUs runs on CPU ranks, gloo)."""
-    if cuda_available and gpu_count >= local_world_size:
-        return "nccl", "cuda"
-    return "gloo", "cpu"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ("nccl", "cuda") if cuda_available and gpu_count >= local_world_size else ("gloo", "cpu")
 
 
 def _stop(procs: List[subprocess.Popen]) -> None:
-    """SIGTERM every rank still running, then SIGKILL any left after 5 s."""
+    """SIGKILL every rank still running (it waits in a collective another rank left), and reap each."""
     for p in procs:
         if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + 5
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
             p.kill()
-            p.wait()
+        p.wait()
 
 
 def combine(codes: List[Optional[int]]) -> Tuple[int, List[str]]:
     """The launcher's exit status from its ranks' (``None``: stopped by the launcher after another rank's
     verdict), and the lines to print for ranks that died without one (a signal, an unexpected status):
     1 where any rank saw the difference, 0 where every rank saw none, else 2."""
-    if REPRODUCED in codes:
-        return REPRODUCED, []
-    if all(c == NOT_REPRODUCED for c in codes):
-        return NOT_REPRODUCED, []
-    lines = []
-    for rank, code in enumerate(codes):
-        if code is not None and code < 0:
-            lines.append(f"could not run: rank {rank} was killed by signal {signal.Signals(-code).name}")
-        elif code not in (None, NOT_REPRODUCED, REPRODUCED, COULD_NOT_RUN):
-            lines.append(f"could not run: rank {rank} exited with status {code}")
-    return COULD_NOT_RUN, lines
+    if REPRODUCED in codes or all(c == NOT_REPRODUCED for c in codes):
+        return (REPRODUCED if REPRODUCED in codes else NOT_REPRODUCED), []
+    return COULD_NOT_RUN, [f"could not run: rank {rank} was killed by signal {signal.Signals(-code).name}"
+                           if code < 0 else f"could not run: rank {rank} exited with status {code}"
+                           for rank, code in enumerate(codes)
+                           if code not in (None, NOT_REPRODUCED, REPRODUCED, COULD_NOT_RUN)]
 
 
 def launch(argv: List[str]) -> int:
     """``python FILE.py``: start the case's ranks on this machine, one process each running this file as a
     worker (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` / ``MASTER_PORT`` on loopback, as torchrun sets them), and
-    return their verdict (:func:`combine`). CPU ranks see no GPU (``CUDA_VISIBLE_DEVICES=""``), as the suite's."""
-    world_size = CASE["world_size"]
-    backend, device = select_backend(torch.cuda.is_available(), torch.cuda.device_count(), world_size)
-    port = _free_port()
-    procs: List[subprocess.Popen] = []
-    for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        if device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(sys.argv[0]), *argv], env=env))
-    deadline = None
+    return their verdict (:func:`combine`). CPU ranks see no GPU (``CUDA_VISIBLE_DEVICES=""``), as the suite's.
+    Once a rank ends with a verdict other than "no difference", the others get :data:`GRACE_S` to end."""
+    n = CASE["world_size"]
+    with socket.socket() as s:  # a free port on loopback
+        s.bind(("127.0.0.1", 0))
+        env = dict(os.environ, WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(s.getsockname()[1]))
+    if select_backend(torch.cuda.is_available(), torch.cuda.device_count(), n)[1] == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(sys.argv[0]), *argv],
+                              env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))) for rank in range(n)]
+    deadline = float("inf")
     try:
-        while any(p.poll() is None for p in procs):
-            if deadline is None and any(p.poll() not in (None, NOT_REPRODUCED) for p in procs):
+        while any(p.poll() is None for p in procs) and time.monotonic() <= deadline:
+            if deadline == float("inf") and any(p.poll() not in (None, NOT_REPRODUCED) for p in procs):
                 deadline = time.monotonic() + GRACE_S
-            if deadline is not None and time.monotonic() > deadline:
-                break
             time.sleep(0.05)
     except KeyboardInterrupt:
         _stop(procs)

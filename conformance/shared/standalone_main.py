@@ -31,6 +31,7 @@ is 1 for any failed worker, so under torchrun read the verdict line.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 import traceback
@@ -53,12 +54,9 @@ PIECES = ("conformance.shared.standalone_compare", "conformance.shared.standalon
           "conformance.shared.standalone_launch", __name__)
 
 
-class Ranks:
-    """This rank's place in the run: ``rank``, ``world_size``, ``group`` (the process group the models
-    train in), ``device``; the API's part may give a subgroup's (``subgroup()``)."""
-
-    def __init__(self, rank: int, world_size: int, group: Any, device: torch.device):
-        self.rank, self.world_size, self.group, self.device = rank, world_size, group, device
+#: This rank's place in the run: ``rank``, ``world_size``, ``group`` (the process group the models train in),
+#: ``device``; the API's part may give a subgroup's (``subgroup()``).
+Ranks = collections.namedtuple("Ranks", "rank world_size group device")
 
 
 def data_parallel_groups(world_size: int) -> List[List[int]]:
@@ -77,12 +75,11 @@ def on_data_parallel_subgroup(ranks: Ranks) -> Ranks:
 def train_step(model: nn.Module, optim: torch.optim.Optimizer, inputs: List[Tuple[torch.Tensor, ...]]) -> None:
     """Zero the gradients; forward/backward each micro-batch (``LOSS``), all but the last under ``no_sync(model)``."""
     optim.zero_grad(set_to_none=True)
-    for k, micro in enumerate(inputs):
-        if k == len(inputs) - 1:
-            LOSS(micro, model(*micro)).backward()
-        else:
+    if CASE["micro_steps"] > 1:
+        for micro in inputs[:-1]:
             with no_sync(model):
                 LOSS(micro, model(*micro)).backward()
+    LOSS(inputs[-1], model(*inputs[-1])).backward()
 
 
 def _hook_raised(rank: int, step: Optional[int], exc: BaseException) -> int:
@@ -96,21 +93,19 @@ def _hook_raised(rank: int, step: Optional[int], exc: BaseException) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the case: as torchrun's worker where ``RANK`` is set, else start its ranks (:func:`launch`). The exit
-    status says whether the difference reproduces (:data:`REPRODUCED`, :data:`NOT_REPRODUCED`,
-    :data:`COULD_NOT_RUN`)."""
+    """Run the case: as torchrun's worker where ``RANK`` is set, else start its ranks (``launch``). The exit
+    status says whether the difference reproduces (``REPRODUCED``, ``NOT_REPRODUCED``, ``COULD_NOT_RUN``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--without-hook", action="store_true",
                         help="build the hooked copy without the hook (native on both sides): must print no difference")
-    args = parser.parse_args(argv)
+    native_only = parser.parse_args(argv).without_hook
     if "RANK" not in os.environ:
         return launch(argv)
     backend, device_type = select_backend(torch.cuda.is_available(), torch.cuda.device_count(),
                                           int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    device = torch.device("cpu")
+    device = torch.device(device_type, int(os.environ.get("LOCAL_RANK", "0")) if device_type == "cuda" else None)
     if device_type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if CASE.get("nodes", 1) > 1:  # the layout the case simulated: torchrun's variables as on that many nodes
         os.environ.update(layout_env(int(os.environ["RANK"]), CASE["world_size"], CASE["nodes"]))
@@ -124,9 +119,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ranks = subgroup(Ranks(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, device))
     native = build(ranks, hooked=False)
     try:
-        hooked = build(ranks, hooked=not args.without_hook)
+        hooked = build(ranks, hooked=not native_only)
     except Exception as exc:  # noqa: BLE001 - the hook's state or its registration raised
-        if args.without_hook:
+        if native_only:
             raise
         return _hook_raised(ranks.rank, None, exc)
     optims = [torch.optim.SGD(m.parameters(), lr=CASE["lr"], momentum=CASE["momentum"], foreach=False)
@@ -137,7 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             train_step(hooked, optims[1], inputs)
         except Exception as exc:  # noqa: BLE001 - the hook raised where native did not
-            if args.without_hook:
+            if native_only:
                 raise
             return _hook_raised(ranks.rank, step, exc)
         views = GRAD_VIEWS[:CASE["grad_views"]] + ([PARAM_VIEW] if CASE["optimizer_step"] else [])
@@ -151,14 +146,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 sys.stdout.flush()
             if any_rank(line is not None, device):
                 if ranks.rank == 0:
-                    who = ("native differs from native: not deterministic here" if args.without_hook else
+                    who = ("native differs from native: not deterministic here" if native_only else
                            f"hook {CASE['hook']} differs from {reference()} at step {step}")
                     print(f"the difference reproduces: {who}", flush=True)
                 dist.barrier()
                 return REPRODUCED
     if ranks.rank == 0:
         print(f"no difference in {CASE['steps']} step(s): "
-              + ("native equals native" if args.without_hook else "the case does not reproduce here"), flush=True)
+              + ("native equals native" if native_only else "the case does not reproduce here"), flush=True)
     dist.barrier()
     return NOT_REPRODUCED
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import importlib
 import inspect
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -27,7 +28,8 @@ import torch
 __all__ = ["written_code"]
 
 #: Methods no code names but that PyTorch or Python call: never pruned from a class.
-_CALLED_IMPLICITLY = {"forward", "__init__", "__call__", "__new__", "__enter__", "__exit__", "__iter__"}
+_CALLED_IMPLICITLY = {"forward", "__init__", "__call__", "__new__", "__enter__", "__exit__", "__iter__",
+                      "__post_init__", "__repr__", "__str__"}
 
 
 class _Definition:
@@ -130,7 +132,7 @@ def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[st
         found = next(((n, v) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.If)
                       for v in [_case_constant(n.test, case, constants)] if v is not None), None)
         if found is None:
-            return source
+            return _without_dead_code(source)
         node, value = found
         first = lines[node.lineno - 1]
         indent = first[:len(first) - len(first.lstrip())]
@@ -148,6 +150,20 @@ def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[st
             kept = []
         end = (node.orelse[-1] if node.orelse else node.body[-1]).end_lineno
         source = "\n".join(lines[:node.lineno - 1] + kept + lines[end:]) + "\n"
+
+
+def _without_dead_code(source: str) -> str:
+    """``source`` less the statements after a ``return`` or ``raise`` in the same block (what a branch the case
+    takes leaves behind: ``if CASE[...]: return x`` followed by ``return y``)."""
+    while True:
+        lines = source.splitlines()
+        dead = next(((stmts[i + 1].lineno, stmts[-1].end_lineno) for node in ast.walk(ast.parse(source))
+                     for field in ("body", "orelse", "finalbody") for stmts in [getattr(node, field, None)]
+                     if isinstance(stmts, list) for i, stmt in enumerate(stmts[:-1])
+                     if isinstance(stmt, (ast.Return, ast.Raise))), None)
+        if dead is None:
+            return source
+        source = "\n".join(lines[:dead[0] - 1] + lines[dead[1]:]) + "\n"
 
 
 def _dedented(lines: List[str], indent: int) -> List[str]:
@@ -174,13 +190,14 @@ def _definitions(module_name: str, case: Optional[Dict[str, Any]] = None) -> Lis
 
 
 def _member_name(member: ast.stmt) -> Optional[str]:
+    """The name a class-body statement binds (``None``: a docstring, a bare annotation)."""
     if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return member.name
     if isinstance(member, ast.Assign) and len(member.targets) == 1 and isinstance(member.targets[0], ast.Name):
         return member.targets[0].id
     if isinstance(member, ast.AnnAssign) and member.value is not None and isinstance(member.target, ast.Name):
         return member.target.id
-    return None  # a docstring, a bare annotation: left out
+    return None
 
 
 class _Pruned:
@@ -196,12 +213,17 @@ class _Pruned:
         self.reads = _read_names(header)[0]  # its bases and decorators
 
     def owner(self, name: str) -> Optional[type]:
-        return next((c for c in self.model.__mro__ if name in vars(c)), None)
+        """The class whose ``name`` the file's instances use: the model's, or this class's own."""
+        mro = self.model.__mro__ if isinstance(self.model, type) and issubclass(self.model, self.cls) else \
+            self.cls.__mro__
+        return next((c for c in mro if name in vars(c)), None)
 
     def wanted(self, k: int, attrs: Set[str], supers: Set[str]) -> bool:
         """Whether member ``k`` runs: the model takes it from this class and some code names it (or Python and
         PyTorch call it: ``forward``, ``__init__``), or the class that hides it calls it on ``super()``."""
-        name = self.members[k][1]
+        member, name = self.members[k]
+        if isinstance(member, ast.AnnAssign) and dataclasses.is_dataclass(self.cls):
+            return True  # a field: the generated __init__ takes it
         if name is None:
             return False
         if self.owner(name) is self.cls:
@@ -274,7 +296,7 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
                 continue
             seen.add(id(definition))
             cls = prunable.get((definition.module, name))
-            if cls is not None and model is not None:
+            if cls is not None:
                 pruned[id(definition)] = _Pruned(definition, cls, model)
                 found = (pruned[id(definition)].reads, set(), set())
             else:

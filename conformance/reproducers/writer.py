@@ -11,6 +11,7 @@ could import, has no reproducer: :class:`NoReproducer` says why.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import os
@@ -199,9 +200,27 @@ def _rule(title: str) -> str:
     return head + "-" * max(3, 110 - len(head))
 
 
-def _text(value: Any) -> str:
-    """``repr(value)``; a dtype as ``torch.<name>``."""
-    return f"torch.{str(value).rsplit('.', 1)[-1]}" if isinstance(value, torch.dtype) else repr(value)
+def _text(value: Any, names: Optional[List[str]] = None) -> str:
+    """``value`` as Python: ``repr``; a dtype as ``torch.<name>``; a function or class by its name (added to
+    ``names``, which the file must then define); a dataclass instance as its constructor's call with the
+    fields that differ from their defaults; dicts and tuples of these."""
+    names = [] if names is None else names
+    if isinstance(value, torch.dtype):
+        return f"torch.{str(value).rsplit('.', 1)[-1]}"
+    if inspect.isfunction(value) or inspect.isclass(value):
+        names.append(value.__name__)
+        return value.__name__
+    if dataclasses.is_dataclass(value):
+        names.append(type(value).__name__)
+        fields = [f for f in dataclasses.fields(value)
+                  if f.default is dataclasses.MISSING or getattr(value, f.name) != f.default]
+        return f"{type(value).__name__}(" + ", ".join(f"{f.name}={_text(getattr(value, f.name), names)}"
+                                                     for f in fields) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_text(k, names)}: {_text(v, names)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_text(v, names) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)
 
 
 def _literal(case: Dict[str, Any], width: int = 110) -> str:
@@ -244,7 +263,13 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
     constants = _constants(case, api.standalone_modules)
-    imports, code, bindings = _written_code(case, model_cls, api.standalone_modules, tuple(constants))
+    named: List[str] = []
+    constant_lines, late_lines = [], []  # a constant that names the file's definitions comes after them
+    for name, value in constants.items():
+        before = len(named)
+        line = f"{name} = {_text(value, named)}"
+        (late_lines if len(named) > before else constant_lines).append(line)
+    imports, code, bindings = _written_code(case, model_cls, api.standalone_modules, tuple(constants), named)
     shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)]
     found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
                       + (["    ..."] if len(shown) > 2 else []))
@@ -265,7 +290,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         _rule("the hook under test"),
         _head(spec, target, imports),
         _rule("the case"),
-        "\n".join([_literal(case), *(f"{name} = {_text(value)}" for name, value in constants.items())]),
+        "\n".join([_literal(case), *constant_lines]),
     ]
     for title, modules in _sections(model_cls, api):
         texts = [text for module in modules for text in code.get(module, [])]
@@ -273,7 +298,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
             parts.extend([_rule(title), *texts])
         if model_cls.__module__ in modules:
             parts.append(f"MODEL = {model_cls.__name__}")
-    parts.extend([bindings, 'if __name__ == "__main__":\n    run()'])
+    parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
     return "\n\n".join(parts).replace("{file}", path) + "\n"
 
 
@@ -321,17 +346,19 @@ def _constants(case: Dict[str, Any], standalone: Sequence[str]) -> Dict[str, Any
     return out
 
 
-def _written_code(case: Dict[str, Any], model_cls: type, standalone: Sequence[str], constants: Sequence[str] = ()
-                  ) -> Tuple[List[str], Dict[str, List[str]], str]:
+def _written_code(case: Dict[str, Any], model_cls: type, standalone: Sequence[str], constants: Sequence[str] = (),
+                  constants_read: Sequence[str] = ()) -> Tuple[List[str], Dict[str, List[str]], str]:
     """``(imports, code by module, bindings)``: of the model's modules, the loop's pieces and the API's
     standalone part, only what the case runs (:func:`conformance.reproducers.sources.written_code`, from
     ``run``, the model's class and the case's way of making inputs), and the line that binds ``STEP_INPUTS``
     and ``LOSS``."""
     step_inputs = standalone_inputs.step_inputs_of(case)
     loss = standalone_inputs.loss_of(case)
-    roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss])]
+    roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss]), *constants_read]
     modules = [*_model_modules(model_cls), *standalone_main.PIECES, *standalone]
     prune = [c for c in model_cls.__mro__ if c.__module__.startswith("conformance.models")]
+    prune += [c for m in standalone for c in vars(importlib.import_module(m)).values()
+              if inspect.isclass(c) and c.__module__ == m]
     imports, code = written_code(roots, modules, provided=(*PROVIDED, *constants), model=model_cls, prune=prune,
                                  also_reads=f"{step_inputs}, {loss}", case=case)
     return _merged(imports), code, f"STEP_INPUTS, LOSS = {step_inputs}, {loss}"

@@ -17,7 +17,9 @@ but never calls it).
 
 from __future__ import annotations
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_comm, divide_factor
+from typing import Any, Dict
+
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_comm, divide_factor, with_config
 
 _HSDP = dict(mesh="hsdp", sync_setter="set_requires_all_reduce")
 
@@ -32,3 +34,8 @@ SETUP = Fsdp2Setup(setter="set_custom_reduce_scatter", bind=bind_comm, configs={
     "subgroup": Fsdp2Config("native fully_shard", mesh="subgroup"),
     "replicate": Fsdp2Config("replicate (on FSDP2) without the comm", mesh="replicate"),
 })
+
+
+def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone."""
+    return {"SETUP": with_config(SETUP, case["variant"]["config"])}

@@ -13,7 +13,9 @@ accumulation turns off the all-reduce alone (``set_requires_all_reduce``).
 
 from __future__ import annotations
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_hook, no_division
+from typing import Any, Dict
+
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_hook, no_division, with_config
 
 _ALL_REDUCE_OFF = "set_requires_all_reduce"
 
@@ -23,3 +25,8 @@ SETUP = Fsdp2Setup(setter="set_all_reduce_hook", bind=bind_hook, configs={
     "replicate_sum": Fsdp2Config("replicate (on FSDP2) without the hook, set_gradient_divide_factor(1.0)",
                                  mesh="replicate", divide_factor=no_division, sync_setter=_ALL_REDUCE_OFF),
 })
+
+
+def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone."""
+    return {"SETUP": with_config(SETUP, case["variant"]["config"])}

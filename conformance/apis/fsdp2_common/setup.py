@@ -150,6 +150,11 @@ class Fsdp2Setup:
         return text + ("" if claim is None else f" with reduce_dtype={claim}")
 
 
+def with_config(setup: Fsdp2Setup, config: str) -> Fsdp2Setup:
+    """``setup`` with its config ``config`` alone: a reproducer's ``SETUP``, which builds one case."""
+    return dataclasses.replace(setup, configs={config: setup.configs[config]})
+
+
 def make_comm(hook: Any, name: str) -> Any:
     """A comm spec's comm: the object itself, or what its zero-argument factory (a comm class) returns.
 

@@ -197,7 +197,7 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
     layout = _layout()
     shape = layout.shape(ranks.world_size)
     grid = None if shape is None else mesh(ranks, shape)
-    model = wrap_model(layout, MODEL, MODEL.build(group=ranks.group, device=ranks.device, fsdp_kwargs=None), grid,
+    model = wrap_model(layout, MODEL, MODEL.plain(group=ranks.group, device=ranks.device), grid,
                        CASE["reduce_dtype"], ranks.group, ranks.device, ranks.world_size, hooked=hooked)
     if hooked:
         hook = SETUP.bind(HOOK, STATE, CASE["hook"], grid)

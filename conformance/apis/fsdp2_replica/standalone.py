@@ -13,8 +13,15 @@ with ``state = spec.state(replica_group)``, all-reduces across the replicas.
 
 from __future__ import annotations
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_to_replicas
+from typing import Any, Dict
+
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_to_replicas, with_config
 
 SETUP = Fsdp2Setup(setter="set_all_reduce_hook", bind=bind_to_replicas, configs={
     "replica": Fsdp2Config("native HSDP on the {mesh} mesh", mesh="replica", hooked_dim="shard"),
 })
+
+
+def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone."""
+    return {"SETUP": with_config(SETUP, case["variant"]["config"])}

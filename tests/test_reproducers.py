@@ -192,7 +192,7 @@ def test_case_ids_become_file_names_a_shell_takes_unquoted(tmp_path):
 
 def test_readme_shows_the_head_of_a_reproducer_as_generated():
     """The manual's reproducer page (docs/reproducers.md) shows the hook imports and the case of a generated file,
-    verbatim."""
+    and the DDP build that follows, verbatim."""
     from conformance.protocol import Finding
     from tests.zoo import ddp_hooks
 
@@ -205,6 +205,8 @@ def test_readme_shows_the_head_of_a_reproducer_as_generated():
                                       {"config": "default", "model": "nested_wrapped"}, 3, name,
                                       [Finding(0, "differs", step=0)], "header", "rerun", "/home/me/repro/x.py")
     assert shown in source
+    build = page.split("The case's DDP build follows its model", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+    assert build.startswith("# -- how the suite builds ddp's models") and build in source
 
 
 # -- only failed cases get a reproducer ---------------------------------------------------------------------

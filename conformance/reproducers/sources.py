@@ -58,8 +58,10 @@ def _bound_names(node: ast.stmt) -> Set[str]:
 def _read_names(node: ast.stmt) -> Tuple[Set[str], Set[str], Set[str]]:
     """The global names ``node`` reads (its own arguments and assignments left out: a rough but safe cut, as a
     name too many only writes a definition too many), the attribute names it reads, those read on ``super()``."""
-    loads, stores, attrs, supers = set(), set(), set(), set()
+    loads, stores, attrs, supers, declared = set(), set(), set(), set(), set()
     for sub in ast.walk(node):
+        if isinstance(sub, ast.Global):
+            declared.update(sub.names)  # the module's own: assigned here, defined there
         if isinstance(sub, ast.Name):
             (loads if isinstance(sub.ctx, ast.Load) else stores).add(sub.id)
         elif isinstance(sub, ast.arg):
@@ -71,7 +73,8 @@ def _read_names(node: ast.stmt) -> Tuple[Set[str], Set[str], Set[str]]:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return set(), set(), set()
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        loads -= stores  # a function's locals; a class's own attributes
+        loads -= stores - declared  # a function's locals; a class's own attributes
+        loads |= declared
     return loads, attrs, supers
 
 

@@ -1,11 +1,14 @@
 """Writing a standalone reproducer of a failed case (:mod:`conformance.reproducers`).
 
-:func:`reproducer_source` assembles the file's text from the case and the
-sources of the modules the suite itself ran (so the file builds and trains the
-models exactly as the suite did); :func:`write_reproducer` writes it under the
-case id. A case of a rank check other than the lock-step ones (``averaging``,
-``parity``, ``hard_inputs``), or of a hook that is no Python callable the file
-could import, has no reproducer: :class:`NoReproducer` says why.
+:func:`reproducer_source` assembles the file's text from the case and, read
+from the modules the suite itself ran, only the code the case runs
+(:func:`conformance.reproducers.sources.written_code`: its model's class, its
+API's build in its one config, the loop of its check), so the file builds and
+trains the models exactly as the suite did; :func:`write_reproducer` writes it
+under the case id. A case of a rank check other than the lock-step ones
+(``averaging``, ``parity``, ``hard_inputs``), or of a hook that is no Python
+callable the file could import, has no reproducer: :class:`NoReproducer` says
+why.
 """
 
 from __future__ import annotations
@@ -25,10 +28,8 @@ import torch
 
 from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
-from conformance.models.base import ReferenceModel
 from conformance.protocol import Finding
-from conformance.reproducers.sources import written_code
-from conformance.shared import standalone_inputs, standalone_main
+from conformance.reproducers.parts import constants_of, sections, written_code_of
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -262,14 +263,14 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
                     f"It needs commhook-conformance installed: {why}")
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
-    constants = _constants(case, api.standalone_modules)
+    constants = constants_of(case, api.standalone_modules)
     named: List[str] = []
     constant_lines, late_lines = [], []  # a constant that names the file's definitions comes after them
     for name, value in constants.items():
         before = len(named)
         line = f"{name} = {_text(value, named)}"
         (late_lines if len(named) > before else constant_lines).append(line)
-    imports, code, bindings = _written_code(case, model_cls, api.standalone_modules, tuple(constants), named)
+    imports, code, bindings = written_code_of(case, model_cls, api.standalone_modules, tuple(constants), named)
     shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)]
     found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
                       + (["    ..."] if len(shown) > 2 else []))
@@ -292,7 +293,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         _rule("the case"),
         "\n".join([_literal(case), *constant_lines]),
     ]
-    for title, modules in _sections(model_cls, api):
+    for title, modules in sections(model_cls, api):
         texts = [text for module in modules for text in code.get(module, [])]
         if texts:
             parts.extend([_rule(title), *texts])
@@ -300,86 +301,6 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
     return "\n\n".join(parts).replace("{file}", path) + "\n"
-
-
-#: Names the file binds itself, not read from the suite's modules: its head's imports, the case, the hook,
-#: the model, and the two the writer picks per case (:func:`_written_code`).
-PROVIDED = ("os", "sys", "torch", "IMPORT_HINT", "HOOK", "STATE", "CASE", "MODEL", "STEP_INPUTS", "LOSS")
-
-
-def _model_modules(model_cls: type) -> List[str]:
-    """The modules of the model's class and of its bases among the suite's models, base class first."""
-    out: List[str] = []
-    for cls in reversed(model_cls.__mro__):
-        if cls.__module__.startswith("conformance.models") and cls.__module__ not in out:
-            out.append(cls.__module__)
-    return out
-
-
-def _path(module: str) -> str:
-    """A module's file as the repository has it (``models/nested.py``, ``conformance/apis/ddp/standalone.py``)."""
-    return module.replace(".", "/").replace("conformance/models/", "models/") + ".py"
-
-
-def _sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
-    """``(heading, modules)`` of each part of the file's code, in the order a reader meets them."""
-    models = _model_modules(model_cls)
-    loop = (standalone_main.__name__, *standalone_main.PIECES[:-2])
-    return [(f"the model: {model_cls.__name__} ({', '.join(_path(m) for m in models[::-1])}, as the suite builds it)",
-             models),
-            (f"how the suite builds {api.name}'s models ({', '.join(map(_path, api.standalone_modules))})",
-             api.standalone_modules),
-            (f"the lock-step loop ({', '.join(_path(m).rpartition('/')[2] for m in loop)} of conformance/shared)",
-             loop),
-            (f"the launcher: python FILE starts the ranks ({_path(standalone_main.PIECES[-2])})",
-             standalone_main.PIECES[-2:-1])]
-
-
-def _constants(case: Dict[str, Any], standalone: Sequence[str]) -> Dict[str, Any]:
-    """What the API's standalone part binds beside the case (its ``reproducer_constants(case)``: DDP's constructor
-    keywords of the case's config)."""
-    out: Dict[str, Any] = {}
-    for name in standalone:
-        module = importlib.import_module(name)
-        if hasattr(module, "reproducer_constants"):
-            out.update(module.reproducer_constants(case))
-    return out
-
-
-def _written_code(case: Dict[str, Any], model_cls: type, standalone: Sequence[str], constants: Sequence[str] = (),
-                  constants_read: Sequence[str] = ()) -> Tuple[List[str], Dict[str, List[str]], str]:
-    """``(imports, code by module, bindings)``: of the model's modules, the loop's pieces and the API's
-    standalone part, only what the case runs (:func:`conformance.reproducers.sources.written_code`, from
-    ``run``, the model's class and the case's way of making inputs), and the line that binds ``STEP_INPUTS``
-    and ``LOSS``."""
-    step_inputs = standalone_inputs.step_inputs_of(case)
-    loss = standalone_inputs.loss_of(case)
-    roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss]), *constants_read]
-    modules = [*_model_modules(model_cls), *standalone_main.PIECES, *standalone]
-    prune = [c for c in model_cls.__mro__ if c.__module__.startswith("conformance.models")]
-    prune += [c for m in standalone for c in vars(importlib.import_module(m)).values()
-              if inspect.isclass(c) and c.__module__ == m]
-    imports, code = written_code(roots, modules, provided=(*PROVIDED, *constants), model=model_cls, prune=prune,
-                                 also_reads=f"{step_inputs}, {loss}", case=case)
-    return _merged(imports), code, f"STEP_INPUTS, LOSS = {step_inputs}, {loss}"
-
-
-def _merged(imports: Sequence[str]) -> List[str]:
-    """``import`` lines as written, and one ``from X import ...`` line per module ``X``, in first-seen order."""
-    out: List[str] = []
-    froms: Dict[str, List[str]] = {}
-    for line in imports:
-        if line.startswith("from "):
-            module, _, names = line[5:].partition(" import ")
-            if module not in froms:
-                froms[module] = []
-                out.append(module)
-            froms[module].extend(names.split(", "))
-        else:
-            out.append(line)
-    lines = [f"from {line} import {', '.join(sorted(froms[line]))}" if line in froms else line for line in out]
-    return sorted(lines, key=lambda line: (line.split()[1].startswith("torch"), line.startswith("from"),
-                                           line.split()[1]))
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

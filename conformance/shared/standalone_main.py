@@ -35,7 +35,7 @@ import collections
 import os
 import sys
 import traceback
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist

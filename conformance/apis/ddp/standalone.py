@@ -1,11 +1,13 @@
 """DDP's part of a standalone reproducer (torch only): its training configs, its reference per claim, its build.
 
-This module is written, as it is, into every reproducer of a DDP case
-(:mod:`conformance.reproducers`); the suite imports its configs and reference
+A reproducer of a DDP case holds what the case runs of this module
+(:mod:`conformance.reproducers.sources`: an ``if`` on ``CASE`` as the branch the
+case takes, the config's constructor keywords as ``DDP_KWARGS``,
+:func:`reproducer_constants`); the suite imports its configs and reference
 hooks from here too (``models.py``, ``reference.py``), so the file builds the
 models exactly as the suite did. Its functions read the reproducer's globals
-``CASE`` (``variant["config"]``, ``reduce_dtype``), ``MODEL``, ``HOOK`` and
-``STATE`` only when called.
+``CASE`` (``variant["config"]``, ``reduce_dtype``), ``DDP_KWARGS``, ``MODEL``,
+``HOOK`` and ``STATE`` only when called.
 
 The ``compiled_autograd`` config (:data:`COMPILED_CONFIG`) builds DDP with its
 python reducer; the suite compiles its training, a reproducer runs it eagerly

@@ -1,7 +1,7 @@
 """FSDP1's part of a standalone reproducer (torch only): its native mixed precision and its build.
 
-This module is written, as it is, into every reproducer of an FSDP1 case
-(:mod:`conformance.reproducers`); the suite's models (``models.py``) import its
+A reproducer of an FSDP1 case holds what the case runs of this module
+(:mod:`conformance.reproducers.sources`: an ``if`` on ``CASE`` as the branch the case takes); the suite's models (``models.py``) import its
 mixed-precision settings from here, so the file builds the models as the
 suite did: the model's FSDP units, ``use_orig_params=True``, the case's
 ``ShardingStrategy``, the reference under ``MixedPrecision(reduce_dtype=...)``

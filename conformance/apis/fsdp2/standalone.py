@@ -1,6 +1,6 @@
 """The reduce-scatter comm's FSDP2 setup (torch only): ``FSDPModule.set_custom_reduce_scatter(comm)``.
 
-Its ``SETUP`` is written into every reproducer of an ``fsdp2`` case, after the
+Its ``SETUP``, with the case's config alone, is written into every reproducer of an ``fsdp2`` case, after the
 FSDP2 part (``fsdp2_common/setup.py``, ``fsdp2_common/standalone.py``), and the
 suite's models read the same object (:class:`~conformance.apis.fsdp2.models.CommModels`).
 The configs decide the ``op`` FSDP2 hands the comm: ``default`` (nothing set:

@@ -1,7 +1,7 @@
 """The all-reduce hook's FSDP2 setup (torch only): ``FSDPModule.set_all_reduce_hook(hook)`` where FSDP2 calls it
 after its own all-reduce.
 
-Its ``SETUP`` is written into every reproducer of an ``fsdp2_all_reduce``
+Its ``SETUP``, with the case's config alone, is written into every reproducer of an ``fsdp2_all_reduce``
 case, after the FSDP2 part (``fsdp2_common/setup.py``,
 ``fsdp2_common/standalone.py``), and the suite's models read the same object
 (:class:`~conformance.apis.fsdp2_all_reduce.models.AllReduceHookModels`).

@@ -1,8 +1,9 @@
 """FSDP2's part of a standalone reproducer (torch only): units, the builds, and the reproducer's functions.
 
-This module is written, as it is, into every reproducer of an FSDP2 case, after
-the setup types (``fsdp2_common/setup.py``) and before the API's ``SETUP``
-(:mod:`conformance.reproducers`); the suite builds its FSDP2 models with the
+A reproducer of an FSDP2 case holds what the case runs of this module, after
+the setup types (``fsdp2_common/setup.py``), and the API's ``SETUP`` with the
+case's config alone (:func:`~conformance.apis.fsdp2_common.setup.with_config`,
+:mod:`conformance.reproducers.sources`); the suite builds its FSDP2 models with the
 same functions (:func:`wrap_model`), so the file builds them as the suite did:
 ``fully_shard`` (or ``replicate`` on FSDP2) on the model's FSDP1 units,
 innermost first, then the root, with ``MixedPrecisionPolicy(reduce_dtype=...)``

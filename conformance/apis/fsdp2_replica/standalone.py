@@ -1,7 +1,7 @@
 """The replica all-reduce hook's FSDP2 setup (torch only): ``FSDPModule.set_all_reduce_hook`` on a 1-D shard mesh,
 where the hook is the whole reduction across replicas.
 
-Its ``SETUP`` is written into every reproducer of an ``fsdp2_replica`` case,
+Its ``SETUP``, with the case's config alone, is written into every reproducer of an ``fsdp2_replica`` case,
 after the FSDP2 part (``fsdp2_common/setup.py``, ``fsdp2_common/standalone.py``),
 and the suite's models read the same object
 (:class:`~conformance.apis.fsdp2_replica.models.ReplicaModels`). One config,

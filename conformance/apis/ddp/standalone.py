@@ -151,7 +151,7 @@ def _renamed(hook: Callable[..., Any], name: str) -> Callable[..., Any]:
 def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
     """What a reproducer of ``case`` binds beside its ``CASE``: ``DDP_KWARGS``, the DDP constructor's keyword
     arguments of its config (:data:`CONFIGS`; none for :data:`COMPILED_CONFIG`)."""
-    return {"DDP_KWARGS": dict(CONFIGS.get(case["variant"]["config"], {}))}
+    return {"DDP_KWARGS": dict(CONFIGS.get(case["variant"].get("config"), {}))}
 
 
 def reference() -> str:

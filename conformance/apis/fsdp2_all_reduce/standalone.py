@@ -28,5 +28,7 @@ SETUP = Fsdp2Setup(setter="set_all_reduce_hook", bind=bind_hook, configs={
 
 
 def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
-    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone."""
-    return {"SETUP": with_config(SETUP, case["variant"]["config"])}
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone (none:
+    a case of no config of this API has the whole ``SETUP``)."""
+    config = case["variant"].get("config")
+    return {"SETUP": with_config(SETUP, config)} if config in SETUP.configs else {}

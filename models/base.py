@@ -5,7 +5,8 @@ checks rely on:
 
 * ``build(group=..., device=..., fsdp_kwargs=...)``: a freshly constructed,
   deterministic model on ``device``. ``fsdp_kwargs=None`` gives the plain,
-  unwrapped module (the DDP / single-process reference); a dict gives a root
+  unwrapped module (``plain(group=..., device=...)``: the DDP / FSDP2 / single-process
+  starting point); a dict gives a root
   ``FullyShardedDataParallel`` instance with the model's nested FSDP units,
   every unit constructed with ``process_group=group``, ``device_id=device``
   and ``**fsdp_kwargs``.
@@ -48,16 +49,16 @@ def rank_generator(rank: int) -> torch.Generator:
 
 
 def world_size_of(group: Any) -> int:
-    """``group.size()``; ``None`` means the default process group."""
-    if group is not None:
-        return int(group.size())
+    """``group.size()``; ``None`` means the default process group.
+
+    Raises:
+        ValueError: ``group`` is ``None`` and no default process group is initialized.
+    """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    raise ValueError(
-        "group=None needs an initialized default process group to know the world size"
-    )
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("group=None needs an initialized default process group to know the world size")
+    return int(group.size()) if group is not None else dist.get_world_size()
 
 
 class ReferenceModel(nn.Module):
@@ -94,6 +95,22 @@ class ReferenceModel(nn.Module):
         return {}
 
     @classmethod
+    def plain(cls, *, group: Any, device: torch.device) -> nn.Module:
+        """The plain, unwrapped module on ``device``: what ``build(fsdp_kwargs=None)`` gives (DDP's and FSDP2's
+        starting point, the single-process reference). A model that does more to its plain module (freezing,
+        per-rank seeds) overrides this and ``build`` alike."""
+        return cls._seeded(group, device)
+
+    @classmethod
+    def _seeded(cls, group: Any, device: torch.device) -> nn.Module:
+        """``_construct`` under ``torch.manual_seed(0)`` (CPU state forked), moved to ``device``."""
+        world_size = world_size_of(group) if cls._needs_world_size() else 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = cls._construct(world_size)
+        return model.to(torch.device(device))
+
+    @classmethod
     def build(
         cls,
         *,
@@ -103,19 +120,15 @@ class ReferenceModel(nn.Module):
     ) -> nn.Module:
         """Construct the model deterministically and move it to ``device``.
 
-        ``fsdp_kwargs=None``: the plain module. Otherwise a root
+        ``fsdp_kwargs=None``: the plain module (:meth:`plain`). Otherwise a root
         ``FullyShardedDataParallel`` (with the nested units of the mirrored
         PyTorch test model); every FSDP call gets ``process_group=group``,
         ``device_id=device`` and ``**fsdp_kwargs``.
         """
-        device = torch.device(device)
-        world_size = world_size_of(group) if cls._needs_world_size() else 1
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = cls._construct(world_size)
-        model = model.to(device)
         if fsdp_kwargs is None:
-            return model
+            return cls.plain(group=group, device=device)
+        device = torch.device(device)
+        model = cls._seeded(group, device)
 
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 

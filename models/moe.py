@@ -158,6 +158,14 @@ class MixtureOfExperts(ReferenceModel):
         return groups[dist.get_rank()]
 
     @classmethod
+    def plain(cls, *, group: Any, device: torch.device) -> nn.Module:
+        """The plain module on ``device``, its expert seeded by ``group.rank()``."""
+        rank = _rank_of(group)
+        with torch.random.fork_rng(devices=[]):
+            model = cls(rank)
+        return model.to(torch.device(device))
+
+    @classmethod
     def build(
         cls,
         *,
@@ -169,10 +177,7 @@ class MixtureOfExperts(ReferenceModel):
         ``device``; ``fsdp_kwargs=None`` gives the plain module, a dict the
         3-unit FSDP1 model (see the class docstring)."""
         device = torch.device(device)
-        rank = _rank_of(group)
-        with torch.random.fork_rng(devices=[]):
-            model = cls(rank)
-        model = model.to(device)
+        model = cls.plain(group=group, device=device)
         if fsdp_kwargs is None:
             return model
 

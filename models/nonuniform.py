@@ -113,6 +113,13 @@ class NonUniformReqGradNWM(ReferenceModel):
                 p.requires_grad_(False)
 
     @classmethod
+    def plain(cls, *, group: Any, device: torch.device) -> nn.Module:
+        """As :meth:`ReferenceModel.plain`, then freeze all but ``module.2.1``."""
+        model = super().plain(group=group, device=device)
+        cls.set_nonuniform_req_grad(model)
+        return model
+
+    @classmethod
     def build(
         cls,
         *,

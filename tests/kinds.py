@@ -98,6 +98,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_remote_link": ("unit",),
     "test_report": ("unit",),
     "test_report_files": ("suite",),
+    "test_reproducer_content": ("unit",),
     "test_reproducers": ("meta", "torchrun"),
     "test_rerun_command": ("unit",),
     "test_results": ("unit",),

@@ -23,7 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -32,6 +32,7 @@ from conformance.reproducers import writer
 from conformance.shared import standalone_main
 from tests.meta_helpers import BackgroundJob, ZooRuns
 from tests.meta_zoos import DDP, FSDP, FSDP2, ZOOS
+from tests.test_reproducer_content import PARITY_LINES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,6 +81,22 @@ UNDER_TORCHRUN = (CASES[0][1],)
 WITHOUT_HOOK = (CASES[1][1], CASES[2][1])
 
 
+#: The parity reproducers measured and run beside :data:`CASES` (issue 29: short, and still reproducing): of each
+#: zoo, the first written file of a parity case on ``nested_wrapped`` that imports only torch and the hook's module.
+PARITY_ZOOS = {"ddp": (DDP, "test_ddp_parity_"), "fsdp": (FSDP, "test_parity_"), "fsdp2": (FSDP2, "test_fsdp2_parity_")}
+
+
+def _parity_file(runs: ZooRuns, api: str) -> Optional[str]:
+    zoo, prefix = PARITY_ZOOS[api]
+    directory = runs.reproducers(zoo)
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else ():
+        path = os.path.join(directory, name)
+        if name.startswith(prefix) and "-nested_wrapped-" in name and \
+                "It imports only torch and the hook's module" in open(path).read():
+            return path
+    return None
+
+
 def _launch_all(runs: ZooRuns, directory: str, env: Dict[str, str]) -> Dict[str, Dict[str, object]]:
     """Per case: the suite's failure, the reproducer's path, and its runs (two at a time): ``hooked`` with
     ``python file.py``; ``native`` (``--without-hook``) for :data:`WITHOUT_HOOK`; ``torchrun`` for
@@ -99,6 +116,12 @@ def _launch_all(runs: ZooRuns, directory: str, env: Dict[str, str]) -> Dict[str,
                 jobs.append((name, "native", path, world_size, "python", ("--without-hook",)))
             if name in UNDER_TORCHRUN:
                 jobs.append((name, "torchrun", path, world_size, "torchrun", ()))
+    for api in PARITY_ZOOS:
+        path = _parity_file(runs, api)
+        out[f"parity:{api}"] = {"path": path}
+        if path is not None:
+            world_size = int(re.search(r"-ws(\d+)\.py$", path).group(1))
+            jobs.append((f"parity:{api}", "hooked", path, world_size, "python", ()))
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         futures = {pool.submit(_launch, path, ws, clean, env, how, *extra): (name, which)
                    for name, which, path, ws, how, extra in jobs}
@@ -134,6 +157,19 @@ def test_the_reproducer_reproduces_the_failure_without_the_suite(launched, name)
     verdicts = [line for line in output.splitlines() if line.startswith("the difference reproduces: ")]
     assert len(verdicts) == 1 and verdicts[0].startswith(f"the difference reproduces: hook {case.hook} differs"), \
         output[-2000:]
+
+
+@pytest.mark.parametrize("api", sorted(PARITY_ZOOS))
+def test_a_parity_reproducer_of_each_api_is_short_and_still_reproduces(launched, api):
+    """A zoo's parity reproducer holds only what its case runs (tests/test_reproducer_content.py's budget, plus the
+    failure's lines its docstring quotes) and, run as its author would, still reproduces the difference."""
+    got = launched[f"parity:{api}"]
+    assert got["path"] is not None, f"the {api} zoo wrote no parity reproducer of a plain_hooks hook"
+    text = open(got["path"]).read()
+    assert text.count("\n") <= PARITY_LINES[api] + 5, (text.count("\n"), got["path"])
+    code, output = got["hooked"]
+    verdicts = [line for line in output.splitlines() if line.startswith("the difference reproduces: hook ")]
+    assert code == 1 and len(verdicts) == 1, output[-4000:]
 
 
 @pytest.mark.parametrize("name", UNDER_TORCHRUN, ids=[n.split("[", 1)[0][5:] for n in UNDER_TORCHRUN])
@@ -192,7 +228,7 @@ def test_case_ids_become_file_names_a_shell_takes_unquoted(tmp_path):
 
 def test_readme_shows_the_head_of_a_reproducer_as_generated():
     """The manual's reproducer page (docs/reproducers.md) shows the hook imports and the case of a generated file,
-    verbatim."""
+    and the DDP build that follows, verbatim."""
     from conformance.protocol import Finding
     from tests.zoo import ddp_hooks
 
@@ -205,6 +241,8 @@ def test_readme_shows_the_head_of_a_reproducer_as_generated():
                                       {"config": "default", "model": "nested_wrapped"}, 3, name,
                                       [Finding(0, "differs", step=0)], "header", "rerun", "/home/me/repro/x.py")
     assert shown in source
+    build = page.split("The case's DDP build follows its model", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+    assert build.startswith("# -- how the suite builds ddp's models") and build in source
 
 
 # -- only failed cases get a reproducer ---------------------------------------------------------------------

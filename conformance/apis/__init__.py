@@ -140,8 +140,8 @@ class HookApi:
             ``None`` where no built-in hook does. The runner replays a failure that
             could be PyTorch's with it (:mod:`conformance.controller.default_replay`).
         standalone: the module of the API's standalone part (``conformance.apis.<api>.standalone``), importing
-            only torch: how the suite builds its native and hooked models, written as it is into every
-            standalone reproducer of its cases (:mod:`conformance.reproducers`); or a tuple of such modules,
+            only torch: how the suite builds its native and hooked models, of which every standalone
+            reproducer of its cases holds what its case runs (:mod:`conformance.reproducers`); or a tuple of such modules,
             written in order (the FSDP2 APIs: their shared part, then the API's setup object); ``None``: no
             reproducers.
         compiled_convention: the API has a compiled path that calls hooks another way (DDP under compiled

@@ -1,13 +1,15 @@
 """Standalone reproducers: one Python file per failed case, that runs where the suite is not installed.
 
 A reproducer imports only the standard library, torch and the hook's own
-module. Written into it, as they are in the suite: the reference model's class
-(``models/base.py`` and the model's module), the API's standalone part
+module. Written into it, as the suite runs them, and only as far as its case
+runs them (:mod:`conformance.reproducers.sources`): the reference model's class
+(``models/<module>.py``, and of ``models/base.py`` what the model inherits and
+the file calls), the API's standalone part for the case's one config
 (``conformance/apis/<api>/standalone.py``: how the suite builds the native and
-the hooked model, which the suite's own models use too) and the training loop
-(:mod:`conformance.shared.standalone_main`). The case (world size,
-variant, reduce dtype, seeds, steps, the hard inputs' values) is a literal
-``CASE`` dict. ``python file.py`` starts the case's ranks itself on CPUs (gloo) or
+the hooked model, which the suite's own models use too) and the lock-step loop
+of its check (:mod:`conformance.shared.standalone_main` and its pieces). The
+case (world size, variant, reduce dtype, seeds, steps, the hard inputs' values)
+is a literal ``CASE`` dict. ``python file.py`` starts the case's ranks itself on CPUs (gloo) or
 GPUs (NCCL, one per process) and exits 1 where the difference reproduces, 0 where
 it does not, 2 where it could not run (the hook's module does not import: the
 error is named); under ``torchrun --nproc-per-node N file.py`` it runs as the

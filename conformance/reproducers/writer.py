@@ -1,16 +1,20 @@
 """Writing a standalone reproducer of a failed case (:mod:`conformance.reproducers`).
 
-:func:`reproducer_source` assembles the file's text from the case and the
-sources of the modules the suite itself ran (so the file builds and trains the
-models exactly as the suite did); :func:`write_reproducer` writes it under the
-case id. A case of a rank check other than the lock-step ones (``averaging``,
-``parity``, ``hard_inputs``), or of a hook that is no Python callable the file
-could import, has no reproducer: :class:`NoReproducer` says why.
+:func:`reproducer_source` assembles the file's text from the case and, read
+from the modules the suite itself ran, only the code the case runs
+(:func:`conformance.reproducers.sources.written_code`: its model's class, its
+API's build in its one config, the loop of its check), so the file builds and
+trains the models exactly as the suite did; :func:`write_reproducer` writes it
+under the case id. A case of a rank check other than the lock-step ones
+(``averaging``, ``parity``, ``hard_inputs``), or of a hook that is no Python
+callable the file could import, has no reproducer: :class:`NoReproducer` says
+why.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import os
@@ -25,7 +29,7 @@ import torch
 from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
 from conformance.protocol import Finding
-from conformance.shared import standalone_main
+from conformance.reproducers.parts import constants_of, sections, written_code_of
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -39,25 +43,6 @@ _NOT_VARIANT = {"model", "steps", "lr", "examples", "case_id", "fresh", "micro_s
 
 class NoReproducer(Exception):
     """A failed case no standalone file can replay; the message says why (shown in the failure)."""
-
-
-def _source(module_name: str) -> str:
-    """A module's source for the file: ``from __future__`` and imports of the suite's own modules left out (what
-    they import is written into the file too)."""
-    text = inspect.getsource(importlib.import_module(module_name))
-    out: List[str] = []
-    skipping = False
-    for line in text.splitlines():
-        if skipping:
-            skipping = ")" not in line
-            continue
-        if line.startswith("from __future__ import"):
-            continue
-        if re.match(r"(from|import) conformance\b", line):
-            skipping = "(" in line and ")" not in line
-            continue
-        out.append(line)
-    return "\n".join(out).strip() + "\n"
 
 
 def _importable(obj: Any, modules: Sequence[str]) -> Optional[Tuple[str, str]]:
@@ -128,9 +113,10 @@ def _hook_imports(spec: Any, target: str) -> str:
             f"HOOK, STATE = _SPEC.hook, _SPEC.state")
 
 
-def _head(spec: Any, target: str) -> str:
-    """The file's imports: the working directory on the import path (as ``python -m`` puts it), then torch and
-    the hook inside a ``try`` whose failure exits 2 ("could not run"), naming the error, on one rank only."""
+def _head(spec: Any, target: str, imports_of_code: Sequence[str] = ()) -> str:
+    """The file's imports: the working directory on the import path (as ``python -m`` puts it), then torch, the
+    hook and what the written code imports (``imports_of_code``) inside a ``try`` whose failure exits 2 ("could
+    not run"), naming the error, on one rank only."""
     why = needs_the_suite(spec, target)
     hint = ("run this file from the directory the hook's module imports from, or put that directory on PYTHONPATH"
             if why is None else f"this file needs commhook-conformance installed: {why}")
@@ -142,13 +128,13 @@ def _head(spec: Any, target: str) -> str:
         "import os",
         "import sys",
         "",
-        "# As `python -m` does: the working directory first on the import path, so the hook's module imports",
-        "# from where the file is run (the suite ran the case from there).",
+        "# As `python -m` does: the working directory first on the import path (the suite ran the case from there).",
         "sys.path.insert(0, os.getcwd())",
         hint_literal,
         "",
         "try:",
         "    import torch",
+        *(f"    {line}" for line in imports_of_code),
         imports,
         "except Exception as exc:  # noqa: BLE001 - the case cannot run here: exit 2, naming the error",
         '    if os.environ.get("RANK", "0") == "0":  # one line, not one per rank',
@@ -215,15 +201,39 @@ def _rule(title: str) -> str:
     return head + "-" * max(3, 110 - len(head))
 
 
-def _literal(case: Dict[str, Any]) -> str:
-    """``CASE = {...}``, one key a line; a dtype as ``torch.<name>``."""
-    lines = []
+def _text(value: Any, names: Optional[List[str]] = None) -> str:
+    """``value`` as Python: ``repr``; a dtype as ``torch.<name>``; a function or class by its name (added to
+    ``names``, which the file must then define); a dataclass instance as its constructor's call with the
+    fields that differ from their defaults; dicts and tuples of these."""
+    names = [] if names is None else names
+    if isinstance(value, torch.dtype):
+        return f"torch.{str(value).rsplit('.', 1)[-1]}"
+    if inspect.isfunction(value) or inspect.isclass(value):
+        names.append(value.__name__)
+        return value.__name__
+    if dataclasses.is_dataclass(value):
+        names.append(type(value).__name__)
+        fields = [f for f in dataclasses.fields(value)
+                  if f.default is dataclasses.MISSING or getattr(value, f.name) != f.default]
+        return f"{type(value).__name__}(" + ", ".join(f"{f.name}={_text(getattr(value, f.name), names)}"
+                                                     for f in fields) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_text(k, names)}: {_text(v, names)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_text(v, names) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)
+
+
+def _literal(case: Dict[str, Any], width: int = 110) -> str:
+    """``CASE = {...}``, as many keys a line as fit in ``width`` columns, a long value on a line of its own (a
+    hard-input case's ``inputs``); a dtype as ``torch.<name>``."""
+    lines: List[str] = []
     for key, value in case.items():
-        if isinstance(value, torch.dtype):
-            text = f"torch.{str(value).rsplit('.', 1)[-1]}"
+        item = f"{key!r}: {_text(value)},"
+        if lines and len(lines[-1]) + 1 + len(item) <= width and len(item) < width // 2:
+            lines[-1] += " " + item
         else:
-            text = repr(value)
-        lines.append(f"    {key!r}: {text},")
+            lines.append("    " + item)
     return "CASE = {\n" + "\n".join(lines) + "\n}"
 
 
@@ -253,38 +263,43 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
                     f"It needs commhook-conformance installed: {why}")
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
-    shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)][:4]
-    found = "\n".join(f"    {line}" for text in shown for line in text.splitlines()[:2])
+    constants = constants_of(case, api.standalone_modules)
+    named: List[str] = []
+    constant_lines, late_lines = [], []  # a constant that names the file's definitions comes after them
+    for name, value in constants.items():
+        before = len(named)
+        line = f"{name} = {_text(value, named)}"
+        (late_lines if len(named) > before else constant_lines).append(line)
+    imports, code, bindings = written_code_of(case, model_cls, api.standalone_modules, tuple(constants), named)
+    shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)]
+    found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
+                      + (["    ..."] if len(shown) > 2 else []))
     parts = [
         "#!/usr/bin/env python3",
         f'"""Standalone reproducer of {case_id}\n\n'
         f"{header}\n{found}\n\n"
-        f"Run it from the directory the hook's module imports from:\n"
+        "Run it from the directory the hook's module imports from (exit status 1: the difference reproduces,\n"
+        "0: it does not, 2: it could not run, the error named); it prints each rank's first difference and a verdict:\n"
         f"    python {{file}}                   starts its {world_size} ranks (CPU: gloo; CUDA: NCCL, one GPU each)\n"
         f"    python {{file}} --without-hook    both copies native: must find no difference\n"
         f"    torchrun --nproc-per-node {world_size} {{file}}   as torchrun's workers (torchrun exits 1 on any failure)\n"
-        "It trains the model with the hook and without it side by side, as the suite did, prints the\n"
-        "first differing parameter on each rank, then one verdict line. Exit status of python FILE:\n"
-        "1 the difference reproduces, 0 it does not, 2 it could not run (the error is named).\n\n"
-        f"{imports_line}; the model, the API's build ({api.installed_with})\n"
-        f"and the loop are written in below. Written by commhook-conformance with torch {torch.__version__}.\n"
+        f"{imports_line}. Of the suite's model, {api.name}'s build\n({api.installed_with}) and lock-step "
+        f"loop, what this case runs is written in below\n(commhook-conformance, torch {torch.__version__}). "
         f"Re-run the case in the suite:\n    {rerun}\n"
         '"""',
         "from __future__ import annotations",
         _rule("the hook under test"),
-        _head(spec, target),
+        _head(spec, target, imports),
         _rule("the case"),
-        _literal(case),
-        _rule(f"the model: {model_cls.__name__} (the suite's models/base.py and {model_cls.__module__})"),
-        _source("conformance.models.base"),
-        _source(model_cls.__module__),
-        f"MODEL = {model_cls.__name__}",
-        _rule("the training loop (the suite's conformance/shared/standalone_main.py)"),
-        _source(standalone_main.__name__),
-        _rule(f"how the suite builds {api.name}'s models ({', '.join(api.standalone_modules)})"),
-        *map(_source, api.standalone_modules),
-        'if __name__ == "__main__":\n    run()',
+        "\n".join([_literal(case), *constant_lines]),
     ]
+    for title, modules in sections(model_cls, api):
+        texts = [text for module in modules for text in code.get(module, [])]
+        if texts:
+            parts.extend([_rule(title), *texts])
+        if model_cls.__module__ in modules:
+            parts.append(f"MODEL = {model_cls.__name__}")
+    parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
     return "\n\n".join(parts).replace("{file}", path) + "\n"
 
 

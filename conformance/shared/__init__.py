@@ -8,8 +8,11 @@
   link between the controller and a rank on another node, and the bounded log of a rank's output;
 * :mod:`~conformance.shared.compare`: tensors compared bit for bit (ranks against their reference,
   the controller across ranks);
-* :mod:`~conformance.shared.standalone_main`: the reproducers' training loop and the torch-only helpers
-  the rank checks use as they are (a reproducer copies this module whole);
+* :mod:`~conformance.shared.standalone_main`: the reproducers' lock-step loop, with its pieces
+  :mod:`~conformance.shared.standalone_compare` (the bitwise comparison),
+  :mod:`~conformance.shared.standalone_inputs` (each check's inputs) and
+  :mod:`~conformance.shared.standalone_launch` (``python FILE`` starting the ranks): torch only, and
+  used by the rank checks as they are (a reproducer copies what its case runs of them);
 * :mod:`~conformance.shared.training`: how the shared rank checks train (model, steps, learning rate,
   momentum), read by the checks' signatures and by the reproducer writer alike.
 

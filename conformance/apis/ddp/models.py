@@ -40,7 +40,7 @@ from conformance.apis.ddp.compiled import (COMPILED_REFERENCE, CompiledHookRecor
 from conformance.apis.ddp.cpp_hooks import is_cpp_hook
 from conformance.apis.ddp.recorder import CppHookRecorder, DDPHookRecorder
 from conformance.apis.ddp.reference import reference_hook, reference_name
-# The configs live in the API's standalone part, which reproducers copy as it is; imported from here too.
+# The configs live in the API's standalone part, of which reproducers copy what a case runs; imported from here too.
 from conformance.apis.ddp.standalone import (ALL_CONFIGS, BUCKET_PER_PARAM_CAP_MB, COMPILED_CONFIG,  # noqa: F401
                                              CONFIGS, NO_SYNC_MICRO_STEPS, SMALL_BUCKET_CAP_MB, micro_steps,
                                              wrap_ddp)

@@ -1,11 +1,13 @@
 """DDP's part of a standalone reproducer (torch only): its training configs, its reference per claim, its build.
 
-This module is written, as it is, into every reproducer of a DDP case
-(:mod:`conformance.reproducers`); the suite imports its configs and reference
+A reproducer of a DDP case holds what the case runs of this module
+(:mod:`conformance.reproducers.sources`: an ``if`` on ``CASE`` as the branch the
+case takes, the config's constructor keywords as ``DDP_KWARGS``,
+:func:`reproducer_constants`); the suite imports its configs and reference
 hooks from here too (``models.py``, ``reference.py``), so the file builds the
 models exactly as the suite did. Its functions read the reproducer's globals
-``CASE`` (``variant["config"]``, ``reduce_dtype``), ``MODEL``, ``HOOK`` and
-``STATE`` only when called.
+``CASE`` (``variant["config"]``, ``reduce_dtype``), ``DDP_KWARGS``, ``MODEL``,
+``HOOK`` and ``STATE`` only when called.
 
 The ``compiled_autograd`` config (:data:`COMPILED_CONFIG`) builds DDP with its
 python reducer; the suite compiles its training, a reproducer runs it eagerly
@@ -146,33 +148,44 @@ def _renamed(hook: Callable[..., Any], name: str) -> Callable[..., Any]:
 
 # -- the reproducer's side (reads its globals when called) ---------------------------------------------------
 
+def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
+    """What a reproducer of ``case`` binds beside its ``CASE``: ``DDP_KWARGS``, the DDP constructor's keyword
+    arguments of its config (:data:`CONFIGS`; none for :data:`COMPILED_CONFIG`)."""
+    return {"DDP_KWARGS": dict(CONFIGS.get(case["variant"].get("config"), {}))}
+
+
 def reference() -> str:
     """What the hooked copy is compared with: DDP with no hook, or the claim's documented equivalent."""
-    claim = CASE["reduce_dtype"]
     if CASE["variant"].get("config") == COMPILED_CONFIG:
         return "DDP's python reducer with no hook (param.grad / world_size, then SUM; run eagerly here)"
-    if claim in (torch.float16, torch.bfloat16):
-        name = "fp16" if claim == torch.float16 else "bf16"
+    if CASE["reduce_dtype"] in (torch.float16, torch.bfloat16):
+        name = "fp16" if CASE["reduce_dtype"] == torch.float16 else "bf16"
         return f"the documented equivalent, {name}_compress_wrapper(allreduce_hook)"
-    return "DDP with no hook" if claim is None else f"allreduce_hook in {claim}"
-
+    return "DDP with no hook" if CASE["reduce_dtype"] is None else f"allreduce_hook in {CASE['reduce_dtype']}"
 
 
 def subgroup(ranks: Any) -> Any:
     """The ``subgroup`` config trains in this rank's data-parallel subgroup (:func:`data_parallel_groups`)."""
-    return on_data_parallel_subgroup(ranks) if CASE["variant"]["config"] == "subgroup" else ranks
+    if CASE["variant"]["config"] == "subgroup":
+        return on_data_parallel_subgroup(ranks)
+    return ranks
 
 
 def build(ranks: Any, hooked: bool) -> nn.Module:
-    """The case's DDP model: with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; else native's reference."""
-    module = MODEL.build(group=ranks.group, device=ranks.device, fsdp_kwargs=None)
-    model = wrap_ddp(module, ranks.group, ranks.device, CASE["variant"]["config"])
+    """The case's DDP model (``DDP_KWARGS``): with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; else
+    native's reference (the claim's reference hook, for a reduce dtype other than the parameters')."""
+    module = MODEL.plain(group=ranks.group, device=ranks.device)
+    if CASE["variant"]["config"] == COMPILED_CONFIG:
+        model = wrap_ddp(module, ranks.group, ranks.device, COMPILED_CONFIG)
+    else:
+        model = DistributedDataParallel(module, device_ids=[ranks.device] if ranks.device.type == "cuda" else None,
+                                        process_group=ranks.group, **DDP_KWARGS)
     if hooked:
         model.register_comm_hook(STATE(ranks.group), HOOK)
-        return model
-    ref = reference_hook(CASE["reduce_dtype"], next(model.parameters()).dtype)
-    if ref is not None:
-        model.register_comm_hook(ref[0](ranks.group), ref[1])
+    elif CASE["reduce_dtype"] is not None:
+        ref = reference_hook(CASE["reduce_dtype"], next(model.parameters()).dtype)
+        if ref is not None:
+            model.register_comm_hook(ref[0](ranks.group), ref[1])
     return model
 
 

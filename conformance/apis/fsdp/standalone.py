@@ -1,7 +1,7 @@
 """FSDP1's part of a standalone reproducer (torch only): its native mixed precision and its build.
 
-This module is written, as it is, into every reproducer of an FSDP1 case
-(:mod:`conformance.reproducers`); the suite's models (``models.py``) import its
+A reproducer of an FSDP1 case holds what the case runs of this module
+(:mod:`conformance.reproducers.sources`: an ``if`` on ``CASE`` as the branch the case takes); the suite's models (``models.py``) import its
 mixed-precision settings from here, so the file builds the models as the
 suite did: the model's FSDP units, ``use_orig_params=True``, the case's
 ``ShardingStrategy``, the reference under ``MixedPrecision(reduce_dtype=...)``
@@ -56,20 +56,26 @@ def low_precision_grads_mixed_precision() -> MixedPrecision:
 
 def reference() -> str:
     """What the hooked copy is compared with: FSDP with no hook, under the claim's ``MixedPrecision``."""
-    claim = CASE["reduce_dtype"]
-    return "the native path" + ("" if claim is None else f" with MixedPrecision(reduce_dtype={claim})")
+    if CASE["reduce_dtype"] is None:
+        return "the native path"
+    return f"the native path with MixedPrecision(reduce_dtype={CASE['reduce_dtype']})"
 
 
 def subgroup(ranks: Any) -> Any:
     """A ``subgroup`` case trains in this rank's data-parallel subgroup."""
-    return on_data_parallel_subgroup(ranks) if CASE["variant"].get("subgroup") else ranks
+    if CASE["variant"].get("subgroup"):
+        return on_data_parallel_subgroup(ranks)
+    return ranks
 
 
 def build(ranks: Any, hooked: bool) -> nn.Module:
-    """The case's FSDP model under its strategy: with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``."""
+    """The case's FSDP model under its strategy: with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; the
+    native copy under the claim's ``MixedPrecision(reduce_dtype=...)``, the hooked one without it (the hook
+    reduces); both under the low-precision-gradients setting where the case has it."""
+    mixed = None
     if CASE["variant"].get("low_precision_grads"):
         mixed = low_precision_grads_mixed_precision()
-    else:
+    elif CASE["reduce_dtype"] is not None:
         mixed = None if hooked else native_mixed_precision(CASE["reduce_dtype"])
     model = MODEL.build(group=ranks.group, device=ranks.device, fsdp_kwargs=dict(
         sharding_strategy=ShardingStrategy[CASE["variant"]["strategy"]], mixed_precision=mixed,

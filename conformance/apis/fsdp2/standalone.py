@@ -1,6 +1,6 @@
 """The reduce-scatter comm's FSDP2 setup (torch only): ``FSDPModule.set_custom_reduce_scatter(comm)``.
 
-Its ``SETUP`` is written into every reproducer of an ``fsdp2`` case, after the
+Its ``SETUP``, with the case's config alone, is written into every reproducer of an ``fsdp2`` case, after the
 FSDP2 part (``fsdp2_common/setup.py``, ``fsdp2_common/standalone.py``), and the
 suite's models read the same object (:class:`~conformance.apis.fsdp2.models.CommModels`).
 The configs decide the ``op`` FSDP2 hands the comm: ``default`` (nothing set:
@@ -17,7 +17,9 @@ but never calls it).
 
 from __future__ import annotations
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_comm, divide_factor
+from typing import Any, Dict
+
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_comm, divide_factor, with_config
 
 _HSDP = dict(mesh="hsdp", sync_setter="set_requires_all_reduce")
 
@@ -32,3 +34,10 @@ SETUP = Fsdp2Setup(setter="set_custom_reduce_scatter", bind=bind_comm, configs={
     "subgroup": Fsdp2Config("native fully_shard", mesh="subgroup"),
     "replicate": Fsdp2Config("replicate (on FSDP2) without the comm", mesh="replicate"),
 })
+
+
+def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone (none:
+    a case of no config of this API has the whole ``SETUP``)."""
+    config = case["variant"].get("config")
+    return {"SETUP": with_config(SETUP, config)} if config in SETUP.configs else {}

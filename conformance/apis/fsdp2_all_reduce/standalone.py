@@ -1,7 +1,7 @@
 """The all-reduce hook's FSDP2 setup (torch only): ``FSDPModule.set_all_reduce_hook(hook)`` where FSDP2 calls it
 after its own all-reduce.
 
-Its ``SETUP`` is written into every reproducer of an ``fsdp2_all_reduce``
+Its ``SETUP``, with the case's config alone, is written into every reproducer of an ``fsdp2_all_reduce``
 case, after the FSDP2 part (``fsdp2_common/setup.py``,
 ``fsdp2_common/standalone.py``), and the suite's models read the same object
 (:class:`~conformance.apis.fsdp2_all_reduce.models.AllReduceHookModels`).
@@ -13,7 +13,9 @@ accumulation turns off the all-reduce alone (``set_requires_all_reduce``).
 
 from __future__ import annotations
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_hook, no_division
+from typing import Any, Dict
+
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_hook, no_division, with_config
 
 _ALL_REDUCE_OFF = "set_requires_all_reduce"
 
@@ -23,3 +25,10 @@ SETUP = Fsdp2Setup(setter="set_all_reduce_hook", bind=bind_hook, configs={
     "replicate_sum": Fsdp2Config("replicate (on FSDP2) without the hook, set_gradient_divide_factor(1.0)",
                                  mesh="replicate", divide_factor=no_division, sync_setter=_ALL_REDUCE_OFF),
 })
+
+
+def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone (none:
+    a case of no config of this API has the whole ``SETUP``)."""
+    config = case["variant"].get("config")
+    return {"SETUP": with_config(SETUP, config)} if config in SETUP.configs else {}

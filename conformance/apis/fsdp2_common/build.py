@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# The unit walk and the builds live in the FSDP2 standalone part, which reproducers copy as it is (torch only).
+# The unit walk and the builds live in the FSDP2 standalone part, of which reproducers copy what a case runs (torch only).
 from conformance.apis.fsdp2_common.setup import Fsdp2Config
 from conformance.apis.fsdp2_common.standalone import fsdp2_api, mixed_precision, replicate_api, shard_units, wrap_model
 from conformance.models import get_model

@@ -156,6 +156,11 @@ COMM_KINDS = {"ReduceScatter": "__call__(output_tensor, input_tensor, group, op,
               "AllGather": "__call__(output_tensor, input_tensor, group, async_op)"}
 
 
+def with_config(setup: Fsdp2Setup, config: str) -> Fsdp2Setup:
+    """``setup`` with its config ``config`` alone: a reproducer's ``SETUP``, which builds one case."""
+    return dataclasses.replace(setup, configs={config: setup.configs[config]})
+
+
 def make_comm(hook: Any, name: str, kind: str = "ReduceScatter") -> Any:
     """A comm spec's comm: the object itself, or what its zero-argument factory (a comm class) returns.
 

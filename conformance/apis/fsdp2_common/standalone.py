@@ -1,8 +1,9 @@
 """FSDP2's part of a standalone reproducer (torch only): units, the builds, and the reproducer's functions.
 
-This module is written, as it is, into every reproducer of an FSDP2 case, after
-the setup types (``fsdp2_common/setup.py``) and before the API's ``SETUP``
-(:mod:`conformance.reproducers`); the suite builds its FSDP2 models with the
+A reproducer of an FSDP2 case holds what the case runs of this module, after
+the setup types (``fsdp2_common/setup.py``), and the API's ``SETUP`` with the
+case's config alone (:func:`~conformance.apis.fsdp2_common.setup.with_config`,
+:mod:`conformance.reproducers.sources`); the suite builds its FSDP2 models with the
 same functions (:func:`wrap_model`), so the file builds them as the suite did:
 ``fully_shard`` (or ``replicate`` on FSDP2) on the model's FSDP1 units,
 innermost first, then the root, with ``MixedPrecisionPolicy(reduce_dtype=...)``
@@ -197,7 +198,7 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
     layout = _layout()
     shape = layout.shape(ranks.world_size)
     grid = None if shape is None else mesh(ranks, shape)
-    model = wrap_model(layout, MODEL, MODEL.build(group=ranks.group, device=ranks.device, fsdp_kwargs=None), grid,
+    model = wrap_model(layout, MODEL, MODEL.plain(group=ranks.group, device=ranks.device), grid,
                        CASE["reduce_dtype"], ranks.group, ranks.device, ranks.world_size, hooked=hooked)
     if hooked:
         hook = SETUP.bind(HOOK, STATE, CASE["hook"], grid)

@@ -1,7 +1,7 @@
 """The replica all-reduce hook's FSDP2 setup (torch only): ``FSDPModule.set_all_reduce_hook`` on a 1-D shard mesh,
 where the hook is the whole reduction across replicas.
 
-Its ``SETUP`` is written into every reproducer of an ``fsdp2_replica`` case,
+Its ``SETUP``, with the case's config alone, is written into every reproducer of an ``fsdp2_replica`` case,
 after the FSDP2 part (``fsdp2_common/setup.py``, ``fsdp2_common/standalone.py``),
 and the suite's models read the same object
 (:class:`~conformance.apis.fsdp2_replica.models.ReplicaModels`). One config,
@@ -13,8 +13,17 @@ with ``state = spec.state(replica_group)``, all-reduces across the replicas.
 
 from __future__ import annotations
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_to_replicas
+from typing import Any, Dict
+
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_to_replicas, with_config
 
 SETUP = Fsdp2Setup(setter="set_all_reduce_hook", bind=bind_to_replicas, configs={
     "replica": Fsdp2Config("native HSDP on the {mesh} mesh", mesh="replica", hooked_dim="shard"),
 })
+
+
+def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone (none:
+    a case of no config of this API has the whole ``SETUP``)."""
+    config = case["variant"].get("config")
+    return {"SETUP": with_config(SETUP, config)} if config in SETUP.configs else {}

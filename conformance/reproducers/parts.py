@@ -1,0 +1,99 @@
+"""Which code a reproducer holds (:mod:`conformance.reproducers`): its parts, in the order a reader meets them.
+
+:func:`written_code_of` reads, from the modules the suite runs (the model's, the
+loop's pieces, the API's standalone part), what the case runs
+(:func:`conformance.reproducers.sources.written_code`); :func:`sections` names
+the parts of the file; :func:`constants_of` collects what the API binds beside
+the case (``reproducer_constants``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Dict, List, Sequence, Tuple
+
+from conformance.reproducers.sources import written_code
+from conformance.shared import standalone_inputs, standalone_main
+
+__all__ = ["PROVIDED", "constants_of", "sections", "written_code_of"]
+
+
+#: Names the file binds itself, not read from the suite's modules: its head's imports, the case, the hook,
+#: the model, and the two the writer picks per case (:func:`written_code_of`).
+PROVIDED = ("os", "sys", "torch", "IMPORT_HINT", "HOOK", "STATE", "CASE", "MODEL", "STEP_INPUTS", "LOSS")
+
+
+def _model_modules(model_cls: type) -> List[str]:
+    """The modules of the model's class and of its bases among the suite's models, base class first."""
+    out: List[str] = []
+    for cls in reversed(model_cls.__mro__):
+        if cls.__module__.startswith("conformance.models") and cls.__module__ not in out:
+            out.append(cls.__module__)
+    return out
+
+
+def _path(module: str) -> str:
+    """A module's file as the repository has it (``models/nested.py``, ``conformance/apis/ddp/standalone.py``)."""
+    return module.replace(".", "/").replace("conformance/models/", "models/") + ".py"
+
+
+def sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
+    """``(heading, modules)`` of each part of the file's code, in the order a reader meets them."""
+    models = _model_modules(model_cls)
+    loop = (standalone_main.__name__, *standalone_main.PIECES[:-2])
+    return [(f"the model: {model_cls.__name__} ({', '.join(_path(m) for m in models[::-1])}, as the suite builds it)",
+             models),
+            (f"how the suite builds {api.name}'s models ({', '.join(map(_path, api.standalone_modules))})",
+             api.standalone_modules),
+            (f"the lock-step loop ({', '.join(_path(m).rpartition('/')[2] for m in loop)} of conformance/shared)",
+             loop),
+            (f"the launcher: python FILE starts the ranks ({_path(standalone_main.PIECES[-2])})",
+             standalone_main.PIECES[-2:-1])]
+
+
+def constants_of(case: Dict[str, Any], standalone: Sequence[str]) -> Dict[str, Any]:
+    """What the API's standalone part binds beside the case (its ``reproducer_constants(case)``: DDP's constructor
+    keywords of the case's config)."""
+    out: Dict[str, Any] = {}
+    for name in standalone:
+        module = importlib.import_module(name)
+        if hasattr(module, "reproducer_constants"):
+            out.update(module.reproducer_constants(case))
+    return out
+
+
+def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[str], constants: Sequence[str] = (),
+                  constants_read: Sequence[str] = ()) -> Tuple[List[str], Dict[str, List[str]], str]:
+    """``(imports, code by module, bindings)``: of the model's modules, the loop's pieces and the API's
+    standalone part, only what the case runs (:func:`conformance.reproducers.sources.written_code`, from
+    ``run``, the model's class and the case's way of making inputs), and the line that binds ``STEP_INPUTS``
+    and ``LOSS``."""
+    step_inputs = standalone_inputs.step_inputs_of(case)
+    loss = standalone_inputs.loss_of(case)
+    roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss]), *constants_read]
+    modules = [*_model_modules(model_cls), *standalone_main.PIECES, *standalone]
+    prune = [c for c in model_cls.__mro__ if c.__module__.startswith("conformance.models")]
+    prune += [c for m in standalone for c in vars(importlib.import_module(m)).values()
+              if inspect.isclass(c) and c.__module__ == m]
+    imports, code = written_code(roots, modules, provided=(*PROVIDED, *constants), model=model_cls, prune=prune,
+                                 also_reads=f"{step_inputs}, {loss}", case=case)
+    return _merged(imports), code, f"STEP_INPUTS, LOSS = {step_inputs}, {loss}"
+
+
+def _merged(imports: Sequence[str]) -> List[str]:
+    """``import`` lines as written, and one ``from X import ...`` line per module ``X``, in first-seen order."""
+    out: List[str] = []
+    froms: Dict[str, List[str]] = {}
+    for line in imports:
+        if line.startswith("from "):
+            module, _, names = line[5:].partition(" import ")
+            if module not in froms:
+                froms[module] = []
+                out.append(module)
+            froms[module].extend(names.split(", "))
+        else:
+            out.append(line)
+    lines = [f"from {line} import {', '.join(sorted(froms[line]))}" if line in froms else line for line in out]
+    return sorted(lines, key=lambda line: (line.split()[1].startswith("torch"), line.startswith("from"),
+                                           line.split()[1]))

@@ -1,0 +1,161 @@
+"""What a standalone reproducer holds: only what its case runs, every name it reads defined, short enough to read.
+
+Written here without running a zoo or a process (``writer.reproducer_source`` on a zoo hook whose module imports
+only torch): the file of a DDP, FSDP1 and FSDP2 parity case keeps within its line budget (issue 29: the DDP one
+was 746 lines, every model of its module, the API's whole build and the generic loop); for every API, config and
+model a parity case can have, the file's module-level code runs (``__name__`` not ``"__main__"``: nothing starts)
+and every global name its functions read is defined in it. ``tests/test_reproducers.py`` runs written files.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import os
+import symtable
+import sys
+import types
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import torch
+
+from conformance.apis.registry import HOOK_APIS
+from conformance.models import MODELS
+from conformance.protocol import Finding
+from conformance.reproducers import writer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: ``api: (zoo module, hook name)``: a zoo hook of each API whose module imports only torch.
+HOOKS = {
+    "ddp": ("tests.zoo.ddp_hooks", "bad_sum_then_divide"),
+    "fsdp": ("tests.zoo.fsdp_hooks", "bad_sum_no_average"),
+    "fsdp2": ("tests.zoo.fsdp2_comms", "bad_always_sum"),
+    "fsdp2_all_reduce": ("tests.zoo.fsdp2_comms", "bad_replica_divide_hook"),
+    "fsdp2_replica": ("tests.zoo.fsdp2_comms", "bad_replica_sum"),
+}
+#: Lines of the file of a parity case on ``nested_wrapped`` in the API's first config, with one finding. Issue 29
+#: asks for 200; what the files hold beyond that is the loop's and launcher's code every case shares (about 190
+#: lines: the bitwise comparison, the verdict, ``python FILE`` starting the ranks and combining their statuses),
+#: and for FSDP2 its setup object and unit wrapping. The DDP file was 746 lines before.
+PARITY_LINES = {"ddp": 340, "fsdp": 380, "fsdp2": 540}
+
+
+def _spec(api: str) -> Any:
+    import importlib
+
+    module, name = HOOKS[api]
+    return next(s for s in importlib.import_module(module).ALL if s.name == name)
+
+
+def _variant(api: str) -> Tuple[str, List[str]]:
+    """``(variant field, its values)`` of an API's parity cases."""
+    field = HOOK_APIS[api].variant_field
+    if api == "fsdp":
+        return field, ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
+    module = __import__(HOOK_APIS[api].standalone_modules[-1], fromlist=["x"])
+    return field, list(getattr(module, "ALL_CONFIGS", None) or module.SETUP.configs)
+
+
+def _source(api: str, params: Dict[str, Any], world_size: int = 4, check: str = "parity",
+            findings: Tuple[Finding, ...] = (Finding(0, "differs", step=0),)) -> str:
+    name = f"test_{api}_{check}[case-ws{world_size}]"
+    return writer.reproducer_source(_spec(api), f"{HOOKS[api][0]}:ALL", f"{api}.{check}", params, world_size,
+                                    name, list(findings), "header", "rerun", "/tmp/repro.py")
+
+
+def _module_level(source: str) -> Dict[str, Any]:
+    """Run the file's module-level code as a module of its own (``__name__`` not ``"__main__"``: no rank starts,
+    and ``dataclasses`` finds the module, as it does the file's ``__main__``); its namespace."""
+    module = types.ModuleType("reproducer_under_test")
+    sys.modules[module.__name__] = module
+    sys.path.insert(0, REPO)
+    try:
+        exec(compile(source, "<reproducer>", "exec"), module.__dict__)
+    finally:
+        sys.path.remove(REPO)
+        del sys.modules[module.__name__]
+    return module.__dict__
+
+
+def _unresolved(source: str, namespace: Dict[str, Any]) -> List[str]:
+    """The global names a function of ``source`` reads that neither the file's module nor the builtins bind."""
+    missing: List[str] = []
+
+    def visit(table: symtable.SymbolTable) -> None:
+        for sym in table.get_symbols():
+            name = sym.get_name()
+            if table.get_type() != "module" and sym.is_referenced() and sym.is_global() and \
+                    name not in namespace and not hasattr(builtins, name):
+                missing.append(f"{table.get_name()}: {name}")
+        for child in table.get_children():
+            visit(child)
+
+    visit(symtable.symtable(source, "<reproducer>", "exec"))
+    return sorted(set(missing))
+
+
+@pytest.mark.parametrize("api", sorted(PARITY_LINES))
+def test_a_parity_reproducer_holds_only_what_its_case_runs(api):
+    field, values = _variant(api)
+    source = _source(api, {field: values[0], "model": "nested_wrapped"})
+    lines = source.count("\n")
+    assert lines <= PARITY_LINES[api], (lines, source)
+    for other in ("class AlwaysWrapNestedWrappedModule", "class GradientProbe", "def placed_tensor",
+                  "def regression_loss", "def layout_env"):
+        assert other not in source, other  # another model of the module, the inputs of other checks
+    assert "class NestedWrappedModule(ReferenceModel)" in source and "def first_difference" in source
+    if api == "ddp":
+        assert "DDP_KWARGS = {}" in source and "'small_buckets'" not in source  # the one config's build
+
+
+def _cases() -> List[Tuple[str, Dict[str, Any], int]]:
+    """A parity case of every API in every config (``nested_wrapped``), and of every model in the first config."""
+    out = []
+    for api in HOOKS:
+        field, values = _variant(api)
+        world_size = 4
+        out += [(api, {field: v, "model": "nested_wrapped"}, world_size) for v in values]
+        if api in PARITY_LINES:
+            out += [(api, {field: values[0], "model": m}, world_size) for m in sorted(MODELS)
+                    if m not in ("large_probe",)]
+    return out
+
+
+@pytest.mark.parametrize("api, params, world_size", _cases(),
+                         ids=[f"{a}-{'-'.join(map(str, p.values()))}" for a, p, _ in _cases()])
+def test_every_name_a_reproducer_reads_is_written_in_it(api, params, world_size):
+    source = _source(api, params, world_size)
+    assert _unresolved(source, _module_level(source)) == []
+    if api in ("ddp", "fsdp"):  # a reduce-dtype claim writes the claim's reference too
+        spec = _spec(api)
+        claimed = dataclasses.replace(spec, reduce_dtype=torch.bfloat16,
+                                      strategies=spec.strategies if api == "fsdp" else None)
+        text = writer.reproducer_source(claimed,
+                                        f"{HOOKS[api][0]}:ALL", f"{api}.parity", params, world_size, "case", [],
+                                        "header", "rerun", "/tmp/x.py")
+        assert _unresolved(text, _module_level(text)) == []
+
+
+def test_a_hard_input_reproducer_decodes_its_recorded_inputs():
+    """A hard-input case writes the decoding of its recorded gradients, and binds its inputs to it."""
+    values = [[[0.5] * 3, [1.0], [0.25] * 5, [0.0] * 21, [-1.0] * 64]] * 2
+    source = writer.reproducer_source(_spec("ddp"), "tests.zoo.ddp_hooks:ALL", "ddp.hard_inputs",
+                                      {"config": "default", "examples": [(None, [[torch.tensor(v) for v in r]
+                                                                                 for r in values])]},
+                                      2, "case", [], "header", "rerun", "/tmp/x.py")
+    assert "STEP_INPUTS, LOSS = recorded_inputs, MODEL.loss" in source and "def model_inputs" not in source
+    assert _unresolved(source, _module_level(source)) == []
+
+
+@pytest.mark.parametrize("api", ["ddp", "fsdp", "fsdp2"])
+@pytest.mark.parametrize("check, params", [("averaging", {}), ("long_run", {"model": "nested_wrapped", "steps": 50})])
+def test_the_other_lock_step_checks_write_their_own_inputs_and_loss(api, check, params):
+    """The averaging check trains the model's inputs, the long run its regression (inputs and loss of its own)."""
+    field, values = _variant(api)
+    source = _source(api, {field: values[0], **params}, 4, check=check)
+    assert _unresolved(source, _module_level(source)) == []
+    bound = next(line for line in source.splitlines() if line.startswith("STEP_INPUTS, LOSS = "))
+    assert bound == ("STEP_INPUTS, LOSS = regression_step_inputs, regression_loss" if check == "long_run" else
+                     "STEP_INPUTS, LOSS = model_inputs, MODEL.loss")

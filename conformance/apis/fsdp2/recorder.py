@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from conformance.apis.fsdp2_common.recorders import allocation_problem
 from conformance.protocol import Finding
 from conformance.ranks import reach
 from conformance.ranks.checks.models import Recorder
@@ -59,13 +60,9 @@ class CommRecorder(Recorder):
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         out = self.comm.allocate(size, dtype=dtype, device=device)
-        want = torch.Size([int(s) for s in size])
-        if not isinstance(out, torch.Tensor):
-            self.bad_allocations.append({"step": self.step, "size": tuple(want), "dtype": dtype,
-                                         "got": f"a {type(out).__name__}, not a tensor"})
-        elif out.shape != want or out.dtype != dtype or out.device.type != torch.device(device).type:
-            self.bad_allocations.append({"step": self.step, "size": tuple(want), "dtype": dtype,
-                                         "got": f"shape {tuple(out.shape)}, {dtype_name(out.dtype)} on {out.device}"})
+        bad = allocation_problem(out, size, dtype, device)
+        if bad is not None:
+            self.bad_allocations.append({"step": self.step, **bad})
         return out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -8,7 +8,7 @@ for the checks and the diagnosis.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -18,7 +18,7 @@ from conformance.ranks.checks.models import Recorder
 from conformance.shared.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
 
-__all__ = ["HookRecorder"]
+__all__ = ["HookRecorder", "allocation_problem"]
 
 
 class HookRecorder(Recorder):
@@ -69,3 +69,16 @@ class HookRecorder(Recorder):
             return [Finding(self.rank, "FSDP2 never called the all-reduce hook in this step", step=step,
                             kind="contract")]
         return []
+
+
+def allocation_problem(out: Any, size: Any, dtype: torch.dtype, device: Any) -> Optional[Dict[str, Any]]:
+    """What is wrong with the tensor a comm's ``allocate(size, *, dtype, device)`` returned (FSDP2's
+    ``ReduceScatter`` and ``AllGather`` comm protocols: FSDP2 reads and writes the buffer as asked), as
+    ``{"size", "dtype", "got"}``; ``None`` where it has exactly that shape, dtype and device type."""
+    want = torch.Size([int(s) for s in size])
+    if not isinstance(out, torch.Tensor):
+        return {"size": tuple(want), "dtype": dtype, "got": f"a {type(out).__name__}, not a tensor"}
+    if out.shape != want or out.dtype != dtype or out.device.type != torch.device(device).type:
+        return {"size": tuple(want), "dtype": dtype,
+                "got": f"shape {tuple(out.shape)}, {dtype_name(out.dtype)} on {out.device}"}
+    return None

@@ -11,14 +11,19 @@
 #
 # PYTHON picks the interpreter (default: python3). Setup (scripts/setup_env.py)
 # installs only what is missing: torch==2.13.0 where no torch is importable (an
-# existing torch is never replaced), then this package and its small dependencies.
+# existing torch is never replaced), then this package and its small dependencies;
+# make test and make test-fast add the test extra (import-linter) with setup_env.py --test.
 
 PYTHON ?= python3
 HOOKS ?=
 ARGS ?=
 REPORTS ?= reports
 
-STAMP := .setup-$(shell $(PYTHON) -c 'import hashlib, sys; print(hashlib.sha1(sys.executable.encode()).hexdigest()[:10])' 2>/dev/null || echo none).stamp
+INTERPRETER_ID := $(shell $(PYTHON) -c 'import hashlib, sys; print(hashlib.sha1(sys.executable.encode()).hexdigest()[:10])' 2>/dev/null || echo none)
+STAMP := .setup-$(INTERPRETER_ID).stamp
+# make test also needs the package's test extra (import-linter); make conform does not, so an offline GPU node
+# runs the suite without the linter's wheels.
+TEST_STAMP := .setup-test-$(INTERPRETER_ID).stamp
 HOOK_ARGS := $(foreach h,$(HOOKS),--hook $(h)) $(if $(strip $(HOOKS)),--with-builtins)
 
 TORCH ?=
@@ -34,17 +39,21 @@ $(STAMP): pyproject.toml scripts/setup_env.py
 	@$(PYTHON) scripts/setup_env.py
 	@touch $@
 
+$(TEST_STAMP): $(STAMP)
+	@$(PYTHON) scripts/setup_env.py --test
+	@touch $@
+
 conform: setup
 	@mkdir -p $(REPORTS)
 	$(PYTHON) -m conformance -v --junitxml=$(REPORTS)/conformance.xml --json=$(REPORTS)/conformance.json \
 		--markdown=$(REPORTS)/conformance.md $(HOOK_ARGS) $(ARGS)
 
-test: setup
-	@$(PYTHON) -c 'import sys, expecttest, pytest_timeout, jsonschema; sys.version_info < (3, 10) or __import__("importlinter")' || { echo "make test needs expecttest, pytest-timeout, jsonschema and import-linter (make setup installs them)" >&2; exit 2; }
+test: $(TEST_STAMP)
+	@$(PYTHON) -c 'import sys, expecttest, pytest_timeout, jsonschema; sys.version_info < (3, 10) or __import__("importlinter")' || { echo "make test needs expecttest, pytest-timeout, jsonschema and import-linter (scripts/setup_env.py --test installs them)" >&2; exit 2; }
 	$(PYTHON) -m pytest tests $(ARGS)
 
-test-fast: setup
-	@$(PYTHON) -c 'import sys, expecttest, pytest_timeout, jsonschema; sys.version_info < (3, 10) or __import__("importlinter")' || { echo "make test-fast needs expecttest, pytest-timeout, jsonschema and import-linter (make setup installs them)" >&2; exit 2; }
+test-fast: $(TEST_STAMP)
+	@$(PYTHON) -c 'import sys, expecttest, pytest_timeout, jsonschema; sys.version_info < (3, 10) or __import__("importlinter")' || { echo "make test-fast needs expecttest, pytest-timeout, jsonschema and import-linter (scripts/setup_env.py --test installs them)" >&2; exit 2; }
 	$(PYTHON) -m pytest tests -m unit $(ARGS)
 
 bench: setup

@@ -8,8 +8,10 @@ because nothing else may be installed yet. What it does, in order:
    pull several GB of CUDA packages). A torch that is installed but fails to
    import is an error: installing over it would replace the user's torch.
 2. This package, editable, with its small dependencies (pyproject.toml;
-   torch is deliberately not among them) and its ``test`` extra
-   (import-linter, which ``make test`` runs to check the package's layers).
+   torch is deliberately not among them). With ``--test`` (``make test``
+   and ``make test-fast``), also its ``test`` extra: import-linter, which
+   checks the package's layers. ``make conform`` never needs it, so an
+   offline GPU node runs the suite without carrying the linter's wheels.
 
    ``pip install -e .`` builds a PEP 660 editable wheel. Where the
    interpreter's own setuptools can build it without downloads (setuptools
@@ -104,8 +106,8 @@ def can_build_offline() -> bool:
     return version >= (64,) and installed_version("wheel") is not None
 
 
-def install_package() -> None:
-    args = ["install", "-e", f"{REPO}[test]"]
+def install_package(test_extra: bool = False) -> None:
+    args = ["install", "-e", f"{REPO}[test]" if test_extra else REPO]
     if can_build_offline():
         args.insert(1, "--no-build-isolation")
         say(f"installing {REPO} (editable) with the interpreter's setuptools {installed_version('setuptools')}")
@@ -115,7 +117,7 @@ def install_package() -> None:
             "isolated environment")
     if pip(*args) == 0:
         return
-    missing = [dist for dist, module in SMALL_DEPENDENCIES + TEST_DEPENDENCIES
+    missing = [dist for dist, module in SMALL_DEPENDENCIES + (TEST_DEPENDENCIES if test_extra else ())
                if importlib.util.find_spec(module) is None]
     hints = []
     if missing:
@@ -126,11 +128,14 @@ def install_package() -> None:
     fail("could not install the package (no network access?). " + "; ".join(hints or ["see pip's output above"]))
 
 
-def main() -> int:
+def main(argv: Optional[list] = None) -> int:
+    """``setup_env.py`` readies the suite (``make conform``); ``setup_env.py --test`` adds the project's test
+    extra (``make test``), after the first has run."""
+    test_extra = "--test" in (sys.argv[1:] if argv is None else argv)
     if sys.version_info < (3, 9):
         fail(f"Python {sys.version.split()[0]} is too old; the suite needs Python 3.9 or newer")
     ensure_torch()
-    install_package()
+    install_package(test_extra)
     check = subprocess.run([sys.executable, "-c", "import torch, pytest, hypothesis, numpy, conformance.models, "
                             "conformance.fixtures; print(torch.__version__)"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.path.expanduser("~"))

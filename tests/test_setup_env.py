@@ -92,11 +92,30 @@ def test_offline_build_needs_a_setuptools_that_builds_editable_wheels(setup_env,
 
 def test_install_uses_no_build_isolation_only_when_it_builds_offline(setup_env, monkeypatch):
     monkeypatch.setattr(setup_env, "can_build_offline", lambda: True)
-    setup_env.install_package()
+    setup_env.install_package(test_extra=True)
     monkeypatch.setattr(setup_env, "can_build_offline", lambda: False)
-    setup_env.install_package()
+    setup_env.install_package(test_extra=True)
     assert setup_env.pip_calls == [("install", "--no-build-isolation", "-e", f"{REPO}[test]"),
                                    ("install", "-e", f"{REPO}[test]")]
+
+
+def test_the_suite_is_installed_without_the_test_extra(setup_env, monkeypatch):
+    # make conform on an offline GPU node: import-linter (the test extra) is not among what it must carry.
+    monkeypatch.setattr(setup_env, "can_build_offline", lambda: True)
+    monkeypatch.setattr(setup_env, "ensure_torch", lambda: None)
+    monkeypatch.setattr(setup_env.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, stdout="2.13.0\n"))
+    assert setup_env.main([]) == 0
+    assert setup_env.main(["--test"]) == 0
+    assert setup_env.pip_calls == [("install", "--no-build-isolation", "-e", str(REPO)),
+                                   ("install", "--no-build-isolation", "-e", f"{REPO}[test]")]
+
+
+def test_the_makefile_installs_the_test_extra_for_make_test_only():
+    makefile = (REPO / "Makefile").read_text()
+    assert "conform: setup\n" in makefile
+    assert "test: $(TEST_STAMP)\n" in makefile and "test-fast: $(TEST_STAMP)\n" in makefile
+    assert "$(TEST_STAMP): $(STAMP)\n\t@$(PYTHON) scripts/setup_env.py --test\n" in makefile
 
 
 def test_a_failed_install_says_how_to_install_offline(setup_env, monkeypatch, capsys):

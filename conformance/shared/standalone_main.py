@@ -132,7 +132,8 @@ def main() -> int:
                     optim.step()
             line = compare(what, view(hooked), view(native), ranks.rank, step)
             if line is not None:
-                print(line, flush=True)
+                sys.stdout.write(line + "\n")  # one write a line: the ranks share the terminal
+                sys.stdout.flush()
             if any_rank(line is not None, device):
                 if ranks.rank == 0:
                     who = "native" if NATIVE_ONLY else f"hook {CASE['hook']}"

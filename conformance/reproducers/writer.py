@@ -235,6 +235,19 @@ def _literal(case: Dict[str, Any], width: int = 110) -> str:
     return "CASE = {\n" + "\n".join(lines) + "\n}"
 
 
+def _grouped(texts: Sequence[str]) -> List[str]:
+    """``texts`` (definitions, each a text), consecutive assignments joined into one text (no blank line between
+    them, as a module writes its constants); a function or class stays a text of its own."""
+    out: List[str] = []
+    for text in texts:
+        is_code = text.startswith(("def ", "class ", "@"))
+        if out and not is_code and not out[-1].startswith(("def ", "class ", "@")):
+            out[-1] += "\n" + text
+        else:
+            out.append(text)
+    return out
+
+
 def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str, Any], world_size: int,
                       case_id: str, findings: Sequence[Finding], header: str, rerun: str, path: str,
                       nodes: int = 1) -> str:
@@ -292,7 +305,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         "\n".join([_literal(case), *constant_lines]),
     ]
     for title, modules in sections(model_cls, api):
-        texts = [text for module in modules for text in code.get(module, [])]
+        texts = _grouped([text for module in modules for text in code.get(module, [])])
         if texts:
             parts.extend([_rule(title), *texts])
         if model_cls.__module__ in modules:

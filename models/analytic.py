@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
 import torch.nn as nn
 
-from conformance.models.base import ReferenceModel
+from conformance.models.base import ReferenceModel, world_size_of
 
 __all__ = ["AnalyticLinear"]
 
@@ -37,8 +37,8 @@ class AnalyticLinear(ReferenceModel):
         self.linear = nn.Linear(1, world_size, bias=False)
 
     @classmethod
-    def _needs_world_size(cls) -> bool:
-        return True
+    def _world_size(cls, group: Any) -> int:
+        return world_size_of(group)
 
     @classmethod
     def _construct(cls, world_size: int) -> "AnalyticLinear":
@@ -48,9 +48,7 @@ class AnalyticLinear(ReferenceModel):
         return self.linear(x)
 
     @classmethod
-    def make_input(
-        cls, rank: int, world_size: int, device: torch.device
-    ) -> Tuple[torch.Tensor, ...]:
+    def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
         return (torch.tensor([float(rank)]).to(device),)
 
     @staticmethod

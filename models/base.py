@@ -104,20 +104,13 @@ class ReferenceModel(nn.Module):
     @classmethod
     def _seeded(cls, group: Any, device: torch.device) -> nn.Module:
         """``_construct`` under ``torch.manual_seed(0)`` (CPU state forked), moved to ``device``."""
-        world_size = world_size_of(group) if cls._needs_world_size() else 1
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            model = cls._construct(world_size)
+            model = cls._construct(cls._world_size(group))
         return model.to(torch.device(device))
 
     @classmethod
-    def build(
-        cls,
-        *,
-        group: Any,
-        device: torch.device,
-        fsdp_kwargs: Optional[Dict[str, Any]],
-    ) -> nn.Module:
+    def build(cls, *, group: Any, device: torch.device, fsdp_kwargs: Optional[Dict[str, Any]]) -> nn.Module:
         """Construct the model deterministically and move it to ``device``.
 
         ``fsdp_kwargs=None``: the plain module (:meth:`plain`). Otherwise a root
@@ -127,29 +120,26 @@ class ReferenceModel(nn.Module):
         """
         if fsdp_kwargs is None:
             return cls.plain(group=group, device=device)
-        device = torch.device(device)
-        model = cls._seeded(group, device)
-
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        kwargs = checked_fsdp_kwargs(cls.__name__, fsdp_kwargs)
+        model, kwargs = cls._seeded(group, device), checked_fsdp_kwargs(cls.__name__, fsdp_kwargs)
         root_extra = cls._root_fsdp_kwargs(kwargs)
 
         def wrap(module: nn.Module, **extra: Any) -> nn.Module:
-            return FSDP(module, process_group=group, device_id=device, **kwargs, **extra)
+            return FSDP(module, process_group=group, device_id=torch.device(device), **kwargs, **extra)
 
         model._wrap_nested(wrap)
         return wrap(model, **root_extra)
 
     @classmethod
-    def _needs_world_size(cls) -> bool:
-        return False
+    def _world_size(cls, group: Any) -> int:
+        """The world size :meth:`_construct` gets: 1 here (the model is the same at every world size); a model
+        whose shape depends on it returns :func:`world_size_of` ``(group)``."""
+        return 1
 
     # -- data ----------------------------------------------------------------
     @classmethod
-    def make_input(
-        cls, rank: int, world_size: int, device: torch.device
-    ) -> Tuple[torch.Tensor, ...]:
+    def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
     @classmethod
@@ -170,11 +160,8 @@ def quiet_construct(fn: Callable[[], nn.Module], *messages: str) -> nn.Module:
 
 def checked_fsdp_kwargs(model_name: str, fsdp_kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """A copy of ``fsdp_kwargs``; ``TypeError`` if it sets what ``build`` sets itself."""
-    kwargs = dict(fsdp_kwargs)
-    bad = sorted(k for k in _RESERVED_FSDP_KWARGS if k in kwargs)
+    bad = sorted(k for k in _RESERVED_FSDP_KWARGS if k in fsdp_kwargs)
     if bad:
-        raise TypeError(
-            f"{model_name}.build sets {', '.join(bad)} itself; "
-            "pass group= and device= instead of putting them in fsdp_kwargs"
-        )
-    return kwargs
+        raise TypeError(f"{model_name}.build sets {', '.join(bad)} itself; pass group= and device= instead of "
+                        "putting them in fsdp_kwargs")
+    return dict(fsdp_kwargs)

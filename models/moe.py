@@ -231,9 +231,7 @@ class MixtureOfExperts(ReferenceModel):
         return self.module(x)
 
     @classmethod
-    def make_input(
-        cls, rank: int, world_size: int, device: torch.device
-    ) -> Tuple[torch.Tensor, ...]:
+    def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
         return (torch.rand(4, D_INPUT, generator=rank_generator(rank)).to(device),)
 
 

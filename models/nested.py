@@ -37,12 +37,8 @@ class NestedWrappedModule(ReferenceModel):
 
     def __init__(self) -> None:
         super().__init__()
-        self.module = nn.Sequential(
-            nn.Linear(8, 4),
-            nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 16)),
-            nn.Linear(16, 4),
-            nn.Linear(4, 8),
-        )
+        self.module = nn.Sequential(nn.Linear(8, 4), nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 16)),
+                                    nn.Linear(16, 4), nn.Linear(4, 8))
 
     @classmethod
     def _construct(cls, world_size: int) -> "NestedWrappedModule":
@@ -58,9 +54,7 @@ class NestedWrappedModule(ReferenceModel):
         return self.module(x)
 
     @classmethod
-    def make_input(
-        cls, rank: int, world_size: int, device: torch.device
-    ) -> Tuple[torch.Tensor, ...]:
+    def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
         return (torch.rand(4, 8, generator=rank_generator(rank)).to(device),)
 
 

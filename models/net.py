@@ -57,9 +57,7 @@ class Net(ReferenceModel):
         return self.out(F.relu(self.net(x)))
 
     @classmethod
-    def make_input(
-        cls, rank: int, world_size: int, device: torch.device
-    ) -> Tuple[torch.Tensor, ...]:
+    def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
         return (torch.rand(16, 8, generator=rank_generator(rank)).to(device),)
 
 

@@ -146,7 +146,5 @@ class NonUniformReqGradNWM(ReferenceModel):
         return self.module(x)
 
     @classmethod
-    def make_input(
-        cls, rank: int, world_size: int, device: torch.device
-    ) -> Tuple[torch.Tensor, ...]:
+    def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
         return (torch.rand(4, 8, generator=rank_generator(rank)).to(device),)

@@ -89,9 +89,7 @@ class GradientProbe(ReferenceModel):
         return out
 
     @classmethod
-    def make_input(
-        cls, rank: int, world_size: int, device: torch.device
-    ) -> Tuple[torch.Tensor, ...]:
+    def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
         gen = rank_generator(rank)
         return tuple(
             (torch.rand(shape, generator=gen) * 2 - 1).to(device)

@@ -128,9 +128,7 @@ class TransformerWithSharedParams(ReferenceModel):
         return self.output_proj(self.transformer(src, tgt))
 
     @classmethod
-    def make_input(
-        cls, rank: int, world_size: int, device: torch.device
-    ) -> Tuple[torch.Tensor, ...]:
+    def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
         src = ((torch.arange(SRC_LEN * BATCH) + rank) % D_VOCAB).view(SRC_LEN, BATCH)
         tgt = ((torch.arange(TGT_LEN * BATCH) * (rank + 1)) % D_VOCAB).view(TGT_LEN, BATCH)
         return (src.to(device), tgt.to(device))

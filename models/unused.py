@@ -56,7 +56,5 @@ class UnusedParamModel(ReferenceModel):
         return self.fc2(F.relu(self.fc1(x)))
 
     @classmethod
-    def make_input(
-        cls, rank: int, world_size: int, device: torch.device
-    ) -> Tuple[torch.Tensor, ...]:
+    def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
         return (torch.rand(4, 8, generator=rank_generator(rank)).to(device),)

@@ -135,7 +135,7 @@ def test_fully_shard_units_mirror_the_fsdp1_units(name):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = cls._construct(2)
-    units = standalone._unit_modules(model)
+    units = standalone._unit_modules(cls, model)
     assert len(units) + 1 == cls.fsdp_units
     order = list(model.modules())
     for i, unit in enumerate(units):  # innermost first: no unit contains a later one

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 from conformance.reproducers.sources import written_code
 from conformance.shared import standalone_inputs, standalone_main
 
-__all__ = ["PROVIDED", "constants_of", "sections", "written_code_of"]
+__all__ = ["PROVIDED", "constants_of", "known_of", "sections", "written_code_of"]
 
 
 #: Names the file binds itself, not read from the suite's modules: its head's imports, the case, the hook,
@@ -63,12 +63,26 @@ def constants_of(case: Dict[str, Any], standalone: Sequence[str]) -> Dict[str, A
     return out
 
 
+def known_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """``{module: {name: value}}``: the names of the API's standalone part whose value is the same wherever the
+    file's code reads them (its ``reproducer_known(constants, model_cls)``: an FSDP2 file's ``layout``, the
+    case's config, and ``cls``, the model class), so an ``if`` on them is written as the branch the case takes
+    (:func:`conformance.reproducers.sources.written_code`)."""
+    constants = constants_of(case, standalone)
+    known: Dict[str, Any] = {}
+    for name in standalone:
+        module = importlib.import_module(name)
+        if hasattr(module, "reproducer_known"):
+            known.update(module.reproducer_known(constants, model_cls))
+    return {name: known for name in standalone} if known else {}
+
+
 def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[str], constants: Sequence[str] = (),
                   constants_read: Sequence[str] = ()) -> Tuple[List[str], Dict[str, List[str]], str]:
     """``(imports, code by module, bindings)``: of the model's modules, the loop's pieces and the API's
     standalone part, only what the case runs (:func:`conformance.reproducers.sources.written_code`, from
-    ``run``, the model's class and the case's way of making inputs), and the line that binds ``STEP_INPUTS``
-    and ``LOSS``."""
+    ``run``, the model's class and the case's way of making inputs; an ``if`` on the part's known names as
+    the branch the case takes, :func:`known_of`), and the line that binds ``STEP_INPUTS`` and ``LOSS``."""
     step_inputs = standalone_inputs.step_inputs_of(case)
     loss = standalone_inputs.loss_of(case)
     roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss]), *constants_read]
@@ -77,7 +91,8 @@ def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[
     prune += [c for m in standalone for c in vars(importlib.import_module(m)).values()
               if inspect.isclass(c) and c.__module__ == m]
     imports, code = written_code(roots, modules, provided=(*PROVIDED, *constants), model=model_cls, prune=prune,
-                                 also_reads=f"{step_inputs}, {loss}", case=case)
+                                 also_reads=f"{step_inputs}, {loss}", case=case,
+                                 known=known_of(case, model_cls, standalone))
     return _merged(imports), code, f"STEP_INPUTS, LOSS = {step_inputs}, {loss}"
 
 

@@ -102,20 +102,28 @@ def _without_docstrings(node: ast.stmt, lines: List[str]) -> List[str]:
     return out
 
 
-def _case_constant(test: ast.expr, case: Optional[Dict[str, Any]], constants: Dict[str, Any]) -> Optional[bool]:
-    """The truth of an ``if`` test that reads ``CASE`` and nothing else but torch's dtypes and the module's
-    literal constants (``constants``), evaluated on ``case``; ``None`` where it reads anything else or calls
-    anything but ``.get``."""
+#: The builtins an ``if`` test decided at writing time may call (:func:`_case_constant`).
+_PURE_BUILTINS = {"hasattr": hasattr, "isinstance": isinstance, "len": len}
+
+
+def _case_constant(test: ast.expr, case: Optional[Dict[str, Any]], constants: Dict[str, Any],
+                   known: Optional[Dict[str, Any]] = None) -> Optional[bool]:
+    """The truth of an ``if`` test that reads ``CASE`` or a ``known`` name (a name whose value is the same
+    wherever the file's code reads it: an FSDP2 file's ``layout``, the case's config) and nothing else but
+    torch's dtypes, the module's literal constants (``constants``) and :data:`_PURE_BUILTINS`, evaluated on
+    ``case``; ``None`` where it reads anything else or calls anything but a method or those builtins."""
     if case is None:
         return None
+    known = known or {}
     names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
     calls = [n for n in ast.walk(test) if isinstance(n, ast.Call)]
-    if "CASE" not in names or not names <= {"CASE", "torch", *constants} or \
-            any(not (isinstance(c.func, ast.Attribute) and c.func.attr == "get") for c in calls):
+    if not names & {"CASE", *known} or not names <= {"CASE", "torch", *constants, *known, *_PURE_BUILTINS} or \
+            any(not isinstance(c.func, ast.Attribute) and getattr(c.func, "id", None) not in _PURE_BUILTINS
+                for c in calls):
         return None
     try:
         return bool(eval(compile(ast.Expression(test), "<case>", "eval"),
-                         {"__builtins__": {}, **constants, "CASE": case, "torch": torch}))
+                         {"__builtins__": dict(_PURE_BUILTINS), **constants, **known, "CASE": case, "torch": torch}))
     except Exception:  # noqa: BLE001 - not decidable from the case: the file keeps the test
         return None
 
@@ -126,16 +134,18 @@ def _literal_constants(module: Any) -> Dict[str, Any]:
             if not k.startswith("__") and (v is None or isinstance(v, (str, int, float, torch.dtype)))}
 
 
-def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[str, Any]) -> str:
-    """``source`` with every ``if`` (or ``elif``) whose test reads only ``CASE`` replaced by the branch the case
-    takes, the file holds its case's path alone: a top ``if`` by its branch's body, dedented into place; an
-    ``elif`` by an ``else`` holding that body, or by nothing."""
+def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[str, Any],
+                 known: Optional[Dict[str, Any]] = None) -> str:
+    """``source`` with every ``if`` (or ``elif``) whose test reads only ``CASE`` (or ``known`` names:
+    :func:`_case_constant`) replaced by the branch the case takes, the file holds its case's path alone: a top
+    ``if`` by its branch's body, dedented into place (``pass`` where it has none and its block nothing else);
+    an ``elif`` by an ``else`` holding that body, or by nothing."""
     while True:
         lines = source.splitlines()
         found = next(((n, v) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.If)
-                      for v in [_case_constant(n.test, case, constants)] if v is not None), None)
+                      for v in [_case_constant(n.test, case, constants, known)] if v is not None), None)
         if found is None:
-            return _without_dead_code(source)
+            return _without_spare_pass(_without_dead_code(source))
         node, value = found
         first = lines[node.lineno - 1]
         indent = first[:len(first) - len(first.lstrip())]
@@ -150,7 +160,7 @@ def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[st
         elif rest:
             kept = [indent + "else:"] + rest if is_elif else _dedented(rest, len(indent))
         else:
-            kept = []
+            kept = [] if is_elif else [indent + "pass"]  # removed again where its block holds more
         end = (node.orelse[-1] if node.orelse else node.body[-1]).end_lineno
         source = "\n".join(lines[:node.lineno - 1] + kept + lines[end:]) + "\n"
 
@@ -169,17 +179,28 @@ def _without_dead_code(source: str) -> str:
         source = "\n".join(lines[:dead[0] - 1] + lines[dead[1]:]) + "\n"
 
 
+def _without_spare_pass(source: str) -> str:
+    """``source`` less every ``pass`` of a block that holds other statements (what an ``if`` the case does not take
+    leaves behind, :func:`_specialised`)."""
+    tree = ast.parse(source)
+    spare = {stmt.lineno for node in ast.walk(tree) for field in ("body", "orelse", "finalbody")
+             for stmts in [getattr(node, field, None)] if isinstance(stmts, list) and len(stmts) > 1
+             for stmt in stmts if isinstance(stmt, ast.Pass)}
+    return "\n".join(line for k, line in enumerate(source.splitlines(), 1) if k not in spare) + "\n"
+
+
 def _dedented(lines: List[str], indent: int) -> List[str]:
     """``lines`` (a block's) moved to ``indent``, from wherever their first line stands."""
     by = (len(lines[0]) - len(lines[0].lstrip())) - indent if lines else 0
     return [line[by:] if line[:by].strip() == "" else line for line in lines]
 
 
-def _definitions(module_name: str, case: Optional[Dict[str, Any]] = None) -> List[_Definition]:
+def _definitions(module_name: str, case: Optional[Dict[str, Any]] = None,
+                 known: Optional[Dict[str, Any]] = None) -> List[_Definition]:
     """Every module-level statement of ``module_name`` but its docstring and ``from __future__``, each ``if``
-    on ``CASE`` replaced by the branch ``case`` takes (:func:`_specialised`)."""
+    on ``CASE`` (or ``known`` names) replaced by the branch ``case`` takes (:func:`_specialised`)."""
     module = importlib.import_module(module_name)
-    source = _specialised(inspect.getsource(module), case, _literal_constants(module))
+    source = _specialised(inspect.getsource(module), case, _literal_constants(module), known)
     lines = source.splitlines()
     out = []
     for node in ast.parse(source).body:
@@ -261,7 +282,8 @@ def _import_lines(node: ast.stmt, used: Set[str], bound: Set[str]) -> List[str]:
 
 def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterable[str] = (),
                  model: Optional[type] = None, prune: Sequence[type] = (), also_reads: str = "",
-                 case: Optional[Dict[str, Any]] = None) -> Tuple[List[str], Dict[str, List[str]]]:
+                 case: Optional[Dict[str, Any]] = None, known: Optional[Dict[str, Dict[str, Any]]] = None
+                 ) -> Tuple[List[str], Dict[str, List[str]]]:
     """``(imports, definitions by module)``: the import lines and the definitions (each a text) of ``modules``
     that the names ``roots`` reach, following the global names each definition reads; each module's in its
     own order (a base class before its subclass, a constant before the code that reads it when the module
@@ -271,13 +293,14 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
     whose methods decide what is kept of the classes in ``prune`` (a method the model takes from another
     class, or that no written code names, is left out). ``also_reads``: code the file holds beside the
     definitions (the writer's bindings), whose names and attributes are followed too. ``case``: the file's
-    ``CASE``; an ``if`` on it alone is written as the branch the case takes. A name bound in two modules takes
+    ``CASE``; an ``if`` on it alone is written as the branch the case takes, and so is one on the names ``known``
+    gives a module (``{module: {name: value}}``). A name bound in two modules takes
     the later module's definition (an API's part may override a shared helper's).
     """
     table: Dict[str, _Definition] = {}
     order: List[_Definition] = []
     for module_name in modules:
-        for definition in _definitions(module_name, case):
+        for definition in _definitions(module_name, case, (known or {}).get(module_name)):
             order.append(definition)
             for name in definition.binds:
                 table[name] = definition
@@ -330,7 +353,8 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
             imports.extend(_import_lines(definition.node, reads, bound))
         elif id(definition) in pruned:
             module = importlib.import_module(definition.module)
-            lines = _specialised(inspect.getsource(module), case, _literal_constants(module)).splitlines()
+            lines = _specialised(inspect.getsource(module), case, _literal_constants(module),
+                                 (known or {}).get(definition.module)).splitlines()
             texts[definition.module].append(pruned[id(definition)].text(lines))
         else:
             texts[definition.module].append("\n".join(definition.text))

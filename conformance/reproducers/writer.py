@@ -128,16 +128,14 @@ def _head(spec: Any, target: str, imports_of_code: Sequence[str] = ()) -> str:
         "import os",
         "import sys",
         "",
-        "# As `python -m` does: the working directory first on the import path (the suite ran the case from there).",
-        "sys.path.insert(0, os.getcwd())",
+        "sys.path.insert(0, os.getcwd())  # as `python -m` does: the suite ran the case from there",
         hint_literal,
-        "",
         "try:",
         "    import torch",
         *(f"    {line}" for line in imports_of_code),
         imports,
-        "except Exception as exc:  # noqa: BLE001 - the case cannot run here: exit 2, naming the error",
-        '    if os.environ.get("RANK", "0") == "0":  # one line, not one per rank',
+        "except Exception as exc:  # noqa: BLE001 - the case cannot run here: exit 2, naming the error (on one rank)",
+        '    if os.environ.get("RANK", "0") == "0":',
         '        print(f"could not run: {type(exc).__name__}: {exc} ({IMPORT_HINT})", flush=True)',
         "    sys.exit(2)",
     ])
@@ -237,6 +235,19 @@ def _literal(case: Dict[str, Any], width: int = 110) -> str:
     return "CASE = {\n" + "\n".join(lines) + "\n}"
 
 
+def _grouped(texts: Sequence[str]) -> List[str]:
+    """``texts`` (definitions, each a text), consecutive assignments joined into one text (no blank line between
+    them, as a module writes its constants); a function or class stays a text of its own."""
+    out: List[str] = []
+    for text in texts:
+        is_code = text.startswith(("def ", "class ", "@"))
+        if out and not is_code and not out[-1].startswith(("def ", "class ", "@")):
+            out[-1] += "\n" + text
+        else:
+            out.append(text)
+    return out
+
+
 def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str, Any], world_size: int,
                       case_id: str, findings: Sequence[Finding], header: str, rerun: str, path: str,
                       nodes: int = 1) -> str:
@@ -246,8 +257,8 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         spec: the hook's :class:`~conformance.spec.HookSpec`; ``target``: the ``module:ATTR`` it was loaded from.
         rank_check, params, world_size: what the ranks ran (``<api>.<check>`` and its parameters).
         case_id: the pytest test name; ``findings``: every rank's; ``header``: the failure's first line;
-            ``rerun``: the command that re-runs the case in the suite; ``path``: where the file goes (for its
-            own run command); ``nodes``: the node layout the case simulated (the file sets torchrun's
+            ``rerun``: the command that re-runs the case in the suite; ``path``: where the file goes (its name is in
+            its run command); ``nodes``: the node layout the case simulated (the file sets torchrun's
             variables for it).
 
     Raises:
@@ -274,17 +285,17 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
     shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)]
     found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
                       + (["    ..."] if len(shown) > 2 else []))
+    file = os.path.basename(path)
     parts = [
         "#!/usr/bin/env python3",
         f'"""Standalone reproducer of {case_id}\n\n'
         f"{header}\n{found}\n\n"
-        "Run it from the directory the hook's module imports from (exit status 1: the difference reproduces,\n"
-        "0: it does not, 2: it could not run, the error named); it prints each rank's first difference and a verdict:\n"
-        f"    python {{file}}                   starts its {world_size} ranks (CPU: gloo; CUDA: NCCL, one GPU each)\n"
-        f"    python {{file}} --without-hook    both copies native: must find no difference\n"
-        f"    torchrun --nproc-per-node {world_size} {{file}}   as torchrun's workers (torchrun exits 1 on any failure)\n"
-        f"{imports_line}. Of the suite's model, {api.name}'s build\n({api.installed_with}) and lock-step "
-        f"loop, what this case runs is written in below\n(commhook-conformance, torch {torch.__version__}). "
+        f"`python {file}` starts its {world_size} ranks (gloo on CPU; NCCL with a GPU a rank), `--without-hook` builds "
+        f"both copies native,\n`torchrun --nproc-per-node {world_size} {file}` runs as its workers. Run it from the "
+        "directory the hook's module imports\nfrom; exit status 1: the difference reproduces, 0: it does not, 2: it "
+        "could not run (the error named).\n"
+        f"{imports_line}; the rest is what this case runs of the suite's model, {api.name}'s\nbuild "
+        f"({api.installed_with}) and lock-step loop (commhook-conformance, torch {torch.__version__}).\n"
         f"Re-run the case in the suite:\n    {rerun}\n"
         '"""',
         "from __future__ import annotations",
@@ -294,13 +305,13 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         "\n".join([_literal(case), *constant_lines]),
     ]
     for title, modules in sections(model_cls, api):
-        texts = [text for module in modules for text in code.get(module, [])]
+        texts = _grouped([text for module in modules for text in code.get(module, [])])
         if texts:
             parts.extend([_rule(title), *texts])
         if model_cls.__module__ in modules:
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
-    return "\n\n".join(parts).replace("{file}", path) + "\n"
+    return "\n\n".join(parts) + "\n"
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

@@ -1,5 +1,5 @@
 """A reproducer's comparison: each tensor of the hooked copy against native's, bit for bit, the first difference
-named (parameter FQN, index, both values and their stored bits).
+named (parameter FQN, index, both values and their stored bits in hex).
 
 Written into a reproducer (:mod:`conformance.reproducers`) as far as its case uses it, and read by the rank
 side too (the FQNs without wrappers, ``local``). Torch only.
@@ -34,46 +34,33 @@ def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-#: The integer dtype of each floating dtype's width, to read its stored bits.
-_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: The integer dtype of each element width: a tensor viewed as it reads its stored bits.
+INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _bits(value: torch.Tensor) -> str:
-    """The stored bits of a one-element floating tensor, in hex, as wide as its dtype."""
+def hex_bits(value: torch.Tensor) -> str:
+    """The stored bits of a one-element tensor in hex, as wide as its dtype (``0xbeabc949``)."""
     size = value.element_size()
-    return f"0x{int(value.reshape(1).view(_INTS[size])[0]) & ((1 << (8 * size)) - 1):0{2 * size}x}"
+    return f"0x{int(value.view(INTS[size])) & ((1 << 8 * size) - 1):0{2 * size}x}"
 
 
-def _short(value: torch.Tensor) -> str:
-    """The shortest decimal that reads back as ``value``'s bits in its own dtype (``-0.33552012``); NaN and
-    infinities as ``repr``."""
-    number = float(value)
-    finite = number == number and abs(number) != float("inf")
-    texts = (f"{number:.{digits}g}" for digits in range(1, 18) if finite)
-    return next((t for t in texts if _bits(torch.tensor(float(t), dtype=value.dtype)) == _bits(value)), repr(number))
-
-
-def first_difference(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor]) -> Optional[str]:
-    """Why ``actual`` (hooked) is not bitwise equal to ``expected`` (native), or ``None``; NaN equals NaN,
-    ``-0.0`` is not ``+0.0`` (the suite's ``compare_bitwise``)."""
-    if actual is None or expected is None:
-        hooked, native = ("None" if t is None else "set" for t in (actual, expected))
-        return None if actual is expected else f"is {hooked} with the hook but {native} natively"
-    a, e = actual.detach().cpu(), expected.detach().cpu()
-    if a.dtype != e.dtype or a.shape != e.shape:
-        return (f"dtype {a.dtype} with the hook, {e.dtype} natively" if a.dtype != e.dtype else
-                f"shape {tuple(a.shape)} with the hook, {tuple(e.shape)} natively")
-    floating = a.is_floating_point()
-    ints = _INTS.get(a.element_size())
-    differ = ((a.view(ints) != e.view(ints)) & ~(torch.isnan(a) & torch.isnan(e))) if floating else a != e
+def first_difference(got: Optional[torch.Tensor], want: Optional[torch.Tensor]) -> Optional[str]:
+    """Where ``got`` (hooked) first differs bit for bit from ``want`` (native), or ``None``; NaN equals NaN,
+    ``-0.0`` is not ``+0.0`` (the suite's ``compare_bitwise``). Values are shown to 9 significant digits."""
+    if got is None or want is None:
+        return None if got is want else f"is {'set' if want is None else 'None'} with the hook, not natively"
+    got, want = got.detach().cpu(), want.detach().cpu()
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return f"is {got.dtype} {tuple(got.shape)} with the hook, {want.dtype} {tuple(want.shape)} natively"
+    g, w, ints = got.reshape(-1), want.reshape(-1), INTS[got.element_size()]
+    differ = (g.view(ints) != w.view(ints)) & ~(g.isnan() & w.isnan())
     if not bool(differ.any()):
         return None
-    flat = int(differ.reshape(-1).nonzero()[0])
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else ()
-    got, want = a.reshape(-1)[flat], e.reshape(-1)[flat]
-    text = (f"got {_short(got)} ({_bits(got)}), but expected {_short(want)} ({_bits(want)})" if floating else
-            f"got {got.item()!r}, but expected {want.item()!r}")
-    return f"first difference at index {index}: {text}; {int(differ.sum())} of {a.numel()} elements differ"
+    flat = int(differ.nonzero()[0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), got.shape))
+    a, b = g[flat], w[flat]
+    return (f"first difference at index {index}: got {float(a):.9g} ({hex_bits(a)}), but expected {float(b):.9g} "
+            f"({hex_bits(b)}); {int(differ.sum())} of {got.numel()} elements differ")
 
 
 def compare(what: str, hooked: Dict[str, Any], native: Dict[str, Any], rank: int, step: int) -> Optional[str]:

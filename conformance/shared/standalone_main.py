@@ -18,9 +18,9 @@ view, then ``SGD(foreach=False)`` steps on both and compare the parameters.
 The first difference is printed per rank (parameter FQN, index, both values
 and their bits); the ranks agree, with an all-reduce, to stop together.
 
-``python FILE.py`` starts the case's ranks itself (``launch``: gloo on CPU,
-or one process per GPU with NCCL, ``select_backend``); under ``torchrun``
-the file runs as one of its workers. Either way the same verdict line is
+``python FILE.py`` starts the case's ranks itself (``launch``:
+``torch.multiprocessing.spawn``, gloo on CPU, or one process per GPU with NCCL,
+``select_backend``); under ``torchrun`` the file runs as one of its workers. Either way the same verdict line is
 printed, and ``python FILE.py`` exits with it: 1 the difference reproduces, 0 it
 does not, 2 it could not run (a process group that cannot start, a launch that
 does not fit the case's world size; the file's head exits 2 itself where the
@@ -30,7 +30,6 @@ is 1 for any failed worker, so under torchrun read the verdict line.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import sys
@@ -46,8 +45,8 @@ from conformance.shared.standalone_compare import (any_rank, compare, first_diff
                                                    fqn_inside_ddp, fqn_without_wrappers, local)
 from conformance.shared.standalone_inputs import (PLACED_PERIOD, SeededInputs, placed_tensor,  # noqa: F401
                                                   regression_inputs, regression_loss)
-from conformance.shared.standalone_launch import (COULD_NOT_RUN, GRACE_S, NOT_REPRODUCED,  # noqa: F401
-                                                  REPRODUCED, combine, launch, layout_env, select_backend)
+from conformance.shared.standalone_launch import (COULD_NOT_RUN, NOT_REPRODUCED, REPRODUCED,  # noqa: F401
+                                                  exit_status, launch, layout_env, select_backend)
 
 #: The modules a reproducer's code is read from, lowest first (:mod:`conformance.reproducers.sources`).
 PIECES = ("conformance.shared.standalone_compare", "conformance.shared.standalone_inputs",
@@ -57,6 +56,8 @@ PIECES = ("conformance.shared.standalone_compare", "conformance.shared.standalon
 #: This rank's place in the run: ``rank``, ``world_size``, ``group`` (the process group the models train in),
 #: ``device``; the API's part may give a subgroup's (``subgroup()``).
 Ranks = collections.namedtuple("Ranks", "rank world_size group device")
+#: ``--without-hook``: the hooked copy is built native too (the file must then find no difference).
+NATIVE_ONLY = "--without-hook" in sys.argv[1:]
 
 
 def data_parallel_groups(world_size: int) -> List[List[int]]:
@@ -82,62 +83,51 @@ def train_step(model: nn.Module, optim: torch.optim.Optimizer, inputs: List[Tupl
     LOSS(inputs[-1], model(*inputs[-1])).backward()
 
 
-def _hook_raised(rank: int, step: Optional[int], exc: BaseException) -> int:
-    """A rank whose hooked copy raised (native trained): the traceback, and the verdict; other ranks are left
-    waiting in a collective, so this rank leaves without the closing barrier."""
+def hook_raised(rank: int, when: str, exc: Exception) -> int:
+    """A rank whose hooked copy raised where native did not: the traceback, and the verdict (the other ranks,
+    left waiting in a collective, are stopped by the launcher, or by torchrun). Under ``NATIVE_ONLY`` no hook
+    ran: the exception is raised again (could not run)."""
+    if NATIVE_ONLY:
+        raise
     traceback.print_exc()
-    when = "building the hooked copy" if step is None else f"at step {step}"
     print(f"the difference reproduces: hook {CASE['hook']} raised on rank {rank} {when}, where {reference()} "
           f"did not: {type(exc).__name__}: {exc}", flush=True)
     return REPRODUCED
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run the case: as torchrun's worker where ``RANK`` is set, else start its ranks (``launch``). The exit
-    status says whether the difference reproduces (``REPRODUCED``, ``NOT_REPRODUCED``, ``COULD_NOT_RUN``)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--without-hook", action="store_true",
-                        help="build the hooked copy without the hook (native on both sides): must print no difference")
-    native_only = parser.parse_args(argv).without_hook
-    if "RANK" not in os.environ:
-        return launch(argv)
+def main() -> int:
+    """This rank's run of the case: build native and hooked copies (both native under ``NATIVE_ONLY``), train them
+    in lock step, compare each view bit for bit, and return the verdict (``REPRODUCED``, ``NOT_REPRODUCED``,
+    ``COULD_NOT_RUN``)."""
     backend, device_type = select_backend(torch.cuda.is_available(), torch.cuda.device_count(),
                                           int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    device = torch.device(device_type, int(os.environ.get("LOCAL_RANK", "0")) if device_type == "cuda" else None)
+    device = torch.device(device_type, int(os.environ["LOCAL_RANK"]) if device_type == "cuda" else None)
     if device_type == "cuda":
         torch.cuda.set_device(device)
-    if CASE.get("nodes", 1) > 1:  # the layout the case simulated: torchrun's variables as on that many nodes
+    if CASE["nodes"] > 1:  # the layout the case simulated: torchrun's variables as on that many nodes
         os.environ.update(layout_env(int(os.environ["RANK"]), CASE["world_size"], CASE["nodes"]))
     dist.init_process_group(backend)
     if dist.get_world_size() != CASE["world_size"]:
-        if dist.get_rank() == 0:
-            print(f"could not run: this case ran at world size {CASE['world_size']}, not {dist.get_world_size()}: "
-                  f"python {sys.argv[0]}, or torchrun --nproc-per-node {CASE['world_size']} {sys.argv[0]}",
-                  flush=True)
+        print(f"could not run: the case runs {CASE['world_size']} ranks, not {dist.get_world_size()}", flush=True)
         return COULD_NOT_RUN
     ranks = subgroup(Ranks(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, device))
     native = build(ranks, hooked=False)
     try:
-        hooked = build(ranks, hooked=not native_only)
+        hooked = build(ranks, hooked=not NATIVE_ONLY)
     except Exception as exc:  # noqa: BLE001 - the hook's state or its registration raised
-        if native_only:
-            raise
-        return _hook_raised(ranks.rank, None, exc)
+        return hook_raised(ranks.rank, "building the hooked copy", exc)
     optims = [torch.optim.SGD(m.parameters(), lr=CASE["lr"], momentum=CASE["momentum"], foreach=False)
               for m in (native, hooked)]
+    views = GRAD_VIEWS[:CASE["grad_views"]] + ([PARAM_VIEW] if CASE["optimizer_step"] else [])
     for step in range(CASE["steps"]):
         inputs = STEP_INPUTS(ranks, step)
         train_step(native, optims[0], inputs)
         try:
             train_step(hooked, optims[1], inputs)
         except Exception as exc:  # noqa: BLE001 - the hook raised where native did not
-            if native_only:
-                raise
-            return _hook_raised(ranks.rank, step, exc)
-        views = GRAD_VIEWS[:CASE["grad_views"]] + ([PARAM_VIEW] if CASE["optimizer_step"] else [])
-        for k, (what, view) in enumerate(views):
-            if CASE["optimizer_step"] and k == len(views) - 1:
+            return hook_raised(ranks.rank, f"at step {step}", exc)
+        for what, view in views:
+            if view is PARAM_VIEW[1]:
                 for optim in optims:
                     optim.step()
             line = compare(what, view(hooked), view(native), ranks.rank, step)
@@ -146,31 +136,35 @@ def main(argv: Optional[List[str]] = None) -> int:
                 sys.stdout.flush()
             if any_rank(line is not None, device):
                 if ranks.rank == 0:
-                    who = ("native differs from native: not deterministic here" if native_only else
-                           f"hook {CASE['hook']} differs from {reference()} at step {step}")
-                    print(f"the difference reproduces: {who}", flush=True)
+                    who = "native" if NATIVE_ONLY else f"hook {CASE['hook']}"
+                    print(f"the difference reproduces: {who} differs from {reference()} at step {step}", flush=True)
                 dist.barrier()
                 return REPRODUCED
     if ranks.rank == 0:
-        print(f"no difference in {CASE['steps']} step(s): "
-              + ("native equals native" if native_only else "the case does not reproduce here"), flush=True)
+        print(f"no difference in {CASE['steps']} step(s)", flush=True)
     dist.barrier()
     return NOT_REPRODUCED
 
 
-def run() -> None:
-    """:func:`main`, then leave at once with its exit status (``os._exit``: the interpreter's teardown of FSDP2's
-    and gloo's threads can abort a process that already gave its answer). Anything that raises outside the
-    hook (a process group that cannot start, the native copy) is :data:`COULD_NOT_RUN`, never exit 1, the
-    status of a reproduced difference."""
+def worker(rank: int) -> None:
+    """Rank ``rank`` (``RANK`` and ``LOCAL_RANK`` where torchrun did not set them): :func:`main`, then leave at
+    once with its status (``os._exit``: the interpreter's teardown of FSDP2's and gloo's threads can abort a
+    process that already gave its answer). Anything that raises outside the hook (a process group that cannot
+    start, the native copy) is :data:`COULD_NOT_RUN`, never 1, the status of a reproduced difference."""
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("LOCAL_RANK", str(rank))
     try:
         code = main()
-    except SystemExit as exc:  # argparse: --help (0), a bad option (2)
-        code = exc.code if isinstance(exc.code, int) else COULD_NOT_RUN
     except BaseException as exc:  # noqa: BLE001 - reported, and the status says so
         traceback.print_exc()
         print(f"could not run: {type(exc).__name__}: {exc}", flush=True)
         code = COULD_NOT_RUN
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    os._exit(code)  # every line was printed with flush=True, and stderr writes each line
+
+
+def run() -> None:
+    """The file's entry: as torchrun's worker where ``RANK`` is set, else start the case's ranks (``launch``) and
+    exit with their verdict."""
+    if "RANK" in os.environ:
+        worker(int(os.environ["RANK"]))
+    sys.exit(launch())

@@ -194,10 +194,7 @@ def no_sync(model: nn.Module) -> Any:
     return model.no_sync()
 
 
-def _grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
-    return {fqn_inside_ddp(n): None if p.grad is None else p.grad.detach() for n, p in model.named_parameters()}
-
-
-GRAD_VIEWS = [("gradient", _grads)]
+GRAD_VIEWS = [("gradient", lambda model: {fqn_inside_ddp(n): None if p.grad is None else p.grad.detach()
+                                          for n, p in model.named_parameters()})]
 PARAM_VIEW = ("parameter after the optimizer step",
               lambda model: {fqn_inside_ddp(n): p.detach() for n, p in model.named_parameters()})

@@ -69,10 +69,23 @@ def replica_shape(world_size: int) -> Tuple[int, int]:
     return (world_size // REPLICA_SHARDS, REPLICA_SHARDS)
 
 
-#: The device meshes of :attr:`Fsdp2Config.mesh`: the shape for a world size (the pool's, or the subgroup's).
-MESH_SHAPES: Dict[str, Callable[[int], Tuple[int, ...]]] = {
-    "pool": lambda world_size: (world_size,), "subgroup": lambda world_size: (world_size,),
-    "hsdp": hsdp_shape, "replica": replica_shape}
+def mesh_shape(layout: "Fsdp2Config", world_size: int) -> Optional[Tuple[int, ...]]:
+    """The device mesh's shape of ``layout`` (:attr:`Fsdp2Config.mesh`) for ``world_size`` ranks (the subgroup's
+    under ``"subgroup"``): 1-D over them under ``"pool"`` and ``"subgroup"``, :func:`hsdp_shape`,
+    :func:`replica_shape`; ``None`` under ``"replicate"`` (its own mesh). A reproducer holds the case's branch.
+
+    Raises:
+        ValueError: ``world_size`` does not fit the mesh; ``layout.mesh`` is none of these.
+    """
+    if layout.mesh == "replicate":
+        return None
+    if layout.mesh == "hsdp":
+        return hsdp_shape(world_size)
+    if layout.mesh == "replica":
+        return replica_shape(world_size)
+    if layout.mesh not in ("pool", "subgroup"):
+        raise ValueError(f"unknown FSDP2 mesh {layout.mesh!r}")
+    return (world_size,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +123,7 @@ class Fsdp2Config:
     def shape(self, world_size: int) -> Optional[Tuple[int, ...]]:
         """The device mesh's shape for ``world_size`` ranks (the subgroup's under ``"subgroup"``); ``None``
         under ``replicate`` (its own mesh)."""
-        return None if self.mesh == "replicate" else MESH_SHAPES[self.mesh](world_size)
+        return mesh_shape(self, world_size)
 
     @property
     def methods(self) -> Tuple[str, ...]:

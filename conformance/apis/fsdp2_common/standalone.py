@@ -40,8 +40,9 @@ def fsdp2_api() -> Optional[Tuple[Any, Any, Any]]:
     return None
 
 
-def _unit_modules(model: nn.Module) -> List[nn.Module]:
-    """The submodules that get their own ``fully_shard``, innermost first (root excluded).
+def _unit_modules(cls: Any, model: nn.Module) -> List[nn.Module]:
+    """The submodules of ``model`` (a ``cls``) that get their own ``fully_shard``, innermost first (root
+    excluded).
 
     The same units as the model's FSDP1 build: the submodules its
     ``_wrap_nested`` wraps, plus those its root ``auto_wrap_policy`` would wrap
@@ -55,9 +56,8 @@ def _unit_modules(model: nn.Module) -> List[nn.Module]:
         return module
 
     model._wrap_nested(record)
-    policy = type(model)._root_fsdp_kwargs({}).get("auto_wrap_policy")
-    if policy is not None:
-        classes = getattr(policy, "_module_classes", None)
+    if cls._root_fsdp_kwargs({}).get("auto_wrap_policy") is not None:
+        classes = getattr(cls._root_fsdp_kwargs({})["auto_wrap_policy"], "_module_classes", None)
         for module in _post_order(model):
             if module is model or any(module is u for u in units):
                 continue
@@ -78,9 +78,10 @@ def _post_order(module: nn.Module) -> List[nn.Module]:
 
 
 
-def _wrap_units(model: nn.Module, wrap: Callable[[nn.Module], Any]) -> nn.Module:
-    """``wrap`` (``fully_shard``, ``replicate``) on every FSDP1 unit of ``model``, innermost first, then the root."""
-    for unit in _unit_modules(model):
+def _wrap_units(cls: Any, model: nn.Module, wrap: Callable[[nn.Module], Any]) -> nn.Module:
+    """``wrap`` (``fully_shard``, ``replicate``) on every FSDP1 unit of ``model`` (a ``cls``), innermost first, then
+    the root."""
+    for unit in _unit_modules(cls, model):
         wrap(unit)
     wrap(model)
     return model
@@ -107,10 +108,11 @@ def fsdp_modules(model: nn.Module) -> List[nn.Module]:
 def apply_config(model: nn.Module, layout: Fsdp2Config, world_size: int) -> None:
     """Set the config's divide factor / forced SUM on every FSDP module (neither recurses), the divide factor on
     the root alone where the config says so."""
-    for module in fsdp_modules(model):
-        if layout.divide_factor is not None and (module is model or not layout.divide_root_only):
+    if layout.divide_factor is not None:
+        for module in [model] if layout.divide_root_only else fsdp_modules(model):
             module.set_gradient_divide_factor(layout.divide_factor(world_size))
-        if layout.force_sum:
+    if layout.force_sum:
+        for module in fsdp_modules(model):
             module.set_force_sum_reduction_for_comms(True)
 
 
@@ -138,7 +140,7 @@ def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[to
         if mesh.ndim != 1:
             raise ValueError(f"{cls.name} builds its own 1-D meshes; it cannot run under HSDP")
         return cls.apply_fully_shard(model, group=group, device=device, **kwargs)
-    return _wrap_units(model, lambda module: fully_shard(module, mesh=mesh, **kwargs))
+    return _wrap_units(cls, model, lambda module: fully_shard(module, mesh=mesh, **kwargs))
 
 
 def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype],
@@ -148,7 +150,7 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
     SUM (:func:`apply_config`)."""
     if layout.mesh == "replicate":
         kwargs = mixed_precision(reduce_dtype)
-        model = _wrap_units(model, lambda module: replicate_api()(module, **kwargs))
+        model = _wrap_units(cls, model, lambda module: replicate_api()(module, **kwargs))
     else:
         on = mesh[layout.hooked_dim] if hooked and layout.hooked_dim else mesh
         model = shard_units(cls, model, on, reduce_dtype, group, device, layout.reshard_after_forward)
@@ -157,6 +159,14 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
 
 
 # -- the reproducer's side (reads its globals when called) ---------------------------------------------------
+
+def reproducer_known(constants: Dict[str, Any], model_cls: type) -> Dict[str, Any]:
+    """What a reproducer's FSDP2 code reads as one value wherever it reads it (:func:`conformance.reproducers.parts.
+    known_of`): ``cls``, the model class; ``layout`` and ``_layout()``, the case's config (its ``SETUP`` holds that
+    one alone). An ``if`` on them is written as the branch the case takes."""
+    configs = list(constants["SETUP"].configs.values()) if "SETUP" in constants else []
+    return {"cls": model_cls, **({"layout": configs[0], "_layout": lambda: configs[0]} if len(configs) == 1 else {})}
+
 
 def _layout() -> Fsdp2Config:
     return SETUP.configs[CASE["variant"]["config"]]
@@ -170,13 +180,15 @@ def reference() -> str:
 
 def subgroup(ranks: Any) -> Any:
     """A ``subgroup`` config shards over this rank's data-parallel subgroup."""
-    return on_data_parallel_subgroup(ranks) if _layout().mesh == "subgroup" else ranks
+    if _layout().mesh == "subgroup":
+        return on_data_parallel_subgroup(ranks)
+    return ranks
 
 
 def _mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    if len(shape) == 1 and ranks.world_size != torch.distributed.get_world_size():
+    if _layout().mesh == "subgroup":  # 1-D over this rank's data-parallel subgroup, not the pool
         return DeviceMesh.from_group(ranks.group, ranks.device.type)
     names = None if len(shape) == 1 else ("replicate", "shard")
     return init_device_mesh(ranks.device.type, shape, mesh_dim_names=names)
@@ -218,16 +230,7 @@ def no_sync(model: nn.Module) -> Iterator[None]:
         setter(True)
 
 
-def _detached(t: Any) -> Any:
-    return None if t is None else t.detach()
-
-
-def _named(model: nn.Module, read: Callable[[Any], Any], grads: bool = True) -> Dict[str, Any]:
-    return {fqn_without_wrappers(n): read(p.grad if grads else p) for n, p in model.named_parameters()}
-
-
-GRAD_VIEWS: List[Tuple[str, Callable[[nn.Module], Dict[str, Any]]]] = [
-    ("local gradient shard", lambda model: _named(model, lambda t: _detached(local(t)))),
-]
+GRAD_VIEWS = [("local gradient shard", lambda model: {fqn_without_wrappers(n): None if p.grad is None else
+                                                      local(p.grad).detach() for n, p in model.named_parameters()})]
 PARAM_VIEW = ("local parameter shard after the optimizer step",
-              lambda model: _named(model, lambda t: _detached(local(t)), grads=False))
+              lambda model: {fqn_without_wrappers(n): local(p).detach() for n, p in model.named_parameters()})

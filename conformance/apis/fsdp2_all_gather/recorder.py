@@ -153,7 +153,8 @@ class AllGatherRecorder(Recorder):
         self._outputs = {s: v for s, v in self._outputs.items() if s >= self.step - 1}
         if not same_bits(got, expected.reshape(-1)):
             others = tuple(s for s in sizes if s != group_size)
-            self.wrong.append(GatherCall(self.step, index, got, expected.reshape(-1), group_size, others, previous))
+            self.wrong.append(GatherCall(self.step, index, got, expected.reshape(-1), group_size, others, previous,
+                                         tuple(dist.get_process_group_ranks(group or dist.group.WORLD))))
         return result
 
     def summary(self, step: int) -> str:

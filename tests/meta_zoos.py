@@ -416,7 +416,7 @@ REACH = MetaZoo(
 # -- FSDP2 custom all-gather comms (set_custom_all_gather) ----------------------------------------------------
 
 #: Every config of the all-gather API (``conformance/apis/fsdp2_all_gather/standalone.py``).
-ALL_GATHER_CONFIGS = frozenset({"default", "no_reshard", "hsdp", "subgroup"})
+ALL_GATHER_CONFIGS = frozenset({"default", "no_reshard", "reshard_root", "hsdp", "subgroup"})
 #: The configs (``config`` property) whose cases must fail for each known-bad comm; see
 #: fsdp2_all_gathers.EXPECTED_CATCH. A wrong gather is wrong everywhere, but over the default group.
 FSDP2_ALL_GATHER_MUST_CATCH = {

@@ -37,13 +37,14 @@ from conformance.signatures import SpecError, binds_signature, qualname, signatu
 
 #: Configurations of the FSDP modules a comm is checked under.
 CONFIGS = tuple(SETUP.configs)
-#: ``(config, model)`` pairs per world-size role: ``nested_wrapped`` (3 FSDP units, nested) with and without
-#: the backward's re-gather at the main world size; HSDP's shard group and the subgroup mesh on the 4-rank pool.
+#: ``(config, model)`` pairs per world-size role: ``nested_wrapped`` (3 FSDP units, nested) with FSDP2's own
+#: resharding (the root kept gathered), with none, and with the root's too (``set_reshard_after_forward(True)``)
+#: at the main world size; HSDP's shard group and the subgroup mesh on the 4-rank pool.
 #: The default run's 60 s budget keeps it to these (``always_wrap_nested`` at the other world sizes). The
 #: production-sized probe runs in :data:`HARD_PARAMS_PLAN`, not here: a probe's gradients are its inputs
 #: whatever its gathered weights, so its gradient parity would say nothing of the gather.
 PLAN: RolePlan = {
-    "main": (("default", "nested_wrapped"), ("no_reshard", "nested_wrapped")),
+    "main": (("default", "nested_wrapped"), ("no_reshard", "nested_wrapped"), ("reshard_root", "nested_wrapped")),
     "extra": (("default", "always_wrap_nested"),),
     "hsdp": (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
 }

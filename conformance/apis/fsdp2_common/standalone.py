@@ -106,7 +106,9 @@ def fsdp_modules(model: nn.Module) -> List[nn.Module]:
 
 def apply_config(model: nn.Module, layout: Fsdp2Config, world_size: int) -> None:
     """Set the config's divide factor / forced SUM on every FSDP module (neither recurses), the divide factor on
-    the root alone where the config says so."""
+    the root alone where the config says so, and the config's other setters on the root (they recurse)."""
+    for name, value in layout.setters:
+        getattr(model, name)(value)
     for module in fsdp_modules(model):
         if layout.divide_factor is not None and (module is model or not layout.divide_root_only):
             module.set_gradient_divide_factor(layout.divide_factor(world_size))

@@ -286,7 +286,7 @@ def _fsdp2_coverage(spec):
     if spec.api == "fsdp2_all_reduce":
         return "config", {"hsdp", "replicate", "replicate_sum"}, True
     if spec.api == "fsdp2_replica":
-        return "config", {"replica"}, True
+        return "config", {"replica", "all_reduce_off"}, True  # all_reduce_off: its accumulation case
     want = {"default", "divide_factor_force_sum", "hsdp"}
     if spec.reduce_dtype == torch.float16:
         want.add("divide_factor")  # float16 reduces with SUM: no PREMUL_SUM, runs on gloo too

@@ -99,6 +99,10 @@ class Fsdp2Config:
         sync_setter: the ``FSDPModule`` setter that turns synchronisation off for an accumulation micro-batch:
             the whole reduction (``set_requires_gradient_sync``: no reduce-scatter, no comm call) or, where
             FSDP2 all-reduces across replicas, that all-reduce only (``set_requires_all_reduce``).
+        sync_hooked_only: the accumulation setter on the hooked model alone; the reference synchronises every
+            micro-batch. For a setter that does not reach the hook: ``set_requires_all_reduce(False)`` with a
+            replica all-reduce hook on a 1-D mesh, which FSDP2 still calls on every micro-batch (torch 2.13,
+            ``scripts/fsdp2_switches_evidence.py``), as native HSDP all-reduces when nothing is set.
     """
 
     reference: str
@@ -110,6 +114,7 @@ class Fsdp2Config:
     reshard_after_forward: Optional[bool] = None
     sync_setter: str = "set_requires_gradient_sync"
     setters: Tuple[Tuple[str, bool], ...] = ()
+    sync_hooked_only: bool = False
 
     def shape(self, world_size: int) -> Optional[Tuple[int, ...]]:
         """The device mesh's shape for ``world_size`` ranks (the subgroup's under ``"subgroup"``); ``None``

@@ -155,6 +155,7 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
         on = mesh[layout.hooked_dim] if hooked and layout.hooked_dim else mesh
         model = shard_units(cls, model, on, reduce_dtype, group, device, layout.reshard_after_forward)
     apply_config(model, layout, world_size)
+    model.conformance_syncs_always = layout.sync_hooked_only and not hooked  # read by no_sync
     return model
 
 
@@ -211,7 +212,11 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
 
 @contextlib.contextmanager
 def no_sync(model: nn.Module) -> Iterator[None]:
-    """FSDP2's gradient accumulation: the config's ``sync_setter(False)`` for the micro-batch."""
+    """FSDP2's gradient accumulation: the config's ``sync_setter(False)`` for the micro-batch (none on a reference
+    built to synchronise every micro-batch, ``Fsdp2Config.sync_hooked_only``)."""
+    if getattr(model, "conformance_syncs_always", False):
+        yield
+        return
     setter = getattr(model, _layout().sync_setter)
     setter(False)
     try:

@@ -143,19 +143,24 @@ def four_ranks(rank, rows):
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_all_reduce_hook(hook)
-        native = _sharded(mesh)
+        native, deferring = _sharded(mesh), _sharded(mesh)
         for k, x in enumerate(xs):
             micro[0] = k
             getattr(model, setter)(k == len(xs) - 1)
+            getattr(deferring, setter)(k == len(xs) - 1)
             if native_defers:
                 getattr(native, setter)(k == len(xs) - 1)
-            for m in (model, native):
+            for m in (model, native, deferring):
                 m(x).sum().backward()
         same = _same_grads(model, native)
         rows.append((f"replica hook on a 1-D shard mesh, {setter}(False) on micro-batches 0 and 1: called on "
                      f"micro-batches {sorted(set(calls))}; bitwise native HSDP "
                      f"{'with the same setter' if native_defers else 'all-reducing every micro-batch'}: {same}",
                      sorted(set(calls)) == called_on and same))
+        if not native_defers:
+            differs = not _same_grads(model, deferring)
+            rows.append((f"  native HSDP with {setter}(False) on the same micro-batches (one all-reduce of the sum) "
+                         f"bitwise the hooked model: {not differs}", differs))
 
 
 def main(rank, world_size, part, port, queue):

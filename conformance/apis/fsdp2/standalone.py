@@ -13,10 +13,9 @@ over every rank as the flattened 1-D mesh does (PyTorch issue 155903);
 ``subgroup`` (a 1-D mesh over this rank's data-parallel subgroup, not WORLD);
 ``replicate`` (``replicate`` on FSDP2, where FSDP2 allocates through the comm
 but never calls it); ``unused_params`` (``set_reduce_scatter_unused_params(True)``:
-torch 2.13, gloo: the comm's input holds zeros for a parameter the forward did not
-use (``scripts/fsdp2_switches_evidence.py``: 144 elements with 72 zeros where 72 otherwise), and that
-parameter's gradient is
-zeros, not ``None``).
+torch 2.13, gloo: the comm's input holds zeros for a parameter the forward did
+not use (``scripts/fsdp2_switches_evidence.py``: 144 elements with 72 zeros
+where 72 otherwise), and that parameter's gradient is zeros, not ``None``).
 """
 
 from __future__ import annotations

@@ -286,7 +286,7 @@ def _fsdp2_coverage(spec):
     if spec.api == "fsdp2_all_reduce":
         return "config", {"hsdp", "replicate", "replicate_sum"}, True
     if spec.api == "fsdp2_replica":
-        return "config", {"replica"}, True
+        return "config", {"replica", "all_reduce_off"}, True  # all_reduce_off: its accumulation case
     want = {"default", "divide_factor_force_sum", "hsdp"}
     if spec.reduce_dtype == torch.float16:
         want.add("divide_factor")  # float16 reduces with SUM: no PREMUL_SUM, runs on gloo too
@@ -416,16 +416,19 @@ REACH = MetaZoo(
 # -- FSDP2 custom all-gather comms (set_custom_all_gather) ----------------------------------------------------
 
 #: Every config of the all-gather API (``conformance/apis/fsdp2_all_gather/standalone.py``).
-ALL_GATHER_CONFIGS = frozenset({"default", "no_reshard", "hsdp", "subgroup"})
+ALL_GATHER_CONFIGS = frozenset({"default", "no_reshard", "reshard_root", "hsdp", "subgroup"})
 #: The configs (``config`` property) whose cases must fail for each known-bad comm; see
 #: fsdp2_all_gathers.EXPECTED_CATCH. A wrong gather is wrong everywhere, but over the default group.
 FSDP2_ALL_GATHER_MUST_CATCH = {
     "bad_reversed_order": ALL_GATHER_CONFIGS, "bad_cached_gather": ALL_GATHER_CONFIGS,
     "bad_bf16_wire": ALL_GATHER_CONFIGS, "bad_dropped_work": ALL_GATHER_CONFIGS, "bad_bf16_alloc": ALL_GATHER_CONFIGS,
+    "bad_padding_kept": ALL_GATHER_CONFIGS,
 }
 #: Caught there only: over the default group (right on a 1-D mesh over the pool); x * 1.0 (hard values only).
 FSDP2_ALL_GATHER_ONLY = {"bad_default_group": ("config", {"hsdp", "subgroup"}),
-                         "bad_scaled_by_one": ("check", {"fsdp2_all_gather_hard_params"})}
+                         "bad_scaled_by_one": ("check", {"fsdp2_all_gather_hard_params"}),
+                         "bad_global_rank_slots": ("config", {"subgroup"}),
+                         "bad_chunked_drops_tail": ("model", {"large_probe"})}
 #: comm -> (check, the texts its failures must carry: the cause and its fix).
 FSDP2_ALL_GATHER_DIAGNOSED = {
     "bad_reversed_order": ("fsdp2_all_gather_parity", (f"{EXPLAINED} the shards in reverse rank order",
@@ -441,14 +444,25 @@ FSDP2_ALL_GATHER_DIAGNOSED = {
     "bad_bf16_alloc": ("fsdp2_all_gather_parity", ("dtype=float32) returned shape (", "bfloat16 on cpu")),
     "bad_scaled_by_one": ("fsdp2_all_gather_hard_params", (f"{EXPLAINED} the same values with other bits",
                                                             "fix: copy the shards as they are")),
+    "bad_padding_kept": ("fsdp2_all_gather_parity", (f"{EXPLAINED} the shards at other offsets",
+                                                      "(padding of", "fix: put the shard of rank r of the group")),
+    "bad_global_rank_slots": ("fsdp2_all_gather_parity", (f"{EXPLAINED} the chunks indexed by the global rank",
+                                                           "fix: index the chunks by the rank in the group")),
+    "bad_chunked_drops_tail": ("fsdp2_all_gather_hard_params", (f"{EXPLAINED} the shards' tails not gathered",
+                                                                 "fix: put the shard of rank r of the group")),
 }
+#: The production-sized cases run for the chunk-loop comms only (each costs seconds; no other comm of the zoo
+#: takes another path there); the comm that keeps padding runs its parity cases only (caught in every one).
+_ALL_GATHER_SELECTION = ("fsdp2_all_gather and not registration and not long_run and (not large_probe or chunked) "
+                         "and not (bad_chunked_drops_tail and not hard_params) "
+                         "and not (bad_padding_kept and not parity)")
 
 #: Every case of the API but the registration rules (the good comms keep them in ``tests/test_fsdp2_registration.py``)
 #: and the long run: at the main world size and on the 4-rank pool (HSDP, the subgroup mesh, ``always_wrap_nested``).
 FSDP2_ALL_GATHER = MetaZoo(
     name="fsdp2_all_gathers",
     args=("--hook", "tests.zoo.fsdp2_all_gathers:ALL", "--extra-world-size", "4", "-q",
-          "-k", "fsdp2_all_gather and not registration and not long_run"),
+          "-k", _ALL_GATHER_SELECTION),
     bad=frozenset(s.name for s in fsdp2_all_gathers.KNOWN_BAD),
     documented=frozenset(fsdp2_all_gathers.EXPECTED_CATCH),
     catches=_catches(FSDP2_ALL_GATHER_MUST_CATCH, by="config") + tuple(

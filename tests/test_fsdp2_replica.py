@@ -38,7 +38,9 @@ def test_default_run_plans_every_check_on_the_four_rank_pool_and_six_only_when_a
     spec = REPLICA_HOOKS[0]
     for test in (t for t in API.plans if "long_run" not in t):
         cases = planned_cases(test, [spec], plan_settings(2, 3))
-        assert cases and {c.world_size for c in cases} == {4} and {c.variant for c in cases} == {"replica"}
+        # accumulation also under set_requires_all_reduce(False), which FSDP2 does not apply to the hook
+        configs = {"replica", "all_reduce_off"} if "accumulation" in test else {"replica"}
+        assert cases and {c.world_size for c in cases} == {4} and {c.variant for c in cases} == configs
         assert all(c.skip is None for c in cases)
         # With a 6-rank pool (3 replicas x 2 shards) the cases run there, where dividing before the SUM rounds.
         wider = planned_cases(test, [spec], plan_settings(2, ODD_REPLICA_WORLD_SIZE))
@@ -54,3 +56,32 @@ def test_the_long_run_trains_on_two_replicas_of_one_shard_across_two_nodes():
     assert {c.world_size for c in nightly} == {2, 4}
     parity = planned_cases("test_fsdp2_replica_parity", [REPLICA_HOOKS[0]], plan_settings(2, 3, depth="nightly"))
     assert {(c.world_size, c.nodes) for c in parity} == {(4, 2), (ODD_REPLICA_WORLD_SIZE, 3), (8, 2)}
+
+
+def test_a_reference_built_to_sync_always_ignores_the_accumulation_setter():
+    """``all_reduce_off``: the hooked model gets set_requires_all_reduce(False) on a micro-batch, the reference
+    (native HSDP) nothing, as FSDP2 calls the hook on every micro-batch whatever that setter says."""
+    from torch import nn
+
+    from conformance.apis.fsdp2_common.models import Fsdp2Models
+    from conformance.apis.fsdp2_replica.standalone import SETUP
+
+    class Models(Fsdp2Models):
+        setup = SETUP
+
+    class Model(nn.Module):
+        def __init__(self, always):
+            super().__init__()
+            self.conformance_syncs_always = always
+            self.calls = []
+
+        def set_requires_all_reduce(self, value):
+            self.calls.append(value)
+
+    models = Models.__new__(Models)
+    models.layout = SETUP.configs["all_reduce_off"]
+    hooked, reference = Model(False), Model(True)
+    for model in (hooked, reference):
+        with models.no_sync(model):
+            pass
+    assert (hooked.calls, reference.calls) == ([False, True], [])

@@ -60,7 +60,10 @@ def test_what_each_comm_config_asks_of_fsdp2():
     assert {name: c.methods for name, c in configs.items() if c.methods} == {
         "divide_factor": ("set_gradient_divide_factor",), "force_sum": ("set_force_sum_reduction_for_comms",),
         "divide_factor_force_sum": ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms"),
-        "divide_factor_some": ("set_gradient_divide_factor",), "hsdp_divide_factor": ("set_gradient_divide_factor",)}
+        "divide_factor_some": ("set_gradient_divide_factor",), "hsdp_divide_factor": ("set_gradient_divide_factor",),
+        "unused_params": ("set_reduce_scatter_unused_params",)}
+    # a torch without a config's setter skips its cases, saying so
+    assert _setup("fsdp2_all_gather").configs["reshard_root"].methods == ("set_reshard_after_forward",)
     assert [n for n, c in configs.items() if c.premul_sum(None)] == ["divide_factor", "divide_factor_some",
                                                                     "hsdp_divide_factor"]
     assert not configs["divide_factor"].premul_sum(torch.float16)
@@ -167,3 +170,23 @@ def test_what_a_reproducer_holds_imports_only_torch_and_the_standard_library(mod
         top = name.split(".")[0]
         assert name in written or top in {"torch", "__future__", "contextlib", "dataclasses", "functools",
                                           "typing"}, (module, name)
+
+
+def test_a_configs_setters_are_called_on_the_root_once_built():
+    from torch import nn
+
+    from conformance.apis.fsdp2_common.standalone import apply_config
+
+    class Root(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def set_reshard_after_forward(self, value):
+            self.calls.append(("set_reshard_after_forward", value))
+
+    root = Root()
+    apply_config(root, _setup("fsdp2_all_gather").configs["reshard_root"], 2)
+    assert root.calls == [("set_reshard_after_forward", True)]
+    apply_config(root, _setup("fsdp2_all_gather").configs["default"], 2)
+    assert len(root.calls) == 1  # a config without setters calls none

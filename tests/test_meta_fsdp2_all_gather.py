@@ -82,3 +82,32 @@ def test_a_factory_that_makes_no_comm_is_named_as_an_all_gather():
     with pytest.raises(TypeError, match=r"not an AllGather comm .*__call__\(output_tensor, input_tensor, group, "
                                         r"async_op\)"):
         SETUP.bind(lambda: object(), None, "h", None)
+
+
+def test_offsets_padding_and_tails_are_named_bit_for_bit():
+    n = 21
+    shards = torch.arange(1, 2 * n + 1, dtype=torch.float32) / 7
+    wire = torch.zeros(64)  # each shard padded to 32 elements on the wire, the padding kept
+    wire[:n], wire[32:32 + n] = shards[:n], shards[n:]
+    cause, fix = arithmetic.explain(_call(wire[:2 * n].clone(), shards))
+    assert "shard r of the group at element r * 32, not r * 21 (padding of 11 elements kept" in cause
+    assert fix == arithmetic.OFFSET_FIX
+    tail = shards.clone()
+    tail[n - 5:n] = tail[2 * n - 5:] = 0.0  # a chunk loop that stops 5 elements short of each shard's end
+    assert "elements 16 to 20 of each shard's chunk (of 21) are not the shard's" in arithmetic.explain(
+        _call(tail, shards))[0]
+
+
+def test_chunks_indexed_by_the_global_rank_are_named_where_the_group_is_not_0_to_n():
+    shards = torch.arange(1, 9, dtype=torch.float32) / 3
+    both_in_chunk_0 = torch.cat([shards[4:], torch.full((4,), 9.0)])  # {0,2}: 0 % 2 == 2 % 2, the last one kept
+    assert "indexed by the global rank modulo the group size" in arithmetic.explain(
+        _call(both_in_chunk_0, shards, ranks=(0, 2)))[0]
+    assert arithmetic.explain(_call(both_in_chunk_0, shards, ranks=(0, 1))) is None  # there it is the group rank
+
+
+def test_hard_shard_spreads_hard_values_between_distinct_ones():
+    got = models.hard_shard(3 * len(models.HARD_BITS), torch.float32, 0, spread=3)
+    assert [b & 0xFFFFFFFF for b in arithmetic.bits(got[::3]).tolist()] == list(models.HARD_BITS)
+    ordinary = torch.cat([got[1::3], got[2::3]])
+    assert len(set(ordinary.tolist())) == ordinary.numel()  # distinct: a shard at another offset differs

@@ -47,6 +47,7 @@ CASES = {
     "fsdp2.parity": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
     "fsdp2.clip_grad_norm": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
     "fsdp2_all_gather.parity": ("fsdp2_all_gather", {"config": "default", "model": "nested_wrapped"}),
+    "fsdp2_all_gather.clip_grad_norm": ("fsdp2_all_gather", {"config": "default", "model": "nested_wrapped"}),
     # the long runs, a few steps of their regression (their own objective)
     "ddp.long_run": ("ddp", {"config": "default", "model": "net_flat", "steps": 3}),
     "fsdp.long_run": ("fsdp", {"strategy": "FULL_SHARD", "model": "net_flat", "steps": 3}),

@@ -31,6 +31,17 @@ def test_fsdp2_all_gather_hard_params(conform, request, case):
     conform.run_case(request, case)
 
 
+def test_fsdp2_all_gather_accumulation(conform, request, case):
+    """Parity over micro-batches, all but the last under set_requires_gradient_sync(False): FSDP2 gathers in each
+    one, a unit only the last micro-batch uses once a step."""
+    conform.run_case(request, case)
+
+
+def test_fsdp2_all_gather_clip_grad_norm(conform, request, case):
+    """clip_grad_norm_ on the gathered parameters' gradients, with the comm installed, equal to native FSDP2."""
+    conform.run_case(request, case)
+
+
 def test_fsdp2_all_gather_registration(conform, request, case):
     """FSDPModule.set_custom_all_gather's rules: unset before registration, on every parameter group after the
     suite's registration, PyTorch's ValueError on several parameter groups."""

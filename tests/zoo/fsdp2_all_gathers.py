@@ -56,6 +56,72 @@ class AsyncReturnsWork(PlainAllGather):
         return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=True)
 
 
+#: The alignment, in elements, of :class:`PaddedWire`'s shards on the wire (64 bytes of float32).
+WIRE_ALIGN = 16
+#: The piece of :class:`ChunkedGather`'s chunk loop, in elements (4 MiB of float32), and the shard size above
+#: which it loops: FSDP2 hands it a shard that large only on a model of production size.
+CHUNK = 1 << 20
+
+
+def _padded_gather(input_tensor: torch.Tensor, group: Any) -> Tuple[torch.Tensor, int]:
+    """The shards of ``group``, each padded with zeros to a multiple of :data:`WIRE_ALIGN` elements, gathered:
+    ``(wire, padded shard size)``."""
+    n = input_tensor.numel()
+    padded = -(-n // WIRE_ALIGN) * WIRE_ALIGN
+    shard = input_tensor.new_zeros(padded)
+    shard[:n] = input_tensor
+    wire = input_tensor.new_empty(padded * dist.get_world_size(group))
+    dist.all_gather_into_tensor(wire, shard, group=group)
+    return wire, padded
+
+
+class PaddedWire(PlainAllGather):
+    """Right: pads each shard to a multiple of :data:`WIRE_ALIGN` elements for the wire (aligned buffers, as
+    comms for NCCL or a custom transport do) and strips the padding when it copies the gather out."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 async_op: bool = False) -> Optional[Any]:
+        wire, padded = _padded_gather(input_tensor, group)
+        n = input_tensor.numel()
+        output_tensor.view(-1, n).copy_(wire.view(-1, padded)[:, :n])
+        return None
+
+
+class BroadcastGather(PlainAllGather):
+    """Right: one broadcast per rank of the group, from its global rank (``broadcast`` takes a global ``src``),
+    into the chunk of its rank in the group (where FSDP2 put each rank's own shard)."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 async_op: bool = False) -> Optional[Any]:
+        chunks = output_tensor.chunk(dist.get_world_size(group))
+        for j, src in enumerate(dist.get_process_group_ranks(group)):
+            if src == dist.get_rank():
+                chunks[j].copy_(input_tensor)
+            dist.broadcast(chunks[j], src=src, group=group)
+        return None
+
+
+class ChunkedGather(PlainAllGather):
+    """Right: gathers a shard of more than :data:`CHUNK` elements in pieces of :data:`CHUNK` (to bound the
+    staging memory), the last, shorter piece included; a smaller shard in one all-gather."""
+
+    drop_tail = False
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 async_op: bool = False) -> Optional[Any]:
+        n = input_tensor.numel()
+        if n <= CHUNK:
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        out = output_tensor.view(-1, n)
+        stop = n - n % CHUNK if self.drop_tail else n
+        for start in range(0, stop, CHUNK):
+            piece = input_tensor[start:start + CHUNK].contiguous()
+            staged = piece.new_empty(out.shape[0] * piece.numel())
+            dist.all_gather_into_tensor(staged, piece, group=group)
+            out[:, start:start + piece.numel()].copy_(staged.view(out.shape[0], -1))
+        return None
+
+
 # -- known bad ----------------------------------------------------------------------------------------
 
 
@@ -137,6 +203,43 @@ class ScaledByOne(PlainAllGather):
         return None
 
 
+class PaddingKept(PlainAllGather):
+    """Wrong: pads each shard for the wire as :class:`PaddedWire`, then copies the first ``output_tensor.numel()``
+    elements of the padded gather out: the padding stays between the shards, which land at the wrong offsets
+    (right only where the shard size is a multiple of :data:`WIRE_ALIGN`)."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 async_op: bool = False) -> Optional[Any]:
+        wire, _ = _padded_gather(input_tensor, group)
+        output_tensor.copy_(wire[:output_tensor.numel()])
+        return None
+
+
+class GlobalRankSlots(PlainAllGather):
+    """Wrong where the group's ranks are not consecutive from a multiple of its size (a data-parallel sub-mesh,
+    {0,2} and {1,3}): :class:`BroadcastGather` with each rank's chunk indexed by its global rank modulo the
+    group size (``dist.get_rank()`` where ``dist.get_rank(group)`` was meant). Right on a 1-D mesh over the
+    pool and on HSDP's shard groups ({0,1}, {2,3})."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 async_op: bool = False) -> Optional[Any]:
+        chunks = output_tensor.chunk(dist.get_world_size(group))
+        mine = input_tensor.clone()  # a view of a chunk another rank's broadcast may overwrite
+        for src in dist.get_process_group_ranks(group):
+            slot = chunks[src % len(chunks)]
+            if src == dist.get_rank():
+                slot.copy_(mine)
+            dist.broadcast(slot, src=src, group=group)
+        return None
+
+
+class ChunkedDropsTail(ChunkedGather):
+    """Wrong above :data:`CHUNK` elements only: the chunk loop stops at the last whole piece, so the last
+    ``n % CHUNK`` elements of every other rank's shard are never gathered (a dropped tail at production size)."""
+
+    drop_tail = True
+
+
 KNOWN_GOOD: List[HookSpec] = [
     HookSpec(name="good_plain_instance", api="fsdp2_all_gather", hook=PlainAllGather(),
              description="PlainAllGather, as an instance shared by every model"),
@@ -144,6 +247,12 @@ KNOWN_GOOD: List[HookSpec] = [
              description="dist.all_gather into a list, then cat in rank order"),
     HookSpec(name="good_async_returns_work", api="fsdp2_all_gather", hook=AsyncReturnsWork,
              description="async_op=True all-gather, its Work returned for FSDP2 to wait on"),
+    HookSpec(name="good_padded_wire", api="fsdp2_all_gather", hook=PaddedWire,
+             description="shards padded to 16 elements on the wire, the padding stripped"),
+    HookSpec(name="good_broadcast_gather", api="fsdp2_all_gather", hook=BroadcastGather,
+             description="one broadcast per rank of the group, into the chunk of its rank in the group"),
+    HookSpec(name="good_chunked", api="fsdp2_all_gather", hook=ChunkedGather,
+             description="shards above 2^20 elements gathered in 2^20-element pieces, the tail included"),
 ]
 
 KNOWN_BAD: List[HookSpec] = [
@@ -161,6 +270,12 @@ KNOWN_BAD: List[HookSpec] = [
              description="allocate returns bfloat16 whatever dtype is asked"),
     HookSpec(name="bad_scaled_by_one", api="fsdp2_all_gather", hook=ScaledByOne,
              description="multiplies the gathered output by 1.0 (quiets signalling NaNs)"),
+    HookSpec(name="bad_padding_kept", api="fsdp2_all_gather", hook=PaddingKept,
+             description="shards padded to 16 elements on the wire, the padding kept in the output"),
+    HookSpec(name="bad_global_rank_slots", api="fsdp2_all_gather", hook=GlobalRankSlots,
+             description="broadcast gather, chunks indexed by the global rank modulo the group size"),
+    HookSpec(name="bad_chunked_drops_tail", api="fsdp2_all_gather", hook=ChunkedDropsTail,
+             description="shards above 2^20 elements gathered in pieces, the last shorter one dropped"),
 ]
 
 ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
@@ -177,4 +292,12 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_bf16_alloc": "parity in every config: allocate's buffer is not the dtype FSDP2 asked for",
     "bad_scaled_by_one": ("hard_params only: x * 1.0 is exact on every value training produces; a signalling NaN "
                           "comes back quiet"),
+    "bad_padding_kept": ("parity in every config, at step 0: no flat shard of the suite's models is a multiple of "
+                         "16 elements, so every shard but the first lands at a wrong offset"),
+    "bad_global_rank_slots": ("subgroup only (parity and hard_params): on the pool's mesh and on HSDP's shard groups "
+                              "{0,1} and {2,3} the global rank modulo the group size is the rank in the group; on "
+                              "{0,2} and {1,3} both ranks write chunk 0 (or chunk 1)"),
+    "bad_chunked_drops_tail": ("hard_params on large_probe only (the production-size case): no shard of the other "
+                               "models exceeds 2^20 elements; wide's of 3,310,003 (2 ranks) or 2,206,669 (3) loses "
+                               "its last 164,787 or 110,029 elements"),
 }

@@ -56,7 +56,8 @@ FACTOR_CONFIGS = ("divide_factor", "force_sum", "divide_factor_force_sum", "divi
 PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
     ("main", "full"): tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested",
                                                      "gradient_probe", "mixture_of_experts"))
-    + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS) + (("replicate", "nested_wrapped"),),
+    + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS) + (("replicate", "nested_wrapped"),
+                                                               ("unused_params", "unused_param")),
     ("extra", "full"): (("default", "nested_wrapped"), ("default", "gradient_probe"),
                         ("divide_factor", "nested_wrapped"), ("divide_factor_force_sum", "nested_wrapped"),
                         ("force_sum", "gradient_probe")),

@@ -12,7 +12,10 @@ on a 2-D (replicate x shard) mesh, where the divide factor must divide the SUM
 over every rank as the flattened 1-D mesh does (PyTorch issue 155903);
 ``subgroup`` (a 1-D mesh over this rank's data-parallel subgroup, not WORLD);
 ``replicate`` (``replicate`` on FSDP2, where FSDP2 allocates through the comm
-but never calls it).
+but never calls it); ``unused_params`` (``set_reduce_scatter_unused_params(True)``:
+torch 2.13, gloo: the comm's input holds zeros for a parameter the forward did
+not use (``scripts/fsdp2_switches_evidence.py``: 144 elements with 72 zeros
+where 72 otherwise), and that parameter's gradient is zeros, not ``None``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ SETUP = Fsdp2Setup(setter="set_custom_reduce_scatter", bind=bind_comm, configs={
     "hsdp_divide_factor": Fsdp2Config("native fully_shard", divide_factor=divide_factor, **_HSDP),
     "subgroup": Fsdp2Config("native fully_shard", mesh="subgroup"),
     "replicate": Fsdp2Config("replicate (on FSDP2) without the comm", mesh="replicate"),
+    "unused_params": Fsdp2Config("native fully_shard with set_reduce_scatter_unused_params(True)",
+                                 setters=(("set_reduce_scatter_unused_params", True),)),
 })
 
 

@@ -8,7 +8,9 @@ the values (NaN payloads, ``-0.0``, subnormals). :func:`explain` names what a
 wrong output is instead (:data:`CAUSES`), from this rank's recorded call alone
 (the expected gather, recomputed over the same group, is in the call): the
 shards in reverse rank order, a collective over another group (the default
-one), a cast on the wire, a stale gather served again. The gradient diagnosis
+one), a cast on the wire, a stale gather served again, the shards at other offsets
+(padding kept or dropped between them, or the tail of each not gathered), the chunks indexed by the global
+rank. The gradient diagnosis
 (:mod:`conformance.ranks.diagnosis`) has no reduction to recompute here:
 :class:`AllGatherArithmetic` says so, and the recorder's log stays empty.
 """
@@ -77,6 +79,8 @@ class GatherCall:
         group_size: the size of that group.
         other_groups: the sizes of the groups of the comm's own collectives that were not that group's.
         previous: what the comm produced in the call of the same index in the step before, or ``None``.
+        ranks: the global ranks of that group, in the group's rank order (``dist.get_process_group_ranks``);
+            empty where unknown.
     """
 
     step: int
@@ -86,6 +90,7 @@ class GatherCall:
     group_size: int
     other_groups: Tuple[int, ...] = ()
     previous: Optional[torch.Tensor] = None
+    ranks: Tuple[int, ...] = ()
 
 
 def _reversed(t: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -100,6 +105,9 @@ CAUSES = (
     ("stale", "the gather of the step before (stale: served again from a cache, the parameters have changed)"),
     ("arithmetic", "the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
                    "gathered values, such as x * 1.0 or x + 0.0)"),
+    ("by global rank", "the chunks indexed by the global rank modulo the group size, not the rank in the group"),
+    ("offsets or padding", "the shards at other offsets (padding kept or dropped between them), or the tail of "
+                           "each not gathered"),
 )
 
 
@@ -136,6 +144,76 @@ def explain(call: GatherCall) -> Optional[Tuple[str, str]]:
         return ("the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
                 "gathered values, such as x * 1.0 or x + 0.0)",
                 "copy the shards as they are: no arithmetic on the gathered output (an all-gather only moves data)")
+    return _by_global_rank(call) or _offsets(call)
+
+
+#: The most places :func:`_offsets` tries for the second shard (where its first elements occur in the output).
+MAX_OFFSET_CANDIDATES = 64
+#: The fix of a shard at a wrong offset, or a tail not gathered.
+OFFSET_FIX = ("put the shard of rank r of the group at elements [r * n, (r + 1) * n) of output_tensor, n = "
+              "input_tensor.numel(), every element of it: strip any padding the wire added before copying out, "
+              "and gather the last, shorter piece of a chunk loop too")
+
+
+def _by_global_rank(call: GatherCall) -> Optional[Tuple[str, str]]:
+    """The shard of each rank of the group in chunk ``global rank % group size`` (the last or the first one written
+    where two share a chunk; a chunk no rank maps to is not compared), where that is not its rank in the group: the
+    index a comm computes from ``dist.get_rank()`` instead of ``dist.get_rank(group)``. On a 1-D mesh over the
+    pool, and on HSDP's shard groups of consecutive ranks, the two agree; on a data-parallel sub-mesh ({0,2}
+    and {1,3}) they do not."""
+    g, ranks = call.group_size, call.ranks
+    slots = [r % g for r in ranks]
+    if g < 2 or len(ranks) != g or slots == list(range(g)):
+        return None
+    chunk = call.expected.numel() // g
+    fits = []
+    for order in (list(enumerate(slots)), list(enumerate(slots))[::-1]):  # the last, or the first, writer kept
+        want = bits(call.output).clone()
+        for j, slot in order:
+            want[slot * chunk:(slot + 1) * chunk] = bits(call.expected)[j * chunk:(j + 1) * chunk]
+        fits.append(torch.equal(want, bits(call.output)))
+    if not any(fits):
+        return None
+    placed = ", ".join(f"rank {j} of the group (global rank {r}) in chunk {r % g}" for j, r in enumerate(ranks))
+    return (f"the chunks indexed by the global rank modulo the group size, not the rank in the group ({placed}; "
+            "the order by global rank, where the group's ranks are not 0..n-1)",
+            "index the chunks by the rank in the group (dist.get_rank(group), the position in "
+            "dist.get_process_group_ranks(group)), not by dist.get_rank()")
+
+
+def _offsets(call: GatherCall) -> Optional[Tuple[str, str]]:
+    """The shards at other offsets, or the tail of each not gathered, bit for bit where the output holds them:
+    each shard's first ``k`` elements in its chunk and the rest not (a chunk loop that dropped its last, shorter
+    piece), or shard ``r`` at ``r * t`` for one stride ``t`` other than the shard size ``n`` (``t > n``: padding
+    of ``t - n`` elements kept after each shard, the last shard cut off; ``t < n``: the shards overlap, padding
+    dropped that was not there)."""
+    g, total = call.group_size, call.expected.numel()
+    n = total // max(g, 1)
+    if g < 2 or n < 2 or call.output.shape != call.expected.shape or call.output.dtype != call.expected.dtype:
+        return None
+    got, want = bits(call.output), bits(call.expected)
+    differ = (got != want).nonzero().reshape(-1)
+    if not len(differ):
+        return None
+    within = differ % n
+    kept = int(within.min())
+    tail = torch.zeros(g, dtype=torch.bool)
+    tail[differ // n] = True
+    if kept > 0 and 2 * len(differ) >= n - kept:  # most of a tail differs (not a few elements after a shard's head)
+        return (f"the shards' tails not gathered: elements {kept} to {n - 1} of each shard's chunk (of {n}) are "
+                f"not the shard's, the first {kept} are (a chunk loop that drops its last, shorter piece: "
+                f"{n - kept} elements, in {int(tail.sum())} of {g} chunks)", OFFSET_FIX)
+    head = want[n:n + min(8, n)]
+    places = (got[:total - len(head) + 1] == head[0]).nonzero().reshape(-1)[:MAX_OFFSET_CANDIDATES]
+    for t in (int(p) for p in places):
+        if t == n or not torch.equal(got[t:t + len(head)], head):
+            continue
+        if all(torch.equal(got[r * t:min(r * t + n, total)], want[r * n:r * n + min(n, total - r * t)])
+               for r in range(g) if r * t < total):
+            kind = (f"padding of {t - n} elements kept after each shard, the last shard cut off" if t > n else
+                    f"the shards overlapping by {n - t} elements (padding dropped that was not there)")
+            return (f"the shards at other offsets: shard r of the group at element r * {t}, not r * {n} ({kind})",
+                    OFFSET_FIX)
     return None
 
 

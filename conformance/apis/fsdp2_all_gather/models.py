@@ -15,6 +15,7 @@ from typing import Any, List
 
 import torch
 
+from conformance.apis import REACH_MODELS
 from conformance.apis.fsdp2_all_gather.arithmetic import AllGatherArithmetic
 from conformance.apis.fsdp2_all_gather.recorder import AllGatherRecorder
 from conformance.apis.fsdp2_all_gather.standalone import SETUP
@@ -35,10 +36,18 @@ HARD_BITS = (0x7FC00001, 0xFFC12345, 0x7FA00001, 0x80000000, 0x00000000, 0x00000
              0x80000001, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000)
 
 
-def hard_shard(numel: int, dtype: torch.dtype, rank: int) -> torch.Tensor:
-    """``numel`` hard values of ``dtype``, starting at :data:`HARD_BITS` item ``rank`` (so the ranks' shards
-    differ and a swapped shard shows): the bit patterns themselves for float32; for another floating dtype the
-    same kinds from its ``finfo`` (NaN, ``-0.0``, the smallest subnormal, the largest finite, the infinities)."""
+#: Every how many elements :func:`hard_shard` places a hard value in a shard (the others are distinct ordinary
+#: values, so that a shard at a wrong offset differs wherever it lands).
+HARD_SPREAD = 3
+
+
+def hard_shard(numel: int, dtype: torch.dtype, rank: int, spread: int = 1) -> torch.Tensor:
+    """``numel`` values of ``dtype``: every ``spread``-th element (from element 0) a hard value, starting at
+    :data:`HARD_BITS` item ``rank`` (so the ranks' shards differ and a swapped shard shows), the others distinct
+    ordinary values (``rank * numel + i + 1`` for element ``i``: exact in float32 below 2^24 elements, so a
+    shard shifted by any offset differs). The hard values are the bit patterns themselves for float32; for
+    another floating dtype the same kinds from its ``finfo`` (NaN, ``-0.0``, the smallest subnormal, the largest
+    finite, the infinities)."""
     if dtype == torch.float32:
         pattern = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in HARD_BITS], dtype=torch.int32)
         pattern = pattern.view(torch.float32)
@@ -46,8 +55,11 @@ def hard_shard(numel: int, dtype: torch.dtype, rank: int) -> torch.Tensor:
         info = torch.finfo(dtype)
         pattern = torch.tensor([float("nan"), -0.0, 0.0, info.smallest_normal * info.eps, info.tiny, info.max,
                                 -info.max, float("inf"), float("-inf")], dtype=torch.float64).to(dtype)
-    index = (torch.arange(numel) + rank) % pattern.numel()
-    return pattern[index]
+    positions = torch.arange(numel)
+    out = (positions + (rank * numel + 1)).to(torch.float64).to(dtype)
+    hard = positions % spread == 0
+    out[hard] = pattern[(positions[hard] // spread + rank) % pattern.numel()]
+    return out
 
 
 class AllGatherModels(Fsdp2Models):
@@ -71,9 +83,11 @@ class AllGatherModels(Fsdp2Models):
 def hard_params(ctx: Any, spec: Any, *, config: str, model: str, **_: Any) -> List[Finding]:
     """``fsdp2_all_gather.hard_params``: parameter shards holding NaN with payloads, ``-0.0``, subnormals and
     float extremes must arrive bit for bit. The hooked model's every local parameter shard is set to
-    :func:`hard_shard` values (one round per starting offset, three rounds), then one forward and backward runs
-    (FSDP2 gathers every unit, and again in the backward where it resharded); the recorder checks each gather
-    against the shards, gathered again over the group FSDP2 passed. No reference: the values are the test.
+    :func:`hard_shard` values (every :data:`HARD_SPREAD`-th a hard value, one round per starting offset: three
+    rounds, one on a model of production size, whose shards hold every hard value at every offset already), then
+    one forward and backward runs (FSDP2 gathers every unit, and again in the backward where it resharded); the
+    recorder checks each gather against the shards, gathered again over the group FSDP2 passed. No reference:
+    the values are the test.
 
     Returns the findings of the first round with any (on every rank, it stops where any rank found one).
     """
@@ -81,13 +95,14 @@ def hard_params(ctx: Any, spec: Any, *, config: str, model: str, **_: Any) -> Li
     built = models.build(hooked=True)
     net, recorder = built.model, built.recorder
     inputs = models.inputs[0]
-    for round_ in range(3):
+    for round_ in range(1 if model in REACH_MODELS else 3):
         ctx.phase(f"round {round_}: hard parameter shards through the comm")
         with torch.no_grad():
             for p in net.parameters():
                 local = p.to_local() if hasattr(p, "to_local") else p
                 if local.is_floating_point() and local.numel():
-                    local.copy_(hard_shard(local.numel(), local.dtype, ctx.rank + round_).view(local.shape))
+                    local.copy_(hard_shard(local.numel(), local.dtype, ctx.rank + round_,
+                                                HARD_SPREAD).view(local.shape))
         recorder.step = round_
         models.loss_fn(inputs, net(*inputs)).backward()
         net.zero_grad(set_to_none=True)

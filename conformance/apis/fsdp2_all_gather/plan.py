@@ -32,23 +32,39 @@ from conformance.apis.fsdp2_all_gather.standalone import SETUP
 from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, RolePlan, exact, hsdp_world_size,
                                                 registration_plan, role_nodes, role_plan, with_skips)
 from conformance.cases import CaseParams
+from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError, binds_signature, qualname, signature_text
 
 #: Configurations of the FSDP modules a comm is checked under.
 CONFIGS = tuple(SETUP.configs)
-#: ``(config, model)`` pairs per world-size role: ``nested_wrapped`` (3 FSDP units, nested) with and without
-#: the backward's re-gather at the main world size; HSDP's shard group and the subgroup mesh on the 4-rank pool.
-#: The default run's 60 s budget keeps it to these (``always_wrap_nested`` at the other world sizes).
+#: ``(config, model)`` pairs per world-size role: ``nested_wrapped`` (3 FSDP units, nested) with FSDP2's own
+#: resharding (the root kept gathered), with none, and with the root's too (``set_reshard_after_forward(True)``)
+#: at the main world size; HSDP's shard group and the subgroup mesh on the 4-rank pool.
+#: The default run's 60 s budget keeps it to these (``always_wrap_nested`` at the other world sizes). The
+#: production-sized probe runs in :data:`HARD_PARAMS_PLAN`, not here: a probe's gradients are its inputs
+#: whatever its gathered weights, so its gradient parity would say nothing of the gather.
 PLAN: RolePlan = {
-    "main": (("default", "nested_wrapped"), ("no_reshard", "nested_wrapped")),
+    "main": (("default", "nested_wrapped"), ("no_reshard", "nested_wrapped"), ("reshard_root", "nested_wrapped")),
     "extra": (("default", "always_wrap_nested"),),
     "hsdp": (("hsdp", "nested_wrapped"), ("subgroup", "nested_wrapped")),
 }
 #: The long run (:data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared; each gather checked in the
 #: replay of a difference only): one FSDP unit, the cheapest per step, at the main world size.
 LONG_RUN_PLAN: RolePlan = {"main": (("default", "net_flat"),)}
-#: Hard parameter shards, per world-size role: at the main world size and on the subgroup mesh.
-HARD_PARAMS_PLAN: RolePlan = {"main": (("default", "nested_wrapped"),), "hsdp": (("subgroup", "nested_wrapped"),)}
+#: Hard parameter shards, per world-size role: at the main world size and on the subgroup mesh, and the
+#: production-sized probe (``large_probe``, issue 28) at the main world size and at 3: its ``wide`` unit's
+#: gather output has 6,620,006 elements at 2 ranks, 6,620,007 at 3 (more than 2^22; the parameter's 6,620,005
+#: a multiple of no world size and of no power of two), every element a distinct value or a hard one, so a
+#: chunk loop that drops the tail, a shard at a wrong offset or kept padding shows at production size.
+HARD_PARAMS_PLAN: RolePlan = {"main": (("default", "nested_wrapped"), ("default", "large_probe")),
+                              "extra": (("default", "large_probe"),), "hsdp": (("subgroup", "nested_wrapped"),)}
+#: Gradient accumulation (the shared parity check over :data:`~conformance.models.ACCUMULATION_MICRO_STEPS`
+#: micro-batches, all but the last under ``set_requires_gradient_sync(False)``; FSDP2 still gathers in each
+#: one), on ``late_branch``, whose last unit only the last micro-batch uses (its gather runs once a step, the
+#: others' once per micro-batch), at the main world size.
+ACCUMULATION_PLAN: RolePlan = {"main": (("default", "late_branch"),)}
+#: ``clip_grad_norm_`` with the comm installed (the shared check), at the main world size.
+CLIP_PLAN: RolePlan = {"main": (("default", "nested_wrapped"),)}
 
 
 def validate(spec: Any) -> Tuple[str, ...]:
@@ -107,6 +123,11 @@ APIS = (
                        depth_params=LONG_RUN_STEPS),
                    "test_fsdp2_all_gather_hard_params": _test("fsdp2_all_gather_hard_params", "hard_params",
                                                               _by_role(HARD_PARAMS_PLAN)),
+                   "test_fsdp2_all_gather_accumulation": _test(
+                       "fsdp2_all_gather_accumulation", "parity", role_plan(SETUP, ACCUMULATION_PLAN, exact),
+                       params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
+                   "test_fsdp2_all_gather_clip_grad_norm": _test(
+                       "fsdp2_all_gather_clip_grad_norm", "clip_grad_norm", role_plan(SETUP, CLIP_PLAN, exact)),
                    "test_fsdp2_all_gather_registration": _test(
                        "fsdp2_all_gather_registration", "registration", registration_plan(
                            SETUP.setter, "default", REGISTRATION_RULES, lambda settings: (settings.world_size,)))},

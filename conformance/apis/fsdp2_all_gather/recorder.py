@@ -125,7 +125,7 @@ class AllGatherRecorder(Recorder):
         self.calls.append({"step": self.step, "group_size": group_size,
                            "dtype": None if inp is None else inp.dtype,
                            "numel": None if inp is None else inp.numel()})
-        reach.saw_buffer(inp)
+        reach.saw_buffer(out)  # the buffer the comm fills: group_size shards (the reach's "buffers up to")
         # FSDP2's input_tensor is a view of output_tensor: keep it before the call (not in a long run's unrecorded
         # pass, whose gradient comparison catches a wrong gather; its replay records and names the cause)
         shard = inp.detach().clone() if self.recording else None
@@ -153,7 +153,8 @@ class AllGatherRecorder(Recorder):
         self._outputs = {s: v for s, v in self._outputs.items() if s >= self.step - 1}
         if not same_bits(got, expected.reshape(-1)):
             others = tuple(s for s in sizes if s != group_size)
-            self.wrong.append(GatherCall(self.step, index, got, expected.reshape(-1), group_size, others, previous))
+            self.wrong.append(GatherCall(self.step, index, got, expected.reshape(-1), group_size, others, previous,
+                                         tuple(dist.get_process_group_ranks(group or dist.group.WORLD))))
         return result
 
     def summary(self, step: int) -> str:

@@ -107,7 +107,10 @@ class Fsdp2Models(ApiModels):
 
     def no_sync(self, model: nn.Module) -> Any:
         """FSDP2's gradient accumulation: ``model.<sync_setter>(False)`` for the micro-step (FSDP2 has no
-        ``no_sync()``; the config's ``set_requires_gradient_sync`` or ``set_requires_all_reduce``)."""
+        ``no_sync()``; the config's ``set_requires_gradient_sync`` or ``set_requires_all_reduce``); nothing on a
+        reference built to synchronise every micro-batch (``Fsdp2Config.sync_hooked_only``)."""
+        if getattr(model, "conformance_syncs_always", False):
+            return contextlib.nullcontext()
         return _sync_off(model, self.layout.sync_setter)
 
     def full_grads(self, model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:

@@ -105,10 +105,17 @@ class Fsdp2Config:
             root alone with ``divide_root_only``); ``None``: FSDP2's own average.
         force_sum: ``set_force_sum_reduction_for_comms(True)`` on every FSDP module.
         reshard_after_forward: ``fully_shard(..., reshard_after_forward=...)`` on every unit; ``None``: FSDP2's
-            default (``True``). Where FSDP2 all-gathers again in the backward, it calls an all-gather comm again.
+            default (torch 2.13: ``None``, every unit but the root reshards; the root's parameters stay gathered
+            for the backward). Where FSDP2 all-gathers again in the backward, it calls an all-gather comm again.
+        setters: ``(FSDPModule setter, value)`` pairs called on the root of both models once built (each
+            recurses): switches that change what a hook sees, such as ``set_reduce_scatter_unused_params``.
         sync_setter: the ``FSDPModule`` setter that turns synchronisation off for an accumulation micro-batch:
             the whole reduction (``set_requires_gradient_sync``: no reduce-scatter, no comm call) or, where
             FSDP2 all-reduces across replicas, that all-reduce only (``set_requires_all_reduce``).
+        sync_hooked_only: the accumulation setter on the hooked model alone; the reference synchronises every
+            micro-batch. For a setter that does not reach the hook: ``set_requires_all_reduce(False)`` with a
+            replica all-reduce hook on a 1-D mesh, which FSDP2 still calls on every micro-batch (torch 2.13,
+            ``scripts/fsdp2_switches_evidence.py``), as native HSDP all-reduces when nothing is set.
     """
 
     reference: str
@@ -119,6 +126,8 @@ class Fsdp2Config:
     force_sum: bool = False
     reshard_after_forward: Optional[bool] = None
     sync_setter: str = "set_requires_gradient_sync"
+    setters: Tuple[Tuple[str, bool], ...] = ()
+    sync_hooked_only: bool = False
 
     def shape(self, world_size: int) -> Optional[Tuple[int, ...]]:
         """The device mesh's shape for ``world_size`` ranks (the subgroup's under ``"subgroup"``); ``None``
@@ -129,7 +138,7 @@ class Fsdp2Config:
     def methods(self) -> Tuple[str, ...]:
         """The ``FSDPModule`` methods the config calls, besides the API's setter."""
         return (("set_gradient_divide_factor",) if self.divide_factor else ()) + \
-            (("set_force_sum_reduction_for_comms",) if self.force_sum else ())
+            (("set_force_sum_reduction_for_comms",) if self.force_sum else ()) + tuple(n for n, _ in self.setters)
 
     def premul_sum(self, reduce_dtype: Optional[torch.dtype], param_dtype: torch.dtype = torch.float32) -> bool:
         """Whether FSDP2 reduce-scatters with ``PREMUL_SUM(1/factor)`` here (``_get_gradient_divide_factors``):

@@ -107,7 +107,10 @@ def fsdp_modules(model: nn.Module) -> List[nn.Module]:
 
 def apply_config(model: nn.Module, layout: Fsdp2Config, world_size: int) -> None:
     """Set the config's divide factor / forced SUM on every FSDP module (neither recurses), the divide factor on
-    the root alone where the config says so."""
+    the root alone where the config says so, and the config's other setters on the root (they recurse)."""
+    if layout.setters:
+        for name, value in layout.setters:
+            getattr(model, name)(value)
     if layout.divide_factor is not None:
         for module in [model] if layout.divide_root_only else fsdp_modules(model):
             module.set_gradient_divide_factor(layout.divide_factor(world_size))
@@ -155,6 +158,7 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
         on = mesh[layout.hooked_dim] if hooked and layout.hooked_dim else mesh
         model = shard_units(cls, model, on, reduce_dtype, group, device, layout.reshard_after_forward)
     apply_config(model, layout, world_size)
+    model.conformance_syncs_always = layout.sync_hooked_only and not hooked  # read by no_sync
     return model
 
 
@@ -221,7 +225,11 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
 
 @contextlib.contextmanager
 def no_sync(model: nn.Module) -> Iterator[None]:
-    """FSDP2's gradient accumulation: the config's ``sync_setter(False)`` for the micro-batch."""
+    """FSDP2's gradient accumulation: the config's ``sync_setter(False)`` for the micro-batch (none on a reference
+    built to synchronise every micro-batch, ``Fsdp2Config.sync_hooked_only``)."""
+    if getattr(model, "conformance_syncs_always", False):
+        yield
+        return
     setter = getattr(model, _layout().sync_setter)
     setter(False)
     try:

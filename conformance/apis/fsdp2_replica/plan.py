@@ -52,6 +52,9 @@ LONG_RUN_MODELS = ("net_flat",)
 LONG_RUN_WORLD_SIZE = 2
 #: The models of the accumulation cases (a unit only the last micro-batch uses, as for the other APIs).
 ACCUMULATION_MODELS = ("nested_wrapped", "late_branch")
+#: Accumulation under ``set_requires_all_reduce(False)`` (config ``all_reduce_off``): FSDP2 calls the hook on
+#: every micro-batch all the same, so the hook must reduce each one as native HSDP does when nothing is set.
+ACCUMULATION_ALSO = (("all_reduce_off", "nested_wrapped"),)
 #: The replica count that is not a power of two: a run with a world size of ``3 * 2`` also checks there.
 ODD_REPLICA_WORLD_SIZE = 3 * 2
 
@@ -103,11 +106,15 @@ def _long_run_world_sizes(settings: Any) -> List[int]:
     return [LONG_RUN_WORLD_SIZE] + ([hsdp_world_size(settings.world_sizes)] if settings.nightly else [])
 
 
-def _cases(models: Sequence[str], world_sizes: Any = _world_sizes) -> Any:
+def _cases(models: Sequence[str], world_sizes: Any = _world_sizes, also: Sequence[Tuple[str, str]] = ()) -> Any:
+    """Per spec, ``models`` in the ``replica`` config and the ``(config, model)`` pairs of ``also``, at each of
+    ``world_sizes(settings)``."""
+    pairs = tuple(("replica", model) for model in models) + tuple(also)
+
     def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         why = _skip(settings) or simulated_layout_skip(settings)
-        return [dataclasses.replace(test.case(spec.name, "replica", ws, model=model, nodes=_nodes(ws)), skip=why)
-                for spec in specs for ws in world_sizes(settings) for model in models]
+        return [dataclasses.replace(test.case(spec.name, config, ws, model=model, nodes=_nodes(ws)), skip=why)
+                for spec in specs for ws in world_sizes(settings) for config, model in pairs]
 
     return plan
 
@@ -136,7 +143,8 @@ APIS = (
                                                            _cases(("gradient_probe", "large_probe")),
                                                            kind="hard_inputs"),
                    "test_fsdp2_replica_accumulation": _test(
-                       "fsdp2_replica_accumulation", "parity", _cases(ACCUMULATION_MODELS), kind="exact",
+                       "fsdp2_replica_accumulation", "parity", _cases(ACCUMULATION_MODELS, also=ACCUMULATION_ALSO),
+                       kind="exact",
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
                    "test_fsdp2_replica_registration": _test(
                        "fsdp2_replica_registration", "registration", registration_plan(

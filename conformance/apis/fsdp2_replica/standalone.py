@@ -9,6 +9,12 @@ and the suite's models read the same object
 (:func:`~conformance.apis.fsdp2_common.setup.replica_shape`); the hooked model
 shards on its ``shard`` dimension alone, and the hook, ``hook(state, tensor)``
 with ``state = spec.state(replica_group)``, all-reduces across the replicas.
+``all_reduce_off``, for accumulation: the hooked model under
+``set_requires_all_reduce(False)`` on all micro-batches but the last, which does
+not stop FSDP2 calling the hook on every one (torch 2.13, gloo:
+``scripts/fsdp2_switches_evidence.py``); the reference is native HSDP
+all-reducing every micro-batch (native HSDP with the same setter all-reduces
+the accumulated sum once, another rounding).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_to
 
 SETUP = Fsdp2Setup(setter="set_all_reduce_hook", bind=bind_to_replicas, configs={
     "replica": Fsdp2Config("native HSDP on the {mesh} mesh", mesh="replica", hooked_dim="shard"),
+    "all_reduce_off": Fsdp2Config("native HSDP on the {mesh} mesh, all-reducing every micro-batch", mesh="replica",
+                                  hooked_dim="shard", sync_setter="set_requires_all_reduce", sync_hooked_only=True),
 })
 
 

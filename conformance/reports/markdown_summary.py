@@ -146,4 +146,5 @@ def _claim(hook: Mapping[str, Any]) -> str:
     if hook.get("lossy"):
         return "lossy contract"
     dtype = hook.get("reduce_dtype")
-    return "full-precision averaging" if dtype in (None, "full") else f"reduce_dtype={dtype}"
+    claim = "full-precision averaging" if dtype in (None, "full") else f"reduce_dtype={dtype}"
+    return claim + (f", param_dtype={hook['param_dtype']}" if hook.get("param_dtype") else "")

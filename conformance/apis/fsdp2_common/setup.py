@@ -96,6 +96,8 @@ class Fsdp2Config:
         sync_setter: the ``FSDPModule`` setter that turns synchronisation off for an accumulation micro-batch:
             the whole reduction (``set_requires_gradient_sync``: no reduce-scatter, no comm call) or, where
             FSDP2 all-reduces across replicas, that all-reduce only (``set_requires_all_reduce``).
+        param_dtype: ``MixedPrecisionPolicy(param_dtype=...)`` of both models (a spec's claimed parameter
+            dtype, ``HookSpec.param_dtype``, set per case); ``None``: the models' own dtype.
     """
 
     reference: str
@@ -106,6 +108,7 @@ class Fsdp2Config:
     force_sum: bool = False
     reshard_after_forward: Optional[bool] = None
     sync_setter: str = "set_requires_gradient_sync"
+    param_dtype: Optional[torch.dtype] = None
 
     def shape(self, world_size: int) -> Optional[Tuple[int, ...]]:
         """The device mesh's shape for ``world_size`` ranks (the subgroup's under ``"subgroup"``); ``None``

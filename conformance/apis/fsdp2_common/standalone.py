@@ -17,6 +17,7 @@ FSDP2.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -114,14 +115,17 @@ def apply_config(model: nn.Module, layout: Fsdp2Config, world_size: int) -> None
             module.set_force_sum_reduction_for_comms(True)
 
 
-def mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Dict[str, Any]:
+def mixed_precision(reduce_dtype: Optional[torch.dtype], param_dtype: Optional[torch.dtype] = None) -> Dict[str, Any]:
     """``fully_shard``/``replicate`` keyword arguments for a claim: ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)``
-    for a reduced-precision one, none for full precision."""
-    return {} if reduce_dtype is None else {"mp_policy": fsdp2_api()[1](reduce_dtype=reduce_dtype)}
+    for a reduced-precision one (with ``param_dtype=...`` for a claimed parameter dtype), none for full precision."""
+    if reduce_dtype is None and param_dtype is None:
+        return {}
+    return {"mp_policy": fsdp2_api()[1](param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
 
 
 def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype], group: Any,
-                device: torch.device, reshard_after_forward: Optional[bool] = None) -> nn.Module:
+                device: torch.device, reshard_after_forward: Optional[bool] = None,
+                param_dtype: Optional[torch.dtype] = None) -> nn.Module:
     """``model`` (a plain ``cls``) under ``fully_shard(mesh=mesh)``: one call per FSDP1 unit, innermost first, then
     the root, with ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)`` for a reduced-precision claim (and
     ``reshard_after_forward`` where given). A model with ``apply_fully_shard`` (``mixture_of_experts``: its
@@ -131,7 +135,7 @@ def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[to
         ValueError: such a model on a 2-D mesh (it builds its own 1-D meshes).
     """
     fully_shard = fsdp2_api()[0]
-    kwargs = mixed_precision(reduce_dtype)
+    kwargs = mixed_precision(reduce_dtype, param_dtype)
     if reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = reshard_after_forward
     if hasattr(cls, "apply_fully_shard"):
@@ -147,11 +151,12 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
     ``mesh`` (the hooked model on its ``layout.hooked_dim`` alone), then the config's divide factor or forced
     SUM (:func:`apply_config`)."""
     if layout.mesh == "replicate":
-        kwargs = mixed_precision(reduce_dtype)
+        kwargs = mixed_precision(reduce_dtype, layout.param_dtype)
         model = _wrap_units(model, lambda module: replicate_api()(module, **kwargs))
     else:
         on = mesh[layout.hooked_dim] if hooked and layout.hooked_dim else mesh
-        model = shard_units(cls, model, on, reduce_dtype, group, device, layout.reshard_after_forward)
+        model = shard_units(cls, model, on, reduce_dtype, group, device, layout.reshard_after_forward,
+                            layout.param_dtype)
     apply_config(model, layout, world_size)
     return model
 
@@ -159,13 +164,15 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
 # -- the reproducer's side (reads its globals when called) ---------------------------------------------------
 
 def _layout() -> Fsdp2Config:
-    return SETUP.configs[CASE["variant"]["config"]]
+    layout = SETUP.configs[CASE["variant"]["config"]]
+    return layout if CASE.get("param_dtype") is None else dataclasses.replace(layout, param_dtype=CASE["param_dtype"])
 
 
 def reference() -> str:
     """What the hooked copy is compared with: native FSDP2 in the case's config."""
     claim = None if CASE["reduce_dtype"] is None else str(CASE["reduce_dtype"])
-    return SETUP.reference(CASE["variant"]["config"], CASE["world_size"], claim)
+    text = SETUP.reference(CASE["variant"]["config"], CASE["world_size"], claim)
+    return text if CASE.get("param_dtype") is None else f"{text} and param_dtype={CASE['param_dtype']}"
 
 
 def subgroup(ranks: Any) -> Any:

@@ -169,7 +169,15 @@ def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def reference() -> str:
-    """What the hooked copy is compared with: DDP with no hook, or the claim's documented equivalent."""
+    """What the hooked copy is compared with: DDP with no hook, or the claim's documented equivalent; with the
+    model in a claimed parameter dtype, said so."""
+    if CASE.get("param_dtype") is not None:
+        same = CASE["reduce_dtype"] in (None, CASE["param_dtype"])
+        return f"{'DDP with no hook' if same else _reference()}, the model in {CASE['param_dtype']}"
+    return _reference()
+
+
+def _reference() -> str:
     if CASE["variant"].get("config") == COMPILED_CONFIG:
         return "DDP's python reducer with no hook (param.grad / world_size, then SUM; run eagerly here)"
     if CASE["reduce_dtype"] in (torch.float16, torch.bfloat16):

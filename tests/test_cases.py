@@ -472,3 +472,40 @@ def test_a_long_run_trains_the_steps_of_its_depth(depth, steps):
     run_case(conform, object(), HOOK_APIS["ddp"].suite_test("long_run").case("h", "default", 2, model="nested_wrapped"))
     assert conform.calls == [("long_run", "ddp.long_run", {"config": "default", "model": "nested_wrapped",
                                                            "steps": steps}, False, True)]
+
+
+# -- a claimed parameter dtype (HookSpec.param_dtype) -----------------------------------------------------------
+
+
+def test_param_dtype_shows_in_the_id_after_the_model():
+    assert case_id("h", "FULL_SHARD", model="net_wrapped", world_size=2, param_dtype="bfloat16") == \
+        "h-FULL_SHARD-net_wrapped-params_bfloat16-ws2"
+    assert parse_case_id("h-FULL_SHARD-net_wrapped-params_bfloat16-ws2")["world_size"] == 2
+
+
+def test_a_spec_that_claims_a_param_dtype_has_every_case_carry_it_and_one_that_claims_none_is_planned_as_before():
+    claimed = dataclasses.replace(EVERYWHERE, name="claimed", param_dtype=torch.bfloat16)
+    settings = _settings([2, 3])
+    for name in HOOK_APIS["fsdp"].plans:
+        plain = planned_cases(name, [EVERYWHERE], settings)
+        cases = planned_cases(name, [claimed], settings)
+        assert [c.param_dtype for c in plain] == [None] * len(plain)
+        assert all(c.param_dtype == "bfloat16" and "-params_bfloat16" in c.id for c in cases)
+        assert [c.id.replace("-params_bfloat16", "").replace("claimed", "every.where") for c in cases] == \
+            [c.id for c in plain], name
+        if cases:
+            assert dict(cases[0].junit_properties())["param_dtype"] == "bfloat16"
+            assert cases[0].describe()["params"] == "bfloat16"
+
+
+def test_sample_checks_keep_the_first_variant_and_model_at_the_main_world_size_of_those_checks():
+    sampled = dataclasses.replace(EVERYWHERE, name="sampled", sample_checks=("parity", "accumulation"))
+    settings = _settings([2, 3])
+    kept = {name: planned_cases(name, [sampled, EVERYWHERE], settings) for name in HOOK_APIS["fsdp"].plans}
+    mine = {name: [c for c in cases if c.hook == "sampled"] for name, cases in kept.items()}
+    assert {name for name, cases in mine.items() if cases} == {"test_parity", "test_accumulation"}
+    for cases in mine.values():
+        assert len(cases) <= 1 and all(c.world_size == 2 and c.nodes == 1 for c in cases)
+    assert mine["test_parity"][0].id == "sampled-NO_SHARD-net_wrapped-ws2"
+    full = planned_cases("test_parity", [EVERYWHERE], settings)
+    assert [c for c in kept["test_parity"] if c.hook == "every.where"] == full, "the other specs' cases are kept"

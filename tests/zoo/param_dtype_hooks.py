@@ -7,7 +7,9 @@ reduce_dtype=float32)``). Two classes of hook are written for that and nothing e
   bfloat16 parameters and no reduce dtype (FSDP reduces in the parameter dtype) the buffer is bfloat16
   already, the casts change nothing and the hook is native bit for bit; with float32 parameters it rounds
   every gradient. The same hook passes under its claim and fails without it, for each API (FSDP2's custom
-  reduce-scatter, FSDP1's and DDP's ``register_comm_hook``).
+  reduce-scatter, FSDP1's and DDP's ``register_comm_hook``); FSDP2's all-gather comm gathers the
+  parameters in the parameter dtype, so a bfloat16 all-gather is exact under the claim (its unclaimed
+  twin is ``tests/zoo/fsdp2_all_gathers.py``'s ``bad_bf16_wire``).
 * **bfloat16-valued gradients assumed**: under ``param_dtype=bfloat16, reduce_dtype=float32`` FSDP2 hands
   the comm float32 gradients that hold bfloat16 values after one micro-batch (the backward ran in
   bfloat16), so a comm that stages them in a bfloat16 buffer (half the memory) loses nothing there. Under
@@ -35,6 +37,7 @@ import torch.distributed as dist
 
 from conformance.apis.fsdp2.builtin_hooks import PlainReduceScatter
 from conformance.spec import HookSpec
+from tests.zoo.fsdp2_all_gathers import Bf16Wire as Bf16WireAllGather
 from tests.zoo.fsdp2_comms import Bf16WireComm
 from tests.zoo.plain_hooks import process_group_state
 
@@ -89,6 +92,10 @@ def ddp_bf16_wire_hook(process_group, bucket):
 KNOWN_GOOD: List[HookSpec] = [
     HookSpec(name="good_bf16_wire_params_bf16", api="fsdp2", hook=Bf16WireComm, param_dtype=torch.bfloat16,
              description="bfloat16 on the wire, claimed for bfloat16 parameters: exact there"),
+    HookSpec(name="good_all_gather_bf16_wire_params_bf16", api="fsdp2_all_gather", hook=Bf16WireAllGather,
+             param_dtype=torch.bfloat16,
+             description="all-gather in bfloat16, claimed for bfloat16 parameters (its unclaimed twin: the "
+                         "all-gather zoo's bad_bf16_wire)"),
     HookSpec(name="good_plain_params_bf16_fp32", api="fsdp2", hook=PlainReduceScatter,
              param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
              description="the staging comm's good twin: the float32 input reduce-scattered as it is"),

@@ -169,15 +169,9 @@ def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def reference() -> str:
-    """What the hooked copy is compared with: DDP with no hook, or the claim's documented equivalent; with the
-    model in a claimed parameter dtype, said so."""
+    """What the hooked copy is compared with: DDP with no hook, or the claim's documented equivalent."""
     if CASE.get("param_dtype") is not None:
-        same = CASE["reduce_dtype"] in (None, CASE["param_dtype"])
-        return f"{'DDP with no hook' if same else _reference()}, the model in {CASE['param_dtype']}"
-    return _reference()
-
-
-def _reference() -> str:
+        return f"DDP with the model in {CASE['param_dtype']}, reduce_dtype={CASE['reduce_dtype']}"
     if CASE["variant"].get("config") == COMPILED_CONFIG:
         return "DDP's python reducer with no hook (param.grad / world_size, then SUM; run eagerly here)"
     if CASE["reduce_dtype"] in (torch.float16, torch.bfloat16):
@@ -196,7 +190,9 @@ def subgroup(ranks: Any) -> Any:
 def build(ranks: Any, hooked: bool) -> nn.Module:
     """The case's DDP model (``DDP_KWARGS``): with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; else
     native's reference (the claim's reference hook, for a reduce dtype other than the parameters')."""
-    module = in_param_dtype(MODEL.plain(group=ranks.group, device=ranks.device), CASE.get("param_dtype"))
+    module = MODEL.plain(group=ranks.group, device=ranks.device)
+    if CASE.get("param_dtype") is not None:
+        module = in_param_dtype(module, CASE["param_dtype"])
     if CASE["variant"]["config"] == COMPILED_CONFIG:
         model = wrap_ddp(module, ranks.group, ranks.device, COMPILED_CONFIG)
     else:

@@ -17,7 +17,6 @@ FSDP2.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -118,16 +117,14 @@ def apply_config(model: nn.Module, layout: Fsdp2Config, world_size: int) -> None
 def mixed_precision(reduce_dtype: Optional[torch.dtype], param_dtype: Optional[torch.dtype] = None) -> Dict[str, Any]:
     """``fully_shard``/``replicate`` keyword arguments for a claim: ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)``
     for a reduced-precision one (with ``param_dtype=...`` for a claimed parameter dtype), none for full precision."""
-    if reduce_dtype is None and param_dtype is None:
-        return {}
-    return {"mp_policy": fsdp2_api()[1](param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
+    return {} if reduce_dtype is None and param_dtype is None else {
+        "mp_policy": fsdp2_api()[1](param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
 
 
-def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype], group: Any,
-                device: torch.device, reshard_after_forward: Optional[bool] = None,
-                param_dtype: Optional[torch.dtype] = None) -> nn.Module:
+def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype], group: Any, device: Any,
+                reshard_after_forward: Optional[bool] = None, param_dtype: Optional[torch.dtype] = None) -> nn.Module:
     """``model`` (a plain ``cls``) under ``fully_shard(mesh=mesh)``: one call per FSDP1 unit, innermost first, then
-    the root, with ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)`` for a reduced-precision claim (and
+    the root, with ``mp_policy=MixedPrecisionPolicy(reduce_dtype=..., param_dtype=...)`` for a claim (and
     ``reshard_after_forward`` where given). A model with ``apply_fully_shard`` (``mixture_of_experts``: its
     expert on a 1-rank mesh of its own) shards itself.
 
@@ -164,15 +161,19 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
 # -- the reproducer's side (reads its globals when called) ---------------------------------------------------
 
 def _layout() -> Fsdp2Config:
-    layout = SETUP.configs[CASE["variant"]["config"]]
-    return layout if CASE.get("param_dtype") is None else dataclasses.replace(layout, param_dtype=CASE["param_dtype"])
+    if CASE.get("param_dtype") is not None:
+        import dataclasses
+
+        return dataclasses.replace(SETUP.configs[CASE["variant"]["config"]], param_dtype=CASE["param_dtype"])
+    return SETUP.configs[CASE["variant"]["config"]]
 
 
 def reference() -> str:
     """What the hooked copy is compared with: native FSDP2 in the case's config."""
     claim = None if CASE["reduce_dtype"] is None else str(CASE["reduce_dtype"])
-    text = SETUP.reference(CASE["variant"]["config"], CASE["world_size"], claim)
-    return text if CASE.get("param_dtype") is None else f"{text} and param_dtype={CASE['param_dtype']}"
+    if CASE.get("param_dtype") is not None:
+        claim = f"{claim} and param_dtype={CASE['param_dtype']}"
+    return SETUP.reference(CASE["variant"]["config"], CASE["world_size"], claim)
 
 
 def subgroup(ranks: Any) -> Any:

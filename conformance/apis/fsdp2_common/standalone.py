@@ -121,8 +121,9 @@ def mixed_precision(reduce_dtype: Optional[torch.dtype], param_dtype: Optional[t
         "mp_policy": fsdp2_api()[1](param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
 
 
-def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype], group: Any, device: Any,
-                reshard_after_forward: Optional[bool] = None, param_dtype: Optional[torch.dtype] = None) -> nn.Module:
+def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype], group: Any,
+                device: torch.device, reshard_after_forward: Optional[bool] = None,
+                param_dtype: Optional[torch.dtype] = None) -> nn.Module:
     """``model`` (a plain ``cls``) under ``fully_shard(mesh=mesh)``: one call per FSDP1 unit, innermost first, then
     the root, with ``mp_policy=MixedPrecisionPolicy(reduce_dtype=..., param_dtype=...)`` for a claim (and
     ``reshard_after_forward`` where given). A model with ``apply_fully_shard`` (``mixture_of_experts``: its

@@ -17,8 +17,8 @@ reduce_dtype=float32)``). Two classes of hook are written for that and nothing e
   the comm then gets the float32 sum of several micro-batches, no longer bfloat16 values, and the staging
   rounds it. Parity passes it; only accumulation under the claim catches it.
 
-Established on gloo, torch 2.13 CPU, 2 ranks, 3 steps, against native FSDP2 / FSDP1 / DDP (``/tmp``
-scripts of the issue-30 work, summarised in docs/api-fsdp2.md#parameter-dtype): the comm's input is
+Established on gloo, torch 2.13 CPU, 2 ranks, 3 steps, against native FSDP2 / FSDP1 / DDP (small scripts
+of the issue-30 work, summarised in docs/checks.md#parameter-dtype): the comm's input is
 float32 and bfloat16-valued on one micro-batch, float32 and not bfloat16-valued on the synchronising one of
 two; the staging comm is bitwise native with one micro-batch and differs with two; the wire comm is
 bitwise native under ``param_dtype=bfloat16`` (reduce dtype ``None``: its input is bfloat16) and differs

@@ -134,7 +134,8 @@ class HookSpec:
             hook's state object (for example
             ``torch.distributed.algorithms._comm_hooks.default_hooks.DefaultState``).
             A fresh state is built for every model the suite trains.
-        reduce_dtype: the claim. ``None``: full-precision default averaging.
+        reduce_dtype: the claim. ``None``: full-precision default averaging (under a ``param_dtype`` claim:
+            the API's own averaging in that dtype, as FSDP defaults its reduce dtype to the parameter dtype).
             ``torch.float16``/``torch.bfloat16``/...: equals FSDP's
             ``MixedPrecision(reduce_dtype=reduce_dtype)`` with no hook.
         strategies: sharding strategies to check (names of

@@ -170,9 +170,9 @@ class HookSpec:
             bfloat16-on-the-wire comm that is exact there, and lossy on float32 parameters, claims it so.
             Its case ids carry ``params_<dtype>``; its verdict line says ``params <dtype>``.
         sample_checks: the built-in hooks' extra claims (a parameter dtype) in the default run: only these
-            checks (their names in reports, e.g. ``("parity", "accumulation")``) run, each at the main world
-            size on one node, under the first variant and model of its plan; ``None`` (a spec of yours):
-            every check of its API.
+            checks (their names in reports, e.g. ``("parity", "accumulation")``) run, each at the first world
+            size of at least 2 ranks (the main one on a CPU machine) on one node, under the first variant and
+            model of its plan; ``None`` (a spec of yours): every check of its API.
 
     Raises:
         SpecError: on construction, for a bad name, an unknown api, a hook

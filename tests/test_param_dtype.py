@@ -56,5 +56,7 @@ def test_sample_checks_keep_the_first_variant_and_model_at_the_main_world_size_o
     for cases in mine.values():
         assert len(cases) <= 1 and all(c.world_size == 2 and c.nodes == 1 for c in cases)
     assert mine["test_parity"][0].id == "sampled-NO_SHARD-net_wrapped-ws2"
+    one_gpu = plan_settings(1, 2, backend="nccl", device="cuda", gpu_count=1, cpu_pools=(2, 3))
+    assert [c.world_size for c in planned_cases("test_parity", [sampled], one_gpu)] == [2], "not at 1 rank"
     full = planned_cases("test_parity", [EVERYWHERE], settings)
     assert [c for c in kept["test_parity"] if c.hook == "every.where"] == full, "the other specs' cases are kept"

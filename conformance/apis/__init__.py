@@ -120,15 +120,18 @@ class SuiteTest:
 
 def sampled(cases: List[CaseParams], names: Any, settings: Any) -> List[CaseParams]:
     """``cases`` with those of the hooks ``names`` cut to a sample (``HookSpec.sample_checks``): per hook, the
-    first variant and model at the main world size (``settings.world_size``) on one node."""
+    first variant and model at the run's first world size of at least 2 ranks
+    (:func:`first_cross_rank_world_size`: the main one on a CPU machine, not a one-GPU machine's 1) on one
+    node."""
     if not names:
         return cases
+    ws = first_cross_rank_world_size(settings.world_sizes)
     out: List[CaseParams] = []
     first: Dict[str, Tuple[str, Optional[str]]] = {}
     for case in cases:
         if case.hook not in names:
             out.append(case)
-        elif case.world_size == settings.world_size and case.nodes == 1:
+        elif case.world_size == ws and case.nodes == 1:
             if first.setdefault(case.hook, (case.variant, case.model)) == (case.variant, case.model):
                 out.append(case)
     return out

@@ -64,7 +64,8 @@ def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Opt
     if spec.param_dtype is not None and not params.get("low_precision_grads"):
         if (spec.param_dtype, spec.reduce_dtype) != (torch.bfloat16, torch.float32):
             return None  # no built-in hook under this claim
-        return "allreduce_hook_params_bf16" if params.get("strategy") == "NO_SHARD" else "reduce_scatter_hook_params_bf16"
+        sharded = params.get("strategy") != "NO_SHARD"
+        return "reduce_scatter_hook_params_bf16" if sharded else "allreduce_hook_params_bf16"
     if spec.reduce_dtype is None or params.get("low_precision_grads"):
         return "allreduce_hook" if params.get("strategy") == "NO_SHARD" else "reduce_scatter_hook"
     return {torch.float16: "fp16_compress_hook", torch.bfloat16: "bf16_compress_hook"}.get(spec.reduce_dtype)

@@ -84,7 +84,8 @@ FSDP2_HOOKS = [
     # torchtitan's default: the comm gets float32 gradients, the local sum of bfloat16 ones under accumulation
     # (FSDP2 accumulates in the reduce dtype, PyTorch PR 125191). A sample in the default run (sample_checks).
     HookSpec(name="plain_reduce_scatter_params_bf16", api="fsdp2", hook=PlainReduceScatter,
-             param_dtype=torch.bfloat16, reduce_dtype=torch.float32, sample_checks=("fsdp2_parity", "fsdp2_accumulation"),
+             param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+             sample_checks=("fsdp2_parity", "fsdp2_accumulation"),
              description="PlainReduceScatter under MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)"),
 ]
 

@@ -7,7 +7,9 @@ that made it set: its API, its check and the variant's field name
 (:meth:`conformance.apis.SuiteTest.case`). A case id is the pytest parameter id, fields joined
 by ``-``: ``{hook}-{variant}-{model}-ws{world_size}`` for training checks
 (``{hook}-{variant}-{model}-{nodes}nodes-ws{world_size}`` for a case that simulates
-several nodes), ``{hook}-{variant}-{rule}`` for registration rules. The hook name comes first so
+several nodes), ``{hook}-{variant}-{rule}`` for registration rules; a case that trains in a claimed
+parameter dtype (``HookSpec.param_dtype``) carries ``params_<dtype>`` after its model
+(``{hook}-{variant}-{model}-params_bfloat16-ws{world_size}``). The hook name comes first so
 that ``-k my_hook`` and known-failure patterns such as
 ``test_parity[fp16_compress_hook-*]`` select one hook's cases.
 """
@@ -38,6 +40,9 @@ class CaseParams:
             plan (:attr:`conformance.apis.HookApi.plans`), not part of the id.
         nodes: the number of nodes the case's ranks are laid out as (torchrun's layout variables,
             :mod:`conformance.ranks.topology`): 1, or several of ``world_size // nodes`` ranks each.
+        param_dtype: the parameter dtype the case trains in, by name (``"bfloat16"``), where its spec claims
+            one (``HookSpec.param_dtype``; set by :meth:`conformance.apis.SuiteTest.__call__`); ``None``: the
+            models' own.
 
     Raises:
         ValueError: ``api``, ``check`` or ``variant_field`` is missing (a case is made by its API's plan).
@@ -53,6 +58,7 @@ class CaseParams:
     variant_field: str = ""
     skip: Optional[str] = dataclasses.field(default=None, compare=False)
     nodes: int = 1
+    param_dtype: Optional[str] = None
 
     def __post_init__(self) -> None:
         missing = [name for name in ("api", "check", "variant_field") if not getattr(self, name)]
@@ -66,7 +72,7 @@ class CaseParams:
     @property
     def id(self) -> str:
         return case_id(self.hook, self.variant, model=self.model, world_size=self.world_size, rule=self.rule,
-                       nodes=self.nodes)
+                       nodes=self.nodes, param_dtype=self.param_dtype)
 
     def check_params(self) -> Dict[str, Any]:
         """The rank check's parameters the case gives: its variant under :attr:`variant_field`, then its model
@@ -88,6 +94,8 @@ class CaseParams:
             out["rule"] = self.rule
         if self.nodes > 1:
             out["nodes"] = self.nodes
+        if self.param_dtype:
+            out["params"] = self.param_dtype
         return out
 
     def junit_properties(self, check: Optional[str] = None) -> List[Tuple[str, Any]]:
@@ -104,17 +112,21 @@ class CaseParams:
             props.append(("model", self.model))
         if self.rule:
             props.append(("rule", self.rule))
+        if self.param_dtype:
+            props.append(("param_dtype", self.param_dtype))
         return props
 
 
 def case_id(hook: str, variant: str, *, model: Optional[str] = None, world_size: Optional[int] = None,
-            rule: Optional[str] = None, nodes: int = 1) -> str:
+            rule: Optional[str] = None, nodes: int = 1, param_dtype: Optional[str] = None) -> str:
     """The test parameter id of a case; see the module docstring for the shape."""
     parts = [hook, variant]
     if model:
         parts.append(model)
     if rule:
         parts.append(rule)
+    if param_dtype:
+        parts.append(f"params_{param_dtype}")
     if nodes > 1:
         parts.append(f"{nodes}nodes")
     if world_size is not None and rule is None:

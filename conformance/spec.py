@@ -9,6 +9,10 @@ state on each rank, and its claim about numerics. The suite checks the claim:
 * ``reduce_dtype=X``: the hook reproduces FSDP's native
   ``MixedPrecision(reduce_dtype=X)`` bit for bit, and hands back gradients in
   the parameter dtype.
+* ``param_dtype=P`` (besides either): every check trains in ``P``, the dtype the
+  hook is meant for (FSDP1 ``MixedPrecision(param_dtype=P, reduce_dtype=X)``,
+  FSDP2 ``MixedPrecisionPolicy(param_dtype=P, reduce_dtype=X)``, DDP the model
+  in ``P``), and the hook must equal the native path trained the same way.
 
 Specs are loaded by the controller and again inside every rank process, so a
 spec must be importable by module path (``pkg.module:ATTR``).
@@ -49,6 +53,8 @@ __all__ = [
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 _REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: The parameter dtypes a spec may claim (``HookSpec.param_dtype``): the low-precision ones models train in.
+PARAM_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _hook_apis() -> Any:
@@ -128,7 +134,8 @@ class HookSpec:
             hook's state object (for example
             ``torch.distributed.algorithms._comm_hooks.default_hooks.DefaultState``).
             A fresh state is built for every model the suite trains.
-        reduce_dtype: the claim. ``None``: full-precision default averaging.
+        reduce_dtype: the claim. ``None``: full-precision default averaging (under a ``param_dtype`` claim:
+            the API's own averaging in that dtype, as FSDP defaults its reduce dtype to the parameter dtype).
             ``torch.float16``/``torch.bfloat16``/...: equals FSDP's
             ``MixedPrecision(reduce_dtype=reduce_dtype)`` with no hook.
         strategies: sharding strategies to check (names of
@@ -153,12 +160,25 @@ class HookSpec:
             place. Only such hooks get ``--with-compiled-ddp`` cases; a
             ``GradBucket`` hook (PyTorch's own included) is skipped there with
             the reason, whatever its annotations.
+        param_dtype: the parameter dtype the hook is meant for, or ``None`` (the models' own, float32). With
+            ``torch.bfloat16`` (or ``torch.float16``) every check of the spec trains in it, reference and
+            hooked model alike: FSDP1 under ``MixedPrecision(param_dtype=P, reduce_dtype=reduce_dtype)``,
+            FSDP2 under ``MixedPrecisionPolicy(param_dtype=P, reduce_dtype=reduce_dtype)`` (the sharded
+            parameters and their gradients stay float32 in both; the hook sees the reduce dtype, or ``P``
+            where ``reduce_dtype`` is ``None``, as FSDP defaults the reduction to the parameter dtype), DDP
+            with the model in ``P`` (pure low-precision training: DDP reduces in the gradients' dtype). A
+            bfloat16-on-the-wire comm that is exact there, and lossy on float32 parameters, claims it so.
+            Its case ids carry ``params_<dtype>``; its verdict line says ``params <dtype>``.
+        sample_checks: the built-in hooks' extra claims (a parameter dtype) in the default run: only these
+            checks (their names in reports, e.g. ``("parity", "accumulation")``) run, each at the first world
+            size of at least 2 ranks (the main one on a CPU machine) on one node, under the first variant and
+            model of its plan; ``None`` (a spec of yours): every check of its API.
 
     Raises:
         SpecError: on construction, for a bad name, an unknown api, a hook
             that is not callable or whose signature fits no strategy, a state
-            factory that is not callable, an unsupported reduce dtype, an
-            unknown strategy, or ``compiled_ddp`` set on an api without a
+            factory that is not callable, an unsupported reduce dtype or
+            parameter dtype, an unknown strategy, or ``compiled_ddp`` set on an api without a
             compiled calling convention (``HookApi.compiled_convention``).
     """
 
@@ -172,6 +192,8 @@ class HookSpec:
     lossy: Optional[LossyContract] = None
     requires: Tuple[str, ...] = ()
     compiled_ddp: bool = False
+    param_dtype: Optional[torch.dtype] = None
+    sample_checks: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         requires = (self.requires,) if isinstance(self.requires, str) else tuple(self.requires)
@@ -217,6 +239,13 @@ class HookSpec:
                 f"HookSpec {self.name!r}: reduce_dtype {self.reduce_dtype!r} is not a floating "
                 "dtype FSDP can reduce in; use None, torch.float16, torch.bfloat16, torch.float32 or torch.float64"
             )
+        if self.param_dtype is not None and self.param_dtype not in PARAM_DTYPES:
+            raise SpecError(
+                f"HookSpec {self.name!r}: param_dtype {self.param_dtype!r} is not a dtype the suite trains in; use "
+                "None (the models' float32), torch.bfloat16 or torch.float16"
+            )
+        if self.sample_checks is not None:
+            object.__setattr__(self, "sample_checks", tuple(self.sample_checks))
         object.__setattr__(self, "strategies", api.validate(self))
 
     def missing_requirements(self) -> Tuple[str, ...]:
@@ -237,3 +266,8 @@ class HookSpec:
         if self.reduce_dtype is None:
             return "full"
         return dtype_name(self.reduce_dtype)
+
+    @property
+    def param_dtype_name(self) -> Optional[str]:
+        """The claimed parameter dtype's short name (``"bfloat16"``), or ``None`` where the spec claims none."""
+        return None if self.param_dtype is None else dtype_name(self.param_dtype)

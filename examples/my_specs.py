@@ -14,6 +14,7 @@ SPEC = HookSpec(
     hook=fp16_hook,                # hook(state, grad) for NO_SHARD, hook(state, grad, output) for sharded
     state=LowPrecisionState,       # called on each rank as state(process_group)
     reduce_dtype=torch.float16,    # the claim: None = full-precision averaging; X = MixedPrecision(reduce_dtype=X)
+    param_dtype=None,              # the parameters it is meant for: None = float32; X = every check trains in X
 )
 
 # README's DDP example (api "ddp"), below the FSDP one as README shows them.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from tests.meta_helpers import Catch, Cause, MetaZoo, Pick
-from tests.zoo import ddp_hooks, fsdp2_all_gathers, fsdp2_comms, fsdp_hooks, reach_hooks
+from tests.zoo import ddp_hooks, fsdp2_all_gathers, fsdp2_comms, fsdp_hooks, param_dtype_hooks, reach_hooks
 
 #: The hint an exact-claiming hook gets where no named exact cause explains its difference.
 LOSSY_HINT = "lossy=LossyContract(rel_error_bound=..., loss_margin=...)"
@@ -481,4 +481,40 @@ FSDP2_ALL_GATHER = MetaZoo(
 )
 
 
-ZOOS = (FSDP, DDP, FSDP2, LOSSY, REACH, FSDP2_ALL_GATHER)
+# -- a claimed parameter dtype (HookSpec.param_dtype, issue 30) -------------------------------------------
+
+#: hook -> (the checks that must catch it, whether only those).
+PARAM_DTYPE_MUST_CATCH = {
+    "bad_bf16_wire_params_fp32": ({"fsdp2_parity"}, False),
+    "bad_fsdp_bf16_wire_params_fp32": ({"parity"}, False),
+    "bad_ddp_bf16_wire_params_fp32": ({"parity"}, False),
+    # One micro-batch of a bfloat16 backward is bfloat16-valued: parity passes it, accumulation catches it.
+    "bad_bf16_staging_params_bf16": ({"fsdp2_accumulation"}, True),
+}
+
+#: Parity and accumulation of each API on nested_wrapped at 2 ranks: the good hooks under every config and
+#: strategy there (each case trains in bfloat16), the bad ones under the default config or FULL_SHARD.
+PARAM_DTYPE = MetaZoo(
+    name="param_dtype_hooks",
+    args=("--hook", "tests.zoo.param_dtype_hooks:ALL", "-q",
+          "-k", "(test_fsdp2_parity or test_fsdp2_accumulation or test_parity or test_accumulation or test_ddp_parity "
+                "or test_fsdp2_all_gather_parity) "
+                "and nested_wrapped and ws2 and not 2nodes and not always_wrap "
+                "and not (bad_ and not default and not FULL_SHARD)"),
+    bad=frozenset(s.name for s in param_dtype_hooks.KNOWN_BAD),
+    documented=frozenset(param_dtype_hooks.EXPECTED_CATCH),
+    catches=tuple(Catch(hook, frozenset(checks), "check", only)
+                  for hook, (checks, only) in PARAM_DTYPE_MUST_CATCH.items()),
+    good=tuple(param_dtype_hooks.KNOWN_GOOD),
+    good_coverage=lambda spec: ("param_dtype", {"bfloat16"}, True),
+    good_outcomes=frozenset({"passed", "skipped"}),
+    acting=Pick("bad_bf16_staging_params_bf16", (("check", "fsdp2_accumulation"),), "failed"),
+    acting_needles=("hook bad_bf16_staging_params_bf16 does not conform", "check=fsdp2_accumulation",
+                    "params=bfloat16", "with reduce_dtype=float32 and param_dtype=bfloat16",
+                    "-k 'test_fsdp2_accumulation[bad_bf16_staging_params_bf16-default-nested_wrapped-"
+                    "params_bfloat16-ws2]'"),
+    rerun=Pick("bad_bf16_staging_params_bf16", (("check", "fsdp2_accumulation"),), "failed"),
+)
+
+
+ZOOS = (FSDP, DDP, FSDP2, LOSSY, REACH, FSDP2_ALL_GATHER, PARAM_DTYPE)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conformance import HookSpec
 from conformance.reports.session_report import counts_lines, no_case_lines
@@ -83,6 +84,12 @@ def test_the_header_gives_each_hook_the_fields_it_has_and_none_empty():
     assert spec_fields(SPEC) == ["fsdp", "reduce_dtype=float16", "NO_SHARD, FULL_SHARD, SHARD_GRAD_OP"]
     compiled = HookSpec(name="c", api="ddp", hook=DDP_SPEC.hook, state=DDP_SPEC.state, compiled_ddp=True)
     assert spec_fields(compiled) == ["ddp", "full-precision averaging", "compiled DDP"]
+    # A claimed parameter dtype: the API reduces in it unless a reduce dtype is claimed too (issue 30).
+    bf16 = HookSpec(name="b", api="ddp", hook=DDP_SPEC.hook, state=DDP_SPEC.state, param_dtype=torch.bfloat16)
+    assert spec_fields(bf16) == ["ddp", "averaging in the parameter dtype, param_dtype=bfloat16"]
+    both = HookSpec(name="f", api="fsdp", hook=SPEC.hook, state=SPEC.state, reduce_dtype=torch.float32,
+                    param_dtype=torch.bfloat16)
+    assert spec_fields(both)[:2] == ["fsdp", "reduce_dtype=float32, param_dtype=bfloat16"]
 
 
 def test_a_verdict_on_a_k_subset_says_it_covers_only_the_selected_cases():

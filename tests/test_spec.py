@@ -246,6 +246,24 @@ def test_reduce_dtype_name_is_the_claim_shown_to_users():
         assert getattr(torch, name) is dtype
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int8, "bfloat16"])
+def test_param_dtype_the_suite_does_not_train_in_is_refused(dtype):
+    with pytest.raises(SpecError, match="param_dtype .* torch.bfloat16 or torch.float16"):
+        spec(param_dtype=dtype)
+
+
+def test_param_dtype_claim_is_kept_and_named():
+    assert spec().param_dtype_name is None
+    claimed = spec(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert (claimed.param_dtype, claimed.param_dtype_name, claimed.reduce_dtype_name) == (
+        torch.bfloat16, "bfloat16", "float32")
+
+
+def test_sample_checks_are_kept_as_a_tuple():
+    assert spec(sample_checks=["parity", "accumulation"]).sample_checks == ("parity", "accumulation")
+    assert spec().sample_checks is None
+
+
 def test_the_name_check_runs_before_anything_that_quotes_the_name():
     # A spec that is wrong in several ways reports the name first: every other message
     # quotes the name, so it has to be usable.

@@ -107,8 +107,34 @@ class SuiteTest:
                           variant_field=self.variant_field, skip=skip, nodes=nodes)
 
     def __call__(self, specs: Sequence["HookSpec"], settings: "Settings") -> List[CaseParams]:
-        """The plan's cases for ``specs`` (the API's specs among the run's)."""
-        return self.plan(self, specs, settings)
+        """The plan's cases for ``specs`` (the API's specs among the run's); a case of a spec that claims a
+        parameter dtype carries it (:attr:`CaseParams.param_dtype`), and a spec with ``sample_checks`` keeps
+        its sample only (:func:`sampled`)."""
+        specs = [s for s in specs if getattr(s, "sample_checks", None) is None or self.check in s.sample_checks]
+        cases = self.plan(self, specs, settings)
+        claims = {s.name: s.param_dtype_name for s in specs if getattr(s, "param_dtype", None) is not None}
+        if claims:
+            cases = [dataclasses.replace(c, param_dtype=claims[c.hook]) if c.hook in claims else c for c in cases]
+        return sampled(cases, {s.name for s in specs if getattr(s, "sample_checks", None) is not None}, settings)
+
+
+def sampled(cases: List[CaseParams], names: Any, settings: Any) -> List[CaseParams]:
+    """``cases`` with those of the hooks ``names`` cut to a sample (``HookSpec.sample_checks``): per hook, the
+    first variant and model at the run's first world size of at least 2 ranks
+    (:func:`first_cross_rank_world_size`: the main one on a CPU machine, not a one-GPU machine's 1) on one
+    node."""
+    if not names:
+        return cases
+    ws = first_cross_rank_world_size(settings.world_sizes)
+    out: List[CaseParams] = []
+    first: Dict[str, Tuple[str, Optional[str]]] = {}
+    for case in cases:
+        if case.hook not in names:
+            out.append(case)
+        elif case.world_size == ws and case.nodes == 1:
+            if first.setdefault(case.hook, (case.variant, case.model)) == (case.variant, case.model):
+                out.append(case)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

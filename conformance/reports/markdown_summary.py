@@ -146,4 +146,7 @@ def _claim(hook: Mapping[str, Any]) -> str:
     if hook.get("lossy"):
         return "lossy contract"
     dtype = hook.get("reduce_dtype")
+    if hook.get("param_dtype"):  # the API reduces in the parameter dtype by default
+        claim = "averaging in the parameter dtype" if dtype in (None, "full") else f"reduce_dtype={dtype}"
+        return f"{claim}, param_dtype={hook['param_dtype']}"
     return "full-precision averaging" if dtype in (None, "full") else f"reduce_dtype={dtype}"

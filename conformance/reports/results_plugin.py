@@ -242,6 +242,7 @@ class ResultsRecorder:
         reach = hook_reach(records, spec.name)
         return {
             "name": spec.name, "api": spec.api, "reduce_dtype": spec.reduce_dtype_name,
+            "param_dtype": spec.param_dtype_name,
             "lossy": None if lossy is None else {"rel_error_bound": lossy.rel_error_bound,
                                                  "deterministic": lossy.deterministic,
                                                  "loss_margin": lossy.loss_margin, "loss_steps": lossy.loss_steps},

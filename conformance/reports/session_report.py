@@ -96,6 +96,9 @@ def spec_fields(spec: Any) -> List[str]:
     """What the header says of a hook: its api, its claim, its sharding strategies (FSDP1's) and ``compiled DDP``
     where it says it takes compiled DDP's convention; a field a spec has nothing for is left out, never empty."""
     claim = "full-precision averaging" if spec.reduce_dtype is None else f"reduce_dtype={spec.reduce_dtype_name}"
+    if getattr(spec, "param_dtype", None) is not None:  # the API reduces in the parameter dtype by default
+        claim = "averaging in the parameter dtype" if spec.reduce_dtype is None else claim
+        claim += f", param_dtype={spec.param_dtype_name}"
     fields = [spec.api, claim]
     if spec.strategies:
         fields.append(", ".join(spec.strategies))

@@ -117,6 +117,8 @@ class Summary:
             detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
             reach = hook_reach(records, name)
             detail += f"; {reach.text}" if reach is not None and reach.text else ""
+            detail += f"; params {item.spec.param_dtype_name}" if item.spec.param_dtype is not None else ""
+            detail += f"; sampled: {', '.join(item.spec.sample_checks)}" if item.spec.sample_checks else ""
             tr.write_line(f"{name:<28} {verdict}  [{sum(counts.values())}{of_planned} cases: {detail}]")
             rerun = session_report.crash_rerun_verdict_note(getattr(state.runner, "crash_reruns", ()), name)
             if rerun:

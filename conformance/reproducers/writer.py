@@ -190,7 +190,8 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
             "reduce_dtype": spec.reduce_dtype, "steps": steps, "lr": float(params.get("lr", defaults["lr"])),
             "momentum": defaults["momentum"], "optimizer_step": defaults["optimizer_step"],
             "grad_views": 1 if check == "hard_inputs" else None, "micro_steps": micro, "inputs": inputs,
-            "objective": defaults.get("objective", "model"), "nodes": nodes}
+            "objective": defaults.get("objective", "model"), "nodes": nodes,
+            **({} if getattr(spec, "param_dtype", None) is None else {"param_dtype": spec.param_dtype})}
 
 
 def _rule(title: str) -> str:

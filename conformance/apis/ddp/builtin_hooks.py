@@ -120,6 +120,12 @@ def powersgd_state(process_group: Any) -> Any:
 DDP_HOOKS = [
     HookSpec(name="ddp_allreduce_hook", api="ddp", hook=default_hooks.allreduce_hook, state=process_group_state,
              description="ddp_comm_hooks.default_hooks.allreduce_hook; state: the process group"),
+    # Pure bfloat16 training: the model in bfloat16, reduced in its gradients' dtype, as DDP does (DDP has no
+    # reduce dtype of its own, so float32 reduction of bfloat16 parameters is no DDP setting; gloo, torch 2.13 CPU:
+    # bitwise DDP with no hook, no_sync() included). A sample in the default run (sample_checks).
+    HookSpec(name="ddp_allreduce_hook_params_bf16", api="ddp", hook=default_hooks.allreduce_hook,
+             state=process_group_state, param_dtype=torch.bfloat16, sample_checks=("parity",),
+             description="allreduce_hook with the model in bfloat16 (DDP reduces in bfloat16)"),
     HookSpec(name="ddp_fp16_compress_hook", api="ddp", hook=default_hooks.fp16_compress_hook,
              state=process_group_state, reduce_dtype=torch.float16,
              description="ddp_comm_hooks.default_hooks.fp16_compress_hook; state: the process group"),
@@ -180,6 +186,9 @@ def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Opt
     whose future breaks the contract (see known_failures.toml); ``X_compress_hook``
     does the same arithmetic and keeps it (bf16: on a CUDA build only).
     """
+    if spec.param_dtype is not None:
+        return ("ddp_allreduce_hook_params_bf16" if (spec.param_dtype, spec.reduce_dtype) == (torch.bfloat16, None)
+                and world_size & (world_size - 1) == 0 else None)
     if spec.reduce_dtype is None:
         return "ddp_allreduce_hook" if world_size & (world_size - 1) == 0 else None
     return {torch.float16: "ddp_fp16_compress_hook", torch.bfloat16: "ddp_bf16_compress_hook"}.get(spec.reduce_dtype)

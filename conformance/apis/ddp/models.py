@@ -42,16 +42,17 @@ from conformance.apis.ddp.recorder import CppHookRecorder, DDPHookRecorder
 from conformance.apis.ddp.reference import reference_hook, reference_name
 # The configs live in the API's standalone part, of which reproducers copy what a case runs; imported from here too.
 from conformance.apis.ddp.standalone import (ALL_CONFIGS, BUCKET_PER_PARAM_CAP_MB, COMPILED_CONFIG,  # noqa: F401
-                                             CONFIGS, NO_SYNC_MICRO_STEPS, SMALL_BUCKET_CAP_MB, micro_steps,
-                                             wrap_ddp)
+                                             CONFIGS, NO_SYNC_MICRO_STEPS, SMALL_BUCKET_CAP_MB, in_param_dtype,
+                                             micro_steps, wrap_ddp)
 from conformance.models import get_model
 from conformance.ranks.checks.common import fqn_inside_ddp, model_no_sync, named_grads, named_params, train_step
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built
 from conformance.shared.compare import dtype_name
 
-def build_ddp(model_name: str, ctx: Any, config: str) -> nn.Module:
-    """``DistributedDataParallel`` around a freshly built ``model_name`` under ``config``, in ``ctx.group``.
+def build_ddp(model_name: str, ctx: Any, config: str, param_dtype: Optional[torch.dtype] = None) -> nn.Module:
+    """``DistributedDataParallel`` around a freshly built ``model_name`` under ``config``, in ``ctx.group``; in
+    ``param_dtype`` where given (:func:`~conformance.apis.ddp.standalone.in_param_dtype`).
 
     Raises:
         ValueError: ``config`` is not one of :data:`ALL_CONFIGS`.
@@ -59,7 +60,7 @@ def build_ddp(model_name: str, ctx: Any, config: str) -> nn.Module:
     if config not in ALL_CONFIGS:
         raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(ALL_CONFIGS)}")
     module = get_model(model_name).build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-    return wrap_ddp(module, ctx.group, ctx.device, config)
+    return wrap_ddp(in_param_dtype(module, param_dtype), ctx.group, ctx.device, config)
 
 
 def ddp_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
@@ -96,8 +97,10 @@ class DdpModels(ApiModels):
         self.micro_steps = micro_steps({"config": config}, 1)
         super().__init__(on_subgroup(ctx) if config == "subgroup" else ctx, spec, model)
         self.reference = reference_name(spec)
+        if spec.param_dtype is not None:
+            self.reference += f", the model in {dtype_name(spec.param_dtype)}"
         # The reference of reference_hook for float32 parameters: a float32 claim is DDP with no hook.
-        claim = None if spec.reduce_dtype in (None, torch.float32) else spec.reduce_dtype
+        claim = None if spec.reduce_dtype in (None, spec.param_dtype or torch.float32) else spec.reduce_dtype
         self.arithmetic = DdpArithmetic(self.ctx.world_size, claim)
         self.compiled: Optional[CompiledTraining] = None
         if config == COMPILED_CONFIG:
@@ -110,7 +113,7 @@ class DdpModels(ApiModels):
         ctx.phase(f"building the {'hooked' if hooked else 'reference'} {noun}")
         if self.config == COMPILED_CONFIG:
             return self._build_compiled(hooked)
-        model = build_ddp(self.model_name, ctx, self.config)
+        model = build_ddp(self.model_name, ctx, self.config, None if full_precision else self.spec.param_dtype)
         if hooked and is_cpp_hook(self.spec):
             model._register_builtin_comm_hook(self.spec.hook.hook_type())
             return Built(model, CppHookRecorder(self.spec.hook, model))
@@ -139,7 +142,7 @@ class DdpModels(ApiModels):
             if missing is not None:
                 raise RuntimeError(f"compiled DDP cannot run here: {missing}")
             self.compiled = CompiledTraining()
-        model = build_ddp(self.model_name, self.ctx, self.config)
+        model = build_ddp(self.model_name, self.ctx, self.config, self.spec.param_dtype)
         if not hooked:
             return Built(model)
         recorder = CompiledHookRecorder(self.spec.hook, self.ctx, model, self.model_name, self.inputs, self.loss_fn)

@@ -20,8 +20,9 @@ from conformance.shared.compare import dtype_name
 
 
 def reference_name(spec: Any) -> str:
-    """What the hook is compared against, for messages."""
-    if spec.reduce_dtype is None:
+    """What the hook is compared against, for messages (the model's claimed parameter dtype added by the
+    caller)."""
+    if spec.reduce_dtype is None or spec.reduce_dtype == getattr(spec, "param_dtype", None):
         return "DDP with no hook"
     if spec.reduce_dtype == torch.float16:
         return "the documented equivalent, fp16_compress_wrapper(allreduce_hook)"

@@ -88,6 +88,20 @@ def wrap_ddp(module: nn.Module, group: Any, device: torch.device, config: str) -
     return DistributedDataParallel(module, device_ids=device_ids, process_group=group, **CONFIGS[config])
 
 
+def in_param_dtype(module: nn.Module, dtype: Optional[torch.dtype]) -> nn.Module:
+    """``module`` trained in a claimed parameter dtype, as pure low-precision training does: its parameters and
+    floating buffers cast with ``module.to(dtype)``, and a forward pre-hook that casts its floating-point tensor
+    inputs to ``dtype`` (integer inputs, token ids, are left alone); ``dtype=None``: ``module`` unchanged."""
+    if dtype is None:
+        return module
+
+    def cast_inputs(_module: nn.Module, args: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+    module.to(dtype).register_forward_pre_hook(cast_inputs)
+    return module
+
+
 def _identity_state(process_group: Any) -> Any:
     return process_group
 
@@ -156,6 +170,8 @@ def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
 
 def reference() -> str:
     """What the hooked copy is compared with: DDP with no hook, or the claim's documented equivalent."""
+    if CASE.get("param_dtype") is not None:
+        return f"DDP with the model in {CASE['param_dtype']}, reduce_dtype={CASE['reduce_dtype']}"
     if CASE["variant"].get("config") == COMPILED_CONFIG:
         return "DDP's python reducer with no hook (param.grad / world_size, then SUM; run eagerly here)"
     if CASE["reduce_dtype"] in (torch.float16, torch.bfloat16):
@@ -175,6 +191,8 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
     """The case's DDP model (``DDP_KWARGS``): with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; else
     native's reference (the claim's reference hook, for a reduce dtype other than the parameters')."""
     module = MODEL.plain(group=ranks.group, device=ranks.device)
+    if CASE.get("param_dtype") is not None:
+        module = in_param_dtype(module, CASE["param_dtype"])
     if CASE["variant"]["config"] == COMPILED_CONFIG:
         model = wrap_ddp(module, ranks.group, ranks.device, COMPILED_CONFIG)
     else:

@@ -169,6 +169,10 @@ class FsdpModels(ApiModels):
         self.strategy = strategy
         if low_precision_grads:
             self.mixed_precision = self.hooked_mixed_precision = low_precision_grads_mixed_precision()
+        elif spec.param_dtype is not None:  # both train in the claimed dtype; the hook gets FSDP's reduce dtype
+            self.mixed_precision = self.hooked_mixed_precision = native_mixed_precision(spec.reduce_dtype,
+                                                                                        spec.param_dtype)
+            self.reference = f"{self.reference} with MixedPrecision(param_dtype={dtype_name(spec.param_dtype)})"
         else:
             self.mixed_precision, self.hooked_mixed_precision = native_mixed_precision(spec.reduce_dtype), None
         self.arithmetic = FsdpArithmetic(self.ctx.world_size, spec.reduce_dtype)
@@ -181,7 +185,9 @@ class FsdpModels(ApiModels):
             return Built(build_fsdp(self.model_name, ctx, self.strategy, mixed_precision=mixed))
         ctx.phase(f"building the hooked {self.noun}")
         model = build_fsdp(self.model_name, ctx, self.strategy, mixed_precision=self.hooked_mixed_precision)
-        param_dtype = getattr(self.hooked_mixed_precision, "param_dtype", None) or next(model.parameters()).dtype
+        mixed = self.hooked_mixed_precision  # FSDP hands the hook its reduce dtype (the parameter dtype's by default)
+        param_dtype = (getattr(mixed, "reduce_dtype", None) or getattr(mixed, "param_dtype", None)
+                       or next(model.parameters()).dtype)
         recorder = HookRecorder(self.spec.hook, ctx.rank, param_dtype)
         model.register_comm_hook(self.spec.state(ctx.group), recorder)
         return Built(model, recorder)

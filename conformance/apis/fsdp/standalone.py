@@ -20,19 +20,22 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 
 
-def native_mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Optional[MixedPrecision]:
-    """``MixedPrecision(reduce_dtype=X)``, the native path a ``reduce_dtype=X`` hook must equal.
+def native_mixed_precision(reduce_dtype: Optional[torch.dtype],
+                           param_dtype: Optional[torch.dtype] = None) -> Optional[MixedPrecision]:
+    """``MixedPrecision(reduce_dtype=X)``, the native path a ``reduce_dtype=X`` hook must equal; with a claimed
+    ``param_dtype=P``, ``MixedPrecision(param_dtype=P, reduce_dtype=X)`` (FSDP reduces in ``P`` where ``X`` is
+    ``None``), which the hooked model trains under too.
 
     ``_module_classes_to_ignore`` is emptied: by default FSDP puts batch-norm
     modules in their own FSDP units that reduce in full precision, which
     changes the unit structure between the reference and the hooked model and
     is not something a communication hook can (or should) reproduce.
     """
-    if reduce_dtype is None:
+    if reduce_dtype is None and param_dtype is None:
         return None
-    mp = MixedPrecision(reduce_dtype=reduce_dtype)
+    mp = MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if hasattr(mp, "_module_classes_to_ignore"):
-        mp = MixedPrecision(reduce_dtype=reduce_dtype, _module_classes_to_ignore=())
+        mp = MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype, _module_classes_to_ignore=())
     return mp
 
 
@@ -56,6 +59,9 @@ def low_precision_grads_mixed_precision() -> MixedPrecision:
 
 def reference() -> str:
     """What the hooked copy is compared with: FSDP with no hook, under the claim's ``MixedPrecision``."""
+    if CASE.get("param_dtype") is not None:
+        return (f"the native path with MixedPrecision(param_dtype={CASE['param_dtype']}, "
+                f"reduce_dtype={CASE['reduce_dtype']})")
     if CASE["reduce_dtype"] is None:
         return "the native path"
     return f"the native path with MixedPrecision(reduce_dtype={CASE['reduce_dtype']})"
@@ -75,6 +81,8 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
     mixed = None
     if CASE["variant"].get("low_precision_grads"):
         mixed = low_precision_grads_mixed_precision()
+    elif CASE.get("param_dtype") is not None:
+        mixed = native_mixed_precision(CASE["reduce_dtype"], CASE["param_dtype"])
     elif CASE["reduce_dtype"] is not None:
         mixed = None if hooked else native_mixed_precision(CASE["reduce_dtype"])
     model = MODEL.build(group=ranks.group, device=ranks.device, fsdp_kwargs=dict(

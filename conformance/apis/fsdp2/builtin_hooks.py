@@ -81,6 +81,12 @@ FSDP2_HOOKS = [
              description="PlainReduceScatter under MixedPrecisionPolicy(reduce_dtype=bfloat16)"),
     HookSpec(name="plain_reduce_scatter_fp16", api="fsdp2", hook=PlainReduceScatter, reduce_dtype=torch.float16,
              description="PlainReduceScatter under MixedPrecisionPolicy(reduce_dtype=float16): SUM, FSDP divides"),
+    # torchtitan's default: the comm gets float32 gradients, the local sum of bfloat16 ones under accumulation
+    # (FSDP2 accumulates in the reduce dtype, PyTorch PR 125191). A sample in the default run (sample_checks).
+    HookSpec(name="plain_reduce_scatter_params_bf16", api="fsdp2", hook=PlainReduceScatter,
+             param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+             sample_checks=("fsdp2_parity", "fsdp2_accumulation"),
+             description="PlainReduceScatter under MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)"),
 ]
 
 
@@ -88,5 +94,8 @@ def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Opt
     """The name, in :data:`FSDP2_HOOKS`, of the comm that stands for FSDP2's own reduce-scatter in a case of
     ``spec`` (``HookApi.default_hook``): :class:`PlainReduceScatter` under the same reduce-dtype claim, which
     passes FSDP2's ``op`` through to ``reduce_scatter_tensor`` as the native path does."""
+    if spec.param_dtype is not None:
+        return ("plain_reduce_scatter_params_bf16"
+                if (spec.param_dtype, spec.reduce_dtype) == (torch.bfloat16, torch.float32) else None)
     return {None: "plain_reduce_scatter", torch.bfloat16: "plain_reduce_scatter_bf16",
             torch.float16: "plain_reduce_scatter_fp16"}.get(spec.reduce_dtype)

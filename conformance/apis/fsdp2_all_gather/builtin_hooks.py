@@ -69,5 +69,5 @@ FSDP2_ALL_GATHER_HOOKS = [
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
     """The name, in :data:`FSDP2_ALL_GATHER_HOOKS`, of the comm that stands for FSDP2's own all-gather in a case
     of ``spec`` (``HookApi.default_hook``): :class:`PlainAllGather`, which calls ``all_gather_into_tensor`` as
-    ``DefaultAllGather`` does."""
-    return "plain_all_gather"
+    ``DefaultAllGather`` does; ``None`` for a claimed parameter dtype (no built-in comm trains in one here)."""
+    return None if spec.param_dtype is not None else "plain_all_gather"

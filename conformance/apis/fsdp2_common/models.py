@@ -19,6 +19,7 @@ where a check needs them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, ClassVar, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -93,6 +94,8 @@ class Fsdp2Models(ApiModels):
             raise ValueError(f"unknown config {config!r} for a hook installed with FSDPModule.{self.setup.setter}; "
                              f"known: {', '.join(self.setup.configs)}")
         self.layout: Fsdp2Config = self.setup.configs[config]
+        if spec.param_dtype is not None:  # both models train in the claimed parameter dtype
+            self.layout = dataclasses.replace(self.layout, param_dtype=spec.param_dtype)
         self.micro_steps = micro_steps
         super().__init__(on_subgroup(ctx) if self.layout.mesh == "subgroup" else ctx, spec, model)
         self.config = config
@@ -100,6 +103,8 @@ class Fsdp2Models(ApiModels):
         self.mesh = None if self.shape is None else self._mesh(self.shape)
         claim = None if spec.reduce_dtype is None else dtype_name(spec.reduce_dtype)
         self.reference = self.setup.reference(config, self.ctx.world_size, claim)
+        if spec.param_dtype is not None:
+            self.reference += f" and param_dtype={dtype_name(spec.param_dtype)}"
 
     def _mesh(self, shape: Tuple[int, ...]) -> Any:
         self.ctx.phase(f"building the {'x'.join(map(str, shape))} device mesh")
@@ -131,7 +136,8 @@ class Fsdp2Models(ApiModels):
         ctx.phase(f"building the hooked model (FSDPModule.{self.setup.setter} on every FSDP module)" if hooked else
                   f"building the reference model ({self.reference})")
         reduce_dtype = None if full_precision else self.spec.reduce_dtype
-        model = build_model(ctx, self.layout, self.model_name, self.mesh, reduce_dtype=reduce_dtype, hooked=hooked)
+        layout = self.setup.configs[self.config] if full_precision else self.layout  # no claimed dtype either
+        model = build_model(ctx, layout, self.model_name, self.mesh, reduce_dtype=reduce_dtype, hooked=hooked)
         if not hooked:
             return Built(model)
         recorder = self.recorder(self.setup.bind(self.spec.hook, self.spec.state, self.spec.name, self.mesh))

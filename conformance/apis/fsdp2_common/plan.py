@@ -121,7 +121,8 @@ def skip_reason(setup: Fsdp2Setup, case: CaseParams, spec: Any, settings: Any) -
     why = missing_api((setup.setter,) + layout.methods)
     if why is not None:
         return why
-    if settings.placement(case.world_size)[0] == "gloo" and layout.premul_sum(spec.reduce_dtype):
+    premul = layout.premul_sum(spec.reduce_dtype, spec.param_dtype or torch.float32)
+    if settings.placement(case.world_size)[0] == "gloo" and premul:
         return GLOO_PREMUL_SUM
     return None
 

@@ -116,6 +116,8 @@ class Fsdp2Config:
             micro-batch. For a setter that does not reach the hook: ``set_requires_all_reduce(False)`` with a
             replica all-reduce hook on a 1-D mesh, which FSDP2 still calls on every micro-batch (torch 2.13,
             ``scripts/fsdp2_switches_evidence.py``), as native HSDP all-reduces when nothing is set.
+        param_dtype: ``MixedPrecisionPolicy(param_dtype=...)`` of both models (a spec's claimed parameter
+            dtype, ``HookSpec.param_dtype``, set per case); ``None``: the models' own dtype.
     """
 
     reference: str
@@ -128,6 +130,7 @@ class Fsdp2Config:
     sync_setter: str = "set_requires_gradient_sync"
     setters: Tuple[Tuple[str, bool], ...] = ()
     sync_hooked_only: bool = False
+    param_dtype: Optional[torch.dtype] = None
 
     def shape(self, world_size: int) -> Optional[Tuple[int, ...]]:
         """The device mesh's shape for ``world_size`` ranks (the subgroup's under ``"subgroup"``); ``None``

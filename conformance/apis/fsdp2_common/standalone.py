@@ -119,16 +119,18 @@ def apply_config(model: nn.Module, layout: Fsdp2Config, world_size: int) -> None
             module.set_force_sum_reduction_for_comms(True)
 
 
-def mixed_precision(reduce_dtype: Optional[torch.dtype]) -> Dict[str, Any]:
+def mixed_precision(reduce_dtype: Optional[torch.dtype], param_dtype: Optional[torch.dtype] = None) -> Dict[str, Any]:
     """``fully_shard``/``replicate`` keyword arguments for a claim: ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)``
-    for a reduced-precision one, none for full precision."""
-    return {} if reduce_dtype is None else {"mp_policy": fsdp2_api()[1](reduce_dtype=reduce_dtype)}
+    for a reduced-precision one (with ``param_dtype=...`` for a claimed parameter dtype), none for full precision."""
+    return {} if reduce_dtype is None and param_dtype is None else {
+        "mp_policy": fsdp2_api()[1](param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
 
 
 def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype], group: Any,
-                device: torch.device, reshard_after_forward: Optional[bool] = None) -> nn.Module:
+                device: torch.device, reshard_after_forward: Optional[bool] = None,
+                param_dtype: Optional[torch.dtype] = None) -> nn.Module:
     """``model`` (a plain ``cls``) under ``fully_shard(mesh=mesh)``: one call per FSDP1 unit, innermost first, then
-    the root, with ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)`` for a reduced-precision claim (and
+    the root, with ``mp_policy=MixedPrecisionPolicy(reduce_dtype=..., param_dtype=...)`` for a claim (and
     ``reshard_after_forward`` where given). A model with ``apply_fully_shard`` (``mixture_of_experts``: its
     expert on a 1-rank mesh of its own) shards itself.
 
@@ -136,7 +138,7 @@ def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[to
         ValueError: such a model on a 2-D mesh (it builds its own 1-D meshes).
     """
     fully_shard = fsdp2_api()[0]
-    kwargs = mixed_precision(reduce_dtype)
+    kwargs = mixed_precision(reduce_dtype, param_dtype)
     if reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = reshard_after_forward
     if hasattr(cls, "apply_fully_shard"):
@@ -152,11 +154,12 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
     ``mesh`` (the hooked model on its ``layout.hooked_dim`` alone), then the config's divide factor or forced
     SUM (:func:`apply_config`)."""
     if layout.mesh == "replicate":
-        kwargs = mixed_precision(reduce_dtype)
+        kwargs = mixed_precision(reduce_dtype, layout.param_dtype)
         model = _wrap_units(cls, model, lambda module: replicate_api()(module, **kwargs))
     else:
         on = mesh[layout.hooked_dim] if hooked and layout.hooked_dim else mesh
-        model = shard_units(cls, model, on, reduce_dtype, group, device, layout.reshard_after_forward)
+        model = shard_units(cls, model, on, reduce_dtype, group, device, layout.reshard_after_forward,
+                            layout.param_dtype)
     apply_config(model, layout, world_size)
     model.conformance_syncs_always = layout.sync_hooked_only and not hooked  # read by no_sync
     return model
@@ -173,12 +176,18 @@ def reproducer_known(constants: Dict[str, Any], model_cls: type) -> Dict[str, An
 
 
 def _layout() -> Fsdp2Config:
+    if CASE.get("param_dtype") is not None:
+        import dataclasses
+
+        return dataclasses.replace(SETUP.configs[CASE["variant"]["config"]], param_dtype=CASE["param_dtype"])
     return SETUP.configs[CASE["variant"]["config"]]
 
 
 def reference() -> str:
     """What the hooked copy is compared with: native FSDP2 in the case's config."""
     claim = None if CASE["reduce_dtype"] is None else str(CASE["reduce_dtype"])
+    if CASE.get("param_dtype") is not None:
+        claim = f"{claim} and param_dtype={CASE['param_dtype']}"
     return SETUP.reference(CASE["variant"]["config"], CASE["world_size"], claim)
 
 

@@ -47,6 +47,9 @@ REPLICA_HOOKS = [
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
     """The name, in :data:`REPLICA_HOOKS`, of the hook that stands for native HSDP's replica all-reduce in a
     case of ``spec`` (``HookApi.default_hook``), under the same claim; ``None`` for a float16 claim (native
-    divides before and after the all-reduce there, outside the hook)."""
+    divides before and after the all-reduce there, outside the hook, and for a claimed parameter dtype: no
+    built-in hook trains in one here)."""
+    if spec.param_dtype is not None:
+        return None
     return {None: "replica_avg_all_reduce", torch.float32: "replica_avg_all_reduce",
             torch.bfloat16: "replica_avg_all_reduce_bf16"}.get(spec.reduce_dtype)

@@ -42,7 +42,9 @@ class Msg(str, enum.Enum):
     READY = "ready"  # a rank, once it joined its process group: its rank, pid, torch version, resident bytes (a dict)
     FAILED = "failed"  # a rank that could not start or join its process group: the traceback (a str)
     SPEC_FAILED = "spec_failed"  # a rank that could not load a hook spec at start-up: why (a str; a usage error)
-    PHASE = "phase"  # a rank, while it runs a case, at each phase the check announces: the phase (a str)
+    # a torchrun rank, while it runs a case, at each phase the check announces: the phase (a str); a local pool's
+    # rank writes it on its phase board instead (conformance.shared.phase_board)
+    PHASE = "phase"
     OUTCOME = "outcome"  # a rank, when it finished a case (or raised in it): its RankOutcome
     PONG = "pong"  # a rank, answering PING: the all-reduced sum (an int), or why the all-reduce failed (a str)
     BYE = "bye"  # a rank, answering SHUTDOWN or REHOST, just before it exits or execs: None

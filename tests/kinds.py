@@ -88,6 +88,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_outcomes_guard": ("suite",),
     "test_packaging": ("unit",),
     "test_param_dtype": ("unit",),
+    "test_phase_board": ("unit",),
     "test_process_state": ("unit",),
     "test_protocol_kinds": ("unit",),
     "test_rank_limits": ("suite",),

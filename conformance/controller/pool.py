@@ -38,6 +38,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from conformance.controller.pools import (Pool, PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step,
                                           memory_grown)
+from conformance.shared.phase_board import PhaseBoard
 from conformance.shared.rank_log import RankLog
 from conformance.controller.zygote_client import close_zygote, rank_env, start_zygote, zygote as _session_zygote
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send, send_all
@@ -96,6 +97,7 @@ class RankPool:
         self._procs: List[Any] = []  # subprocess.Popen, or _ForkedRank from the zygote
         self._conns: List[Connection] = []
         self._logs: List[RankLog] = []
+        self._boards: List[PhaseBoard] = []  # each rank's phase (conformance.shared.phase_board)
         self._dir: Optional[str] = None
         self._seq = 0
         self._launched_at = 0.0
@@ -135,6 +137,7 @@ class RankPool:
 
     def _spawn(self) -> None:
         self._logs = []
+        self._boards = []
         cfg = self.config
         self.starts += 1
         self._dir = tempfile.mkdtemp(prefix="commhook-pool-")
@@ -145,6 +148,7 @@ class RankPool:
             parent, child = socket.socketpair()
             out_r, out_w = os.pipe()
             self._logs.append(RankLog(out_r, cfg.log_limit_bytes))
+            self._boards.append(PhaseBoard.create(os.path.join(self._dir, f"phase-{rank}")))
             proc: Any = None
             env = dict(env, CONFORM_RANK=str(rank))  # tells code that it runs in a rank (and which)
             try:
@@ -173,6 +177,7 @@ class RankPool:
                 "backend": cfg.backend,
                 "device": cfg.device,
                 "store_path": store_path,
+                "phase_board": self._boards[-1].path,
                 "pg_timeout_s": cfg.case_timeout_s + 60.0,
                 "sys_path": list(cfg.sys_path or sys.path),
                 "specs": list(cfg.specs),
@@ -249,7 +254,9 @@ class RankPool:
                 pass
         if self._procs or self._conns or self._dir:
             self._retired.append((self._procs, self._conns, self._logs, self._dir))
-        self._procs, self._conns, self._logs, self._dir = [], [], [], None
+        for board in self._boards:
+            board.close()
+        self._procs, self._conns, self._logs, self._boards, self._dir = [], [], [], [], None
         self._ready = False
 
     def reap(self) -> None:
@@ -307,10 +314,12 @@ class RankPool:
             log.mark()
         started = time.perf_counter()
         self._cases_run += 1
+        for board in self._boards:  # the ranks are idle: no phase of this case yet
+            board.write("")
         send_all(self._conns, (Msg.CASE, case))
         outcomes: Dict[int, RankOutcome] = {}
-        phases = gather_outcomes(self._conns, outcomes, timeout_s, lambda rank, phase: RankOutcome(
-            rank=rank, exit_code=self._procs[rank].wait(), phase=phase))
+        gather_outcomes(self._conns, outcomes, timeout_s, lambda rank, _: RankOutcome(
+            rank=rank, exit_code=self._procs[rank].wait(), phase=self._boards[rank].read()))
         wall = time.perf_counter() - started
         timed_out = len(outcomes) < n and not any(not o.ok for o in outcomes.values())
         unfinished = [r for r in range(n) if r not in outcomes]
@@ -323,7 +332,8 @@ class RankPool:
         if unfinished:
             stacks = self._dump_stacks(unfinished)
             for r in unfinished:
-                outcomes[r] = RankOutcome(rank=r, phase=phases[r], stack=stacks.get(r, "(no stack written)"))
+                outcomes[r] = RankOutcome(rank=r, phase=self._boards[r].read(),
+                                          stack=stacks.get(r, "(no stack written)"))
             self.kill()
             rebuilt = True
         else:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 # Bound here, when this module is imported: before any hook's module is (see _suite_all_reduce).
 from torch.distributed.distributed_c10d import all_reduce as _all_reduce_before_hooks
 
+from conformance.shared.phase_board import PhaseBoard
 from conformance.shared.spec_loading import load_target
 from conformance.protocol import Msg, RankOutcome, as_check_result, recv, send
 from conformance.ranks import lifeline, process_state, reach, topology
@@ -73,17 +74,19 @@ class RankContext:
         backend: ``"gloo"`` or ``"nccl"``.
 
     Without ``conn`` (a rank started by another launcher, e.g. the
-    spawn-per-case benchmark) phases are kept but not reported.
+    spawn-per-case benchmark) phases are kept but not reported. With ``board`` (a local pool's rank) they
+    are written there, where the controller reads them, instead of sent on ``conn``.
     """
 
     def __init__(self, rank: int, world_size: int, group: Any, device: Any, backend: str,
-                 conn: Optional[Connection] = None):
+                 conn: Optional[Connection] = None, board: Optional[PhaseBoard] = None):
         self.rank = rank
         self.world_size = world_size
         self.group = group
         self.device = device
         self.backend = backend
         self._conn = conn
+        self._board = board
         self.current_phase = ""
         self._on_error: Optional[Callable[[], List[Any]]] = None
 
@@ -100,7 +103,9 @@ class RankContext:
     def phase(self, text: str) -> None:
         """Announce what this rank is doing now; shown if the case hangs."""
         self.current_phase = text
-        if self._conn is not None:
+        if self._board is not None:
+            self._board.write(text)
+        elif self._conn is not None:
             send(self._conn, (Msg.PHASE, text))
 
     def report_on_error(self, collect: Optional[Callable[[], List[Any]]]) -> None:
@@ -134,6 +139,8 @@ class _Worker:
         self.backend: str = hello["backend"]
         self.device_type: str = hello["device"]
         self._specs: Dict[tuple, Any] = {}
+        #: Where this rank's phases go (a local pool's rank: :mod:`conformance.shared.phase_board`), or ``None``.
+        self.board = PhaseBoard(hello["phase_board"]) if hello.get("phase_board") else None
         self.clean: Optional[process_state.Fingerprint] = None
         self.import_leaks: List[str] = []
         #: The controller asked this rank to start afresh for another hook (torchrun's ranks only:
@@ -187,7 +194,7 @@ class _Worker:
         changed (reported with every case, since a rebuilt pool imports it again)."""
         self.group = dist.group.WORLD
         self.ctx = RankContext(self.rank, self.world_size, self.group, self.device, self.backend,
-                               conn if conn is not None else self.conn)
+                               conn if conn is not None else self.conn, board=self.board)
         self.import_leaks = process_state.changes(self.clean, process_state.take(), self.group)
 
     def load_specs(self, wanted: Any) -> Optional[str]:

@@ -4,7 +4,9 @@ Load it with ``-p tests.slow_finish`` and set ``CONFORM_TEST_SLOW_AT`` to
 ``report`` (the session's finish, while its reports are written) or ``close``
 (``Runner.close``, where the rank pools and the zygote are closed), and
 ``CONFORM_TEST_SLOW_MARKER`` to a path: the run creates that file on getting
-there, then waits ``CONFORM_TEST_SLOW_S`` seconds (default 3) before going on.
+there, then waits before going on: until the file ``CONFORM_TEST_SLOW_UNTIL`` exists
+(the test creates it once its signals are sent), for at most ``CONFORM_TEST_SLOW_S``
+seconds (default 3; 60 when it waits for that file).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import pytest
 
 def _pause() -> None:
     open(os.environ["CONFORM_TEST_SLOW_MARKER"], "w").close()
-    deadline = time.monotonic() + float(os.environ.get("CONFORM_TEST_SLOW_S", "3"))
-    while time.monotonic() < deadline:  # short sleeps: a signal handler runs between them, as in real work
+    until = os.environ.get("CONFORM_TEST_SLOW_UNTIL")
+    deadline = time.monotonic() + float(os.environ.get("CONFORM_TEST_SLOW_S", "60" if until else "3"))
+    # Short sleeps: a signal handler runs between them (and interrupts them), as in real work.
+    while time.monotonic() < deadline and not (until and os.path.exists(until)):
         time.sleep(0.05)
 
 

@@ -114,14 +114,18 @@ def _cleanup(run: Run) -> None:
             pass
 
 
-def _stop(run: Run, signals: List[int]) -> float:
-    """Send ``signals`` to the controller (0.3 s apart); the seconds it took to exit."""
+def _stop(run: Run, signals: List[int], release: Optional[str] = None) -> float:
+    """Send ``signals`` to the controller (0.3 s apart), then create ``release`` (a run paused by
+    ``tests.slow_finish`` goes on); the seconds it took to exit."""
     started = time.monotonic()
     for i, sig in enumerate(signals):
         if i:
             time.sleep(0.3)
         if run.proc.poll() is None:
             run.proc.send_signal(sig)
+    if release is not None:
+        time.sleep(0.3)
+        open(release, "w").close()
     try:
         run.proc.wait(timeout=EXIT_BOUND_S)
     except subprocess.TimeoutExpired:
@@ -166,12 +170,13 @@ def _assert_reports_of_a_stopped_run(tmp_path, run: Run, finished: List[str]) ->
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")], "a lock or a temporary file was left behind"
 
 
-#: One signal, several of one kind, several of both kinds (2 and 6 later signals are also each checked alone,
-#: on a bare StopSignals, in test_only_the_first_signal_interrupts_and_any_later_one_is_acknowledged).
+#: One SIGTERM alone; a SIGINT first, then several of each kind (a SIGINT first, then later ones, also in
+#: test_signals_while_an_interrupted_run_closes_its_pools_are_only_acknowledged; a SIGTERM first, then later ones,
+#: in test_signals_while_the_pools_start_stop_the_run_with_its_reports; 2 and 6 later signals are also each checked
+#: alone, on a bare StopSignals, in test_only_the_first_signal_interrupts_and_any_later_one_is_acknowledged).
 SIGNAL_SEQUENCES = {
     "SIGTERM": [signal.SIGTERM],
-    "SIGINT-5-times": [signal.SIGINT] * 5,
-    "SIGTERM-then-SIGINT-and-SIGTERM-6-times": [signal.SIGTERM] + [signal.SIGINT, signal.SIGTERM] * 3,
+    "SIGINT-then-SIGTERM-and-SIGINT-6-times": [signal.SIGINT] + [signal.SIGTERM, signal.SIGINT] * 3,
 }
 
 
@@ -216,14 +221,15 @@ def test_signals_while_the_pools_start_stop_the_run_with_its_reports(tmp_path):
 def test_signals_while_an_interrupted_run_closes_its_pools_are_only_acknowledged(tmp_path):
     """The flake of issue 15: a second Ctrl-C that landed while the pools closed ended the controller by
     SIGINT (return code -2), since the handlers had been restored before the pools were closed."""
-    closing = str(tmp_path / "closing")
-    run = _start(tmp_path, {"CONFORM_TEST_SLOW_AT": "close", "CONFORM_TEST_SLOW_MARKER": closing},
+    closing, release = str(tmp_path / "closing"), str(tmp_path / "release")
+    run = _start(tmp_path, {"CONFORM_TEST_SLOW_AT": "close", "CONFORM_TEST_SLOW_MARKER": closing,
+                            "CONFORM_TEST_SLOW_UNTIL": release},
                  args=["--hook", "tests.zoo.contained:INTERRUPTIBLE", "-k", "test_averaging", "-p", "tests.slow_finish"])
     try:
         before = _run_processes(run, minimum=3)
         run.proc.send_signal(signal.SIGINT)
         _wait_for(run, closing)
-        _stop(run, [signal.SIGINT, signal.SIGTERM, signal.SIGINT])
+        _stop(run, [signal.SIGINT, signal.SIGTERM, signal.SIGINT], release)
         assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, run.output[-3000:]
         _assert_no_process_left(run, before)
         _assert_reports_of_a_stopped_run(tmp_path, run, ["test_averaging[zoo_plain_allreduce-NO_SHARD-ws2]"])
@@ -235,12 +241,13 @@ def test_signals_while_an_interrupted_run_closes_its_pools_are_only_acknowledged
 def test_signals_once_every_case_ran_leave_the_run_its_report_and_exit_code(tmp_path, at):
     """A signal that lands while a finished run writes its reports or closes its pools changes nothing:
     the reports are the complete run's, and the exit code (0) agrees with them."""
-    marker = str(tmp_path / "finishing")
-    run = _start(tmp_path, {"CONFORM_TEST_SLOW_AT": at, "CONFORM_TEST_SLOW_MARKER": marker},
+    marker, release = str(tmp_path / "finishing"), str(tmp_path / "release")
+    run = _start(tmp_path, {"CONFORM_TEST_SLOW_AT": at, "CONFORM_TEST_SLOW_MARKER": marker,
+                            "CONFORM_TEST_SLOW_UNTIL": release},
                  args=["--hook", "tests.zoo.contained:GOOD", "-k", "test_averaging", "-p", "tests.slow_finish"],
                  wait_for=[marker])
     try:
-        _stop(run, [signal.SIGINT, signal.SIGTERM, signal.SIGINT])
+        _stop(run, [signal.SIGINT, signal.SIGTERM, signal.SIGINT], release)
         assert run.proc.returncode == pytest.ExitCode.OK, run.output[-3000:]
         assert "the run is finishing: its report is being written, and stands" in run.output, run.output[-3000:]
         _assert_no_process_left(run, set())

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import types
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -229,6 +230,29 @@ def test_conform_refuses_an_unwritable_report_path_before_any_case(tmp_path):
 
 
 @pytest.mark.parametrize("option", list(NAMES))
+def test_the_guard_refuses_a_report_path_another_live_run_holds_and_claims_none(tmp_path, option):
+    """Each of the three options, in this process: :class:`ReportGuard` (what the run builds at configure time)
+    raises the usage error that exits 4, and leaves the other run's report alone; the run as a user meets it, on
+    one option, is the next test."""
+    from conformance.reports.report_guard import ReportGuard
+
+    path = tmp_path / NAMES[option]
+    path.write_text(OLD[option])
+    other = ReportFile(str(path), option)
+    other.claim()  # the other run, alive, with its report in place
+    paths = {name: None for name in NAMES}
+    paths[option] = str(path)
+    config = types.SimpleNamespace(option=types.SimpleNamespace(xmlpath=paths["--junitxml"]))
+    try:
+        with pytest.raises(pytest.UsageError, match=rf"another conformance run \(pid {os.getpid()} .*\({option}\)"):
+            ReportGuard(config, paths["--json"], paths["--markdown"])
+    finally:
+        other.release()
+    assert path.read_text() == OLD[option], "the refused guard touched the other run's report"
+    assert sorted(os.listdir(tmp_path)) == [NAMES[option]], "the refused guard left a lock or a temporary file"
+
+
+@pytest.mark.parametrize("option", ["--junitxml"])
 def test_conform_refuses_a_report_path_another_live_run_holds(tmp_path, option):
     path = tmp_path / NAMES[option]
     path.write_text(OLD[option])
@@ -248,7 +272,7 @@ def test_conform_refuses_a_report_path_another_live_run_holds(tmp_path, option):
                          ids=["collect-only", "nothing-selected"])
 def test_a_run_that_runs_no_case_leaves_every_report_untouched(tmp_path, args, code):
     _earlier_reports(tmp_path)
-    run = _conform(*args, *_report_args(tmp_path))
+    run = _conform(*ONE_CASE[:2], *args, *_report_args(tmp_path))  # one hook's plan: collecting costs less
     assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]
     assert {name: (tmp_path / name).read_text() for name in NAMES.values()} == {
         name: OLD[option] for option, name in NAMES.items()}

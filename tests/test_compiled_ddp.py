@@ -76,7 +76,8 @@ def test_pytorchs_own_hooks_are_skipped_with_the_reason_not_failed():
     """PyTorch's hooks take a GradBucket (or run in the C++ Reducer): no compiled case of theirs runs; lossy ones
     get none, as they get no other exact case."""
     cases = _compiled_cases(DDP_HOOKS, flag=True)
-    exact = {s.name for s in DDP_HOOKS if s.lossy is None}
+    # A sampled spec (a parameter-dtype claim in the default run) runs its first config alone, not this one.
+    exact = {s.name for s in DDP_HOOKS if s.lossy is None and s.sample_checks is None}
     assert {c.hook for c in cases} == exact and all(c.skip for c in cases)
     reasons = {c.hook: c.skip for c in cases}
     assert reasons["ddp_allreduce_hook"] == GRADBUCKET_NOTE

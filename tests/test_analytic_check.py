@@ -41,7 +41,7 @@ def _spoil(model: torch.nn.Module, how: str) -> None:
 def _run(rank: int, store_path: str, world_size: int, configs: tuple) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
     try:
-        spec = types.SimpleNamespace(name="plain", hook=None, reduce_dtype=torch.float16)
+        spec = types.SimpleNamespace(name="plain", hook=None, reduce_dtype=torch.float16, param_dtype=None)
         for config in configs:
             for how in (None, "zeroed", "halved"):
                 models = CommModels(_Ctx(rank, world_size), spec, model="nested_wrapped", config=config)

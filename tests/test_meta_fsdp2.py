@@ -147,7 +147,7 @@ def test_plain_reduce_scatter_is_the_documented_example():
     from conformance.apis.fsdp2.builtin_hooks import FSDP2_HOOKS, PlainReduceScatter
 
     assert [s.name for s in FSDP2_HOOKS] == ["plain_reduce_scatter", "plain_reduce_scatter_bf16",
-                                             "plain_reduce_scatter_fp16"]
+                                             "plain_reduce_scatter_fp16", "plain_reduce_scatter_params_bf16"]
     assert all(s.api == "fsdp2" and s.hook is PlainReduceScatter for s in FSDP2_HOOKS)
     comm = PlainReduceScatter()
     buf = comm.allocate((6,), dtype=torch.bfloat16, device=torch.device("cpu"))

@@ -60,3 +60,21 @@ def test_sample_checks_keep_the_first_variant_and_model_at_the_main_world_size_o
     assert [c.world_size for c in planned_cases("test_parity", [sampled], one_gpu)] == [2], "not at 1 rank"
     full = planned_cases("test_parity", [EVERYWHERE], settings)
     assert [c for c in kept["test_parity"] if c.hook == "every.where"] == full, "the other specs' cases are kept"
+
+
+def test_a_sampled_check_planned_on_a_simulated_layout_alone_keeps_its_first_case_there():
+    # The replica all-reduce is planned at 4 ranks as 2 nodes (and 2 as 2 nodes of 1) only: its sample is the
+    # first of those, not nothing.
+    from conformance.apis.fsdp2_replica.builtin_hooks import replica_avg_all_reduce, replica_group_state
+
+    replica = HookSpec(name="replica.sampled", api="fsdp2_replica", hook=replica_avg_all_reduce,
+                       state=replica_group_state, param_dtype=torch.bfloat16, sample_checks=("fsdp2_replica_parity",))
+    settings = _settings([2, 3])
+    from conformance.apis.fsdp2_replica.builtin_hooks import REPLICA_HOOKS
+
+    full = planned_cases("test_fsdp2_replica_parity", [REPLICA_HOOKS[0]], settings)
+    assert full and all(c.nodes > 1 for c in full)
+    kept = planned_cases("test_fsdp2_replica_parity", [replica], settings)
+    assert [c.id.replace("replica.sampled", "replica_avg_all_reduce").replace("-params_bfloat16", "")
+            for c in kept] == [full[0].id]
+    assert planned_cases("test_fsdp2_replica_accumulation", [replica], settings) == []

@@ -122,19 +122,20 @@ def sampled(cases: List[CaseParams], names: Any, settings: Any) -> List[CasePara
     """``cases`` with those of the hooks ``names`` cut to a sample (``HookSpec.sample_checks``): per hook, the
     first variant and model at the run's first world size of at least 2 ranks
     (:func:`first_cross_rank_world_size`: the main one on a CPU machine, not a one-GPU machine's 1) on one
-    node."""
+    node; where the plan has no such case for the hook (an API planned on a simulated layout alone, as the
+    replica all-reduce's 2 nodes), its first case of at least 2 ranks, with that case's layout."""
     if not names:
         return cases
     ws = first_cross_rank_world_size(settings.world_sizes)
-    out: List[CaseParams] = []
-    first: Dict[str, Tuple[str, Optional[str]]] = {}
+    chosen: Dict[str, Tuple[str, Optional[str], int, int]] = {}
     for case in cases:
-        if case.hook not in names:
-            out.append(case)
-        elif case.world_size == ws and case.nodes == 1:
-            if first.setdefault(case.hook, (case.variant, case.model)) == (case.variant, case.model):
-                out.append(case)
-    return out
+        if case.hook in names and case.world_size == ws and case.nodes == 1:
+            chosen.setdefault(case.hook, (case.variant, case.model, case.world_size, case.nodes))
+    for case in cases:
+        if case.hook in names and case.world_size >= 2:
+            chosen.setdefault(case.hook, (case.variant, case.model, case.world_size, case.nodes))
+    return [case for case in cases if case.hook not in names
+            or chosen.get(case.hook) == (case.variant, case.model, case.world_size, case.nodes)]
 
 
 @dataclasses.dataclass(frozen=True)

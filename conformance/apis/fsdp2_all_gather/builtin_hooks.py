@@ -63,11 +63,18 @@ class PlainAllGather(_AllGatherBase):  # type: ignore[misc,valid-type]
 FSDP2_ALL_GATHER_HOOKS = [
     HookSpec(name="plain_all_gather", api="fsdp2_all_gather", hook=PlainAllGather,
              description="conformance.apis.fsdp2_all_gather.builtin_hooks.PlainAllGather (FSDP2's DefaultAllGather)"),
+    # torchtitan's default parameter dtype: the comm gathers bfloat16 shards (an all-gather takes no reduce dtype).
+    # A sample in the default run (sample_checks).
+    HookSpec(name="plain_all_gather_params_bf16", api="fsdp2_all_gather", hook=PlainAllGather,
+             param_dtype=torch.bfloat16, sample_checks=("fsdp2_all_gather_parity",),
+             description="PlainAllGather under MixedPrecisionPolicy(param_dtype=bfloat16)"),
 ]
 
 
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
     """The name, in :data:`FSDP2_ALL_GATHER_HOOKS`, of the comm that stands for FSDP2's own all-gather in a case
     of ``spec`` (``HookApi.default_hook``): :class:`PlainAllGather`, which calls ``all_gather_into_tensor`` as
-    ``DefaultAllGather`` does; ``None`` for a claimed parameter dtype (no built-in comm trains in one here)."""
-    return None if spec.param_dtype is not None else "plain_all_gather"
+    ``DefaultAllGather`` does; under a claimed parameter dtype, the bfloat16-parameter sample."""
+    if spec.param_dtype is not None:
+        return "plain_all_gather_params_bf16" if spec.param_dtype == torch.bfloat16 else None
+    return "plain_all_gather"

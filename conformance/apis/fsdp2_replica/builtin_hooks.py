@@ -41,15 +41,22 @@ REPLICA_HOOKS = [
     HookSpec(name="replica_avg_all_reduce_bf16", api="fsdp2_replica", hook=replica_avg_all_reduce,
              state=replica_group_state, reduce_dtype=torch.bfloat16,
              description="replica_avg_all_reduce under MixedPrecisionPolicy(reduce_dtype=bfloat16)"),
+    # torchtitan's default pair: the hook gets float32 gradients of bfloat16 parameters. A sample in the default run
+    # (sample_checks); native HSDP under the same policy is its reference.
+    HookSpec(name="replica_avg_all_reduce_params_bf16", api="fsdp2_replica", hook=replica_avg_all_reduce,
+             state=replica_group_state, param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+             sample_checks=("fsdp2_replica_parity",),
+             description="replica_avg_all_reduce under MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)"),
 ]
 
 
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
     """The name, in :data:`REPLICA_HOOKS`, of the hook that stands for native HSDP's replica all-reduce in a
     case of ``spec`` (``HookApi.default_hook``), under the same claim; ``None`` for a float16 claim (native
-    divides before and after the all-reduce there, outside the hook, and for a claimed parameter dtype: no
-    built-in hook trains in one here)."""
+    divides before and after the all-reduce there, outside the hook); under a claimed parameter dtype, the
+    bfloat16-parameter sample for that pair alone."""
     if spec.param_dtype is not None:
-        return None
+        return ("replica_avg_all_reduce_params_bf16"
+                if (spec.param_dtype, spec.reduce_dtype) == (torch.bfloat16, torch.float32) else None)
     return {None: "replica_avg_all_reduce", torch.float32: "replica_avg_all_reduce",
             torch.bfloat16: "replica_avg_all_reduce_bf16"}.get(spec.reduce_dtype)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_comm, divide_factor, with_config
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_comm, divide_factor, setup_constants
 
 _HSDP = dict(mesh="hsdp", sync_setter="set_requires_all_reduce")
 
@@ -42,7 +42,6 @@ SETUP = Fsdp2Setup(setter="set_custom_reduce_scatter", bind=bind_comm, configs={
 
 
 def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
-    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone (none:
-    a case of no config of this API has the whole ``SETUP``)."""
-    config = case["variant"].get("config")
-    return {"SETUP": with_config(SETUP, config)} if config in SETUP.configs else {}
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone
+    (:func:`~conformance.apis.fsdp2_common.setup.setup_constants`)."""
+    return setup_constants(SETUP, case)

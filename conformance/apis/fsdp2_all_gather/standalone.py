@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_all_gather, with_config
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_all_gather, setup_constants
 
 SETUP = Fsdp2Setup(setter="set_custom_all_gather", bind=bind_all_gather, configs={
     "default": Fsdp2Config("native fully_shard"),
@@ -33,7 +33,6 @@ SETUP = Fsdp2Setup(setter="set_custom_all_gather", bind=bind_all_gather, configs
 
 
 def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
-    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone (none:
-    a case of no config of this API has the whole ``SETUP``)."""
-    config = case["variant"].get("config")
-    return {"SETUP": with_config(SETUP, config)} if config in SETUP.configs else {}
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone
+    (:func:`~conformance.apis.fsdp2_common.setup.setup_constants`)."""
+    return setup_constants(SETUP, case)

@@ -186,6 +186,14 @@ def with_config(setup: Fsdp2Setup, config: str) -> Fsdp2Setup:
     return dataclasses.replace(setup, configs={config: setup.configs[config]})
 
 
+def setup_constants(setup: Fsdp2Setup, case: Dict[str, Any]) -> Dict[str, Any]:
+    """What a reproducer of ``case`` binds beside its ``CASE`` for an API of the FSDP2 family (each API's
+    ``reproducer_constants``): ``setup`` with the case's config alone (none: a case of no config of the API
+    has the whole ``SETUP``)."""
+    config = case["variant"].get("config")
+    return {"SETUP": with_config(setup, config)} if config in setup.configs else {}
+
+
 def make_comm(hook: Any, name: str, kind: str = "ReduceScatter") -> Any:
     """A comm spec's comm: the object itself, or what its zero-argument factory (a comm class) returns.
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_to_replicas, with_config
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_to_replicas, setup_constants
 
 SETUP = Fsdp2Setup(setter="set_all_reduce_hook", bind=bind_to_replicas, configs={
     "replica": Fsdp2Config("native HSDP on the {mesh} mesh", mesh="replica", hooked_dim="shard"),
@@ -31,7 +31,6 @@ SETUP = Fsdp2Setup(setter="set_all_reduce_hook", bind=bind_to_replicas, configs=
 
 
 def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
-    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone (none:
-    a case of no config of this API has the whole ``SETUP``)."""
-    config = case["variant"].get("config")
-    return {"SETUP": with_config(SETUP, config)} if config in SETUP.configs else {}
+    """What a reproducer of ``case`` binds beside its ``CASE``: this ``SETUP`` with the case's config alone
+    (:func:`~conformance.apis.fsdp2_common.setup.setup_constants`)."""
+    return setup_constants(SETUP, case)

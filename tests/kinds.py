@@ -53,6 +53,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_ci_failures": ("unit",),
     "test_cli_help": ("cli",),
     "test_compare": ("unit",),
+    "test_compare_ulps": ("unit",),
     "test_compiled_ddp": ("suite",),
     "test_containment": ("suite",),
     "test_cpp_hooks": ("unit",),

@@ -69,6 +69,8 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_isolation": ("suite",),
     "test_kinds": ("unit",),
     "test_known_failures": ("unit",),
+    "test_known_failures_book": ("unit",),
+    "test_known_failures_repo": ("unit",),
     "test_known_failures_report": ("suite",),
     "test_lifeline": ("unit",),
     "test_listener": ("unit",),

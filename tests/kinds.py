@@ -111,6 +111,8 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_runner": ("unit",),
     "test_session_report": ("suite",),
     "test_settings": ("unit",),
+    "test_settings_nightly": ("unit",),
+    "test_settings_world_sizes": ("unit",),
     "test_setup_env": ("unit",),
     "test_spec": ("unit",),
     "test_spec_loading": ("unit",),

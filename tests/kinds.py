@@ -49,6 +49,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_bench_sample": ("unit",),
     "test_bookkeeper": ("unit",),
     "test_cases": ("unit",),
+    "test_cases_plans": ("unit",),
     "test_cause_summary": ("unit",),
     "test_ci_failures": ("unit",),
     "test_cli_help": ("cli",),

@@ -86,6 +86,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_meta_lossy": ("meta",),
     "test_meta_reach": ("meta", "torchrun"),
     "test_models": ("unit",),
+    "test_models_fsdp": ("unit",),
     "test_models_extra": ("unit",),
     "test_newcomer": ("suite",),
     "test_not_the_hooks_fault": ("suite",),

@@ -29,6 +29,9 @@ from conformance.ranks.cause_words import Words
 from conformance.ranks.diagnosis import HookCall, explain
 from conformance.ranks.reduction import REDUCE_SCATTER, Reduction
 
+#: The diagnosis recomputes a reduce-scatter with dist.reduce_scatter_tensor, which torch 2.13 deprecates by name.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_scatter_tensor` is deprecated:FutureWarning")
+
 ROUNDED = "the float32 input rounded to bfloat16 (cast to bfloat16 and back) before an otherwise native reduction"
 FIX = "reduce the input in its own dtype (float32), with no cast to bfloat16 before the collective: "
 

@@ -110,6 +110,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_rerun_command": ("unit",),
     "test_results": ("unit",),
     "test_results_run": ("suite",),
+    "test_rounded_input": ("unit",),
     "test_runner": ("unit",),
     "test_session_report": ("suite",),
     "test_settings": ("unit",),

@@ -514,6 +514,12 @@ PARAM_DTYPE = MetaZoo(
                     "-k 'test_fsdp2_accumulation[bad_bf16_staging_params_bf16-default-nested_wrapped-"
                     "params_bfloat16-ws2]'"),
     rerun=Pick("bad_bf16_staging_params_bf16", (("check", "fsdp2_accumulation"),), "failed"),
+    # The staging is named from the comm's own calls (its input rounded to bfloat16, then FSDP2's op in float32),
+    # with the fix and FSDP2's reason (PR 125191): a named exact cause, so no LossyContract hint.
+    causes=(Cause("bad_bf16_staging_params_bf16", "fsdp2_accumulation",
+                  (f"{EXPLAINED}: the float32 input rounded to bfloat16 (cast to bfloat16 and back) before an otherwise "
+                   "native reduction", "fix: reduce the input in its own dtype (float32), with no cast to bfloat16 "
+                   "before the collective", "(PyTorch PR 125191)"), no_lossy_hint=True),),
 )
 
 

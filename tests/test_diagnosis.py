@@ -126,9 +126,49 @@ def _run(rank: int, store_path: str) -> None:
                 causes = explain(arith, call, None, dist.group.WORLD, rank)
                 assert any("NaN or Inf replaced" in c.cause and c.fix.startswith("leave NaN and Inf as the reduction")
                            for c in causes), causes
+        _check_rounded_input(rank)
         dist.barrier()  # every rank done before any tears the group down (see test_reference_replay.py)
     finally:
         dist.destroy_process_group()
+
+
+def _check_rounded_input(rank: int) -> None:
+    """The input rounded to bfloat16 before an otherwise native reduction (the param-dtype zoo's staging comm), on
+    every API whose calls carry the input: named with its fix, told apart at 3 ranks from native's arithmetic in
+    bfloat16 (a SUM of 3 bfloat16 values rounds in bfloat16, not in float32), and never beside a right result."""
+    from conformance.apis.fsdp2.arithmetic import CommArithmetic
+    from conformance.apis.fsdp2_replica.arithmetic import ReplicaArithmetic
+
+    avg = dist.ReduceOp.AVG
+
+    def avg_shard(t: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(t.numel() // WORLD_SIZE)
+        dist.reduce_scatter_tensor(out, t.clone(), op=avg)
+        return out
+
+    x = torch.randn(96, generator=torch.Generator().manual_seed(4321 + rank)) * (rank + 1)
+    staged = x.bfloat16().float()
+    apis = (("ddp", DdpArithmetic(WORLD_SIZE, None), None, lambda t: _sum(t * (1.0 / WORLD_SIZE))),
+            ("fsdp", FsdpArithmetic(WORLD_SIZE, None), None, lambda t: _shard(t.div(2.0), rank).div(1.5)),
+            ("fsdp2", CommArithmetic(WORLD_SIZE, torch.float32, op=avg), avg, avg_shard),
+            ("fsdp2_replica", ReplicaArithmetic(WORLD_SIZE, None), None, lambda t: _sum(t).div(WORLD_SIZE)))
+    for api, arith, op, native in apis:
+        sharded = api in ("fsdp", "fsdp2")
+        group = dist.group.WORLD if api.startswith("fsdp2") else None
+        for value, rounded in ((native(x), False), (native(staged), True)):
+            call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=value, sharded=sharded,
+                            group=group, op=op)
+            causes = explain(arith, call, None, dist.group.WORLD, rank)
+            named = [c for c in causes if c.cause.startswith("the float32 input rounded to bfloat16 (cast to bfloat16 "
+                                                             "and back) before an otherwise native reduction, where")]
+            if not rounded:
+                assert causes[0] == ("native", "") and not named, (api, causes)
+                continue
+            assert len(named) == 1 and "native" not in [c.cause for c in causes], (api, causes)
+            assert named[0].fix.startswith("reduce the input in its own dtype (float32), with no cast to bfloat16 "
+                                           "before the collective: "), (api, named)
+            assert ("PyTorch PR 125191" in named[0].fix) == (api == "fsdp2"), (api, named)
+            assert not any(c.cause.startswith("reduced in bfloat16") for c in causes), (api, causes)
 
 
 @pytest.mark.timeout(300)

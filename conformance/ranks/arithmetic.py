@@ -39,7 +39,7 @@ from conformance.ranks.cause_words import Words
 from conformance.ranks.hook_call import HookCall
 from conformance.ranks.reduction import (ALL_REDUCE_THEN_CHUNK, DEFAULT_GROUP, PAIRWISE, RANK, RING, Recompute,
                                          Reduction, Scale)
-from conformance.ulps import bits_equal
+from conformance.ulps import bits_equal, dtype_name
 
 __all__ = ["Arithmetic", "Candidate"]
 
@@ -62,6 +62,21 @@ def _chunks_differ(values: Sequence[torch.Tensor], n: int, a: int, b: int) -> bo
         if ca.shape != cb.shape or not bool(bits_equal(ca, cb).all()):
             return True
     return False
+
+
+def narrower_than(given: torch.dtype, reduce_in: torch.dtype) -> List[torch.dtype]:
+    """The floating dtypes a hook might round its input to before reducing it (:attr:`Reduction.rounded_to`):
+    those of fewer bytes than both the input's dtype (``given``) and the dtype native reduces in; none for an
+    input that is not floating point. A float32 input reduced in float32: ``[bfloat16, float16]``."""
+    if not given.is_floating_point:
+        return []
+    return [d for d in (torch.float32, torch.bfloat16, torch.float16)
+            if d.itemsize < given.itemsize and d.itemsize < reduce_in.itemsize]
+
+
+def _rounding_changes(values: Sequence[torch.Tensor], dtype: torch.dtype) -> bool:
+    """Whether rounding to ``dtype`` (cast to it and back) changes any bit of any rank's ``values``."""
+    return any(not bool(bits_equal(v, v.to(dtype).to(v.dtype)).all()) for v in values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,12 +144,21 @@ class Arithmetic(abc.ABC):
         x = call.input.chunk(self.world_size)[rank] if call.sharded else call.input
         return x.to(call.output.dtype)
 
+    def why_not_rounded(self, narrow: torch.dtype, given: torch.dtype) -> str:
+        """Why the hook's input (``given``) need not hold values of the ``narrow`` dtype, for the fix of a hook
+        that rounds it to ``narrow`` first: ``"a float32 input need not hold bfloat16 values ..."``. An API where
+        a parameter dtype makes the inputs hold them in some runs says which runs (FSDP2's comm)."""
+        low, own = dtype_name(narrow), dtype_name(given)
+        return (f"a {own} input need not hold {low} values, whatever the parameter dtype (a gradient summed over "
+                f"micro-batches, or {own} parameters, holds {own} values that {low} rounds)")
+
     def words(self, call: HookCall, rank: int) -> Words:
         """What this call's causes are worded from (:class:`~conformance.ranks.cause_words.Words`)."""
         return Words(self.world_size, dist.get_world_size() if self.hook_picks_divisor else self.world_size, rank,
                      call.sharded, self.reduce_dtype or call.input.dtype, call.output.dtype, self.reduce_dtype,
                      self.describe(), self.how_to_average(), self.group_arg,
-                     lambda n: self.dividing_as(n).describe())
+                     lambda n: self.dividing_as(n).describe(), given=call.input.dtype,
+                     why_not_rounded=self.why_not_rounded)
 
     def changes(self, call: HookCall) -> List[Reduction]:
         """Native's reduction, then each candidate cause as that reduction with one or two fields changed: the
@@ -174,12 +198,15 @@ class Arithmetic(abc.ABC):
         if call.sharded:
             out += [dataclasses.replace(native, read=shift) for shift in range(1, ws)]
             out += [dataclasses.replace(native, collective=ALL_REDUCE_THEN_CHUNK, read=shift) for shift in range(ws)]
+        out += [dataclasses.replace(native, rounded_to=d) for d in narrower_than(call.input.dtype, reduce_in)]
         return out
 
     def candidates(self, call: HookCall, group: object, rank: int) -> List[Candidate]:
         """Every named cause for ``call`` (:class:`Candidate`: the cause, its result, its fix), native first; the
         same collectives, in the same order, on every rank. A change that is native's reduction again, or an
-        earlier change again, is left out; the shard of another rank only where the data tells it apart."""
+        earlier change again, is left out; the shard of another rank only where the data tells it apart; the
+        input rounded to a narrower dtype only where that changes some rank's input (every rank's input is
+        gathered once for the hook-ordered sums anyway), and not on a rank where it gives native's bits."""
         recompute, words = Recompute(call, group, self.world_size, rank), self.words(call, rank)
         changes = self.changes(call)
         native, seen, out = changes[0], [], []
@@ -187,10 +214,14 @@ class Arithmetic(abc.ABC):
             if any(change == s and change.op is s.op for s in seen):
                 continue
             seen.append(change)
+            if change.rounded_to is not None and not _rounding_changes(recompute.gathered(), change.rounded_to):
+                continue  # every rank's input holds values of that dtype: the same bits as native, everywhere
             value = recompute(change)  # a collective, on every rank alike: the choice below is this rank's own
             kept = (rank - change.read) % self.world_size
             if change.read and not _chunks_differ(recompute.gathered(words.reduce_in), self.world_size, kept, rank):
                 continue  # no data tells the shard of that rank from this rank's
+            if change.rounded_to is not None and out and bool(bits_equal(value, out[0].value).all()):
+                continue  # this rank's result is native's: the rounding vanished in the reduction here
             cause, fix = words.of(native, change)
             out.append(Candidate(cause, value, fix))
         return out

@@ -9,6 +9,9 @@ field by field, most telling first:
 * ``group`` (the divisor read off the default group) and ``divides_as`` (the
   divisors of another world size): which group the hook divided as for;
 * ``dtype``: native's arithmetic in another dtype than the one claimed;
+* ``rounded_to``: the input rounded to a narrower dtype (cast to it and back)
+  before an otherwise native reduction, as a hook that stages it in a narrower
+  buffer, or assumes it holds that dtype's values, does;
 * ``pre``, ``op``, ``post`` and ``order``, worded together as the arithmetic the
   hook did: "SUM, then divided by 3", "summed in rank order (rank 0 + rank 1 +
   rank 2), then multiplied by 1/3", "averaged twice".
@@ -25,8 +28,8 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from conformance.ranks.reduction import (ALL_REDUCE_THEN_CHUNK, DEFAULT_GROUP, PAIRWISE, RANK, RING, THE_COLLECTIVES,
-                                         Reduction, Scale, pairwise_text)
+from conformance.ranks.reduction import (ALL_REDUCE_THEN_CHUNK, DEFAULT_GROUP, NO_COLLECTIVE, PAIRWISE, RANK, RING,
+                                         THE_COLLECTIVES, Reduction, Scale, pairwise_text)
 from conformance.ulps import dtype_name
 
 __all__ = ["Words"]
@@ -54,6 +57,10 @@ class Words:
         average: native's averaging as an instruction to a hook author.
         group_arg: how a hook names its process group in code (``"group=state.process_group"``).
         describe_as: native's arithmetic in a few words, dividing as for another world size.
+        given: the dtype of the hook's input; ``None``: :attr:`own`.
+        why_not_rounded: ``(narrow, given)`` -> why the input need not hold ``narrow`` values, for the fix of a
+            hook that rounds it to ``narrow`` (the API's own words, see
+            :meth:`conformance.ranks.arithmetic.Arithmetic.why_not_rounded`).
     """
 
     world_size: int
@@ -67,6 +74,8 @@ class Words:
     average: str
     group_arg: str
     describe_as: Callable[[int], str]
+    given: Optional[torch.dtype] = None
+    why_not_rounded: Callable[[torch.dtype, torch.dtype], str] = lambda narrow, given: ""
 
     def of(self, native: Reduction, change: Reduction) -> Tuple[str, str]:
         """``(cause, fix)`` of ``change``, native's reduction with some fields changed: ``("native", "")`` for
@@ -86,6 +95,8 @@ class Words:
                     f"divide as for the group's {ws} ranks, not {n}: {self.average}")
         if change.dtype != native.dtype:
             return self._dtype(change.dtype or self.reduce_in)
+        if change.rounded_to != native.rounded_to and change.rounded_to is not None:
+            return self._rounded(native, change.rounded_to)
         return self._arithmetic(native, change)
 
     def _keep(self) -> str:
@@ -125,6 +136,20 @@ class Words:
             fix = (f"reduce in {own}, the claimed reduce_dtype: cast to {own}, not {name}, before the collective; or "
                    f"claim reduce_dtype=torch.{name} if that is meant")
         return f"reduced in {name}, where the hook claims {claimed}", fix
+
+    def _rounded(self, native: Reduction, narrow: torch.dtype) -> Tuple[str, str]:
+        """The input rounded to ``narrow`` before native's reduction: reduce it in its own dtype, with the API's
+        reason why its values need not be ``narrow`` values."""
+        given = self.given or self.own
+        low, own = dtype_name(narrow), dtype_name(given)
+        why = self.why_not_rounded(narrow, given)
+        why = f": {why}" if why else ""
+        if native.collective == NO_COLLECTIVE:  # the API hands the hook a finished result, to leave as it is
+            return (f"the {own} tensor rounded to {low} (cast to {low} and back), where {self.describe}",
+                    f"leave the tensor in its own dtype ({own}), with no cast to {low}{why}")
+        return (f"the {own} input rounded to {low} (cast to {low} and back) before an otherwise native reduction, "
+                f"where {self.describe}",
+                f"reduce the input in its own dtype ({own}), with no cast to {low} before the collective{why}")
 
     def _arithmetic(self, native: Reduction, change: Reduction) -> Tuple[str, str]:
         """The scaling and the summation order the hook did (``pre``, ``op``, ``post``, ``order``), as one

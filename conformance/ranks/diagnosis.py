@@ -24,6 +24,7 @@ with one or two fields changed (:class:`~conformance.ranks.reduction.Reduction`)
   a sum the hook computes itself in rank, ring or pairwise order, with a divide or a
   reciprocal multiply before or after it;
 * native's arithmetic in another dtype than the one claimed;
+* the input rounded to a narrower dtype (cast to it and back) before an otherwise native reduction;
 * the shard of another rank (reduce-scatter, or an all-reduce and the wrong chunk);
 * an all-reduce then this rank's chunk, where native reduce-scatters (another summation order);
 * for an FSDP2 all-reduce hook, a second division or reduction of native HSDP's result.

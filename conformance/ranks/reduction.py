@@ -7,7 +7,8 @@ after, the dtype reduced in, the summation order, the collective, the group whos
 size the divisors are, and which rank's result is read. A candidate cause is that
 reduction with one or two fields changed (``dataclasses.replace``): a SUM without
 the divisions, a divide where native multiplies by a reciprocal, the sum a hook
-computes itself in rank order, the shard of another rank. :class:`Recompute`
+computes itself in rank order, the shard of another rank, the input rounded to a
+narrower dtype first. :class:`Recompute`
 gives the bits of any of them from a hook call's input, with the same
 collectives on the same process group; :mod:`conformance.ranks.cause_words`
 words the change and the fix it implies.
@@ -86,6 +87,9 @@ class Reduction:
             shard, or the chunk kept of an all-reduce).
         group: whose size the divisors are: :data:`HOOK_GROUP` or :data:`DEFAULT_GROUP`.
         divides_as: the world size the divisors are for, where a change made them another group's.
+        rounded_to: the dtype each rank's input is rounded to before anything else (cast to it and back to its
+            own dtype: a hook that keeps it in a narrower buffer, or assumes it holds that dtype's values);
+            ``None``: the input as it is.
 
     ``group`` and ``divides_as`` only say where ``pre`` and ``post`` came from: two reductions that differ in them
     alone give the same bits, and are two causes (a hook that divides by the default group's 4 ranks, or one
@@ -101,6 +105,7 @@ class Reduction:
     read: int = 0
     group: str = HOOK_GROUP
     divides_as: Optional[int] = None
+    rounded_to: Optional[torch.dtype] = None
 
     def plain_sum(self) -> "Reduction":
         """This reduction with no scaling and a SUM: what a hook that never averages computes."""
@@ -190,6 +195,11 @@ ORDERS: Dict[str, Callable[[Sequence[torch.Tensor]], torch.Tensor]] = {
     RANK: in_rank_order, RING: in_ring_order, PAIRWISE: in_pairwise_order}
 
 
+def _rounded(t: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """``t`` cast to ``dtype`` and back to its own (:attr:`Reduction.rounded_to`); ``t`` itself for ``None``."""
+    return t if dtype is None else t.to(dtype).to(t.dtype)
+
+
 def _scaled(t: torch.Tensor, steps: Sequence[Scale], own_dtype: bool) -> torch.Tensor:
     for step in steps:
         if step.own_dtype == own_dtype:
@@ -238,10 +248,11 @@ class Recompute:
     def _sum(self, r: Reduction, low: torch.dtype) -> torch.Tensor:
         ws, call = self.world_size, self.call
         if r.order != THE_COLLECTIVES:  # the hook's own sum over every rank's values
-            values = [_scaled(_scaled(v, r.pre, True).to(low), r.pre, False) for v in self.gathered()]
+            values = [_scaled(_scaled(_rounded(v, r.rounded_to), r.pre, True).to(low), r.pre, False)
+                      for v in self.gathered()]
             total = ORDERS[r.order](values)
             return total.chunk(ws)[(self.rank - r.read) % ws] if call.sharded else total
-        t = _scaled(_scaled(call.input, r.pre, True).to(low), r.pre, False)
+        t = _scaled(_scaled(_rounded(call.input, r.rounded_to), r.pre, True).to(low), r.pre, False)
         if r.collective == NO_COLLECTIVE:
             return t.clone()
         if r.collective == ALL_REDUCE_THEN_CHUNK:

@@ -19,6 +19,7 @@ import torch
 from conformance.apis.fsdp2.recorder import op_name
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.reduction import ALL_REDUCE, REDUCE_SCATTER, Reduction, Scale
+from conformance.ulps import dtype_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,15 @@ class CommArithmetic(Arithmetic):
 
     def where_result_goes(self, call: Any) -> str:
         return "reduce into the output_tensor FSDP2 passes the comm (FSDP2's gradients are views of it)"
+
+    def why_not_rounded(self, narrow: torch.dtype, given: torch.dtype) -> str:
+        """FSDP2 hands the comm the gradients in the reduce dtype; with ``narrow`` parameters they hold ``narrow``
+        values after one micro-batch only: it accumulates unsharded gradients in the reduce dtype (PyTorch PR
+        125191), so under gradient accumulation the comm gets their sums."""
+        low, own = dtype_name(narrow), dtype_name(given)
+        return (f"FSDP2 hands the comm its gradients in {own}; with param_dtype={low} they hold {low} values after "
+                f"one micro-batch only: under gradient accumulation FSDP2 accumulates them in the reduce dtype and "
+                f"hands the comm {own} sums (PyTorch PR 125191)")
 
     def wrong_world_sizes(self) -> Sequence[int]:
         """None: FSDP2 divides itself, and the op the comm got says how; no world size is the comm's to pick."""

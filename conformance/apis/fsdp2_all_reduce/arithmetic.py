@@ -2,8 +2,9 @@
 
 An all-reduce hook runs after native HSDP (or ``replicate``) has reduced the
 gradient (``foreach_reduce`` calls it on the result), so native is the tensor
-unchanged, and the causes are the mesh's sizes a hook might divide by again, or
-a second reduction over the default group (:class:`AllReduceHookArithmetic`).
+unchanged, and the causes are the mesh's sizes a hook might divide by again, a
+second reduction over the default group, or the tensor rounded to a narrower
+dtype and back (:class:`AllReduceHookArithmetic`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import Any, List, Tuple
 import torch
 import torch.distributed as dist
 
-from conformance.ranks.arithmetic import Arithmetic, Candidate
+from conformance.ranks.arithmetic import Arithmetic, Candidate, narrower_than
 from conformance.ranks.reduction import NO_COLLECTIVE, Reduction
+from conformance.shared.compare import same_bits
+from conformance.ulps import dtype_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +46,11 @@ class AllReduceHookArithmetic(Arithmetic):
     def where_result_goes(self, call: Any) -> str:
         return "change the tensor FSDP2 passes the hook in place, if at all (FSDP2 ignores the return value)"
 
+    def why_not_rounded(self, narrow: torch.dtype, given: torch.dtype) -> str:
+        low, own = dtype_name(narrow), dtype_name(given)
+        return (f"{self.native_name} hands the hook a {own} average over ranks, which holds {own} values that {low} "
+                "rounds, whatever the parameter dtype")
+
     def native_result(self, call: Any, group: Any) -> torch.Tensor:
         return call.input.to(call.output.dtype)
 
@@ -64,4 +72,12 @@ class AllReduceHookArithmetic(Arithmetic):
                              summed, again))
         out.append(Candidate("averaged again over the default group, mixing the shards of different ranks",
                              summed.div(self.world_size), again))
+        # Rounded to a narrower dtype and back (the shared cause, worded as for an API that reduced already):
+        # named only where it changes this rank's tensor. No collective, so the choice is this rank's own.
+        words, native = self.words(call, rank), self.reduction(call)
+        for narrow in narrower_than(call.input.dtype, call.input.dtype):
+            rounded = x.to(narrow).to(x.dtype)
+            if not same_bits(rounded, x):
+                cause, fix = words.of(native, dataclasses.replace(native, rounded_to=narrow))
+                out.append(Candidate(cause, rounded, fix))
         return out

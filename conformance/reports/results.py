@@ -29,7 +29,7 @@ __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "Resul
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
-SCHEMA_VERSION = "1.8"
+SCHEMA_VERSION = "1.9"
 #: The JSON Schema of the document (draft 2020-12).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
 
@@ -161,7 +161,7 @@ class ShortFigure(Figure):
 
 def build_document(*, suite_version: str, run: Mapping[str, Any], environment: Mapping[str, Any],
                    hooks: Sequence[Mapping[str, Any]], cases: Sequence[CaseRecord],
-                   baseline: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                   baseline: Optional[Mapping[str, Any]] = None, source_digest: Optional[str] = None) -> Dict[str, Any]:
     """The results document (see ``docs/results.md`` for every field).
 
     Args:
@@ -172,10 +172,13 @@ def build_document(*, suite_version: str, run: Mapping[str, Any], environment: M
         hooks: per hook: its claims, source, verdict, outcome counts and matrix.
         cases: every case, in the order they ran.
         baseline: the baseline diff (:meth:`conformance.reports.baseline.BaselineDiff.to_json`), or ``None``.
+        source_digest: :func:`conformance.reports.source_digest.source_digest` of the suite that ran, or ``None``
+            (left out).
     """
     return {
         "schema_version": SCHEMA_VERSION,
-        "suite": {"name": "commhook-conformance", "version": suite_version},
+        "suite": {"name": "commhook-conformance", "version": suite_version,
+                  **({} if source_digest is None else {"source_digest": source_digest})},
         "run": dict(run),
         "environment": dict(environment),
         "hooks": [dict(h) for h in hooks],

@@ -37,6 +37,7 @@ from conformance.reports.matrix import hook_matrix, matrix_text, not_run_records
 from conformance.reports.reach import hook_reach
 from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES
 from conformance.reports.results import CaseRecord
+from conformance.reports.source_digest import source_digest
 from conformance.reports.verdict import Status, Verdict
 
 __all__ = ["ResultsRecorder", "hook_matrix_lines", "register"]
@@ -208,11 +209,35 @@ class ResultsRecorder:
                "interrupted": self._interrupted(exit_status), "complete": complete,
                "fail_on": self.state.settings.fail_on,
                "args": [str(a) for a in self.config.invocation_params.args],
-               "crash_reruns": [c.to_json() for c in getattr(self.state.runner, "crash_reruns", ())]}
+               "crash_reruns": [c.to_json() for c in getattr(self.state.runner, "crash_reruns", ())],
+               "counts": self.counts()}
         return results.build_document(
-            suite_version=conformance.__version__, run=run, environment=self.environment(),
+            suite_version=conformance.__version__, source_digest=self.source_digest(), run=run,
+            environment=self.environment(),
             hooks=[self.hook_entry(item, records, running=progress) for item in self.state.specs], cases=records,
             baseline=None if self.diff is None else self.diff.to_json())
+
+    def source_digest(self) -> Optional[str]:
+        """:func:`~conformance.reports.source_digest.source_digest` of the suite running, read once a session (the
+        progress document is written after every case); ``None`` where its files cannot be read."""
+        if not hasattr(self, "_source_digest"):
+            try:
+                self._source_digest: Optional[str] = source_digest()
+            except (ImportError, OSError):
+                self._source_digest = None
+        return self._source_digest
+
+    def counts(self) -> Dict[str, int]:
+        """The counts of pytest's closing line (``382 passed, 43 skipped, 11 deselected, 358 xfailed``), each
+        outcome that occurred: what the terminal reporter counts (its ``stats``), deselected cases included."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        stats = getattr(reporter, "stats", {}) or {}
+        out = {}
+        for outcome in ("failed", "passed", "error", "skipped", "deselected", "xfailed", "xpassed"):
+            n = sum(1 for r in stats.get(outcome, ()) if getattr(r, "count_towards_summary", True))
+            if n:
+                out[outcome] = n
+        return out
 
     def environment(self) -> Dict[str, Any]:
         s = self.state.settings

@@ -41,6 +41,17 @@ class SuiteRun:
     returncode: int
     output: str
     cases: List[CaseReport]
+    #: The counts of pytest's closing line where they were read from a results file (``run.counts``); else
+    #: ``None``, and :meth:`closing_counts` reads them from ``output``.
+    counts: Optional[Dict[str, int]] = None
+
+    def closing_counts(self) -> Dict[str, int]:
+        """``{"passed": 382, "deselected": 11, ...}``: :attr:`counts`, or pytest's closing line in ``output``
+        (``382 passed, 43 skipped, 11 deselected, 358 xfailed in 73.45s``); ``{}`` where there is neither."""
+        if self.counts is not None:
+            return dict(self.counts)
+        closing = re.findall(r"^=* ?(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", self.output, re.M)
+        return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", closing[-1])} if closing else {}
 
     def by_hook(self) -> Dict[str, List[CaseReport]]:
         out: Dict[str, List[CaseReport]] = defaultdict(list)

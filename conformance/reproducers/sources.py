@@ -21,6 +21,7 @@ import builtins
 import dataclasses
 import importlib
 import inspect
+import warnings
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -115,14 +116,23 @@ def _case_constant(test: ast.expr, case: Optional[Dict[str, Any]], constants: Di
     if case is None:
         return None
     known = known or {}
+    if isinstance(test, ast.BoolOp):  # decided by one operand where it decides: `layout.hooked_dim and hooked`
+        decides = isinstance(test.op, ast.Or)
+        if any(_case_constant(v, case, constants, known) is decides for v in test.values):
+            return decides
     names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
     calls = [n for n in ast.walk(test) if isinstance(n, ast.Call)]
-    if not names & {"CASE", *known} or not names <= {"CASE", "torch", *constants, *known, *_PURE_BUILTINS} or \
+    literal = not names and not calls  # what a folded field leaves: `'pool' == "subgroup"`
+    if not (literal or names & {"CASE", *known}) or \
+            not names <= {"CASE", "torch", *constants, *known, *_PURE_BUILTINS} or \
             any(not isinstance(c.func, ast.Attribute) and getattr(c.func, "id", None) not in _PURE_BUILTINS
                 for c in calls):
         return None
     try:
-        return bool(eval(compile(ast.Expression(test), "<case>", "eval"),
+        with warnings.catch_warnings():  # `None is not None`, what a folded field leaves, warns
+            warnings.simplefilter("ignore", SyntaxWarning)
+            code = compile(ast.Expression(test), "<case>", "eval")
+        return bool(eval(code,
                          {"__builtins__": dict(_PURE_BUILTINS), **constants, **known, "CASE": case, "torch": torch}))
     except Exception:  # noqa: BLE001 - not decidable from the case: the file keeps the test
         return None
@@ -145,6 +155,10 @@ def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[st
         found = next(((n, v) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.If)
                       for v in [_case_constant(n.test, case, constants, known)] if v is not None), None)
         if found is None:
+            folded = _fold(source, known) if known else None
+            if folded is not None:
+                source = folded
+                continue
             return _without_spare_pass(_without_dead_code(source))
         node, value = found
         first = lines[node.lineno - 1]
@@ -163,6 +177,94 @@ def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[st
             kept = [] if is_elif else [indent + "pass"]  # removed again where its block holds more
         end = (node.orelse[-1] if node.orelse else node.body[-1]).end_lineno
         source = "\n".join(lines[:node.lineno - 1] + kept + lines[end:]) + "\n"
+
+
+def _literal_text(value: Any) -> Optional[str]:
+    """``value`` as Python source where it is a literal (``None``, a bool, number, string, dtype, a tuple of
+    these) or a module-level function (its name, which the file then defines); else ``None``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, torch.dtype):
+        return f"torch.{str(value).rsplit('.', 1)[-1]}"
+    if isinstance(value, tuple):
+        items = [_literal_text(v) for v in value]
+        return None if None in items else "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if inspect.isfunction(value) and value.__qualname__ == value.__name__:
+        return value.__name__
+    return None
+
+
+def _known_value(node: ast.expr, known: Dict[str, Any]) -> Tuple[bool, Any]:
+    """``(True, value)`` where ``node`` is a known name that holds data (a config, not a class or a function),
+    or a call without arguments of a known function (``_layout()``); else ``(False, None)``."""
+    if isinstance(node, ast.Name) and node.id in known and not callable(known[node.id]):
+        return True, known[node.id]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args and not node.keywords \
+            and callable(known.get(node.func.id)) and not inspect.isclass(known[node.func.id]):
+        return True, known[node.func.id]()
+    return False, None
+
+
+def _fold(source: str, known: Dict[str, Any]) -> Optional[str]:
+    """``source`` with one read of a known value folded, or ``None`` where none is left: a field of a known config
+    (``layout.mesh``, ``_layout().sync_setter``, ``SETUP.bind``) as its literal or its function's name;
+    ``getattr(x, "name")`` as ``x.name``; and a known config itself, which the file then holds nowhere: its
+    parameter, the argument passed to it and its assignment are left out."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+
+    def cut(first: Tuple[int, int], last: Tuple[int, int], text: str = "") -> str:
+        (l0, c0), (l1, c1) = first, last
+        return "\n".join(lines[:l0 - 1] + [lines[l0 - 1][:c0] + text + lines[l1 - 1][c1:]] + lines[l1:]) + "\n"
+
+    def listed(items: List[Any], k: int) -> str:  # item k of an argument list, with its comma
+        item = items[k]
+        if k + 1 < len(items):
+            return cut((item.lineno, item.col_offset), (items[k + 1].lineno, items[k + 1].col_offset))
+        if k:
+            return cut((items[k - 1].end_lineno, items[k - 1].end_col_offset), (item.end_lineno, item.end_col_offset))
+        return cut((item.lineno, item.col_offset), (item.end_lineno, item.end_col_offset))
+
+    data = {name for name, value in known.items() if not callable(value)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BoolOp):  # an operand that no longer decides: `'shard' is not None and hooked`
+            neutral = isinstance(node.op, ast.And)
+            kept = [v for v in node.values if any(isinstance(n, ast.Name) for n in ast.walk(v))
+                    or _case_constant(v, {}, {}, known) is not neutral]
+            if kept and len(kept) < len(node.values):
+                op = " and " if neutral else " or "
+                return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
+                           op.join(f"({ast.get_source_segment(source, v)})" if isinstance(v, ast.BoolOp) and
+                                   len(kept) > 1 else ast.get_source_segment(source, v) for v in kept))
+        if isinstance(node, ast.IfExp) and not any(isinstance(n, ast.Name) for n in ast.walk(node.test)):
+            value = _case_constant(node.test, {}, {}, known)
+            if value is not None:
+                kept = node.body if value else node.orelse
+                return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
+                           ast.get_source_segment(source, kept))
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            found, value = _known_value(node.value, known)
+            field = getattr(value, node.attr, _Pruned) if found else _Pruned  # _Pruned: no such field
+            text = None if field is _Pruned else _literal_text(field)
+            if text is not None:
+                return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), text)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) == 2 \
+                and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).isidentifier():
+            obj = ast.get_source_segment(source, node.args[0])
+            return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
+                       f"{obj}.{node.args[1].value}")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = node.args.posonlyargs + node.args.args
+            for k, arg in enumerate(params):
+                if arg.arg in data:
+                    return listed(params, k)
+        if isinstance(node, ast.Call):
+            for k, arg in enumerate(node.args):
+                if isinstance(arg, ast.Name) and arg.id in data:
+                    return listed(node.args, k)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and getattr(node.targets[0], "id", None) in data:
+            return "\n".join(lines[:node.lineno - 1] + lines[node.end_lineno:]) + "\n"
+    return None
 
 
 def _without_dead_code(source: str) -> str:

@@ -7,20 +7,22 @@ the launcher (:mod:`~conformance.shared.standalone_launch`) and the one way of m
 uses (:mod:`~conformance.shared.standalone_inputs`), below the case (``CASE``), the model class
 (``MODEL``), the names the writer binds per case (``STEP_INPUTS``, ``LOSS``) and the API's part
 (``conformance/apis/<api>/standalone.py``: ``subgroup``, ``build``, ``no_sync``, ``tensors``,
-``GRADIENT``, ``PARAMETER``) and the reference's name the writer binds (``REFERENCE``). It imports only the standard library and torch, so the file runs
-where the suite is not installed.
+``GRADIENT``, ``PARAMETER``) and ``REFERENCE``, the name of what the hooked copy is compared with. It
+imports only the standard library and torch, so the file runs where the suite is not installed.
 
 It mirrors the suite's lock-step loop (``conformance/ranks/checks/lockstep.py``,
 modelled on ``_get_grads`` of PyTorch's ``test_ddp_hooks.py``): per step, zero
 the gradients, forward and backward both copies on this rank's inputs (all
-micro-batches but the last under the API's ``no_sync``), compare each gradient
-view, then ``SGD(foreach=False)`` steps on both and compare the parameters.
+micro-batches but the last under the API's ``no_sync``), compare the gradients
+(:func:`differs`, through the API's ``tensors``), then, where the check steps SGD,
+``SGD(foreach=False)`` steps on both and compare the parameters.
 The first difference is printed per rank (parameter FQN, index, both values
 and their bits); the ranks agree, with an all-reduce, to stop together.
 
 ``python FILE.py`` starts the case's ranks itself (``launch``:
-``torch.multiprocessing.spawn``, gloo on CPU, or one process per GPU with NCCL,
-``select_backend``); under ``torchrun`` the file runs as one of its workers. Either way the same verdict line is
+``torch.multiprocessing.spawn``) on the backend the suite placed the case on (``CASE["backend"]``:
+gloo on CPU, or one process per GPU with NCCL); under ``torchrun`` the file runs as one of its
+workers. Either way the same verdict line is
 printed, and ``python FILE.py`` exits with it: 1 the difference reproduces, 0 it
 does not, 2 it could not run (a process group that cannot start, a launch that
 does not fit the case's world size; the file's head exits 2 itself where the

@@ -108,6 +108,8 @@ GRADIENT, PARAMETER = "gradient", "parameter after the optimizer step"
 
 
 def tensors(model: nn.Module, what: str) -> Dict[str, Any]:
-    """``{FQN: tensor}`` of ``model`` (FQNs without FSDP's wrapper prefixes): each parameter's gradient
-    (``GRADIENT``) or the parameter itself (``PARAMETER``); ``use_orig_params=True`` keeps them unflattened."""
-    return {fqn_without_wrappers(n): p.grad if what == GRADIENT else p for n, p in model.named_parameters()}
+    """``{FQN: tensor}`` of ``model`` (FQNs less the ``_fsdp_wrapped_module.`` FSDP inserts: the rank side's
+    ``fqn_without_wrappers`` for a model of no other wrapper): each parameter's gradient (``GRADIENT``) or the
+    parameter itself (``PARAMETER``); ``use_orig_params=True`` keeps them unflattened."""
+    return {n.replace("_fsdp_wrapped_module.", ""): p.grad if what == GRADIENT else p
+            for n, p in model.named_parameters()}

@@ -270,6 +270,11 @@ def _grouped(texts: Sequence[str]) -> List[str]:
     return out
 
 
+def _filled(text: str) -> str:
+    """``text`` as lines of at most 110 columns (a word longer stays whole: a file name)."""
+    return textwrap.fill(text, 110, break_long_words=False, break_on_hyphens=False)
+
+
 def _names_read(texts: Sequence[str]) -> set:
     """Every name ``texts`` (definitions, each parsed alone) read."""
     return {n.id for text in texts for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
@@ -321,13 +326,14 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         "#!/usr/bin/env python3\n"
         f'"""Standalone reproducer of {case_id}\n\n'
         f"{header}\n{found}\n\n"
-        + textwrap.fill(
-            f"Run `python {file}` (it starts {world_size} ranks, {backend}) or `torchrun --nproc-per-node "
-            f"{world_size} {file}` from the directory the hook's module imports from; `--without-hook` builds both "
-            "copies native. Exit status 1: the difference reproduces, 0: it does not, 2: it could not run (the "
-            f"error named). {imports_line}; the rest is what this case runs of the suite's model, {api.name}'s "
-            f"build ({api.installed_with}) and loop (commhook-conformance, torch {torch.__version__}). Re-run the "
-            "case in the suite:", 110, break_long_words=False, break_on_hyphens=False)
+        + _filled(f"Run `python {file}` (it starts {world_size} ranks, {backend}) or `torchrun --nproc-per-node "
+                  f"{world_size} {file}` from the directory the hook's module imports from; `--without-hook` builds "
+                  "both copies native. Exit status 1: the difference reproduces, 0: it does not, 2: it could not run "
+                  "(the error named).")
+        + f"\n{imports_line}.\n"  # one line: the reason it needs the suite, whole
+        + _filled(f"The rest is what this case runs of the suite's model, {api.name}'s build "
+                  f"({api.installed_with}) and loop (commhook-conformance, torch {torch.__version__}). Re-run the "
+                  "case in the suite:")
         + f"\n    {rerun}\n"
         '"""',
         "from __future__ import annotations",

@@ -192,11 +192,13 @@ _MESHES: Dict[Tuple[int, ...], Any] = {}
 def mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
     """One device mesh of ``shape`` for both copies (collective when first made): 1-D over this rank's
     data-parallel subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the replica mesh."""
-    if shape not in _MESHES and _layout().mesh == "subgroup":
+    if shape in _MESHES:
+        return _MESHES[shape]
+    if _layout().mesh == "subgroup":
         _MESHES[shape] = DeviceMesh.from_group(ranks.group, ranks.device.type)
-    elif shape not in _MESHES and _layout().mesh in ("hsdp", "replica"):
+    elif _layout().mesh in ("hsdp", "replica"):
         _MESHES[shape] = init_device_mesh(ranks.device.type, shape, mesh_dim_names=("replicate", "shard"))
-    elif shape not in _MESHES:
+    else:
         _MESHES[shape] = init_device_mesh(ranks.device.type, shape)
     return _MESHES[shape]
 

@@ -166,3 +166,33 @@ def test_the_other_lock_step_checks_write_their_own_inputs_and_loss(api, check, 
     bound = next(line for line in source.splitlines() if line.startswith("STEP_INPUTS, LOSS = "))
     assert bound == ("STEP_INPUTS, LOSS = regression_step_inputs, regression_loss" if check == "long_run" else
                      "STEP_INPUTS, LOSS = model_inputs, MODEL.loss")
+
+
+def test_a_known_config_is_written_as_its_fields_values_and_nowhere_itself():
+    """An FSDP2 file's config (a known name, ``reproducer_known``): an ``if`` on it is its branch, an ``and`` keeps the
+    operands it does not decide, a field read is the field's value, ``getattr(x, "name")`` is ``x.name``, and the
+    config's parameter, the argument passed to it and its assignment are left out."""
+    from conformance.reproducers.specialise import specialised
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        mesh: str = "pool"
+        dim: Any = None
+
+    source = ("def wrap(layout, model, hooked):\n"
+              "    if layout.dim is not None and hooked:\n"
+              "        model = model[layout.dim]\n"
+              "    if layout.mesh == 'replicate':\n"
+              "        return None\n"
+              "    return getattr(model, layout.mesh)\n\n\n"
+              "def build(hooked):\n"
+              "    layout = _layout()\n"
+              "    return wrap(layout, 1, hooked)\n")
+    config = Config(dim="shard")
+    assert specialised(source, {}, {}, {"layout": config, "_layout": lambda: config}) == (
+        "def wrap(model, hooked):\n"
+        "    if hooked:\n"
+        "        model = model['shard']\n"
+        "    return model.pool\n\n\n"
+        "def build(hooked):\n"
+        "    return wrap(1, hooked)\n")

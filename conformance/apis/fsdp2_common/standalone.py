@@ -176,6 +176,7 @@ def reproducer_known(constants: Dict[str, Any], model_cls: type) -> Dict[str, An
 
 
 def _layout() -> Fsdp2Config:
+    """The case's config (the file's ``SETUP`` holds it alone, with the case's claimed ``param_dtype``)."""
     return SETUP.configs[CASE["variant"]["config"]]
 
 

@@ -269,15 +269,20 @@ def test_a_case_that_passed_gets_no_reproducer(zoo_runs, zoo):
 
 # -- how the file starts its ranks, and what it needs ----------------------------------------------------------
 
-@pytest.mark.parametrize("cuda, gpus, local_ranks, expected", [
-    (False, 0, 2, ("gloo", "cpu")),
-    (True, 8, 3, ("nccl", "cuda")),    # one GPU per process
-    (True, 3, 3, ("nccl", "cuda")),
-    (True, 2, 3, ("gloo", "cpu")),     # fewer GPUs than ranks: CPU ranks, as the suite places its pools
-    (True, 1, 2, ("gloo", "cpu")),
-])
-def test_the_reproducer_picks_nccl_with_a_gpu_per_rank_else_gloo(cuda, gpus, local_ranks, expected):
-    assert standalone_main.select_backend(cuda, gpus, local_ranks) == expected
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_the_reproducer_runs_on_the_backend_the_suite_placed_the_case_on(backend):
+    """A case the suite ran on CPU ranks (gloo) is written for CPU ranks alone, its launcher hiding the GPUs; one it
+    ran with a GPU a rank (NCCL) takes the GPU of its ``LOCAL_RANK``."""
+    from tests.zoo import ddp_hooks
+
+    spec = next(s for s in ddp_hooks.ALL if s.name == "bad_saturates_inf_off_rank0")
+    source = writer.reproducer_source(spec, "tests.zoo.ddp_hooks:ALL", "ddp.parity",
+                                      {"config": "default", "model": "net_flat"}, 2, "case", [], "header", "rerun",
+                                      "/tmp/x.py", backend=backend)
+    assert f"'backend': {backend!r}" in source and 'dist.init_process_group(CASE["backend"])' in source
+    on_gpu = 'torch.device("cuda", int(os.environ["LOCAL_RANK"]))' in source
+    hides_gpus = 'os.environ["CUDA_VISIBLE_DEVICES"] = ""' in source
+    assert (on_gpu, hides_gpus) == ((True, False) if backend == "nccl" else (False, True))
 
 
 @pytest.mark.parametrize("code, expected, line", [

@@ -94,7 +94,8 @@ def reproducer_note(settings: Any, item: Any, case: Case, world_size: int, findi
         source = writer.reproducer_source(item.spec, item.target, case.check, case.params, world_size, test_name,
                                           findings, report.header(hook, describe, world_size),
                                           rerun_command(settings, item, test_name, world_size), path,
-                                          nodes=int(describe.get("nodes", 1)))
+                                          nodes=int(describe.get("nodes", 1)),
+                                          backend=settings.placement(world_size)[0])
         writer.write_reproducer(path, source)
     except writer.NoReproducer as exc:
         return f"No standalone reproducer: {exc}"

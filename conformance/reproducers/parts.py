@@ -41,15 +41,12 @@ def _path(module: str) -> str:
 def sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
     """``(heading, modules)`` of each part of the file's code, in the order a reader meets them."""
     models = _model_modules(model_cls)
-    loop = (standalone_main.__name__, *standalone_main.PIECES[:-2])
+    loop = (standalone_main.__name__, *standalone_main.PIECES[:-1])
     return [(f"the model: {model_cls.__name__} ({', '.join(_path(m) for m in models[::-1])}, as the suite builds it)",
              models),
             (f"how the suite builds {api.name}'s models ({', '.join(map(_path, api.standalone_modules))})",
              api.standalone_modules),
-            (f"the lock-step loop ({', '.join(_path(m).rpartition('/')[2] for m in loop)} of conformance/shared)",
-             loop),
-            (f"the launcher: python FILE starts the ranks ({_path(standalone_main.PIECES[-2])})",
-             standalone_main.PIECES[-2:-1])]
+            ("the lock-step loop, the comparison and the launcher (conformance/shared/standalone_*.py)", loop)]
 
 
 def constants_of(case: Dict[str, Any], standalone: Sequence[str]) -> Dict[str, Any]:

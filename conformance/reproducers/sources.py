@@ -25,6 +25,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from conformance.reproducers.specialise import literal_constants, specialised
+
 __all__ = ["written_code"]
 
 #: Methods no code names but that PyTorch or Python call: never pruned from a class.
@@ -102,105 +104,12 @@ def _without_docstrings(node: ast.stmt, lines: List[str]) -> List[str]:
     return out
 
 
-#: The builtins an ``if`` test decided at writing time may call (:func:`_case_constant`).
-_PURE_BUILTINS = {"hasattr": hasattr, "isinstance": isinstance, "len": len}
-
-
-def _case_constant(test: ast.expr, case: Optional[Dict[str, Any]], constants: Dict[str, Any],
-                   known: Optional[Dict[str, Any]] = None) -> Optional[bool]:
-    """The truth of an ``if`` test that reads ``CASE`` or a ``known`` name (a name whose value is the same
-    wherever the file's code reads it: an FSDP2 file's ``layout``, the case's config) and nothing else but
-    torch's dtypes, the module's literal constants (``constants``) and :data:`_PURE_BUILTINS`, evaluated on
-    ``case``; ``None`` where it reads anything else or calls anything but a method or those builtins."""
-    if case is None:
-        return None
-    known = known or {}
-    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
-    calls = [n for n in ast.walk(test) if isinstance(n, ast.Call)]
-    if not names & {"CASE", *known} or not names <= {"CASE", "torch", *constants, *known, *_PURE_BUILTINS} or \
-            any(not isinstance(c.func, ast.Attribute) and getattr(c.func, "id", None) not in _PURE_BUILTINS
-                for c in calls):
-        return None
-    try:
-        return bool(eval(compile(ast.Expression(test), "<case>", "eval"),
-                         {"__builtins__": dict(_PURE_BUILTINS), **constants, **known, "CASE": case, "torch": torch}))
-    except Exception:  # noqa: BLE001 - not decidable from the case: the file keeps the test
-        return None
-
-
-def _literal_constants(module: Any) -> Dict[str, Any]:
-    """The module's globals bound to a string, number, ``None`` or dtype (a config's name, a factor)."""
-    return {k: v for k, v in vars(module).items()
-            if not k.startswith("__") and (v is None or isinstance(v, (str, int, float, torch.dtype)))}
-
-
-def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[str, Any],
-                 known: Optional[Dict[str, Any]] = None) -> str:
-    """``source`` with every ``if`` (or ``elif``) whose test reads only ``CASE`` (or ``known`` names:
-    :func:`_case_constant`) replaced by the branch the case takes, the file holds its case's path alone: a top
-    ``if`` by its branch's body, dedented into place (``pass`` where it has none and its block nothing else);
-    an ``elif`` by an ``else`` holding that body, or by nothing."""
-    while True:
-        lines = source.splitlines()
-        found = next(((n, v) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.If)
-                      for v in [_case_constant(n.test, case, constants, known)] if v is not None), None)
-        if found is None:
-            return _without_spare_pass(_without_dead_code(source))
-        node, value = found
-        first = lines[node.lineno - 1]
-        indent = first[:len(first) - len(first.lstrip())]
-        is_elif = first.lstrip().startswith("elif")
-        body = lines[node.body[0].lineno - 1:node.body[-1].end_lineno]
-        rest = lines[node.orelse[0].lineno - 1:node.orelse[-1].end_lineno] if node.orelse else []
-        rest_is_elif = bool(rest) and rest[0].lstrip().startswith("elif")
-        if value:
-            kept = [indent + "else:"] + body if is_elif else _dedented(body, len(indent))
-        elif rest_is_elif:
-            kept = rest if is_elif else [rest[0].replace("elif", "if", 1)] + rest[1:]
-        elif rest:
-            kept = [indent + "else:"] + rest if is_elif else _dedented(rest, len(indent))
-        else:
-            kept = [] if is_elif else [indent + "pass"]  # removed again where its block holds more
-        end = (node.orelse[-1] if node.orelse else node.body[-1]).end_lineno
-        source = "\n".join(lines[:node.lineno - 1] + kept + lines[end:]) + "\n"
-
-
-def _without_dead_code(source: str) -> str:
-    """``source`` less the statements after a ``return`` or ``raise`` in the same block (what a branch the case
-    takes leaves behind: ``if CASE[...]: return x`` followed by ``return y``)."""
-    while True:
-        lines = source.splitlines()
-        dead = next(((stmts[i + 1].lineno, stmts[-1].end_lineno) for node in ast.walk(ast.parse(source))
-                     for field in ("body", "orelse", "finalbody") for stmts in [getattr(node, field, None)]
-                     if isinstance(stmts, list) for i, stmt in enumerate(stmts[:-1])
-                     if isinstance(stmt, (ast.Return, ast.Raise))), None)
-        if dead is None:
-            return source
-        source = "\n".join(lines[:dead[0] - 1] + lines[dead[1]:]) + "\n"
-
-
-def _without_spare_pass(source: str) -> str:
-    """``source`` less every ``pass`` of a block that holds other statements (what an ``if`` the case does not take
-    leaves behind, :func:`_specialised`)."""
-    tree = ast.parse(source)
-    spare = {stmt.lineno for node in ast.walk(tree) for field in ("body", "orelse", "finalbody")
-             for stmts in [getattr(node, field, None)] if isinstance(stmts, list) and len(stmts) > 1
-             for stmt in stmts if isinstance(stmt, ast.Pass)}
-    return "\n".join(line for k, line in enumerate(source.splitlines(), 1) if k not in spare) + "\n"
-
-
-def _dedented(lines: List[str], indent: int) -> List[str]:
-    """``lines`` (a block's) moved to ``indent``, from wherever their first line stands."""
-    by = (len(lines[0]) - len(lines[0].lstrip())) - indent if lines else 0
-    return [line[by:] if line[:by].strip() == "" else line for line in lines]
-
-
 def _definitions(module_name: str, case: Optional[Dict[str, Any]] = None,
                  known: Optional[Dict[str, Any]] = None) -> List[_Definition]:
     """Every module-level statement of ``module_name`` but its docstring and ``from __future__``, each ``if``
-    on ``CASE`` (or ``known`` names) replaced by the branch ``case`` takes (:func:`_specialised`)."""
+    on ``CASE`` (or ``known`` names) replaced by the branch ``case`` takes (:func:`specialised`)."""
     module = importlib.import_module(module_name)
-    source = _specialised(inspect.getsource(module), case, _literal_constants(module), known)
+    source = specialised(inspect.getsource(module), case, literal_constants(module), known)
     lines = source.splitlines()
     out = []
     for node in ast.parse(source).body:
@@ -353,7 +262,7 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
             imports.extend(_import_lines(definition.node, reads, bound))
         elif id(definition) in pruned:
             module = importlib.import_module(definition.module)
-            lines = _specialised(inspect.getsource(module), case, _literal_constants(module),
+            lines = specialised(inspect.getsource(module), case, literal_constants(module),
                                  (known or {}).get(definition.module)).splitlines()
             texts[definition.module].append(pruned[id(definition)].text(lines))
         else:

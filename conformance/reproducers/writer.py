@@ -156,8 +156,9 @@ def _failing_step(findings: Sequence[Finding]) -> Optional[int]:
 
 
 def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size: int, case_id: str,
-                 findings: Sequence[Finding], nodes: int = 1) -> Dict[str, Any]:
-    """The reproducer's ``CASE``: what the rank check ran, up to the step that failed.
+                 findings: Sequence[Finding], nodes: int = 1, backend: str = "gloo") -> Dict[str, Any]:
+    """The reproducer's ``CASE``: what the rank check ran, up to the step that failed, on ``backend`` (the
+    suite's placement of the case: ``"gloo"`` on CPU ranks, ``"nccl"`` with one GPU a rank).
 
     Raises:
         NoReproducer: the rank check is none of :data:`CHECK_DEFAULTS`.
@@ -189,8 +190,8 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
             "model": params.get("model", defaults.get("model")), "variant": variant,
             "reduce_dtype": spec.reduce_dtype, "steps": steps, "lr": float(params.get("lr", defaults["lr"])),
             "momentum": defaults["momentum"], "optimizer_step": defaults["optimizer_step"],
-            "grad_views": 1 if check == "hard_inputs" else None, "micro_steps": micro, "inputs": inputs,
-            "objective": defaults.get("objective", "model"), "nodes": nodes,
+            "micro_steps": micro, "inputs": inputs,
+            "objective": defaults.get("objective", "model"), "nodes": nodes, "backend": backend,
             **({} if getattr(spec, "param_dtype", None) is None else {"param_dtype": spec.param_dtype})}
 
 
@@ -223,11 +224,31 @@ def _text(value: Any, names: Optional[List[str]] = None) -> str:
     return repr(value)
 
 
-def _literal(case: Dict[str, Any], width: int = 110) -> str:
-    """``CASE = {...}``, as many keys a line as fit in ``width`` columns, a long value on a line of its own (a
-    hard-input case's ``inputs``); a dtype as ``torch.<name>``."""
+#: The keys of ``CASE`` a file always writes, read or not: what names the case for its reader.
+NAMING_KEYS = ("api", "hook", "check", "world_size", "model", "variant", "reduce_dtype")
+
+
+def _keys_read(code: Dict[str, List[str]]) -> set:
+    """The keys of ``CASE`` the written code reads (``CASE["key"]``, ``CASE.get("key")``)."""
+    keys = set()
+    for text in (t for texts in code.values() for t in texts):
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "CASE":
+                keys.add(getattr(node.slice, "value", None))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    getattr(node.func.value, "id", None) == "CASE" and node.args:
+                keys.add(getattr(node.args[0], "value", None))
+    return keys
+
+
+def _literal(case: Dict[str, Any], read: Optional[set] = None, width: int = 110) -> str:
+    """``CASE = {...}``: the keys that name the case (:data:`NAMING_KEYS`) and those ``read`` (all where ``None``),
+    as many a line as fit in ``width`` columns, a long value on a line of its own (a hard-input case's
+    ``inputs``); a dtype as ``torch.<name>``."""
     lines: List[str] = []
     for key, value in case.items():
+        if read is not None and key not in read and key not in NAMING_KEYS:
+            continue
         item = f"{key!r}: {_text(value)},"
         if lines and len(lines[-1]) + 1 + len(item) <= width and len(item) < width // 2:
             lines[-1] += " " + item
@@ -249,9 +270,19 @@ def _grouped(texts: Sequence[str]) -> List[str]:
     return out
 
 
+def _filled(text: str) -> str:
+    """``text`` as lines of at most 110 columns (a word longer stays whole: a file name)."""
+    return textwrap.fill(text, 110, break_long_words=False, break_on_hyphens=False)
+
+
+def _names_read(texts: Sequence[str]) -> set:
+    """Every name ``texts`` (definitions, each parsed alone) read."""
+    return {n.id for text in texts for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
+
+
 def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str, Any], world_size: int,
                       case_id: str, findings: Sequence[Finding], header: str, rerun: str, path: str,
-                      nodes: int = 1) -> str:
+                      nodes: int = 1, backend: str = "gloo") -> str:
     """The text of the case's reproducer (see :mod:`conformance.reproducers`).
 
     Args:
@@ -260,7 +291,8 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         case_id: the pytest test name; ``findings``: every rank's; ``header``: the failure's first line;
             ``rerun``: the command that re-runs the case in the suite; ``path``: where the file goes (its name is in
             its run command); ``nodes``: the node layout the case simulated (the file sets torchrun's
-            variables for it).
+            variables for it); ``backend``: the process group's backend the suite ran the case on (``"gloo"``:
+            CPU ranks; ``"nccl"``: a GPU a rank), which the file runs it on.
 
     Raises:
         NoReproducer: the case's check is not a lock-step one, or the hook says why it has none (its
@@ -269,13 +301,16 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
     why = getattr(spec.hook, "no_reproducer", None)
     if isinstance(why, str):
         raise NoReproducer(f"{why}; re-run the case with the command below")
-    case = case_literal(spec, rank_check, params, world_size, case_id, findings, nodes=nodes)
+    case = case_literal(spec, rank_check, params, world_size, case_id, findings, nodes=nodes, backend=backend)
     why = needs_the_suite(spec, target)
     imports_line = ("It imports only torch and the hook's module" if why is None else
                     f"It needs commhook-conformance installed: {why}")
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
     constants = constants_of(case, api.standalone_modules)
+    _, code, _ = written_code_of(case, model_cls, api.standalone_modules, tuple(constants))
+    read = _names_read([text for texts in code.values() for text in texts])
+    constants = {name: value for name, value in constants.items() if name in read}  # an FSDP2 SETUP folded away
     named: List[str] = []
     constant_lines, late_lines = [], []  # a constant that names the file's definitions comes after them
     for name, value in constants.items():
@@ -288,22 +323,22 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
                       + (["    ..."] if len(shown) > 2 else []))
     file = os.path.basename(path)
     parts = [
-        "#!/usr/bin/env python3",
+        "#!/usr/bin/env python3\n"
         f'"""Standalone reproducer of {case_id}\n\n'
         f"{header}\n{found}\n\n"
-        f"`python {file}` starts its {world_size} ranks (gloo on CPU; NCCL with a GPU a rank), `--without-hook` builds "
-        f"both copies native,\n`torchrun --nproc-per-node {world_size} {file}` runs as its workers. Run it from the "
-        "directory the hook's module imports\nfrom; exit status 1: the difference reproduces, 0: it does not, 2: it "
-        "could not run (the error named).\n"
-        f"{imports_line}; the rest is what this case runs of the suite's model, {api.name}'s\nbuild "
-        f"({api.installed_with}) and lock-step loop (commhook-conformance, torch {torch.__version__}).\n"
-        f"Re-run the case in the suite:\n    {rerun}\n"
+        + _filled(f"Run `python {file}` (it starts {world_size} ranks, {backend}) or `torchrun --nproc-per-node "
+                  f"{world_size} {file}` from the directory the hook's module imports from; `--without-hook` builds "
+                  "both copies native. Exit status 1: the difference reproduces, 0: it does not, 2: it could not run "
+                  "(the error named).")
+        + f"\n{imports_line}.\n"  # one line: the reason it needs the suite, whole
+        + _filled(f"The rest is what this case runs of the suite's model, {api.name}'s build "
+                  f"({api.installed_with}) and loop (commhook-conformance, torch {torch.__version__}). Re-run the "
+                  "case in the suite:")
+        + f"\n    {rerun}\n"
         '"""',
         "from __future__ import annotations",
-        _rule("the hook under test"),
-        _head(spec, target, imports),
-        _rule("the case"),
-        "\n".join([_literal(case), *constant_lines]),
+        _rule("the hook under test, and the case"),
+        "\n\n".join([_head(spec, target, imports), "\n".join([_literal(case, _keys_read(code)), *constant_lines])]),
     ]
     for title, modules in sections(model_cls, api):
         texts = _grouped([text for module in modules for text in code.get(module, [])])

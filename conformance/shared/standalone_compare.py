@@ -8,10 +8,9 @@ side too (the FQNs without wrappers, ``local``). Torch only.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Optional
+from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 #: Prefixes FSDP (and activation checkpointing, torch.compile) insert into parameter names.
 _WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.)")
@@ -62,18 +61,3 @@ def first_difference(got: Optional[torch.Tensor], want: Optional[torch.Tensor]) 
     return (f"first difference at index {index}: got {float(a):.9g} ({hex_bits(a)}), but expected {float(b):.9g} "
             f"({hex_bits(b)}); {int(differ.sum())} of {got.numel()} elements differ")
 
-
-def compare(what: str, hooked: Dict[str, Any], native: Dict[str, Any], rank: int, step: int) -> Optional[str]:
-    """The first FQN (in ``native``'s order) whose tensor differs, as the line this rank prints, or ``None``."""
-    for fqn, expected in native.items():
-        why = first_difference(hooked.get(fqn), expected)
-        if why is not None:
-            return f"[rank {rank}, step {step}, parameter {fqn!r}] {what} differs from {reference()}: {why}"
-    return None
-
-
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """Whether ``flag`` is true on any rank (an all-reduce over the default group: every rank stops together)."""
-    t = torch.tensor([1 if flag else 0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())

@@ -1,8 +1,8 @@
 """A reproducer's launcher: ``python FILE.py`` starts the case's ranks on this machine and exits with their verdict.
 
 Written into every reproducer (:mod:`conformance.reproducers`). ``torch.multiprocessing.spawn`` starts one
-process per rank running the file's ``worker``, with the variables torchrun sets (gloo on CPU, or one process
-per GPU with NCCL: :func:`select_backend`); once a rank exits other than 0, spawn stops the others. The exit
+process per rank running the file's ``worker``, with the variables torchrun sets (on the case's backend, as the
+suite placed it: gloo on CPU, or NCCL with one GPU a process); once a rank exits other than 0, spawn stops the others. The exit
 status is 1 where a rank saw the difference, 0 where none did, 2 where the case could not run
 (:func:`exit_status`). Reads the file's ``CASE`` when called. Torch only.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from typing import Dict, Tuple
+from typing import Dict
 
 import torch
 import torch.multiprocessing
@@ -28,14 +28,6 @@ def layout_env(rank: int, world_size: int, nodes: int) -> Dict[str, str]:
 
 #: The reproducer's exit statuses, whichever way it was started (``python FILE.py`` or as torchrun's worker).
 NOT_REPRODUCED, REPRODUCED, COULD_NOT_RUN = 0, 1, 2
-
-
-def select_backend(cuda_available: bool, gpu_count: int, local_world_size: int) -> Tuple[str, str]:
-    """``(backend, device type)`` of the ranks on this machine: ``("nccl", "cuda")``, one GPU per process
-    (``LOCAL_RANK``), where CUDA is available with a GPU for each of this machine's ``local_world_size`` ranks;
-    else ``("gloo", "cpu")``. The suite places its pools the same way (``Settings.placement``: a world size
-    larger than the GPUs runs on CPU ranks, gloo)."""
-    return ("nccl", "cuda") if cuda_available and gpu_count >= local_world_size else ("gloo", "cpu")
 
 
 def exit_status(rank: int, code: int) -> int:
@@ -57,8 +49,8 @@ def launch() -> int:
         s.bind(("127.0.0.1", 0))
         os.environ.update(WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(s.getsockname()[1]))
-    if select_backend(torch.cuda.is_available(), torch.cuda.device_count(), n)[1] == "cpu":
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if CASE["backend"] == "gloo":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks, as the suite's
     try:
         torch.multiprocessing.spawn(worker, nprocs=n)
     except torch.multiprocessing.ProcessExitedException as exc:

@@ -6,21 +6,23 @@ pieces, what its case runs (:mod:`conformance.reproducers.sources`): this loop (
 the launcher (:mod:`~conformance.shared.standalone_launch`) and the one way of making inputs its case
 uses (:mod:`~conformance.shared.standalone_inputs`), below the case (``CASE``), the model class
 (``MODEL``), the names the writer binds per case (``STEP_INPUTS``, ``LOSS``) and the API's part
-(``conformance/apis/<api>/standalone.py``: ``subgroup``, ``build``, ``no_sync``, ``GRAD_VIEWS``,
-``PARAM_VIEW``, ``reference``). It imports only the standard library and torch, so the file runs
-where the suite is not installed.
+(``conformance/apis/<api>/standalone.py``: ``subgroup``, ``build``, ``no_sync``, ``tensors``,
+``GRADIENT``, ``PARAMETER``) and ``REFERENCE``, the name of what the hooked copy is compared with. It
+imports only the standard library and torch, so the file runs where the suite is not installed.
 
 It mirrors the suite's lock-step loop (``conformance/ranks/checks/lockstep.py``,
 modelled on ``_get_grads`` of PyTorch's ``test_ddp_hooks.py``): per step, zero
 the gradients, forward and backward both copies on this rank's inputs (all
-micro-batches but the last under the API's ``no_sync``), compare each gradient
-view, then ``SGD(foreach=False)`` steps on both and compare the parameters.
+micro-batches but the last under the API's ``no_sync``), compare the gradients
+(:func:`differs`, through the API's ``tensors``), then, where the check steps SGD,
+``SGD(foreach=False)`` steps on both and compare the parameters.
 The first difference is printed per rank (parameter FQN, index, both values
 and their bits); the ranks agree, with an all-reduce, to stop together.
 
 ``python FILE.py`` starts the case's ranks itself (``launch``:
-``torch.multiprocessing.spawn``, gloo on CPU, or one process per GPU with NCCL,
-``select_backend``); under ``torchrun`` the file runs as one of its workers. Either way the same verdict line is
+``torch.multiprocessing.spawn``) on the backend the suite placed the case on (``CASE["backend"]``:
+gloo on CPU, or one process per GPU with NCCL); under ``torchrun`` the file runs as one of its
+workers. Either way the same verdict line is
 printed, and ``python FILE.py`` exits with it: 1 the difference reproduces, 0 it
 does not, 2 it could not run (a process group that cannot start, a launch that
 does not fit the case's world size; the file's head exits 2 itself where the
@@ -41,12 +43,12 @@ import torch.distributed as dist
 from torch import nn
 
 # The pieces, imported from here too (the rank side and the tests read them as standalone_main's).
-from conformance.shared.standalone_compare import (any_rank, compare, first_difference,  # noqa: F401
+from conformance.shared.standalone_compare import (first_difference,  # noqa: F401
                                                    fqn_inside_ddp, fqn_without_wrappers, local)
 from conformance.shared.standalone_inputs import (PLACED_PERIOD, SeededInputs, placed_tensor,  # noqa: F401
                                                   regression_inputs, regression_loss)
 from conformance.shared.standalone_launch import (COULD_NOT_RUN, NOT_REPRODUCED, REPRODUCED,  # noqa: F401
-                                                  exit_status, launch, layout_env, select_backend)
+                                                  exit_status, launch, layout_env)
 
 #: The modules a reproducer's code is read from, lowest first (:mod:`conformance.reproducers.sources`).
 PIECES = ("conformance.shared.standalone_compare", "conformance.shared.standalone_inputs",
@@ -90,23 +92,46 @@ def hook_raised(rank: int, when: str, exc: Exception) -> int:
     if NATIVE_ONLY:
         raise
     traceback.print_exc()
-    print(f"the difference reproduces: hook {CASE['hook']} raised on rank {rank} {when}, where {reference()} "
+    print(f"the difference reproduces: hook {CASE['hook']} raised on rank {rank} {when}, where {REFERENCE} "
           f"did not: {type(exc).__name__}: {exc}", flush=True)
     return REPRODUCED
 
 
+def differs(what: str, hooked: nn.Module, native: nn.Module, ranks: Ranks, step: int) -> bool:
+    """Whether ``what`` (the API's ``GRADIENT`` or ``PARAMETER``) of the hooked copy differs bit for bit from
+    native's on any rank: each rank prints its first difference (in native's FQN order), rank 0 the verdict;
+    every rank gets the same answer (an all-reduce: the ranks stop together)."""
+    got, line = tensors(hooked, what), None
+    for fqn, want in tensors(native, what).items():
+        why = first_difference(got.get(fqn), want)
+        if why is not None:
+            line = f"[rank {ranks.rank}, step {step}, parameter {fqn!r}] {what} differs from {REFERENCE}: {why}"
+            sys.stdout.write(line + "\n")  # one write a line: the ranks share the terminal
+            sys.stdout.flush()
+            break
+    anywhere = torch.tensor([int(line is not None)], device=ranks.device)
+    dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)
+    if not anywhere.item():
+        return False
+    if ranks.rank == 0:
+        who = "native" if NATIVE_ONLY else f"hook {CASE['hook']}"
+        print(f"the difference reproduces: {who} differs from {REFERENCE} at step {step}", flush=True)
+    dist.barrier()
+    return True
+
+
 def main() -> int:
     """This rank's run of the case: build native and hooked copies (both native under ``NATIVE_ONLY``), train them
-    in lock step, compare each view bit for bit, and return the verdict (``REPRODUCED``, ``NOT_REPRODUCED``,
-    ``COULD_NOT_RUN``)."""
-    backend, device_type = select_backend(torch.cuda.is_available(), torch.cuda.device_count(),
-                                          int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    device = torch.device(device_type, int(os.environ["LOCAL_RANK"]) if device_type == "cuda" else None)
-    if device_type == "cuda":
+    in lock step, compare the gradients (and, where the check steps SGD, the parameters) bit for bit, and return
+    the verdict (``REPRODUCED``, ``NOT_REPRODUCED``, ``COULD_NOT_RUN``)."""
+    if CASE["backend"] == "nccl":  # one GPU a rank, as the suite placed the case
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     if CASE["nodes"] > 1:  # the layout the case simulated: torchrun's variables as on that many nodes
         os.environ.update(layout_env(int(os.environ["RANK"]), CASE["world_size"], CASE["nodes"]))
-    dist.init_process_group(backend)
+    dist.init_process_group(CASE["backend"])
     if dist.get_world_size() != CASE["world_size"]:
         print(f"could not run: the case runs {CASE['world_size']} ranks, not {dist.get_world_size()}", flush=True)
         return COULD_NOT_RUN
@@ -118,7 +143,6 @@ def main() -> int:
         return hook_raised(ranks.rank, "building the hooked copy", exc)
     optims = [torch.optim.SGD(m.parameters(), lr=CASE["lr"], momentum=CASE["momentum"], foreach=False)
               for m in (native, hooked)]
-    views = GRAD_VIEWS[:CASE["grad_views"]] + ([PARAM_VIEW] if CASE["optimizer_step"] else [])
     for step in range(CASE["steps"]):
         inputs = STEP_INPUTS(ranks, step)
         train_step(native, optims[0], inputs)
@@ -126,19 +150,12 @@ def main() -> int:
             train_step(hooked, optims[1], inputs)
         except Exception as exc:  # noqa: BLE001 - the hook raised where native did not
             return hook_raised(ranks.rank, f"at step {step}", exc)
-        for what, view in views:
-            if view is PARAM_VIEW[1]:
-                for optim in optims:
-                    optim.step()
-            line = compare(what, view(hooked), view(native), ranks.rank, step)
-            if line is not None:
-                sys.stdout.write(line + "\n")  # one write a line: the ranks share the terminal
-                sys.stdout.flush()
-            if any_rank(line is not None, device):
-                if ranks.rank == 0:
-                    who = "native" if NATIVE_ONLY else f"hook {CASE['hook']}"
-                    print(f"the difference reproduces: {who} differs from {reference()} at step {step}", flush=True)
-                dist.barrier()
+        if differs(GRADIENT, hooked, native, ranks, step):
+            return REPRODUCED
+        if CASE["optimizer_step"]:
+            for optim in optims:
+                optim.step()
+            if differs(PARAMETER, hooked, native, ranks, step):
                 return REPRODUCED
     if ranks.rank == 0:
         print(f"no difference in {CASE['steps']} step(s)", flush=True)

@@ -162,22 +162,24 @@ def _renamed(hook: Callable[..., Any], name: str) -> Callable[..., Any]:
 
 # -- the reproducer's side (reads its globals when called) ---------------------------------------------------
 
+def reference(case: Dict[str, Any]) -> str:
+    """What the hooked copy of ``case`` (a reproducer's ``CASE``) is compared with: DDP with no hook, or the claim's
+    documented equivalent."""
+    if case.get("param_dtype") is not None:
+        return f"DDP with the model in {case['param_dtype']}, reduce_dtype={case['reduce_dtype']}"
+    if case["variant"].get("config") == COMPILED_CONFIG:
+        return "DDP's python reducer with no hook (param.grad / world_size, then SUM; run eagerly here)"
+    if case["reduce_dtype"] in (torch.float16, torch.bfloat16):
+        name = "fp16" if case["reduce_dtype"] == torch.float16 else "bf16"
+        return f"the documented equivalent, {name}_compress_wrapper(allreduce_hook)"
+    return "DDP with no hook" if case["reduce_dtype"] is None else f"allreduce_hook in {case['reduce_dtype']}"
+
+
 def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
     """What a reproducer of ``case`` binds beside its ``CASE``: ``DDP_KWARGS``, the DDP constructor's keyword
-    arguments of its config (:data:`CONFIGS`; none for :data:`COMPILED_CONFIG`)."""
-    return {"DDP_KWARGS": dict(CONFIGS.get(case["variant"].get("config"), {}))}
-
-
-def reference() -> str:
-    """What the hooked copy is compared with: DDP with no hook, or the claim's documented equivalent."""
-    if CASE.get("param_dtype") is not None:
-        return f"DDP with the model in {CASE['param_dtype']}, reduce_dtype={CASE['reduce_dtype']}"
-    if CASE["variant"].get("config") == COMPILED_CONFIG:
-        return "DDP's python reducer with no hook (param.grad / world_size, then SUM; run eagerly here)"
-    if CASE["reduce_dtype"] in (torch.float16, torch.bfloat16):
-        name = "fp16" if CASE["reduce_dtype"] == torch.float16 else "bf16"
-        return f"the documented equivalent, {name}_compress_wrapper(allreduce_hook)"
-    return "DDP with no hook" if CASE["reduce_dtype"] is None else f"allreduce_hook in {CASE['reduce_dtype']}"
+    arguments of its config (:data:`CONFIGS`; none for :data:`COMPILED_CONFIG`), and ``REFERENCE``
+    (:func:`reference`)."""
+    return {"DDP_KWARGS": dict(CONFIGS.get(case["variant"].get("config"), {})), "REFERENCE": reference(case)}
 
 
 def subgroup(ranks: Any) -> Any:
@@ -212,7 +214,10 @@ def no_sync(model: nn.Module) -> Any:
     return model.no_sync()
 
 
-GRAD_VIEWS = [("gradient", lambda model: {fqn_inside_ddp(n): None if p.grad is None else p.grad.detach()
-                                          for n, p in model.named_parameters()})]
-PARAM_VIEW = ("parameter after the optimizer step",
-              lambda model: {fqn_inside_ddp(n): p.detach() for n, p in model.named_parameters()})
+GRADIENT, PARAMETER = "gradient", "parameter after the optimizer step"
+
+
+def tensors(model: nn.Module, what: str) -> Dict[str, Any]:
+    """``{FQN: tensor}`` of ``model`` (FQNs as in the model DDP wraps, less DDP's ``module.``): each parameter's
+    gradient (``GRADIENT``) or the parameter itself (``PARAMETER``)."""
+    return {n.removeprefix("module."): p.grad if what == GRADIENT else p for n, p in model.named_parameters()}

@@ -57,14 +57,20 @@ def low_precision_grads_mixed_precision() -> MixedPrecision:
 
 # -- the reproducer's side (reads its globals when called) ---------------------------------------------------
 
-def reference() -> str:
-    """What the hooked copy is compared with: FSDP with no hook, under the claim's ``MixedPrecision``."""
-    if CASE.get("param_dtype") is not None:
-        return (f"the native path with MixedPrecision(param_dtype={CASE['param_dtype']}, "
-                f"reduce_dtype={CASE['reduce_dtype']})")
-    if CASE["reduce_dtype"] is None:
+def reference(case: Dict[str, Any]) -> str:
+    """What the hooked copy of ``case`` (a reproducer's ``CASE``) is compared with: FSDP with no hook, under the
+    claim's ``MixedPrecision``."""
+    if case.get("param_dtype") is not None:
+        return (f"the native path with MixedPrecision(param_dtype={case['param_dtype']}, "
+                f"reduce_dtype={case['reduce_dtype']})")
+    if case["reduce_dtype"] is None:
         return "the native path"
-    return f"the native path with MixedPrecision(reduce_dtype={CASE['reduce_dtype']})"
+    return f"the native path with MixedPrecision(reduce_dtype={case['reduce_dtype']})"
+
+
+def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
+    """What a reproducer of ``case`` binds beside its ``CASE``: ``REFERENCE`` (:func:`reference`)."""
+    return {"REFERENCE": reference(case)}
 
 
 def subgroup(ranks: Any) -> Any:
@@ -98,8 +104,12 @@ def no_sync(model: nn.Module) -> Any:
     return model.no_sync()
 
 
+GRADIENT, PARAMETER = "gradient", "parameter after the optimizer step"
 
-GRAD_VIEWS = [("gradient", lambda model: {fqn_without_wrappers(n): None if p.grad is None else p.grad.detach()
-                                          for n, p in model.named_parameters()})]
-PARAM_VIEW = ("parameter after the optimizer step",
-              lambda model: {fqn_without_wrappers(n): p.detach() for n, p in model.named_parameters()})
+
+def tensors(model: nn.Module, what: str) -> Dict[str, Any]:
+    """``{FQN: tensor}`` of ``model`` (FQNs less the ``_fsdp_wrapped_module.`` FSDP inserts: the rank side's
+    ``fqn_without_wrappers`` for a model of no other wrapper): each parameter's gradient (``GRADIENT``) or the
+    parameter itself (``PARAMETER``); ``use_orig_params=True`` keeps them unflattened."""
+    return {n.replace("_fsdp_wrapped_module.", ""): p.grad if what == GRADIENT else p
+            for n, p in model.named_parameters()}

@@ -25,7 +25,7 @@ from torch import nn
 
 # The unit walk and the builds live in the FSDP2 standalone part, of which reproducers copy what a case runs (torch only).
 from conformance.apis.fsdp2_common.setup import Fsdp2Config
-from conformance.apis.fsdp2_common.standalone import fsdp2_api, mixed_precision, replicate_api, shard_units, wrap_model
+from conformance.apis.fsdp2_common.standalone import fsdp2_api, mixed_precision, replicate_api, wrap_model
 from conformance.models import get_model
 
 # -- torch capabilities (controller and ranks) --------------------------------------------
@@ -83,15 +83,20 @@ def mesh_for(ctx: Any, shape: Tuple[int, ...]) -> Any:
 
 
 def build_fsdp2(model_name: str, ctx: Any, mesh: Any, *, reduce_dtype: Optional[torch.dtype]) -> nn.Module:
-    """The reference model under ``fully_shard`` (:func:`~conformance.apis.fsdp2_common.standalone.shard_units`): one
-    call per FSDP1 unit, innermost first, then the root, on ``mesh`` (1-D, or 2-D for HSDP).
+    """The reference model under ``fully_shard`` on ``mesh`` (1-D, or 2-D for HSDP), as
+    :func:`~conformance.apis.fsdp2_common.standalone.wrap_model` builds it with no config of its own: one call per
+    FSDP1 unit, innermost first, then the root.
 
     Raises:
         ValueError: a model that builds its own meshes (``mixture_of_experts``) on a 2-D mesh.
     """
     cls = get_model(model_name)
-    return shard_units(cls, cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None), mesh, reduce_dtype,
-                       ctx.group, ctx.device)
+    return wrap_model(PLAIN_FULLY_SHARD, cls, cls.build(group=ctx.group, device=ctx.device, fsdp_kwargs=None), mesh,
+                      reduce_dtype, ctx.group, ctx.device, ctx.world_size, hooked=False)
+
+
+#: The config of a plain ``fully_shard`` (:func:`build_fsdp2`): nothing set beyond the mesh.
+PLAIN_FULLY_SHARD = Fsdp2Config("native fully_shard")
 
 
 def build_model(ctx: Any, layout: Fsdp2Config, model_name: str, mesh: Any, *, reduce_dtype: Optional[torch.dtype],

@@ -188,10 +188,18 @@ def with_config(setup: Fsdp2Setup, config: str) -> Fsdp2Setup:
 
 def setup_constants(setup: Fsdp2Setup, case: Dict[str, Any]) -> Dict[str, Any]:
     """What a reproducer of ``case`` binds beside its ``CASE`` for an API of the FSDP2 family (each API's
-    ``reproducer_constants``): ``setup`` with the case's config alone (none: a case of no config of the API
-    has the whole ``SETUP``)."""
+    ``reproducer_constants``): ``SETUP``, ``setup`` with the case's config alone (with the case's claimed
+    ``param_dtype``), and ``REFERENCE``, what the hooked copy is compared with (native FSDP2 in that config,
+    with the claim); nothing for a case of no config of the API."""
     config = case["variant"].get("config")
-    return {"SETUP": with_config(setup, config)} if config in setup.configs else {}
+    if config not in setup.configs:
+        return {}
+    claim = None if case["reduce_dtype"] is None else str(case["reduce_dtype"])
+    if case.get("param_dtype") is not None:
+        claim = f"{claim} and param_dtype={case['param_dtype']}"
+        setup = dataclasses.replace(setup, configs={config: dataclasses.replace(
+            setup.configs[config], param_dtype=case["param_dtype"])})
+    return {"SETUP": with_config(setup, config), "REFERENCE": setup.reference(config, case["world_size"], claim)}
 
 
 def make_comm(hook: Any, name: str, kind: str = "ReduceScatter") -> Any:

@@ -21,8 +21,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, mesh_shape
 
 
 def fsdp2_api() -> Optional[Tuple[Any, Any, Any]]:
@@ -126,42 +127,36 @@ def mixed_precision(reduce_dtype: Optional[torch.dtype], param_dtype: Optional[t
         "mp_policy": fsdp2_api()[1](param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
 
 
-def shard_units(cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype], group: Any,
-                device: torch.device, reshard_after_forward: Optional[bool] = None,
-                param_dtype: Optional[torch.dtype] = None) -> nn.Module:
-    """``model`` (a plain ``cls``) under ``fully_shard(mesh=mesh)``: one call per FSDP1 unit, innermost first, then
-    the root, with ``mp_policy=MixedPrecisionPolicy(reduce_dtype=..., param_dtype=...)`` for a claim (and
-    ``reshard_after_forward`` where given). A model with ``apply_fully_shard`` (``mixture_of_experts``: its
-    expert on a 1-rank mesh of its own) shards itself.
+def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype],
+               group: Any, device: torch.device, world_size: int, *, hooked: bool) -> nn.Module:
+    """``model`` (a plain ``cls``) as ``layout`` builds it: one ``fully_shard(mesh=mesh)`` (or ``replicate`` on
+    FSDP2) per FSDP1 unit, innermost first, then the root (:func:`_wrap_units`), with
+    ``mp_policy=MixedPrecisionPolicy(reduce_dtype=..., param_dtype=...)`` for a claim; the hooked model on the
+    mesh's ``layout.hooked_dim`` alone; then the config's divide factor, forced SUM and setters
+    (:func:`apply_config`). A model with ``apply_fully_shard`` (``mixture_of_experts``: its expert on a 1-rank
+    mesh of its own) shards itself. Each ``if`` reads the config or the model class alone: a reproducer holds
+    its case's branch (:func:`reproducer_known`).
 
     Raises:
         ValueError: such a model on a 2-D mesh (it builds its own 1-D meshes).
     """
-    fully_shard = fsdp2_api()[0]
-    kwargs = mixed_precision(reduce_dtype, param_dtype)
-    if reshard_after_forward is not None:
-        kwargs["reshard_after_forward"] = reshard_after_forward
-    if hasattr(cls, "apply_fully_shard"):
+    kwargs = mixed_precision(reduce_dtype, layout.param_dtype)
+    if layout.reshard_after_forward is not None:
+        kwargs["reshard_after_forward"] = layout.reshard_after_forward
+    if layout.hooked_dim is not None and hooked:
+        mesh = mesh[layout.hooked_dim]
+    if layout.mesh == "replicate":
+        model = _wrap_units(cls, model, lambda module: replicate_api()(module, **kwargs))
+    elif hasattr(cls, "apply_fully_shard"):
         if mesh.ndim != 1:
             raise ValueError(f"{cls.name} builds its own 1-D meshes; it cannot run under HSDP")
-        return cls.apply_fully_shard(model, group=group, device=device, **kwargs)
-    return _wrap_units(cls, model, lambda module: fully_shard(module, mesh=mesh, **kwargs))
-
-
-def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype],
-               group: Any, device: torch.device, world_size: int, *, hooked: bool) -> nn.Module:
-    """``model`` (a plain ``cls``) as ``layout`` builds it: under ``replicate`` on FSDP2, or ``fully_shard`` on
-    ``mesh`` (the hooked model on its ``layout.hooked_dim`` alone), then the config's divide factor or forced
-    SUM (:func:`apply_config`)."""
-    if layout.mesh == "replicate":
-        kwargs = mixed_precision(reduce_dtype, layout.param_dtype)
-        model = _wrap_units(cls, model, lambda module: replicate_api()(module, **kwargs))
+        model = cls.apply_fully_shard(model, group=group, device=device, **kwargs)
     else:
-        on = mesh[layout.hooked_dim] if hooked and layout.hooked_dim else mesh
-        model = shard_units(cls, model, on, reduce_dtype, group, device, layout.reshard_after_forward,
-                            layout.param_dtype)
-    apply_config(model, layout, world_size)
-    model.conformance_syncs_always = layout.sync_hooked_only and not hooked  # read by no_sync
+        model = _wrap_units(cls, model, lambda module: fsdp2_api()[0](module, mesh=mesh, **kwargs))
+    if layout.methods:
+        apply_config(model, layout, world_size)
+    if layout.sync_hooked_only:
+        model.conformance_syncs_always = not hooked  # read by no_sync
     return model
 
 
@@ -169,26 +164,20 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
 
 def reproducer_known(constants: Dict[str, Any], model_cls: type) -> Dict[str, Any]:
     """What a reproducer's FSDP2 code reads as one value wherever it reads it (:func:`conformance.reproducers.parts.
-    known_of`): ``cls``, the model class; ``layout`` and ``_layout()``, the case's config (its ``SETUP`` holds that
-    one alone). An ``if`` on them is written as the branch the case takes."""
-    configs = list(constants["SETUP"].configs.values()) if "SETUP" in constants else []
-    return {"cls": model_cls, **({"layout": configs[0], "_layout": lambda: configs[0]} if len(configs) == 1 else {})}
+    known_of`): ``cls``, the model class; ``SETUP``, ``layout`` and ``_layout()``, the API's setup and the case's
+    config (its ``SETUP`` holds that one alone). An ``if`` on them is written as the branch the case takes, and
+    a field read of them as its value (:func:`conformance.reproducers.sources.written_code`): the file holds no
+    setup object."""
+    setup = constants.get("SETUP")
+    configs = list(setup.configs.values()) if setup is not None else []
+    if len(configs) != 1:
+        return {"cls": model_cls}
+    return {"cls": model_cls, "SETUP": setup, "layout": configs[0], "_layout": lambda: configs[0]}
 
 
 def _layout() -> Fsdp2Config:
-    if CASE.get("param_dtype") is not None:
-        import dataclasses
-
-        return dataclasses.replace(SETUP.configs[CASE["variant"]["config"]], param_dtype=CASE["param_dtype"])
+    """The case's config (the file's ``SETUP`` holds it alone, with the case's claimed ``param_dtype``)."""
     return SETUP.configs[CASE["variant"]["config"]]
-
-
-def reference() -> str:
-    """What the hooked copy is compared with: native FSDP2 in the case's config."""
-    claim = None if CASE["reduce_dtype"] is None else str(CASE["reduce_dtype"])
-    if CASE.get("param_dtype") is not None:
-        claim = f"{claim} and param_dtype={CASE['param_dtype']}"
-    return SETUP.reference(CASE["variant"]["config"], CASE["world_size"], claim)
 
 
 def subgroup(ranks: Any) -> Any:
@@ -198,22 +187,20 @@ def subgroup(ranks: Any) -> Any:
     return ranks
 
 
-def _mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-    if _layout().mesh == "subgroup":  # 1-D over this rank's data-parallel subgroup, not the pool
-        return DeviceMesh.from_group(ranks.group, ranks.device.type)
-    names = None if len(shape) == 1 else ("replicate", "shard")
-    return init_device_mesh(ranks.device.type, shape, mesh_dim_names=names)
-
-
 _MESHES: Dict[Tuple[int, ...], Any] = {}
 
 
 def mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
-    """One device mesh of ``shape`` for both copies (collective when first made)."""
-    if shape not in _MESHES:
-        _MESHES[shape] = _mesh(ranks, shape)
+    """One device mesh of ``shape`` for both copies (collective when first made): 1-D over this rank's
+    data-parallel subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the replica mesh."""
+    if shape in _MESHES:
+        return _MESHES[shape]
+    if _layout().mesh == "subgroup":
+        _MESHES[shape] = DeviceMesh.from_group(ranks.group, ranks.device.type)
+    elif _layout().mesh in ("hsdp", "replica"):
+        _MESHES[shape] = init_device_mesh(ranks.device.type, shape, mesh_dim_names=("replicate", "shard"))
+    else:
+        _MESHES[shape] = init_device_mesh(ranks.device.type, shape)
     return _MESHES[shape]
 
 
@@ -221,8 +208,7 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
     """The case's FSDP2 model as ``SETUP`` builds it in the case's config; hooked: ``SETUP.setter`` on every FSDP
     module, with the hook bound by ``SETUP.bind``."""
     layout = _layout()
-    shape = layout.shape(ranks.world_size)
-    grid = None if shape is None else mesh(ranks, shape)
+    grid = None if layout.mesh == "replicate" else mesh(ranks, mesh_shape(layout, ranks.world_size))
     model = wrap_model(layout, MODEL, MODEL.plain(group=ranks.group, device=ranks.device), grid,
                        CASE["reduce_dtype"], ranks.group, ranks.device, ranks.world_size, hooked=hooked)
     if hooked:
@@ -247,7 +233,10 @@ def no_sync(model: nn.Module) -> Iterator[None]:
         setter(True)
 
 
-GRAD_VIEWS = [("local gradient shard", lambda model: {fqn_without_wrappers(n): None if p.grad is None else
-                                                      local(p.grad).detach() for n, p in model.named_parameters()})]
-PARAM_VIEW = ("local parameter shard after the optimizer step",
-              lambda model: {fqn_without_wrappers(n): local(p).detach() for n, p in model.named_parameters()})
+GRADIENT, PARAMETER = "local gradient shard", "local parameter shard after the optimizer step"
+
+
+def tensors(model: nn.Module, what: str) -> Dict[str, Any]:
+    """``{FQN: this rank's shard}`` of ``model`` (``DTensor.to_local()``): each parameter's gradient (``GRADIENT``)
+    or the parameter itself (``PARAMETER``). FSDP2 inserts no wrapper prefix into the FQNs."""
+    return {n: local(p.grad if what == GRADIENT else p) for n, p in model.named_parameters()}

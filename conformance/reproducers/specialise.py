@@ -1,0 +1,218 @@
+"""A reproducer's code as its case runs it: each ``if`` the case decides written as its branch, each field of a
+known config written as its value (:mod:`conformance.reproducers.sources` reads the suite's modules through
+:func:`specialised`).
+
+An ``if`` whose test reads only ``CASE`` (or names whose value is the same wherever the file reads them, the
+*known* names an API's part gives: an FSDP2 file's config ``layout``, its ``SETUP``, the model class ``cls``)
+becomes the branch the case takes; a field of a known config (``layout.mesh``, ``SETUP.setter``) becomes its
+literal, or its function's name; ``getattr(x, "name")`` becomes ``x.name``; the known config itself (its
+parameter, the argument passed to it, its assignment) is left out, so the file holds no setup object.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+__all__ = ["literal_constants", "specialised"]
+
+#: A field a known config does not have (:func:`_fold`).
+_MISSING = object()
+
+
+#: The builtins an ``if`` test decided at writing time may call (:func:`_case_constant`).
+_PURE_BUILTINS = {"hasattr": hasattr, "isinstance": isinstance, "len": len}
+
+
+def _case_constant(test: ast.expr, case: Optional[Dict[str, Any]], constants: Dict[str, Any],
+                   known: Optional[Dict[str, Any]] = None) -> Optional[bool]:
+    """The truth of an ``if`` test that reads ``CASE`` or a ``known`` name (a name whose value is the same
+    wherever the file's code reads it: an FSDP2 file's ``layout``, the case's config) and nothing else but
+    torch's dtypes, the module's literal constants (``constants``) and :data:`_PURE_BUILTINS`, evaluated on
+    ``case``; ``None`` where it reads anything else or calls anything but a method or those builtins."""
+    if case is None:
+        return None
+    known = known or {}
+    if isinstance(test, ast.BoolOp):  # decided by one operand where it decides: `layout.hooked_dim and hooked`
+        decides = isinstance(test.op, ast.Or)
+        if any(_case_constant(v, case, constants, known) is decides for v in test.values):
+            return decides
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    calls = [n for n in ast.walk(test) if isinstance(n, ast.Call)]
+    literal = not names and not calls  # what a folded field leaves: `'pool' == "subgroup"`
+    if not (literal or names & {"CASE", *known}) or \
+            not names <= {"CASE", "torch", *constants, *known, *_PURE_BUILTINS} or \
+            any(not isinstance(c.func, ast.Attribute) and getattr(c.func, "id", None) not in _PURE_BUILTINS
+                for c in calls):
+        return None
+    try:
+        with warnings.catch_warnings():  # `None is not None`, what a folded field leaves, warns
+            warnings.simplefilter("ignore", SyntaxWarning)
+            code = compile(ast.Expression(test), "<case>", "eval")
+        return bool(eval(code,
+                         {"__builtins__": dict(_PURE_BUILTINS), **constants, **known, "CASE": case, "torch": torch}))
+    except Exception:  # noqa: BLE001 - not decidable from the case: the file keeps the test
+        return None
+
+
+def literal_constants(module: Any) -> Dict[str, Any]:
+    """The module's globals bound to a string, number, ``None`` or dtype (a config's name, a factor)."""
+    return {k: v for k, v in vars(module).items()
+            if not k.startswith("__") and (v is None or isinstance(v, (str, int, float, torch.dtype)))}
+
+
+def specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[str, Any],
+                 known: Optional[Dict[str, Any]] = None) -> str:
+    """``source`` with every ``if`` (or ``elif``) whose test reads only ``CASE`` (or ``known`` names:
+    :func:`_case_constant`) replaced by the branch the case takes, the file holds its case's path alone: a top
+    ``if`` by its branch's body, dedented into place (``pass`` where it has none and its block nothing else);
+    an ``elif`` by an ``else`` holding that body, or by nothing."""
+    while True:
+        lines = source.splitlines()
+        found = next(((n, v) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.If)
+                      for v in [_case_constant(n.test, case, constants, known)] if v is not None), None)
+        if found is None:
+            folded = _fold(source, known) if known else None
+            if folded is not None:
+                source = folded
+                continue
+            return _without_spare_pass(_without_dead_code(source))
+        node, value = found
+        first = lines[node.lineno - 1]
+        indent = first[:len(first) - len(first.lstrip())]
+        is_elif = first.lstrip().startswith("elif")
+        body = lines[node.body[0].lineno - 1:node.body[-1].end_lineno]
+        rest = lines[node.orelse[0].lineno - 1:node.orelse[-1].end_lineno] if node.orelse else []
+        rest_is_elif = bool(rest) and rest[0].lstrip().startswith("elif")
+        if value:
+            kept = [indent + "else:"] + body if is_elif else _dedented(body, len(indent))
+        elif rest_is_elif:
+            kept = rest if is_elif else [rest[0].replace("elif", "if", 1)] + rest[1:]
+        elif rest:
+            kept = [indent + "else:"] + rest if is_elif else _dedented(rest, len(indent))
+        else:
+            kept = [] if is_elif else [indent + "pass"]  # removed again where its block holds more
+        end = (node.orelse[-1] if node.orelse else node.body[-1]).end_lineno
+        source = "\n".join(lines[:node.lineno - 1] + kept + lines[end:]) + "\n"
+
+
+def _literal_text(value: Any) -> Optional[str]:
+    """``value`` as Python source where it is a literal (``None``, a bool, number, string, dtype, a tuple of
+    these) or a module-level function (its name, which the file then defines); else ``None``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, torch.dtype):
+        return f"torch.{str(value).rsplit('.', 1)[-1]}"
+    if isinstance(value, tuple):
+        items = [_literal_text(v) for v in value]
+        return None if None in items else "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if inspect.isfunction(value) and value.__qualname__ == value.__name__:
+        return value.__name__
+    return None
+
+
+def _known_value(node: ast.expr, known: Dict[str, Any]) -> Tuple[bool, Any]:
+    """``(True, value)`` where ``node`` is a known name that holds data (a config, not a class or a function),
+    or a call without arguments of a known function (``_layout()``); else ``(False, None)``."""
+    if isinstance(node, ast.Name) and node.id in known and not callable(known[node.id]):
+        return True, known[node.id]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args and not node.keywords \
+            and callable(known.get(node.func.id)) and not inspect.isclass(known[node.func.id]):
+        return True, known[node.func.id]()
+    return False, None
+
+
+def _fold(source: str, known: Dict[str, Any]) -> Optional[str]:
+    """``source`` with one read of a known value folded, or ``None`` where none is left: a field of a known config
+    (``layout.mesh``, ``_layout().sync_setter``, ``SETUP.bind``) as its literal or its function's name;
+    ``getattr(x, "name")`` as ``x.name``; and a known config itself, which the file then holds nowhere: its
+    parameter, the argument passed to it and its assignment are left out."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+
+    def cut(first: Tuple[int, int], last: Tuple[int, int], text: str = "") -> str:
+        (l0, c0), (l1, c1) = first, last
+        return "\n".join(lines[:l0 - 1] + [lines[l0 - 1][:c0] + text + lines[l1 - 1][c1:]] + lines[l1:]) + "\n"
+
+    def listed(items: List[Any], k: int) -> str:  # item k of an argument list, with its comma
+        item = items[k]
+        if k + 1 < len(items):
+            return cut((item.lineno, item.col_offset), (items[k + 1].lineno, items[k + 1].col_offset))
+        if k:
+            return cut((items[k - 1].end_lineno, items[k - 1].end_col_offset), (item.end_lineno, item.end_col_offset))
+        return cut((item.lineno, item.col_offset), (item.end_lineno, item.end_col_offset))
+
+    data = {name for name, value in known.items() if not callable(value)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BoolOp):  # an operand that no longer decides: `'shard' is not None and hooked`
+            neutral = isinstance(node.op, ast.And)
+            kept = [v for v in node.values if any(isinstance(n, ast.Name) for n in ast.walk(v))
+                    or _case_constant(v, {}, {}, known) is not neutral]
+            if kept and len(kept) < len(node.values):
+                op = " and " if neutral else " or "
+                return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
+                           op.join(f"({ast.get_source_segment(source, v)})" if isinstance(v, ast.BoolOp) and
+                                   len(kept) > 1 else ast.get_source_segment(source, v) for v in kept))
+        if isinstance(node, ast.IfExp) and not any(isinstance(n, ast.Name) for n in ast.walk(node.test)):
+            value = _case_constant(node.test, {}, {}, known)
+            if value is not None:
+                kept = node.body if value else node.orelse
+                return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
+                           ast.get_source_segment(source, kept))
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            found, value = _known_value(node.value, known)
+            field = getattr(value, node.attr, _MISSING) if found else _MISSING
+            text = None if field is _MISSING else _literal_text(field)
+            if text is not None:
+                return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), text)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) == 2 \
+                and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).isidentifier():
+            obj = ast.get_source_segment(source, node.args[0])
+            return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
+                       f"{obj}.{node.args[1].value}")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = node.args.posonlyargs + node.args.args
+            for k, arg in enumerate(params):
+                if arg.arg in data:
+                    return listed(params, k)
+        if isinstance(node, ast.Call):
+            for k, arg in enumerate(node.args):
+                if isinstance(arg, ast.Name) and arg.id in data:
+                    return listed(node.args, k)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and getattr(node.targets[0], "id", None) in data:
+            return "\n".join(lines[:node.lineno - 1] + lines[node.end_lineno:]) + "\n"
+    return None
+
+
+def _without_dead_code(source: str) -> str:
+    """``source`` less the statements after a ``return`` or ``raise`` in the same block (what a branch the case
+    takes leaves behind: ``if CASE[...]: return x`` followed by ``return y``)."""
+    while True:
+        lines = source.splitlines()
+        dead = next(((stmts[i + 1].lineno, stmts[-1].end_lineno) for node in ast.walk(ast.parse(source))
+                     for field in ("body", "orelse", "finalbody") for stmts in [getattr(node, field, None)]
+                     if isinstance(stmts, list) for i, stmt in enumerate(stmts[:-1])
+                     if isinstance(stmt, (ast.Return, ast.Raise))), None)
+        if dead is None:
+            return source
+        source = "\n".join(lines[:dead[0] - 1] + lines[dead[1]:]) + "\n"
+
+
+def _without_spare_pass(source: str) -> str:
+    """``source`` less every ``pass`` of a block that holds other statements (what an ``if`` the case does not take
+    leaves behind, :func:`specialised`)."""
+    tree = ast.parse(source)
+    spare = {stmt.lineno for node in ast.walk(tree) for field in ("body", "orelse", "finalbody")
+             for stmts in [getattr(node, field, None)] if isinstance(stmts, list) and len(stmts) > 1
+             for stmt in stmts if isinstance(stmt, ast.Pass)}
+    return "\n".join(line for k, line in enumerate(source.splitlines(), 1) if k not in spare) + "\n"
+
+
+def _dedented(lines: List[str], indent: int) -> List[str]:
+    """``lines`` (a block's) moved to ``indent``, from wherever their first line stands."""
+    by = (len(lines[0]) - len(lines[0].lstrip())) - indent if lines else 0
+    return [line[by:] if line[:by].strip() == "" else line for line in lines]

@@ -63,7 +63,10 @@ HARD_PARAMS_PLAN: RolePlan = {"main": (("default", "nested_wrapped"), ("default"
 #: one), on ``late_branch``, whose last unit only the last micro-batch uses (its gather runs once a step, the
 #: others' once per micro-batch), at the main world size.
 ACCUMULATION_PLAN: RolePlan = {"main": (("default", "late_branch"),)}
-#: ``clip_grad_norm_`` with the comm installed (the shared check), at the main world size.
+#: ``clip_grad_norm_`` with the comm installed (the shared check), at the first world size of at least 2 ranks
+#: only, at every depth, as the reduce-scatter API's clip cases: at 3 ranks PyTorch's own FSDP2 hangs there (the
+#: nightly run of 2026-11-27, torch 2.13 CPU: every rank of the reference model, no comm installed, waited in
+#: ``clip_grad_norm_(norm_type=inf)``'s DTensor redistribute), which left the run NOT RUN.
 CLIP_PLAN: RolePlan = {"main": (("default", "nested_wrapped"),)}
 
 
@@ -127,7 +130,8 @@ APIS = (
                        "fsdp2_all_gather_accumulation", "parity", role_plan(SETUP, ACCUMULATION_PLAN, exact),
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
                    "test_fsdp2_all_gather_clip_grad_norm": _test(
-                       "fsdp2_all_gather_clip_grad_norm", "clip_grad_norm", role_plan(SETUP, CLIP_PLAN, exact)),
+                       "fsdp2_all_gather_clip_grad_norm", "clip_grad_norm",
+                       role_plan(SETUP, CLIP_PLAN, exact, first_only=True)),
                    "test_fsdp2_all_gather_registration": _test(
                        "fsdp2_all_gather_registration", "registration", registration_plan(
                            SETUP.setter, "default", REGISTRATION_RULES, lambda settings: (settings.world_size,)))},

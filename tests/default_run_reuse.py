@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tests.meta_helpers import REPO, SuiteRun, read_junit
@@ -106,7 +107,7 @@ def reused_default_run(digest: str, torch_version: str, reports: str = DEFAULT_R
     junit = _junit_path(doc, reports)
     try:
         cases = read_junit(junit)
-    except (OSError, Exception) as exc:  # noqa: BLE001 - a missing or broken XML: run instead
+    except (OSError, ET.ParseError) as exc:  # a missing or broken XML: run instead
         return None, f"{junit}: {exc}"
     if sorted(c.name for c in cases) != sorted(c.get("name", "") for c in doc.get("cases") or []):
         return None, f"{junit} does not hold the cases of {json_path}"

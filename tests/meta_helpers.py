@@ -51,7 +51,12 @@ class SuiteRun:
         if self.counts is not None:
             return dict(self.counts)
         closing = re.findall(r"^=* ?(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", self.output, re.M)
-        return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", closing[-1])} if closing else {}
+        return pytest_counts(closing[-1]) if closing else {}
+
+
+def pytest_counts(text: str) -> Dict[str, int]:
+    """``{"passed": 307, ...}`` from pytest's words: ``307 passed, 43 skipped, ...``."""
+    return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", text)}
 
     def by_hook(self) -> Dict[str, List[CaseReport]]:
         out: Dict[str, List[CaseReport]] = defaultdict(list)

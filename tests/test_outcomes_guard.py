@@ -26,7 +26,7 @@ import torch
 
 from conformance.reports.source_digest import source_digest
 from tests.default_run_reuse import reused_default_run
-from tests.meta_helpers import REPO, BackgroundJob, SuiteRun, run_suite
+from tests.meta_helpers import REPO, BackgroundJob, SuiteRun, pytest_counts, run_suite
 
 RECORDED_WITH = "2.13"
 
@@ -49,11 +49,6 @@ SAME_TORCH = torch.__version__.startswith(RECORDED_WITH + ".") and torch.version
 README_COUNTS = re.compile(r"`(\d+ passed, \d+ skipped, \d+ deselected, \d+ xfailed)`")
 
 
-def counts(text: str) -> Dict[str, int]:
-    """``{"passed": 307, ...}`` from pytest's words: ``307 passed, 43 skipped, ...``."""
-    return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", text)}
-
-
 @unittest.skipUnless(SAME_TORCH, f"the expectation was recorded with torch {RECORDED_WITH} (CPU build); "
                                  f"this is torch {torch.__version__}, whose outcomes differ by design")
 class TestOutcomesGuard(expecttest.TestCase):
@@ -69,7 +64,7 @@ class TestOutcomesGuard(expecttest.TestCase):
         readme = open(os.path.join(REPO, "README.md")).read()
         summary = readme.split("\n## What the first summary means\n", 1)[1].split("\n## ", 1)[0]
         shown = README_COUNTS.search(summary).group(1)
-        self.assertEqual({word: got.get(word, 0) for word in counts(shown)}, counts(shown),
+        self.assertEqual({word: got.get(word, 0) for word in pytest_counts(shown)}, pytest_counts(shown),
                          f"README's 'What the first summary means' gives `{shown}`, but the default run ended "
                          f"`{closing}`: put the run's counts in README (and in docs/speed.md's default run)")
 

@@ -18,6 +18,7 @@ are published. The terminal summary gets each non-conforming hook's grid
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -212,20 +213,19 @@ class ResultsRecorder:
                "crash_reruns": [c.to_json() for c in getattr(self.state.runner, "crash_reruns", ())],
                "counts": self.counts()}
         return results.build_document(
-            suite_version=conformance.__version__, source_digest=self.source_digest(), run=run,
+            suite_version=conformance.__version__, source_digest=self.source_digest, run=run,
             environment=self.environment(),
             hooks=[self.hook_entry(item, records, running=progress) for item in self.state.specs], cases=records,
             baseline=None if self.diff is None else self.diff.to_json())
 
+    @functools.cached_property
     def source_digest(self) -> Optional[str]:
         """:func:`~conformance.reports.source_digest.source_digest` of the suite running, read once a session (the
         progress document is written after every case); ``None`` where its files cannot be read."""
-        if not hasattr(self, "_source_digest"):
-            try:
-                self._source_digest: Optional[str] = source_digest()
-            except (ImportError, OSError):
-                self._source_digest = None
-        return self._source_digest
+        try:
+            return source_digest()
+        except (ImportError, OSError):
+            return None
 
     def counts(self) -> Dict[str, int]:
         """The counts of pytest's closing line (``382 passed, 43 skipped, 11 deselected, 358 xfailed``), each

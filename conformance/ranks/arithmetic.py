@@ -38,7 +38,7 @@ import torch.distributed as dist
 from conformance.ranks.cause_words import Words
 from conformance.ranks.hook_call import HookCall
 from conformance.ranks.reduction import (ALL_REDUCE_THEN_CHUNK, DEFAULT_GROUP, PAIRWISE, RANK, RING, Recompute,
-                                         Reduction, Scale)
+                                         Reduction, Scale, rounded)
 from conformance.ulps import bits_equal, dtype_name
 
 __all__ = ["Arithmetic", "Candidate"]
@@ -76,7 +76,7 @@ def narrower_than(given: torch.dtype, reduce_in: torch.dtype) -> List[torch.dtyp
 
 def _rounding_changes(values: Sequence[torch.Tensor], dtype: torch.dtype) -> bool:
     """Whether rounding to ``dtype`` (cast to it and back) changes any bit of any rank's ``values``."""
-    return any(not bool(bits_equal(v, v.to(dtype).to(v.dtype)).all()) for v in values)
+    return any(not bool(bits_equal(v, rounded(v, dtype)).all()) for v in values)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ from conformance.ranks.hook_call import HookCall
 
 __all__ = ["ALL_REDUCE", "ALL_REDUCE_THEN_CHUNK", "DEFAULT_GROUP", "HOOK_GROUP", "NO_COLLECTIVE", "ORDERS",
            "PAIRWISE", "RANK", "REDUCE_SCATTER", "RING", "THE_COLLECTIVES", "Recompute", "Reduction", "Scale",
-           "in_pairwise_order", "in_rank_order", "in_ring_order", "pairwise_text", "rank_values", "reduced"]
+           "in_pairwise_order", "in_rank_order", "in_ring_order", "pairwise_text", "rank_values", "reduced", "rounded"]
 
 #: The collective a reduction runs (:attr:`Reduction.collective`).
 ALL_REDUCE, REDUCE_SCATTER = "all-reduce", "reduce-scatter"
@@ -195,7 +195,7 @@ ORDERS: Dict[str, Callable[[Sequence[torch.Tensor]], torch.Tensor]] = {
     RANK: in_rank_order, RING: in_ring_order, PAIRWISE: in_pairwise_order}
 
 
-def _rounded(t: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+def rounded(t: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
     """``t`` cast to ``dtype`` and back to its own (:attr:`Reduction.rounded_to`); ``t`` itself for ``None``."""
     return t if dtype is None else t.to(dtype).to(t.dtype)
 
@@ -248,11 +248,11 @@ class Recompute:
     def _sum(self, r: Reduction, low: torch.dtype) -> torch.Tensor:
         ws, call = self.world_size, self.call
         if r.order != THE_COLLECTIVES:  # the hook's own sum over every rank's values
-            values = [_scaled(_scaled(_rounded(v, r.rounded_to), r.pre, True).to(low), r.pre, False)
+            values = [_scaled(_scaled(rounded(v, r.rounded_to), r.pre, True).to(low), r.pre, False)
                       for v in self.gathered()]
             total = ORDERS[r.order](values)
             return total.chunk(ws)[(self.rank - r.read) % ws] if call.sharded else total
-        t = _scaled(_scaled(_rounded(call.input, r.rounded_to), r.pre, True).to(low), r.pre, False)
+        t = _scaled(_scaled(rounded(call.input, r.rounded_to), r.pre, True).to(low), r.pre, False)
         if r.collective == NO_COLLECTIVE:
             return t.clone()
         if r.collective == ALL_REDUCE_THEN_CHUNK:

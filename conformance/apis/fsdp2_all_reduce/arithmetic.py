@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.ranks.arithmetic import Arithmetic, Candidate, narrower_than
-from conformance.ranks.reduction import NO_COLLECTIVE, Reduction
+from conformance.ranks.reduction import NO_COLLECTIVE, Reduction, rounded
 from conformance.shared.compare import same_bits
 from conformance.ulps import dtype_name
 
@@ -76,8 +76,8 @@ class AllReduceHookArithmetic(Arithmetic):
         # named only where it changes this rank's tensor. No collective, so the choice is this rank's own.
         words, native = self.words(call, rank), self.reduction(call)
         for narrow in narrower_than(call.input.dtype, call.input.dtype):
-            rounded = x.to(narrow).to(x.dtype)
-            if not same_bits(rounded, x):
+            value = rounded(x, narrow)
+            if not same_bits(value, x):
                 cause, fix = words.of(native, dataclasses.replace(native, rounded_to=narrow))
-                out.append(Candidate(cause, rounded, fix))
+                out.append(Candidate(cause, value, fix))
         return out

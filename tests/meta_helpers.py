@@ -53,16 +53,16 @@ class SuiteRun:
         closing = re.findall(r"^=* ?(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", self.output, re.M)
         return pytest_counts(closing[-1]) if closing else {}
 
-
-def pytest_counts(text: str) -> Dict[str, int]:
-    """``{"passed": 307, ...}`` from pytest's words: ``307 passed, 43 skipped, ...``."""
-    return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", text)}
-
     def by_hook(self) -> Dict[str, List[CaseReport]]:
         out: Dict[str, List[CaseReport]] = defaultdict(list)
         for case in self.cases:
             out[case.hook].append(case)
         return out
+
+
+def pytest_counts(text: str) -> Dict[str, int]:
+    """``{"passed": 307, ...}`` from pytest's words: ``307 passed, 43 skipped, ...``."""
+    return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", text)}
 
 
 def run_suite(args: Sequence[str], junit_path: str, *, timeout: float = 900, cwd: str = REPO,

@@ -1,6 +1,6 @@
 """Fixtures shared by the project's tests.
 
-``zoo_runs``: each meta-run (``tests/meta_zoos.py``), and each other background job a test module names
+``zoo_runs``: each meta-run (``tests/meta_zoos/``), and each other background job a test module names
 (:class:`~tests.meta_helpers.BackgroundJob`), once per pytest session, shared by every test that needs it,
 whatever its file: a zoo run costs minutes on a 2-core machine. Once the tests are collected,
 the runs they will need start in the background (:meth:`~tests.meta_helpers.ZooRuns.prefetch`), in the

@@ -1,6 +1,6 @@
 """Meta-tests: the suite catches every known-bad hook and passes every known-good one.
 
-The shape, written once for every zoo (``tests/meta_zoos.py``: FSDP1 hooks, DDP hooks, FSDP2
+The shape, written once for every zoo (``tests/meta_zoos/``: FSDP1 hooks, DDP hooks, FSDP2
 comms and hooks, lossy contracts): one run of the conformance suite (``python -m conformance``,
 as a user runs it) over the zoo, judged by its JUnit XML. Every bad hook has an expected
 catch; the run fails because of them; each good hook passes every case; each bad hook is

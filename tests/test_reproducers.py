@@ -1,7 +1,7 @@
 """Standalone reproducers: each failed case's file runs where the suite cannot be imported, and only failed cases
 get one.
 
-The zoo runs (``tests/meta_zoos.py``) write a reproducer per failed case
+The zoo runs (``tests/meta_zoos/``) write a reproducer per failed case
 (``--write-reproducers``); a case that passed gets none. For one zoo hook of every
 API (an averaging case, a parity case, a hard-input case with its shrunk input),
 this test runs the file as its author would, ``python file.py`` (it starts its

@@ -1,6 +1,6 @@
 """A zoo of DDP gradient communication hooks: known-good and known-bad.
 
-The meta-tests (``tests/meta_zoos.py``'s ``DDP``: the shared ones in ``tests/test_meta.py``, the
+The meta-tests (``tests/meta_zoos/``'s ``DDP``: the shared ones in ``tests/test_meta.py``, the
 DDP-only ones in ``tests/test_meta_ddp.py``) run the DDP checks over these hooks. Each
 known-good hook must pass every case; each known-bad hook must be caught by the checks
 named in ``EXPECTED_CATCH`` (which also says why no weaker check can).

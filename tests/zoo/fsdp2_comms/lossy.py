@@ -72,7 +72,7 @@ BF16_ONE_ROUNDING_BOUND = 2.0 ** -7
 BF16_ONE_ROUNDING = LossyContract(rel_error_bound=BF16_ONE_ROUNDING_BOUND, deterministic=True, loss_margin=0.01,
                                   loss_steps=10)
 
-#: The lossy-contract story (``tests/meta_zoos.py``'s ``LOSSY``, and ``tests/test_meta_lossy.py``).
+#: The lossy-contract story (``tests/meta_zoos/``'s ``LOSSY``, and ``tests/test_meta_lossy.py``).
 LOSSY_GOOD: List[HookSpec] = [
     HookSpec(name="good_fp32_accumulate_bf16", api="fsdp2", hook=Fp32AccumulateComm, reduce_dtype=torch.bfloat16,
              lossy=BF16_ONE_ROUNDING,

@@ -85,7 +85,7 @@ GENEROUS_BF16 = LossyContract(rel_error_bound=1e-2, deterministic=True, loss_mar
 #: they differ.
 INT8_BOUND = LossyContract(rel_error_bound=0.1, loss_margin=0.1, loss_steps=10)
 
-#: The lossy-contract story (``tests/meta_zoos.py``'s ``LOSSY``, and ``tests/test_meta_lossy.py``).
+#: The lossy-contract story (``tests/meta_zoos/``'s ``LOSSY``, and ``tests/test_meta_lossy.py``).
 LOSSY_GOOD: List[HookSpec] = [
     HookSpec(name="good_bf16_compress_lossy", api="fsdp", hook=bf16_compress_hook, state=DefaultState,
              lossy=GENEROUS_BF16, description="bfloat16 compression of a float32 model, declared lossy"),

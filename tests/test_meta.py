@@ -21,9 +21,10 @@ from tests.meta_zoos import ZOOS
 
 
 def _each(attribute):
-    """(zoo, item) for every item of ``attribute`` of every zoo, with ids ``zoo-hook``."""
+    """(zoo, item) for every item of ``attribute`` of every zoo, with ids ``zoo-hook``: a ``Catch`` names its hook, a
+    ``HookSpec`` is named by its ``name`` (its ``hook`` is the callable, whose repr carries a memory address)."""
     return pytest.mark.parametrize("zoo, item", [
-        pytest.param(zoo, item, id=f"{zoo.name}-{getattr(item, 'hook', None) or getattr(item, 'name')}")
+        pytest.param(zoo, item, id=f"{zoo.name}-{item.hook if isinstance(item.hook, str) else item.name}")
         for zoo in ZOOS for item in getattr(zoo, attribute)])
 
 

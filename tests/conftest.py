@@ -11,7 +11,8 @@ Kinds: every test is marked with its module's kind (``tests/kinds.py``: ``unit``
 that ``tests/kinds.py`` does not name stops the collection.
 
 ``gloo_group`` and ``fsdp1``: a single-rank gloo process group in this process, and the FSDP1 builds of the reference
-models over it (``tests/test_models_fsdp.py``, ``tests/test_models_extra.py``).
+models over it (``tests/test_models_fsdp.py``, ``tests/test_models_extra.py``; ``gloo_group`` also
+``tests/test_reference_replay.py``).
 """
 
 from __future__ import annotations

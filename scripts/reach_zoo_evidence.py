@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The verdicts of ``tests/zoo/reach_hooks.py``, established outside the suite: native vs hooked, bit for bit.
+"""The verdicts of ``tests/zoo/reach_hooks/``, established outside the suite: native vs hooked, bit for bit.
 
 For every hook of the reach zoo this trains the same model twice in each rank
 process, with gloo on CPU: once natively (DDP with no hook; FSDP1 with no hook;

@@ -1,5 +1,5 @@
 """The rank side of ``scripts/reach_zoo_evidence.py``: what each rank process trains, natively and with each hook
-of ``tests/zoo/reach_hooks.py``, and how it compares the two bit for bit.
+of ``tests/zoo/reach_hooks/``, and how it compares the two bit for bit.
 
 The models (the small MLP, the large wide layer), their builds under each API (DDP, FSDP1 FULL_SHARD and NO_SHARD,
 ``fully_shard`` with a custom reduce-scatter, a replica hook on an HSDP mesh), torchrun's environment for a layout,
@@ -23,6 +23,9 @@ import torch.distributed as dist
 from torch import nn
 
 from tests.zoo import reach_hooks as zoo
+from tests.zoo.reach_hooks import common as zoo_common
+from tests.zoo.reach_hooks import fsdp2 as zoo_fsdp2
+from tests.zoo.reach_hooks import replica as zoo_replica
 
 SHORT_STEPS = 4
 LARGE_STEPS = 2
@@ -182,23 +185,23 @@ class _Seen:
 
     def ddp(self, state, bucket):  # no annotations: this module's are strings, which DDP refuses
         self.numels.append(bucket.buffer().numel())
-        return zoo._ddp_mean(state, bucket.buffer())
+        return zoo_common._ddp_mean(state, bucket.buffer())
 
     def fsdp(self, state: Any, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
         self.numels.append(grad.numel())
-        zoo._fsdp_native(state, grad, output)
+        zoo_common._fsdp_native(state, grad, output)
 
     def replica(self, state: Any, tensor: torch.Tensor) -> None:
         self.numels.append(tensor.numel())
-        zoo._replica_avg(state, tensor)
+        zoo_replica._replica_avg(state, tensor)
 
     def comm(self) -> Any:
         seen = self
 
-        class Comm(zoo._Comm):
+        class Comm(zoo_fsdp2._Comm):
             def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
                 seen.numels.append(input_tensor.numel())
-                return zoo._reduce_scatter(output_tensor, input_tensor, group, op=op, async_op=async_op)
+                return zoo_common._reduce_scatter(output_tensor, input_tensor, group, op=op, async_op=async_op)
 
         return Comm()
 

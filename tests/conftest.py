@@ -1,6 +1,6 @@
 """Fixtures shared by the project's tests.
 
-``zoo_runs``: each meta-run (``tests/meta_zoos.py``), and each other background job a test module names
+``zoo_runs``: each meta-run (``tests/meta_zoos/``), and each other background job a test module names
 (:class:`~tests.meta_helpers.BackgroundJob`), once per pytest session, shared by every test that needs it,
 whatever its file: a zoo run costs minutes on a 2-core machine. Once the tests are collected,
 the runs they will need start in the background (:meth:`~tests.meta_helpers.ZooRuns.prefetch`), in the
@@ -11,7 +11,8 @@ Kinds: every test is marked with its module's kind (``tests/kinds.py``: ``unit``
 that ``tests/kinds.py`` does not name stops the collection.
 
 ``gloo_group`` and ``fsdp1``: a single-rank gloo process group in this process, and the FSDP1 builds of the reference
-models over it (``tests/test_models_fsdp.py``, ``tests/test_models_extra.py``).
+models over it (``tests/test_models_fsdp.py``, ``tests/test_models_extra.py``; ``gloo_group`` also
+``tests/test_reference_replay.py``).
 """
 
 from __future__ import annotations

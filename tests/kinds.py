@@ -17,7 +17,7 @@ The kinds, cheapest first (``pyproject.toml`` registers each, with ``--strict-ma
   gloo process group.
 * ``suite``: runs the suite end to end (``python -m conformance`` over cases that start ranks, or ``conform()``
   in this process), over PyTorch's hooks, the examples or a zoo module of ``tests/zoo/``.
-* ``meta``: the meta-tests: they read a zoo's meta-run (``tests/meta_zoos.py``, one run per zoo per session
+* ``meta``: the meta-tests: they read a zoo's meta-run (``tests/meta_zoos/``, one run per zoo per session
   through the ``zoo_runs`` fixture), the suite judged by its JUnit XML over hooks whose bugs are known.
 """
 
@@ -31,7 +31,7 @@ KINDS = {
     "cli": "python -m conformance in a child interpreter that stops before any rank starts",
     "ranks": "starts ranks: a rank pool, the zygote, or torch.multiprocessing ranks in a gloo group",
     "suite": "runs the suite end to end over cases that start ranks",
-    "meta": "reads a zoo's meta-run (tests/meta_zoos.py through zoo_runs): the suite judged over known bugs",
+    "meta": "reads a zoo's meta-run (tests/meta_zoos/ through zoo_runs): the suite judged over known bugs",
 }
 #: Marks a module may carry besides its kind.
 EXTRAS = {

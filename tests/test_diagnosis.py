@@ -285,7 +285,7 @@ def test_each_api_words_how_native_averages_and_where_the_result_goes_its_own_wa
 # (rank 0 + rank 1 + rank 2), then multiplied by 1/3, ...", "reduce with dist.reduce_scatter_tensor itself, ...")
 # in every 3-rank failure, by tests/test_meta_fsdp2.py::test_a_comm_exact_at_two_ranks_is_caught_at_three_and_named_
 # by_its_own_arithmetic; the default group's size as the divisor of bad_world_size_average under HSDP and the
-# subgroup mesh, with "averaged twice" beside it and the fix, by the fsdp2_comms zoo's causes (tests/meta_zoos.py,
+# subgroup mesh, with "averaged twice" beside it and the fix, by the fsdp2_comms zoo's causes (tests/meta_zoos/,
 # test_meta.py::test_failures_carry_the_named_cause); and how those causes and fixes are worded, below.
 
 

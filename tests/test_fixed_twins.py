@@ -9,7 +9,7 @@ background threads (``TWIN_RUN``), and:
 
 * every twin passes every case it ran, and ran every case picked for it;
 * each picked case failed for the original in the zoo's meta-run (the ``zoo_runs``
-  fixture, ``tests/meta_zoos.py``), with the fix line its twin applies: ``FIX`` gives
+  fixture, ``tests/meta_zoos/``), with the fix line its twin applies: ``FIX`` gives
   the words it must carry.
 """
 

@@ -1,6 +1,6 @@
 """Meta-tests: the suite catches every known-bad hook and passes every known-good one.
 
-The shape, written once for every zoo (``tests/meta_zoos.py``: FSDP1 hooks, DDP hooks, FSDP2
+The shape, written once for every zoo (``tests/meta_zoos/``: FSDP1 hooks, DDP hooks, FSDP2
 comms and hooks, lossy contracts): one run of the conformance suite (``python -m conformance``,
 as a user runs it) over the zoo, judged by its JUnit XML. Every bad hook has an expected
 catch; the run fails because of them; each good hook passes every case; each bad hook is
@@ -21,9 +21,10 @@ from tests.meta_zoos import ZOOS
 
 
 def _each(attribute):
-    """(zoo, item) for every item of ``attribute`` of every zoo, with ids ``zoo-hook``."""
+    """(zoo, item) for every item of ``attribute`` of every zoo, with ids ``zoo-hook``: a ``Catch`` names its hook, a
+    ``HookSpec`` is named by its ``name`` (its ``hook`` is the callable, whose repr carries a memory address)."""
     return pytest.mark.parametrize("zoo, item", [
-        pytest.param(zoo, item, id=f"{zoo.name}-{getattr(item, 'hook', None) or getattr(item, 'name')}")
+        pytest.param(zoo, item, id=f"{zoo.name}-{item.hook if isinstance(item.hook, str) else item.name}")
         for zoo in ZOOS for item in getattr(zoo, attribute)])
 
 

@@ -1,6 +1,6 @@
 """Meta-tests specific to DDP (``register_comm_hook`` on DistributedDataParallel).
 
-They read the DDP zoo's run (``tests/meta_zoos.py``: DDP, one run per session, restricted to
+They read the DDP zoo's run (``tests/meta_zoos/``: DDP, one run per session, restricted to
 the DDP module); the shape every zoo shares (each bad hook caught, each good one passing,
 failures that name everything, re-run commands, named causes) is in ``tests/test_meta.py``.
 Plus checks, without a run, of the DDP entries of the packaged known-failures file.
@@ -93,7 +93,7 @@ def test_ddp_hook_that_communicates_but_returns_the_bucket_unreduced_is_told_apa
 
 def test_ddp_hook_that_never_communicates_is_not_told_to_declare_itself_lossy(zoo_run):
     """No LossyContract hint for a hook that never communicates. (The hint where nothing explains the
-    difference, and its absence where an exact cause does: DDP.causes in tests/meta_zoos.py.)"""
+    difference, and its absence where an exact cause does: DDP.causes in tests/meta_zoos/.)"""
     cases = _cases(zoo_run, "bad_noop_hook", "averaging")
     assert cases and all("LossyContract" not in c.message for c in cases)
 

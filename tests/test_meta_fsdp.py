@@ -1,6 +1,6 @@
 """Meta-tests specific to FSDP1 (``register_comm_hook`` on FullyShardedDataParallel).
 
-They read the FSDP1 zoo's run (``tests/meta_zoos.py``: FSDP, one run per session); the shape
+They read the FSDP1 zoo's run (``tests/meta_zoos/``: FSDP, one run per session); the shape
 every zoo shares is in ``tests/test_meta.py``.
 """
 

@@ -1,6 +1,6 @@
 """Meta-tests specific to FSDP2 (fully_shard's custom reduce-scatter and all-reduce hooks).
 
-They read the FSDP2 zoo's run (``tests/meta_zoos.py``: FSDP2, one run per session, limited to
+They read the FSDP2 zoo's run (``tests/meta_zoos/``: FSDP2, one run per session, limited to
 ``nested_wrapped``, the main world size and HSDP on a 4-rank pool); the shape every zoo shares
 is in ``tests/test_meta.py``. Plus quick checks, without a pool, of the pieces the FSDP2
 checks are built from.

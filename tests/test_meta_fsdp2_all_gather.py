@@ -1,6 +1,6 @@
 """Meta-tests specific to the all-gather comm API (``api="fsdp2_all_gather"``, ``set_custom_all_gather``).
 
-They read the zoo's run (``tests/meta_zoos.py``: ``FSDP2_ALL_GATHER``, one run per session); the shape every
+They read the zoo's run (``tests/meta_zoos/``: ``FSDP2_ALL_GATHER``, one run per session); the shape every
 zoo shares (each good comm passes every config, each bad one is caught where ``EXPECTED_CATCH`` says, with its
 cause and fix) is in ``tests/test_meta.py``. Plus quick checks, without a pool, of the cause catalogue the
 recorder names a wrong gather with.

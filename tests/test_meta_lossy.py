@@ -1,8 +1,8 @@
 """Meta-tests for lossy contracts on FSDP1 and FSDP2: a declared contract gets a verdict with figures.
 
-They read one run of the conformance suite (``tests/meta_zoos.py``: LOSSY, once per session) over the
-lossy stories of both zoos (``LOSSY`` in ``tests/zoo/fsdp_hooks.py`` and
-``tests/zoo/fsdp2_comms.py``), judged by its JUnit XML: hooks and comms that declare a
+They read one run of the conformance suite (``tests/meta_zoos/``: LOSSY, once per session) over the
+lossy stories of both zoos (``LOSSY`` in ``tests/zoo/fsdp_hooks/`` and
+``tests/zoo/fsdp2_comms/``), judged by its JUnit XML: hooks and comms that declare a
 ``LossyContract`` that holds pass with their observed figures; ones whose declared bound is
 too tight fail with the figure; the same comms without a contract fail the exact checks,
 with the hint to declare one only where no named exact cause explains the difference. The

@@ -1,6 +1,6 @@
-"""Meta-tests of the suite's reach (issue 28), on the reach zoo's run (``tests/meta_zoos.py``: ``REACH``).
+"""Meta-tests of the suite's reach (issue 28), on the reach zoo's run (``tests/meta_zoos/``: ``REACH``).
 
-The shared meta-tests (``tests/test_meta.py``) already hold that every bad hook of ``tests/zoo/reach_hooks.py`` is
+The shared meta-tests (``tests/test_meta.py``) already hold that every bad hook of ``tests/zoo/reach_hooks/`` is
 caught by the check of its axis (parity on production-sized buffers, the long run, parity on two simulated nodes)
 and that every good twin passes. These hold what only this zoo shows: the long run names the step where a hook
 first differs, which is where its threshold lies; a verdict's reach is what its cases reached; the FSDP2 comm

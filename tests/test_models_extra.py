@@ -20,15 +20,11 @@ from conformance.models import (
 )
 from conformance.models import moe as moe_module
 from conformance.models.nonuniform import is_trainable_name
+from tests.model_expectations import EXPECTED_UNITS
 from tests.model_helpers import CPU, bits, plain_build, unwrapped
 
 NEW = ("nonuniform_req_grad", "mixture_of_experts", "unused_param")
 
-EXPECTED_UNITS = {
-    "nonuniform_req_grad": {"", "module.1", "module.1.0", "module.2"},
-    "mixture_of_experts": {"", "module.1", "module.2"},
-    "unused_param": {""},
-}
 TRAINABLE = {"module.2.1.weight", "module.2.1.bias"}
 EXPERT = {"module.2.weight", "module.2.bias"}
 UNUSED = {"unused.weight", "unused.bias"}
@@ -196,19 +192,7 @@ def test_unused_param_gets_no_grad():
 # --------------------------------------------------------------------------
 # FSDP wrapping (single-rank gloo group, CPU)
 # --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NEW)
-def test_fsdp_units(fsdp1, name):
-    FSDP = fsdp1.FSDP
-    model = fsdp1.build(name)
-    assert isinstance(model, FSDP)
-    units = FSDP.fsdp_modules(model)
-    assert units[0] is model
-    assert len(units) == MODELS[name].fsdp_units
-    assert fsdp1.unit_paths(model) == EXPECTED_UNITS[name]
-    for unit in units:
-        assert unit.compute_device == CPU
+# Their FSDP units are checked with every other model's: tests/test_models_fsdp.py.
 
 
 @pytest.mark.parametrize("name", NEW)

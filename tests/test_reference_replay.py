@@ -62,16 +62,6 @@ ON_FOUR_RANKS = {"fsdp2_all_reduce.parity": ("fsdp2_all_reduce", {"config": "hsd
                  "fsdp2_replica.long_run": ("fsdp2_replica", {"config": "replica", "model": "net_flat", "steps": 3})}
 
 
-@pytest.fixture(scope="module")
-def group(tmp_path_factory):
-    if dist.is_initialized():
-        pytest.skip("a default process group is already initialized")
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
-
-
 def test_every_replayed_check_is_covered():
     assert set(CASES) | set(ON_FOUR_RANKS) == set(REPLAYS_REFERENCE)
 
@@ -86,17 +76,17 @@ def test_the_controllers_replay_policy_names_shared_checks_that_can_replay():
 
 
 @pytest.mark.parametrize("low_precision_grads", [False, True])
-def test_fsdp_low_precision_clip_replays_too(group, low_precision_grads):
+def test_fsdp_low_precision_clip_replays_too(gloo_group, low_precision_grads):
     """The float16 clip case (MixedPrecision(param_dtype=float16)) replays its own reference."""
-    phases = _replay(group, "fsdp.clip_grad_norm", "fsdp", {**CASES["fsdp.clip_grad_norm"][1],
+    phases = _replay(gloo_group, "fsdp.clip_grad_norm", "fsdp", {**CASES["fsdp.clip_grad_norm"][1],
                                                             "low_precision_grads": low_precision_grads})
     assert any("clip_grad_norm_" in p for p in phases), phases
 
 
 @pytest.mark.parametrize("check", sorted(CASES))
-def test_reference_only_trains_the_reference_alone(group, check):
+def test_reference_only_trains_the_reference_alone(gloo_group, check):
     api, params = CASES[check]
-    phases = _replay(group, check, api, params)
+    phases = _replay(gloo_group, check, api, params)
     assert any("reference" in p for p in phases), phases
     assert not [p for p in phases if "hooked" in p], phases
 
@@ -145,7 +135,7 @@ def test_all_reduce_hook_replay_trains_native_hsdp_alone(tmp_path):
     mp.spawn(_replay_on_four_ranks, args=(str(tmp_path / "store"),), nprocs=4, join=True)
 
 
-def test_clip_without_backward_is_a_float32_zero(group):
+def test_clip_without_backward_is_a_float32_zero(gloo_group):
     """The no-gradient step of the FSDP clip check sees what PyTorch's test_no_gradients asserts: a float32
     zero. (At one rank FSDP falls back to NO_SHARD and to torch.nn.utils.clip_grad_norm_, which does not
     warn; the sharded path's "with no gradients" warning is compared between the models at 2 ranks.)"""
@@ -153,7 +143,7 @@ def test_clip_without_backward_is_a_float32_zero(group):
     from conformance.models import get_model
     from conformance.ranks.checks.clip import clip_without_backward
 
-    ctx = RankContext(0, 1, group, torch.device("cpu"), "gloo")
+    ctx = RankContext(0, 1, gloo_group, torch.device("cpu"), "gloo")
     model = build_fsdp("nested_wrapped", ctx, "FULL_SHARD", mixed_precision=low_precision_grads_mixed_precision())
     inputs = get_model("nested_wrapped").make_input(0, 1, ctx.device)
     norm, warned = clip_without_backward(ctx, model, "reference", inputs, lambda m: m.clip_grad_norm_(1.0))

@@ -1,7 +1,7 @@
 """Standalone reproducers: each failed case's file runs where the suite cannot be imported, and only failed cases
 get one.
 
-The zoo runs (``tests/meta_zoos.py``) write a reproducer per failed case
+The zoo runs (``tests/meta_zoos/``) write a reproducer per failed case
 (``--write-reproducers``); a case that passed gets none. For one zoo hook of every
 API (an averaging case, a parity case, a hard-input case with its shrunk input),
 this test runs the file as its author would, ``python file.py`` (it starts its
@@ -319,7 +319,7 @@ def test_a_hook_whose_module_imports_the_suite_is_said_to_need_it():
     mixed = next(s for s in ddp_hooks.ALL if s.name == "bad_divides_by_world_size")  # defined beside its HookSpec
     apart = next(s for s in ddp_hooks.ALL if s.name == "bad_saturates_inf_off_rank0")  # from plain_hooks
     why = writer.needs_the_suite(mixed, "tests.zoo.ddp_hooks:ALL")
-    assert why and "tests.zoo.ddp_hooks imports conformance" in why and "HookSpecs in another" in why
+    assert why and "tests.zoo.ddp_hooks.arithmetic imports conformance" in why and "HookSpecs in another" in why
     assert writer.needs_the_suite(apart, "tests.zoo.ddp_hooks:ALL") is None
     source = writer.reproducer_source(mixed, "tests.zoo.ddp_hooks:ALL", "ddp.parity",
                                       {"config": "default", "model": "net_flat"}, 2, "case", [], "header", "rerun",

@@ -1,7 +1,7 @@
 """Meta-tests of the results files: the suite run as a user runs it, with --json, --markdown, --baseline.
 
 One run over a DDP hook that is right only with ``gradient_as_bucket_view``
-(``bad_averages_param_grads`` in ``tests/zoo/ddp_hooks.py``) and a known-good hook: the JSON validates
+(``bad_averages_param_grads`` in ``tests/zoo/ddp_hooks/``) and a known-good hook: the JSON validates
 against the schema, agrees with the JUnit XML case by case, and its grid, the
 terminal's and the Markdown's show the pattern "fails in every config except
 bucket_view". Then a nightly round trip: a hook that changes between runs under

@@ -8,7 +8,7 @@ process (``tests/conftest.py``'s ``gloo_group``): the rounded result is named wi
 no rounding cause, an input that holds bfloat16 values already gets no such candidate, and a result rounded to
 another dtype is named by that dtype only. At one rank "reduced in bfloat16" gives the same bits as the
 rounding (the SUM of one value rounds nothing), so both are named; three ranks tell them apart
-(``tests/test_diagnosis.py``), and the zoo's failure names it (``tests/meta_zoos.py``'s ``PARAM_DTYPE``).
+(``tests/test_diagnosis.py``), and the zoo's failure names it (``tests/meta_zoos/``'s ``PARAM_DTYPE``).
 """
 
 from __future__ import annotations

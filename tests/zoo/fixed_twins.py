@@ -1,7 +1,7 @@
 """The fixed twin of every zoo hook whose diagnosis names a cause with a fix: the same hook with that one change.
 
-Each known-bad hook of ``tests/zoo/ddp_hooks.py``, ``fsdp_hooks.py`` and
-``fsdp2_comms.py`` whose failures carry a named cause (``tests/meta_zoos.py``'s
+Each known-bad hook of ``tests/zoo/ddp_hooks/``, ``fsdp_hooks/`` and
+``fsdp2_comms/`` whose failures carry a named cause (``tests/meta_zoos/``'s
 ``causes``) gets a twin here, written from the bad hook's own helpers with exactly
 the change its ``fix:`` line asks for, and commented with that line's words.
 ``tests/test_fixed_twins.py`` runs the suite over the twins on the cases where
@@ -38,7 +38,7 @@ __all__ = ["ALL", "TWINS"]
 
 
 # ---------------------------------------------------------------------------
-# DDP (ddp_hooks.py)
+# DDP (ddp_hooks/)
 # ---------------------------------------------------------------------------
 
 
@@ -146,7 +146,7 @@ def ddp_noop(process_group, bucket):
 
 
 # ---------------------------------------------------------------------------
-# FSDP1 (fsdp_hooks.py)
+# FSDP1 (fsdp_hooks/)
 # ---------------------------------------------------------------------------
 
 
@@ -206,7 +206,7 @@ def fsdp_power_of_two_divisor(state: DefaultState, grad: torch.Tensor, output: O
 
 
 # ---------------------------------------------------------------------------
-# FSDP2 comms, all-reduce hooks and replica hooks (fsdp2_comms.py)
+# FSDP2 comms, all-reduce hooks and replica hooks (fsdp2_comms/)
 # ---------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ models over it (``tests/test_models_fsdp.py``, ``tests/test_models_extra.py``; `
 
 from __future__ import annotations
 
+import gc
 import tempfile
 from pathlib import Path
 from typing import Iterator, List
@@ -107,6 +108,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not session.config.option.collectonly:
         _zoo_runs(session.config).prefetch(zoos_needed(session.items))
+    # torch, the suite and the collected tests live for the whole session: out of the cyclic collector's sight,
+    # as the suite's controller does (conformance/controller/pytest_plugin.py).
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,9 @@ The rules, in the order they are read (each a :class:`Rule`):
    the case: the case runs once more in fresh ranks (:attr:`Rule.DEATH_BY_SIGNAL`), once per hook, and the
    second run is the case's (where no fresh ranks could start, the first stands).
 2. Where a rank raised, hung or died in the case's run: what the hook left behind fails it
-   (:attr:`Rule.RANK_PROBLEMS_AND_LEAKS`); a failure inside the suite's own reference replays the reference
-   alone (PyTorch's where it fails there too); else a hook's crash is replayed with PyTorch's own default hook
+   (:attr:`Rule.RANK_PROBLEMS_AND_LEAKS`); a failure inside the suite's own reference (every rank that did not
+   finish raised or hung there) replays the reference alone (PyTorch's where it fails or hangs there too: a
+   skip, as a reference that cannot run here); else a hook's crash is replayed with PyTorch's own default hook
    for the case, and is the machine's where that fails the same way (the ``CRASH_*`` rules).
 3. Where every rank finished: findings that hold whatever the hook is are not its failure (the hook never
    called: not applicable; a rule of PyTorch's: PyTorch's; one of the suite's own: the suite's); findings that
@@ -38,10 +39,11 @@ from typing import Any, Dict, FrozenSet, Optional, Sequence, Tuple
 
 from conformance.controller import default_replay
 from conformance.protocol import LOST_CONTROLLER_EXIT_CODE, CaseResult, Finding, FindingKind, RankOutcome
-from conformance.reports.report import exception_line, failed_in_reference
+from conformance.reports.report import exception_line
 
 __all__ = ["Attribution", "Blame", "CaseFacts", "NOT_THE_HOOKS_RULES", "REPRODUCED", "Replay", "Rule",
-           "Run", "attribute", "case_run", "crash_signatures", "first_loss", "lost_a_rank", "own_exit"]
+           "Run", "attribute", "case_run", "crash_signatures", "first_loss", "stopped_in_reference", "lost_a_rank",
+           "own_exit"]
 
 
 class Blame(enum.Enum):
@@ -70,7 +72,7 @@ class Rule(enum.Enum):
     OWN_EXIT = "a rank ended its own process in the hook's case"
     DEATH_BY_SIGNAL = "a rank died by a signal, or was lost"
     RANK_PROBLEMS_AND_LEAKS = "a rank raised, hung or died, and the hook left its process changed"
-    REFERENCE_FAILED = "a rank failed inside the suite's reference"
+    REFERENCE_FAILED = "a rank raised or hung inside the suite's reference"
     REFERENCE_FAILS_ALONE = "the reference alone fails too"
     REFERENCE_RUNS_ALONE = "the reference alone runs"
     CRASH_NOT_REPLAYED = "a rank raised, hung or died; nothing to replay it with"
@@ -192,6 +194,22 @@ def own_exit(result: CaseResult) -> Optional[RankOutcome]:
                  and o.exit_code != LOST_CONTROLLER_EXIT_CODE), None)
 
 
+def stopped_in_reference(result: CaseResult) -> bool:
+    """Whether every rank of ``result`` that did not finish raised or hung (no death: the case timed out, or the
+    rank left a stack dump) while building or training the suite's reference model, the native path with no hook
+    (the phase it last announced names the reference)."""
+    bad = [o for o in result.outcomes if not o.ok]
+    return bool(bad) and all("reference" in o.phase and not _dead(o) and
+                             (o.error is not None or o.hung or result.timed_out) for o in bad)
+
+
+def _how_it_failed(o: RankOutcome) -> str:
+    """``rank N hung during 'phase'`` or ``rank N raised X during 'phase': <its exception line>``."""
+    if o.error is None:
+        return f"rank {o.rank} hung during {o.phase!r}"
+    return f"rank {o.rank} {o.summary().split(': ', 1)[-1]}: {exception_line(o.error)}"
+
+
 def first_loss(result: CaseResult) -> Tuple[str, str]:
     """The first dead or lost rank of ``result``: its summary line, and the first line of its output (``""``)."""
     o = next(o for o in result.outcomes if _dead(o))
@@ -275,10 +293,12 @@ def _rank_problems(facts: CaseFacts, runs: Sequence[Run], result: CaseResult) ->
     """Rules 1 and 2: a rank of the case's run raised, hung or died."""
     # an own exit in a re-run is told by the re-run's note (the rank problems), as any second run's failure
     mine = own_exit(result) if facts.hook is not None and result is runs[0].result else None
-    if failed_in_reference(result) and facts.replays_reference:
+    hung = any(o.error is None for o in result.outcomes if not o.ok)
+    if stopped_in_reference(result) and facts.replays_reference:
         alone = _replay(runs, Replay.REFERENCE)
         if alone is None:
-            return _ask(Replay.REFERENCE, Rule.REFERENCE_FAILED, "a rank failed inside the suite's reference")
+            return _ask(Replay.REFERENCE, Rule.REFERENCE_FAILED,
+                        f"a rank {'hung' if hung else 'failed'} inside the suite's reference")
         if alone.result is None:
             return _final(Blame.HOOK, Rule.REFERENCE_RUNS_ALONE,
                           f"(the reference alone could not be replayed: {alone.not_started})")
@@ -286,11 +306,11 @@ def _rank_problems(facts: CaseFacts, runs: Sequence[Run], result: CaseResult) ->
         if bad:
             return _final(Blame.PYTORCH, Rule.REFERENCE_FAILS_ALONE,
                           f"the suite's reference ({facts.what}, no hook under test) cannot run here with torch "
-                          f"{facts.torch_version}: rank {bad[0].rank} {bad[0].summary().split(': ', 1)[-1]}: "
-                          f"{exception_line(bad[0].error or bad[0].stack or '')}")
-        return _final(Blame.HOOK, Rule.REFERENCE_RUNS_ALONE,
-                      "(the reference trained alone, with no hook, runs here: the failure above comes from "
-                      "training it beside the hooked model)")
+                          f"{facts.torch_version}: {_how_it_failed(bad[0])}")
+        if not (hung and facts.is_default_hook):  # PyTorch's own hook beside a reference that hung once: below
+            return _final(Blame.HOOK, Rule.REFERENCE_RUNS_ALONE,
+                          "(the reference trained alone, with no hook, runs here: the failure above comes from "
+                          "training it beside the hooked model)")
     if result.leak_findings():
         return _final(Blame.HOOK, Rule.RANK_PROBLEMS_AND_LEAKS, _own_exit_note(mine) if mine is not None else "")
     if facts.hook is None or facts.known_failure or facts.default_hook is None:

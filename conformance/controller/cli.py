@@ -12,6 +12,7 @@ failed (a rank pool that could not start, a report that could not be written).
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import re
@@ -139,6 +140,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Ctrl-C and SIGTERM are handled from here to the process's end, not only while pytest's session is
     # configured: one landing before it starts or while it closes would otherwise end the run by SIGINT.
     signals = process_signals()
+    # No cyclic collection while pytest, its plugins and the hooks' modules import: the plugin freezes all of
+    # it and collects again once the session is configured (pytest_plugin.pytest_configure).
+    gc.disable()
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if not _NO_CASES.intersection(argv):

@@ -10,6 +10,7 @@ first case, so loading the plugin costs little.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import sys
 import warnings
 from typing import Dict, List, Optional, Tuple
@@ -114,6 +115,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(ReportGuard(config, settings.json_path, settings.markdown_path,
                                               keep=tuple(p for p in (settings.baseline_path,) if p)), REPORT_FILES)
     results_plugin.register(config, state, keeper)  # --json, --markdown, --baseline; the per-hook grids
+    # torch, the hooks' modules and the plan are here for the whole run: out of the cyclic collector's sight, each
+    # collection after this (the run's own, and pytest's five at exit) scans only what the cases leave behind.
+    gc.freeze()
+    gc.enable()  # cli.main disabled it for the imports
 
 
 def plan_every_case(specs: List[object], settings: settings_mod.Settings) -> Dict[str, List[CaseParams]]:

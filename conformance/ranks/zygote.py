@@ -36,6 +36,7 @@ and ``CONFORM_FORK_RANKS=0`` makes it do so always.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import signal
@@ -77,11 +78,15 @@ def _api_modules() -> Tuple[str, ...]:
 
 
 def _preload() -> None:
-    for name in PRELOAD + _api_modules():
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a rank that needs it will raise with its own traceback
-            pass
+    gc.disable()  # imports make no garbage worth a collection (as in conformance/__init__.py)
+    try:
+        for name in PRELOAD + _api_modules():
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a rank that needs it will raise with its own traceback
+                pass
+    finally:
+        gc.enable()
     _warm_up()
 
 

@@ -149,12 +149,6 @@ def rank_problems(result: CaseResult) -> str:
     return "\n".join(lines)
 
 
-def failed_in_reference(result: CaseResult) -> bool:
-    """Whether every rank that did not finish raised while building or training the reference model."""
-    bad = [o for o in result.outcomes if not o.ok]
-    return bool(bad) and all(o.error is not None and "reference" in o.phase for o in bad)
-
-
 def exception_line(text: str) -> str:
     """The exception a traceback ends with (its ``Type: message`` line and what follows), on one line."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]

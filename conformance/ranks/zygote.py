@@ -88,6 +88,10 @@ def _preload() -> None:
     finally:
         gc.enable()
     _warm_up()
+    # What the imports made is never garbage: out of the collector's sight, a rank's first collections do not walk
+    # it (the imports ran uncollected, so it all sits in the youngest generation) and write into its pages, each
+    # a copy-on-write fault in every forked rank.
+    gc.freeze()
 
 
 def _warm_up() -> None:

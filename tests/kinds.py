@@ -54,6 +54,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_cause_summary": ("unit",),
     "test_ci_failures": ("unit",),
     "test_cli_help": ("cli",),
+    "test_collector": ("cli",),
     "test_compare": ("unit",),
     "test_compare_ulps": ("unit",),
     "test_compiled_ddp": ("suite",),

@@ -37,6 +37,11 @@ _ZOO_RUNS = pytest.StashKey[ZooRuns]()
 def _zoo_runs(config: pytest.Config) -> ZooRuns:
     if _ZOO_RUNS not in config.stash:
         factory = getattr(config, "_tmp_path_factory", None)  # the tmp_path_factory fixture's, --basetemp and all
+        if factory is not None:
+            # Made here, in the main thread, before any zoo run's thread asks for a directory under it: pytest makes
+            # it on first use, unlocked, so a test's tmp_path and a background run making it at once got two
+            # different ones, and the run's mktemp refused its name ("not a normalized and relative path").
+            factory.getbasetemp()
         config.stash[_ZOO_RUNS] = ZooRuns(lambda name: str(factory.mktemp(name)) if factory is not None
                                           else tempfile.mkdtemp(prefix=f"{name}-"))
     return config.stash[_ZOO_RUNS]

@@ -302,8 +302,8 @@ class ZooRuns:
         return os.path.join(self.directory(zoo), "reproducers")
 
     def _run(self, zoo: Any, env: Optional[Dict[str, str]]) -> None:
-        junit = self._junit(zoo)
         try:
+            junit = self._junit(zoo)  # inside: a directory that cannot be made is the error every reader sees
             if isinstance(zoo, BackgroundJob):
                 self._runs[zoo.name] = zoo.work(self, os.path.dirname(junit), dict(os.environ if env is None else env))
                 return

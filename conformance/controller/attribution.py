@@ -293,8 +293,8 @@ def _rank_problems(facts: CaseFacts, runs: Sequence[Run], result: CaseResult) ->
     """Rules 1 and 2: a rank of the case's run raised, hung or died."""
     # an own exit in a re-run is told by the re-run's note (the rank problems), as any second run's failure
     mine = own_exit(result) if facts.hook is not None and result is runs[0].result else None
-    hung = any(o.error is None for o in result.outcomes if not o.ok)
     if stopped_in_reference(result) and facts.replays_reference:
+        hung = any(o.error is None for o in result.outcomes if not o.ok)
         alone = _replay(runs, Replay.REFERENCE)
         if alone is None:
             return _ask(Replay.REFERENCE, Rule.REFERENCE_FAILED,

@@ -16,7 +16,8 @@ import time
 import pytest
 import torch
 
-from conformance.shared.compare import Mismatch, bits_equal, compare_bitwise, ulp_distance
+from conformance.shared.compare import SAME_BITS_PROBE, Mismatch, bits_equal, compare_bitwise, same_bits, ulp_distance
+from conformance.ulps import INT_OF_SIZE
 from tests.compare_helpers import FLOATS, INF, f32_bits, from_bits, raw_bits
 
 
@@ -245,3 +246,34 @@ def test_large_tensors_are_fast():
     assert compare_bitwise(a, a.clone()) is None
     assert time.perf_counter() - start < 5.0
     assert m.num_different == 333_334 and m.max_ulp_diff == 1 and m.first_index == (0,)
+
+
+# --- same_bits: the diagnosis's yes/no question over large buffers -----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("where", ["probed", "between_probes", "last", "nan_payload", "negative_zero"])
+def test_same_bits_answers_as_bits_equal_wherever_the_one_difference_lies(dtype, where):
+    """``same_bits`` probes a strided sample before its full pass over a large tensor: a difference where the
+    probe looks, one between its positions, at the last element, a NaN of another payload (equal) and ``-0.0``
+    against ``0.0`` (not equal) each get the answer of the full elementwise comparison."""
+    n = 2 * SAME_BITS_PROBE + 1234  # not a multiple of the probe's stride
+    a = torch.randn(n, dtype=torch.float64).to(dtype)
+    stride = n // SAME_BITS_PROBE
+    at = {"probed": 5 * stride, "between_probes": 5 * stride + 1, "last": n - 1,
+          "nan_payload": 5 * stride + 1, "negative_zero": 7 * stride}[where]
+    b = a.clone()
+    if where == "nan_payload":
+        a[at] = float("nan")
+        bits = b.view(INT_OF_SIZE[b.element_size()])
+        bits[at] = a.view(INT_OF_SIZE[a.element_size()])[at] | 1  # another payload, still a NaN
+        assert torch.isnan(b[at])
+    elif where == "negative_zero":
+        a[at], b[at] = 0.0, -0.0
+    else:
+        b[at] = b[at] * 2 + 1
+    want = bool(bits_equal(a, b).all())
+    assert want == (where == "nan_payload")
+    assert same_bits(a, b) is want and same_bits(b, a) is want
+    assert same_bits(a[: SAME_BITS_PROBE], b[: SAME_BITS_PROBE]) is bool(bits_equal(a[: SAME_BITS_PROBE],
+                                                                                     b[: SAME_BITS_PROBE]).all())

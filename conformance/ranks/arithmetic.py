@@ -39,7 +39,8 @@ from conformance.ranks.cause_words import Words
 from conformance.ranks.hook_call import HookCall
 from conformance.ranks.reduction import (ALL_REDUCE_THEN_CHUNK, DEFAULT_GROUP, PAIRWISE, RANK, RING, Recompute,
                                          Reduction, Scale, rounded)
-from conformance.ulps import bits_equal, dtype_name
+from conformance.shared.compare import same_bits
+from conformance.ulps import dtype_name
 
 __all__ = ["Arithmetic", "Candidate"]
 
@@ -59,7 +60,7 @@ def _chunks_differ(values: Sequence[torch.Tensor], n: int, a: int, b: int) -> bo
     (symmetric or constant inputs), a shard of the wrong rank cannot be told from the right one."""
     for v in values:
         ca, cb = v.chunk(n)[a], v.chunk(n)[b]
-        if ca.shape != cb.shape or not bool(bits_equal(ca, cb).all()):
+        if not same_bits(ca, cb):
             return True
     return False
 
@@ -76,7 +77,7 @@ def narrower_than(given: torch.dtype, reduce_in: torch.dtype) -> List[torch.dtyp
 
 def _rounding_changes(values: Sequence[torch.Tensor], dtype: torch.dtype) -> bool:
     """Whether rounding to ``dtype`` (cast to it and back) changes any bit of any rank's ``values``."""
-    return any(not bool(bits_equal(v, rounded(v, dtype)).all()) for v in values)
+    return any(not same_bits(v, rounded(v, dtype)) for v in values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +221,7 @@ class Arithmetic(abc.ABC):
             kept = (rank - change.read) % self.world_size
             if change.read and not _chunks_differ(recompute.gathered(words.reduce_in), self.world_size, kept, rank):
                 continue  # no data tells the shard of that rank from this rank's
-            if change.rounded_to is not None and out and bool(bits_equal(value, out[0].value).all()):
+            if change.rounded_to is not None and out and same_bits(value, out[0].value):
                 continue  # this rank's result is native's: the rounding vanished in the reduction here
             cause, fix = words.of(native, change)
             out.append(Candidate(cause, value, fix))

@@ -60,7 +60,7 @@ import torch.distributed as dist
 
 from conformance.protocol import Finding, cause_key
 from conformance.ranks.arithmetic import Arithmetic, Candidate
-from conformance.shared.compare import dtype_name, same_bits
+from conformance.shared.compare import SAME_BITS_PROBE, dtype_name, same_bits
 # Re-exported: the recorders import what they keep of a call from here.
 from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives  # noqa: F401
 from conformance.ulps import bits_equal
@@ -81,8 +81,8 @@ def _partial(output: torch.Tensor, native: torch.Tensor, local: torch.Tensor) ->
     """Where ``output`` equals ``native`` but for one contiguous range that holds the local values."""
     if output.shape != native.shape:
         return None
-    o, n = output.double(), native.double()
-    differs = ~((o == n) | (torch.isnan(o) & torch.isnan(n)))
+    # Value equality (-0.0 equals 0.0, any NaN equals any NaN) in the tensors' own dtype: exact, as in float64.
+    differs = ~((output == native) | (torch.isnan(output) & torch.isnan(native)))
     idx = differs.nonzero().flatten()
     if idx.numel() == 0:
         return None
@@ -96,12 +96,17 @@ def _partial(output: torch.Tensor, native: torch.Tensor, local: torch.Tensor) ->
 
 
 def _nonfinite_replaced(output: torch.Tensor, native: torch.Tensor) -> Optional[str]:
-    bad = ~torch.isfinite(native.double())
-    if not bool(bad.any()) or output.shape != native.shape:
+    if output.shape != native.shape or output.dtype != native.dtype:
         return None
-    if not same_bits(output[~bad], native[~bad]):
+    bad = ~torch.isfinite(native)
+    if not bool(bad.any()):
         return None
-    replaced = bad & torch.isfinite(output.double())
+    stride = max(1, output.numel() // SAME_BITS_PROBE)  # a strided probe first, as same_bits does
+    for o, n, b in ((output.reshape(-1)[::stride], native.reshape(-1)[::stride], bad.reshape(-1)[::stride]),
+                    (output, native, bad)):
+        if not bool((bits_equal(o, n) | b).all()):  # equal wherever native is finite
+            return None
+    replaced = bad & torch.isfinite(output)
     if not bool(replaced.any()):
         return None
     values = sorted({float(v) for v in output[replaced].double().tolist()})[:3]
@@ -213,17 +218,14 @@ def _combined(out: torch.Tensor, bodies: Sequence[Candidate],
 
 def _ranges(mask: torch.Tensor, shown: int = 3) -> str:
     """The index ranges where ``mask`` (1-D bool) is set: ``"elements 0..9 and 20..21 (12 of 30)"``."""
-    idx = mask.nonzero().flatten().tolist()
-    runs: List[Tuple[int, int]] = []
-    for i in idx:
-        if runs and i == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], i)
-        else:
-            runs.append((i, i))
-    text = [f"{a}..{b}" if b > a else str(a) for a, b in runs[:shown]]
-    more = f" and {len(runs) - shown} more ranges" if len(runs) > shown else ""
-    word = "element" if len(idx) == 1 else "elements"
-    return f"{word} {', '.join(text)}{more} ({len(idx)} of {mask.numel()})"
+    idx = mask.nonzero().flatten()
+    breaks = (idx[1:] - idx[:-1] != 1).nonzero().flatten()  # a run ends before each break (tensor ops: millions)
+    starts, ends = torch.cat([idx[:1], idx[breaks + 1]]), torch.cat([idx[breaks], idx[-1:]])
+    runs: List[Tuple[int, int]] = list(zip(starts[:shown].tolist(), ends[:shown].tolist()))
+    text = [f"{a}..{b}" if b > a else str(a) for a, b in runs]
+    more = f" and {starts.numel() - shown} more ranges" if starts.numel() > shown else ""
+    word = "element" if idx.numel() == 1 else "elements"
+    return f"{word} {', '.join(text)}{more} ({idx.numel()} of {mask.numel()})"
 
 
 #: Whether :func:`diagnose` explains differences in the case running now (:func:`diagnosing`).

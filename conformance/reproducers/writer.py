@@ -29,6 +29,7 @@ import torch
 from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
 from conformance.protocol import Finding
+from conformance.reproducers.inline import inlined
 from conformance.reproducers.parts import constants_of, sections, written_code_of
 from conformance.shared.training import CHECK_TRAINING
 
@@ -330,13 +331,13 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
                   f"{world_size} {file}` from the directory the hook's module imports from; `--without-hook` builds "
                   "both copies native. Exit status 1: the difference reproduces, 0: it does not, 2: it could not run "
                   "(the error named).")
-        + f"\n{imports_line}.\n"  # one line: the reason it needs the suite, whole
-        + _filled(f"The rest is what this case runs of the suite's model, {api.name}'s build "
+        + "\n" + (f"{imports_line}.\n" if why is not None else "")  # one line: the reason it needs the suite
+        + _filled(("" if why is not None else f"{imports_line}. ")
+                  + f"The rest is what this case runs of the suite's model, {api.name}'s build "
                   f"({api.installed_with}) and loop (commhook-conformance, torch {torch.__version__}). Re-run the "
                   "case in the suite:")
         + f"\n    {rerun}\n"
         '"""',
-        "from __future__ import annotations",
         _rule("the hook under test, and the case"),
         "\n\n".join([_head(spec, target, imports), "\n".join([_literal(case, _keys_read(code)), *constant_lines])]),
     ]
@@ -347,7 +348,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         if model_cls.__module__ in modules:
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
-    return "\n\n".join(parts) + "\n"
+    return inlined("\n\n".join(parts) + "\n", case)
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

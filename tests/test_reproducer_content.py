@@ -152,20 +152,23 @@ def test_a_hard_input_reproducer_decodes_its_recorded_inputs():
                                       {"config": "default", "examples": [(None, [[torch.tensor(v) for v in r]
                                                                                  for r in values])]},
                                       2, "case", [], "header", "rerun", "/tmp/x.py")
-    assert "STEP_INPUTS, LOSS = recorded_inputs, MODEL.loss" in source and "def model_inputs" not in source
+    assert "inputs = recorded_inputs(ranks, step)" in source and "def model_inputs" not in source
+    assert "MODEL.loss(inputs[-1], model(*inputs[-1])).backward()" in source and "STEP_INPUTS" not in source
     assert _unresolved(source, _module_level(source)) == []
 
 
 @pytest.mark.parametrize("api", ["ddp", "fsdp", "fsdp2"])
 @pytest.mark.parametrize("check, params", [("averaging", {}), ("long_run", {"model": "nested_wrapped", "steps": 50})])
 def test_the_other_lock_step_checks_write_their_own_inputs_and_loss(api, check, params):
-    """The averaging check trains the model's inputs, the long run its regression (inputs and loss of its own)."""
+    """The averaging check trains the model's inputs, the long run its regression (inputs and loss of its own), each
+    written where the loop calls it."""
     field, values = _variant(api)
     source = _source(api, {field: values[0], **params}, 4, check=check)
     assert _unresolved(source, _module_level(source)) == []
-    bound = next(line for line in source.splitlines() if line.startswith("STEP_INPUTS, LOSS = "))
-    assert bound == ("STEP_INPUTS, LOSS = regression_step_inputs, regression_loss" if check == "long_run" else
-                     "STEP_INPUTS, LOSS = model_inputs, MODEL.loss")
+    inputs, loss = ("regression_step_inputs", "regression_loss") if check == "long_run" else ("model_inputs",
+                                                                                               "MODEL.loss")
+    assert f"inputs = {inputs}(ranks, step)" in source, source  # written where the loop reads them, not aliased
+    assert f"{loss}(inputs[-1], model(*inputs[-1])).backward()" in source and "STEP_INPUTS" not in source
 
 
 def test_a_known_config_is_written_as_its_fields_values_and_nowhere_itself():

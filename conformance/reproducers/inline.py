@@ -27,7 +27,9 @@ __all__ = ["inlined"]
 #: Lines a replacement may make: the width of the file's headings (a longer line is read less easily than the call).
 WIDTH = 110
 #: Names the file binds itself (its head), never removed as unread.
-_KEPT = {"os", "sys", "torch", "HOOK", "STATE", "IMPORT_HINT", "CASE", "MODEL", "STEP_INPUTS", "LOSS"}
+_KEPT = {"os", "sys", "torch", "HOOK", "STATE", "IMPORT_HINT", "CASE", "MODEL"}
+#: The names the writer binds per case to what the loop calls (the inputs of a step, the loss): written in place.
+ALIASES = {"STEP_INPUTS", "LOSS"}
 #: An expression that needs no parentheses wherever it is written.
 _ATOMIC = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.Subscript, ast.List, ast.Dict, ast.Set,
            ast.ListComp, ast.DictComp, ast.SetComp, ast.GeneratorExp, ast.JoinedStr)
@@ -210,6 +212,145 @@ def _inline_one(source: str) -> Optional[Tuple[str, str]]:
     return None
 
 
+def _statement_body(node: ast.FunctionDef) -> Optional[List[ast.stmt]]:
+    """The statements of a function whose one ``return`` (if any) is its last statement, none a ``yield``,
+    ``global`` or ``nonlocal``; ``None`` otherwise."""
+    def own(n: ast.AST):  # the nodes of the function's own scope
+        for child in ast.iter_child_nodes(n):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                yield child
+                yield from own(child)
+
+    body = node.body
+    returns = [n for stmt in body for n in [stmt, *own(stmt)] if isinstance(n, ast.Return)]
+    if any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Global, ast.Nonlocal, ast.Await))
+           for stmt in body for n in [stmt, *own(stmt)]):
+        return None
+    if returns and (len(returns) > 1 or returns[0] is not body[-1]):
+        return None
+    return body
+
+
+def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]:
+    """``(source with one single-use helper of ``names`` written in place of the statement that calls it, the
+    helper's name)``, or ``None``: a call that is a whole statement (``x = f(...)``, ``f(...)``, ``return f(...)``)
+    of a function, to a function whose one ``return`` ends it. Each parameter whose argument is another
+    expression than a name, a constant or a field read, or that the helper assigns, is assigned first."""
+    tree = ast.parse(source)
+    parents = _parents(tree)
+    uses = _uses(tree)
+    lines = source.splitlines()
+    defined: Dict[str, List[Tuple[ast.FunctionDef, Optional[str]]]] = {}
+    for node in tree.body:
+        members = [(m, node.name) for m in node.body] if isinstance(node, ast.ClassDef) else [(node, None)]
+        for member, owner in members:
+            if isinstance(member, ast.FunctionDef):
+                defined.setdefault(member.name, []).append((member, owner))
+    for name in sorted(names):
+        if len(defined.get(name, [])) != 1 or len(uses.get(name, [])) != 1:
+            continue
+        node, owner = defined[name][0]
+        use = uses[name][0]
+        decorators = [getattr(d, "id", None) for d in node.decorator_list]
+        if (owner is None) == isinstance(use, ast.Attribute) or \
+                decorators not in (([],) if owner is None else ([], ["classmethod"], ["staticmethod"])):
+            continue
+        body = _statement_body(node)
+        call = parents.get(id(use))
+        if body is None or not isinstance(call, ast.Call) or call.func is not use or node.args.vararg or \
+                node.args.kwarg:
+            continue
+        statement = parents.get(id(call))
+        target: Optional[str] = None
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and \
+                isinstance(statement.targets[0], ast.Name):
+            target = statement.targets[0].id
+        elif not isinstance(statement, (ast.Expr, ast.Return)):
+            continue
+        caller = statement
+        while caller is not None and not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            caller = parents.get(id(caller))
+        caller_owner = next((c.name for c in tree.body if isinstance(c, ast.ClassDef) and caller in c.body), None)
+        if not isinstance(caller, ast.FunctionDef) or caller is node or caller_owner != owner:
+            continue  # a method stays in its class: only its own class's methods take it in
+        params = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+        positional = node.args.posonlyargs + node.args.args
+        given = list(call.args)
+        if owner is not None and decorators != ["staticmethod"]:
+            given.insert(0, call.func.value)  # type: ignore[attr-defined]
+        if any(isinstance(a, ast.Starred) for a in given) or any(k.arg is None for k in call.keywords) or \
+                len(given) > len(positional):
+            continue
+        bound: Dict[str, Optional[ast.expr]] = {p.arg: a for p, a in zip(positional, given)}
+        for keyword in call.keywords:
+            bound[keyword.arg] = keyword.value  # type: ignore[index]
+        defaults = [None] * (len(positional) - len(node.args.defaults)) + list(node.args.defaults) + \
+            list(node.args.kw_defaults)
+        for param, default in zip(params, defaults):
+            bound.setdefault(param.arg, default)
+        if any(v is None for v in bound.values()) or set(bound) != {p.arg for p in params}:
+            continue
+        assigned = _bound_in(ast.Module(body=body, type_ignores=[])) - {a.arg for a in ast.walk(
+            ast.Module(body=body, type_ignores=[])) if isinstance(a, ast.arg)}
+        caller_names = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name)} | \
+            {a.arg for a in ast.walk(caller) if isinstance(a, ast.arg)}
+        arg_names = {n.id for a in bound.values() for n in ast.walk(a) if isinstance(n, ast.Name)}  # type: ignore
+        texts = {p: ast.get_source_segment(source, a) for p, a in bound.items()}  # type: ignore[arg-type]
+        first: List[str] = []
+        replace: Dict[str, str] = {}
+        for param, arg in bound.items():
+            text = texts[param] or ""
+            if text == param:
+                if param in assigned and param != target:
+                    break  # the helper would change the caller's own variable
+                continue
+            if _simple(arg) and param not in assigned and "\n" not in text:  # type: ignore[arg-type]
+                replace[param] = text
+            else:
+                first.append(f"{param} = {text}")
+        else:
+            locals_ = (assigned | {l.split(" = ")[0] for l in first}) - {target}
+            scoped = {a.arg for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Lambda)
+                      for a in ast.walk(n.args) if isinstance(a, ast.arg)}
+            scoped |= {t.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.comprehension)
+                       for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+            reads = {n.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)} - scoped
+            if locals_ & caller_names or (target in arg_names and target in assigned) or \
+                    (reads - set(bound) - assigned) & (_bound_in(caller) - arg_names - {target}):
+                continue
+            indent = lines[statement.lineno - 1][:statement.col_offset]
+            start, end = body[0].lineno, (body[-1].end_lineno or body[-1].lineno)
+            body_indent = len(lines[start - 1]) - len(lines[start - 1].lstrip())
+            if any(line.strip() and len(line) - len(line.lstrip()) < body_indent for line in lines[start - 1:end]):
+                continue  # a line the dedent would cut (a string's continuation)
+            region = ast.parse("\n".join(line[body_indent:] if line.strip() else line
+                                         for line in lines[start - 1:end]))
+            text_lines = [line[body_indent:] if line.strip() else "" for line in lines[start - 1:end]]
+            edits = [(n.lineno, n.col_offset, n.end_col_offset, replace[n.id]) for n in ast.walk(region)
+                     if isinstance(n, ast.Name) and n.id in replace]
+            for lineno, c0, c1, text in sorted(edits, reverse=True):
+                text_lines[lineno - 1] = text_lines[lineno - 1][:c0] + text + text_lines[lineno - 1][c1:]
+            last = region.body[-1]
+            if isinstance(last, ast.Return):
+                value = "\n".join(text_lines[last.lineno - 1:last.end_lineno])[last.col_offset + 7:] \
+                    if last.value is not None else "None"
+                del text_lines[last.lineno - 1:]
+                if isinstance(statement, ast.Return):
+                    text_lines.append(f"return {value}")
+                elif isinstance(statement, ast.Expr) and last.value is not None and not _simple(last.value):
+                    text_lines.append(value)  # a call's value the caller drops: the call still runs
+                elif target is not None and value != target:
+                    text_lines.append(f"{target} = {value}")
+            elif not isinstance(statement, ast.Expr):
+                continue
+            new = [indent + line if line else "" for line in first + text_lines]
+            if any(len(line) > 120 for line in new):
+                continue
+            out = lines[:statement.lineno - 1] + new + lines[(statement.end_lineno or statement.lineno):]
+            return "\n".join(out) + "\n", name
+    return None
+
+
 def _fold_case_branches(source: str, case: Dict[str, Any]) -> str:
     """``x if <test> else y`` whose test reads only ``CASE`` (and constants) written as its branch."""
     while True:
@@ -268,12 +409,36 @@ def _removed(source: str, names: Set[str], members: Set[str]) -> Tuple[str, Set[
     return "\n".join(lines) + "\n", freed
 
 
-def inlined(source: str, case: Dict[str, Any]) -> str:
+def _without_aliases(source: str) -> str:
+    """``source`` with the writer's per-case names (``STEP_INPUTS, LOSS = model_inputs, MODEL.loss``: :data:`ALIASES`)
+    written where the loop reads them, and their binding left out."""
+    tree = ast.parse(source)
+    binding = next((n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1 and
+                    isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple) and
+                    {getattr(t, "id", None) for t in n.targets[0].elts} <= ALIASES), None)
+    if binding is None or not all(isinstance(v, (ast.Name, ast.Attribute)) for v in binding.value.elts):
+        return source
+    texts = {t.id: ast.get_source_segment(source, v)  # type: ignore[attr-defined]
+             for t, v in zip(binding.targets[0].elts, binding.value.elts)}  # type: ignore[attr-defined]
+    reads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in texts]
+    lines = source.splitlines()
+    for node in sorted(reads, key=lambda n: (n.lineno, n.col_offset), reverse=True):
+        lines = _cut(lines, node, texts[node.id] or node.id)
+    end = binding.end_lineno or binding.lineno
+    if end < len(lines) and not lines[end].strip():
+        end += 1
+    del lines[binding.lineno - 1:end]
+    return "\n".join(lines) + "\n"
+
+
+def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset()) -> str:
     """``source`` (a written reproducer) with its single-use one-line helpers inlined (see the module), the case's
-    branch of each ``x if <CASE test> else y`` kept, and what no code reads any more removed."""
+    branch of each ``x if <CASE test> else y`` kept, the writer's per-case names written where they are read, and
+    what no code reads any more removed."""
+    source = _without_aliases(source)
     inlined_names: Set[str] = set()
     while True:
-        step = _inline_one(source)
+        step = _inline_one(source) or _inline_statement(source, set(statements))
         if step is None:
             break
         source, name = step

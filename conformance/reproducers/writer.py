@@ -30,7 +30,7 @@ from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
 from conformance.protocol import Finding
 from conformance.reproducers.inline import inlined
-from conformance.reproducers.parts import constants_of, sections, written_code_of
+from conformance.reproducers.parts import _model_modules, constants_of, sections, written_code_of
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -281,6 +281,16 @@ def _names_read(texts: Sequence[str]) -> set:
     return {n.id for text in texts for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
 
 
+def _functions(texts: Sequence[str]) -> set:
+    """The names of the functions and methods ``texts`` (definitions, each parsed alone) define."""
+    out = set()
+    for text in texts:
+        for node in ast.parse(text).body:
+            members = node.body if isinstance(node, ast.ClassDef) else [node]
+            out.update(m.name for m in members if isinstance(m, ast.FunctionDef))
+    return out
+
+
 def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str, Any], world_size: int,
                       case_id: str, findings: Sequence[Finding], header: str, rerun: str, path: str,
                       nodes: int = 1, backend: str = "gloo") -> str:
@@ -348,7 +358,8 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         if model_cls.__module__ in modules:
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
-    return inlined("\n\n".join(parts) + "\n", case)
+    builds = [*_model_modules(model_cls), *api.standalone_modules]  # the model's and the API's helpers, not the loop
+    return inlined("\n\n".join(parts) + "\n", case, _functions([t for m in builds for t in code.get(m, [])]))
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

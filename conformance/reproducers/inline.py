@@ -63,7 +63,7 @@ class _Helper:
                 not isinstance(node.body[0], ast.Return) or node.body[0].value is None:
             return None
         value = node.body[0].value
-        if value.lineno != value.end_lineno or node.args.vararg or node.args.kwarg:
+        if node.args.vararg or node.args.kwarg:
             return None
         if owner is not None:
             decorators = [getattr(d, "id", None) for d in node.decorator_list]
@@ -119,8 +119,10 @@ def _uses(tree: ast.Module) -> Dict[str, List[ast.AST]]:
     return out
 
 
-def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Set[str]) -> Optional[str]:
-    """The helper's expression for ``call``, or ``None`` where the rules of the module do not allow it."""
+def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Set[str],
+                 case: Dict[str, Any]) -> Optional[str]:
+    """The helper's expression for ``call`` (one line, once the case's branch of each ``x if <CASE test> else y``
+    is kept), or ``None`` where the rules of the module do not allow it."""
     params, defaults = helper.params()
     bound: Dict[str, ast.expr] = {}
     given = list(call.args)
@@ -165,11 +167,24 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
         if not _simple(arg) and (len(uses) != 1 or id(uses[0]) in in_scope):
             return None
         texts[name] = text if _atomic(arg, text) else f"({text})"
-    offset = expr.col_offset
-    pieces = sorted(((n.col_offset - offset, n.end_col_offset - offset, texts[n.id])
+    lines = source.splitlines()
+    starts = [0]  # where each line of the expression starts in its text
+    for number in range(expr.lineno, expr.end_lineno or expr.lineno):
+        starts.append(starts[-1] + len(lines[number - 1]) + 1 - (expr.col_offset if number == expr.lineno else 0))
+
+    def at(lineno: int, col: int) -> int:
+        return starts[lineno - expr.lineno] + col - (expr.col_offset if lineno == expr.lineno else 0)
+
+    pieces = sorted(((at(n.lineno, n.col_offset), at(n.end_lineno or n.lineno, n.end_col_offset or 0), texts[n.id])
                      for name in bound for n in reads.get(name, [])), reverse=True)
     for start, end, text in pieces:
         expr_source = expr_source[:start] + text + expr_source[end:]
+    if "\n" in expr_source:  # a conditional the case decides may leave one line
+        folded = _fold_case_branches(f"_ = (\n{expr_source}\n)\n", case)
+        value = ast.parse(folded).body[0].value  # type: ignore[attr-defined]
+        expr_source = ast.get_source_segment(folded, value) or ""
+        if "\n" in expr_source:
+            return None
     return expr_source
 
 
@@ -178,7 +193,7 @@ def _cut(lines: List[str], node: ast.AST, text: str) -> List[str]:
     return lines[:l0 - 1] + [lines[l0 - 1][:c0] + text + lines[l1 - 1][c1:]] + lines[l1:]
 
 
-def _inline_one(source: str) -> Optional[Tuple[str, str]]:
+def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     """``(source with one helper inlined, the helper's name)``, or ``None`` where none is left."""
     tree = ast.parse(source)
     parents = _parents(tree)
@@ -198,7 +213,7 @@ def _inline_one(source: str) -> Optional[Tuple[str, str]]:
             caller = parents.get(id(caller))
         if caller is helper.node:
             continue  # recursive
-        text = _replacement(helper, call, source, _bound_in(caller))
+        text = _replacement(helper, call, source, _bound_in(caller), case)
         if text is None:
             continue
         parent = parents.get(id(call))
@@ -409,6 +424,48 @@ def _removed(source: str, names: Set[str], members: Set[str]) -> Tuple[str, Set[
     return "\n".join(lines) + "\n", freed
 
 
+def _without_empty_kwargs(source: str) -> str:
+    """``source`` less each name bound once to ``{}`` and read only as ``**name`` in a call (what a case that claims
+    no reduce dtype leaves of ``kwargs = mixed_precision(...)``, ``root_extra = cls._root_fsdp_kwargs(...)``):
+    the binding and each ``, **name`` go."""
+    while True:
+        tree = ast.parse(source)
+        found = None
+        for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))]:
+            own = [n for stmt in scope.body for n in ast.walk(stmt)]
+            for stmt in scope.body:
+                if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
+                        isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.Dict) and
+                        not stmt.value.keys):
+                    continue
+                name = stmt.targets[0].id
+                names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
+                spread = [(call, k) for call in ast.walk(tree) if isinstance(call, ast.Call)
+                          for k, kw in enumerate(call.keywords)
+                          if kw.arg is None and isinstance(kw.value, ast.Name) and kw.value.id == name]
+                stores = [n for n in names if not isinstance(n.ctx, ast.Load)]
+                if len(stores) == 1 and stores[0] in own and spread and len(names) == 1 + len(spread) and \
+                        all(k or call.args for call, k in spread):
+                    found = (stmt, spread)
+                    break
+            if found:
+                break
+        if found is None:
+            return source
+        stmt, spread = found
+        lines = source.splitlines()
+        for call, k in sorted(spread, key=lambda s: (s[0].keywords[s[1]].lineno, s[0].keywords[s[1]].col_offset),
+                              reverse=True):
+            keyword = call.keywords[k]
+            previous = call.keywords[k - 1] if k else max(call.args, key=lambda a: (a.end_lineno, a.end_col_offset))
+            if previous.end_lineno != keyword.end_lineno:
+                return source
+            line = lines[keyword.end_lineno - 1]
+            lines[keyword.end_lineno - 1] = line[:previous.end_col_offset] + line[keyword.end_col_offset:]
+        del lines[stmt.lineno - 1:stmt.end_lineno]
+        source = "\n".join(lines) + "\n"
+
+
 def _without_aliases(source: str) -> str:
     """``source`` with the writer's per-case names (``STEP_INPUTS, LOSS = model_inputs, MODEL.loss``: :data:`ALIASES`)
     written where the loop reads them, and their binding left out."""
@@ -438,12 +495,13 @@ def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset(
     source = _without_aliases(source)
     inlined_names: Set[str] = set()
     while True:
-        step = _inline_one(source) or _inline_statement(source, set(statements))
+        step = _inline_one(source, case) or _inline_statement(source, set(statements))
         if step is None:
             break
         source, name = step
         inlined_names.add(name)
-    source = _fold_case_branches(source, case)
+        source, _ = _removed(source, {name}, {name})  # its definition, read nowhere now: its calls count no more
+    source = _without_empty_kwargs(_fold_case_branches(source, case))
     candidates = inlined_names | {(a.asname or a.name).split(".")[0] for n in ast.walk(ast.parse(source))
                                   if isinstance(n, (ast.Import, ast.ImportFrom)) and
                                   getattr(n, "module", None) != "__future__" for a in n.names}

@@ -3,14 +3,22 @@
 The file's code is the suite's (:mod:`conformance.reproducers.sources`), and the suite
 reaches its model and its build through small helpers that serve every config and model
 (``subgroup(ranks)`` that returns ``ranks`` outside the subgroup configs, ``mesh_shape``,
-``bind_comm``, a model's ``_world_size``). Where the file calls such a helper once, and the
-helper is one ``return`` of one line, :func:`inlined` writes the expression at the call, its
-parameters replaced by the call's arguments, and drops the helper; an ``x if <CASE test> else
-y`` the case decides is written as its branch. What no code reads any more (the helper, an
-import) goes too. The file runs the same calls as before, in the same order: an argument is
-written in place of its parameter only where the parameter is read once (outside a ``lambda``
-or a comprehension) or the argument is a name, a constant or a field read, and an argument
-the helper does not read is dropped only where it is one of those.
+``bind_comm``, a model's ``_world_size``, FSDP2's ``wrap_model``). Where the file calls such a
+helper once, :func:`inlined` writes it at the call and drops its definition:
+
+- a helper that is one ``return`` (of one line, once the case's branch of each ``x if <CASE test>
+  else y`` is kept) as that expression, its parameters replaced by the call's arguments;
+- a helper of the model's or the API's build (never the loop's: its functions are what the file is
+  read by) whose one ``return`` ends it, called as a whole statement (``x = f(...)``, ``f(...)``,
+  ``return f(...)``) from a function of its own class or, for a module-level one, of the module, as
+  its statements in place of that statement; a parameter whose argument is another expression, or
+  that the helper assigns, is assigned first.
+
+The file runs the same calls as before, in the same order: an argument is written in place of its
+parameter only where the parameter is read once (outside a ``lambda`` or a comprehension) or the
+argument is a name, a constant or a field read; an argument the helper does not read is dropped only
+where it is one of those; a helper is not written where one of its names would meet a caller's
+variable. Then what no code reads any more goes (:mod:`conformance.reproducers.source_edits`).
 
 Raises nothing: a call that does not fit these rules is left as written.
 """
@@ -20,36 +28,18 @@ from __future__ import annotations
 import ast
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from conformance.reproducers.specialise import _case_constant
+from conformance.reproducers.source_edits import (atomic, bound_in, cut, fold_case_branches, parents, removed,
+                                                  simple, uses_of, without_aliases, without_empty_kwargs)
 
 __all__ = ["inlined"]
 
 #: Lines a replacement may make: the width of the file's headings (a longer line is read less easily than the call).
 WIDTH = 110
-#: Names the file binds itself (its head), never removed as unread.
-_KEPT = {"os", "sys", "torch", "HOOK", "STATE", "IMPORT_HINT", "CASE", "MODEL"}
-#: The names the writer binds per case to what the loop calls (the inputs of a step, the loss): written in place.
-ALIASES = {"STEP_INPUTS", "LOSS"}
-#: An expression that needs no parentheses wherever it is written.
-_ATOMIC = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.Subscript, ast.List, ast.Dict, ast.Set,
-           ast.ListComp, ast.DictComp, ast.SetComp, ast.GeneratorExp, ast.JoinedStr)
-
-
-def _atomic(node: ast.expr, text: str) -> bool:
-    return isinstance(node, _ATOMIC) or (isinstance(node, ast.Tuple) and text.startswith("("))
-
-
-def _simple(node: ast.expr) -> bool:
-    """A name, a constant, or a field or constant-index read of one: no call, the same value read twice."""
-    if isinstance(node, (ast.Name, ast.Constant)):
-        return True
-    if isinstance(node, ast.Attribute):
-        return _simple(node.value)
-    return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and _simple(node.value)
 
 
 class _Helper:
-    """A function of one ``return`` of one line: top-level, or a private method (first parameter the receiver)."""
+    """A function of one ``return``: top-level, or a private method (its first parameter the receiver, but for a
+    ``staticmethod``)."""
 
     def __init__(self, node: ast.FunctionDef, owner: Optional[str]):
         self.node, self.owner, self.name = node, owner, node.name
@@ -82,18 +72,6 @@ class _Helper:
         return positional + args.kwonlyargs, defaults + list(args.kw_defaults)
 
 
-def _parents(tree: ast.AST) -> Dict[int, ast.AST]:
-    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-
-
-def _bound_in(function: Optional[ast.AST]) -> Set[str]:
-    """The names a function binds itself (its parameters, what it assigns): the caller's locals."""
-    if function is None:
-        return set()
-    names = {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
-    return names | {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-
-
 def _helpers(tree: ast.Module) -> Dict[str, List[_Helper]]:
     """Every function of the file by name (a method's under its name too), the one-``return`` ones as helpers;
     a name defined twice maps to a list of two (never inlined)."""
@@ -105,17 +83,6 @@ def _helpers(tree: ast.Module) -> Dict[str, List[_Helper]]:
                     out.setdefault(member.name, []).append(_Helper.of(member, node.name))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             out.setdefault(node.name, []).append(_Helper.of(node, None))
-    return out
-
-
-def _uses(tree: ast.Module) -> Dict[str, List[ast.AST]]:
-    """Where each name is read: a ``Name`` loaded, or an attribute of that name."""
-    out: Dict[str, List[ast.AST]] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            out.setdefault(node.id, []).append(node)
-        elif isinstance(node, ast.Attribute):
-            out.setdefault(node.attr, []).append(node)
     return out
 
 
@@ -155,7 +122,7 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
     for node in ast.walk(expr):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             reads.setdefault(node.id, []).append(node)
-    inner = _bound_in(ast.Module(body=[ast.Expr(s) for s in local_scopes], type_ignores=[]))
+    inner = bound_in(ast.Module(body=[ast.Expr(s) for s in local_scopes], type_ignores=[]))
     if any(name not in bound and name not in inner and name in caller_locals for name in reads):
         return None  # the helper reads a global the caller's local would hide
     texts: Dict[str, str] = {}
@@ -164,9 +131,9 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
         if text is None or "\n" in text:
             return None
         uses = reads.get(name, [])
-        if not _simple(arg) and (len(uses) != 1 or id(uses[0]) in in_scope):
+        if not simple(arg) and (len(uses) != 1 or id(uses[0]) in in_scope):
             return None
-        texts[name] = text if _atomic(arg, text) else f"({text})"
+        texts[name] = text if atomic(arg, text) else f"({text})"
     lines = source.splitlines()
     starts = [0]  # where each line of the expression starts in its text
     for number in range(expr.lineno, expr.end_lineno or expr.lineno):
@@ -180,7 +147,7 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
     for start, end, text in pieces:
         expr_source = expr_source[:start] + text + expr_source[end:]
     if "\n" in expr_source:  # a conditional the case decides may leave one line
-        folded = _fold_case_branches(f"_ = (\n{expr_source}\n)\n", case)
+        folded = fold_case_branches(f"_ = (\n{expr_source}\n)\n", case)
         value = ast.parse(folded).body[0].value  # type: ignore[attr-defined]
         expr_source = ast.get_source_segment(folded, value) or ""
         if "\n" in expr_source:
@@ -188,16 +155,11 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
     return expr_source
 
 
-def _cut(lines: List[str], node: ast.AST, text: str) -> List[str]:
-    l0, c0, l1, c1 = node.lineno, node.col_offset, node.end_lineno, node.end_col_offset  # type: ignore[attr-defined]
-    return lines[:l0 - 1] + [lines[l0 - 1][:c0] + text + lines[l1 - 1][c1:]] + lines[l1:]
-
-
 def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     """``(source with one helper inlined, the helper's name)``, or ``None`` where none is left."""
     tree = ast.parse(source)
-    parents = _parents(tree)
-    uses = _uses(tree)
+    parent_of = parents(tree)
+    uses = uses_of(tree)
     for name, helpers in _helpers(tree).items():
         if len(helpers) != 1 or helpers[0] is None or len(uses.get(name, [])) != 1:
             continue
@@ -205,22 +167,22 @@ def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
         is_method = helper.owner is not None
         if is_method != isinstance(use, ast.Attribute):
             continue
-        call = parents.get(id(use))
+        call = parent_of.get(id(use))
         if not isinstance(call, ast.Call) or call.func is not use:
             continue
         caller = call
         while caller is not None and not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            caller = parents.get(id(caller))
+            caller = parent_of.get(id(caller))
         if caller is helper.node:
             continue  # recursive
-        text = _replacement(helper, call, source, _bound_in(caller), case)
+        text = _replacement(helper, call, source, bound_in(caller), case)
         if text is None:
             continue
-        parent = parents.get(id(call))
+        parent = parent_of.get(id(call))
         alone = isinstance(parent, (ast.Assign, ast.Return, ast.Expr, ast.keyword, ast.Call, ast.List, ast.AnnAssign))
-        if not alone and not _atomic(helper.expr, text):
+        if not alone and not atomic(helper.expr, text):
             text = f"({text})"
-        lines = _cut(source.splitlines(), call, text)
+        lines = cut(source.splitlines(), call, text)
         if any(len(line) > WIDTH for line in lines[call.lineno - 1:call.lineno]):
             continue
         return "\n".join(lines) + "\n", name
@@ -252,8 +214,8 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
     of a function, to a function whose one ``return`` ends it. Each parameter whose argument is another
     expression than a name, a constant or a field read, or that the helper assigns, is assigned first."""
     tree = ast.parse(source)
-    parents = _parents(tree)
-    uses = _uses(tree)
+    parent_of = parents(tree)
+    uses = uses_of(tree)
     lines = source.splitlines()
     defined: Dict[str, List[Tuple[ast.FunctionDef, Optional[str]]]] = {}
     for node in tree.body:
@@ -271,11 +233,11 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
                 decorators not in (([],) if owner is None else ([], ["classmethod"], ["staticmethod"])):
             continue
         body = _statement_body(node)
-        call = parents.get(id(use))
+        call = parent_of.get(id(use))
         if body is None or not isinstance(call, ast.Call) or call.func is not use or node.args.vararg or \
                 node.args.kwarg:
             continue
-        statement = parents.get(id(call))
+        statement = parent_of.get(id(call))
         target: Optional[str] = None
         if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and \
                 isinstance(statement.targets[0], ast.Name):
@@ -284,7 +246,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
             continue
         caller = statement
         while caller is not None and not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            caller = parents.get(id(caller))
+            caller = parent_of.get(id(caller))
         caller_owner = next((c.name for c in tree.body if isinstance(c, ast.ClassDef) and caller in c.body), None)
         if not isinstance(caller, ast.FunctionDef) or caller is node or caller_owner != owner:
             continue  # a method stays in its class: only its own class's methods take it in
@@ -305,7 +267,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
             bound.setdefault(param.arg, default)
         if any(v is None for v in bound.values()) or set(bound) != {p.arg for p in params}:
             continue
-        assigned = _bound_in(ast.Module(body=body, type_ignores=[])) - {a.arg for a in ast.walk(
+        assigned = bound_in(ast.Module(body=body, type_ignores=[])) - {a.arg for a in ast.walk(
             ast.Module(body=body, type_ignores=[])) if isinstance(a, ast.arg)}
         caller_names = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name)} | \
             {a.arg for a in ast.walk(caller) if isinstance(a, ast.arg)}
@@ -319,7 +281,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
                 if param in assigned and param != target:
                     break  # the helper would change the caller's own variable
                 continue
-            if _simple(arg) and param not in assigned and "\n" not in text:  # type: ignore[arg-type]
+            if simple(arg) and param not in assigned and "\n" not in text:  # type: ignore[arg-type]
                 replace[param] = text
             else:
                 first.append(f"{param} = {text}")
@@ -331,7 +293,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
                        for t in ast.walk(n.target) if isinstance(t, ast.Name)}
             reads = {n.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)} - scoped
             if locals_ & caller_names or (target in arg_names and target in assigned) or \
-                    (reads - set(bound) - assigned) & (_bound_in(caller) - arg_names - {target}):
+                    (reads - set(bound) - assigned) & (bound_in(caller) - arg_names - {target}):
                 continue
             indent = lines[statement.lineno - 1][:statement.col_offset]
             start, end = body[0].lineno, (body[-1].end_lineno or body[-1].lineno)
@@ -352,7 +314,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
                 del text_lines[last.lineno - 1:]
                 if isinstance(statement, ast.Return):
                     text_lines.append(f"return {value}")
-                elif isinstance(statement, ast.Expr) and last.value is not None and not _simple(last.value):
+                elif isinstance(statement, ast.Expr) and last.value is not None and not simple(last.value):
                     text_lines.append(value)  # a call's value the caller drops: the call still runs
                 elif target is not None and value != target:
                     text_lines.append(f"{target} = {value}")
@@ -366,133 +328,11 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
     return None
 
 
-def _fold_case_branches(source: str, case: Dict[str, Any]) -> str:
-    """``x if <test> else y`` whose test reads only ``CASE`` (and constants) written as its branch."""
-    while True:
-        tree = ast.parse(source)
-        found = next(((n, v) for n in ast.walk(tree) if isinstance(n, ast.IfExp)
-                      for v in [_case_constant(n.test, case, {})] if v is not None), None)
-        if found is None:
-            return source
-        node, value = found
-        kept = ast.get_source_segment(source, node.body if value else node.orelse) or "None"
-        source = "\n".join(_cut(source.splitlines(), node, kept)) + "\n"
-
-
-def _removed(source: str, names: Set[str], members: Set[str]) -> Tuple[str, Set[str]]:
-    """``source`` less the top-level definitions (functions, classes, one-name assignments) and imported names of
-    ``names``, and the methods of ``members``, that nothing reads any more; with the names the removed
-    definitions read (candidates in their turn)."""
-    tree = ast.parse(source)
-    uses = _uses(tree)
-    lines = source.splitlines()
-    edits: List[Tuple[int, int, List[str]]] = []  # (first line, last line, what replaces them)
-    freed: Set[str] = set()
-
-    def unread(name: str, among: Set[str]) -> bool:
-        return name in among and name not in _KEPT and not uses.get(name)
-
-    def visit(body: List[ast.stmt], among: Set[str]) -> None:
-        for node in body:
-            if isinstance(node, ast.ClassDef):
-                visit(node.body, members)
-            elif isinstance(node, ast.Try):
-                visit(node.body, among)
-            bound = None
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                bound = node.name
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                bound = node.targets[0].id
-            if bound is not None and unread(bound, among):
-                start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-                end = node.end_lineno or start
-                if end < len(lines) and not lines[end].strip() and (start < 2 or not lines[start - 2].strip()):
-                    end += 1  # the blank line that set it apart
-                edits.append((start, end, []))
-                freed.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                kept = [a for a in node.names if not unread((a.asname or a.name).split(".")[0], names)]
-                if len(kept) < len(node.names):
-                    text = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in kept)
-                    head = "import " if isinstance(node, ast.Import) else f"from {node.module} import "
-                    indent = lines[node.lineno - 1][:node.col_offset]
-                    edits.append((node.lineno, node.end_lineno or node.lineno, [indent + head + text] if kept else []))
-
-    visit(tree.body, names)
-    for start, end, text in sorted(edits, reverse=True):
-        lines[start - 1:end] = text
-    return "\n".join(lines) + "\n", freed
-
-
-def _without_empty_kwargs(source: str) -> str:
-    """``source`` less each name bound once to ``{}`` and read only as ``**name`` in a call (what a case that claims
-    no reduce dtype leaves of ``kwargs = mixed_precision(...)``, ``root_extra = cls._root_fsdp_kwargs(...)``):
-    the binding and each ``, **name`` go."""
-    while True:
-        tree = ast.parse(source)
-        found = None
-        for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))]:
-            own = [n for stmt in scope.body for n in ast.walk(stmt)]
-            for stmt in scope.body:
-                if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
-                        isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.Dict) and
-                        not stmt.value.keys):
-                    continue
-                name = stmt.targets[0].id
-                names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
-                spread = [(call, k) for call in ast.walk(tree) if isinstance(call, ast.Call)
-                          for k, kw in enumerate(call.keywords)
-                          if kw.arg is None and isinstance(kw.value, ast.Name) and kw.value.id == name]
-                stores = [n for n in names if not isinstance(n.ctx, ast.Load)]
-                if len(stores) == 1 and stores[0] in own and spread and len(names) == 1 + len(spread) and \
-                        all(k or call.args for call, k in spread):
-                    found = (stmt, spread)
-                    break
-            if found:
-                break
-        if found is None:
-            return source
-        stmt, spread = found
-        lines = source.splitlines()
-        for call, k in sorted(spread, key=lambda s: (s[0].keywords[s[1]].lineno, s[0].keywords[s[1]].col_offset),
-                              reverse=True):
-            keyword = call.keywords[k]
-            previous = call.keywords[k - 1] if k else max(call.args, key=lambda a: (a.end_lineno, a.end_col_offset))
-            if previous.end_lineno != keyword.end_lineno:
-                return source
-            line = lines[keyword.end_lineno - 1]
-            lines[keyword.end_lineno - 1] = line[:previous.end_col_offset] + line[keyword.end_col_offset:]
-        del lines[stmt.lineno - 1:stmt.end_lineno]
-        source = "\n".join(lines) + "\n"
-
-
-def _without_aliases(source: str) -> str:
-    """``source`` with the writer's per-case names (``STEP_INPUTS, LOSS = model_inputs, MODEL.loss``: :data:`ALIASES`)
-    written where the loop reads them, and their binding left out."""
-    tree = ast.parse(source)
-    binding = next((n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1 and
-                    isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple) and
-                    {getattr(t, "id", None) for t in n.targets[0].elts} <= ALIASES), None)
-    if binding is None or not all(isinstance(v, (ast.Name, ast.Attribute)) for v in binding.value.elts):
-        return source
-    texts = {t.id: ast.get_source_segment(source, v)  # type: ignore[attr-defined]
-             for t, v in zip(binding.targets[0].elts, binding.value.elts)}  # type: ignore[attr-defined]
-    reads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in texts]
-    lines = source.splitlines()
-    for node in sorted(reads, key=lambda n: (n.lineno, n.col_offset), reverse=True):
-        lines = _cut(lines, node, texts[node.id] or node.id)
-    end = binding.end_lineno or binding.lineno
-    if end < len(lines) and not lines[end].strip():
-        end += 1
-    del lines[binding.lineno - 1:end]
-    return "\n".join(lines) + "\n"
-
-
 def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset()) -> str:
     """``source`` (a written reproducer) with its single-use one-line helpers inlined (see the module), the case's
     branch of each ``x if <CASE test> else y`` kept, the writer's per-case names written where they are read, and
     what no code reads any more removed."""
-    source = _without_aliases(source)
+    source = without_aliases(source)
     inlined_names: Set[str] = set()
     while True:
         step = _inline_one(source, case) or _inline_statement(source, set(statements))
@@ -500,12 +340,12 @@ def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset(
             break
         source, name = step
         inlined_names.add(name)
-        source, _ = _removed(source, {name}, {name})  # its definition, read nowhere now: its calls count no more
-    source = _without_empty_kwargs(_fold_case_branches(source, case))
+        source, _ = removed(source, {name}, {name})  # its definition, read nowhere now: its calls count no more
+    source = without_empty_kwargs(fold_case_branches(source, case))
     candidates = inlined_names | {(a.asname or a.name).split(".")[0] for n in ast.walk(ast.parse(source))
                                   if isinstance(n, (ast.Import, ast.ImportFrom)) and
                                   getattr(n, "module", None) != "__future__" for a in n.names}
     while candidates:
-        source, freed = _removed(source, candidates, inlined_names)
+        source, freed = removed(source, candidates, inlined_names)
         candidates = freed - inlined_names
     return source

@@ -46,11 +46,23 @@ def parents(tree: ast.AST) -> Dict[int, ast.AST]:
 
 
 def bound_in(function: Optional[ast.AST]) -> Set[str]:
-    """The names a function binds itself (its parameters, what it assigns): the caller's locals."""
+    """The names a function binds itself (its parameters, what it assigns, the functions, classes, imports and
+    exceptions it names), or a block of statements (an ``ast.Module``): the caller's locals."""
     if function is None:
         return set()
-    names = {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
-    return names | {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    names = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not function:
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
 
 
 def uses_of(tree: ast.Module) -> Dict[str, List[ast.AST]]:

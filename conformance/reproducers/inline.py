@@ -52,7 +52,6 @@ class _Helper:
         if not isinstance(node, ast.FunctionDef) or len(node.body) != 1 or \
                 not isinstance(node.body[0], ast.Return) or node.body[0].value is None:
             return None
-        value = node.body[0].value
         if node.args.vararg or node.args.kwarg:
             return None
         if owner is not None:
@@ -155,6 +154,25 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
     return expr_source
 
 
+def _own_method(tree: ast.Module, use: ast.Attribute, caller: Optional[ast.AST], owner: Optional[str]) -> bool:
+    """Whether ``self.name`` / ``cls.name`` (``use``) read in ``caller`` is the method of class ``owner``: the caller
+    is a method of ``owner``, of a class ``owner`` derives from, or of one derived from ``owner`` (the file's own
+    classes, by their bases' names), and it reads the method on its own ``self`` or ``cls``."""
+    if not (isinstance(use.value, ast.Name) and use.value.id in ("self", "cls")):
+        return False
+    bases = {c.name: {getattr(b, "id", None) for b in c.bases} for c in tree.body if isinstance(c, ast.ClassDef)}
+    home = next((c.name for c in tree.body if isinstance(c, ast.ClassDef) and caller in c.body), None)
+
+    def above(name: Optional[str]) -> Set[str]:
+        out: Set[str] = set()
+        while name in bases and name not in out:
+            out.add(name)  # type: ignore[arg-type]
+            name = next((b for b in bases[name] if b in bases), None)  # type: ignore[index]
+        return out
+
+    return home is not None and (owner in above(home) or home in above(owner))
+
+
 def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     """``(source with one helper inlined, the helper's name)``, or ``None`` where none is left."""
     tree = ast.parse(source)
@@ -173,13 +191,14 @@ def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
         caller = call
         while caller is not None and not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             caller = parent_of.get(id(caller))
-        if caller is helper.node:
-            continue  # recursive
+        if caller is helper.node or (is_method and not _own_method(tree, use, caller, helper.owner)):
+            continue  # recursive, or a method another object's may be
         text = _replacement(helper, call, source, bound_in(caller), case)
         if text is None:
             continue
         parent = parent_of.get(id(call))
-        alone = isinstance(parent, (ast.Assign, ast.Return, ast.Expr, ast.keyword, ast.Call, ast.List, ast.AnnAssign))
+        alone = isinstance(parent, (ast.Assign, ast.Return, ast.Expr, ast.keyword, ast.Call, ast.List, ast.AnnAssign)) \
+            and not (isinstance(parent, ast.Call) and parent.func is call)
         if not alone and not atomic(helper.expr, text):
             text = f"({text})"
         lines = cut(source.splitlines(), call, text)

@@ -3,8 +3,9 @@
 :func:`reproducer_source` assembles the file's text from the case and, read
 from the modules the suite itself ran, only the code the case runs
 (:func:`conformance.reproducers.sources.written_code`: its model's class, its
-API's build in its one config, the loop of its check), so the file builds and
-trains the models exactly as the suite did; :func:`write_reproducer` writes it
+API's build in its one config, the loop of its check), each helper it calls once
+written at its call (:func:`conformance.reproducers.inline.inlined`), so the file builds
+and trains the models exactly as the suite did; :func:`write_reproducer` writes it
 under the case id. A case of a rank check other than the lock-step ones
 (``averaging``, ``parity``, ``hard_inputs``), or of a hook that is no Python
 callable the file could import, has no reproducer: :class:`NoReproducer` says

@@ -97,7 +97,7 @@ def test_a_long_runs_reproducer_trains_to_the_failing_step(zoo_runs):
     path = writer.reproducer_path(zoo_runs.reproducers(ZOO), case.name)
     source = open(path, encoding="utf-8").read()
     assert f"'steps': {step + 1}," in source  # CASE holds what its code reads: the regression is in its binding
-    assert "STEP_INPUTS, LOSS = regression_step_inputs, regression_loss" in source
+    assert "inputs = regression_step_inputs(ranks, step)" in source and "regression_loss(inputs[-1]" in source
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CONFORM_", "MASTER_", "TORCHELASTIC"))}
     env["PYTHONPATH"] = repo  # for tests.zoo.reach_hooks

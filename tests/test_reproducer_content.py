@@ -36,12 +36,13 @@ HOOKS = {
     "fsdp2_replica": ("tests.zoo.fsdp2_comms", "bad_replica_sum"),
 }
 #: Lines of the file of a parity case on ``nested_wrapped`` in the API's first config, with one finding (measured
-#: 246, 278 and 323 on 2026-11-27, torch 2.13.0+cpu, and 2 lines' room; 266, 300 and 412 before the FSDP2
-#: config's fields were folded and the loop compared through the API's ``tensors``). Issue 29 asks for 200 (the DDP
-#: file was 746 lines before). Every file holds about 130 lines of the loop every case shares (the lock-step loop,
-#: the bitwise comparison, the spawn launcher) and 40 of the model; an FSDP2 file holds, beyond that, the unit
-#: wrapping, the mesh and the comm's binding of its config alone, and no setup object (``reproducer_known``).
-PARITY_LINES = {"ddp": 248, "fsdp": 280, "fsdp2": 325}
+#: 228, 257 and 287 on 2026-11-27, torch 2.13.0+cpu, and 2 lines' room; 246, 278 and 323 before the single-use
+#: helpers were inlined, ``conformance/reproducers/inline.py``). Issue 29 asks for 200 (the DDP file was 746 lines
+#: before). Every file holds about 125 lines of the loop every case shares (the lock-step loop with the hook's
+#: exception and ``--without-hook``, the bitwise comparison, the spawn launcher) and 35 of the model; an FSDP2 file
+#: holds, beyond that, the unit wrapping, the mesh, FSDP2's import across torch versions and the comm factory's
+#: check of its config alone, and no setup object (``reproducer_known``).
+PARITY_LINES = {"ddp": 230, "fsdp": 259, "fsdp2": 289}
 
 
 def _spec(api: str) -> Any:
@@ -109,7 +110,10 @@ def test_a_parity_reproducer_holds_only_what_its_case_runs(api):
         assert other not in source, other  # another model of the module, the inputs of other checks
     assert "class NestedWrappedModule(ReferenceModel)" in source and "def first_difference" in source
     if api == "ddp":
-        assert "DDP_KWARGS = {}" in source and "'small_buckets'" not in source  # the one config's build
+        # the one config's build: the default config passes DDP no keywords (``**DDP_KWARGS`` of ``{}`` left out)
+        assert "DDP_KWARGS" not in source and "process_group=ranks.group)" in source and "'small_buckets'" not in source
+        other = _source(api, {field: "small_buckets", "model": "nested_wrapped"})
+        assert "DDP_KWARGS = {'bucket_cap_mb': " in other and "**DDP_KWARGS" in other
     if api == "fsdp2":  # the config's branches alone: no replicate, HSDP or replica mesh, auto-wrap policy
         for other in ("def replicate_api", "def hsdp_shape", "def replica_shape", "auto_wrap_policy",
                       "apply_fully_shard", "set_gradient_divide_factor", "class Fsdp2Config", "SETUP", "layout"):
@@ -152,20 +156,23 @@ def test_a_hard_input_reproducer_decodes_its_recorded_inputs():
                                       {"config": "default", "examples": [(None, [[torch.tensor(v) for v in r]
                                                                                  for r in values])]},
                                       2, "case", [], "header", "rerun", "/tmp/x.py")
-    assert "STEP_INPUTS, LOSS = recorded_inputs, MODEL.loss" in source and "def model_inputs" not in source
+    assert "inputs = recorded_inputs(ranks, step)" in source and "def model_inputs" not in source
+    assert "MODEL.loss(inputs[-1], model(*inputs[-1])).backward()" in source and "STEP_INPUTS" not in source
     assert _unresolved(source, _module_level(source)) == []
 
 
 @pytest.mark.parametrize("api", ["ddp", "fsdp", "fsdp2"])
 @pytest.mark.parametrize("check, params", [("averaging", {}), ("long_run", {"model": "nested_wrapped", "steps": 50})])
 def test_the_other_lock_step_checks_write_their_own_inputs_and_loss(api, check, params):
-    """The averaging check trains the model's inputs, the long run its regression (inputs and loss of its own)."""
+    """The averaging check trains the model's inputs, the long run its regression (inputs and loss of its own), each
+    written where the loop calls it."""
     field, values = _variant(api)
     source = _source(api, {field: values[0], **params}, 4, check=check)
     assert _unresolved(source, _module_level(source)) == []
-    bound = next(line for line in source.splitlines() if line.startswith("STEP_INPUTS, LOSS = "))
-    assert bound == ("STEP_INPUTS, LOSS = regression_step_inputs, regression_loss" if check == "long_run" else
-                     "STEP_INPUTS, LOSS = model_inputs, MODEL.loss")
+    inputs, loss = ("regression_step_inputs", "regression_loss") if check == "long_run" else ("model_inputs",
+                                                                                               "MODEL.loss")
+    assert f"inputs = {inputs}(ranks, step)" in source, source  # written where the loop reads them, not aliased
+    assert f"{loss}(inputs[-1], model(*inputs[-1])).backward()" in source and "STEP_INPUTS" not in source
 
 
 def test_a_known_config_is_written_as_its_fields_values_and_nowhere_itself():

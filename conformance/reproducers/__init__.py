@@ -7,7 +7,8 @@ runs them (:mod:`conformance.reproducers.sources`): the reference model's class
 the file calls), the API's standalone part for the case's one config
 (``conformance/apis/<api>/standalone.py``: how the suite builds the native and
 the hooked model, which the suite's own models use too) and the lock-step loop
-of its check (:mod:`conformance.shared.standalone_main` and its pieces). The
+of its check (:mod:`conformance.shared.standalone_main` and its pieces), each helper
+the file calls once written at its call (:mod:`conformance.reproducers.inline`). The
 case (world size, variant, reduce dtype, seeds, steps, the hard inputs' values)
 is a literal ``CASE`` dict. ``python file.py`` starts the case's ranks itself on CPUs (gloo) or
 GPUs (NCCL, one per process) and exits 1 where the difference reproduces, 0 where

@@ -3,8 +3,9 @@
 :func:`reproducer_source` assembles the file's text from the case and, read
 from the modules the suite itself ran, only the code the case runs
 (:func:`conformance.reproducers.sources.written_code`: its model's class, its
-API's build in its one config, the loop of its check), so the file builds and
-trains the models exactly as the suite did; :func:`write_reproducer` writes it
+API's build in its one config, the loop of its check), each helper it calls once
+written at its call (:func:`conformance.reproducers.inline.inlined`), so the file builds
+and trains the models exactly as the suite did; :func:`write_reproducer` writes it
 under the case id. A case of a rank check other than the lock-step ones
 (``averaging``, ``parity``, ``hard_inputs``), or of a hook that is no Python
 callable the file could import, has no reproducer: :class:`NoReproducer` says
@@ -29,7 +30,8 @@ import torch
 from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
 from conformance.protocol import Finding
-from conformance.reproducers.parts import constants_of, sections, written_code_of
+from conformance.reproducers.inline import inlined
+from conformance.reproducers.parts import _model_modules, constants_of, sections, written_code_of
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -280,6 +282,16 @@ def _names_read(texts: Sequence[str]) -> set:
     return {n.id for text in texts for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
 
 
+def _functions(texts: Sequence[str]) -> set:
+    """The names of the functions and methods ``texts`` (definitions, each parsed alone) define."""
+    out = set()
+    for text in texts:
+        for node in ast.parse(text).body:
+            members = node.body if isinstance(node, ast.ClassDef) else [node]
+            out.update(m.name for m in members if isinstance(m, ast.FunctionDef))
+    return out
+
+
 def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str, Any], world_size: int,
                       case_id: str, findings: Sequence[Finding], header: str, rerun: str, path: str,
                       nodes: int = 1, backend: str = "gloo") -> str:
@@ -330,13 +342,13 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
                   f"{world_size} {file}` from the directory the hook's module imports from; `--without-hook` builds "
                   "both copies native. Exit status 1: the difference reproduces, 0: it does not, 2: it could not run "
                   "(the error named).")
-        + f"\n{imports_line}.\n"  # one line: the reason it needs the suite, whole
-        + _filled(f"The rest is what this case runs of the suite's model, {api.name}'s build "
+        + "\n" + (f"{imports_line}.\n" if why is not None else "")  # one line: the reason it needs the suite
+        + _filled(("" if why is not None else f"{imports_line}. ")
+                  + f"The rest is what this case runs of the suite's model, {api.name}'s build "
                   f"({api.installed_with}) and loop (commhook-conformance, torch {torch.__version__}). Re-run the "
                   "case in the suite:")
         + f"\n    {rerun}\n"
         '"""',
-        "from __future__ import annotations",
         _rule("the hook under test, and the case"),
         "\n\n".join([_head(spec, target, imports), "\n".join([_literal(case, _keys_read(code)), *constant_lines])]),
     ]
@@ -347,7 +359,8 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         if model_cls.__module__ in modules:
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
-    return "\n\n".join(parts) + "\n"
+    builds = [*_model_modules(model_cls), *api.standalone_modules]  # the model's and the API's helpers, not the loop
+    return inlined("\n\n".join(parts) + "\n", case, _functions([t for m in builds for t in code.get(m, [])]))
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

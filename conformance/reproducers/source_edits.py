@@ -1,0 +1,203 @@
+"""Edits of a written reproducer's source that keep what it runs: the AST read back as text (:mod:`conformance.
+reproducers.inline` inlines through them).
+
+Each edit works on the file's text by the positions its AST gives, so the suite's code keeps its layout
+and comments: :func:`cut` writes a text in place of a node; :func:`fold_case_branches` writes the case's
+branch of each ``x if <CASE test> else y``; :func:`without_aliases` writes ``STEP_INPUTS`` and ``LOSS``
+(the names the writer binds per case) where the loop reads them; :func:`without_empty_kwargs` leaves out
+a dict bound to ``{}`` and read only as ``**name``; :func:`removed` leaves out what nothing reads any more.
+Torch-free; raises nothing of its own.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from conformance.reproducers.specialise import _case_constant
+
+__all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed", "simple", "uses_of",
+           "without_aliases", "without_empty_kwargs"]
+
+#: Names the file binds itself (its head), never removed as unread.
+KEPT = {"os", "sys", "torch", "HOOK", "STATE", "IMPORT_HINT", "CASE", "MODEL"}
+#: The names the writer binds per case to what the loop calls (the inputs of a step, the loss): written in place.
+ALIASES = {"STEP_INPUTS", "LOSS"}
+#: An expression that needs no parentheses wherever it is written.
+ATOMIC = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.Subscript, ast.List, ast.Dict, ast.Set,
+           ast.ListComp, ast.DictComp, ast.SetComp, ast.GeneratorExp, ast.JoinedStr)
+
+
+def atomic(node: ast.expr, text: str) -> bool:
+    return isinstance(node, ATOMIC) or (isinstance(node, ast.Tuple) and text.startswith("("))
+
+
+def simple(node: ast.expr) -> bool:
+    """A name, a constant, or a field or constant-index read of one: no call, the same value read twice."""
+    if isinstance(node, (ast.Name, ast.Constant)):
+        return True
+    if isinstance(node, ast.Attribute):
+        return simple(node.value)
+    return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and simple(node.value)
+
+
+def parents(tree: ast.AST) -> Dict[int, ast.AST]:
+    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def bound_in(function: Optional[ast.AST]) -> Set[str]:
+    """The names a function binds itself (its parameters, what it assigns, the functions, classes, imports and
+    exceptions it names), or a block of statements (an ``ast.Module``): the caller's locals."""
+    if function is None:
+        return set()
+    names = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not function:
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
+
+
+def uses_of(tree: ast.Module) -> Dict[str, List[ast.AST]]:
+    """Where each name is read: a ``Name`` loaded, or an attribute of that name."""
+    out: Dict[str, List[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            out.setdefault(node.id, []).append(node)
+        elif isinstance(node, ast.Attribute):
+            out.setdefault(node.attr, []).append(node)
+    return out
+
+
+def cut(lines: List[str], node: ast.AST, text: str) -> List[str]:
+    l0, c0, l1, c1 = node.lineno, node.col_offset, node.end_lineno, node.end_col_offset  # type: ignore[attr-defined]
+    return lines[:l0 - 1] + [lines[l0 - 1][:c0] + text + lines[l1 - 1][c1:]] + lines[l1:]
+
+
+def fold_case_branches(source: str, case: Dict[str, Any]) -> str:
+    """``x if <test> else y`` whose test reads only ``CASE`` (and constants) written as its branch."""
+    while True:
+        tree = ast.parse(source)
+        found = next(((n, v) for n in ast.walk(tree) if isinstance(n, ast.IfExp)
+                      for v in [_case_constant(n.test, case, {})] if v is not None), None)
+        if found is None:
+            return source
+        node, value = found
+        kept = ast.get_source_segment(source, node.body if value else node.orelse) or "None"
+        source = "\n".join(cut(source.splitlines(), node, kept)) + "\n"
+
+
+def removed(source: str, names: Set[str], members: Set[str]) -> Tuple[str, Set[str]]:
+    """``source`` less the top-level definitions (functions, classes, one-name assignments) and imported names of
+    ``names``, and the methods of ``members``, that nothing reads any more; with the names the removed
+    definitions read (candidates in their turn)."""
+    tree = ast.parse(source)
+    uses = uses_of(tree)
+    lines = source.splitlines()
+    edits: List[Tuple[int, int, List[str]]] = []  # (first line, last line, what replaces them)
+    freed: Set[str] = set()
+
+    def unread(name: str, among: Set[str]) -> bool:
+        return name in among and name not in KEPT and not uses.get(name)
+
+    def visit(body: List[ast.stmt], among: Set[str]) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, members)
+            elif isinstance(node, ast.Try):
+                visit(node.body, among)
+            bound = None
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound = node.name
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                bound = node.targets[0].id
+            if bound is not None and unread(bound, among):
+                start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+                end = node.end_lineno or start
+                if end < len(lines) and not lines[end].strip() and (start < 2 or not lines[start - 2].strip()):
+                    end += 1  # the blank line that set it apart
+                edits.append((start, end, []))
+                freed.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                kept = [a for a in node.names if not unread((a.asname or a.name).split(".")[0], names)]
+                if len(kept) < len(node.names):
+                    text = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in kept)
+                    head = "import " if isinstance(node, ast.Import) else f"from {node.module} import "
+                    indent = lines[node.lineno - 1][:node.col_offset]
+                    edits.append((node.lineno, node.end_lineno or node.lineno, [indent + head + text] if kept else []))
+
+    visit(tree.body, names)
+    for start, end, text in sorted(edits, reverse=True):
+        lines[start - 1:end] = text
+    return "\n".join(lines) + "\n", freed
+
+
+def without_empty_kwargs(source: str) -> str:
+    """``source`` less each name bound once to ``{}`` and read only as ``**name`` in a call (what a case that claims
+    no reduce dtype leaves of ``kwargs = mixed_precision(...)``, ``root_extra = cls._root_fsdp_kwargs(...)``):
+    the binding and each ``, **name`` go."""
+    while True:
+        tree = ast.parse(source)
+        found = None
+        for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))]:
+            own = [n for stmt in scope.body for n in ast.walk(stmt)]
+            for stmt in scope.body:
+                if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
+                        isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.Dict) and
+                        not stmt.value.keys):
+                    continue
+                name = stmt.targets[0].id
+                names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
+                spread = [(call, k) for call in ast.walk(tree) if isinstance(call, ast.Call)
+                          for k, kw in enumerate(call.keywords)
+                          if kw.arg is None and isinstance(kw.value, ast.Name) and kw.value.id == name]
+                stores = [n for n in names if not isinstance(n.ctx, ast.Load)]
+                if len(stores) == 1 and stores[0] in own and spread and len(names) == 1 + len(spread) and \
+                        all(k or call.args for call, k in spread):
+                    found = (stmt, spread)
+                    break
+            if found:
+                break
+        if found is None:
+            return source
+        stmt, spread = found
+        lines = source.splitlines()
+        for call, k in sorted(spread, key=lambda s: (s[0].keywords[s[1]].lineno, s[0].keywords[s[1]].col_offset),
+                              reverse=True):
+            keyword = call.keywords[k]
+            previous = call.keywords[k - 1] if k else max(call.args, key=lambda a: (a.end_lineno, a.end_col_offset))
+            if previous.end_lineno != keyword.end_lineno:
+                return source
+            line = lines[keyword.end_lineno - 1]
+            lines[keyword.end_lineno - 1] = line[:previous.end_col_offset] + line[keyword.end_col_offset:]
+        del lines[stmt.lineno - 1:stmt.end_lineno]
+        source = "\n".join(lines) + "\n"
+
+
+def without_aliases(source: str) -> str:
+    """``source`` with the writer's per-case names (``STEP_INPUTS, LOSS = model_inputs, MODEL.loss``: :data:`ALIASES`)
+    written where the loop reads them, and their binding left out."""
+    tree = ast.parse(source)
+    binding = next((n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1 and
+                    isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple) and
+                    {getattr(t, "id", None) for t in n.targets[0].elts} <= ALIASES), None)
+    if binding is None or not all(isinstance(v, (ast.Name, ast.Attribute)) for v in binding.value.elts):
+        return source
+    texts = {t.id: ast.get_source_segment(source, v)  # type: ignore[attr-defined]
+             for t, v in zip(binding.targets[0].elts, binding.value.elts)}  # type: ignore[attr-defined]
+    reads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in texts]
+    lines = source.splitlines()
+    for node in sorted(reads, key=lambda n: (n.lineno, n.col_offset), reverse=True):
+        lines = cut(lines, node, texts[node.id] or node.id)
+    end = binding.end_lineno or binding.lineno
+    if end < len(lines) and not lines[end].strip():
+        end += 1
+    del lines[binding.lineno - 1:end]
+    return "\n".join(lines) + "\n"

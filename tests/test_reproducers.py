@@ -29,7 +29,7 @@ import pytest
 
 from conformance.controller.settings import SettingsError
 from conformance.reproducers import writer
-from conformance.shared import standalone_main
+from conformance.shared import standalone_launch, standalone_main
 from tests.meta_helpers import BackgroundJob, ZooRuns
 from tests.meta_zoos import DDP, FSDP, FSDP2, ZOOS
 from tests.test_reproducer_content import PARITY_LINES
@@ -285,14 +285,26 @@ def test_the_reproducer_runs_on_the_backend_the_suite_placed_the_case_on(backend
     assert (on_gpu, hides_gpus) == ((True, False) if backend == "nccl" else (False, True))
 
 
+@pytest.mark.parametrize("backend, threads, method", [("gloo", 1, "fork"), ("gloo", 2, "spawn"), ("nccl", 1, "spawn")])
+def test_cpu_ranks_are_forked_from_a_launcher_of_one_thread_and_gpu_ranks_spawned(monkeypatch, backend, threads,
+                                                                                   method):
+    """Forked CPU ranks inherit the file's ``import torch`` (seconds of CPU a rank); a second thread in the launcher
+    (a hook module's) would leave a forked rank its locks held, and NCCL ranks get a fresh CUDA context each."""
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: [str(i) for i in range(threads)] if path == "/proc/self/task"
+                        else listdir(path))
+    monkeypatch.setattr(os.path, "isdir", lambda path: True)
+    assert standalone_launch.start_method(backend) == method
+
+
 @pytest.mark.parametrize("code, expected, line", [
     (1, 1, None), (2, 2, None),  # a verdict: a rank saw the difference (or its hook raised), or could not run
     (-9, 2, "could not run: rank 1 was killed by signal SIGKILL"), (3, 2, "could not run: rank 1 exited with status 3"),
 ])
 def test_the_launcher_s_status_is_reproduced_or_could_not_run_where_a_rank_exits_other_than_0(capsys, code, expected,
                                                                                                line):
-    """``torch.multiprocessing.spawn`` raises for the first rank that exited other than 0 (it stops the others):
-    its verdict where it has one, else "could not run", naming the signal or the status."""
+    """``torch.multiprocessing.start_processes`` raises for the first rank that exited other than 0 (it stops the
+    others): its verdict where it has one, else "could not run", naming the signal or the status."""
     assert standalone_main.exit_status(1, code) == expected
     printed = capsys.readouterr().out.strip()
     assert printed == (line or "")

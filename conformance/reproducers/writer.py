@@ -131,6 +131,7 @@ def _head(spec: Any, target: str, imports_of_code: Sequence[str] = ()) -> str:
         "import sys",
         "",
         "sys.path.insert(0, os.getcwd())  # as `python -m` does: the suite ran the case from there",
+        'os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the suite\'s ranks (and CPU ranks fork: one thread)',
         hint_literal,
         "try:",
         "    import torch",

@@ -1,10 +1,11 @@
 """A reproducer's launcher: ``python FILE.py`` starts the case's ranks on this machine and exits with their verdict.
 
-Written into every reproducer (:mod:`conformance.reproducers`). ``torch.multiprocessing.spawn`` starts one
-process per rank running the file's ``worker``, with the variables torchrun sets (on the case's backend, as the
-suite placed it: gloo on CPU, or NCCL with one GPU a process); once a rank exits other than 0, spawn stops the others. The exit
-status is 1 where a rank saw the difference, 0 where none did, 2 where the case could not run
-(:func:`exit_status`). Reads the file's ``CASE`` when called. Torch only.
+Written into every reproducer (:mod:`conformance.reproducers`). ``torch.multiprocessing.start_processes`` starts
+one process per rank running the file's ``worker`` (forked for CPU ranks, spawned for GPU ones: :func:`start_method`),
+with the variables torchrun sets (on the case's backend, as the suite placed it: gloo on CPU, or NCCL with one GPU a
+process); once a rank exits other than 0, the others are stopped. The exit status is 1 where a rank saw the
+difference, 0 where none did, 2 where the case could not run (:func:`exit_status`). Reads the file's ``CASE`` when
+called. Torch only.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def exit_status(rank: int, code: int) -> int:
     return COULD_NOT_RUN
 
 
+def start_method(backend: str) -> str:
+    """``fork`` for CPU ranks (gloo) from a process of one thread, so they inherit torch's import (seconds of CPU
+    a rank); ``spawn`` for GPU ranks, or where another thread (a hook module's) would make a fork unsafe."""
+    tasks = "/proc/self/task"  # Linux: one entry per thread
+    return "fork" if backend == "gloo" and os.path.isdir(tasks) and len(os.listdir(tasks)) == 1 else "spawn"
+
+
 def launch() -> int:
     """``python FILE.py``: the case's ranks on this machine, ``worker(rank)`` in a process each
     (``MASTER_ADDR`` / ``MASTER_PORT`` on loopback, as torchrun sets them; CPU ranks see no GPU), and their
@@ -52,7 +60,7 @@ def launch() -> int:
     if CASE["backend"] == "gloo":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks, as the suite's
     try:
-        torch.multiprocessing.spawn(worker, nprocs=n)
+        torch.multiprocessing.start_processes(worker, nprocs=n, start_method=start_method(CASE["backend"]))
     except torch.multiprocessing.ProcessExitedException as exc:
         return exit_status(exc.error_index, exc.exit_code)
     return NOT_REPRODUCED

@@ -48,10 +48,21 @@ SUBSET = ("(test_averaging and reduce_scatter_hook) "
           "or (test_ddp_averaging and (ddp_allreduce_hook or ddp_cpp_allreduce))")
 
 
+#: Ports :func:`_free_port` gave out in this process.
+_GIVEN: set = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port no socket holds now and this process has not been given before. A port is free again as soon
+    as its probe closes, so two calls before either port is listened on could return the same one: a CI run gave
+    the controller's port to the rendezvous too, and the agents waited on the controller's listener."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 @pytest.fixture

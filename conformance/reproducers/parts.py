@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 from conformance.reproducers.sources import written_code
 from conformance.shared import standalone_inputs, standalone_main
 
-__all__ = ["PROVIDED", "constants_of", "known_of", "sections", "written_code_of"]
+__all__ = ["PROVIDED", "constants_of", "known_of", "model_modules", "sections", "written_code_of"]
 
 
 #: Names the file binds itself, not read from the suite's modules: its head's imports, the case, the hook,
@@ -24,7 +24,7 @@ __all__ = ["PROVIDED", "constants_of", "known_of", "sections", "written_code_of"
 PROVIDED = ("os", "sys", "torch", "IMPORT_HINT", "HOOK", "STATE", "CASE", "MODEL", "STEP_INPUTS", "LOSS")
 
 
-def _model_modules(model_cls: type) -> List[str]:
+def model_modules(model_cls: type) -> List[str]:
     """The modules of the model's class and of its bases among the suite's models, base class first."""
     out: List[str] = []
     for cls in reversed(model_cls.__mro__):
@@ -40,7 +40,7 @@ def _path(module: str) -> str:
 
 def sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
     """``(heading, modules)`` of each part of the file's code, in the order a reader meets them."""
-    models = _model_modules(model_cls)
+    models = model_modules(model_cls)
     loop = (standalone_main.__name__, *standalone_main.PIECES[:-1])
     return [(f"the model: {model_cls.__name__} ({', '.join(_path(m) for m in models[::-1])}, as the suite builds it)",
              models),
@@ -83,7 +83,7 @@ def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[
     step_inputs = standalone_inputs.step_inputs_of(case)
     loss = standalone_inputs.loss_of(case)
     roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss]), *constants_read]
-    modules = [*_model_modules(model_cls), *standalone_main.PIECES, *standalone]
+    modules = [*model_modules(model_cls), *standalone_main.PIECES, *standalone]
     prune = [c for c in model_cls.__mro__ if c.__module__.startswith("conformance.models")]
     prune += [c for m in standalone for c in vars(importlib.import_module(m)).values()
               if inspect.isclass(c) and c.__module__ == m]

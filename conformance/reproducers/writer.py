@@ -31,7 +31,7 @@ from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
 from conformance.protocol import Finding
 from conformance.reproducers.inline import inlined
-from conformance.reproducers.parts import _model_modules, constants_of, sections, written_code_of
+from conformance.reproducers.parts import model_modules, constants_of, sections, written_code_of
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -360,7 +360,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         if model_cls.__module__ in modules:
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
-    builds = [*_model_modules(model_cls), *api.standalone_modules]  # the model's and the API's helpers, not the loop
+    builds = [*model_modules(model_cls), *api.standalone_modules]  # the model's and the API's helpers, not the loop
     return inlined("\n\n".join(parts) + "\n", case, _functions([t for m in builds for t in code.get(m, [])]))
 
 

@@ -20,8 +20,8 @@ The first difference is printed per rank (parameter FQN, index, both values
 and their bits); the ranks agree, with an all-reduce, to stop together.
 
 ``python FILE.py`` starts the case's ranks itself (``launch``:
-``torch.multiprocessing.start_processes``, forking CPU ranks) on the backend the suite placed the case on (``CASE["backend"]``:
-gloo on CPU, or one process per GPU with NCCL); under ``torchrun`` the file runs as one of its
+``torch.multiprocessing.start_processes``, forking CPU ranks) on the backend the suite placed the
+case on (``CASE["backend"]``: gloo on CPU, or one process per GPU with NCCL); under ``torchrun`` the file runs as one of its
 workers. Either way the same verdict line is
 printed, and ``python FILE.py`` exits with it: 1 the difference reproduces, 0 it
 does not, 2 it could not run (a process group that cannot start, a launch that

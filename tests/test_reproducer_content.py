@@ -37,8 +37,8 @@ HOOKS = {
 }
 #: Lines of the file of a parity case on ``nested_wrapped`` in the API's first config, with one finding (measured
 #: 233, 262 and 292 on 2026-11-28, torch 2.13.0+cpu, and 2 lines' room; 246, 278 and 323 before the single-use
-#: helpers were inlined, ``conformance/reproducers/inline.py``, 5 lines more since CPU ranks are forked). Issue 29 asks for 200 (the DDP file was 746 lines
-#: before). Every file holds about 125 lines of the loop every case shares (the lock-step loop with the hook's
+#: helpers were inlined, ``conformance/reproducers/inline.py``, 5 lines more since CPU ranks are forked). Issue 29
+#: asks for 200 (the DDP file was 746 lines before). Every file holds about 125 lines of the loop every case shares (the lock-step loop with the hook's
 #: exception and ``--without-hook``, the bitwise comparison, the launcher) and 35 of the model; an FSDP2 file
 #: holds, beyond that, the unit wrapping, the mesh, FSDP2's import across torch versions and the comm factory's
 #: check of its config alone, and no setup object (``reproducer_known``).

@@ -157,8 +157,8 @@ def _plainly_equal(a: Any, b: Any) -> bool:
     """Whether ``a`` and ``b`` are dense floating tensors of one dtype, shape and device, with the same raw bits:
     what :func:`compare_bitwise` calls equal, decided without its checks (one ``torch.equal``, a few µs)."""
     return (type(a) in _PLAIN and type(b) in _PLAIN and a.layout == torch.strided
-            and b.layout == torch.strided and a.dtype == b.dtype and a.dtype.is_floating_point
-            and not a.is_complex() and a.shape == b.shape and a.device == b.device and not a.is_meta
+            and b.layout == torch.strided and a.dtype == b.dtype and a.dtype.is_floating_point  # never complex
+            and a.shape == b.shape and a.device == b.device and not a.is_meta
             and not a.is_neg() and not b.is_neg()
             and torch.equal(a.view(INT_OF_SIZE[a.element_size()]), b.view(INT_OF_SIZE[b.element_size()])))
 

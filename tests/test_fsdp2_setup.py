@@ -104,7 +104,7 @@ def test_how_each_hook_is_bound():
     comm = Comm()
     assert bind_comm(comm, None, "c", None) is comm and isinstance(bind_comm(Comm, None, "c", None), Comm)
     with pytest.raises(TypeError, match="the factory of hook 'f' returned 1"):
-        bind_comm(lambda: 1, None, "f", None)
+        _setup("fsdp2").bound(lambda: 1, None, "f", None)
     hook = _setup("fsdp2_all_reduce").bind(len, None, "h", None)
     assert hook is len
 

@@ -81,7 +81,7 @@ def test_a_factory_that_makes_no_comm_is_named_as_an_all_gather():
     assert isinstance(SETUP.bind(zoo.ListCatAllGather, None, "h", None), zoo.ListCatAllGather)
     with pytest.raises(TypeError, match=r"not an AllGather comm .*__call__\(output_tensor, input_tensor, group, "
                                         r"async_op\)"):
-        SETUP.bind(lambda: object(), None, "h", None)
+        SETUP.bound(lambda: object(), None, "h", None)
 
 
 def test_offsets_padding_and_tails_are_named_bit_for_bit():

@@ -104,15 +104,35 @@ def _without_docstrings(node: ast.stmt, lines: List[str]) -> List[str]:
     return out
 
 
+def _imports_that_work(node: ast.stmt) -> List[ast.stmt]:
+    """Of a module-level ``try: <imports> except ImportError: <imports, another such try, or a fallback>`` (a name's
+    home across torch versions), the import statements that run on this torch: the file imports from there, as
+    one writes for the torch at hand (``[]`` where none does). Any other statement: ``[node]``."""
+    if not isinstance(node, ast.Try):
+        return [node]
+    imports = (ast.Import, ast.ImportFrom)
+    catches = [getattr(h.type, "id", None) for h in node.handlers]
+    if not node.body or not all(isinstance(s, imports) for s in node.body) or catches != ["ImportError"] or \
+            node.orelse or node.finalbody:
+        return [node]
+    try:
+        exec(compile(ast.Module(body=node.body, type_ignores=[]), "<import>", "exec"), {})
+        return list(node.body)
+    except ImportError:
+        found = [s for stmt in node.handlers[0].body for s in _imports_that_work(stmt)]
+        return [s for s in found if isinstance(s, imports)]
+
+
 def _definitions(module_name: str, case: Optional[Dict[str, Any]] = None,
                  known: Optional[Dict[str, Any]] = None) -> List[_Definition]:
     """Every module-level statement of ``module_name`` but its docstring and ``from __future__``, each ``if``
-    on ``CASE`` (or ``known`` names) replaced by the branch ``case`` takes (:func:`specialised`)."""
+    on ``CASE`` (or ``known`` names) replaced by the branch ``case`` takes (:func:`specialised`), and a ``try``
+    of imports across torch versions by the imports that work here (:func:`_imports_that_work`)."""
     module = importlib.import_module(module_name)
     source = specialised(inspect.getsource(module), case, literal_constants(module), known)
     lines = source.splitlines()
     out = []
-    for node in ast.parse(source).body:
+    for node in [n for stmt in ast.parse(source).body for n in _imports_that_work(stmt)]:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in
@@ -144,6 +164,7 @@ class _Pruned:
         header = ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords, body=[],
                               decorator_list=node.decorator_list)
         self.reads = _read_names(header)[0]  # its bases and decorators
+        self.metadata: Set[str] = set()
 
     def owner(self, name: str) -> Optional[type]:
         """The class whose ``name`` the file's instances use: the model's, or this class's own."""
@@ -157,8 +178,8 @@ class _Pruned:
         member, name = self.members[k]
         if isinstance(member, ast.AnnAssign) and dataclasses.is_dataclass(self.cls):
             return True  # a field: the generated __init__ takes it
-        if name is None:
-            return False
+        if name is None or name in self.metadata:
+            return False  # the suite's metadata on a model: kept at the end where the code reads it (written_code)
         if self.owner(name) is self.cls:
             return name in attrs or name in _CALLED_IMPLICITLY
         return name in supers
@@ -214,6 +235,9 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
             for name in definition.binds:
                 table[name] = definition
     prunable = {(c.__module__, c.__name__): c for c in prune}
+    # The suite's metadata on a model (``ReferenceModel``'s ``ClassVar`` s: ``name``, ``fsdp_units``): written
+    # where the file's code reads it on the model (``cls.name``), not for a ``.name`` read on anything else.
+    metadata = {k for c in prune for k, v in vars(c).get("__annotations__", {}).items() if str(v).startswith("ClassVar")}
     skip = set(provided) | set(dir(builtins))
     seen: Set[int] = set()
     pruned: Dict[int, _Pruned] = {}
@@ -233,6 +257,7 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
             cls = prunable.get((definition.module, name))
             if cls is not None:
                 pruned[id(definition)] = _Pruned(definition, cls, model)
+                pruned[id(definition)].metadata = metadata
                 found = (pruned[id(definition)].reads, set(), set())
             else:
                 found = (definition.reads, definition.attrs, definition.supers)
@@ -252,6 +277,8 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
         if not todo and any(k not in p.kept and p.wanted(k, attrs, supers)
                             for p in pruned.values() for k in range(len(p.members))):
             todo.append("")  # one more round: a member reached another
+    on_model = {n.attr for tree in [extra, *(d.node for d in order if id(d) in seen)] for n in ast.walk(tree)
+                if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) in ("cls", "self", "MODEL")}
     imports: List[str] = []
     bound = set(provided)
     texts: Dict[str, List[str]] = {m: [] for m in modules}
@@ -261,6 +288,8 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
         if definition.is_import:
             imports.extend(_import_lines(definition.node, reads, bound))
         elif id(definition) in pruned:
+            part = pruned[id(definition)]
+            part.kept |= {k for k, (_, name) in enumerate(part.members) if name in metadata & on_model}
             module = importlib.import_module(definition.module)
             lines = specialised(inspect.getsource(module), case, literal_constants(module),
                                  (known or {}).get(definition.module)).splitlines()
@@ -268,3 +297,4 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
         else:
             texts[definition.module].append("\n".join(definition.text))
     return imports, texts
+

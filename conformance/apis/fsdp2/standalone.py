@@ -26,7 +26,7 @@ from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_co
 
 _HSDP = dict(mesh="hsdp", sync_setter="set_requires_all_reduce")
 
-SETUP = Fsdp2Setup(setter="set_custom_reduce_scatter", bind=bind_comm, configs={
+SETUP = Fsdp2Setup(setter="set_custom_reduce_scatter", bind=bind_comm, comm_kind="ReduceScatter", configs={
     "default": Fsdp2Config("native fully_shard"),
     "divide_factor": Fsdp2Config("native fully_shard", divide_factor=divide_factor),
     "force_sum": Fsdp2Config("native fully_shard", force_sum=True),

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_all_gather, setup_constants
+from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_comm, setup_constants
 
-SETUP = Fsdp2Setup(setter="set_custom_all_gather", bind=bind_all_gather, configs={
+SETUP = Fsdp2Setup(setter="set_custom_all_gather", bind=bind_comm, comm_kind="AllGather", configs={
     "default": Fsdp2Config("native fully_shard"),
     "no_reshard": Fsdp2Config("native fully_shard(reshard_after_forward=False)", reshard_after_forward=False),
     "reshard_root": Fsdp2Config("native fully_shard, then set_reshard_after_forward(True)",

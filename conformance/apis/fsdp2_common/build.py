@@ -10,9 +10,9 @@ a config's divide factor or forced SUM on every FSDP module. Also the model of
 several parameter groups the registration rules need
 (:func:`several_groups_model`).
 
-Only ``torch`` is imported at module level: everything FSDP2 is looked up when
-it is used, so this module imports on torch versions without FSDP2
-(:func:`missing_api` says what is missing, as a skip reason).
+It imports FSDP2 (through the standalone part), and still imports on torch versions without it, where
+those names are ``None`` (:func:`missing_api` says what is missing, as a skip reason). The plans import
+it when they plan a case, so a run that plans no FSDP2 case does not load FSDP2 in the controller.
 """
 
 from __future__ import annotations

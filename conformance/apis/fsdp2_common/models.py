@@ -140,6 +140,6 @@ class Fsdp2Models(ApiModels):
         model = build_model(ctx, layout, self.model_name, self.mesh, reduce_dtype=reduce_dtype, hooked=hooked)
         if not hooked:
             return Built(model)
-        recorder = self.recorder(self.setup.bind(self.spec.hook, self.spec.state, self.spec.name, self.mesh))
+        recorder = self.recorder(self.setup.bound(self.spec.hook, self.spec.state, self.spec.name, self.mesh))
         register_on_every_module(model, self.setup.setter, recorder)
         return Built(model, recorder)

@@ -18,10 +18,24 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from conformance.apis import TWO_NODES, CasePlan, SuiteTest, first_cross_rank_world_size, simulated_layout_skip
-from conformance.apis.fsdp2_common.build import missing_api, missing_replicate
 from conformance.apis.fsdp2_common.setup import HSDP_REPLICATE, Fsdp2Setup
 from conformance.cases import CaseParams
 from conformance.models import MODELS
+
+
+def missing_api(methods: Sequence[str] = ()) -> Optional[str]:
+    """:func:`conformance.apis.fsdp2_common.build.missing_api`, imported when a case is planned: the build imports
+    FSDP2, which a run that plans no FSDP2 case never loads in the controller."""
+    from conformance.apis.fsdp2_common import build
+
+    return build.missing_api(methods)
+
+
+def missing_replicate() -> Optional[str]:
+    """:func:`conformance.apis.fsdp2_common.build.missing_replicate`, imported when a case is planned."""
+    from conformance.apis.fsdp2_common import build
+
+    return build.missing_replicate()
 
 #: Why gloo cannot run the native reference of a ``divide_factor`` config in float32/bfloat16.
 GLOO_PREMUL_SUM = (

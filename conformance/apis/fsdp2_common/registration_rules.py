@@ -261,7 +261,7 @@ def registration_check(setup: Fsdp2Setup, setter: Setter) -> Callable[..., List[
     def registration(ctx: Any, spec: Any, *, config: str, rule: str) -> List[Finding]:
         layout = setup.configs[config]
         grid = mesh_for(ctx, layout.shape(ctx.world_size))
-        hook = setup.bind(spec.hook, spec.state, spec.name, grid)
+        hook = setup.bound(spec.hook, spec.state, spec.name, grid)
         mesh = grid[layout.hooked_dim] if layout.hooked_dim else grid
         return check_rule(ctx, spec, setter, mesh, hook, rule)
 

@@ -159,13 +159,32 @@ class Fsdp2Setup:
             it is called on every one), e.g. ``"set_custom_reduce_scatter"``.
         bind: ``bind(hook, state, name, mesh)``: the object the setter gets for the spec's ``hook`` (its
             ``state`` factory, its ``name`` for messages, the case's device mesh, ``None`` under
-            ``replicate``): :func:`bind_comm`, :func:`bind_all_gather`, :func:`bind_hook`, :func:`bind_to_replicas`.
+            ``replicate``): :func:`bind_comm`, :func:`bind_hook`, :func:`bind_to_replicas`. A reproducer calls it
+            as it is; the suite through :meth:`bound`, which checks what it made.
         configs: the API's configs by name (the case field ``config``).
+        comm_kind: the comm protocol a comm API's hook must make (a key of :data:`COMM_KINDS`), ``None`` for a hook
+            FSDP2 calls as a function.
     """
 
     setter: str
     bind: Callable[[Any, Any, str, Any], Any]
     configs: Mapping[str, Fsdp2Config]
+    comm_kind: Optional[str] = None
+
+    def bound(self, hook: Any, state: Any, name: str, mesh: Any) -> Any:
+        """What the setter gets for the spec's ``hook`` (:attr:`bind`), on the suite's side: where a comm's factory
+        made it, checked to be a comm of :attr:`comm_kind`.
+
+        Raises:
+            TypeError: the factory returned no comm of that kind (the message names the hook and the protocol).
+        """
+        made = self.bind(hook, state, name, mesh)
+        if self.comm_kind is not None and made is not hook and \
+                (not callable(getattr(made, "allocate", None)) or not callable(made)):
+            article = "an" if self.comm_kind[0] in "AEIOU" else "a"
+            raise TypeError(f"the factory of hook {name!r} returned {made!r}, not {article} {self.comm_kind} comm "
+                            f"(an object with allocate() and {COMM_KINDS[self.comm_kind]})")
+        return made
 
     def reference(self, config: str, world_size: int, claim: Optional[str]) -> str:
         """What a case of ``config`` compares the hooked model with (``claim``: the reduce dtype's name)."""
@@ -175,7 +194,7 @@ class Fsdp2Setup:
         return text + ("" if claim is None else f" with reduce_dtype={claim}")
 
 
-#: What a comm of each kind is, for :func:`make_comm`'s error: ``ReduceScatter`` and ``AllGather`` (the two
+#: What a comm of each kind is, for :meth:`Fsdp2Setup.bound`'s error: ``ReduceScatter`` and ``AllGather`` (the two
 #: ``torch.distributed.fsdp._fully_shard._fsdp_api`` comm protocols).
 COMM_KINDS = {"ReduceScatter": "__call__(output_tensor, input_tensor, group, op, async_op)",
               "AllGather": "__call__(output_tensor, input_tensor, group, async_op)"}
@@ -202,30 +221,10 @@ def setup_constants(setup: Fsdp2Setup, case: Dict[str, Any]) -> Dict[str, Any]:
     return {"SETUP": with_config(setup, config), "REFERENCE": setup.reference(config, case["world_size"], claim)}
 
 
-def make_comm(hook: Any, name: str, kind: str = "ReduceScatter") -> Any:
-    """A comm spec's comm: the object itself, or what its zero-argument factory (a comm class) returns.
-
-    Raises:
-        TypeError: the factory returned no comm of ``kind`` (a key of :data:`COMM_KINDS`).
-    """
-    if not isinstance(hook, type) and callable(getattr(hook, "allocate", None)):
-        return hook
-    comm = hook()
-    if not callable(getattr(comm, "allocate", None)) or not callable(comm):
-        article = "an" if kind[0] in "AEIOU" else "a"
-        raise TypeError(f"the factory of hook {name!r} returned {comm!r}, not {article} {kind} comm "
-                        f"(an object with allocate() and {COMM_KINDS[kind]})")
-    return comm
-
-
 def bind_comm(hook: Any, state: Any, name: str, mesh: Any) -> Any:
-    """A custom comm: the spec's object, or what its factory makes (:func:`make_comm`), one for every module."""
-    return make_comm(hook, name)
-
-
-def bind_all_gather(hook: Any, state: Any, name: str, mesh: Any) -> Any:
-    """A custom all-gather comm (``set_custom_all_gather``): the spec's object, or what its factory makes."""
-    return make_comm(hook, name, "AllGather")
+    """A custom comm, one for every module: the spec's object, or what its zero-argument factory (a comm class)
+    makes (:meth:`Fsdp2Setup.bound` checks that it made a comm)."""
+    return hook if not isinstance(hook, type) and callable(getattr(hook, "allocate", None)) else hook()
 
 
 def bind_hook(hook: Any, state: Any, name: str, mesh: Any) -> Any:

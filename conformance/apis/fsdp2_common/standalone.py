@@ -10,13 +10,13 @@ innermost first, then the root, with ``MixedPrecisionPolicy(reduce_dtype=...)``
 for a reduced-precision claim, and a config's divide factor or forced SUM on
 every FSDP module. The reproducer's functions at the end read the globals
 ``CASE``, ``MODEL``, ``HOOK``, ``STATE`` and ``SETUP`` only when called.
-Everything FSDP2 is looked up when used: the module imports on a torch without
-FSDP2.
+On a torch without FSDP2 the module still imports (:func:`fsdp2_api` is then ``None``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -26,19 +26,19 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from conformance.apis.fsdp2_common.setup import Fsdp2Config, mesh_shape
 
 
-def fsdp2_api() -> Optional[Tuple[Any, Any, Any]]:
-    """``(fully_shard, MixedPrecisionPolicy, FSDPModule)``, or ``None`` on a torch without FSDP2.
+try:  # FSDP2: public in torch.distributed.fsdp from torch 2.6; 2.4 and 2.5 have it under _composable.fsdp
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+except ImportError:
+    try:
+        from torch.distributed._composable.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    except ImportError:  # a torch without FSDP2: the module still imports, and fsdp2_api() is None
+        FSDPModule = MixedPrecisionPolicy = fully_shard = None
 
-    ``torch.distributed.fsdp`` exports them from torch 2.6; 2.4 and 2.5 have
-    them under ``torch.distributed._composable.fsdp``.
-    """
-    for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
-        try:
-            module = __import__(where, fromlist=["fully_shard"])
-            return module.fully_shard, module.MixedPrecisionPolicy, module.FSDPModule
-        except (ImportError, AttributeError):
-            continue
-    return None
+
+def fsdp2_api() -> Optional[Tuple[Any, Any, Any]]:
+    """``(fully_shard, MixedPrecisionPolicy, FSDPModule)``, or ``None`` on a torch without FSDP2 (a reproducer
+    imports them from where the torch that wrote it has them: :mod:`conformance.reproducers.sources`)."""
+    return None if fully_shard is None else (fully_shard, MixedPrecisionPolicy, FSDPModule)
 
 
 def _unit_modules(cls: Any, model: nn.Module) -> List[nn.Module]:
@@ -51,12 +51,7 @@ def _unit_modules(cls: Any, model: nn.Module) -> List[nn.Module]:
     ``ModuleWrapPolicy``: instances of its classes).
     """
     units: List[nn.Module] = []
-
-    def record(module: nn.Module) -> nn.Module:
-        units.append(module)
-        return module
-
-    model._wrap_nested(record)
+    model._wrap_nested(lambda module: units.append(module) or module)  # records each unit, wraps none
     if cls._root_fsdp_kwargs({}).get("auto_wrap_policy") is not None:
         classes = getattr(cls._root_fsdp_kwargs({})["auto_wrap_policy"], "_module_classes", None)
         for module in _post_order(model):
@@ -82,9 +77,9 @@ def _post_order(module: nn.Module) -> List[nn.Module]:
 def _wrap_units(cls: Any, model: nn.Module, wrap: Callable[[nn.Module], Any]) -> nn.Module:
     """``wrap`` (``fully_shard``, ``replicate``) on every FSDP1 unit of ``model`` (a ``cls``), innermost first, then
     the root."""
-    for unit in _unit_modules(cls, model):
+    units = _unit_modules(cls, model)
+    for unit in [*units, model]:
         wrap(unit)
-    wrap(model)
     return model
 
 
@@ -102,7 +97,6 @@ def replicate_api() -> Optional[Any]:
 
 def fsdp_modules(model: nn.Module) -> List[nn.Module]:
     """Every FSDP2 module of ``model`` (root included); settings are per module in FSDP2."""
-    _, _, FSDPModule = fsdp2_api()
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
@@ -124,7 +118,7 @@ def mixed_precision(reduce_dtype: Optional[torch.dtype], param_dtype: Optional[t
     """``fully_shard``/``replicate`` keyword arguments for a claim: ``mp_policy=MixedPrecisionPolicy(reduce_dtype=...)``
     for a reduced-precision one (with ``param_dtype=...`` for a claimed parameter dtype), none for full precision."""
     return {} if reduce_dtype is None and param_dtype is None else {
-        "mp_policy": fsdp2_api()[1](param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
 
 
 def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduce_dtype: Optional[torch.dtype],
@@ -152,7 +146,7 @@ def wrap_model(layout: Fsdp2Config, cls: Any, model: nn.Module, mesh: Any, reduc
             raise ValueError(f"{cls.name} builds its own 1-D meshes; it cannot run under HSDP")
         model = cls.apply_fully_shard(model, group=group, device=device, **kwargs)
     else:
-        model = _wrap_units(cls, model, lambda module: fsdp2_api()[0](module, mesh=mesh, **kwargs))
+        model = _wrap_units(cls, model, lambda module: fully_shard(module, mesh=mesh, **kwargs))
     if layout.methods:
         apply_config(model, layout, world_size)
     if layout.sync_hooked_only:
@@ -187,21 +181,15 @@ def subgroup(ranks: Any) -> Any:
     return ranks
 
 
-_MESHES: Dict[Tuple[int, ...], Any] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
-    """One device mesh of ``shape`` for both copies (collective when first made): 1-D over this rank's
-    data-parallel subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the replica mesh."""
-    if shape in _MESHES:
-        return _MESHES[shape]
+    """One device mesh of ``shape`` for both copies (made once, a collective): 1-D over this rank's data-parallel
+    subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the replica mesh."""
     if _layout().mesh == "subgroup":
-        _MESHES[shape] = DeviceMesh.from_group(ranks.group, ranks.device.type)
-    elif _layout().mesh in ("hsdp", "replica"):
-        _MESHES[shape] = init_device_mesh(ranks.device.type, shape, mesh_dim_names=("replicate", "shard"))
-    else:
-        _MESHES[shape] = init_device_mesh(ranks.device.type, shape)
-    return _MESHES[shape]
+        return DeviceMesh.from_group(ranks.group, ranks.device.type)
+    if _layout().mesh in ("hsdp", "replica"):
+        return init_device_mesh(ranks.device.type, shape, mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(ranks.device.type, shape)
 
 
 def build(ranks: Any, hooked: bool) -> nn.Module:

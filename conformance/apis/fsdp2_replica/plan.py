@@ -35,8 +35,8 @@ from typing import Any, List, Sequence, Tuple
 
 from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, called_as, simulated_layout_skip,
                               two_node_world_sizes)
-from conformance.apis.fsdp2_common.build import missing_api
-from conformance.apis.fsdp2_common.plan import REGISTRATION_RULES, hsdp_unavailable, hsdp_world_size, registration_plan
+from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, hsdp_unavailable, hsdp_world_size, missing_api,
+                                              registration_plan)
 from conformance.apis.fsdp2_common.setup import REPLICA_SHARDS, replica_shape
 from conformance.apis.fsdp2_replica.standalone import SETUP
 from conformance.cases import CaseParams

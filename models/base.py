@@ -45,7 +45,7 @@ _RESERVED_FSDP_KWARGS = ("module", "process_group", "device_id")
 
 def rank_generator(rank: int) -> torch.Generator:
     """A CPU generator seeded with ``1 + rank`` (the seeds' ``manual_seed(1 + rank)``)."""
-    return torch.Generator(device="cpu").manual_seed(1 + int(rank))
+    return torch.Generator(device="cpu").manual_seed(1 + rank)
 
 
 def world_size_of(group: Any) -> int:
@@ -115,14 +115,25 @@ class ReferenceModel(nn.Module):
 
         ``fsdp_kwargs=None``: the plain module (:meth:`plain`). Otherwise a root
         ``FullyShardedDataParallel`` (with the nested units of the mirrored
-        PyTorch test model); every FSDP call gets ``process_group=group``,
-        ``device_id=device`` and ``**fsdp_kwargs``.
+        PyTorch test model): :meth:`build_fsdp` with a checked copy of ``fsdp_kwargs``.
+
+        Raises:
+            TypeError: ``fsdp_kwargs`` sets ``module``, ``process_group`` or ``device_id``, which the build sets.
         """
         if fsdp_kwargs is None:
             return cls.plain(group=group, device=device)
+        return cls.build_fsdp(group=group, device=device, fsdp_kwargs=checked_fsdp_kwargs(cls.__name__, fsdp_kwargs))
+
+    @classmethod
+    def build_fsdp(cls, *, group: Any, device: torch.device, fsdp_kwargs: Dict[str, Any]) -> nn.Module:
+        """The root ``FullyShardedDataParallel`` of :meth:`build`: every FSDP unit (the nested ones of
+        :meth:`_wrap_nested`, innermost first, then the root with :meth:`_root_fsdp_kwargs`) gets
+        ``process_group=group``, ``device_id=device`` and ``**fsdp_kwargs`` (checked by :meth:`build`; an FSDP1
+        reproducer, whose keywords are the suite's, calls this directly)."""
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        model, kwargs = cls._seeded(group, device), checked_fsdp_kwargs(cls.__name__, fsdp_kwargs)
+        model = cls._seeded(group, device)
+        kwargs = dict(fsdp_kwargs)  # a private copy: the root's keywords are popped from it
         root_extra = cls._root_fsdp_kwargs(kwargs)
 
         def wrap(module: nn.Module, **extra: Any) -> nn.Module:
@@ -145,9 +156,7 @@ class ReferenceModel(nn.Module):
     @classmethod
     def loss(cls, inputs: tuple, output: Any) -> torch.Tensor:
         """``output.sum()`` (the seeds' loss); a 0-d output is returned as is."""
-        if isinstance(output, torch.Tensor) and output.dim() == 0:
-            return output
-        return output.sum()
+        return output if output.dim() == 0 else output.sum()
 
 
 def quiet_construct(fn: Callable[[], nn.Module], *messages: str) -> nn.Module:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from conformance.models.base import ReferenceModel, checked_fsdp_kwargs, quiet_construct, rank_generator
+from conformance.models.base import ReferenceModel, quiet_construct, rank_generator
 
 __all__ = ["MixtureOfExperts", "D_EXPERT", "D_INPUT", "D_SHARED"]
 
@@ -166,24 +166,13 @@ class MixtureOfExperts(ReferenceModel):
         return model.to(torch.device(device))
 
     @classmethod
-    def build(
-        cls,
-        *,
-        group: Any,
-        device: torch.device,
-        fsdp_kwargs: Optional[Dict[str, Any]],
-    ) -> nn.Module:
-        """Construct deterministically (expert seeded by ``group.rank()``) on
-        ``device``; ``fsdp_kwargs=None`` gives the plain module, a dict the
-        3-unit FSDP1 model (see the class docstring)."""
-        device = torch.device(device)
-        model = cls.plain(group=group, device=device)
-        if fsdp_kwargs is None:
-            return model
-
+    def build_fsdp(cls, *, group: Any, device: torch.device, fsdp_kwargs: Dict[str, Any]) -> nn.Module:
+        """The 3-unit FSDP1 model (see the class docstring) of :meth:`ReferenceModel.build`, its expert seeded by
+        ``group.rank()``, on ``device``."""
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        kwargs = checked_fsdp_kwargs(cls.__name__, fsdp_kwargs)
+        device = torch.device(device)
+        model, kwargs = cls.plain(group=group, device=device), dict(fsdp_kwargs)
         expert_group = cls.expert_group(group)
         expert = quiet_construct(
             lambda: FSDP(model.module[2], process_group=expert_group, device_id=device, **kwargs),

@@ -127,7 +127,7 @@ class NonUniformReqGradNWM(ReferenceModel):
         device: torch.device,
         fsdp_kwargs: Optional[Dict[str, Any]],
     ) -> nn.Module:
-        """As :meth:`ReferenceModel.build`, then freeze all but ``module.2.1``.
+        """As :meth:`ReferenceModel.build` (which freezes all but ``module.2.1``: :meth:`build_fsdp`).
 
         Raises ``ValueError`` when ``fsdp_kwargs`` is a dict without
         ``use_orig_params=True``."""
@@ -138,7 +138,12 @@ class NonUniformReqGradNWM(ReferenceModel):
                 f"pass fsdp_kwargs with use_orig_params=True (got "
                 f"use_orig_params={fsdp_kwargs.get('use_orig_params', '<unset>')!r})"
             )
-        model = super().build(group=group, device=device, fsdp_kwargs=fsdp_kwargs)
+        return super().build(group=group, device=device, fsdp_kwargs=fsdp_kwargs)
+
+    @classmethod
+    def build_fsdp(cls, *, group: Any, device: torch.device, fsdp_kwargs: Dict[str, Any]) -> nn.Module:
+        """As :meth:`ReferenceModel.build_fsdp`, then freeze all but ``module.2.1``."""
+        model = super().build_fsdp(group=group, device=device, fsdp_kwargs=fsdp_kwargs)
         cls.set_nonuniform_req_grad(model)
         return model
 

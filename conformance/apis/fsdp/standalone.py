@@ -80,19 +80,25 @@ def subgroup(ranks: Any) -> Any:
     return ranks
 
 
+def case_mixed_precision(hooked: bool) -> Optional[MixedPrecision]:
+    """The case's ``MixedPrecision``: the low-precision-gradients setting where the case has it, else the claimed
+    ``param_dtype``'s on both copies, else the claim's ``MixedPrecision(reduce_dtype=...)`` on the native copy
+    alone (the hook reduces), else none."""
+    if CASE["variant"].get("low_precision_grads"):
+        return low_precision_grads_mixed_precision()
+    if CASE.get("param_dtype") is not None:
+        return native_mixed_precision(CASE["reduce_dtype"], CASE["param_dtype"])
+    if CASE["reduce_dtype"] is not None:
+        return None if hooked else native_mixed_precision(CASE["reduce_dtype"])
+    return None
+
+
 def build(ranks: Any, hooked: bool) -> nn.Module:
     """The case's FSDP model under its strategy: with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; the
     native copy under the claim's ``MixedPrecision(reduce_dtype=...)``, the hooked one without it (the hook
     reduces); both under the low-precision-gradients setting where the case has it."""
-    mixed = None
-    if CASE["variant"].get("low_precision_grads"):
-        mixed = low_precision_grads_mixed_precision()
-    elif CASE.get("param_dtype") is not None:
-        mixed = native_mixed_precision(CASE["reduce_dtype"], CASE["param_dtype"])
-    elif CASE["reduce_dtype"] is not None:
-        mixed = None if hooked else native_mixed_precision(CASE["reduce_dtype"])
-    model = MODEL.build(group=ranks.group, device=ranks.device, fsdp_kwargs=dict(
-        sharding_strategy=ShardingStrategy[CASE["variant"]["strategy"]], mixed_precision=mixed,
+    model = MODEL.build_fsdp(group=ranks.group, device=ranks.device, fsdp_kwargs=dict(
+        sharding_strategy=ShardingStrategy[CASE["variant"]["strategy"]], mixed_precision=case_mixed_precision(hooked),
         use_orig_params=True))
     if hooked:
         model.register_comm_hook(STATE(ranks.group), HOOK)

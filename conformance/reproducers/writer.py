@@ -105,6 +105,9 @@ def _hook_imports(spec: Any, target: str) -> str:
     hook = _importable(spec.hook, modules)
     state = _importable(spec.state, modules) if spec.state is not None else ("", "")
     if hook is not None and state is not None:
+        both = f"from {hook[0]} import {hook[1]} as HOOK, {state[1]} as STATE"
+        if state[0] == hook[0] and len(both) <= 106:  # one line where it fits, in the file's try
+            return both
         lines = [f"from {hook[0]} import {hook[1]} as HOOK"]
         lines.append(f"from {state[0]} import {state[1]} as STATE" if state[0] else "STATE = None")
         return "\n".join(lines)
@@ -120,16 +123,17 @@ def _head(spec: Any, target: str, imports_of_code: Sequence[str] = ()) -> str:
     hook and what the written code imports (``imports_of_code``) inside a ``try`` whose failure exits 2 ("could
     not run"), naming the error, on one rank only."""
     why = needs_the_suite(spec, target)
-    hint = ("run this file from the directory the hook's module imports from, or put that directory on PYTHONPATH"
+    hint = ("run this file from the directory the hook's module imports from, or put that on PYTHONPATH"
             if why is None else f"this file needs commhook-conformance installed: {why}")
     imports = "\n".join(f"    {line}" for line in _hook_imports(spec, target).splitlines())
     chunks = textwrap.wrap(hint, 96, drop_whitespace=False)
     hint_literal = "\n".join(("IMPORT_HINT = (" if k == 0 else " " * 15) + repr(c) + (")" if k == len(chunks) - 1 else "")
                              for k, c in enumerate(chunks))
+    plain = [line for line in imports_of_code if line.startswith("import ") and " as " not in line and
+             not line.split()[1].startswith("torch")]  # the standard library's: one line, outside the try
+    imports_of_code = [line for line in imports_of_code if line not in plain]
     return "\n".join([
-        "import os",
-        "import sys",
-        "",
+        "import " + ", ".join(sorted({"os", "sys", *(line.split()[1] for line in plain)})),
         "sys.path.insert(0, os.getcwd())  # as `python -m` does: the suite ran the case from there",
         'os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the suite\'s ranks (and CPU ranks fork: one thread)',
         hint_literal,
@@ -246,8 +250,8 @@ def _keys_read(code: Dict[str, List[str]]) -> set:
 
 def _literal(case: Dict[str, Any], read: Optional[set] = None, width: int = 110) -> str:
     """``CASE = {...}``: the keys that name the case (:data:`NAMING_KEYS`) and those ``read`` (all where ``None``),
-    as many a line as fit in ``width`` columns, a long value on a line of its own (a hard-input case's
-    ``inputs``); a dtype as ``torch.<name>``."""
+    as many a line as fit in ``width`` columns, the first on the ``CASE = {`` line and the others under it, a long
+    value on a line of its own (a hard-input case's ``inputs``); a dtype as ``torch.<name>``."""
     lines: List[str] = []
     for key, value in case.items():
         if read is not None and key not in read and key not in NAMING_KEYS:
@@ -256,8 +260,8 @@ def _literal(case: Dict[str, Any], read: Optional[set] = None, width: int = 110)
         if lines and len(lines[-1]) + 1 + len(item) <= width and len(item) < width // 2:
             lines[-1] += " " + item
         else:
-            lines.append("    " + item)
-    return "CASE = {\n" + "\n".join(lines) + "\n}"
+            lines.append(("CASE = {" if not lines else " " * 8) + item)  # the items aligned under the first
+    return "\n".join(lines)[:-1] + "}"
 
 
 def _grouped(texts: Sequence[str]) -> List[str]:
@@ -335,33 +339,49 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
     found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
                       + (["    ..."] if len(shown) > 2 else []))
     file = os.path.basename(path)
+    run_it = (f"Run `python {file}` (it starts {world_size} ranks, {backend}) or `torchrun --nproc-per-node {world_size} "
+              f"{file}` from the directory the hook's module imports from; `--without-hook` builds both copies "
+              "native. Exit status 1: the difference reproduces, 0: it does not, 2: it could not run (the error named).")
+    contents = (f"It is what this case runs of the suite's model, {api.name}'s build ({api.installed_with}) and loop "
+                f"(commhook-conformance, torch {torch.__version__})"
+                + (", with torch and the hook's module as its only imports" if why is None else "")
+                + ". Re-run the case in the suite:")
+    # one paragraph; where the file needs the suite, the reason on a line of its own between the two
+    about = _filled(f"{run_it} {contents}") if why is None else \
+        "\n".join([_filled(run_it), f"{imports_line}.", _filled(contents)])
     parts = [
         "#!/usr/bin/env python3\n"
         f'"""Standalone reproducer of {case_id}\n\n'
         f"{header}\n{found}\n\n"
-        + _filled(f"Run `python {file}` (it starts {world_size} ranks, {backend}) or `torchrun --nproc-per-node "
-                  f"{world_size} {file}` from the directory the hook's module imports from; `--without-hook` builds "
-                  "both copies native. Exit status 1: the difference reproduces, 0: it does not, 2: it could not run "
-                  "(the error named).")
-        + "\n" + (f"{imports_line}.\n" if why is not None else "")  # one line: the reason it needs the suite
-        + _filled(("" if why is not None else f"{imports_line}. ")
-                  + f"The rest is what this case runs of the suite's model, {api.name}'s build "
-                  f"({api.installed_with}) and loop (commhook-conformance, torch {torch.__version__}). Re-run the "
-                  "case in the suite:")
+        + about
         + f"\n    {rerun}\n"
         '"""',
-        _rule("the hook under test, and the case"),
-        "\n\n".join([_head(spec, target, imports), "\n".join([_literal(case, _keys_read(code)), *constant_lines])]),
+        _rule("the hook under test, and the case") + "\n" + "\n\n".join(
+            [_head(spec, target, imports), "\n".join([_literal(case, _keys_read(code)), *constant_lines])]),
     ]
     for title, modules in sections(model_cls, api):
         texts = _grouped([text for module in modules for text in code.get(module, [])])
         if texts:
-            parts.extend([_rule(title), *texts])
+            parts.extend([_rule(title) + "\n" + texts[0], *texts[1:]])  # a heading, then its code
         if model_cls.__module__ in modules:
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
     builds = [*model_modules(model_cls), *api.standalone_modules]  # the model's and the API's helpers, not the loop
-    return inlined("\n\n".join(parts) + "\n", case, _functions([t for m in builds for t in code.get(m, [])]))
+    return _without_blank_lines_in_blocks(
+        inlined("\n\n".join(parts) + "\n", case, _functions([t for m in builds for t in code.get(m, [])])))
+
+
+def _without_blank_lines_in_blocks(source: str) -> str:
+    """``source`` less the blank lines inside a function or class (the file separates its top-level definitions
+    alone, as it writes a class's methods one after another) and after a part's heading (what a helper inlined
+    away leaves there); a string's lines stay as they are."""
+    in_strings = {k for node in ast.walk(ast.parse(source)) if isinstance(node, ast.JoinedStr) or
+                  isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  for k in range(node.lineno, node.end_lineno + 1)}
+    lines = source.splitlines()
+    kept = [line for k, line in enumerate(lines) if line.strip() or k + 1 in in_strings or
+            k + 1 < len(lines) and not lines[k + 1][:1].isspace() and not lines[k - 1].startswith("# -- ")]
+    return "\n".join(kept) + "\n"
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

@@ -28,36 +28,26 @@ def fqn_inside_ddp(name: str) -> str:
 
 def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """This rank's shard of a DTensor (``to_local()``, FSDP2), else the tensor itself."""
-    if t is None:
-        return None
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-#: The integer dtype of each element width: a tensor viewed as it reads its stored bits.
-INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def hex_bits(value: torch.Tensor) -> str:
-    """The stored bits of a one-element tensor in hex, as wide as its dtype (``0xbeabc949``)."""
-    size = value.element_size()
-    return f"0x{int(value.view(INTS[size])) & ((1 << 8 * size) - 1):0{2 * size}x}"
+    return t.to_local() if hasattr(t, "to_local") else t  # None has no to_local: None
 
 
 def first_difference(got: Optional[torch.Tensor], want: Optional[torch.Tensor]) -> Optional[str]:
     """Where ``got`` (hooked) first differs bit for bit from ``want`` (native), or ``None``; NaN equals NaN,
-    ``-0.0`` is not ``+0.0`` (the suite's ``compare_bitwise``). Values are shown to 9 significant digits."""
+    ``-0.0`` is not ``+0.0`` (the suite's ``compare_bitwise``). Values are shown to 9 significant digits, with their
+    stored bits in hex, as wide as the dtype (``0xbeabc949``)."""
     if got is None or want is None:
         return None if got is want else f"is {'set' if want is None else 'None'} with the hook, not natively"
     got, want = got.detach().cpu(), want.detach().cpu()
     if got.dtype != want.dtype or got.shape != want.shape:
         return f"is {got.dtype} {tuple(got.shape)} with the hook, {want.dtype} {tuple(want.shape)} natively"
-    g, w, ints = got.reshape(-1), want.reshape(-1), INTS[got.element_size()]
-    differ = (g.view(ints) != w.view(ints)) & ~(g.isnan() & w.isnan())
+    g, w = got.reshape(-1, 1), want.reshape(-1, 1)  # an element a row, compared as its stored bytes
+    differ = (g.view(torch.uint8) != w.view(torch.uint8)).any(1) & ~(g.isnan() & w.isnan())[:, 0]
     if not bool(differ.any()):
         return None
     flat = int(differ.nonzero()[0])
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), got.shape))
     a, b = g[flat], w[flat]
-    return (f"first difference at index {index}: got {float(a):.9g} ({hex_bits(a)}), but expected {float(b):.9g} "
-            f"({hex_bits(b)}); {int(differ.sum())} of {got.numel()} elements differ")
+    bits = ["0x" + bytes(v.view(torch.uint8).tolist()[::-1]).hex() for v in (a, b)]  # stored little-endian, as torch
+    return (f"first difference at index {index}: got {float(a):.9g} ({bits[0]}), but expected {float(b):.9g} "
+            f"({bits[1]}); {int(differ.sum())} of {got.numel()} elements differ")
 

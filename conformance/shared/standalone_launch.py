@@ -1,10 +1,10 @@
 """A reproducer's launcher: ``python FILE.py`` starts the case's ranks on this machine and exits with their verdict.
 
 Written into every reproducer (:mod:`conformance.reproducers`). ``torch.multiprocessing.start_processes`` starts
-one process per rank running the file's ``worker`` (forked for CPU ranks, spawned for GPU ones: :func:`start_method`),
+one process per rank running the file's ``run(rank)`` (forked for CPU ranks, spawned for GPU ones: :func:`start_method`),
 with the variables torchrun sets (on the case's backend, as the suite placed it: gloo on CPU, or NCCL with one GPU a
 process); once a rank exits other than 0, the others are stopped. The exit status is 1 where a rank saw the
-difference, 0 where none did, 2 where the case could not run (:func:`exit_status`). Reads the file's ``CASE`` when
+difference, 0 where none did, 2 where the case could not run (a rank's status that is no verdict is named). Reads the file's ``CASE`` when
 called. Torch only.
 """
 
@@ -31,16 +31,6 @@ def layout_env(rank: int, world_size: int, nodes: int) -> Dict[str, str]:
 NOT_REPRODUCED, REPRODUCED, COULD_NOT_RUN = 0, 1, 2
 
 
-def exit_status(rank: int, code: int) -> int:
-    """The launcher's status where rank ``rank`` exited with ``code`` (not 0): that status where it is a verdict
-    (1 reproduced, 2 could not run), else 2, with a line naming the signal or the status."""
-    if code in (REPRODUCED, COULD_NOT_RUN):
-        return code
-    how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-    print(f"could not run: rank {rank} {how}", flush=True)
-    return COULD_NOT_RUN
-
-
 def start_method(backend: str) -> str:
     """``fork`` for CPU ranks (gloo) from a process of one thread, so they inherit torch's import (seconds of CPU
     a rank); ``spawn`` for GPU ranks, or where another thread (a hook module's) would make a fork unsafe."""
@@ -49,9 +39,11 @@ def start_method(backend: str) -> str:
 
 
 def launch() -> int:
-    """``python FILE.py``: the case's ranks on this machine, ``worker(rank)`` in a process each
+    """``python FILE.py``: the case's ranks on this machine, ``run(rank)`` in a process each
     (``MASTER_ADDR`` / ``MASTER_PORT`` on loopback, as torchrun sets them; CPU ranks see no GPU), and their
-    verdict."""
+    verdict: ``torch.multiprocessing.start_processes`` raises for the first rank that exited other than 0 (and
+    stops the others); its status where it is a verdict (1 reproduced, 2 could not run), else 2, with a line
+    naming the signal or the status."""
     n = CASE["world_size"]
     with socket.socket() as s:  # a free port on loopback
         s.bind(("127.0.0.1", 0))
@@ -60,7 +52,11 @@ def launch() -> int:
     if CASE["backend"] == "gloo":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks, as the suite's
     try:
-        torch.multiprocessing.start_processes(worker, nprocs=n, start_method=start_method(CASE["backend"]))
-    except torch.multiprocessing.ProcessExitedException as exc:
-        return exit_status(exc.error_index, exc.exit_code)
+        torch.multiprocessing.start_processes(run, nprocs=n, start_method=start_method(CASE["backend"]))
+    except torch.multiprocessing.ProcessExitedException as exc:  # the first rank that exited other than 0
+        code = exc.exit_code
+        if code not in (REPRODUCED, COULD_NOT_RUN):  # no verdict: a signal (-N), or a status of its own
+            how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+            print(f"could not run: rank {exc.error_index} {how}", flush=True)
+        return code if code in (REPRODUCED, COULD_NOT_RUN) else COULD_NOT_RUN
     return NOT_REPRODUCED

@@ -48,7 +48,7 @@ from conformance.shared.standalone_compare import (first_difference,  # noqa: F4
 from conformance.shared.standalone_inputs import (PLACED_PERIOD, SeededInputs, placed_tensor,  # noqa: F401
                                                   regression_inputs, regression_loss)
 from conformance.shared.standalone_launch import (COULD_NOT_RUN, NOT_REPRODUCED, REPRODUCED,  # noqa: F401
-                                                  exit_status, launch, layout_env)
+                                                  launch, layout_env)
 
 #: The modules a reproducer's code is read from, lowest first (:mod:`conformance.reproducers.sources`).
 PIECES = ("conformance.shared.standalone_compare", "conformance.shared.standalone_inputs",
@@ -106,8 +106,7 @@ def differs(what: str, hooked: nn.Module, native: nn.Module, ranks: Ranks, step:
         why = first_difference(got.get(fqn), want)
         if why is not None:
             line = f"[rank {ranks.rank}, step {step}, parameter {fqn!r}] {what} differs from {REFERENCE}: {why}"
-            sys.stdout.write(line + "\n")  # one write a line: the ranks share the terminal
-            sys.stdout.flush()
+            print(line + "\n", end="", flush=True)  # one write a line, buffered or not: the ranks share the terminal
             break
     anywhere = torch.tensor([int(line is not None)], device=ranks.device)
     dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)
@@ -163,11 +162,15 @@ def main() -> int:
     return NOT_REPRODUCED
 
 
-def worker(rank: int) -> None:
-    """Rank ``rank`` (``RANK`` and ``LOCAL_RANK`` where torchrun did not set them): :func:`main`, then leave at
-    once with its status (``os._exit``: the interpreter's teardown of FSDP2's and gloo's threads can abort a
-    process that already gave its answer). Anything that raises outside the hook (a process group that cannot
-    start, the native copy) is :data:`COULD_NOT_RUN`, never 1, the status of a reproduced difference."""
+def run(rank: Optional[int] = None) -> None:
+    """The file's entry. ``python FILE.py`` (no ``RANK`` set) starts the case's ranks (``launch``), each of which
+    runs ``run(rank)``, and exits with their verdict. A rank (one of those, or torchrun's worker: ``RANK`` and
+    ``LOCAL_RANK`` set) runs :func:`main`, then leaves at once with its status (``os._exit``: the interpreter's
+    teardown of FSDP2's and gloo's threads can abort a process that already gave its answer). Anything that
+    raises outside the hook (a process group that cannot start, the native copy) is :data:`COULD_NOT_RUN`,
+    never 1, the status of a reproduced difference."""
+    if rank is None and "RANK" not in os.environ:
+        sys.exit(launch())
     os.environ.setdefault("RANK", str(rank))
     os.environ.setdefault("LOCAL_RANK", str(rank))
     try:
@@ -177,11 +180,3 @@ def worker(rank: int) -> None:
         print(f"could not run: {type(exc).__name__}: {exc}", flush=True)
         code = COULD_NOT_RUN
     os._exit(code)  # every line was printed with flush=True, and stderr writes each line
-
-
-def run() -> None:
-    """The file's entry: as torchrun's worker where ``RANK`` is set, else start the case's ranks (``launch``) and
-    exit with their verdict."""
-    if "RANK" in os.environ:
-        worker(int(os.environ["RANK"]))
-    sys.exit(launch())

@@ -156,15 +156,14 @@ def _member_name(member: ast.stmt) -> Optional[str]:
 class _Pruned:
     """A class of the model's ancestry, written with the members the file's code reaches only."""
 
-    def __init__(self, definition: _Definition, cls: type, model: type):
-        self.definition, self.cls, self.model = definition, cls, model
+    def __init__(self, definition: _Definition, cls: type, model: type, metadata: Set[str]):
+        self.definition, self.cls, self.model, self.metadata = definition, cls, model, metadata
         node = definition.node
         self.members = [(m, _member_name(m)) for m in node.body]
         self.kept: Set[int] = set()
         header = ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords, body=[],
                               decorator_list=node.decorator_list)
         self.reads = _read_names(header)[0]  # its bases and decorators
-        self.metadata: Set[str] = set()
 
     def owner(self, name: str) -> Optional[type]:
         """The class whose ``name`` the file's instances use: the model's, or this class's own."""
@@ -256,8 +255,7 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
             seen.add(id(definition))
             cls = prunable.get((definition.module, name))
             if cls is not None:
-                pruned[id(definition)] = _Pruned(definition, cls, model)
-                pruned[id(definition)].metadata = metadata
+                pruned[id(definition)] = _Pruned(definition, cls, model, metadata)
                 found = (pruned[id(definition)].reads, set(), set())
             else:
                 found = (definition.reads, definition.attrs, definition.supers)

@@ -21,12 +21,20 @@ because nothing else may be installed yet. What it does, in order:
    65.5 without ``wheel``; a Python 3.12 venv has no setuptools at all) pip
    builds in an isolated environment, which fetches setuptools from the
    package index.
+3. The package's modules (and, with ``--test``, ``tests/``) byte-compiled in
+   place, as pip compiles a regular install's. An editable install is
+   imported from the checkout, which pip leaves uncompiled, and where
+   ``PYTHONDONTWRITEBYTECODE`` is set (it is on this project's machines)
+   every process of a run compiled the suite's modules again: about 0.4 s
+   of CPU for a run's controller and zygote together, in each of the fifty
+   runs of the suite ``make test`` starts.
 
 Exit status: 0 ready; 2 setup failed, with a message that says what to do.
 """
 
 from __future__ import annotations
 
+import compileall
 import importlib.util
 import os
 import re
@@ -136,6 +144,8 @@ def main(argv: Optional[list] = None) -> int:
         fail(f"Python {sys.version.split()[0]} is too old; the suite needs Python 3.9 or newer")
     ensure_torch()
     install_package(test_extra)
+    for folder in ("conformance", "tests") if test_extra else ("conformance",):
+        compileall.compile_dir(os.path.join(REPO, folder), quiet=1)
     check = subprocess.run([sys.executable, "-c", "import torch, pytest, hypothesis, numpy, conformance.models, "
                             "conformance.fixtures; print(torch.__version__)"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.path.expanduser("~"))

@@ -22,6 +22,8 @@ def setup_env(monkeypatch):
     spec.loader.exec_module(module)
     module.pip_calls = []
     monkeypatch.setattr(module, "pip", lambda *args: module.pip_calls.append(args) or 0)
+    module.compiled = []
+    monkeypatch.setattr(module.compileall, "compile_dir", lambda folder, **kw: module.compiled.append(folder) or True)
     return module
 
 
@@ -109,6 +111,9 @@ def test_the_suite_is_installed_without_the_test_extra(setup_env, monkeypatch):
     assert setup_env.main(["--test"]) == 0
     assert setup_env.pip_calls == [("install", "--no-build-isolation", "-e", str(REPO)),
                                    ("install", "--no-build-isolation", "-e", f"{REPO}[test]")]
+    # An editable install is imported from the checkout, which pip leaves uncompiled: setup compiles it, and
+    # tests/ for make test, so no process of a run compiles them again where PYTHONDONTWRITEBYTECODE is set.
+    assert setup_env.compiled == [str(REPO / "conformance"), str(REPO / "conformance"), str(REPO / "tests")]
 
 
 def test_the_makefile_installs_the_test_extra_for_make_test_only():

@@ -46,6 +46,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_default_run_reuse": ("unit",),
     "test_docs": ("cli",),
     "test_fsdp2_setup": ("unit",),
+    "test_gather_outcomes": ("unit",),
     "test_layers": ("unit",),
     "test_bench_sample": ("unit",),
     "test_bookkeeper": ("unit",),

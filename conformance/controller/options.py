@@ -99,7 +99,8 @@ OPTIONS: Tuple[Option, ...] = (
            "gloo|nccl", "nccl with CUDA, else gloo"),
     Option("--device", "CONFORM_DEVICE", "device of each rank: cpu or cuda", "conform_device", "cpu|cuda",
            "cuda if available"),
-    Option("--case-timeout", "CONFORM_CASE_TIMEOUT", "seconds before a case is declared hung",
+    Option("--case-timeout", "CONFORM_CASE_TIMEOUT",
+           "seconds without progress (no rank starting a new step or phase) before a case is declared hung",
            "conform_case_timeout", "SECONDS", f"{DEFAULT_CASE_TIMEOUT_S:g}"),
     Option("--depth", "CONFORM_DEPTH",
            "default: the cases that fit about a minute on 2 CPU cores; nightly: those, the cases the default "

@@ -319,7 +319,8 @@ class RankPool:
         send_all(self._conns, (Msg.CASE, case))
         outcomes: Dict[int, RankOutcome] = {}
         gather_outcomes(self._conns, outcomes, timeout_s, lambda rank, _: RankOutcome(
-            rank=rank, exit_code=self._procs[rank].wait(), phase=self._boards[rank].read()))
+            rank=rank, exit_code=self._procs[rank].wait(), phase=self._boards[rank].read()),
+            progress=lambda: [board.read() for board in self._boards])
         wall = time.perf_counter() - started
         timed_out = len(outcomes) < n and not any(not o.ok for o in outcomes.values())
         unfinished = [r for r in range(n) if r not in outcomes]

@@ -18,12 +18,14 @@ from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Tuple
 from conformance.controller.settings import DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
 
-__all__ = ["Pool", "PoolConfig", "PoolStartError", "STRAGGLER_GRACE_S", "SpecLoadError", "gather_outcomes",
-           "in_step", "memory_grown"]
+__all__ = ["MAX_TIMEOUTS_PER_CASE", "Pool", "PoolConfig", "PoolStartError", "STRAGGLER_GRACE_S", "SpecLoadError",
+           "gather_outcomes", "in_step", "memory_grown"]
 
 #: Seconds the other ranks get to finish after one rank raised or died. A rank
 #: blocked in a collective its peer never joined will not finish at all.
 STRAGGLER_GRACE_S = 5.0
+#: A case that keeps making progress (:func:`gather_outcomes`) runs for at most this many case timeouts.
+MAX_TIMEOUTS_PER_CASE = 10
 
 
 class PoolStartError(RuntimeError):
@@ -45,7 +47,8 @@ class PoolConfig:
         world_size: number of rank processes.
         backend: ``"gloo"`` or ``"nccl"``.
         device: ``"cpu"`` or ``"cuda"`` (rank ``r`` uses ``cuda:r``).
-        case_timeout_s: seconds a case may run before it is called hung.
+        case_timeout_s: seconds a case may go without progress (a rank's phase changing) before it is called
+            hung (:func:`gather_outcomes`).
         start_timeout_s: seconds the ranks get to import torch and rendezvous.
         sys_path: the module search path of every rank, the controller's own
             at the time it loaded the specs (empty: the controller's current one),
@@ -139,21 +142,35 @@ class Pool(Protocol):
 
 
 def gather_outcomes(conns: Sequence[Connection], outcomes: Dict[int, RankOutcome], timeout_s: float,
-                    on_lost: Callable[[int, str], RankOutcome]) -> Dict[int, str]:
+                    on_lost: Callable[[int, str], RankOutcome],
+                    progress: Optional[Callable[[], Any]] = None) -> Dict[int, str]:
     """Collect one :class:`RankOutcome` per rank of ``conns`` into ``outcomes`` (ranks already in it are
-    not waited for), relaying ``phase`` messages, for at most ``timeout_s`` seconds; once a rank failed,
-    the others get :data:`STRAGGLER_GRACE_S` more. A rank whose connection breaks gets
+    not waited for), relaying ``phase`` messages, until the ranks make no progress for ``timeout_s`` seconds;
+    once a rank failed, the others get :data:`STRAGGLER_GRACE_S` more. Progress is a rank's announced phase
+    changing (each training step announces one): a ``phase`` message, or ``progress()`` (the phases on the
+    local pool's shared pages) returning something new. A case that keeps making progress is given at most
+    :data:`MAX_TIMEOUTS_PER_CASE` times ``timeout_s`` in all: a 2,000-step long run on a loaded machine is
+    slow, not hung, and a hook that hangs stops announcing. A rank whose connection breaks gets
     ``on_lost(rank, last phase)``. Returns each rank's last announced phase. Both launchers use it: the
     local :class:`conformance.controller.pool.RankPool` and :class:`conformance.controller.remote.RemotePool`.
     """
     phases = {r: "" for r in range(len(conns))}
-    deadline = time.monotonic() + timeout_s
+
+    def seen() -> Any:
+        return tuple(phases.values()), progress() if progress is not None else None
+
+    start = time.monotonic()
+    deadline, last_limit, last_seen = start + timeout_s, start + MAX_TIMEOUTS_PER_CASE * timeout_s, seen()
     grace_deadline: Optional[float] = None
     while len(outcomes) < len(conns):
         limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
         waiting = [c for r, c in enumerate(conns) if r not in outcomes]
         ready = wait(waiting, timeout=max(limit - time.monotonic(), 0))
         if not ready:
+            now = time.monotonic()
+            if grace_deadline is None and now < last_limit and seen() != last_seen:
+                deadline, last_seen = min(now + timeout_s, last_limit), seen()
+                continue
             break
         for conn in ready:
             rank = conns.index(conn)

@@ -47,7 +47,8 @@ class Settings:
         extra_world_size: a second pool's world size, or ``None``.
         backend: ``"gloo"`` or ``"nccl"``.
         device: ``"cpu"`` or ``"cuda"``.
-        case_timeout_s: seconds per case before it counts as hung.
+        case_timeout_s: seconds a case may go without progress before it counts as hung (at most ten of them in all
+            for a case that keeps making progress: :func:`conformance.controller.pools.gather_outcomes`).
         hypothesis_examples: generated examples per hard-input case (before shrinking).
         hypothesis_seed: hypothesis's own ``--hypothesis-seed`` (its pytest plugin's
             option), mixed with each case id; ``""`` when not given.

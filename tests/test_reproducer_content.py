@@ -170,9 +170,9 @@ def test_the_other_lock_step_checks_write_their_own_inputs_and_loss(api, check, 
     field, values = _variant(api)
     source = _source(api, {field: values[0], **params}, 4, check=check)
     assert _unresolved(source, _module_level(source)) == []
-    inputs, loss = ("regression_step_inputs", "regression_loss") if check == "long_run" else ("model_inputs",
-                                                                                               "MODEL.loss")
-    assert f"inputs = {inputs}(ranks, step)" in source, source  # written where the loop reads them, not aliased
+    inputs, loss = ("regression_step_inputs(ranks, step)", "regression_loss") if check == "long_run" else (
+        "[MODEL.make_input(ranks.rank + k * ranks.world_size, ranks.world_size, ranks.device)", "MODEL.loss")
+    assert f"inputs = {inputs}" in source, source  # written where the loop reads them (model_inputs: inlined)
     assert f"{loss}(inputs[-1], model(*inputs[-1])).backward()" in source and "STEP_INPUTS" not in source
 
 

@@ -7,7 +7,9 @@ reaches its model and its build through small helpers that serve every config an
 helper once, :func:`inlined` writes it at the call and drops its definition:
 
 - a helper that is one ``return`` (of one line, once the case's branch of each ``x if <CASE test>
-  else y`` is kept) as that expression, its parameters replaced by the call's arguments;
+  else y`` is kept, or of lines aligned under its first where the call is an assignment's or a
+  ``return``'s whole value: ``model_inputs``) as that expression, its parameters replaced by the
+  call's arguments;
 - a helper of the model's or the API's build (never the loop's: its functions are what the file is
   read by) whose one ``return`` ends it, called as a whole statement (``x = f(...)``, ``f(...)``,
   ``return f(...)``) from a function of its own class or, for a module-level one, of the module, as
@@ -149,8 +151,12 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
         folded = fold_case_branches(f"_ = (\n{expr_source}\n)\n", case)
         value = ast.parse(folded).body[0].value  # type: ignore[attr-defined]
         expr_source = ast.get_source_segment(folded, value) or ""
-        if "\n" in expr_source:
-            return None
+    if "\n" in expr_source:  # lines aligned under its first move with it, to the call's column (_inline_one)
+        shift = call.col_offset - expr.col_offset
+        head, *rest = expr_source.split("\n")
+        if any(len(line) - len(line.lstrip()) <= expr.col_offset for line in rest):
+            return None  # a hanging indent, which the call's line would not read as its own
+        expr_source = "\n".join([head, *(" " * shift + line if shift > 0 else line[-shift:] for line in rest)])
     return expr_source
 
 
@@ -201,8 +207,10 @@ def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
             and not (isinstance(parent, ast.Call) and parent.func is call)
         if not alone and not atomic(helper.expr, text):
             text = f"({text})"
-        lines = cut(source.splitlines(), call, text)
-        if any(len(line) > WIDTH for line in lines[call.lineno - 1:call.lineno]):
+        if "\n" in text and not (isinstance(parent, (ast.Assign, ast.Return)) and parent.value is call):
+            continue  # an expression of several lines: only as a statement's whole value
+        lines = "\n".join(cut(source.splitlines(), call, text)).split("\n")
+        if any(len(line) > WIDTH for line in lines[call.lineno - 1:call.lineno + text.count("\n")]):
             continue
         return "\n".join(lines) + "\n", name
     return None

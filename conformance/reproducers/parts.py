@@ -10,14 +10,17 @@ the case (``reproducer_constants``).
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import inspect
 from typing import Any, Dict, List, Sequence, Tuple
 
+from conformance.reproducers.source_edits import bound_in
 from conformance.reproducers.sources import written_code
 from conformance.shared import standalone_inputs, standalone_main
 
-__all__ = ["PROVIDED", "constants_of", "hoisted_imports", "known_of", "model_modules", "sections", "written_code_of"]
+__all__ = ["PROVIDED", "constants_of", "early_constants", "hoisted_imports", "known_of", "model_modules", "sections",
+           "written_code_of"]
 
 
 #: Names the file binds itself, not read from the suite's modules: its head's imports, the case, the hook,
@@ -48,6 +51,28 @@ def sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
             (f"how the suite builds {api.name}'s models ({', '.join(map(_path, api.standalone_modules))})",
              api.standalone_modules),
             ("the lock-step loop, the comparison and the launcher (conformance/shared/standalone_*.py)", loop)]
+
+
+def early_constants(model_cls: type, api: Any, imports: Sequence[str], code: Dict[str, List[str]],
+                    bound: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
+    """``(constants, code)``: the module-level assignments of the API's part and of the loop (what they compare, the
+    ``Ranks`` type, ``NATIVE_ONLY``, the exit statuses) that read only what the file binds before its definitions (its
+    imports, the head's names, the names ``bound`` beside ``CASE``, the constants taken before them), in the order of
+    the file's parts, taken out of ``code`` to be written under ``CASE``: a file's constants in one place, its top.
+    One that reads a function or class of the file stays where it is, and so do the model's (its own module's)."""
+    available = (set(dir(builtins)) | set(PROVIDED) | set(bound)) - {"MODEL", "STEP_INPUTS", "LOSS"}
+    available |= {n for line in imports for n in _imported(ast.parse(line).body[0])}
+    taken: List[str] = []
+    code = {module: list(texts) for module, texts in code.items()}
+    for module in [m for _, modules in sections(model_cls, api)[1:] for m in modules]:
+        for text in list(code.get(module, [])):
+            node = ast.parse(text).body[0]
+            reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            if isinstance(node, ast.Assign) and reads <= available:
+                taken.append(text)
+                code[module].remove(text)
+                available |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return taken, code
 
 
 def constants_of(case: Dict[str, Any], standalone: Sequence[str]) -> Dict[str, Any]:
@@ -115,7 +140,9 @@ def hoisted_imports(imports: Sequence[str], code: Dict[str, List[str]]) -> Tuple
                          for f in ([node] if isinstance(node, ast.FunctionDef) else getattr(node, "body", []))
                          if isinstance(f, ast.FunctionDef)]
             for function in functions:
-                stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+                rest = [s for s in function.body if not isinstance(s, (ast.Import, ast.ImportFrom))]
+                stored = bound_in(ast.Module(body=[*rest, ast.Expr(ast.Lambda(function.args, ast.Constant(0)))],
+                                             type_ignores=[]))  # what it binds otherwise, its parameters too
                 for stmt in function.body[:-1]:
                     if not isinstance(stmt, (ast.Import, ast.ImportFrom)) or getattr(stmt, "level", 0) or \
                             stmt.lineno != stmt.end_lineno:

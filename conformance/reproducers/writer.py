@@ -31,7 +31,7 @@ from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
 from conformance.protocol import Finding
 from conformance.reproducers.inline import inlined
-from conformance.reproducers.parts import model_modules, constants_of, sections, written_code_of
+from conformance.reproducers.parts import constants_of, early_constants, model_modules, sections, written_code_of
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -335,6 +335,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         line = f"{name} = {_text(value, named)}"
         (late_lines if len(named) > before else constant_lines).append(line)
     imports, code, bindings = written_code_of(case, model_cls, api.standalone_modules, tuple(constants), named)
+    early, code = early_constants(model_cls, api, imports, code, [line.split(" = ")[0] for line in constant_lines])
     shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)]
     found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
                       + (["    ..."] if len(shown) > 2 else []))
@@ -349,15 +350,12 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
     # one paragraph; where the file needs the suite, the reason on a line of its own between the two
     about = _filled(f"{run_it} {contents}") if why is None else \
         "\n".join([_filled(run_it), f"{imports_line}.", _filled(contents)])
-    parts = [
-        "#!/usr/bin/env python3\n"
-        f'"""Standalone reproducer of {case_id}\n\n'
-        f"{header}\n{found}\n\n"
-        + about
-        + f"\n    {rerun}\n"
-        '"""',
-        _rule("the hook under test, and the case") + "\n" + "\n\n".join(
-            [_head(spec, target, imports), "\n".join([_literal(case, _keys_read(code)), *constant_lines])]),
+    parts = [  # the docstring, and under it the heading of the file's head
+        f'#!/usr/bin/env python3\n"""Standalone reproducer of {case_id}\n\n{header}\n{found}\n\n{about}\n'
+        f'    {rerun}\n"""\n'
+        + _rule("the hook under test, the case and the file's constants") + "\n" + "\n\n".join(
+            [_head(spec, target, imports), "\n".join([_literal(case, _keys_read({**code, "": early})),
+                                                      *constant_lines, *early])]),
     ]
     for title, modules in sections(model_cls, api):
         texts = _grouped([text for module in modules for text in code.get(module, [])])

@@ -226,5 +226,7 @@ GRADIENT, PARAMETER = "local gradient shard", "local parameter shard after the o
 
 def tensors(model: nn.Module, what: str) -> Dict[str, Any]:
     """``{FQN: this rank's shard}`` of ``model`` (``DTensor.to_local()``): each parameter's gradient (``GRADIENT``)
-    or the parameter itself (``PARAMETER``). FSDP2 inserts no wrapper prefix into the FQNs."""
-    return {n: local(p.grad if what == GRADIENT else p) for n, p in model.named_parameters()}
+    or the parameter itself (``PARAMETER``). FSDP2 inserts no wrapper prefix into the FQNs. ``local`` takes a name
+    (``t``), so a reproducer writes its one line in place."""
+    chosen = {n: p.grad if what == GRADIENT else p for n, p in model.named_parameters()}
+    return {n: local(t) for n, t in chosen.items()}

@@ -75,11 +75,15 @@ def _post_order(module: nn.Module) -> List[nn.Module]:
 
 
 def _wrap_units(cls: Any, model: nn.Module, wrap: Callable[[nn.Module], Any]) -> nn.Module:
-    """``wrap`` (``fully_shard``, ``replicate``) on every FSDP1 unit of ``model`` (a ``cls``), innermost first, then
-    the root."""
-    units = _unit_modules(cls, model)
-    for unit in [*units, model]:
-        wrap(unit)
+    """``wrap`` (``fully_shard``, ``replicate``: each shards its module in place and returns it) on every FSDP1 unit
+    of ``model`` (a ``cls``), innermost first, then the root: the units the model's ``_wrap_nested`` names, wrapped
+    as it names them, or those its root ``auto_wrap_policy`` would wrap (:func:`_unit_modules`)."""
+    if cls._root_fsdp_kwargs({}).get("auto_wrap_policy") is None:
+        model._wrap_nested(wrap)
+    else:
+        for unit in _unit_modules(cls, model):
+            wrap(unit)
+    wrap(model)
     return model
 
 

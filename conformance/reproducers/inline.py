@@ -369,9 +369,10 @@ def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset(
         inlined_names.add(name)
         source, _ = removed(source, {name}, {name})  # its definition, read nowhere now: its calls count no more
     source = without_empty_kwargs(fold_case_branches(source, case))
-    candidates = inlined_names | {(a.asname or a.name).split(".")[0] for n in ast.walk(ast.parse(source))
-                                  if isinstance(n, (ast.Import, ast.ImportFrom)) and
-                                  getattr(n, "module", None) != "__future__" for a in n.names}
+    candidates = inlined_names | {"STATE"}  # and each imported name
+    candidates |= {(a.asname or a.name).split(".")[0] for n in ast.walk(ast.parse(source))
+                   if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", None) != "__future__"
+                   for a in n.names}
     while candidates:
         source, freed = removed(source, candidates, inlined_names)
         candidates = freed - inlined_names

@@ -19,8 +19,9 @@ from conformance.reproducers.specialise import _case_constant
 __all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed", "simple", "uses_of",
            "without_aliases", "without_empty_kwargs"]
 
-#: Names the file binds itself (its head), never removed as unread.
-KEPT = {"os", "sys", "torch", "HOOK", "STATE", "IMPORT_HINT", "CASE", "MODEL"}
+#: Names the file binds itself (its head), never removed as unread (``STATE`` is, where the case's build reads
+#: none: an FSDP2 comm's binding takes the hook alone).
+KEPT = {"os", "sys", "torch", "HOOK", "IMPORT_HINT", "CASE", "MODEL"}
 #: The names the writer binds per case to what the loop calls (the inputs of a step, the loss): written in place.
 ALIASES = {"STEP_INPUTS", "LOSS"}
 #: An expression that needs no parentheses wherever it is written.

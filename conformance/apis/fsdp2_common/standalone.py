@@ -185,15 +185,25 @@ def subgroup(ranks: Any) -> Any:
     return ranks
 
 
+#: ``init_device_mesh`` made once a shape (and dimension names) in a reproducer's process: one mesh for both copies.
+device_mesh = functools.lru_cache(maxsize=None)(init_device_mesh)  # one mesh a shape: making one is a collective
+
+
 @functools.lru_cache(maxsize=None)
+def subgroup_mesh(ranks: Any) -> Any:
+    """The 1-D mesh over this rank's data-parallel subgroup (``subgroup``), made once for both copies."""
+    return DeviceMesh.from_group(ranks.group, ranks.device.type)
+
+
 def mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
-    """One device mesh of ``shape`` for both copies (made once, a collective): 1-D over this rank's data-parallel
-    subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the replica mesh."""
+    """The device mesh of ``shape`` both copies shard over (each made once: :data:`device_mesh`, :func:`subgroup_mesh`):
+    1-D over this rank's data-parallel subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the
+    replica mesh. One ``return`` in each config: a reproducer writes it at its call."""
     if _layout().mesh == "subgroup":
-        return DeviceMesh.from_group(ranks.group, ranks.device.type)
+        return subgroup_mesh(ranks)
     if _layout().mesh in ("hsdp", "replica"):
-        return init_device_mesh(ranks.device.type, shape, mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(ranks.device.type, shape)
+        return device_mesh(ranks.device.type, shape, mesh_dim_names=("replicate", "shard"))
+    return device_mesh(ranks.device.type, shape)
 
 
 def build(ranks: Any, hooked: bool) -> nn.Module:

@@ -365,8 +365,9 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
     builds = [*model_modules(model_cls), *api.standalone_modules]  # the model's and the API's helpers, not the loop
-    return _without_blank_lines_in_blocks(
-        inlined("\n\n".join(parts) + "\n", case, _functions([t for m in builds for t in code.get(m, [])])))
+    text = "\n\n".join(parts).replace(f"\nMODEL = {model_cls.__name__}\n\n", f"\nMODEL = {model_cls.__name__}\n")
+    return _without_blank_lines_in_blocks(  # the model's part ends on MODEL, right above the next heading
+        inlined(text + "\n", case, _functions([t for m in builds for t in code.get(m, [])])))
 
 
 def _without_blank_lines_in_blocks(source: str) -> str:

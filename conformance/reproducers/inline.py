@@ -20,7 +20,8 @@ The file runs the same calls as before, in the same order: an argument is writte
 parameter only where the parameter is read once (outside a ``lambda`` or a comprehension) or the
 argument is a name, a constant or a field read; an argument the helper does not read is dropped only
 where it is one of those; a helper is not written where one of its names would meet a caller's
-variable. Then what no code reads any more goes (:mod:`conformance.reproducers.source_edits`).
+variable. Then a local lambda is written where it is read, and what no code reads any more goes
+(:mod:`conformance.reproducers.source_edits`).
 
 Raises nothing: a call that does not fit these rules is left as written.
 """
@@ -31,7 +32,8 @@ import ast
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from conformance.reproducers.source_edits import (atomic, bound_in, cut, fold_case_branches, parents, removed,
-                                                  simple, uses_of, without_aliases, without_empty_kwargs)
+                                                  simple, uses_of, without_aliases, without_empty_kwargs,
+                                                  without_local_lambdas)
 
 __all__ = ["inlined"]
 
@@ -368,7 +370,7 @@ def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset(
         source, name = step
         inlined_names.add(name)
         source, _ = removed(source, {name}, {name})  # its definition, read nowhere now: its calls count no more
-    source = without_empty_kwargs(fold_case_branches(source, case))
+    source = without_local_lambdas(without_empty_kwargs(fold_case_branches(source, case)))
     candidates = inlined_names | {"STATE"}  # and each imported name
     candidates |= {(a.asname or a.name).split(".")[0] for n in ast.walk(ast.parse(source))
                    if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", None) != "__future__"

@@ -7,7 +7,8 @@ branch of each ``x if <CASE test> else y``; :func:`without_aliases` writes ``STE
 (the names the writer binds per case) where the loop reads them; :func:`without_empty_kwargs` leaves out
 a dict bound to ``{}`` and read only as ``**name``; :func:`without_local_lambdas` writes a local lambda
 where it is read (``wrap = lambda module: fully_shard(module, mesh=grid)``, what inlining FSDP2's unit
-wrapping leaves); :func:`removed` leaves out what nothing reads any more.
+wrapping leaves); :func:`removed` leaves out what nothing reads any more; and the writer's last edit,
+:func:`without_blank_lines_in_blocks`, the blank lines inside a definition.
 Torch-free; raises nothing of its own.
 """
 
@@ -19,7 +20,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from conformance.reproducers.specialise import _case_constant
 
 __all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed", "simple", "uses_of",
-           "without_aliases", "without_empty_kwargs", "without_local_lambdas"]
+           "without_aliases", "without_blank_lines_in_blocks", "without_empty_kwargs", "without_local_lambdas"]
 
 #: Names the file binds itself (its head), never removed as unread (``STATE`` is, where the case's build reads
 #: none: an FSDP2 comm's binding takes the hook alone).
@@ -259,3 +260,16 @@ def without_local_lambdas(source: str, width: int = 110) -> str:
                     del lines[stmt.lineno - 1]
                     return without_local_lambdas("\n".join(lines) + "\n", width)
     return source
+
+
+def without_blank_lines_in_blocks(source: str) -> str:
+    """``source`` less the blank lines inside a function or class (the file separates its top-level definitions
+    alone, as it writes a class's methods one after another) and after a part's heading (what a helper inlined
+    away leaves there); a string's lines stay as they are."""
+    in_strings = {k for node in ast.walk(ast.parse(source)) if isinstance(node, ast.JoinedStr) or
+                  isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  for k in range(node.lineno, node.end_lineno + 1)}
+    lines = source.splitlines()
+    kept = [line for k, line in enumerate(lines) if line.strip() or k + 1 in in_strings or
+            k + 1 < len(lines) and not lines[k + 1][:1].isspace() and not lines[k - 1].startswith("# -- ")]
+    return "\n".join(kept) + "\n"

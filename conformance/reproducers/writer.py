@@ -32,6 +32,7 @@ from conformance.models import get_model
 from conformance.protocol import Finding
 from conformance.reproducers.inline import inlined
 from conformance.reproducers.parts import constants_of, early_constants, model_modules, sections, written_code_of
+from conformance.reproducers.source_edits import without_blank_lines_in_blocks
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -366,21 +367,8 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
     builds = [*model_modules(model_cls), *api.standalone_modules]  # the model's and the API's helpers, not the loop
     text = "\n\n".join(parts).replace(f"\nMODEL = {model_cls.__name__}\n\n", f"\nMODEL = {model_cls.__name__}\n")
-    return _without_blank_lines_in_blocks(  # the model's part ends on MODEL, right above the next heading
+    return without_blank_lines_in_blocks(  # the model's part ends on MODEL, right above the next heading
         inlined(text + "\n", case, _functions([t for m in builds for t in code.get(m, [])])))
-
-
-def _without_blank_lines_in_blocks(source: str) -> str:
-    """``source`` less the blank lines inside a function or class (the file separates its top-level definitions
-    alone, as it writes a class's methods one after another) and after a part's heading (what a helper inlined
-    away leaves there); a string's lines stay as they are."""
-    in_strings = {k for node in ast.walk(ast.parse(source)) if isinstance(node, ast.JoinedStr) or
-                  isinstance(node, ast.Constant) and isinstance(node.value, str)
-                  for k in range(node.lineno, node.end_lineno + 1)}
-    lines = source.splitlines()
-    kept = [line for k, line in enumerate(lines) if line.strip() or k + 1 in in_strings or
-            k + 1 < len(lines) and not lines[k + 1][:1].isspace() and not lines[k - 1].startswith("# -- ")]
-    return "\n".join(kept) + "\n"
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

@@ -121,11 +121,11 @@ def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[
 
 
 def hoisted_imports(imports: Sequence[str], code: Dict[str, List[str]]) -> Tuple[List[str], Dict[str, List[str]]]:
-    """``(imports, code)`` with each import a written function makes as a statement of its own body (``from
-    torch.distributed.fsdp import FullyShardedDataParallel as FSDP`` in ``ReferenceModel.build_fsdp``) made at the
-    file's head instead, with the others (in its ``try``: a failure is "could not run"): the file holds the case's
-    code alone, which runs it. Left in place where a name it binds is the file's for something else, or the function
-    assigns it too."""
+    """``(imports, code)`` with each one-line import that a written function makes as a statement of its body
+    (``from torch.distributed.fsdp import FullyShardedDataParallel as FSDP`` in ``ReferenceModel.build_fsdp``, which
+    keeps the suite's models importable without ``torch.distributed``) moved to the file's head, beside its other
+    imports (in the ``try`` whose failure is "could not run"): the file runs its case, which needs it anyway. Left
+    in place where a name it binds is bound otherwise in the file or in the function."""
     imports = list(imports)
     bound = {n for t in (ast.parse(line).body[0] for line in imports) for n in _imported(t)}
     bound |= {n for texts in code.values() for text in texts for node in ast.parse(text).body
@@ -141,8 +141,8 @@ def hoisted_imports(imports: Sequence[str], code: Dict[str, List[str]]) -> Tuple
                          if isinstance(f, ast.FunctionDef)]
             for function in functions:
                 rest = [s for s in function.body if not isinstance(s, (ast.Import, ast.ImportFrom))]
-                stored = bound_in(ast.Module(body=[*rest, ast.Expr(ast.Lambda(function.args, ast.Constant(0)))],
-                                             type_ignores=[]))  # what it binds otherwise, its parameters too
+                stored = bound_in(ast.Module(body=rest, type_ignores=[])) | \
+                    {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
                 for stmt in function.body[:-1]:
                     if not isinstance(stmt, (ast.Import, ast.ImportFrom)) or getattr(stmt, "level", 0) or \
                             stmt.lineno != stmt.end_lineno:

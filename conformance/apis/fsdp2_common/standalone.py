@@ -195,7 +195,7 @@ def subgroup_mesh(ranks: Any) -> Any:
     return DeviceMesh.from_group(ranks.group, ranks.device.type)
 
 
-def mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
+def case_mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
     """The device mesh of ``shape`` both copies shard over (each made once: :data:`device_mesh`, :func:`subgroup_mesh`):
     1-D over this rank's data-parallel subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the
     replica mesh. One ``return`` in each config: a reproducer writes it at its call."""
@@ -210,7 +210,7 @@ def build(ranks: Any, hooked: bool) -> nn.Module:
     """The case's FSDP2 model as ``SETUP`` builds it in the case's config; hooked: ``SETUP.setter`` on every FSDP
     module, with the hook bound by ``SETUP.bind``."""
     layout = _layout()
-    grid = None if layout.mesh == "replicate" else mesh(ranks, mesh_shape(layout, ranks.world_size))
+    grid = None if layout.mesh == "replicate" else case_mesh(ranks, mesh_shape(layout, ranks.world_size))
     model = wrap_model(layout, MODEL, MODEL.plain(group=ranks.group, device=ranks.device), grid,
                        CASE["reduce_dtype"], ranks.group, ranks.device, ranks.world_size, hooked=hooked)
     if hooked:

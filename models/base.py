@@ -26,6 +26,7 @@ hold the same initial values.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 
@@ -129,16 +130,13 @@ class ReferenceModel(nn.Module):
         """The root ``FullyShardedDataParallel`` of :meth:`build`: every FSDP unit (the nested ones of
         :meth:`_wrap_nested`, innermost first, then the root with :meth:`_root_fsdp_kwargs`) gets
         ``process_group=group``, ``device_id=device`` and ``**fsdp_kwargs`` (checked by :meth:`build`; an FSDP1
-        reproducer, whose keywords are the suite's, calls this directly)."""
+        reproducer, whose keywords are the suite's, calls this directly). ``fsdp_kwargs`` is the caller's own dict
+        (:meth:`build`'s checked copy, the reproducer's literal): the root's keywords are popped from it."""
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
         model = cls._seeded(group, device)
-        kwargs = dict(fsdp_kwargs)  # a private copy: the root's keywords are popped from it
-        root_extra = cls._root_fsdp_kwargs(kwargs)
-
-        def wrap(module: nn.Module, **extra: Any) -> nn.Module:
-            return FSDP(module, process_group=group, device_id=torch.device(device), **kwargs, **extra)
-
+        root_extra = cls._root_fsdp_kwargs(fsdp_kwargs)  # popped before the units' keywords are bound below
+        wrap = functools.partial(FSDP, process_group=group, device_id=torch.device(device), **fsdp_kwargs)
         model._wrap_nested(wrap)
         return wrap(model, **root_extra)
 

@@ -291,11 +291,17 @@ def test_cpu_ranks_are_forked_from_a_launcher_of_one_thread_and_gpu_ranks_spawne
                                                                                    method):
     """Forked CPU ranks inherit the file's ``import torch`` (seconds of CPU a rank); a second thread in the launcher
     (a hook module's) would leave a forked rank its locks held, and NCCL ranks get a fresh CUDA context each."""
-    listdir = os.listdir
+    listdir, methods = os.listdir, []
     monkeypatch.setattr(os, "listdir", lambda path: [str(i) for i in range(threads)] if path == "/proc/self/task"
                         else listdir(path))
     monkeypatch.setattr(os.path, "isdir", lambda path: True)
-    assert standalone_launch.start_method(backend) == method
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", lambda fn, nprocs, start_method: methods.append(
+        start_method))
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(name, "")  # what launch sets goes back after the test
+    monkeypatch.setattr(standalone_launch, "CASE", {"world_size": 2, "backend": backend}, raising=False)
+    monkeypatch.setattr(standalone_launch, "run", standalone_main.run, raising=False)  # the file's, in one module
+    assert standalone_launch.launch() == standalone_launch.NOT_REPRODUCED and methods == [method]
 
 
 @pytest.mark.parametrize("code, expected, line", [

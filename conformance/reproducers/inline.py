@@ -7,7 +7,9 @@ reaches its model and its build through small helpers that serve every config an
 helper once, :func:`inlined` writes it at the call and drops its definition:
 
 - a helper that is one ``return`` (of one line, once the case's branch of each ``x if <CASE test>
-  else y`` is kept) as that expression, its parameters replaced by the call's arguments;
+  else y`` is kept, or of lines aligned under its first where the call is an assignment's or a
+  ``return``'s whole value: ``model_inputs``) as that expression, its parameters replaced by the
+  call's arguments;
 - a helper of the model's or the API's build (never the loop's: its functions are what the file is
   read by) whose one ``return`` ends it, called as a whole statement (``x = f(...)``, ``f(...)``,
   ``return f(...)``) from a function of its own class or, for a module-level one, of the module, as
@@ -18,7 +20,8 @@ The file runs the same calls as before, in the same order: an argument is writte
 parameter only where the parameter is read once (outside a ``lambda`` or a comprehension) or the
 argument is a name, a constant or a field read; an argument the helper does not read is dropped only
 where it is one of those; a helper is not written where one of its names would meet a caller's
-variable. Then what no code reads any more goes (:mod:`conformance.reproducers.source_edits`).
+variable. Then a local lambda is written where it is read, and what no code reads any more goes
+(:mod:`conformance.reproducers.source_edits`).
 
 Raises nothing: a call that does not fit these rules is left as written.
 """
@@ -29,7 +32,8 @@ import ast
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from conformance.reproducers.source_edits import (atomic, bound_in, cut, fold_case_branches, parents, removed,
-                                                  simple, uses_of, without_aliases, without_empty_kwargs)
+                                                  simple, uses_of, without_aliases, without_empty_kwargs,
+                                                  without_local_lambdas)
 
 __all__ = ["inlined"]
 
@@ -149,8 +153,12 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
         folded = fold_case_branches(f"_ = (\n{expr_source}\n)\n", case)
         value = ast.parse(folded).body[0].value  # type: ignore[attr-defined]
         expr_source = ast.get_source_segment(folded, value) or ""
-        if "\n" in expr_source:
-            return None
+    if "\n" in expr_source:  # lines aligned under its first move with it, to the call's column (_inline_one)
+        shift = call.col_offset - expr.col_offset
+        head, *rest = expr_source.split("\n")
+        if any(len(line) - len(line.lstrip()) <= expr.col_offset for line in rest):
+            return None  # a hanging indent, which the call's line would not read as its own
+        expr_source = "\n".join([head, *(" " * shift + line if shift > 0 else line[-shift:] for line in rest)])
     return expr_source
 
 
@@ -201,8 +209,10 @@ def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
             and not (isinstance(parent, ast.Call) and parent.func is call)
         if not alone and not atomic(helper.expr, text):
             text = f"({text})"
-        lines = cut(source.splitlines(), call, text)
-        if any(len(line) > WIDTH for line in lines[call.lineno - 1:call.lineno]):
+        if "\n" in text and not (isinstance(parent, (ast.Assign, ast.Return)) and parent.value is call):
+            continue  # an expression of several lines: only as a statement's whole value
+        lines = "\n".join(cut(source.splitlines(), call, text)).split("\n")
+        if any(len(line) > WIDTH for line in lines[call.lineno - 1:call.lineno + text.count("\n")]):
             continue
         return "\n".join(lines) + "\n", name
     return None
@@ -360,10 +370,11 @@ def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset(
         source, name = step
         inlined_names.add(name)
         source, _ = removed(source, {name}, {name})  # its definition, read nowhere now: its calls count no more
-    source = without_empty_kwargs(fold_case_branches(source, case))
-    candidates = inlined_names | {(a.asname or a.name).split(".")[0] for n in ast.walk(ast.parse(source))
-                                  if isinstance(n, (ast.Import, ast.ImportFrom)) and
-                                  getattr(n, "module", None) != "__future__" for a in n.names}
+    source = without_local_lambdas(without_empty_kwargs(fold_case_branches(source, case)))
+    candidates = inlined_names | {"STATE"}  # and each imported name
+    candidates |= {(a.asname or a.name).split(".")[0] for n in ast.walk(ast.parse(source))
+                   if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", None) != "__future__"
+                   for a in n.names}
     while candidates:
         source, freed = removed(source, candidates, inlined_names)
         candidates = freed - inlined_names

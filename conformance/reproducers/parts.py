@@ -9,14 +9,18 @@ the case (``reproducer_constants``).
 
 from __future__ import annotations
 
+import ast
+import builtins
 import importlib
 import inspect
 from typing import Any, Dict, List, Sequence, Tuple
 
+from conformance.reproducers.source_edits import bound_in
 from conformance.reproducers.sources import written_code
 from conformance.shared import standalone_inputs, standalone_main
 
-__all__ = ["PROVIDED", "constants_of", "known_of", "model_modules", "sections", "written_code_of"]
+__all__ = ["PROVIDED", "constants_of", "early_constants", "hoisted_imports", "known_of", "model_modules", "sections",
+           "written_code_of"]
 
 
 #: Names the file binds itself, not read from the suite's modules: its head's imports, the case, the hook,
@@ -49,6 +53,28 @@ def sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
             ("the lock-step loop, the comparison and the launcher (conformance/shared/standalone_*.py)", loop)]
 
 
+def early_constants(model_cls: type, api: Any, imports: Sequence[str], code: Dict[str, List[str]],
+                    bound: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
+    """``(constants, code)``: the module-level assignments of the API's part and of the loop (what they compare, the
+    ``Ranks`` type, ``NATIVE_ONLY``, the exit statuses) that read only what the file binds before its definitions (its
+    imports, the head's names, the names ``bound`` beside ``CASE``, the constants taken before them), in the order of
+    the file's parts, taken out of ``code`` to be written under ``CASE``: a file's constants in one place, its top.
+    One that reads a function or class of the file stays where it is, and so do the model's (its own module's)."""
+    available = (set(dir(builtins)) | set(PROVIDED) | set(bound)) - {"MODEL", "STEP_INPUTS", "LOSS"}
+    available |= {n for line in imports for n in _imported(ast.parse(line).body[0])}
+    taken: List[str] = []
+    code = {module: list(texts) for module, texts in code.items()}
+    for module in [m for _, modules in sections(model_cls, api)[1:] for m in modules]:
+        for text in list(code.get(module, [])):
+            node = ast.parse(text).body[0]
+            reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            if isinstance(node, ast.Assign) and reads <= available:
+                taken.append(text)
+                code[module].remove(text)
+                available |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return taken, code
+
+
 def constants_of(case: Dict[str, Any], standalone: Sequence[str]) -> Dict[str, Any]:
     """What the API's standalone part binds beside the case (its ``reproducer_constants(case)``: DDP's constructor
     keywords of the case's config)."""
@@ -79,7 +105,8 @@ def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[
     """``(imports, code by module, bindings)``: of the model's modules, the loop's pieces and the API's
     standalone part, only what the case runs (:func:`conformance.reproducers.sources.written_code`, from
     ``run``, the model's class and the case's way of making inputs; an ``if`` on the part's known names as
-    the branch the case takes, :func:`known_of`), and the line that binds ``STEP_INPUTS`` and ``LOSS``."""
+    the branch the case takes, :func:`known_of`; a function's own imports made at the head, :func:`hoisted_imports`),
+    and the line that binds ``STEP_INPUTS`` and ``LOSS``."""
     step_inputs = standalone_inputs.step_inputs_of(case)
     loss = standalone_inputs.loss_of(case)
     roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss]), *constants_read]
@@ -90,7 +117,51 @@ def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[
     imports, code = written_code(roots, modules, provided=(*PROVIDED, *constants), model=model_cls, prune=prune,
                                  also_reads=f"{step_inputs}, {loss}", case=case,
                                  known=known_of(case, model_cls, standalone))
-    return _merged(imports), code, f"STEP_INPUTS, LOSS = {step_inputs}, {loss}"
+    return (*hoisted_imports(_merged(imports), code), f"STEP_INPUTS, LOSS = {step_inputs}, {loss}")
+
+
+def hoisted_imports(imports: Sequence[str], code: Dict[str, List[str]]) -> Tuple[List[str], Dict[str, List[str]]]:
+    """``(imports, code)`` with each one-line import that a written function makes as a statement of its body
+    (``from torch.distributed.fsdp import FullyShardedDataParallel as FSDP`` in ``ReferenceModel.build_fsdp``, which
+    keeps the suite's models importable without ``torch.distributed``) moved to the file's head, beside its other
+    imports (in the ``try`` whose failure is "could not run"): the file runs its case, which needs it anyway. Left
+    in place where a name it binds is bound otherwise in the file or in the function."""
+    imports = list(imports)
+    bound = {n for t in (ast.parse(line).body[0] for line in imports) for n in _imported(t)}
+    bound |= {n for texts in code.values() for text in texts for node in ast.parse(text).body
+              for n in ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                        [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])}
+    out: Dict[str, List[str]] = {}
+    for module, texts in code.items():
+        out[module] = []
+        for text in texts:
+            lines = text.splitlines()
+            functions = [f for node in ast.parse(text).body
+                         for f in ([node] if isinstance(node, ast.FunctionDef) else getattr(node, "body", []))
+                         if isinstance(f, ast.FunctionDef)]
+            for function in functions:
+                rest = [s for s in function.body if not isinstance(s, (ast.Import, ast.ImportFrom))]
+                stored = bound_in(ast.Module(body=rest, type_ignores=[])) | \
+                    {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
+                for stmt in function.body[:-1]:
+                    if not isinstance(stmt, (ast.Import, ast.ImportFrom)) or getattr(stmt, "level", 0) or \
+                            stmt.lineno != stmt.end_lineno:
+                        continue
+                    line = ast.unparse(stmt)
+                    names = _imported(stmt)
+                    if names & stored or (names & bound and line not in imports):
+                        continue
+                    lines[stmt.lineno - 1] = None  # type: ignore[call-overload]
+                    if line not in imports:
+                        imports.append(line)
+                        bound |= names
+            out[module].append("\n".join(line for line in lines if line is not None))
+    return _merged(imports), out
+
+
+def _imported(stmt: ast.stmt) -> set:
+    """The names an import statement binds."""
+    return {(a.asname or a.name).split(".")[0] for a in getattr(stmt, "names", [])}
 
 
 def _merged(imports: Sequence[str]) -> List[str]:

@@ -5,7 +5,10 @@ Each edit works on the file's text by the positions its AST gives, so the suite'
 and comments: :func:`cut` writes a text in place of a node; :func:`fold_case_branches` writes the case's
 branch of each ``x if <CASE test> else y``; :func:`without_aliases` writes ``STEP_INPUTS`` and ``LOSS``
 (the names the writer binds per case) where the loop reads them; :func:`without_empty_kwargs` leaves out
-a dict bound to ``{}`` and read only as ``**name``; :func:`removed` leaves out what nothing reads any more.
+a dict bound to ``{}`` and read only as ``**name``; :func:`without_local_lambdas` writes a local lambda
+where it is read (``wrap = lambda module: fully_shard(module, mesh=grid)``, what inlining FSDP2's unit
+wrapping leaves); :func:`removed` leaves out what nothing reads any more; and the writer's last edit,
+:func:`without_blank_lines_in_blocks`, the blank lines inside a definition.
 Torch-free; raises nothing of its own.
 """
 
@@ -17,10 +20,11 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from conformance.reproducers.specialise import _case_constant
 
 __all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed", "simple", "uses_of",
-           "without_aliases", "without_empty_kwargs"]
+           "without_aliases", "without_blank_lines_in_blocks", "without_empty_kwargs", "without_local_lambdas"]
 
-#: Names the file binds itself (its head), never removed as unread.
-KEPT = {"os", "sys", "torch", "HOOK", "STATE", "IMPORT_HINT", "CASE", "MODEL"}
+#: Names the file binds itself (its head), never removed as unread (``STATE`` is, where the case's build reads
+#: none: an FSDP2 comm's binding takes the hook alone).
+KEPT = {"os", "sys", "torch", "HOOK", "IMPORT_HINT", "CASE", "MODEL"}
 #: The names the writer binds per case to what the loop calls (the inputs of a step, the loss): written in place.
 ALIASES = {"STEP_INPUTS", "LOSS"}
 #: An expression that needs no parentheses wherever it is written.
@@ -201,3 +205,71 @@ def without_aliases(source: str) -> str:
         end += 1
     del lines[binding.lineno - 1:end]
     return "\n".join(lines) + "\n"
+
+
+def without_local_lambdas(source: str, width: int = 110) -> str:
+    """``source`` with each ``name = lambda params: call`` of a function (bound once, at the function's own level)
+    written where it is read: a call of it (its arguments names or constants) as the lambda's call, the parameters
+    replaced by the arguments; another read as the lambda itself. The same calls: the lambda's names are assigned
+    nowhere after it, and it makes no inner scope. Left as written where a line would pass ``width``."""
+    for function in [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)]:
+        for stmt in function.body:
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                    and isinstance(stmt.value, ast.Lambda) and isinstance(stmt.value.body, ast.Call)
+                    and stmt.lineno == stmt.end_lineno):
+                continue
+            name, fn = stmt.targets[0].id, stmt.value
+            params = [a.arg for a in fn.args.args]
+            names = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == name]
+            free = {n.id for n in ast.walk(fn.body) if isinstance(n, ast.Name)} - set(params)
+            later = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+                     and n.lineno >= stmt.lineno} | {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)
+                                                     and a.lineno > stmt.lineno}
+            if fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs or fn.args.posonlyargs or free & later or \
+                    len([n for n in names if not isinstance(n.ctx, ast.Load)]) != 1 or \
+                    any(isinstance(n, (ast.Lambda, ast.comprehension)) for n in ast.walk(fn.body)):
+                continue
+            nested = {id(n) for scope in ast.walk(function) if scope is not function and isinstance(
+                scope, (ast.FunctionDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp))
+                      for n in ast.walk(scope)}
+            if any(id(n) in nested for n in names):
+                continue  # read in an inner scope, which may bind the lambda's names otherwise
+            calls = {id(c.func): c for c in ast.walk(function) if isinstance(c, ast.Call) and
+                     isinstance(c.func, ast.Name) and c.func.id == name}
+            edits = []
+            for read in (n for n in names if isinstance(n.ctx, ast.Load)):
+                call = calls.get(id(read))
+                if call is None:
+                    edits.append((read, ast.get_source_segment(source, fn)))
+                    continue
+                if call.keywords or len(call.args) != len(params) or not all(
+                        isinstance(a, (ast.Name, ast.Constant)) for a in call.args):
+                    break
+                given = dict(zip(params, (ast.get_source_segment(source, a) for a in call.args)))
+                body = ast.get_source_segment(source, fn.body) or ""
+                for node in sorted((n for n in ast.walk(fn.body) if isinstance(n, ast.Name) and n.id in given),
+                                   key=lambda n: n.col_offset, reverse=True):
+                    at, to = node.col_offset - fn.body.col_offset, node.end_col_offset - fn.body.col_offset
+                    body = body[:at] + given[node.id] + body[to:]
+                edits.append((call, body))
+            else:
+                lines = source.splitlines()
+                for node, text in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
+                    lines = cut(lines, node, text or "")
+                if all(len(lines[node.lineno - 1]) <= width for node, _ in edits):
+                    del lines[stmt.lineno - 1]
+                    return without_local_lambdas("\n".join(lines) + "\n", width)
+    return source
+
+
+def without_blank_lines_in_blocks(source: str) -> str:
+    """``source`` less the blank lines inside a function or class (the file separates its top-level definitions
+    alone, as it writes a class's methods one after another) and after a part's heading (what a helper inlined
+    away leaves there); a string's lines stay as they are."""
+    in_strings = {k for node in ast.walk(ast.parse(source)) if isinstance(node, ast.JoinedStr) or
+                  isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  for k in range(node.lineno, node.end_lineno + 1)}
+    lines = source.splitlines()
+    kept = [line for k, line in enumerate(lines) if line.strip() or k + 1 in in_strings or
+            k + 1 < len(lines) and not lines[k + 1][:1].isspace() and not lines[k - 1].startswith("# -- ")]
+    return "\n".join(kept) + "\n"

@@ -31,7 +31,8 @@ from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
 from conformance.protocol import Finding
 from conformance.reproducers.inline import inlined
-from conformance.reproducers.parts import model_modules, constants_of, sections, written_code_of
+from conformance.reproducers.parts import constants_of, early_constants, model_modules, sections, written_code_of
+from conformance.reproducers.source_edits import without_blank_lines_in_blocks
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -335,6 +336,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         line = f"{name} = {_text(value, named)}"
         (late_lines if len(named) > before else constant_lines).append(line)
     imports, code, bindings = written_code_of(case, model_cls, api.standalone_modules, tuple(constants), named)
+    early, code = early_constants(model_cls, api, imports, code, [line.split(" = ")[0] for line in constant_lines])
     shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)]
     found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
                       + (["    ..."] if len(shown) > 2 else []))
@@ -349,15 +351,12 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
     # one paragraph; where the file needs the suite, the reason on a line of its own between the two
     about = _filled(f"{run_it} {contents}") if why is None else \
         "\n".join([_filled(run_it), f"{imports_line}.", _filled(contents)])
-    parts = [
-        "#!/usr/bin/env python3\n"
-        f'"""Standalone reproducer of {case_id}\n\n'
-        f"{header}\n{found}\n\n"
-        + about
-        + f"\n    {rerun}\n"
-        '"""',
-        _rule("the hook under test, and the case") + "\n" + "\n\n".join(
-            [_head(spec, target, imports), "\n".join([_literal(case, _keys_read(code)), *constant_lines])]),
+    parts = [  # the docstring, and under it the heading of the file's head
+        f'#!/usr/bin/env python3\n"""Standalone reproducer of {case_id}\n\n{header}\n{found}\n\n{about}\n'
+        f'    {rerun}\n"""\n'
+        + _rule("the hook under test, the case and the file's constants") + "\n" + "\n\n".join(
+            [_head(spec, target, imports), "\n".join([_literal(case, _keys_read({**code, "": early})),
+                                                      *constant_lines, *early])]),
     ]
     for title, modules in sections(model_cls, api):
         texts = _grouped([text for module in modules for text in code.get(module, [])])
@@ -367,21 +366,9 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
     builds = [*model_modules(model_cls), *api.standalone_modules]  # the model's and the API's helpers, not the loop
-    return _without_blank_lines_in_blocks(
-        inlined("\n\n".join(parts) + "\n", case, _functions([t for m in builds for t in code.get(m, [])])))
-
-
-def _without_blank_lines_in_blocks(source: str) -> str:
-    """``source`` less the blank lines inside a function or class (the file separates its top-level definitions
-    alone, as it writes a class's methods one after another) and after a part's heading (what a helper inlined
-    away leaves there); a string's lines stay as they are."""
-    in_strings = {k for node in ast.walk(ast.parse(source)) if isinstance(node, ast.JoinedStr) or
-                  isinstance(node, ast.Constant) and isinstance(node.value, str)
-                  for k in range(node.lineno, node.end_lineno + 1)}
-    lines = source.splitlines()
-    kept = [line for k, line in enumerate(lines) if line.strip() or k + 1 in in_strings or
-            k + 1 < len(lines) and not lines[k + 1][:1].isspace() and not lines[k - 1].startswith("# -- ")]
-    return "\n".join(kept) + "\n"
+    text = "\n\n".join(parts).replace(f"\nMODEL = {model_cls.__name__}\n\n", f"\nMODEL = {model_cls.__name__}\n")
+    return without_blank_lines_in_blocks(  # the model's part ends on MODEL, right above the next heading
+        inlined(text + "\n", case, _functions([t for m in builds for t in code.get(m, [])])))
 
 
 def reproducer_path(directory: str, case_id: str) -> str:

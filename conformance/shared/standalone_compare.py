@@ -37,10 +37,9 @@ def first_difference(got: Optional[torch.Tensor], want: Optional[torch.Tensor]) 
     stored bits in hex, as wide as the dtype (``0xbeabc949``)."""
     if got is None or want is None:
         return None if got is want else f"is {'set' if want is None else 'None'} with the hook, not natively"
-    got, want = got.detach().cpu(), want.detach().cpu()
     if got.dtype != want.dtype or got.shape != want.shape:
         return f"is {got.dtype} {tuple(got.shape)} with the hook, {want.dtype} {tuple(want.shape)} natively"
-    g, w = got.reshape(-1, 1), want.reshape(-1, 1)  # an element a row, compared as its stored bytes
+    g, w = (t.detach().cpu().reshape(-1, 1) for t in (got, want))  # an element a row: its bytes compared
     differ = (g.view(torch.uint8) != w.view(torch.uint8)).any(1) & ~(g.isnan() & w.isnan())[:, 0]
     if not bool(differ.any()):
         return None

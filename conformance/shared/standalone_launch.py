@@ -1,7 +1,7 @@
 """A reproducer's launcher: ``python FILE.py`` starts the case's ranks on this machine and exits with their verdict.
 
 Written into every reproducer (:mod:`conformance.reproducers`). ``torch.multiprocessing.start_processes`` starts
-one process per rank running the file's ``run(rank)`` (forked for CPU ranks, spawned for GPU ones: :func:`start_method`),
+one process per rank running the file's ``run(rank)`` (forked for CPU ranks, spawned for GPU ones: :func:`launch`),
 with the variables torchrun sets (on the case's backend, as the suite placed it: gloo on CPU, or NCCL with one GPU a
 process); once a rank exits other than 0, the others are stopped. The exit status is 1 where a rank saw the
 difference, 0 where none did, 2 where the case could not run (a rank's status that is no verdict is named). Reads the file's ``CASE`` when
@@ -31,19 +31,14 @@ def layout_env(rank: int, world_size: int, nodes: int) -> Dict[str, str]:
 NOT_REPRODUCED, REPRODUCED, COULD_NOT_RUN = 0, 1, 2
 
 
-def start_method(backend: str) -> str:
-    """``fork`` for CPU ranks (gloo) from a process of one thread, so they inherit torch's import (seconds of CPU
-    a rank); ``spawn`` for GPU ranks, or where another thread (a hook module's) would make a fork unsafe."""
-    tasks = "/proc/self/task"  # Linux: one entry per thread
-    return "fork" if backend == "gloo" and os.path.isdir(tasks) and len(os.listdir(tasks)) == 1 else "spawn"
-
-
 def launch() -> int:
     """``python FILE.py``: the case's ranks on this machine, ``run(rank)`` in a process each
     (``MASTER_ADDR`` / ``MASTER_PORT`` on loopback, as torchrun sets them; CPU ranks see no GPU), and their
     verdict: ``torch.multiprocessing.start_processes`` raises for the first rank that exited other than 0 (and
     stops the others); its status where it is a verdict (1 reproduced, 2 could not run), else 2, with a line
-    naming the signal or the status."""
+    naming the signal or the status. CPU ranks (gloo) are forked from a launcher of one thread, so they inherit
+    torch's import (seconds of CPU a rank); GPU ranks are spawned, and so are CPU ones where another thread (a hook
+    module's) would make a fork unsafe."""
     n = CASE["world_size"]
     with socket.socket() as s:  # a free port on loopback
         s.bind(("127.0.0.1", 0))
@@ -51,8 +46,10 @@ def launch() -> int:
                           MASTER_PORT=str(s.getsockname()[1]))
     if CASE["backend"] == "gloo":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks, as the suite's
+    tasks = "/proc/self/task"  # Linux: one entry per thread. CPU ranks fork (torch imported) from one thread only
+    fork = CASE["backend"] == "gloo" and os.path.isdir(tasks) and len(os.listdir(tasks)) == 1
     try:
-        torch.multiprocessing.start_processes(run, nprocs=n, start_method=start_method(CASE["backend"]))
+        torch.multiprocessing.start_processes(run, nprocs=n, start_method="fork" if fork else "spawn")
     except torch.multiprocessing.ProcessExitedException as exc:  # the first rank that exited other than 0
         code = exc.exit_code
         if code not in (REPRODUCED, COULD_NOT_RUN):  # no verdict: a signal (-N), or a status of its own

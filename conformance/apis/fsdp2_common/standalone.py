@@ -75,11 +75,15 @@ def _post_order(module: nn.Module) -> List[nn.Module]:
 
 
 def _wrap_units(cls: Any, model: nn.Module, wrap: Callable[[nn.Module], Any]) -> nn.Module:
-    """``wrap`` (``fully_shard``, ``replicate``) on every FSDP1 unit of ``model`` (a ``cls``), innermost first, then
-    the root."""
-    units = _unit_modules(cls, model)
-    for unit in [*units, model]:
-        wrap(unit)
+    """``wrap`` (``fully_shard``, ``replicate``: each shards its module in place and returns it) on every FSDP1 unit
+    of ``model`` (a ``cls``), innermost first, then the root: the units the model's ``_wrap_nested`` names, wrapped
+    as it names them, or those its root ``auto_wrap_policy`` would wrap (:func:`_unit_modules`)."""
+    if cls._root_fsdp_kwargs({}).get("auto_wrap_policy") is None:
+        model._wrap_nested(wrap)
+    else:
+        for unit in _unit_modules(cls, model):
+            wrap(unit)
+    wrap(model)
     return model
 
 
@@ -181,22 +185,32 @@ def subgroup(ranks: Any) -> Any:
     return ranks
 
 
+#: ``init_device_mesh`` made once a shape (and dimension names) in a reproducer's process: one mesh for both copies.
+device_mesh = functools.lru_cache(maxsize=None)(init_device_mesh)  # one mesh a shape: making one is a collective
+
+
 @functools.lru_cache(maxsize=None)
-def mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
-    """One device mesh of ``shape`` for both copies (made once, a collective): 1-D over this rank's data-parallel
-    subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the replica mesh."""
+def subgroup_mesh(ranks: Any) -> Any:
+    """The 1-D mesh over this rank's data-parallel subgroup (``subgroup``), made once for both copies."""
+    return DeviceMesh.from_group(ranks.group, ranks.device.type)
+
+
+def case_mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:
+    """The device mesh of ``shape`` both copies shard over (each made once: :data:`device_mesh`, :func:`subgroup_mesh`):
+    1-D over this rank's data-parallel subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the
+    replica mesh. One ``return`` in each config: a reproducer writes it at its call."""
     if _layout().mesh == "subgroup":
-        return DeviceMesh.from_group(ranks.group, ranks.device.type)
+        return subgroup_mesh(ranks)
     if _layout().mesh in ("hsdp", "replica"):
-        return init_device_mesh(ranks.device.type, shape, mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(ranks.device.type, shape)
+        return device_mesh(ranks.device.type, shape, mesh_dim_names=("replicate", "shard"))
+    return device_mesh(ranks.device.type, shape)
 
 
 def build(ranks: Any, hooked: bool) -> nn.Module:
     """The case's FSDP2 model as ``SETUP`` builds it in the case's config; hooked: ``SETUP.setter`` on every FSDP
     module, with the hook bound by ``SETUP.bind``."""
     layout = _layout()
-    grid = None if layout.mesh == "replicate" else mesh(ranks, mesh_shape(layout, ranks.world_size))
+    grid = None if layout.mesh == "replicate" else case_mesh(ranks, mesh_shape(layout, ranks.world_size))
     model = wrap_model(layout, MODEL, MODEL.plain(group=ranks.group, device=ranks.device), grid,
                        CASE["reduce_dtype"], ranks.group, ranks.device, ranks.world_size, hooked=hooked)
     if hooked:
@@ -226,5 +240,7 @@ GRADIENT, PARAMETER = "local gradient shard", "local parameter shard after the o
 
 def tensors(model: nn.Module, what: str) -> Dict[str, Any]:
     """``{FQN: this rank's shard}`` of ``model`` (``DTensor.to_local()``): each parameter's gradient (``GRADIENT``)
-    or the parameter itself (``PARAMETER``). FSDP2 inserts no wrapper prefix into the FQNs."""
-    return {n: local(p.grad if what == GRADIENT else p) for n, p in model.named_parameters()}
+    or the parameter itself (``PARAMETER``). FSDP2 inserts no wrapper prefix into the FQNs. ``local`` takes a name
+    (``t``), so a reproducer writes its one line in place."""
+    chosen = {n: p.grad if what == GRADIENT else p for n, p in model.named_parameters()}
+    return {n: local(t) for n, t in chosen.items()}

@@ -16,7 +16,7 @@ import inspect
 from typing import Any, Dict, List, Sequence, Tuple
 
 from conformance.reproducers.source_edits import bound_in
-from conformance.reproducers.sources import written_code
+from conformance.reproducers.sources import bound_names, written_code
 from conformance.shared import standalone_inputs, standalone_main
 
 __all__ = ["PROVIDED", "constants_of", "early_constants", "hoisted_imports", "known_of", "model_modules", "sections",
@@ -61,7 +61,7 @@ def early_constants(model_cls: type, api: Any, imports: Sequence[str], code: Dic
     the file's parts, taken out of ``code`` to be written under ``CASE``: a file's constants in one place, its top.
     One that reads a function or class of the file stays where it is, and so do the model's (its own module's)."""
     available = (set(dir(builtins)) | set(PROVIDED) | set(bound)) - {"MODEL", "STEP_INPUTS", "LOSS"}
-    available |= {n for line in imports for n in _imported(ast.parse(line).body[0])}
+    available |= {n for line in imports for n in bound_names(ast.parse(line).body[0])}
     taken: List[str] = []
     code = {module: list(texts) for module, texts in code.items()}
     for module in [m for _, modules in sections(model_cls, api)[1:] for m in modules]:
@@ -71,7 +71,7 @@ def early_constants(model_cls: type, api: Any, imports: Sequence[str], code: Dic
             if isinstance(node, ast.Assign) and reads <= available:
                 taken.append(text)
                 code[module].remove(text)
-                available |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                available |= bound_names(node)
     return taken, code
 
 
@@ -127,10 +127,9 @@ def hoisted_imports(imports: Sequence[str], code: Dict[str, List[str]]) -> Tuple
     imports (in the ``try`` whose failure is "could not run"): the file runs its case, which needs it anyway. Left
     in place where a name it binds is bound otherwise in the file or in the function."""
     imports = list(imports)
-    bound = {n for t in (ast.parse(line).body[0] for line in imports) for n in _imported(t)}
+    bound = {n for line in imports for n in bound_names(ast.parse(line).body[0])}
     bound |= {n for texts in code.values() for text in texts for node in ast.parse(text).body
-              for n in ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
-                        [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])}
+              for n in bound_names(node)}
     out: Dict[str, List[str]] = {}
     for module, texts in code.items():
         out[module] = []
@@ -148,7 +147,7 @@ def hoisted_imports(imports: Sequence[str], code: Dict[str, List[str]]) -> Tuple
                             stmt.lineno != stmt.end_lineno:
                         continue
                     line = ast.unparse(stmt)
-                    names = _imported(stmt)
+                    names = bound_names(stmt)
                     if names & stored or (names & bound and line not in imports):
                         continue
                     lines[stmt.lineno - 1] = None  # type: ignore[call-overload]
@@ -157,11 +156,6 @@ def hoisted_imports(imports: Sequence[str], code: Dict[str, List[str]]) -> Tuple
                         bound |= names
             out[module].append("\n".join(line for line in lines if line is not None))
     return _merged(imports), out
-
-
-def _imported(stmt: ast.stmt) -> set:
-    """The names an import statement binds."""
-    return {(a.asname or a.name).split(".")[0] for a in getattr(stmt, "names", [])}
 
 
 def _merged(imports: Sequence[str]) -> List[str]:

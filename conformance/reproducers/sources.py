@@ -27,7 +27,7 @@ import torch
 
 from conformance.reproducers.specialise import literal_constants, specialised
 
-__all__ = ["written_code"]
+__all__ = ["bound_names", "written_code"]
 
 #: Methods no code names but that PyTorch or Python call: never pruned from a class.
 _CALLED_IMPLICITLY = {"forward", "__init__", "__call__", "__new__", "__enter__", "__exit__", "__iter__",
@@ -39,7 +39,7 @@ class _Definition:
 
     def __init__(self, module: str, node: ast.stmt, lines: List[str]):
         self.module, self.node = module, node
-        self.binds = _bound_names(node)
+        self.binds = bound_names(node)
         self.reads, self.attrs, self.supers = _read_names(node)
         self.text = _without_docstrings(node, lines)
 
@@ -48,7 +48,8 @@ class _Definition:
         return isinstance(self.node, (ast.Import, ast.ImportFrom))
 
 
-def _bound_names(node: ast.stmt) -> Set[str]:
+def bound_names(node: ast.stmt) -> Set[str]:
+    """The names a module-level statement binds: a definition's, an import's, an assignment's targets."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     if isinstance(node, (ast.Import, ast.ImportFrom)):

@@ -167,9 +167,9 @@ def gather_outcomes(conns: Sequence[Connection], outcomes: Dict[int, RankOutcome
         waiting = [c for r, c in enumerate(conns) if r not in outcomes]
         ready = wait(waiting, timeout=max(limit - time.monotonic(), 0))
         if not ready:
-            now = time.monotonic()
-            if grace_deadline is None and now < last_limit and seen() != last_seen:
-                deadline, last_seen = min(now + timeout_s, last_limit), seen()
+            now, now_seen = time.monotonic(), seen()
+            if grace_deadline is None and now < last_limit and now_seen != last_seen:
+                deadline, last_seen = min(now + timeout_s, last_limit), now_seen
                 continue
             break
         for conn in ready:

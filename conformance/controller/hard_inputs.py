@@ -151,10 +151,11 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
     name = request.node.name
     shapes, names = probe_layout(params.get("model") or "gradient_probe")
 
-    def dispatch(batch: List[Tuple[str, Any]], fresh: bool) -> None:
+    def dispatch(batch: List[Tuple[str, Any]], fresh: bool, reproduce: bool = True) -> None:
         result = conform.run(name, check=rank_check, hook=case.hook, world_size=case.world_size, describe=describe,
                              params={**params, "examples": batch, "case_id": name, "fresh": fresh},
-                             known_failure=request.node.get_closest_marker("xfail") is not None, nodes=case.nodes)
+                             known_failure=request.node.get_closest_marker("xfail") is not None, nodes=case.nodes,
+                             reproduce=reproduce)
         # reached only where the batch passed
         note_reach(request, result, real_nodes=getattr(conform.pools.get(case.world_size), "nodes", None))
 
@@ -202,7 +203,16 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
         raise batch_failure  # a named example, a rank that raised or hung, or a known failure: no search
     restarts = conform.restarts
 
-    # A drawn example failed: search again, one example per dispatch, and shrink the failure.
+    def shrunk(exc: ConformanceFailure, drawn: Drawn) -> ConformanceFailure:
+        text, sep, rerun = str(exc).partition("\nRe-run just this case:")
+        return ConformanceFailure(f"{text}\n  generated example (hypothesis, seed {case_seed}, "
+                                  f"shrunk to the fewest nonzero elements): {drawn!r}{sep}{rerun}")
+
+    # A drawn example failed: search again, one example per dispatch, and shrink the failure. Each example that
+    # fails while hypothesis shrinks is attributed as any case is, but writes no reproducer: the smallest one does,
+    # once the search ends (what hypothesis raises is that example's failure).
+    smallest: List[Drawn] = []
+
     @hypothesis_settings(phases=(Phase.generate, Phase.shrink), **case_settings)
     @hypothesis_seed(case_seed)
     @given(drawn=strategy)
@@ -210,11 +220,18 @@ def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: st
         if conform.restarts != restarts or _all_zero(drawn):
             return  # a dispatch hung or killed a rank: send nothing more, report that one; or the simplest example
         try:
-            dispatch([("generated", drawn.grads())], fresh=False)
+            dispatch([("generated", drawn.grads())], fresh=False, reproduce=False)
         except ConformanceFailure as exc:
-            text, sep, rerun = str(exc).partition("\nRe-run just this case:")
-            raise ConformanceFailure(f"{text}\n  generated example (hypothesis, seed {case_seed}, "
-                                     f"shrunk to the fewest nonzero elements): {drawn!r}{sep}{rerun}") from None
+            smallest[:] = [drawn]
+            raise shrunk(exc, drawn) from None
 
-    search()
+    try:
+        search()
+    except ConformanceFailure:
+        if smallest and conform.settings.reproducers_dir and conform.restarts == restarts:
+            try:  # the smallest example once more, with its reproducer
+                dispatch([("generated", smallest[0].grads())], fresh=False)
+            except ConformanceFailure as exc:
+                raise shrunk(exc, smallest[0]) from None
+        raise  # no reproducer wanted, or the example no longer fails on its own (a hook that keeps state)
     raise batch_failure  # not reproduced one example at a time (a hook that keeps state between examples)

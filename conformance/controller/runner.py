@@ -216,7 +216,7 @@ class Runner:
             describe: Dict[str, Any], known_failure: bool = False, nodes: int = 1,
             judge: Optional[Callable[[CaseResult], List[Finding]]] = None,
             finished: Optional[Callable[[CaseResult], None]] = None,
-            note: Optional[Callable[[CaseResult, List[Finding]], str]] = None) -> CaseResult:
+            note: Optional[Callable[[CaseResult, List[Finding]], str]] = None, reproduce: bool = True) -> CaseResult:
         """Run one case on every rank of the ``world_size`` pool, and end it as its attribution says.
 
         Args:
@@ -233,6 +233,8 @@ class Runner:
             finished: called with the case's result where every rank finished, before it is judged.
             note: ``note(result, findings)`` closes the failure text of findings the hook may be blamed for
                 (it runs on success too, with none).
+            reproduce: write the failure's standalone reproducer (under ``--write-reproducers``); ``False`` for a
+                run whose failure is only a step of a search (hypothesis's shrinking, which runs one at the end).
 
         The first run and each replay the attribution asks for
         (:func:`~conformance.controller.attribution.attribute`) are its :class:`Run` values; the runner runs
@@ -263,11 +265,12 @@ class Runner:
         while not attribution.final:  # run what it asks for, and ask again
             runs.append(replay(self, attribution.next, case, world_size, pool, judge, first))
             attribution = attribute(facts, runs)
-        return self._end(attribution, runs, case, world_size, describe, known_failure, finished, note)
+        return self._end(attribution, runs, case, world_size, describe, known_failure, finished, note,
+                         reproduce=reproduce)
 
     def _end(self, attribution: Attribution, runs: List[Run], case: Case, world_size: int,
              describe: Dict[str, Any], known_failure: bool, finished: Optional[Callable[[CaseResult], None]],
-             note: Optional[Callable[[CaseResult, List[Finding]], str]]) -> CaseResult:
+             note: Optional[Callable[[CaseResult, List[Finding]], str]], reproduce: bool = True) -> CaseResult:
         """Act on the final ``attribution``: fail, skip, ``NOT RUN`` or pass the case."""
         __tracebackhide__ = True
         run = case_run(runs)
@@ -287,7 +290,7 @@ class Runner:
         if blame is Blame.NOBODY:
             return result
         closing.append(reason)
-        if attribution.rule in REPRODUCED and not known_failure:
+        if attribution.rule in REPRODUCED and not known_failure and reproduce:
             closing.append(case_failure.reproducer_note(self.settings, self.specs.get(hook) if hook else None,
                                                         case, world_size, found, describe))
         text = "\n".join(t for t in closing if t)

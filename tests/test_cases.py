@@ -205,11 +205,16 @@ def test_a_suite_case_runs_its_suite_tests_rank_check_with_the_cases_parameters(
     assert conform.calls == [expected]
 
 
-@pytest.mark.parametrize("depth, steps", [("default", 256), ("nightly", 2000)])
-def test_a_long_run_trains_the_steps_of_its_depth(depth, steps):
+@pytest.mark.parametrize("depth, world_size, steps", [("default", 2, 256), ("nightly", 2, 2000),
+                                                      ("default", 3, 256), ("nightly", 3, 256)])
+def test_a_long_run_trains_the_steps_of_its_depth_at_the_main_world_size_only(depth, world_size, steps):
+    """The nightly's 2,000 steps at the main world size (2 here); a long run at another world size trains the
+    default run's 256 there too."""
     from conformance.controller.case_kinds import run_case
 
     conform = _Recording(depth)
-    run_case(conform, object(), HOOK_APIS["ddp"].suite_test("long_run").case("h", "default", 2, model="nested_wrapped"))
+    assert conform.settings.world_size == 2
+    run_case(conform, object(), HOOK_APIS["ddp"].suite_test("long_run").case("h", "default", world_size,
+                                                                             model="nested_wrapped"))
     assert conform.calls == [("long_run", "ddp.long_run", {"config": "default", "model": "nested_wrapped",
                                                            "steps": steps}, False, True)]

@@ -88,7 +88,8 @@ def test_nightly_depth_runs_every_strategy_and_world_size_at_length():
 
 
 def test_every_api_plans_a_long_run_for_each_exact_spec():
-    """256 steps at the default depth, 2,000 at nightly: the rank check's parameters say so."""
+    """256 steps at the default depth, 2,000 at nightly at the main world size (256 at the others): the rank
+    check's parameters say so."""
     from conformance.apis import LONG_RUN_STEPS
 
     assert LONG_RUN_STEPS["default"]["steps"] >= 256 and LONG_RUN_STEPS["nightly"]["steps"] >= 2000
@@ -97,6 +98,7 @@ def test_every_api_plans_a_long_run_for_each_exact_spec():
         assert len(tests) == 1, api.name
         assert tests[0].params_at("default")["steps"] == LONG_RUN_STEPS["default"]["steps"]
         assert tests[0].params_at("nightly")["steps"] == LONG_RUN_STEPS["nightly"]["steps"]
+        assert tests[0].params_at("nightly", main_world_size=False)["steps"] == LONG_RUN_STEPS["default"]["steps"]
 
 
 def test_rank_consistency_keeps_specs_that_serve_no_shard_and_skips_one_rank():

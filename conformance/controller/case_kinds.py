@@ -75,4 +75,6 @@ def run_case(conform: Any, request: Any, case: Any) -> None:
     """
     __tracebackhide__ = True
     test = suite_test(case)
-    KINDS[test.kind](conform, request, case, test, {**case.check_params(), **test.params_at(conform.settings.depth)})
+    settings = conform.settings
+    main = case.world_size == settings.world_size  # the nightly's horizon at the main world size only
+    KINDS[test.kind](conform, request, case, test, {**case.check_params(), **test.params_at(settings.depth, main)})

@@ -110,6 +110,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_report": ("unit",),
     "test_report_files": ("suite",),
     "test_reproducer_content": ("unit",),
+    "test_reproducer_memo": ("unit",),
     "test_reproducers": ("meta", "torchrun"),
     "test_rerun_command": ("unit",),
     "test_results": ("unit",),

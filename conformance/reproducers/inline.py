@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from conformance.reproducers.source_edits import (atomic, bound_in, cut, fold_case_branches, parents, removed,
                                                   simple, uses_of, without_aliases, without_empty_kwargs,
                                                   without_local_lambdas)
+from conformance.reproducers.specialise import parsed, segment
 
 __all__ = ["inlined"]
 
@@ -117,7 +118,7 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
                 return None
             bound[param.arg] = default
     expr = helper.expr
-    expr_source = ast.get_source_segment(source, expr) or ""
+    expr_source = segment(source, expr) or ""
     local_scopes = [n for n in ast.walk(expr) if isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                                                                   ast.GeneratorExp))]
     in_scope = {id(n) for scope in local_scopes for n in ast.walk(scope)}
@@ -130,7 +131,7 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
         return None  # the helper reads a global the caller's local would hide
     texts: Dict[str, str] = {}
     for name, arg in bound.items():
-        text = ast.get_source_segment(source, arg) if arg is not None else None
+        text = segment(source, arg) if arg is not None else None
         if text is None or "\n" in text:
             return None
         uses = reads.get(name, [])
@@ -151,8 +152,8 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
         expr_source = expr_source[:start] + text + expr_source[end:]
     if "\n" in expr_source:  # a conditional the case decides may leave one line
         folded = fold_case_branches(f"_ = (\n{expr_source}\n)\n", case)
-        value = ast.parse(folded).body[0].value  # type: ignore[attr-defined]
-        expr_source = ast.get_source_segment(folded, value) or ""
+        value = parsed(folded).body[0].value  # type: ignore[attr-defined]
+        expr_source = segment(folded, value) or ""
     if "\n" in expr_source:  # lines aligned under its first move with it, to the call's column (_inline_one)
         shift = call.col_offset - expr.col_offset
         head, *rest = expr_source.split("\n")
@@ -183,7 +184,7 @@ def _own_method(tree: ast.Module, use: ast.Attribute, caller: Optional[ast.AST],
 
 def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     """``(source with one helper inlined, the helper's name)``, or ``None`` where none is left."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     parent_of = parents(tree)
     uses = uses_of(tree)
     for name, helpers in _helpers(tree).items():
@@ -242,7 +243,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
     helper's name)``, or ``None``: a call that is a whole statement (``x = f(...)``, ``f(...)``, ``return f(...)``)
     of a function, to a function whose one ``return`` ends it. Each parameter whose argument is another
     expression than a name, a constant or a field read, or that the helper assigns, is assigned first."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     parent_of = parents(tree)
     uses = uses_of(tree)
     lines = source.splitlines()
@@ -301,7 +302,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
         caller_names = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name)} | \
             {a.arg for a in ast.walk(caller) if isinstance(a, ast.arg)}
         arg_names = {n.id for a in bound.values() for n in ast.walk(a) if isinstance(n, ast.Name)}  # type: ignore
-        texts = {p: ast.get_source_segment(source, a) for p, a in bound.items()}  # type: ignore[arg-type]
+        texts = {p: segment(source, a) for p, a in bound.items()}  # type: ignore[arg-type]
         first: List[str] = []
         replace: Dict[str, str] = {}
         for param, arg in bound.items():
@@ -329,7 +330,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
             body_indent = len(lines[start - 1]) - len(lines[start - 1].lstrip())
             if any(line.strip() and len(line) - len(line.lstrip()) < body_indent for line in lines[start - 1:end]):
                 continue  # a line the dedent would cut (a string's continuation)
-            region = ast.parse("\n".join(line[body_indent:] if line.strip() else line
+            region = parsed("\n".join(line[body_indent:] if line.strip() else line
                                          for line in lines[start - 1:end]))
             text_lines = [line[body_indent:] if line.strip() else "" for line in lines[start - 1:end]]
             edits = [(n.lineno, n.col_offset, n.end_col_offset, replace[n.id]) for n in ast.walk(region)
@@ -372,7 +373,7 @@ def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset(
         source, _ = removed(source, {name}, {name})  # its definition, read nowhere now: its calls count no more
     source = without_local_lambdas(without_empty_kwargs(fold_case_branches(source, case)))
     candidates = inlined_names | {"STATE"}  # and each imported name
-    candidates |= {(a.asname or a.name).split(".")[0] for n in ast.walk(ast.parse(source))
+    candidates |= {(a.asname or a.name).split(".")[0] for n in ast.walk(parsed(source))
                    if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", None) != "__future__"
                    for a in n.names}
     while candidates:

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from conformance.reproducers.source_edits import bound_in
 from conformance.reproducers.sources import bound_names, written_code
+from conformance.reproducers.specialise import parsed
 from conformance.shared import standalone_inputs, standalone_main
 
 __all__ = ["PROVIDED", "constants_of", "early_constants", "hoisted_imports", "known_of", "model_modules", "sections",
@@ -61,12 +62,12 @@ def early_constants(model_cls: type, api: Any, imports: Sequence[str], code: Dic
     the file's parts, taken out of ``code`` to be written under ``CASE``: a file's constants in one place, its top.
     One that reads a function or class of the file stays where it is, and so do the model's (its own module's)."""
     available = (set(dir(builtins)) | set(PROVIDED) | set(bound)) - {"MODEL", "STEP_INPUTS", "LOSS"}
-    available |= {n for line in imports for n in bound_names(ast.parse(line).body[0])}
+    available |= {n for line in imports for n in bound_names(parsed(line).body[0])}
     taken: List[str] = []
     code = {module: list(texts) for module, texts in code.items()}
     for module in [m for _, modules in sections(model_cls, api)[1:] for m in modules]:
         for text in list(code.get(module, [])):
-            node = ast.parse(text).body[0]
+            node = parsed(text).body[0]
             reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             if isinstance(node, ast.Assign) and reads <= available:
                 taken.append(text)
@@ -127,15 +128,15 @@ def hoisted_imports(imports: Sequence[str], code: Dict[str, List[str]]) -> Tuple
     imports (in the ``try`` whose failure is "could not run"): the file runs its case, which needs it anyway. Left
     in place where a name it binds is bound otherwise in the file or in the function."""
     imports = list(imports)
-    bound = {n for line in imports for n in bound_names(ast.parse(line).body[0])}
-    bound |= {n for texts in code.values() for text in texts for node in ast.parse(text).body
+    bound = {n for line in imports for n in bound_names(parsed(line).body[0])}
+    bound |= {n for texts in code.values() for text in texts for node in parsed(text).body
               for n in bound_names(node)}
     out: Dict[str, List[str]] = {}
     for module, texts in code.items():
         out[module] = []
         for text in texts:
             lines = text.splitlines()
-            functions = [f for node in ast.parse(text).body
+            functions = [f for node in parsed(text).body
                          for f in ([node] if isinstance(node, ast.FunctionDef) else getattr(node, "body", []))
                          if isinstance(f, ast.FunctionDef)]
             for function in functions:

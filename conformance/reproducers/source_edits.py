@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from conformance.reproducers.specialise import _case_constant
+from conformance.reproducers.specialise import _case_constant, parsed, segment
 
 __all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed", "simple", "uses_of",
            "without_aliases", "without_blank_lines_in_blocks", "without_empty_kwargs", "without_local_lambdas"]
@@ -88,13 +88,13 @@ def cut(lines: List[str], node: ast.AST, text: str) -> List[str]:
 def fold_case_branches(source: str, case: Dict[str, Any]) -> str:
     """``x if <test> else y`` whose test reads only ``CASE`` (and constants) written as its branch."""
     while True:
-        tree = ast.parse(source)
+        tree = parsed(source)
         found = next(((n, v) for n in ast.walk(tree) if isinstance(n, ast.IfExp)
                       for v in [_case_constant(n.test, case, {})] if v is not None), None)
         if found is None:
             return source
         node, value = found
-        kept = ast.get_source_segment(source, node.body if value else node.orelse) or "None"
+        kept = segment(source, node.body if value else node.orelse) or "None"
         source = "\n".join(cut(source.splitlines(), node, kept)) + "\n"
 
 
@@ -102,7 +102,7 @@ def removed(source: str, names: Set[str], members: Set[str]) -> Tuple[str, Set[s
     """``source`` less the top-level definitions (functions, classes, one-name assignments) and imported names of
     ``names``, and the methods of ``members``, that nothing reads any more; with the names the removed
     definitions read (candidates in their turn)."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     uses = uses_of(tree)
     lines = source.splitlines()
     edits: List[Tuple[int, int, List[str]]] = []  # (first line, last line, what replaces them)
@@ -148,7 +148,7 @@ def without_empty_kwargs(source: str) -> str:
     no reduce dtype leaves of ``kwargs = mixed_precision(...)``, ``root_extra = cls._root_fsdp_kwargs(...)``):
     the binding and each ``, **name`` go."""
     while True:
-        tree = ast.parse(source)
+        tree = parsed(source)
         found = None
         for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))]:
             own = [n for stmt in scope.body for n in ast.walk(stmt)]
@@ -188,13 +188,13 @@ def without_empty_kwargs(source: str) -> str:
 def without_aliases(source: str) -> str:
     """``source`` with the writer's per-case names (``STEP_INPUTS, LOSS = model_inputs, MODEL.loss``: :data:`ALIASES`)
     written where the loop reads them, and their binding left out."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     binding = next((n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1 and
                     isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple) and
                     {getattr(t, "id", None) for t in n.targets[0].elts} <= ALIASES), None)
     if binding is None or not all(isinstance(v, (ast.Name, ast.Attribute)) for v in binding.value.elts):
         return source
-    texts = {t.id: ast.get_source_segment(source, v)  # type: ignore[attr-defined]
+    texts = {t.id: segment(source, v)  # type: ignore[attr-defined]
              for t, v in zip(binding.targets[0].elts, binding.value.elts)}  # type: ignore[attr-defined]
     reads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in texts]
     lines = source.splitlines()
@@ -212,7 +212,7 @@ def without_local_lambdas(source: str, width: int = 110) -> str:
     written where it is read: a call of it (its arguments names or constants) as the lambda's call, the parameters
     replaced by the arguments; another read as the lambda itself. The same calls: the lambda's names are assigned
     nowhere after it, and it makes no inner scope. Left as written where a line would pass ``width``."""
-    for function in [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)]:
+    for function in [n for n in ast.walk(parsed(source)) if isinstance(n, ast.FunctionDef)]:
         for stmt in function.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
                     and isinstance(stmt.value, ast.Lambda) and isinstance(stmt.value.body, ast.Call)
@@ -240,13 +240,13 @@ def without_local_lambdas(source: str, width: int = 110) -> str:
             for read in (n for n in names if isinstance(n.ctx, ast.Load)):
                 call = calls.get(id(read))
                 if call is None:
-                    edits.append((read, ast.get_source_segment(source, fn)))
+                    edits.append((read, segment(source, fn)))
                     continue
                 if call.keywords or len(call.args) != len(params) or not all(
                         isinstance(a, (ast.Name, ast.Constant)) for a in call.args):
                     break
-                given = dict(zip(params, (ast.get_source_segment(source, a) for a in call.args)))
-                body = ast.get_source_segment(source, fn.body) or ""
+                given = dict(zip(params, (segment(source, a) for a in call.args)))
+                body = segment(source, fn.body) or ""
                 for node in sorted((n for n in ast.walk(fn.body) if isinstance(n, ast.Name) and n.id in given),
                                    key=lambda n: n.col_offset, reverse=True):
                     at, to = node.col_offset - fn.body.col_offset, node.end_col_offset - fn.body.col_offset
@@ -266,7 +266,7 @@ def without_blank_lines_in_blocks(source: str) -> str:
     """``source`` less the blank lines inside a function or class (the file separates its top-level definitions
     alone, as it writes a class's methods one after another) and after a part's heading (what a helper inlined
     away leaves there); a string's lines stay as they are."""
-    in_strings = {k for node in ast.walk(ast.parse(source)) if isinstance(node, ast.JoinedStr) or
+    in_strings = {k for node in ast.walk(parsed(source)) if isinstance(node, ast.JoinedStr) or
                   isinstance(node, ast.Constant) and isinstance(node.value, str)
                   for k in range(node.lineno, node.end_lineno + 1)}
     lines = source.splitlines()

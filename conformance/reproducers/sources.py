@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from conformance.reproducers.specialise import literal_constants, specialised
+from conformance.reproducers.specialise import literal_constants, parsed, specialised
 
 __all__ = ["bound_names", "written_code"]
 
@@ -133,7 +133,7 @@ def _definitions(module_name: str, case: Optional[Dict[str, Any]] = None,
     source = specialised(inspect.getsource(module), case, literal_constants(module), known)
     lines = source.splitlines()
     out = []
-    for node in [n for stmt in ast.parse(source).body for n in _imports_that_work(stmt)]:
+    for node in [n for stmt in parsed(source).body for n in _imports_that_work(stmt)]:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in
@@ -244,7 +244,7 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
     reads: Set[str] = set()
     attrs: Set[str] = set()
     supers: Set[str] = set()
-    extra = ast.parse(also_reads or "None")
+    extra = parsed(also_reads or "None")
     attrs |= {n.attr for n in ast.walk(extra) if isinstance(n, ast.Attribute)}
     todo = [*roots, *(n.id for n in ast.walk(extra) if isinstance(n, ast.Name))]
     while todo:

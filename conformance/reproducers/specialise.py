@@ -12,16 +12,49 @@ parameter, the argument passed to it, its assignment) is left out, so the file h
 from __future__ import annotations
 
 import ast
+import collections
+import functools
 import inspect
+import re
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import torch
 
-__all__ = ["literal_constants", "specialised"]
+__all__ = ["literal_constants", "parsed", "segment", "specialised"]
 
 #: A field a known config does not have (:func:`_fold`).
 _MISSING = object()
+
+#: A line of a source with its end (``\r\n``, ``\r`` or ``\n``), as :func:`ast.get_source_segment` splits it.
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+@functools.lru_cache(maxsize=512)
+def parsed(source: str) -> ast.Module:
+    """``ast.parse(source)``, remembered: the writer's edits read the same texts again and again (a definition, the
+    file between two edits). The tree is shared, so no caller may change it; the edits change the text instead."""
+    return ast.parse(source)
+
+
+@functools.lru_cache(maxsize=16)
+def _lines(source: str) -> Tuple[str, ...]:
+    return tuple(_LINE.findall(source))
+
+
+def segment(source: str, node: ast.AST) -> Optional[str]:
+    """:func:`ast.get_source_segment` of ``node`` (the same text, or ``None``), with ``source`` split into lines
+    once for every node read from it: ``ast`` splits it again, one character at a time, for each node, and a
+    reproducer's edits read thousands of nodes of one file."""
+    end_lineno, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+    if end_lineno is None or end_col is None or getattr(node, "lineno", None) is None:
+        return None
+    lines = _lines(source)
+    first, last = node.lineno - 1, end_lineno - 1  # type: ignore[attr-defined]
+    if first == last:
+        return lines[first].encode()[node.col_offset:end_col].decode()  # type: ignore[attr-defined]
+    return "".join([lines[first].encode()[node.col_offset:].decode(), *lines[first + 1:last],  # type: ignore[attr-defined]
+                    lines[last].encode()[:end_col].decode()])
 
 
 #: The builtins an ``if`` test decided at writing time may call (:func:`_case_constant`).
@@ -65,15 +98,83 @@ def literal_constants(module: Any) -> Dict[str, Any]:
             if not k.startswith("__") and (v is None or isinstance(v, (str, int, float, torch.dtype)))}
 
 
+@functools.lru_cache(maxsize=64)
+def _case_keys(source: str) -> Optional[Tuple[str, ...]]:
+    """The keys of ``CASE`` the code of ``source`` reads, each by a literal (``CASE["model"]``,
+    ``CASE.get("nodes")``); ``None`` where it reads ``CASE`` any other way (the whole case then matters)."""
+    tree = parsed(source)
+    parent = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    keys = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Name) and node.id == "CASE"):
+            continue
+        up = parent.get(id(node))
+        call = parent.get(id(up))
+        if isinstance(up, ast.Subscript) and up.value is node and isinstance(up.slice, ast.Constant):
+            key = up.slice.value
+        elif isinstance(up, ast.Attribute) and up.attr == "get" and isinstance(call, ast.Call) and call.func is up \
+                and call.args and isinstance(call.args[0], ast.Constant):
+            key = call.args[0].value
+        else:
+            return None
+        if not isinstance(key, str):
+            return None
+        keys.add(key)
+    return tuple(sorted(keys))
+
+
+def _plain(value: Any) -> Optional[str]:
+    """A text that only an equal value of the same type gives (``None`` where ``repr`` names an object's address,
+    which a later object may reuse)."""
+    if isinstance(value, dict):
+        items = [(_plain(k), _plain(v)) for k, v in value.items()]
+        return None if any(k is None or v is None for k, v in items) else repr(sorted(items))
+    text = f"{type(value).__module__}.{type(value).__qualname__}:{value!r}"
+    return None if " at 0x" in text else text
+
+
+def _memo_key(source: str, case: Optional[Dict[str, Any]], constants: Dict[str, Any],
+              known: Optional[Dict[str, Any]]) -> Optional[Hashable]:
+    """What :func:`specialised`'s result depends on: the source, the entries of ``case`` its code reads, the
+    constants and the known names; ``None`` where that cannot be told (nothing is remembered then)."""
+    if case is None:
+        case_part: Optional[str] = "no case"
+    else:
+        keys = _case_keys(source)
+        case_part = _plain(case if keys is None else {k: (k in case, case.get(k)) for k in keys})
+    parts = (case_part, _plain(constants), _plain(known or {}))
+    return None if None in parts else (source, *parts)
+
+
+#: :func:`specialised`'s results, the latest :data:`_KEEP` (a reproducer reads the same modules, most of them for
+#: the same case entries, as the one before it: the suite's, its model's and its API's).
+_SPECIALISED: "collections.OrderedDict[Hashable, str]" = collections.OrderedDict()
+_KEEP = 256
+
+
 def specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[str, Any],
-                 known: Optional[Dict[str, Any]] = None) -> str:
+                known: Optional[Dict[str, Any]] = None) -> str:
     """``source`` with every ``if`` (or ``elif``) whose test reads only ``CASE`` (or ``known`` names:
     :func:`_case_constant`) replaced by the branch the case takes, the file holds its case's path alone: a top
     ``if`` by its branch's body, dedented into place (``pass`` where it has none and its block nothing else);
-    an ``elif`` by an ``else`` holding that body, or by nothing."""
+    an ``elif`` by an ``else`` holding that body, or by nothing. Remembered for the same source, the same
+    entries of ``case`` its code reads, constants and known names (:func:`_memo_key`)."""
+    key = _memo_key(source, case, constants, known)
+    if key is None:
+        return _specialised(source, case, constants, known)
+    if key not in _SPECIALISED:
+        _SPECIALISED[key] = _specialised(source, case, constants, known)
+        if len(_SPECIALISED) > _KEEP:
+            _SPECIALISED.popitem(last=False)
+    _SPECIALISED.move_to_end(key)
+    return _SPECIALISED[key]
+
+
+def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[str, Any],
+                 known: Optional[Dict[str, Any]]) -> str:
     while True:
         lines = source.splitlines()
-        found = next(((n, v) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.If)
+        found = next(((n, v) for n in ast.walk(parsed(source)) if isinstance(n, ast.If)
                       for v in [_case_constant(n.test, case, constants, known)] if v is not None), None)
         if found is None:
             folded = _fold(source, known) if known else None
@@ -131,7 +232,7 @@ def _fold(source: str, known: Dict[str, Any]) -> Optional[str]:
     (``layout.mesh``, ``_layout().sync_setter``, ``SETUP.bind``) as its literal or its function's name;
     ``getattr(x, "name")`` as ``x.name``; and a known config itself, which the file then holds nowhere: its
     parameter, the argument passed to it and its assignment are left out."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     lines = source.splitlines()
 
     def cut(first: Tuple[int, int], last: Tuple[int, int], text: str = "") -> str:
@@ -155,14 +256,14 @@ def _fold(source: str, known: Dict[str, Any]) -> Optional[str]:
             if kept and len(kept) < len(node.values):
                 op = " and " if neutral else " or "
                 return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
-                           op.join(f"({ast.get_source_segment(source, v)})" if isinstance(v, ast.BoolOp) and
-                                   len(kept) > 1 else ast.get_source_segment(source, v) for v in kept))
+                           op.join(f"({segment(source, v)})" if isinstance(v, ast.BoolOp) and
+                                   len(kept) > 1 else segment(source, v) for v in kept))
         if isinstance(node, ast.IfExp) and not any(isinstance(n, ast.Name) for n in ast.walk(node.test)):
             value = _case_constant(node.test, {}, {}, known)
             if value is not None:
                 kept = node.body if value else node.orelse
                 return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
-                           ast.get_source_segment(source, kept))
+                           segment(source, kept))
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             found, value = _known_value(node.value, known)
             field = getattr(value, node.attr, _MISSING) if found else _MISSING
@@ -171,7 +272,7 @@ def _fold(source: str, known: Dict[str, Any]) -> Optional[str]:
                 return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), text)
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) == 2 \
                 and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).isidentifier():
-            obj = ast.get_source_segment(source, node.args[0])
+            obj = segment(source, node.args[0])
             return cut((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
                        f"{obj}.{node.args[1].value}")
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -193,7 +294,7 @@ def _without_dead_code(source: str) -> str:
     takes leaves behind: ``if CASE[...]: return x`` followed by ``return y``)."""
     while True:
         lines = source.splitlines()
-        dead = next(((stmts[i + 1].lineno, stmts[-1].end_lineno) for node in ast.walk(ast.parse(source))
+        dead = next(((stmts[i + 1].lineno, stmts[-1].end_lineno) for node in ast.walk(parsed(source))
                      for field in ("body", "orelse", "finalbody") for stmts in [getattr(node, field, None)]
                      if isinstance(stmts, list) for i, stmt in enumerate(stmts[:-1])
                      if isinstance(stmt, (ast.Return, ast.Raise))), None)
@@ -205,7 +306,7 @@ def _without_dead_code(source: str) -> str:
 def _without_spare_pass(source: str) -> str:
     """``source`` less every ``pass`` of a block that holds other statements (what an ``if`` the case does not take
     leaves behind, :func:`specialised`)."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     spare = {stmt.lineno for node in ast.walk(tree) for field in ("body", "orelse", "finalbody")
              for stmts in [getattr(node, field, None)] if isinstance(stmts, list) and len(stmts) > 1
              for stmt in stmts if isinstance(stmt, ast.Pass)}

@@ -33,6 +33,7 @@ from conformance.protocol import Finding
 from conformance.reproducers.inline import inlined
 from conformance.reproducers.parts import constants_of, early_constants, model_modules, sections, written_code_of
 from conformance.reproducers.source_edits import without_blank_lines_in_blocks
+from conformance.reproducers.specialise import parsed
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -71,7 +72,7 @@ def imports_the_suite(module_name: str) -> bool:
     if module_name == "conformance" or module_name.startswith("conformance."):
         return True
     try:
-        tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+        tree = parsed(inspect.getsource(importlib.import_module(module_name)))
     except (ImportError, OSError, TypeError, SyntaxError):
         return False
     for node in ast.walk(tree):
@@ -240,7 +241,7 @@ def _keys_read(code: Dict[str, List[str]]) -> set:
     """The keys of ``CASE`` the written code reads (``CASE["key"]``, ``CASE.get("key")``)."""
     keys = set()
     for text in (t for texts in code.values() for t in texts):
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(parsed(text)):
             if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "CASE":
                 keys.add(getattr(node.slice, "value", None))
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -285,14 +286,14 @@ def _filled(text: str) -> str:
 
 def _names_read(texts: Sequence[str]) -> set:
     """Every name ``texts`` (definitions, each parsed alone) read."""
-    return {n.id for text in texts for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
+    return {n.id for text in texts for n in ast.walk(parsed(text)) if isinstance(n, ast.Name)}
 
 
 def _functions(texts: Sequence[str]) -> set:
     """The names of the functions and methods ``texts`` (definitions, each parsed alone) define."""
     out = set()
     for text in texts:
-        for node in ast.parse(text).body:
+        for node in parsed(text).body:
             members = node.body if isinstance(node, ast.ClassDef) else [node]
             out.update(m.name for m in members if isinstance(m, ast.FunctionDef))
     return out

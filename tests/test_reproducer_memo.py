@@ -1,0 +1,76 @@
+"""The reproducer writer's shortcuts give the texts it gave without them.
+
+:func:`~conformance.reproducers.specialise.segment` is :func:`ast.get_source_segment` with the source split once,
+and :func:`~conformance.reproducers.specialise.specialised` remembers its result for a source and the entries of
+``CASE`` that source's code reads: a second case that differs only where the code does not look gets the same text,
+one that differs where it looks gets its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import os
+
+from conformance.reproducers import specialise
+from conformance.reproducers.specialise import segment, specialised
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_segment_is_ast_get_source_segment_on_every_node_of_the_suite_and_odd_line_ends():
+    sources = [open(path, encoding="utf-8").read()
+               for path in sorted(glob.glob(os.path.join(REPO, "conformance", "reproducers", "*.py")))]
+    sources += ["a = 1\r\nb = 'é' + 'x'\rc = (1,\n 2)", "x = 'ü'; y = ('ä',\r\n  'ö')\n\n", "f(\n)"]
+    nodes = 0
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            assert segment(source, node) == ast.get_source_segment(source, node), (source[:80], ast.dump(node)[:200])
+            nodes += 1
+    assert nodes > 10_000
+
+
+SOURCE = '''\
+def build():
+    if CASE["model"] == "net":
+        return 1
+    elif CASE.get("nodes") == 2:
+        return 2
+    return 3
+'''
+
+
+def test_a_remembered_text_depends_on_the_case_entries_the_code_reads_and_on_nothing_else():
+    specialise._SPECIALISED.clear()
+    net = specialised(SOURCE, {"model": "net", "hook": "a"}, {})
+    assert "return 1" in net and "return 3" not in net
+    assert len(specialise._SPECIALISED) == 1
+    # another hook, the same entries read: remembered
+    assert specialised(SOURCE, {"model": "net", "hook": "b"}, {}) == net
+    assert len(specialise._SPECIALISED) == 1
+    # an entry the code reads differs: its own text
+    two_nodes = specialised(SOURCE, {"model": "mlp", "nodes": 2, "hook": "a"}, {})
+    assert "return 2" in two_nodes and "return 1" not in two_nodes
+    one_node = specialised(SOURCE, {"model": "mlp", "hook": "a"}, {})
+    assert "return 3" in one_node and "return 2" not in one_node
+    assert len(specialise._SPECIALISED) == 3
+
+
+def test_a_case_read_any_other_way_keys_on_the_whole_case():
+    source = SOURCE + "\ndef keys():\n    return sorted(CASE)\n"
+    assert specialise._case_keys(source) is None
+    assert specialise._case_keys(SOURCE) == ("model", "nodes")
+    specialise._SPECIALISED.clear()
+    specialised(source, {"model": "net", "hook": "a"}, {})
+    specialised(source, {"model": "net", "hook": "b"}, {})
+    assert len(specialise._SPECIALISED) == 2
+
+
+def test_a_value_known_only_by_its_address_is_never_remembered():
+    class Opaque:
+        pass
+
+    specialise._SPECIALISED.clear()
+    known = {"layout": Opaque()}
+    assert specialised(SOURCE, {"model": "net"}, {}, known) == specialised(SOURCE, {"model": "net"}, {})
+    assert len(specialise._SPECIALISED) == 1  # the second call's, not the first's

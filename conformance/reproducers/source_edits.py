@@ -15,6 +15,7 @@ Torch-free; raises nothing of its own.
 from __future__ import annotations
 
 import ast
+import functools
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from conformance.reproducers.specialise import _case_constant, parsed, segment
@@ -45,7 +46,10 @@ def simple(node: ast.expr) -> bool:
     return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and simple(node.value)
 
 
+@functools.lru_cache(maxsize=256)
 def parents(tree: ast.AST) -> Dict[int, ast.AST]:
+    """``{id(node): its parent}`` over ``tree``, remembered per tree (:func:`~conformance.reproducers.specialise.parsed`
+    shares one tree per text): read it, never change it."""
     return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
 
@@ -69,8 +73,10 @@ def bound_in(function: Optional[ast.AST]) -> Set[str]:
     return names
 
 
+@functools.lru_cache(maxsize=256)
 def uses_of(tree: ast.Module) -> Dict[str, List[ast.AST]]:
-    """Where each name is read: a ``Name`` loaded, or an attribute of that name."""
+    """Where each name is read: a ``Name`` loaded, or an attribute of that name; remembered per tree, as
+    :func:`parents`."""
     out: Dict[str, List[ast.AST]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):

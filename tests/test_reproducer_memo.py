@@ -9,25 +9,23 @@ one that differs where it looks gets its own.
 from __future__ import annotations
 
 import ast
-import glob
-import os
+import inspect
 
 from conformance.reproducers import specialise
 from conformance.reproducers.specialise import segment, specialised
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def test_segment_is_ast_get_source_segment_on_every_node_of_the_suite_and_odd_line_ends():
-    sources = [open(path, encoding="utf-8").read()
-               for path in sorted(glob.glob(os.path.join(REPO, "conformance", "reproducers", "*.py")))]
+def test_segment_is_ast_get_source_segment_on_every_node_and_odd_line_ends():
+    """Every node of a few of the writer's functions (multi-line calls, strings, comprehensions) and of sources
+    with ``\\r\\n``, ``\\r`` and non-ASCII text (columns are UTF-8 byte offsets)."""
+    sources = [inspect.getsource(f) for f in (specialise.segment, specialise._case_keys, specialise._plain)]
     sources += ["a = 1\r\nb = 'é' + 'x'\rc = (1,\n 2)", "x = 'ü'; y = ('ä',\r\n  'ö')\n\n", "f(\n)"]
     nodes = 0
     for source in sources:
         for node in ast.walk(ast.parse(source)):
             assert segment(source, node) == ast.get_source_segment(source, node), (source[:80], ast.dump(node)[:200])
             nodes += 1
-    assert nodes > 10_000
+    assert nodes > 500
 
 
 SOURCE = '''\

@@ -18,7 +18,7 @@ import ast
 import functools
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from conformance.reproducers.specialise import _case_constant, parsed, segment
+from conformance.reproducers.specialise import _case_constant, parents, parsed, segment
 
 __all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed", "simple", "uses_of",
            "without_aliases", "without_blank_lines_in_blocks", "without_empty_kwargs", "without_local_lambdas"]
@@ -46,13 +46,6 @@ def simple(node: ast.expr) -> bool:
     return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and simple(node.value)
 
 
-@functools.lru_cache(maxsize=256)
-def parents(tree: ast.AST) -> Dict[int, ast.AST]:
-    """``{id(node): its parent}`` over ``tree``, remembered per tree (:func:`~conformance.reproducers.specialise.parsed`
-    shares one tree per text): read it, never change it."""
-    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-
-
 def bound_in(function: Optional[ast.AST]) -> Set[str]:
     """The names a function binds itself (its parameters, what it assigns, the functions, classes, imports and
     exceptions it names), or a block of statements (an ``ast.Module``): the caller's locals."""
@@ -76,7 +69,7 @@ def bound_in(function: Optional[ast.AST]) -> Set[str]:
 @functools.lru_cache(maxsize=256)
 def uses_of(tree: ast.Module) -> Dict[str, List[ast.AST]]:
     """Where each name is read: a ``Name`` loaded, or an attribute of that name; remembered per tree, as
-    :func:`parents`."""
+    :func:`~conformance.reproducers.specialise.parents`."""
     out: Dict[str, List[ast.AST]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):

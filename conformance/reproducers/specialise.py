@@ -21,7 +21,7 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import torch
 
-__all__ = ["literal_constants", "parsed", "segment", "specialised"]
+__all__ = ["literal_constants", "parents", "parsed", "segment", "specialised"]
 
 #: A field a known config does not have (:func:`_fold`).
 _MISSING = object()
@@ -35,6 +35,13 @@ def parsed(source: str) -> ast.Module:
     """``ast.parse(source)``, remembered: the writer's edits read the same texts again and again (a definition, the
     file between two edits). The tree is shared, so no caller may change it; the edits change the text instead."""
     return ast.parse(source)
+
+
+@functools.lru_cache(maxsize=256)
+def parents(tree: ast.AST) -> Dict[int, ast.AST]:
+    """``{id(node): its parent}`` over ``tree``, remembered per tree (:func:`parsed` shares one tree per text): read
+    it, never change it."""
+    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
 
 @functools.lru_cache(maxsize=16)
@@ -103,7 +110,7 @@ def _case_keys(source: str) -> Optional[Tuple[str, ...]]:
     """The keys of ``CASE`` the code of ``source`` reads, each by a literal (``CASE["model"]``,
     ``CASE.get("nodes")``); ``None`` where it reads ``CASE`` any other way (the whole case then matters)."""
     tree = parsed(source)
-    parent = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    parent = parents(tree)
     keys = set()
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Name) and node.id == "CASE"):

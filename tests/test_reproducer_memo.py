@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 import inspect
 
-from conformance.reproducers import specialise
-from conformance.reproducers.specialise import segment, specialised
+from conformance.reproducers import inline, specialise, writer
+from conformance.reproducers.specialise import parents, segment, specialised, walk
 
 
 def test_segment_is_ast_get_source_segment_on_every_node_and_odd_line_ends():
@@ -26,6 +26,20 @@ def test_segment_is_ast_get_source_segment_on_every_node_and_odd_line_ends():
             assert segment(source, node) == ast.get_source_segment(source, node), (source[:80], ast.dump(node)[:200])
             nodes += 1
     assert nodes > 500
+
+
+def test_walk_and_parents_are_ast_walk_in_its_order():
+    """:func:`~conformance.reproducers.specialise.walk` is ``ast.walk`` (the same nodes, breadth first, in the same
+    order: the edits take the first match), on a whole module's tree and on a part of one; ``parents`` maps every
+    child to the node ``ast.iter_child_nodes`` gives it under; a module's tree keeps its index, a second call is the
+    same object."""
+    for module in (specialise, inline, writer):
+        tree = ast.parse(inspect.getsource(module))
+        assert list(walk(tree)) == list(ast.walk(tree))
+        assert walk(tree) is walk(tree)
+        assert parents(tree) == {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+        part = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+        assert list(walk(part)) == list(ast.walk(part)) and len(walk(part)) > 10
 
 
 SOURCE = '''\

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from conformance.reproducers.source_edits import (atomic, bound_in, cut, fold_case_branches, parents, removed,
                                                   simple, uses_of, without_aliases, without_empty_kwargs,
                                                   without_local_lambdas)
-from conformance.reproducers.specialise import parsed, segment
+from conformance.reproducers.specialise import parsed, segment, walk
 
 __all__ = ["inlined"]
 
@@ -119,11 +119,11 @@ def _replacement(helper: _Helper, call: ast.Call, source: str, caller_locals: Se
             bound[param.arg] = default
     expr = helper.expr
     expr_source = segment(source, expr) or ""
-    local_scopes = [n for n in ast.walk(expr) if isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+    local_scopes = [n for n in walk(expr) if isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                                                                   ast.GeneratorExp))]
-    in_scope = {id(n) for scope in local_scopes for n in ast.walk(scope)}
+    in_scope = {id(n) for scope in local_scopes for n in walk(scope)}
     reads: Dict[str, List[ast.Name]] = {}
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             reads.setdefault(node.id, []).append(node)
     inner = bound_in(ast.Module(body=[ast.Expr(s) for s in local_scopes], type_ignores=[]))
@@ -297,11 +297,11 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
             bound.setdefault(param.arg, default)
         if any(v is None for v in bound.values()) or set(bound) != {p.arg for p in params}:
             continue
-        assigned = bound_in(ast.Module(body=body, type_ignores=[])) - {a.arg for a in ast.walk(
+        assigned = bound_in(ast.Module(body=body, type_ignores=[])) - {a.arg for a in walk(
             ast.Module(body=body, type_ignores=[])) if isinstance(a, ast.arg)}
-        caller_names = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name)} | \
-            {a.arg for a in ast.walk(caller) if isinstance(a, ast.arg)}
-        arg_names = {n.id for a in bound.values() for n in ast.walk(a) if isinstance(n, ast.Name)}  # type: ignore
+        caller_names = {n.id for n in walk(caller) if isinstance(n, ast.Name)} | \
+            {a.arg for a in walk(caller) if isinstance(a, ast.arg)}
+        arg_names = {n.id for a in bound.values() for n in walk(a) if isinstance(n, ast.Name)}  # type: ignore
         texts = {p: segment(source, a) for p, a in bound.items()}  # type: ignore[arg-type]
         first: List[str] = []
         replace: Dict[str, str] = {}
@@ -317,11 +317,11 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
                 first.append(f"{param} = {text}")
         else:
             locals_ = (assigned | {l.split(" = ")[0] for l in first}) - {target}
-            scoped = {a.arg for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Lambda)
-                      for a in ast.walk(n.args) if isinstance(a, ast.arg)}
-            scoped |= {t.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.comprehension)
-                       for t in ast.walk(n.target) if isinstance(t, ast.Name)}
-            reads = {n.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)} - scoped
+            scoped = {a.arg for stmt in body for n in walk(stmt) if isinstance(n, ast.Lambda)
+                      for a in walk(n.args) if isinstance(a, ast.arg)}
+            scoped |= {t.id for stmt in body for n in walk(stmt) if isinstance(n, ast.comprehension)
+                       for t in walk(n.target) if isinstance(t, ast.Name)}
+            reads = {n.id for stmt in body for n in walk(stmt) if isinstance(n, ast.Name)} - scoped
             if locals_ & caller_names or (target in arg_names and target in assigned) or \
                     (reads - set(bound) - assigned) & (bound_in(caller) - arg_names - {target}):
                 continue
@@ -333,7 +333,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
             region = parsed("\n".join(line[body_indent:] if line.strip() else line
                                          for line in lines[start - 1:end]))
             text_lines = [line[body_indent:] if line.strip() else "" for line in lines[start - 1:end]]
-            edits = [(n.lineno, n.col_offset, n.end_col_offset, replace[n.id]) for n in ast.walk(region)
+            edits = [(n.lineno, n.col_offset, n.end_col_offset, replace[n.id]) for n in walk(region)
                      if isinstance(n, ast.Name) and n.id in replace]
             for lineno, c0, c1, text in sorted(edits, reverse=True):
                 text_lines[lineno - 1] = text_lines[lineno - 1][:c0] + text + text_lines[lineno - 1][c1:]
@@ -373,7 +373,7 @@ def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset(
         source, _ = removed(source, {name}, {name})  # its definition, read nowhere now: its calls count no more
     source = without_local_lambdas(without_empty_kwargs(fold_case_branches(source, case)))
     candidates = inlined_names | {"STATE"}  # and each imported name
-    candidates |= {(a.asname or a.name).split(".")[0] for n in ast.walk(parsed(source))
+    candidates |= {(a.asname or a.name).split(".")[0] for n in walk(parsed(source))
                    if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", None) != "__future__"
                    for a in n.names}
     while candidates:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from conformance.reproducers.source_edits import bound_in
 from conformance.reproducers.sources import bound_names, written_code
-from conformance.reproducers.specialise import parsed
+from conformance.reproducers.specialise import parsed, walk
 from conformance.shared import standalone_inputs, standalone_main
 
 __all__ = ["PROVIDED", "constants_of", "early_constants", "hoisted_imports", "known_of", "model_modules", "sections",
@@ -68,7 +68,7 @@ def early_constants(model_cls: type, api: Any, imports: Sequence[str], code: Dic
     for module in [m for _, modules in sections(model_cls, api)[1:] for m in modules]:
         for text in list(code.get(module, [])):
             node = parsed(text).body[0]
-            reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            reads = {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             if isinstance(node, ast.Assign) and reads <= available:
                 taken.append(text)
                 code[module].remove(text)
@@ -142,7 +142,7 @@ def hoisted_imports(imports: Sequence[str], code: Dict[str, List[str]]) -> Tuple
             for function in functions:
                 rest = [s for s in function.body if not isinstance(s, (ast.Import, ast.ImportFrom))]
                 stored = bound_in(ast.Module(body=rest, type_ignores=[])) | \
-                    {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
+                    {a.arg for a in walk(function.args) if isinstance(a, ast.arg)}
                 for stmt in function.body[:-1]:
                     if not isinstance(stmt, (ast.Import, ast.ImportFrom)) or getattr(stmt, "level", 0) or \
                             stmt.lineno != stmt.end_lineno:

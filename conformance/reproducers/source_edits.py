@@ -18,7 +18,7 @@ import ast
 import functools
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from conformance.reproducers.specialise import _case_constant, parents, parsed, segment
+from conformance.reproducers.specialise import _case_constant, parents, parsed, segment, walk
 
 __all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed", "simple", "uses_of",
            "without_aliases", "without_blank_lines_in_blocks", "without_empty_kwargs", "without_local_lambdas"]
@@ -52,7 +52,7 @@ def bound_in(function: Optional[ast.AST]) -> Set[str]:
     if function is None:
         return set()
     names = set()
-    for node in ast.walk(function):
+    for node in walk(function):
         if isinstance(node, ast.arg):
             names.add(node.arg)
         elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
@@ -71,7 +71,7 @@ def uses_of(tree: ast.Module) -> Dict[str, List[ast.AST]]:
     """Where each name is read: a ``Name`` loaded, or an attribute of that name; remembered per tree, as
     :func:`~conformance.reproducers.specialise.parents`."""
     out: Dict[str, List[ast.AST]] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             out.setdefault(node.id, []).append(node)
         elif isinstance(node, ast.Attribute):
@@ -88,7 +88,7 @@ def fold_case_branches(source: str, case: Dict[str, Any]) -> str:
     """``x if <test> else y`` whose test reads only ``CASE`` (and constants) written as its branch."""
     while True:
         tree = parsed(source)
-        found = next(((n, v) for n in ast.walk(tree) if isinstance(n, ast.IfExp)
+        found = next(((n, v) for n in walk(tree) if isinstance(n, ast.IfExp)
                       for v in [_case_constant(n.test, case, {})] if v is not None), None)
         if found is None:
             return source
@@ -127,7 +127,7 @@ def removed(source: str, names: Set[str], members: Set[str]) -> Tuple[str, Set[s
                 if end < len(lines) and not lines[end].strip() and (start < 2 or not lines[start - 2].strip()):
                     end += 1  # the blank line that set it apart
                 edits.append((start, end, []))
-                freed.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+                freed.update(n.id for n in walk(node) if isinstance(n, ast.Name))
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 kept = [a for a in node.names if not unread((a.asname or a.name).split(".")[0], names)]
                 if len(kept) < len(node.names):
@@ -149,16 +149,16 @@ def without_empty_kwargs(source: str) -> str:
     while True:
         tree = parsed(source)
         found = None
-        for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))]:
-            own = [n for stmt in scope.body for n in ast.walk(stmt)]
+        for scope in [tree, *(n for n in walk(tree) if isinstance(n, ast.FunctionDef))]:
+            own = [n for stmt in scope.body for n in walk(stmt)]
             for stmt in scope.body:
                 if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
                         isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.Dict) and
                         not stmt.value.keys):
                     continue
                 name = stmt.targets[0].id
-                names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
-                spread = [(call, k) for call in ast.walk(tree) if isinstance(call, ast.Call)
+                names = [n for n in walk(tree) if isinstance(n, ast.Name) and n.id == name]
+                spread = [(call, k) for call in walk(tree) if isinstance(call, ast.Call)
                           for k, kw in enumerate(call.keywords)
                           if kw.arg is None and isinstance(kw.value, ast.Name) and kw.value.id == name]
                 stores = [n for n in names if not isinstance(n.ctx, ast.Load)]
@@ -195,7 +195,7 @@ def without_aliases(source: str) -> str:
         return source
     texts = {t.id: segment(source, v)  # type: ignore[attr-defined]
              for t, v in zip(binding.targets[0].elts, binding.value.elts)}  # type: ignore[attr-defined]
-    reads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in texts]
+    reads = [n for n in walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in texts]
     lines = source.splitlines()
     for node in sorted(reads, key=lambda n: (n.lineno, n.col_offset), reverse=True):
         lines = cut(lines, node, texts[node.id] or node.id)
@@ -211,7 +211,7 @@ def without_local_lambdas(source: str, width: int = 110) -> str:
     written where it is read: a call of it (its arguments names or constants) as the lambda's call, the parameters
     replaced by the arguments; another read as the lambda itself. The same calls: the lambda's names are assigned
     nowhere after it, and it makes no inner scope. Left as written where a line would pass ``width``."""
-    for function in [n for n in ast.walk(parsed(source)) if isinstance(n, ast.FunctionDef)]:
+    for function in [n for n in walk(parsed(source)) if isinstance(n, ast.FunctionDef)]:
         for stmt in function.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
                     and isinstance(stmt.value, ast.Lambda) and isinstance(stmt.value.body, ast.Call)
@@ -219,21 +219,21 @@ def without_local_lambdas(source: str, width: int = 110) -> str:
                 continue
             name, fn = stmt.targets[0].id, stmt.value
             params = [a.arg for a in fn.args.args]
-            names = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == name]
-            free = {n.id for n in ast.walk(fn.body) if isinstance(n, ast.Name)} - set(params)
-            later = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
-                     and n.lineno >= stmt.lineno} | {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)
+            names = [n for n in walk(function) if isinstance(n, ast.Name) and n.id == name]
+            free = {n.id for n in walk(fn.body) if isinstance(n, ast.Name)} - set(params)
+            later = {n.id for n in walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+                     and n.lineno >= stmt.lineno} | {a.arg for a in walk(function) if isinstance(a, ast.arg)
                                                      and a.lineno > stmt.lineno}
             if fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs or fn.args.posonlyargs or free & later or \
                     len([n for n in names if not isinstance(n.ctx, ast.Load)]) != 1 or \
-                    any(isinstance(n, (ast.Lambda, ast.comprehension)) for n in ast.walk(fn.body)):
+                    any(isinstance(n, (ast.Lambda, ast.comprehension)) for n in walk(fn.body)):
                 continue
-            nested = {id(n) for scope in ast.walk(function) if scope is not function and isinstance(
+            nested = {id(n) for scope in walk(function) if scope is not function and isinstance(
                 scope, (ast.FunctionDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp))
-                      for n in ast.walk(scope)}
+                      for n in walk(scope)}
             if any(id(n) in nested for n in names):
                 continue  # read in an inner scope, which may bind the lambda's names otherwise
-            calls = {id(c.func): c for c in ast.walk(function) if isinstance(c, ast.Call) and
+            calls = {id(c.func): c for c in walk(function) if isinstance(c, ast.Call) and
                      isinstance(c.func, ast.Name) and c.func.id == name}
             edits = []
             for read in (n for n in names if isinstance(n.ctx, ast.Load)):
@@ -246,7 +246,7 @@ def without_local_lambdas(source: str, width: int = 110) -> str:
                     break
                 given = dict(zip(params, (segment(source, a) for a in call.args)))
                 body = segment(source, fn.body) or ""
-                for node in sorted((n for n in ast.walk(fn.body) if isinstance(n, ast.Name) and n.id in given),
+                for node in sorted((n for n in walk(fn.body) if isinstance(n, ast.Name) and n.id in given),
                                    key=lambda n: n.col_offset, reverse=True):
                     at, to = node.col_offset - fn.body.col_offset, node.end_col_offset - fn.body.col_offset
                     body = body[:at] + given[node.id] + body[to:]
@@ -265,7 +265,7 @@ def without_blank_lines_in_blocks(source: str) -> str:
     """``source`` less the blank lines inside a function or class (the file separates its top-level definitions
     alone, as it writes a class's methods one after another) and after a part's heading (what a helper inlined
     away leaves there); a string's lines stay as they are."""
-    in_strings = {k for node in ast.walk(parsed(source)) if isinstance(node, ast.JoinedStr) or
+    in_strings = {k for node in walk(parsed(source)) if isinstance(node, ast.JoinedStr) or
                   isinstance(node, ast.Constant) and isinstance(node.value, str)
                   for k in range(node.lineno, node.end_lineno + 1)}
     lines = source.splitlines()

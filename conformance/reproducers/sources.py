@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from conformance.reproducers.specialise import literal_constants, parsed, specialised
+from conformance.reproducers.specialise import literal_constants, parsed, specialised, walk
 
 __all__ = ["bound_names", "written_code"]
 
@@ -55,14 +55,14 @@ def bound_names(node: ast.stmt) -> Set[str]:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return {(a.asname or a.name).split(".")[0] for a in node.names}
     targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-    return {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return {n.id for t in targets if t is not None for n in walk(t) if isinstance(n, ast.Name)}
 
 
 def _read_names(node: ast.stmt) -> Tuple[Set[str], Set[str], Set[str]]:
     """The global names ``node`` reads (its own arguments and assignments left out: a rough but safe cut, as a
     name too many only writes a definition too many), the attribute names it reads, those read on ``super()``."""
     loads, stores, attrs, supers, declared = set(), set(), set(), set(), set()
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Global):
             declared.update(sub.names)  # the module's own: assigned here, defined there
         if isinstance(sub, ast.Name):
@@ -87,7 +87,7 @@ def _without_docstrings(node: ast.stmt, lines: List[str]) -> List[str]:
     start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
     drop: Set[int] = set()
     passes: Dict[int, str] = {}
-    for sub in ast.walk(node):
+    for sub in walk(node):
         body = getattr(sub, "body", None)
         if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body:
             first = body[0]
@@ -245,8 +245,8 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
     attrs: Set[str] = set()
     supers: Set[str] = set()
     extra = parsed(also_reads or "None")
-    attrs |= {n.attr for n in ast.walk(extra) if isinstance(n, ast.Attribute)}
-    todo = [*roots, *(n.id for n in ast.walk(extra) if isinstance(n, ast.Name))]
+    attrs |= {n.attr for n in walk(extra) if isinstance(n, ast.Attribute)}
+    todo = [*roots, *(n.id for n in walk(extra) if isinstance(n, ast.Name))]
     while todo:
         while todo:
             name = todo.pop()
@@ -276,7 +276,7 @@ def written_code(roots: Iterable[str], modules: Sequence[str], provided: Iterabl
         if not todo and any(k not in p.kept and p.wanted(k, attrs, supers)
                             for p in pruned.values() for k in range(len(p.members))):
             todo.append("")  # one more round: a member reached another
-    on_model = {n.attr for tree in [extra, *(d.node for d in order if id(d) in seen)] for n in ast.walk(tree)
+    on_model = {n.attr for tree in [extra, *(d.node for d in order if id(d) in seen)] for n in walk(tree)
                 if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) in ("cls", "self", "MODEL")}
     imports: List[str] = []
     bound = set(provided)

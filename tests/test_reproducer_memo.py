@@ -86,3 +86,26 @@ def test_a_value_known_only_by_its_address_is_never_remembered():
     known = {"layout": Opaque()}
     assert specialised(SOURCE, {"model": "net"}, {}, known) == specialised(SOURCE, {"model": "net"}, {})
     assert len(specialise._SPECIALISED) == 1  # the second call's, not the first's
+
+
+def test_a_definition_left_out_without_a_parse_is_the_one_the_parse_leaves_out(monkeypatch):
+    """:func:`~conformance.reproducers.source_edits.removed_after_inlining` leaves out an inlined helper's definition
+    by the tree the file had before the call was written in, and gives the text :func:`~conformance.reproducers.
+    source_edits.removed` gives from a parse of the new file: parity files of every API are the same with it turned
+    off (every definition then found by a parse), and it was taken for most of their helpers."""
+    from tests import test_reproducer_content as content
+
+    every = content._cases()
+    cases = [next(c for c in every if c[0] == api) for api in content.HOOKS] + every[3::12]  # every API, models
+    real, taken = inline.removed_after_inlining, []
+
+    def counted(*args):
+        out = real(*args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(inline, "removed_after_inlining", counted)
+    fast = [content._source(api, params, world_size) for api, params, world_size in cases]
+    monkeypatch.setattr(inline, "removed_after_inlining", lambda *args: None)
+    assert [content._source(api, params, world_size) for api, params, world_size in cases] == fast
+    assert sum(taken) > len(taken) / 2, taken

@@ -32,8 +32,8 @@ import ast
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from conformance.reproducers.source_edits import (atomic, bound_in, cut, fold_case_branches, parents, removed,
-                                                  simple, uses_of, without_aliases, without_empty_kwargs,
-                                                  without_local_lambdas)
+                                                  removed_after_inlining, simple, uses_of, without_aliases,
+                                                  without_empty_kwargs, without_local_lambdas)
 from conformance.reproducers.specialise import parsed, segment, walk
 
 __all__ = ["inlined"]
@@ -183,7 +183,8 @@ def _own_method(tree: ast.Module, use: ast.Attribute, caller: Optional[ast.AST],
 
 
 def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
-    """``(source with one helper inlined, the helper's name)``, or ``None`` where none is left."""
+    """``(source with one helper inlined and its definition, read nowhere now, left out; the helper's name)``, or
+    ``None`` where none is left."""
     tree = parsed(source)
     parent_of = parents(tree)
     uses = uses_of(tree)
@@ -215,7 +216,9 @@ def _inline_one(source: str, case: Dict[str, Any]) -> Optional[Tuple[str, str]]:
         lines = "\n".join(cut(source.splitlines(), call, text)).split("\n")
         if any(len(line) > WIDTH for line in lines[call.lineno - 1:call.lineno + text.count("\n")]):
             continue
-        return "\n".join(lines) + "\n", name
+        edited = "\n".join(lines) + "\n"
+        fast = removed_after_inlining(tree, edited, name, helper.node, call, text)
+        return fast if fast is not None else removed(edited, {name}, {name})[0], name
     return None
 
 
@@ -365,12 +368,14 @@ def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset(
     source = without_aliases(source)
     inlined_names: Set[str] = set()
     while True:
-        step = _inline_one(source, case) or _inline_statement(source, set(statements))
+        step = _inline_one(source, case)  # with its definition, read nowhere now: its calls count no more
         if step is None:
-            break
+            step = _inline_statement(source, set(statements))
+            if step is None:
+                break
+            step = removed(step[0], {step[1]}, {step[1]})[0], step[1]
         source, name = step
         inlined_names.add(name)
-        source, _ = removed(source, {name}, {name})  # its definition, read nowhere now: its calls count no more
     source = without_local_lambdas(without_empty_kwargs(fold_case_branches(source, case)))
     candidates = inlined_names | {"STATE"}  # and each imported name
     candidates |= {(a.asname or a.name).split(".")[0] for n in walk(parsed(source))

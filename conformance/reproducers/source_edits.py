@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from conformance.reproducers.specialise import _case_constant, parents, parsed, segment, walk
 
-__all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed", "simple", "uses_of",
+__all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed",
+           "removed_after_inlining", "simple", "uses_of",
            "without_aliases", "without_blank_lines_in_blocks", "without_empty_kwargs", "without_local_lambdas"]
 
 #: Names the file binds itself (its head), never removed as unread (``STATE`` is, where the case's build reads
@@ -140,6 +142,50 @@ def removed(source: str, names: Set[str], members: Set[str]) -> Tuple[str, Set[s
     for start, end, text in sorted(edits, reverse=True):
         lines[start - 1:end] = text
     return "\n".join(lines) + "\n", freed
+
+
+def _bindings(body: List[ast.stmt], name: str) -> List[ast.stmt]:
+    """The statements of ``body`` that :func:`removed` would take for a binding of ``name`` (it reads the same
+    blocks: the module's, its classes' and its ``try`` bodies'): definitions, one-name assignments, imports."""
+    out: List[ast.stmt] = []
+    for node in body:
+        if isinstance(node, (ast.ClassDef, ast.Try)):
+            out += _bindings(node.body, name)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name or \
+                isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Name) and node.targets[0].id == name or \
+                isinstance(node, (ast.Import, ast.ImportFrom)) and \
+                any((a.asname or a.name).split(".")[0] == name for a in node.names):
+            out.append(node)
+    return out
+
+
+def removed_after_inlining(before: ast.Module, source: str, name: str, definition: ast.stmt, call: ast.AST,
+                           text: str) -> Optional[str]:
+    """``removed(source, {name}, {name})[0]`` without parsing ``source``, or ``None`` where it cannot be told so.
+
+    ``source`` is the text of the tree ``before`` with ``call``, the one read of ``name`` there, written as
+    ``text`` (:mod:`conformance.reproducers.inline`); ``definition`` is the function ``name`` binds. Where ``text``
+    does not name ``name`` and ``definition`` is the only binding of it :func:`removed` would see, nothing reads
+    ``name`` any more, and :func:`removed` would take out ``definition`` alone (with the blank line that set it
+    apart): its lines are those of ``before``, moved by the lines ``text`` adds or takes where it comes after the
+    call. An edit loop that inlines a dozen helpers a file parses each text once instead of twice.
+    """
+    if name in KEPT or _bindings(before.body, name) != [definition] or re.search(rf"\b{re.escape(name)}\b", text):
+        return None  # (a word of the text, even in a string: the caller then parses, as before)
+    start = min([definition.lineno] + [d.lineno for d in getattr(definition, "decorator_list", [])])
+    end = definition.end_lineno or start
+    first, last = call.lineno, call.end_lineno or call.lineno  # type: ignore[attr-defined]
+    if first <= end and start <= last:
+        return None  # the call is inside the definition
+    if start > last:
+        moved = text.count("\n") - (last - first)
+        start, end = start + moved, end + moved
+    lines = source.splitlines()
+    if end < len(lines) and not lines[end].strip() and (start < 2 or not lines[start - 2].strip()):
+        end += 1  # the blank line that set it apart
+    lines[start - 1:end] = []
+    return "\n".join(lines) + "\n"
 
 
 def without_empty_kwargs(source: str) -> str:

@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -53,7 +53,7 @@ def _rank(rank: int, world_size: int, store_path: str, calls: int, out_path: str
             json.dump(figures, f)
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--calls", type=int, default=2000)

@@ -242,8 +242,8 @@ def _statement_body(node: ast.FunctionDef) -> Optional[List[ast.stmt]]:
 
 
 def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]:
-    """``(source with one single-use helper of ``names`` written in place of the statement that calls it, the
-    helper's name)``, or ``None``: a call that is a whole statement (``x = f(...)``, ``f(...)``, ``return f(...)``)
+    """``(source with one single-use helper of ``names`` written in place of the statement that calls it and its
+    definition left out, the helper's name)``, or ``None``: a call that is a whole statement (``x = f(...)``, ``f(...)``, ``return f(...)``)
     of a function, to a function whose one ``return`` ends it. Each parameter whose argument is another
     expression than a name, a constant or a field read, or that the helper assigns, is assigned first."""
     tree = parsed(source)
@@ -357,7 +357,7 @@ def _inline_statement(source: str, names: Set[str]) -> Optional[Tuple[str, str]]
             if any(len(line) > 120 for line in new):
                 continue
             out = lines[:statement.lineno - 1] + new + lines[(statement.end_lineno or statement.lineno):]
-            return "\n".join(out) + "\n", name
+            return removed("\n".join(out) + "\n", {name}, {name})[0], name  # its definition, read nowhere now
     return None
 
 
@@ -368,12 +368,10 @@ def inlined(source: str, case: Dict[str, Any], statements: Set[str] = frozenset(
     source = without_aliases(source)
     inlined_names: Set[str] = set()
     while True:
-        step = _inline_one(source, case)  # with its definition, read nowhere now: its calls count no more
+        # each with its definition, read nowhere now, left out: its calls count no more
+        step = _inline_one(source, case) or _inline_statement(source, set(statements))
         if step is None:
-            step = _inline_statement(source, set(statements))
-            if step is None:
-                break
-            step = removed(step[0], {step[1]}, {step[1]})[0], step[1]
+            break
         source, name = step
         inlined_names.add(name)
     source = without_local_lambdas(without_empty_kwargs(fold_case_branches(source, case)))

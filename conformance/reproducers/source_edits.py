@@ -99,6 +99,19 @@ def fold_case_branches(source: str, case: Dict[str, Any]) -> str:
         source = "\n".join(cut(source.splitlines(), node, kept)) + "\n"
 
 
+def _lines_of(node: ast.stmt) -> Tuple[int, int]:
+    """The first and last line of a statement, its decorators included (1-based)."""
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return start, node.end_lineno or start
+
+
+def _with_blank_line(lines: List[str], start: int, end: int) -> int:
+    """``end``, or the line after it where a definition of lines ``start`` to ``end`` leaves it blank and the line
+    before it is blank too (the blank line that set the definition apart goes with it)."""
+    return end + 1 if end < len(lines) and not lines[end].strip() and (start < 2 or not lines[start - 2].strip()) \
+        else end
+
+
 def removed(source: str, names: Set[str], members: Set[str]) -> Tuple[str, Set[str]]:
     """``source`` less the top-level definitions (functions, classes, one-name assignments) and imported names of
     ``names``, and the methods of ``members``, that nothing reads any more; with the names the removed
@@ -124,11 +137,8 @@ def removed(source: str, names: Set[str], members: Set[str]) -> Tuple[str, Set[s
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 bound = node.targets[0].id
             if bound is not None and unread(bound, among):
-                start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-                end = node.end_lineno or start
-                if end < len(lines) and not lines[end].strip() and (start < 2 or not lines[start - 2].strip()):
-                    end += 1  # the blank line that set it apart
-                edits.append((start, end, []))
+                start, end = _lines_of(node)
+                edits.append((start, _with_blank_line(lines, start, end), []))
                 freed.update(n.id for n in walk(node) if isinstance(n, ast.Name))
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 kept = [a for a in node.names if not unread((a.asname or a.name).split(".")[0], names)]
@@ -173,8 +183,7 @@ def removed_after_inlining(before: ast.Module, source: str, name: str, definitio
     """
     if name in KEPT or _bindings(before.body, name) != [definition] or re.search(rf"\b{re.escape(name)}\b", text):
         return None  # (a word of the text, even in a string: the caller then parses, as before)
-    start = min([definition.lineno] + [d.lineno for d in getattr(definition, "decorator_list", [])])
-    end = definition.end_lineno or start
+    start, end = _lines_of(definition)
     first, last = call.lineno, call.end_lineno or call.lineno  # type: ignore[attr-defined]
     if first <= end and start <= last:
         return None  # the call is inside the definition
@@ -182,9 +191,7 @@ def removed_after_inlining(before: ast.Module, source: str, name: str, definitio
         moved = text.count("\n") - (last - first)
         start, end = start + moved, end + moved
     lines = source.splitlines()
-    if end < len(lines) and not lines[end].strip() and (start < 2 or not lines[start - 2].strip()):
-        end += 1  # the blank line that set it apart
-    lines[start - 1:end] = []
+    lines[start - 1:_with_blank_line(lines, start, end)] = []
     return "\n".join(lines) + "\n"
 
 

@@ -68,6 +68,8 @@ def walk(node: ast.AST) -> Tuple[ast.AST, ...]:
     module's tree (:func:`parsed` shares one tree per text: read it, never change it), not for its parts."""
     if isinstance(node, ast.Module):
         return _index(node)[0]
+    # _index's loop without the parents: one loop for both, with a list of each field's children, made a
+    # module's index 30 % slower, and the index is what every edit of the inline loop waits on
     order: List[ast.AST] = [node]
     node_type = ast.AST
     for current in order:

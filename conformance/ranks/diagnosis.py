@@ -132,10 +132,14 @@ def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], gro
                 "or a buffer it then overwrote with the unreduced result)",
                 f"{arith.where_result_goes(call)}: leave the reduced values there, not in a copy or a buffer the API "
                 "overwrites afterwards"))
+        elif call.collectives == 0:
+            causes.append(Named(
+                "the local, unreduced gradient: the hook never communicated (no collective was issued on any "
+                "process group during the call)",
+                f"reduce over the hook's process group ({arith.group_arg}): {arith.how_to_average()}"))
         else:
             causes.append(Named(
-                "the local, unreduced gradient: the hook never communicated (no torch.distributed collective was "
-                "seen during the call)",
+                "the local, unreduced gradient: the hook's result is the local gradient it received",
                 f"reduce over the hook's process group ({arith.group_arg}): {arith.how_to_average()}"))
     # Stale only where the inputs changed: with the same input, the last step's result is this one's too.
     if previous is not None and previous.output is not None and same_bits(out, previous.output) \

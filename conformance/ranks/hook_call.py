@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+import sys
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
-__all__ = ["CallLog", "Collectives", "HookCall", "counting_collectives"]
+__all__ = ["CallLog", "Collectives", "HookCall", "Works", "counting_collectives", "watching_works"]
 
-#: ``torch.distributed`` functions counted while the hook runs (:func:`counting_collectives`).
-COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter", "all_gather",
-               "all_gather_into_tensor", "_all_gather_base", "broadcast", "reduce", "all_to_all_single",
-               "all_to_all", "gather", "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv")
 #: Recorded calls kept per recorder: the failing step and the one before it (for "stale").
 KEEP_STEPS = 2
 
@@ -38,7 +34,8 @@ class HookCall:
         output: what the hook produced, 1-D (the shard of a reduce-scatter).
         sharded: ``output`` is this rank's shard of a reduce-scatter over ``input``
             (``input.numel() == world_size * output.numel()``), else an all-reduce.
-        collectives: ``torch.distributed`` collectives the hook issued during the call.
+        collectives: the collectives (and point-to-point ops, on gloo) the hook issued during the call, by the
+            process groups' own count (:func:`counting_collectives`); ``None`` where this torch keeps no count.
         group_sizes: the size of the process group each of those ran over.
         group: the process group the API passed the hook (FSDP2), else ``None``
             (the rank check's group).
@@ -53,7 +50,7 @@ class HookCall:
     input: torch.Tensor
     output: Optional[torch.Tensor] = None
     sharded: bool = False
-    collectives: int = 0
+    collectives: Optional[int] = 0
     group_sizes: Tuple[int, ...] = ()
     group: Any = None
     op: Any = None
@@ -93,55 +90,122 @@ class CallLog:
 
 class Collectives(List[int]):
     """What :func:`counting_collectives` saw: ``[count]``, and ``group_sizes``, the size of the process group
-    each call ran over (the default group's where it was given none)."""
+    each collective ran over. ``known`` is ``False`` where this torch's process groups keep no sequence number
+    (the count is then 0 and means nothing)."""
 
     def __init__(self) -> None:
         super().__init__([0])
         self.group_sizes: List[int] = []
+        self.known = True
+
+    @property
+    def issued(self) -> Optional[int]:
+        """The count, or ``None`` where it is not known."""
+        return self[0] if self.known else None
 
 
-#: ``inspect.signature`` of each wrapped ``torch.distributed`` function, once: it is read on every collective a
-#: hook issues, in every case.
-_signature = functools.lru_cache(maxsize=None)(inspect.signature)
-
-
-def _group_size(fn: Callable, args: Any, kwargs: Any) -> int:
-    """The size of the group a ``torch.distributed`` call runs over (``group=None``: the default group)."""
+def _process_groups() -> List[Any]:
+    """Every process group this process holds (the default group where the registry cannot be read)."""
     try:
-        group = _signature(fn).bind_partial(*args, **kwargs).arguments.get("group")
-    except (TypeError, ValueError):  # a signature it cannot bind: the call itself will say what is wrong
-        group = kwargs.get("group")
+        return list(distributed_c10d._world.pg_map)
+    except AttributeError:  # a torch without the registry: the default group alone
+        return [dist.group.WORLD] if dist.is_initialized() else []
+
+
+def _sequence_number(group: Any) -> Optional[int]:
+    """The group's own count of the collectives issued on it (``ProcessGroup._get_sequence_number_for_group``:
+    gloo counts every collective and point-to-point op, NCCL its collectives), or ``None``."""
     try:
-        return dist.get_world_size(group)
-    except Exception:  # noqa: BLE001 - a group object this torch does not take; sizes are a diagnosis aid
-        return -1
+        return int(group._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - a backend without sequence numbers: the count is unknown
+        return None
 
 
 @contextlib.contextmanager
 def counting_collectives() -> Iterator[Collectives]:
-    """Count calls of the :data:`COLLECTIVES` through ``torch.distributed`` inside the block, and the size of
-    the process group each ran over.
+    """Count the collectives issued inside the block on every process group of this process, and the size of
+    the group each ran over, from the process groups' own sequence numbers.
 
-    Yields a :class:`Collectives`, whose item 0 is the count so far. Calls made
-    through a name imported before the block (``from torch.distributed import
-    all_reduce``) are not seen, so "no collective seen" is worded as such.
+    Nothing of ``torch.distributed`` is replaced or wrapped, so the hook's code sees PyTorch's own objects
+    (``dist.P2POp(dist.isend, ...)`` checks that its op *is* ``torch.distributed.isend``), and a collective made
+    through a name imported before the block is counted too. Yields a :class:`Collectives`, filled when the
+    block ends; collectives issued by another thread during the block (a future's callback on gloo's own
+    threads) are counted with it.
     """
     count = Collectives()
-    saved: Dict[str, Any] = {}
-    for name in COLLECTIVES:
-        fn = getattr(dist, name, None)
-        if fn is None:
-            continue
-        saved[name] = fn
-
-        def counted(*args: Any, __fn: Callable = fn, **kwargs: Any) -> Any:
-            count[0] += 1
-            count.group_sizes.append(_group_size(__fn, args, kwargs))
-            return __fn(*args, **kwargs)
-
-        setattr(dist, name, counted)
+    before = {group: _sequence_number(group) for group in _process_groups()}
     try:
         yield count
     finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
+        for group in _process_groups():
+            now, then = _sequence_number(group), before.get(group, 0)
+            if now is None or then is None:
+                count.known = False
+                continue
+            issued = now - then
+            if issued > 0:
+                count[0] += issued
+                count.group_sizes.extend([_group_size(group)] * issued)
+
+
+def _group_size(group: Any) -> int:
+    try:
+        return int(group.size())
+    except Exception:  # noqa: BLE001 - sizes are a diagnosis aid
+        return -1
+
+
+class Works:
+    """What :func:`watching_works` saw: the ``Work`` s that ``torch.distributed``'s functions returned inside the
+    block (``launched``, those of ``async_op=True`` calls), and which of them the block waited on."""
+
+    def __init__(self) -> None:
+        self.launched: List[Any] = []
+        self._waited: List[Any] = []
+
+    def waited(self, work: Any) -> bool:
+        return any(w is work for w in self._waited)
+
+    def left(self, returned: Any = None) -> List[Any]:
+        """The launched works the block neither waited on nor returned (``returned``), and that had not completed
+        when it ended: what a caller that waits only on a returned ``Work`` never waits for."""
+        return [w for w in self.launched if w is not returned and not self.waited(w) and not _completed(w)]
+
+
+def _completed(work: Any) -> bool:
+    try:
+        return bool(work.is_completed())
+    except Exception:  # noqa: BLE001 - a Work that cannot say: treat it as not completed
+        return False
+
+
+#: The file of ``torch.distributed``'s collectives: a ``Work`` returned from a function there is one the caller
+#: launched (``async_op=True``).
+_C10D_FILE = distributed_c10d.__file__
+
+
+@contextlib.contextmanager
+def watching_works() -> Iterator[Works]:
+    """Observe, in this thread, the ``Work`` s that ``torch.distributed``'s functions return inside the block and
+    the calls of ``Work.wait`` on them, by a profile function (``sys.setprofile``): nothing of
+    ``torch.distributed`` is replaced or wrapped, so the code in the block gets PyTorch's own ``Work`` objects.
+    A profile function set by the code in the block itself is restored over this one when it ends."""
+    works = Works()
+    work_type = getattr(dist, "Work", None)
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and arg is not None and frame.f_code.co_filename == _C10D_FILE:
+            for item in arg if isinstance(arg, list) else (arg,):
+                if work_type is not None and isinstance(item, work_type):
+                    works.launched.append(item)
+        elif event == "c_call" and getattr(arg, "__name__", None) == "wait":
+            target = getattr(arg, "__self__", None)
+            if work_type is not None and isinstance(target, work_type):
+                works._waited.append(target)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield works
+    finally:
+        sys.setprofile(previous)

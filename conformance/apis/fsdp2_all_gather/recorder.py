@@ -17,9 +17,7 @@ the gradients and parameters the lockstep compares then differ too.
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -27,65 +25,13 @@ import torch.distributed as dist
 from conformance.apis.fsdp2_all_gather.arithmetic import GatherCall, findings_text, same_bits
 from conformance.apis.fsdp2_common.recorders import allocation_problem
 from conformance.protocol import Finding
-from conformance.ranks import reach
+from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
-from conformance.ranks.hook_call import CallLog
+from conformance.ranks.hook_call import CallLog, counting_collectives, watching_works
 from conformance.shared.compare import dtype_name
 
-#: The ``torch.distributed`` all-gathers a comm may call, watched while it runs (:func:`watching`).
-ALL_GATHERS = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base", "all_gather")
 #: Wrong gathers reported per step and rank (the first ones; the others say the same).
 MAX_REPORTED = 2
-
-
-class TrackedWork:
-    """The ``Work`` of a collective the comm launched with ``async_op=True``, as the comm gets it: every
-    attribute forwarded; whether the comm waited on it is kept."""
-
-    def __init__(self, work: Any):
-        self.work = work
-        self.waited = False
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self.waited = True
-        return self.work.wait(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.work, name)
-
-
-@contextlib.contextmanager
-def watching(group_sizes: List[int], works: List[TrackedWork]) -> Iterator[None]:
-    """While the comm runs: the size of the group of each of its :data:`ALL_GATHERS` (the default group's where
-    it passed none) into ``group_sizes``, and each ``Work`` it launched wrapped as a :class:`TrackedWork` in
-    ``works``. Names imported before (``from torch.distributed import all_gather``) are not seen."""
-    saved: Dict[str, Callable[..., Any]] = {}
-
-    def watched(fn: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(fn)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                group = signature.bind_partial(*args, **kwargs).arguments.get("group")
-            except TypeError:  # arguments the function does not take: the call itself says what is wrong
-                group = kwargs.get("group")
-            group_sizes.append(dist.get_world_size(group))
-            out = fn(*args, **kwargs)
-            if kwargs.get("async_op") and out is not None:
-                works.append(TrackedWork(out))
-                return works[-1]
-            return out
-        return call
-
-    for name in ALL_GATHERS:
-        if hasattr(dist, name):
-            saved[name] = getattr(dist, name)
-            setattr(dist, name, watched(saved[name]))
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
 
 
 class AllGatherRecorder(Recorder):
@@ -110,7 +56,8 @@ class AllGatherRecorder(Recorder):
         self._outputs: Dict[int, Dict[int, torch.Tensor]] = {}
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        out = self.comm.allocate(size, dtype=dtype, device=device)
+        with hook_code.running(self.comm):
+            out = self.comm.allocate(size, dtype=dtype, device=device)
         bad = allocation_problem(out, size, dtype, device)
         if bad is not None:
             self.bad_allocations.append({"step": self.step, **bad})
@@ -130,15 +77,14 @@ class AllGatherRecorder(Recorder):
         # pass, whose gradient comparison catches a wrong gather; its replay records and names the cause)
         shard = inp.detach().clone() if self.recording else None
         sizes: List[int] = []
-        works: List[TrackedWork] = []
         self.pending_group.append({"step": self.step, "index": index, "group_size": group_size, "sizes": sizes})
-        with watching(sizes, works):
-            result = self.comm(*args, **kwargs)
+        with counting_collectives() as count, watching_works() as works, hook_code.running(self.comm):
+            try:
+                result = self.comm(*args, **kwargs)
+            finally:
+                sizes.extend(count.group_sizes)  # read where the call raised too (findings_so_far)
         self.pending_group.pop()
-        if isinstance(result, TrackedWork):
-            result = result.work
-        left = [w for w in works if not w.waited and w.work is not result]
-        if left:
+        if works.left(result):
             self.dropped.append({"step": self.step, "index": index})
             return result  # FSDP2 reads output_tensor now: what it holds is unknown until the work completes
         if shard is None:
@@ -190,7 +136,7 @@ class AllGatherRecorder(Recorder):
         for pending in self.pending_group:
             others = sorted({s for s in pending["sizes"] if s != pending["group_size"]})
             if pending["step"] == step and others:
-                out.append(Finding(self.rank, f"call {pending['index']}: the comm ran an all-gather over a group of "
+                out.append(Finding(self.rank, f"call {pending['index']}: the comm ran a collective over a group of "
                                           f"{', '.join(map(str, others))} ranks where FSDP2 passed it a group of "
                                           f"{pending['group_size']} (a collective with no group= runs over the "
                                           "default group); fix: pass group=group (the group FSDP2 passes the comm)",

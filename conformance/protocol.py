@@ -111,6 +111,8 @@ class Case:
             pool's own layout, one node (torchrun's ranks keep their real ones).
         diagnose: explain a difference (:func:`conformance.ranks.diagnosis.diagnose`); ``False`` for a known
             failure, whose failure text is never shown.
+        hook_code: measure which of the hook's own code runs (:mod:`conformance.ranks.hook_code`); ``False``
+            under ``--no-hook-coverage``.
     """
 
     check: str
@@ -119,6 +121,7 @@ class Case:
     case_id: str = ""
     nodes: int = 1
     diagnose: bool = True
+    hook_code: bool = True
 
 
 @dataclasses.dataclass
@@ -181,6 +184,8 @@ class RankOutcome:
         rss: the rank's resident memory in bytes after the case, where known.
         reach: how far the case reached on this rank (:func:`conformance.ranks.reach.read`): ``steps`` the
             hooked model trained, ``buffer_bytes`` of the largest buffer the hook was handed, ``calls``.
+        hook_code: which of the hook's own code ran on this rank (:func:`conformance.ranks.hook_code.read`: the
+            arcs run per file, the hook's own definitions), ``{}`` where not measured.
     """
 
     rank: int
@@ -198,6 +203,7 @@ class RankOutcome:
     leaks: List[str] = dataclasses.field(default_factory=list)
     rss: Optional[int] = None
     reach: Dict[str, int] = dataclasses.field(default_factory=dict)
+    hook_code: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def hung(self) -> bool:

@@ -50,7 +50,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: What the suite imports at run time (distribution name, import name).
 SMALL_DEPENDENCIES = (("numpy", "numpy"), ("pytest", "pytest"), ("hypothesis", "hypothesis"),
                       ("pytest-timeout", "pytest_timeout"), ("expecttest", "expecttest"),
-                      ("packaging", "packaging"), ("jsonschema", "jsonschema")
+                      ("packaging", "packaging"), ("jsonschema", "jsonschema"), ("coverage", "coverage")
                       ) + ((("tomli", "tomli"),) if sys.version_info < (3, 11) else ())
 #: What ``make test`` needs besides (the ``test`` extra), where this Python can install it.
 TEST_DEPENDENCIES = (("import-linter", "importlinter"),) if sys.version_info >= (3, 10) else ()

@@ -114,6 +114,10 @@ OPTIONS: Tuple[Option, ...] = (
            "also check DDP hooks under compiled autograd (torch.compile, optimize_ddp='python_reducer'); its "
            "first step compiles for seconds, so only when asked", "conform_with_compiled_ddp", "", "off",
            env_note="1 or 0"),
+    Option("--hook-coverage", "CONFORM_HOOK_COVERAGE",
+           "measure which lines and branches of each hook's own Python code its cases ran (coverage.py, traced "
+           "only while the hook's code runs; docs/hooks.md 'Which of your hook's code ran'); off: nothing is "
+           "measured and each verdict says so", "conform_hook_coverage", "on|off", "on"),
     Option("--strict-known-failures", "CONFORM_STRICT_KNOWN_FAILURES",
            "for CI gates: fail the run when a known failure passes (XPASS) or a known-failures entry that "
            "could apply to this run matches no test", "conform_strict_known_failures", "", "off", env_note="1 or 0"),

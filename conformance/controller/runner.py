@@ -69,6 +69,7 @@ from conformance.controller.replays import CrashRerun, case_facts, replay
 from conformance.controller.zygote_client import close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 from conformance.reports import report
+from conformance.reports.hook_code import HookCodeLedger
 
 # ConformanceFailure, NotRun and compare_across_ranks are imported from here too (their home before the split).
 __all__ = ["ConformanceFailure", "NotRun", "Runner", "compare_across_ranks"]
@@ -115,6 +116,8 @@ class Runner:
         self.crash_replays: Dict[Tuple[Any, ...], Run] = {}
         #: Cases whose rank died by a signal, run once more in fresh ranks (:attr:`Replay.CRASH_RERUN`).
         self.crash_reruns: List[CrashRerun] = []
+        #: Which of each hook's own code its cases ran, merged over every rank of every case's run.
+        self.hook_code = HookCodeLedger()
 
     def _specs_of(self, hook: Optional[str]) -> Tuple[Tuple[str, str], ...]:
         return ((self.specs[hook].target, hook),) if hook is not None else ()
@@ -248,11 +251,14 @@ class Runner:
         """
         __tracebackhide__ = True
         ref = HookRef(target=self.specs[hook].target, name=hook) if hook is not None else None
-        case = Case(check=check, hook=ref, params=params, case_id=test_name, nodes=nodes, diagnose=not known_failure)
+        case = Case(check=check, hook=ref, params=params, case_id=test_name, nodes=nodes, diagnose=not known_failure,
+                    hook_code=getattr(self.settings, "hook_coverage", True))
         if judge is None:
             judge = lambda r: [f for o in r.outcomes for f in o.value.findings] + r.leak_findings()  # noqa: E731
         pool = self._pool_or_not_run(world_size, hook)
         first = self._run_on(pool, case, hook, world_size)
+        if hook is not None:
+            self.hook_code.add(hook, first.outcomes, self.settings.placement(world_size)[0])
         runs = [Run(Replay.NONE, first, tuple(judge(first)) if first.all_ok else ())]
         if first.all_ok and not runs[0].findings:  # the common case: nothing to attribute
             if finished is not None:

@@ -75,6 +75,8 @@ class Settings:
         depth: ``"default"`` or ``"nightly"`` (``--depth``): what the case plans add at nightly depth
             (:attr:`nightly`; README "Depth").
         with_compiled_ddp: DDP's compiled-autograd cases are planned (``--with-compiled-ddp``).
+        hook_coverage: which of each hook's own code ran is measured (``--hook-coverage``, on by default;
+            :mod:`conformance.ranks.hook_code`).
     """
 
     hooks: Tuple[str, ...]
@@ -102,6 +104,7 @@ class Settings:
     listen_timeout_s: float = DEFAULT_LISTEN_TIMEOUT_S
     depth: str = "default"
     with_compiled_ddp: bool = False
+    hook_coverage: bool = True
 
     @property
     def nightly(self) -> bool:
@@ -273,6 +276,8 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
                             "(nightly adds the cases the default run leaves out for time)")
     compiled_value, compiled_source = pick("conform_with_compiled_ddp")
     with_compiled_ddp = flag(compiled_value, compiled_source)
+    coverage_value, coverage_source = pick("conform_hook_coverage")
+    hook_coverage = True if coverage_value is None else flag(coverage_value, coverage_source)
 
     ex_value, ex_source = pick("conform_hypothesis_examples")
     if ex_value is None:
@@ -323,6 +328,7 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         listen_timeout_s=listen_timeout(pick) if listen else DEFAULT_LISTEN_TIMEOUT_S,
         depth=depth,
         with_compiled_ddp=with_compiled_ddp,
+        hook_coverage=hook_coverage,
     )
 
 

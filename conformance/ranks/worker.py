@@ -36,7 +36,7 @@ from torch.distributed.distributed_c10d import all_reduce as _all_reduce_before_
 from conformance.shared.phase_board import PhaseBoard
 from conformance.shared.spec_loading import load_target
 from conformance.protocol import Msg, RankOutcome, as_check_result, recv, send
-from conformance.ranks import lifeline, process_state, reach, topology
+from conformance.ranks import hook_code, lifeline, process_state, reach, topology
 from conformance.ranks.checks import get_rank_check, register_every_check
 from conformance.ranks.diagnosis import diagnosing
 
@@ -242,10 +242,12 @@ class _Worker:
         self.ctx.current_phase = "setting up"
         self.ctx.report_on_error(None)
         reach.start()
+        hook_code.start(None)
         start = time.perf_counter()
         try:
             fn = get_rank_check(case.check)
             spec = self.load_spec(case.hook) if case.hook is not None else None
+            hook_code.start(spec, enabled=getattr(case, "hook_code", True))
             with topology.simulated(self.case_layout(case)), diagnosing(getattr(case, "diagnose", True)):
                 value = as_check_result(fn(self.ctx, spec, **case.params))
             outcome = RankOutcome(
@@ -262,6 +264,7 @@ class _Worker:
         process_state.release_freed_memory()
         outcome.rss = process_state.resident_bytes()
         outcome.reach = reach.read()
+        outcome.hook_code = hook_code.read()
         return outcome
 
     def leaks(self) -> List[str]:

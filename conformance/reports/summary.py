@@ -21,6 +21,7 @@ import pytest
 from conformance import exit_codes
 from conformance.reports import report, results, results_plugin, session_report
 from conformance.reports.bookkeeper import Bookkeeper, case_hook, case_of
+from conformance.reports.hook_code import hook_code_of
 from conformance.reports.reach import hook_reach
 from conformance.reports.verdict import Status, Verdict
 
@@ -120,6 +121,11 @@ class Summary:
             detail += f"; params {item.spec.param_dtype_name}" if item.spec.param_dtype is not None else ""
             detail += f"; sampled: {', '.join(item.spec.sample_checks)}" if item.spec.sample_checks else ""
             tr.write_line(f"{name:<28} {verdict}  [{sum(counts.values())}{of_planned} cases: {detail}]")
+            code = hook_code_of(state, name)
+            if code is not None:
+                tr.write_line(f"{'':<28}   {code.text}")
+                for line in code.detail_lines():
+                    tr.write_line(f"{'':<28}     {line}")
             rerun = session_report.crash_rerun_verdict_note(getattr(state.runner, "crash_reruns", ()), name)
             if rerun:
                 tr.write_line(f"{'':<28}   {rerun}", yellow=True)

@@ -41,6 +41,8 @@ class CppCommHook:
 
     #: Why a standalone reproducer (:mod:`conformance.reproducers`) cannot replay it: it has no Python call.
     no_reproducer = "DDP's C++ built-in hooks run inside the reducer, with no Python call to replay standalone"
+    #: Why none of its code can be measured (:mod:`conformance.ranks.hook_code`): it is C++.
+    not_python = "a C++ built-in hook: DDP runs it inside its reducer (default_comm_hooks.cpp), no Python code"
 
     def __init__(self, type_name: str):
         self.type_name = type_name

@@ -45,6 +45,7 @@ from conformance.apis.ddp.standalone import (ALL_CONFIGS, BUCKET_PER_PARAM_CAP_M
                                              CONFIGS, NO_SYNC_MICRO_STEPS, SMALL_BUCKET_CAP_MB, in_param_dtype,
                                              micro_steps, wrap_ddp)
 from conformance.models import get_model
+from conformance.ranks import hook_code
 from conformance.ranks.checks.common import fqn_inside_ddp, model_no_sync, named_grads, named_params, train_step
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built
@@ -120,7 +121,7 @@ class DdpModels(ApiModels):
         if hooked:
             names = {id(p): fqn_inside_ddp(n) for n, p in model.named_parameters()}
             recorder = DDPHookRecorder(self.spec.hook, ctx.rank, names)
-            model.register_comm_hook(self.spec.state(ctx.group), recorder)
+            model.register_comm_hook(hook_code.state_of(self.spec, ctx.group), recorder)
             return Built(model, recorder)
         ref = None if full_precision else reference_hook(self.spec.reduce_dtype, next(model.parameters()).dtype)
         if ref is not None:

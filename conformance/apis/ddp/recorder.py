@@ -23,7 +23,7 @@ import torch
 
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, CppCommHook
 from conformance.protocol import Finding
-from conformance.ranks import reach
+from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.shared.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
@@ -175,11 +175,12 @@ class DDPHookRecorder(Recorder):
         call = None
         if self.recording:
             call = self.log.add(HookCall(self.step, index, where, buffer.detach().reshape(-1).clone()))
-            with counting_collectives() as count:
+            with counting_collectives() as count, hook_code.running(self.hook):
                 fut = self.hook(state, bucket)
-            call.collectives, call.group_sizes = count[0], tuple(count.group_sizes)
+            call.collectives, call.group_sizes = count.issued, tuple(count.group_sizes)
         else:
-            fut = self.hook(state, bucket)
+            with hook_code.running(self.hook):
+                fut = self.hook(state, bucket)
         if not isinstance(fut, torch._C.Future):
             # DDP raises on anything but a Future, and None kills the process (SIGSEGV with torch 2.13), the
             # finding with it: give DDP the untouched bucket instead and report the violation.

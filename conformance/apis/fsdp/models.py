@@ -24,7 +24,7 @@ from conformance.apis.fsdp.arithmetic import FsdpArithmetic
 from conformance.apis.fsdp.standalone import low_precision_grads_mixed_precision, native_mixed_precision
 from conformance.models import get_model
 from conformance.protocol import Finding
-from conformance.ranks import reach
+from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.common import fqn_without_wrappers, named_grads, named_params
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
@@ -81,12 +81,13 @@ class HookRecorder(Recorder):
         if self.recording:
             call = self.log.add(HookCall(self.step, index, f"call {index} ({grad.numel()} elements)",
                                          grad.detach().reshape(-1).clone(), sharded=bool(rest)))
-            with counting_collectives() as count:
+            with counting_collectives() as count, hook_code.running(self.hook):
                 result = self.hook(state, grad, *rest)
-            call.output, call.collectives = out.detach().reshape(-1).clone(), count[0]
+            call.output, call.collectives = out.detach().reshape(-1).clone(), count.issued
             call.group_sizes = tuple(count.group_sizes)
         else:
-            result = self.hook(state, grad, *rest)
+            with hook_code.running(self.hook):
+                result = self.hook(state, grad, *rest)
         self.calls.append({"step": self.step, "dtype": out.dtype, "shape": tuple(out.shape), "arrived": call_dtype})
         return result
 
@@ -189,7 +190,7 @@ class FsdpModels(ApiModels):
         param_dtype = (getattr(mixed, "reduce_dtype", None) or getattr(mixed, "param_dtype", None)
                        or next(model.parameters()).dtype)
         recorder = HookRecorder(self.spec.hook, ctx.rank, param_dtype)
-        model.register_comm_hook(self.spec.state(ctx.group), recorder)
+        model.register_comm_hook(hook_code.state_of(self.spec, ctx.group), recorder)
         return Built(model, recorder)
 
     def full_grads(self, model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:

@@ -17,7 +17,7 @@ import torch
 
 from conformance.apis.fsdp2_common.recorders import allocation_problem
 from conformance.protocol import Finding
-from conformance.ranks import reach
+from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.shared.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
@@ -59,7 +59,8 @@ class CommRecorder(Recorder):
         self.log = CallLog()
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        out = self.comm.allocate(size, dtype=dtype, device=device)
+        with hook_code.running(self.comm):
+            out = self.comm.allocate(size, dtype=dtype, device=device)
         bad = allocation_problem(out, size, dtype, device)
         if bad is not None:
             self.bad_allocations.append({"step": self.step, **bad})
@@ -83,16 +84,17 @@ class CommRecorder(Recorder):
             call = self.log.add(HookCall(self.step, index, f"call {index} ({inp.numel()} elements)",
                                          inp.detach().reshape(-1).clone(), sharded=True, group=group, op=op))
         if not self.recording:
-            result = self.comm(*args, **kwargs)
+            with hook_code.running(self.comm):
+                result = self.comm(*args, **kwargs)
             self._check_finished(result, kwargs.get("async_op", args[4] if len(args) > 4 else False), index)
             return result
-        with counting_collectives() as count:
+        with counting_collectives() as count, hook_code.running(self.comm):
             result = self.comm(*args, **kwargs)
         unfinished = self._check_finished(result, kwargs.get("async_op", args[4] if len(args) > 4 else False), index)
         if call is not None:
             # Read the result now, before FSDP2 post-divides the output buffer in place; a comm that
             # returned unfinished work is read when the diagnosis needs it (CallLog.of_step).
-            call.pending, call.collectives, call.group_sizes = out, count[0], tuple(count.group_sizes)
+            call.pending, call.collectives, call.group_sizes = out, count.issued, tuple(count.group_sizes)
             if not unfinished:
                 call.settle()
         return result

@@ -28,6 +28,7 @@ from torch import nn
 from conformance.apis.fsdp2_common.build import build_model, mesh_for
 from conformance.apis.fsdp2_common.registration import register_on_every_module
 from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup
+from conformance.ranks import hook_code
 from conformance.ranks.checks.common import View, fqn_without_wrappers, named_grads, named_params
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
@@ -140,6 +141,8 @@ class Fsdp2Models(ApiModels):
         model = build_model(ctx, layout, self.model_name, self.mesh, reduce_dtype=reduce_dtype, hooked=hooked)
         if not hooked:
             return Built(model)
-        recorder = self.recorder(self.setup.bound(self.spec.hook, self.spec.state, self.spec.name, self.mesh))
+        with hook_code.running(self.spec.hook):  # a comm factory and the state factory are the hook's code too
+            bound = self.setup.bound(self.spec.hook, self.spec.state, self.spec.name, self.mesh)
+        recorder = self.recorder(bound)
         register_on_every_module(model, self.setup.setter, recorder)
         return Built(model, recorder)

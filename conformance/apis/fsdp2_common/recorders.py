@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from conformance.protocol import Finding
-from conformance.ranks import reach
+from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.shared.compare import dtype_name
 from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
@@ -41,12 +41,13 @@ class HookRecorder(Recorder):
         self.calls.append({"step": self.step, "dtype": tensor.dtype, "numel": tensor.numel()})
         reach.saw_buffer(tensor)
         if not self.recording:
-            return self.hook(tensor)
+            with hook_code.running(self.hook):
+                return self.hook(tensor)
         call = self.log.add(HookCall(self.step, index, f"call {index} ({tensor.numel()} elements)",
                                      tensor.detach().reshape(-1).clone(), group=self.group))
-        with counting_collectives() as count:
+        with counting_collectives() as count, hook_code.running(self.hook):
             result = self.hook(tensor)
-        call.collectives = count[0]
+        call.collectives = count.issued
         call.group_sizes = tuple(count.group_sizes)
         call.settle_from(tensor)
         return result

@@ -48,26 +48,20 @@ def uses_premul_sum(config: str, reduce_dtype: Optional[torch.dtype], param_dtyp
     return SETUP.configs[config].premul_sum(reduce_dtype, param_dtype)
 
 
-#: ``(config, model)`` pairs per world-size role and claim. The full-precision claim runs
-#: every reference model at the main world size; a reduced-precision claim (its comm sees
-#: the same ops on bfloat16/float16 buffers) runs fewer. The divide-factor and forced-SUM
-#: configs run on one model: they change the op FSDP2 passes, not the model.
+#: ``(config, model)`` pairs per world-size role, whatever the spec claims: a comm that claims a reduce dtype (its
+#: comm sees bfloat16/float16 buffers, or float32 ones of bfloat16 parameters) gets every model and config a comm
+#: without a claim gets, each skipped with its reason where the native reference for the claim cannot run here
+#: (:func:`~conformance.apis.fsdp2_common.plan.skip_reason`). The divide-factor and forced-SUM configs run on one
+#: model: they change the op FSDP2 passes, not the model.
 FACTOR_CONFIGS = ("divide_factor", "force_sum", "divide_factor_force_sum", "divide_factor_some")
-PLAN: Dict[Tuple[str, str], Tuple[Tuple[str, str], ...]] = {
-    ("main", "full"): tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested",
-                                                     "gradient_probe", "mixture_of_experts"))
+PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    "main": tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested", "gradient_probe",
+                                           "mixture_of_experts"))
     + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS) + (("replicate", "nested_wrapped"),
                                                                ("unused_params", "unused_param")),
-    ("extra", "full"): (("default", "nested_wrapped"), ("default", "gradient_probe"),
-                        ("divide_factor", "nested_wrapped"), ("divide_factor_force_sum", "nested_wrapped"),
-                        ("force_sum", "gradient_probe")),
-    ("main", "low"): (("default", "nested_wrapped"), ("divide_factor", "nested_wrapped"),
-                      ("divide_factor_force_sum", "nested_wrapped"), ("divide_factor_some", "nested_wrapped")),
-    ("extra", "low"): (("default", "nested_wrapped"),),
-    ("hsdp", "full"): (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"),
-                       ("subgroup", "nested_wrapped")),
-    ("hsdp", "low"): (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"),
-                      ("subgroup", "nested_wrapped")),
+    "extra": (("default", "nested_wrapped"), ("default", "gradient_probe"), ("divide_factor", "nested_wrapped"),
+              ("divide_factor_force_sum", "nested_wrapped"), ("force_sum", "gradient_probe")),
+    "hsdp": (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"), ("subgroup", "nested_wrapped")),
 }
 #: Hard inputs through the probe, per world-size role, in the default config: the op FSDP2
 #: passes for the claim (AVG for float32/bfloat16; for float16, SUM with FSDP2's own pre- and
@@ -122,16 +116,16 @@ def validate(spec: Any) -> Tuple[str, ...]:
 
 
 def parity_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
-    """The comm cases of a run: per spec that claims exactness, :data:`PLAN` at each world size by its
-    role, then HSDP (on 2 nodes), then the topology cases (:data:`TOPOLOGY_MODEL`)."""
+    """The comm cases of a run: per spec that claims exactness (whatever its reduce or parameter dtype),
+    :data:`PLAN` at each world size by its role, then HSDP (on 2 nodes), then the topology cases
+    (:data:`TOPOLOGY_MODEL`)."""
     out = []
     for spec in filter(exact, specs):
-        claim = "full" if spec.reduce_dtype is None else "low"
         roles = [(settings.role(ws), ws) for ws in settings.world_sizes]
         roles.append(("hsdp", hsdp_world_size(settings.world_sizes)))
         for role, ws in roles:
             out.extend(test.case(spec.name, config, ws, model=model, nodes=role_nodes(role))
-                       for config, model in PLAN[(role, claim)])
+                       for config, model in PLAN[role])
         out.extend(test.case(spec.name, "default", ws, model=TOPOLOGY_MODEL, nodes=TWO_NODES)
                    for ws in two_node_world_sizes(settings))
     return with_skips(SETUP, out, specs, settings)

@@ -9,7 +9,8 @@ import torch
 from conformance.controller.reach import note_reach
 from conformance.protocol import CaseResult, Case, RankOutcome
 from conformance.ranks import reach as meter
-from conformance.reports.reach import Reach, bytes_text, hook_reach
+from conformance.reports.reach import (Reach, bytes_text, hook_reach, not_checked, not_checked_lines, reach_from_json,
+                                       short_reason)
 from conformance.reports.results import CaseRecord
 
 
@@ -62,13 +63,54 @@ def test_a_hook_reaches_what_its_passed_cases_reached_and_no_further():
     records = [_record("h", "passed", 256, 1000), _record("h", "passed", 2, 29 * 2**20, nodes=2, ws=4),
                _record("h", "failed", 2000, 2**31), _record("h", "xfailed", 2000, 2**31),
                _record("h", "skipped", 0, 0, nodes=3), _record("other", "passed", 9999, 2**32)]
-    got = hook_reach(records, "h")
-    assert got == Reach(cases=2, steps=256, buffer_bytes=29 * 2**20, world_sizes=(2, 4), nodes=(1, 2))
-    assert got.text == "up to 256 steps, buffers up to 29 MiB, 1 and 2 nodes"
+    got = hook_reach(records, "h", ("gloo",))
+    assert got == Reach(cases=2, steps=256, buffer_bytes=29 * 2**20, world_sizes=(2, 4), nodes=(1, 2),
+                        combinations=((256, 1000, 1), (2, 29 * 2**20, 2)), backends=("gloo",))
+    assert got.text == ("256 steps on buffers up to 1000 bytes; 2 steps on buffers up to 29 MiB on 2 simulated nodes; "
+                        "world sizes 2 and 4; gloo")
     assert got.to_json() == {"cases": 2, "max_steps": 256, "max_buffer_bytes": 29 * 2**20, "world_sizes": [2, 4],
-                             "nodes": [1, 2]}
+                             "nodes": [1, 2], "combinations": [{"steps": 256, "buffer_bytes": 1000, "nodes": 1},
+                                                               {"steps": 2, "buffer_bytes": 29 * 2**20, "nodes": 2}],
+                             "backends": ["gloo"], "simulated_nodes": True}
+    assert reach_from_json(got.to_json()) == got
     assert hook_reach(records, "nobody") is None
-    assert hook_reach([_record("r", "passed", 0, 0)], "r").text == "1 node"  # a registration rule: no training
+    assert hook_reach([_record("r", "passed", 0, 0)], "r").text == "1 node; world size 2"  # a registration rule
+
+
+def test_the_reach_names_what_ran_together_never_the_maxima_of_each_axis_alone():
+    """Issue 44: a long run on small buffers, a large buffer for two steps and two nodes on small buffers read,
+    as maxima, as if 256 steps on 29 MiB across 2 nodes had run; the combinations say what ran in one case."""
+    records = [_record("h", "passed", 256, 33 * 1024), _record("h", "passed", 2, 29 * 2**20),
+               _record("h", "passed", 4, 33 * 1024, nodes=2, ws=4), _record("h", "passed", 3, 1024),
+               _record("h", "passed", 256, 1024, nodes=2, ws=4)]
+    got = hook_reach(records, "h", ("gloo",), simulated_nodes=False)
+    assert got.combinations == ((256, 33 * 1024, 1), (256, 1024, 2), (4, 33 * 1024, 2), (2, 29 * 2**20, 1))
+    assert "256 steps on buffers up to 29 MiB" not in got.text
+    assert got.text.startswith("256 steps on buffers up to 33 KiB; 256 steps on buffers up to 1 KiB on 2 nodes; ")
+    assert "simulated" not in got.text  # under --listen the nodes are torchrun's own
+
+
+def test_what_could_not_run_here_is_named_with_its_reason():
+    premul = "gloo has no ReduceOp.PREMUL_SUM (RuntimeError: Cannot use it with Gloo): for a float32 reduce dtype"
+    records = [_skipped("fsdp2_parity", "divide_factor", "nested_wrapped", premul),
+               _skipped("fsdp2_parity", "hsdp_divide_factor", "nested_wrapped", premul),
+               _skipped("fsdp2_parity", "divide_factor", "nested_wrapped", premul, ws=3),
+               _skipped("fsdp2_parity", "replicate", "nested_wrapped", "ran, and matched, but the hook was never called"),
+               _skipped("fsdp2_parity", "replicate", "nested_wrapped", "x", hook="other")]
+    assert not_checked(records, "h") == (
+        (premul, ("fsdp2_parity[divide_factor]", "fsdp2_parity[hsdp_divide_factor]")),
+        ("ran, and matched, but the hook was never called", ("fsdp2_parity[replicate]",)))
+    assert list(not_checked_lines(records, "h")) == [
+        "not checked here: fsdp2_parity[divide_factor], fsdp2_parity[hsdp_divide_factor] "
+        "(gloo has no ReduceOp.PREMUL_SUM)",
+        "not checked here: fsdp2_parity[replicate] (ran, and matched, but the hook was never called)"]
+    assert short_reason("the suite's reference (parity, no hook) cannot run here with torch 2.13: RuntimeError") == \
+        "the suite's reference cannot run here with torch 2.13"
+
+
+def _skipped(check, variant, model, reason, ws=2, hook="h"):
+    return CaseRecord(id=f"{check}{variant}{model}{ws}{hook}", name="n", outcome="skipped", hook=hook, world_size=ws,
+                      check=check, variant=variant, model=model, skip_reason=reason)
 
 
 def test_buffer_sizes_read_in_binary_units():

@@ -22,7 +22,7 @@ from conformance import exit_codes
 from conformance.reports import report, results, results_plugin, session_report
 from conformance.reports.bookkeeper import Bookkeeper, case_hook, case_of
 from conformance.reports.hook_code import hook_code_of
-from conformance.reports.reach import hook_reach
+from conformance.reports.reach import hook_reach, not_checked_lines, reach_context
 from conformance.reports.verdict import Status, Verdict
 
 __all__ = ["Summary", "case_hook", "case_of"]
@@ -116,7 +116,7 @@ class Summary:
             tally, verdict = keeper.hooks[name], self.verdict(name)
             counts = tally.counts
             detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-            reach = hook_reach(records, name)
+            reach = hook_reach(records, name, *reach_context(state))
             detail += f"; {reach.text}" if reach is not None and reach.text else ""
             detail += f"; params {item.spec.param_dtype_name}" if item.spec.param_dtype is not None else ""
             detail += f"; sampled: {', '.join(item.spec.sample_checks)}" if item.spec.sample_checks else ""
@@ -138,6 +138,9 @@ class Summary:
             if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):
                 for reason, n in sorted(tally.skip_reasons.items()):
                     tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
+            else:
+                for line in not_checked_lines(records, name):
+                    tr.write_line(f"{'':<28}   {line}")
             for line in results_plugin.hook_matrix_lines(tr.config, name, verdict, indent=" " * 4):
                 tr.write_line(line)
             failed = [rec for rec in records if rec.hook == name and rec.failing]

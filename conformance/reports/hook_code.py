@@ -27,7 +27,7 @@ import sys
 import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-__all__ = ["Branch", "HookCode", "HookCodeLedger", "hook_code_of", "summarize"]
+__all__ = ["Branch", "HookCode", "HookCodeLedger", "hook_code_from_json", "hook_code_of", "summarize"]
 
 #: The calls whose function argument is a future's callback (run where the future completes).
 _CALLBACK_METHODS = ("then", "add_done_callback")
@@ -91,6 +91,12 @@ class HookCode:
         """``file:line`` of each line with a never-taken branch, in order."""
         return list(dict.fromkeys(b.where for b in self.never_taken))
 
+    def _short(self, places: List[str]) -> List[str]:
+        """``file:line`` with each file by its base name where no other file of the hook's has it."""
+        names = [f.rsplit("/", 1)[-1] for f in self.files]
+        return [p if names.count(p.rsplit(":", 1)[0].rsplit("/", 1)[-1]) != 1 else p.rsplit("/", 1)[-1]
+                for p in places]
+
     @property
     def text(self) -> str:
         """``hook code: 14 of 16 branches taken; never taken: my_hooks.py:88, my_hooks.py:121``, or the reason it
@@ -101,7 +107,7 @@ class HookCode:
         run, lines = self.lines
         head = (f"hook code: {taken} of {total} branch{'es' if total != 1 else ''} taken" if total else
                 f"hook code: {run} of {lines} line{'s' if lines != 1 else ''} run, no branch")
-        where = self.never_taken_lines()
+        where = self._short(self.never_taken_lines())
         if where:
             shown = ", ".join(where[:VERDICT_LINES]) + (f" and {len(where) - VERDICT_LINES} more"
                                                         if len(where) > VERDICT_LINES else "")
@@ -131,6 +137,17 @@ class HookCode:
                 "never_taken": [b.to_json() for b in self.never_taken],
                 "not_measured": [{"where": where, "what": what} for where, what in self.not_measured],
                 "definitions": list(self.definitions)}
+
+
+def hook_code_from_json(data: Dict[str, Any]) -> HookCode:
+    """A :class:`HookCode` from its JSON (``hooks[].hook_code``)."""
+    return HookCode(bool(data.get("measured")), data.get("reason"),
+                    {f["file"]: (f["lines_run"], f["lines"], f["branches_taken"], f["branches"])
+                     for f in data.get("files", ())},
+                    tuple(Branch(b["file"], b["line"], b.get("to"), b.get("source", ""), b.get("how", ""))
+                          for b in data.get("never_taken", ())),
+                    tuple((m["where"], m["what"]) for m in data.get("not_measured", ())),
+                    tuple(data.get("definitions", ())), int(data.get("cases", 0)))
 
 
 class HookCodeLedger:

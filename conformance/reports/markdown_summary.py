@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple
 
 from conformance.reports.baseline import BaselineDiff, diff_markdown
+from conformance.reports.hook_code import hook_code_from_json
 from conformance.reports.matrix import HookMatrix, hook_matrix, matrix_markdown
+from conformance.reports.reach import reach_from_json, short_reason
 from conformance.reports.results import cause_line, records_from_json
 
 __all__ = ["markdown_summary", "MAX_FAILURES_SHOWN", "MAX_FINDINGS_SHOWN"]
@@ -87,6 +89,7 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
     out.append("")
     if unselected:
         out += [f"No case selected for: {', '.join(f'`{n}`' for n in unselected)}.", ""]
+    out += _reach_and_code(doc)
     out += _reasons(doc)
     if doc.get("baseline"):
         out += ["### Against the baseline", "", diff_markdown(BaselineDiff.from_json(doc["baseline"])), ""]
@@ -116,6 +119,28 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         for case in failed[:MAX_FAILURES_SHOWN]:
             out += _failure_block(case)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _reach_and_code(doc: Mapping[str, Any]) -> List[str]:
+    """Per hook that ran: how far its verdict reaches (what ran together), what of its plan was not checked here
+    and why, and which of its own code ran, each never-taken branch with its source line."""
+    out: List[str] = []
+    for hook in doc.get("hooks", []):
+        if not hook.get("counts"):
+            continue
+        lines = []
+        if hook.get("reach"):
+            lines.append(f"- reach: {reach_from_json(hook['reach']).text}")
+        for item in hook.get("not_checked") or ():
+            cases = ", ".join(f"`{c}`" for c in item.get("cases", ()))
+            lines.append(f"- not checked here: {cases} ({short_reason(item.get('reason', ''))})")
+        if hook.get("hook_code"):
+            code = hook_code_from_json(hook["hook_code"])
+            lines.append(f"- {code.text}")
+            lines += [f"  - `{line}`" for line in code.detail_lines()]
+        if lines:
+            out += [f"`{hook['name']}`:", "", *lines, ""]
+    return (["### Reach and hook code", ""] + out) if out else []
 
 
 def _reasons(doc: Mapping[str, Any]) -> List[str]:

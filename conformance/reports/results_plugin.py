@@ -35,7 +35,8 @@ from conformance.reports import results
 from conformance.reports.bookkeeper import Bookkeeper
 from conformance.reports.markdown_summary import markdown_summary
 from conformance.reports.matrix import hook_matrix, matrix_text, not_run_records
-from conformance.reports.reach import hook_reach
+from conformance.reports.hook_code import hook_code_of
+from conformance.reports.reach import hook_reach, not_checked, reach_context
 from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES
 from conformance.reports.results import CaseRecord
 from conformance.reports.source_digest import source_digest
@@ -264,7 +265,8 @@ class ResultsRecorder:
             if rec.hook == spec.name:
                 counts[rec.outcome] = counts.get(rec.outcome, 0) + 1
         lossy = spec.lossy
-        reach = hook_reach(records, spec.name)
+        reach = hook_reach(records, spec.name, *reach_context(self.state))
+        code = hook_code_of(self.state, spec.name)
         return {
             "name": spec.name, "api": spec.api, "reduce_dtype": spec.reduce_dtype_name,
             "param_dtype": spec.param_dtype_name,
@@ -279,6 +281,8 @@ class ResultsRecorder:
                        for fixes in [results.hook_fixes(records, spec.name)]
                        for cause, n in results.hook_causes(records, spec.name)],
             "reach": None if reach is None else reach.to_json(),
+            "not_checked": [{"reason": reason, "cases": list(items)} for reason, items in not_checked(records, spec.name)],
+            "hook_code": None if code is None else code.to_json(),
         }
 
     @pytest.hookimpl(trylast=True)

@@ -22,10 +22,10 @@ import gc as _gc
 _collecting = _gc.isenabled()
 _gc.disable()
 try:
-    from conformance.spec import HookSpec, LossyContract, SpecError
+    from conformance.spec import HookSpec, LossyContract, SpecError, Switches
 finally:
     if _collecting:
         _gc.enable()
 
-__all__ = ["HookSpec", "LossyContract", "SpecError", "__version__"]
+__all__ = ["HookSpec", "LossyContract", "SpecError", "Switches", "__version__"]
 __version__ = "0.1.0"

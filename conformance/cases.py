@@ -7,7 +7,7 @@ that made it set: its API, its check and the variant's field name
 (:meth:`conformance.apis.SuiteTest.case`). A case id is the pytest parameter id, fields joined
 by ``-``: ``{hook}-{variant}-{model}-ws{world_size}`` for training checks
 (``{hook}-{variant}-{model}-{nodes}nodes-ws{world_size}`` for a case that simulates
-several nodes), ``{hook}-{variant}-{rule}`` for registration rules; a case that trains in a claimed
+several nodes; ``...-{steps}steps-...`` for a case that trains a number of steps of its own), ``{hook}-{variant}-{rule}`` for registration rules; a case that trains in a claimed
 parameter dtype (``HookSpec.param_dtype``) carries ``params_<dtype>`` after its model
 (``{hook}-{variant}-{model}-params_bfloat16-ws{world_size}``). The hook name comes first so
 that ``-k my_hook`` and known-failure patterns such as
@@ -43,6 +43,9 @@ class CaseParams:
         param_dtype: the parameter dtype the case trains in, by name (``"bfloat16"``), where its spec claims
             one (``HookSpec.param_dtype``; set by :meth:`conformance.apis.SuiteTest.__call__`); ``None``: the
             models' own.
+        steps: the training steps of a case that sets its own (a combined case, trained past a hook's step
+            switch: :func:`conformance.apis.switch_plan`), a parameter of its rank check and part of its id
+            (``...-80steps-ws2``); ``None``: its suite test's.
 
     Raises:
         ValueError: ``api``, ``check`` or ``variant_field`` is missing (a case is made by its API's plan).
@@ -59,6 +62,7 @@ class CaseParams:
     skip: Optional[str] = dataclasses.field(default=None, compare=False)
     nodes: int = 1
     param_dtype: Optional[str] = None
+    steps: Optional[int] = None
 
     def __post_init__(self) -> None:
         missing = [name for name in ("api", "check", "variant_field") if not getattr(self, name)]
@@ -72,7 +76,7 @@ class CaseParams:
     @property
     def id(self) -> str:
         return case_id(self.hook, self.variant, model=self.model, world_size=self.world_size, rule=self.rule,
-                       nodes=self.nodes, param_dtype=self.param_dtype)
+                       nodes=self.nodes, param_dtype=self.param_dtype, steps=self.steps)
 
     def check_params(self) -> Dict[str, Any]:
         """The rank check's parameters the case gives: its variant under :attr:`variant_field`, then its model
@@ -82,6 +86,8 @@ class CaseParams:
             out["model"] = self.model
         if self.rule:
             out["rule"] = self.rule
+        if self.steps is not None:
+            out["steps"] = self.steps
         return out
 
     def describe(self, check: Optional[str] = None) -> Dict[str, Any]:
@@ -96,6 +102,8 @@ class CaseParams:
             out["nodes"] = self.nodes
         if self.param_dtype:
             out["params"] = self.param_dtype
+        if self.steps is not None:
+            out["steps"] = self.steps
         return out
 
     def junit_properties(self, check: Optional[str] = None) -> List[Tuple[str, Any]]:
@@ -118,7 +126,8 @@ class CaseParams:
 
 
 def case_id(hook: str, variant: str, *, model: Optional[str] = None, world_size: Optional[int] = None,
-            rule: Optional[str] = None, nodes: int = 1, param_dtype: Optional[str] = None) -> str:
+            rule: Optional[str] = None, nodes: int = 1, param_dtype: Optional[str] = None,
+            steps: Optional[int] = None) -> str:
     """The test parameter id of a case; see the module docstring for the shape."""
     parts = [hook, variant]
     if model:
@@ -127,6 +136,8 @@ def case_id(hook: str, variant: str, *, model: Optional[str] = None, world_size:
         parts.append(rule)
     if param_dtype:
         parts.append(f"params_{param_dtype}")
+    if steps is not None:
+        parts.append(f"{steps}steps")
     if nodes > 1:
         parts.append(f"{nodes}nodes")
     if world_size is not None and rule is None:
@@ -151,6 +162,8 @@ def parse_case_id(text: str) -> Dict[str, Any]:
         out["world_size"] = int(rest.pop()[2:])
     if rest and rest[-1].endswith("nodes") and rest[-1][:-len("nodes")].isdigit():
         out["nodes"] = int(rest.pop()[:-len("nodes")])
+    if rest and rest[-1].endswith("steps") and rest[-1][:-len("steps")].isdigit():
+        out["steps"] = int(rest.pop()[:-len("steps")])
     if rest:
         out["detail"] = "-".join(rest)
     return out

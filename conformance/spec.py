@@ -42,6 +42,7 @@ __all__ = [
     "HookSpec",
     "LossyContract",
     "SpecError",
+    "Switches",
     "binds_signature",
     "qualname",
     "signature_text",
@@ -116,6 +117,55 @@ class LossyContract:
 
 
 @dataclasses.dataclass(frozen=True)
+class Switches:
+    """Where a hook's code takes another path: the switches a hook author names, so that the suite reaches them
+    together (``HookSpec(switches=Switches(steps=64, elements=2**19))``).
+
+    Real hooks combine their switches (PowerSGD compresses after ``start_powerSGD_iter`` steps *and* only tensors
+    past ``min_compression_rate``; a hierarchical all-reduce switches on the node layout *and* the message size).
+    The suite's own cases reach each axis on its own; a spec that names its switches gets, at every depth, a
+    combined case on each API it targets (the API's long run, on a buffer past the size, for steps past the
+    count, in the node layout: :func:`conformance.apis.switch_plan`), and its verdict says what that reached.
+    Name what the hook's code tests, read off its never-taken branches (``hook code: ... never taken:
+    my_hooks.py:88``; docs/hooks.md "Which of your hook's code ran").
+
+    Attributes:
+        steps: the hook takes its other path after this many training steps (or calls per bucket, FSDP unit or
+            input size: one a step in the suite's models); the case trains past it.
+        elements: from buffers of this many elements (the buffer the API hands the hook: a DDP bucket, an
+            FSDP1 flat gradient, an FSDP2 reduce-scatter input, a replica tensor).
+        bytes: from buffers of this many bytes (in the dtype the hook is handed), where the hook tests bytes.
+        nodes: across this many nodes (torchrun's ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ...); the case runs with
+            the layout variables of that many nodes.
+
+    Raises:
+        SpecError: none given, or a value that is not a positive integer (``nodes`` at least 2).
+    """
+
+    steps: Optional[int] = None
+    elements: Optional[int] = None
+    bytes: Optional[int] = None
+    nodes: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        values = {"steps": self.steps, "elements": self.elements, "bytes": self.bytes, "nodes": self.nodes}
+        if all(v is None for v in values.values()):
+            raise SpecError("Switches() names no switch: give steps=, elements=, bytes= or nodes= (e.g. "
+                            "Switches(steps=1000, elements=2**20) for PowerSGD's start_powerSGD_iter and a size)")
+        for name, value in values.items():
+            least = 2 if name == "nodes" else 1
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise SpecError(f"Switches {name}={value!r} must be an int >= {least}, or None")
+
+    def elements_for(self, itemsize: int) -> Optional[int]:
+        """The size switch in elements of ``itemsize`` bytes (the larger of :attr:`elements` and :attr:`bytes`
+        so converted), or ``None``."""
+        sizes = [n for n in (self.elements, -(-self.bytes // itemsize) if self.bytes is not None else None)
+                 if n is not None]
+        return max(sizes) if sizes else None
+
+
+@dataclasses.dataclass(frozen=True)
 class HookSpec:
     """One gradient communication hook under test.
 
@@ -169,6 +219,9 @@ class HookSpec:
             with the model in ``P`` (pure low-precision training: DDP reduces in the gradients' dtype). A
             bfloat16-on-the-wire comm that is exact there, and lossy on float32 parameters, claims it so.
             Its case ids carry ``params_<dtype>``; its verdict line says ``params <dtype>``.
+        switches: where the hook's code takes another path (:class:`Switches`: after how many steps, from how many
+            elements or bytes, across how many nodes), or ``None``: with them, every depth adds the cases where
+            they all hold at once (exact claims).
         sample_checks: the built-in hooks' extra claims (a parameter dtype) in the default run: only these
             checks (their names in reports, e.g. ``("parity", "accumulation")``) run, each at the first world
             size of at least 2 ranks (the main one on a CPU machine) on one node, under the first variant and
@@ -178,8 +231,9 @@ class HookSpec:
         SpecError: on construction, for a bad name, an unknown api, a hook
             that is not callable or whose signature fits no strategy, a state
             factory that is not callable, an unsupported reduce dtype or
-            parameter dtype, an unknown strategy, or ``compiled_ddp`` set on an api without a
-            compiled calling convention (``HookApi.compiled_convention``).
+            parameter dtype, an unknown strategy, ``compiled_ddp`` set on an api without a
+            compiled calling convention (``HookApi.compiled_convention``), or ``switches`` that is not a
+            :class:`Switches`.
     """
 
     name: str
@@ -194,6 +248,7 @@ class HookSpec:
     compiled_ddp: bool = False
     param_dtype: Optional[torch.dtype] = None
     sample_checks: Optional[Tuple[str, ...]] = None
+    switches: Optional[Switches] = None
 
     def __post_init__(self) -> None:
         requires = (self.requires,) if isinstance(self.requires, str) else tuple(self.requires)
@@ -243,6 +298,11 @@ class HookSpec:
             raise SpecError(
                 f"HookSpec {self.name!r}: param_dtype {self.param_dtype!r} is not a dtype the suite trains in; use "
                 "None (the models' float32), torch.bfloat16 or torch.float16"
+            )
+        if self.switches is not None and not isinstance(self.switches, Switches):
+            raise SpecError(
+                f"HookSpec {self.name!r}: switches={self.switches!r} must be a Switches, e.g. "
+                "switches=Switches(steps=1000, elements=2**20)"
             )
         if self.sample_checks is not None:
             object.__setattr__(self, "sample_checks", tuple(self.sample_checks))

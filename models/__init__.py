@@ -22,6 +22,9 @@ with no ``auto_wrap_policy``/``mixed_precision`` in ``fsdp_kwargs``):
   gradient-accumulation step uses.
 * ``large_probe`` (2): synthetic; its gradients are its inputs, in buckets, flat parameters and
   reduce-scatter inputs of production size (25 MiB, more than 2^22 elements).
+* ``switch_probe_64k``, ``_256k``, ``_1m``, ``_4m`` (2): synthetic; one parameter just past 2^16, 2^18, 2^20 or
+  2^22 elements and a small one, trained for hundreds of steps on the long run's objective: a buffer past a
+  hook's size switch for as long as its other switches need (``HookSpec.switches``, the nightly's combined cases).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from conformance.models.nested import AlwaysWrapNestedWrappedModule, NestedWrapp
 from conformance.models.net import Net, NetFlat, NetWrapped
 from conformance.models.nonuniform import NonUniformReqGradNWM
 from conformance.models.probe import PROBE_ROOT_SHAPE, PROBE_SHAPES, GradientProbe
+from conformance.models.switch import SWITCH_PROBES, SwitchProbe, switch_probe_for
 from conformance.models.transformer import TransformerWithSharedParams
 from conformance.models.unused import UnusedParamModel
 
@@ -57,9 +61,12 @@ __all__ = [
     "NetWrapped",
     "NonUniformReqGradNWM",
     "ReferenceModel",
+    "SWITCH_PROBES",
+    "SwitchProbe",
     "TransformerWithSharedParams",
     "UnusedParamModel",
     "get_model",
+    "switch_probe_for",
 ]
 
 #: Registry of reference models, keyed by ``ReferenceModel.name``.
@@ -78,6 +85,7 @@ MODELS: Dict[str, Type[ReferenceModel]] = {
         UnusedParamModel,
         LateBranchModel,
         LargeProbe,
+        *SWITCH_PROBES.values(),
     )
 }
 

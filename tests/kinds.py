@@ -127,6 +127,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_spec": ("unit",),
     "test_spec_loading": ("unit",),
     "test_strict_known_failures": ("cli",),
+    "test_switch_plans": ("unit",),
     "test_suite_checkout": ("unit",),
     "test_topology": ("unit",),
     "test_torchrun": ("suite", "torchrun"),

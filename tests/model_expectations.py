@@ -41,6 +41,7 @@ EXPECTED_UNITS = {
     "unused_param": {""},
     "late_branch": {"", "branch"},
     "large_probe": {"", "wide"},
+    **{name: {"", "wide"} for name in ("switch_probe_64k", "switch_probe_256k", "switch_probe_1m", "switch_probe_4m")},
 }
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import textwrap
 import types
 
 import pytest

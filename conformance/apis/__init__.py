@@ -44,8 +44,11 @@ __all__ = ["CASE_KINDS", "LONG_RUN_STEPS", "REACH_MODELS", "SUBGROUP_WORLD_SIZE"
 #: How the controller runs a case of a suite test (:mod:`conformance.controller.case_kinds`):
 #: ``exact`` (an exactness check whose unexplained failure ends with how to declare a lossy contract),
 #: ``plain``, ``across_ranks`` (each rank's gradients against rank 0's), ``hard_inputs`` (the named
-#: examples, then hypothesis's, shrunk on failure), and the three lossy-contract checks.
-CASE_KINDS = ("exact", "plain", "across_ranks", "hard_inputs", "lossy_error", "lossy_loss", "lossy_determinism")
+#: examples, then hypothesis's, shrunk on failure), ``switches`` (a combined case: the API's long run where a
+#: hook's switches hold at once; the nightly's own runs only where the hook's code has a never-taken branch,
+#: :mod:`conformance.apis.switches`), and the three lossy-contract checks.
+CASE_KINDS = ("exact", "plain", "across_ranks", "hard_inputs", "switches", "lossy_error", "lossy_loss",
+              "lossy_determinism")
 
 #: ``plan(test, specs, settings)``: the cases of one suite test for the API's specs, each made by
 #: ``test.case(...)`` and with its ``skip`` reason set where it cannot run here (the world size's
@@ -105,11 +108,12 @@ class SuiteTest:
         return f"{self.api}.{self.rank_check}"
 
     def case(self, hook: str, variant: str, world_size: int, *, model: Optional[str] = None,
-             rule: Optional[str] = None, skip: Optional[str] = None, nodes: int = 1) -> CaseParams:
+             rule: Optional[str] = None, skip: Optional[str] = None, nodes: int = 1,
+             steps: Optional[int] = None) -> CaseParams:
         """A case of this suite test: its API, check and variant field set (``nodes``: the node layout it
-        simulates, :attr:`CaseParams.nodes`)."""
+        simulates, :attr:`CaseParams.nodes`; ``steps``: the steps it trains, where it sets its own)."""
         return CaseParams(hook, variant, world_size, model=model, rule=rule, api=self.api, check=self.check,
-                          variant_field=self.variant_field, skip=skip, nodes=nodes)
+                          variant_field=self.variant_field, skip=skip, nodes=nodes, steps=steps)
 
     def __call__(self, specs: Sequence["HookSpec"], settings: "Settings") -> List[CaseParams]:
         """The plan's cases for ``specs`` (the API's specs among the run's); a case of a spec that claims a
@@ -242,11 +246,12 @@ REACH_MODELS = ("large_probe",)
 
 
 def is_reach_case(case: CaseParams) -> bool:
-    """Whether ``case`` is one of the reach's (issue 28): a production-sized model, a long run, or a simulated
-    layout of several nodes. Such a case costs seconds; where a known failure also marks cases of the same hook
+    """Whether ``case`` is one of the reach's (issue 28): a production-sized model, a long run, a simulated
+    layout of several nodes, or a combined case (issue 44). Such a case costs seconds; where a known failure also marks cases of the same hook
     that are not, those run, and say whether the failure still holds
     (:func:`conformance.controller.pytest_plugin.pytest_collection_modifyitems`)."""
-    return case.model in REACH_MODELS or case.nodes > 1 or case.check.endswith("long_run")
+    return (case.model in REACH_MODELS or case.nodes > 1 or case.check.endswith("long_run")
+            or case.check.endswith("switches"))
 
 
 def simulated_layout_skip(settings: Any) -> Optional[str]:

@@ -12,6 +12,8 @@ case's own, and how (:data:`conformance.apis.CASE_KINDS`):
 * ``across_ranks``: as ``plain``, then each rank's per-step gradients against rank 0's;
 * ``hard_inputs``: the named examples, then hypothesis's, a failure shrunk
   (:func:`conformance.controller.hard_inputs.check_case`);
+* ``switches``: a combined case, run as ``exact`` (``plain`` for an API without lossy contracts), or skipped
+  where the nightly's own combination is not needed (:meth:`~conformance.reports.hook_code.HookCodeLedger.combined_case_skip`);
 * ``lossy_error``, ``lossy_loss``, ``lossy_determinism``: a lossy contract's checks, their
   observed figures as JUnit properties (:mod:`conformance.controller.lossy_cases`).
 """
@@ -20,8 +22,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
+import pytest
+
 from conformance.apis import SuiteTest
-from conformance.apis.registry import suite_test
+from conformance.apis.registry import HOOK_APIS, suite_test
+from conformance.apis.switches import named
 from conformance.controller import lossy_cases
 from conformance.controller.hard_inputs import check_case
 
@@ -48,6 +53,23 @@ def _hard_inputs(conform: Any, request: Any, case: Any, test: SuiteTest, params:
     check_case(conform, request, case, case.check, test.rank_check_name, params)
 
 
+def _switches(conform: Any, request: Any, case: Any, test: SuiteTest, params: Dict[str, Any]) -> None:
+    """A combined case (:mod:`conformance.apis.switches`): one whose spec names its switches always runs; the
+    nightly's own combination only where the hook's code still has a branch its other cases never took (the
+    ledger of what ran so far: a hook none of whose code is left untaken costs nothing). Either runs as its
+    API's long run does."""
+    __tracebackhide__ = True
+    spec = conform.specs[case.hook].spec
+    why = conform.hook_code.combined_case_skip(case.hook, named(spec), getattr(conform.settings, "hook_coverage", True))
+    if why is not None:
+        pytest.skip(why)
+    conform.hook_code.combined_started(case.hook)
+    if any(t.kind == "lossy_error" for t in HOOK_APIS[case.api].plans.values()):
+        _exact(conform, request, case, test, params)
+    else:  # an API that takes no lossy contract: no hint on declaring one
+        _plain(conform, request, case, test, params)
+
+
 def _lossy(run: Callable[..., None]) -> Callable[..., None]:
     def kind(conform: Any, request: Any, case: Any, test: SuiteTest, params: Dict[str, Any]) -> None:
         __tracebackhide__ = True
@@ -60,6 +82,7 @@ def _lossy(run: Callable[..., None]) -> Callable[..., None]:
 #: test, params)``.
 KINDS: Dict[str, Callable[..., None]] = {
     "exact": _exact, "plain": _plain, "across_ranks": _across_ranks, "hard_inputs": _hard_inputs,
+    "switches": _switches,
     "lossy_error": _lossy(lossy_cases.error_case), "lossy_loss": _lossy(lossy_cases.loss_case),
     "lossy_determinism": _lossy(lossy_cases.determinism_case),
 }

@@ -17,20 +17,17 @@ not counted on gloo, and named as not measured. On NCCL the callbacks run on the
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
 import json
 import linecache
 import os
-import sys
 import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from conformance.reports.code_regions import branch_words, callbacks, code_lines, definitions, display_path
+
 __all__ = ["Branch", "HookCode", "HookCodeLedger", "hook_code_from_json", "hook_code_of", "summarize"]
 
-#: The calls whose function argument is a future's callback (run where the future completes).
-_CALLBACK_METHODS = ("then", "add_done_callback")
 #: Never-taken branch lines the verdict line names; the hook's block lists them all.
 VERDICT_LINES = 3
 
@@ -69,6 +66,8 @@ class HookCode:
         not_measured: ``(file:line, what)`` of code that cannot be measured here (a future's callbacks on gloo).
         definitions: the hook's own definitions, ``file:qualname``.
         cases: the cases whose ranks sent data.
+        taken_by_combined: ``file:line`` of each branch line first taken by a combined case (one where two of the
+            hook's switches held at once, :mod:`conformance.apis.switches`).
     """
 
     measured: bool
@@ -78,6 +77,7 @@ class HookCode:
     not_measured: Tuple[Tuple[str, str], ...] = ()
     definitions: Tuple[str, ...] = ()
     cases: int = 0
+    taken_by_combined: Tuple[str, ...] = ()
 
     @property
     def lines(self) -> Tuple[int, int]:
@@ -114,6 +114,9 @@ class HookCode:
             head += f"; never taken: {shown}"
         if self.not_measured:
             head += f"; {len(self.not_measured)} future callback(s) not measured on gloo"
+        if self.taken_by_combined:
+            shown = self._short(list(self.taken_by_combined))
+            head += f"; first taken by the combined cases: {', '.join(shown)}"
         return head
 
     def detail_lines(self) -> List[str]:
@@ -136,7 +139,7 @@ class HookCode:
                           for name, f in self.files.items()],
                 "never_taken": [b.to_json() for b in self.never_taken],
                 "not_measured": [{"where": where, "what": what} for where, what in self.not_measured],
-                "definitions": list(self.definitions)}
+                "definitions": list(self.definitions), "taken_by_combined": list(self.taken_by_combined)}
 
 
 def hook_code_from_json(data: Dict[str, Any]) -> HookCode:
@@ -147,7 +150,8 @@ def hook_code_from_json(data: Dict[str, Any]) -> HookCode:
                     tuple(Branch(b["file"], b["line"], b.get("to"), b.get("source", ""), b.get("how", ""))
                           for b in data.get("never_taken", ())),
                     tuple((m["where"], m["what"]) for m in data.get("not_measured", ())),
-                    tuple(data.get("definitions", ())), int(data.get("cases", 0)))
+                    tuple(data.get("definitions", ())), int(data.get("cases", 0)),
+                    tuple(data.get("taken_by_combined", ())))
 
 
 class HookCodeLedger:
@@ -168,6 +172,29 @@ class HookCodeLedger:
         self.cases: Dict[str, int] = {}
         self.backends: Dict[str, Set[str]] = {}
         self._summaries: Dict[Tuple[str, bool], HookCode] = {}
+        #: hook -> its never-taken branches when its first combined case started.
+        self.before_combined: Dict[str, Set[Tuple[str, int, Optional[int]]]] = {}
+
+    def combined_case_skip(self, hook: str, named: bool, enabled: bool = True) -> Optional[str]:
+        """Why a combined case of ``hook`` (:mod:`conformance.apis.switches`) does not run, or ``None``: a spec that
+        names its switches (``named``) always runs its own; the nightly's own combination runs where the hook's
+        code, as measured over its cases so far (they run first), still has a branch never taken or code not
+        measured, or where none of its other cases ran (``-k``): nothing then shows it is not needed."""
+        if named or (enabled and not self.cases.get(hook)):
+            return None
+        code = self.summary(hook, enabled)
+        if not code.measured:
+            return (f"no combined case: none of the hook's code could be measured ({code.reason}), so nothing shows "
+                    "one is needed; name its switches (HookSpec(switches=Switches(...))) to run one")
+        if not code.never_taken and not code.not_measured:
+            taken, total = code.branches
+            return f"not needed: every branch of the hook's own code ran in its other cases ({taken} of {total} taken)"
+        return None
+
+    def combined_started(self, hook: str) -> None:
+        """A combined case of ``hook`` is about to run: keep which branches were never taken before it (once)."""
+        if hook not in self.before_combined:
+            self.before_combined[hook] = {(b.file, b.line, b.to) for b in self.summary(hook).never_taken}
 
     def summary(self, hook: str, enabled: bool = True) -> HookCode:
         """``hook``'s :class:`HookCode` over what the ledger holds now (:func:`summarize`, kept until more comes)."""
@@ -195,105 +222,6 @@ class HookCodeLedger:
     def snapshot(self, hook: str) -> Dict[str, Set[Tuple[int, int]]]:
         """A copy of ``hook``'s arcs so far (to tell later what a case added)."""
         return {path: set(arcs) for path, arcs in self.arcs.get(hook, {}).items()}
-
-
-def display_path(path: str) -> str:
-    """``path`` as a report names it: relative to the working directory where it lies under it, else to the
-    longest ``sys.path`` entry it lies under (``torch/distributed/...``), else as it is."""
-    path = os.path.realpath(path)
-    bases = [os.getcwd()] + sorted((os.path.realpath(p) for p in sys.path if p), key=len, reverse=True)
-    for base in bases:
-        if path.startswith(base.rstrip(os.sep) + os.sep):
-            return os.path.relpath(path, base)
-    return path
-
-
-@dataclasses.dataclass(frozen=True)
-class _Def:
-    qualname: str
-    start: int
-    end: int
-    body: int  # the first line of its body
-    node: Any
-    unit: bool  # a module-level function or a method: what "a function of the hook's that ran" means
-
-
-@functools.lru_cache(maxsize=64)
-def _definitions(path: str) -> Tuple[_Def, ...]:
-    """Every function and class of the file, with its qualified name and lines (decorators included)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), filename=path)
-    except (OSError, SyntaxError, ValueError):
-        return ()
-    out: List[_Def] = []
-
-    def visit(node: Any, prefix: str, in_function: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}"
-                start = min([child.lineno] + [d.lineno for d in child.decorator_list])
-                is_function = not isinstance(child, ast.ClassDef)
-                out.append(_Def(name, start, child.end_lineno or child.lineno,
-                                child.body[0].lineno if child.body else child.lineno, child,
-                                unit=is_function and not in_function))
-                visit(child, f"{name}.<locals>." if is_function else f"{name}.", in_function or is_function)
-            else:
-                visit(child, prefix, in_function)
-
-    visit(tree, "", False)
-    return tuple(out)
-
-
-def _code_lines(defs: Sequence[_Def], regions: Sequence[_Def]) -> Set[int]:
-    """The lines of ``regions`` that run when the hook runs: the bodies of its functions, not the ``def`` and
-    ``class`` statements and class-level code, which run when the module is imported."""
-    out: Set[int] = set()
-    for region in regions:
-        functions = [region] if not isinstance(region.node, ast.ClassDef) else [
-            d for d in defs if region.start <= d.start and d.end <= region.end and
-            not isinstance(d.node, ast.ClassDef)]
-        for d in functions:
-            out.update(range(d.body, d.end + 1))
-    return out
-
-
-def _callbacks(path: str, regions: Sequence[_Def]) -> List[_Def]:
-    """The functions defined inside ``regions`` and passed by name to ``Future.then`` / ``add_done_callback``."""
-    out = []
-    defs = _definitions(path)
-    for region in regions:
-        names = set()
-        for node in ast.walk(region.node):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in _CALLBACK_METHODS:
-                names.update(a.id for a in node.args if isinstance(a, ast.Name))
-        for d in defs:
-            if d.node is not region.node and region.start <= d.start and d.end <= region.end and \
-                    d.qualname.rsplit(".", 1)[-1] in names and not isinstance(d.node, ast.ClassDef):
-                out.append(d)
-    return out
-
-
-def _how(path: str, line: int, to: int) -> str:
-    for node in _statements_at(path, line):
-        if isinstance(node, (ast.If, ast.While)) and node.body:
-            if to == node.body[0].lineno:
-                return "never true"
-            return "never false"
-        if isinstance(node, (ast.For, ast.AsyncFor)) and node.body:
-            return "never ran its body" if to == node.body[0].lineno else "never finished the loop"
-    return f"never to line {to}" if to > 0 else "never leaves the function from here"
-
-
-@functools.lru_cache(maxsize=256)
-def _statements_at(path: str, line: int) -> Tuple[Any, ...]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), filename=path)
-    except (OSError, SyntaxError, ValueError):
-        return ()
-    return tuple(n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line)
 
 
 def _report(arcs: Dict[str, Set[Tuple[int, int]]], files: Sequence[str]) -> Dict[str, Dict[str, Any]]:
@@ -338,16 +266,16 @@ def summarize(ledger: HookCodeLedger, hook: str, enabled: bool = True) -> HookCo
         if file_report is None:
             continue
         executed = {a for pair in arcs.get(path, ()) for a in pair if a > 0}
-        defs = _definitions(path)
+        defs = definitions(path)
         mine = {q for p, q in roots if p == path}
         regions = [d for d in defs if d.qualname in mine or (d.unit and any(d.start <= n <= d.end for n in executed))]
         regions = [d for d in regions if not any(o is not d and o.start <= d.start and d.end <= o.end for o in regions)]
         if not regions:
             continue
-        lines = _code_lines(defs, regions)
+        lines = code_lines(defs, regions)
         name = display_path(path)
         if on_gloo:
-            for cb in _callbacks(path, regions):
+            for cb in callbacks(path, regions):
                 lines -= set(range(cb.body, cb.end + 1))
                 not_measured.append((f"{name}:{cb.start}", f"{cb.qualname} (a future's callback: gloo runs it on "
                                                           "its own thread)"))
@@ -357,10 +285,14 @@ def summarize(ledger: HookCodeLedger, hook: str, enabled: bool = True) -> HookCo
         missing = [tuple(b) for b in file_report.get("missing_branches", ()) if b[0] in lines]
         files[name] = (len(run), len(statements), len(taken), len(taken) + len(missing))
         for a, b in sorted(missing):
-            how = _how(path, a, b) if a in run else "the line never ran"
+            how = branch_words(path, a, b) if a in run else "the line never ran"
             never.append(Branch(name, a, b if b > 0 else None, linecache.getline(path, a).strip(), how))
-    definitions = tuple(f"{display_path(p)}:{q}" for p, q in roots)
-    return HookCode(True, None, files, tuple(never), tuple(not_measured), definitions, ledger.cases.get(hook, 0))
+    own = tuple(f"{display_path(p)}:{q}" for p, q in roots)
+    still = {(b.file, b.line, b.to) for b in never}
+    combined = tuple(dict.fromkeys(f"{f}:{line}" for f, line, to in sorted(ledger.before_combined.get(hook, ()))
+                                   if (f, line, to) not in still))
+    return HookCode(True, None, files, tuple(never), tuple(not_measured), own, ledger.cases.get(hook, 0),
+                    combined)
 
 
 def hook_code_of(state: Any, hook: str) -> Optional[HookCode]:

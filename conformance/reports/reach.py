@@ -18,8 +18,8 @@ import dataclasses
 import re
 from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
-__all__ = ["REACH_PROPERTIES", "Reach", "bytes_text", "combinations", "hook_reach", "not_checked", "reach_from_json", "not_checked_lines", "reach_context",
-           "short_reason"]
+__all__ = ["REACH_PROPERTIES", "Reach", "bytes_text", "combinations", "hook_reach", "not_checked", "not_checked_lines",
+           "reach_context", "reach_from_json", "short_reason"]
 
 #: The JUnit properties of a case's measured reach (:func:`conformance.controller.reach.note_reach`).
 REACH_PROPERTIES = ("steps", "buffer_bytes")
@@ -163,6 +163,8 @@ def not_checked(records: Iterable[Any], hook: str) -> Tuple[Tuple[str, Tuple[str
     for r in skipped:
         models.setdefault((r.check or "?", r.variant or "?"), set()).add(r.model or r.rule or "")
     for r in skipped:
+        if (r.skip_reason or "").startswith("not needed:"):  # a combined case the hook's code did not call for
+            continue
         key = (r.check or "?", r.variant or "?")
         item = f"{key[0]}[{key[1]}" + (f", {r.model or r.rule}]" if len(models[key]) > 1 else "]")
         by_reason.setdefault((r.skip_reason or "no reason given").strip(), {})[item] = None

@@ -107,3 +107,17 @@ def test_fsdp2_all_reduce_registration(conform, request, case):
     """FSDPModule.set_all_reduce_hook's rules with the hook under test under native HSDP: the same three rules, and
     its ValueError for a stream under native HSDP."""
     conform.run_case(request, case)
+
+
+def test_fsdp2_switches(conform, request, case):
+    """FSDP2 comms: the API's long run where the hook's switches hold at once (a buffer past its size, steps past its
+    count, its node layout): a spec's named ``switches`` at every depth; at nightly depth, for a hook with a never-
+    taken branch after its other cases, 300 steps on 17 MiB over 2 nodes. Runs last: it reads what ran."""
+    conform.run_case(request, case)
+
+
+def test_fsdp2_all_reduce_switches(conform, request, case):
+    """FSDP2 all-reduce hooks: the API's long run where the hook's switches hold at once (a buffer past its size, steps
+    past its count, its node layout): a spec's named ``switches`` at every depth; at nightly depth, for a hook with
+    a never-taken branch after its other cases, 300 steps on 17 MiB over 2 nodes. Runs last: it reads what ran."""
+    conform.run_case(request, case)

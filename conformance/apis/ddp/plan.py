@@ -40,6 +40,7 @@ import torch
 from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, SuiteTest, called_as,
                               first_cross_rank_world_size, simulated_layout_skip, subgroup_world_size,
                               two_node_world_sizes)
+from conformance.apis.switches import switch_plan
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, is_cpp_hook
 from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.cases import CaseParams
@@ -247,6 +248,8 @@ API = HookApi(
             PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact))), kind="exact"),
         "test_ddp_long_run": _test("long_run", "long_run", _plan(LONG_RUN_CASES, keep=_exact), kind="exact",
                                    depth_params=LONG_RUN_STEPS),
+        "test_ddp_switches": _test("switches", "long_run", switch_plan(_plan(LONG_RUN_CASES, keep=_exact)),
+                                   kind="switches"),
         "test_ddp_rank_consistency": _test("rank_consistency", "rank_grads", _plan(
             CONSISTENCY_CASES, CONSISTENCY_CASES, skip_one_rank=_ACROSS_RANKS), kind="across_ranks",
             params={"steps": RANK_CONSISTENCY_STEPS}),

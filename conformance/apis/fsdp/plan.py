@@ -31,6 +31,7 @@ import torch
 
 from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, SuiteTest, first_cross_rank_world_size,
                               simulated_layout_skip, subgroup_world_size, two_node_world_sizes)
+from conformance.apis.switches import switch_plan
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.ulps import dtype_name
@@ -254,6 +255,7 @@ API = HookApi(
         "test_parity": _test("parity", "parity", _of(_exact, _parity), kind="exact"),
         "test_long_run": _test("long_run", "long_run", _of(_exact, _long_runs), kind="exact",
                                depth_params=LONG_RUN_STEPS),
+        "test_switches": _test("switches", "long_run", switch_plan(_of(_exact, _long_runs)), kind="switches"),
         "test_rank_consistency": _test("rank_consistency", "rank_grads", functools.partial(
             _training, models={"main": CONSISTENCY_MODELS, "extra": CONSISTENCY_MODELS[:1]}, strategies=("NO_SHARD",),
             skip="rank consistency needs at least 2 ranks"), kind="across_ranks"),

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from conformance.apis import LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, no_strategies, two_node_world_sizes
+from conformance.apis.switches import switch_plan
 from conformance.apis.fsdp2.standalone import SETUP
 from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, TOPOLOGY_MODEL, RolePlan, exact,
                                                 hsdp_world_size, registration_plan, role_nodes, role_plan, with_skips)
@@ -164,6 +165,8 @@ APIS = (
             plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", parity_cases, kind="exact"),
                    "test_fsdp2_long_run": _comm_test("fsdp2_long_run", "long_run", role_plan(
                        SETUP, LONG_RUN_PLAN, exact), kind="exact", depth_params=LONG_RUN_STEPS),
+                   "test_fsdp2_switches": _comm_test("fsdp2_switches", "long_run", switch_plan(role_plan(
+                       SETUP, LONG_RUN_PLAN, exact)), kind="switches"),
                    "test_fsdp2_hard_inputs": _comm_test("fsdp2_hard_inputs", "hard_inputs", hard_input_cases,
                                                         kind="hard_inputs"),
                    "test_fsdp2_clip_grad_norm": _comm_test("fsdp2_clip_grad_norm", "clip_grad_norm", clip_cases),

@@ -28,6 +28,7 @@ import functools
 from typing import Any, List, Sequence, Tuple
 
 from conformance.apis import LONG_RUN_STEPS, HookApi, SuiteTest, no_strategies
+from conformance.apis.switches import switch_plan
 from conformance.apis.fsdp2_all_gather.standalone import SETUP
 from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, RolePlan, exact, hsdp_world_size,
                                                 registration_plan, role_nodes, role_plan, with_skips)
@@ -124,6 +125,9 @@ APIS = (
                    "test_fsdp2_all_gather_long_run": _test(
                        "fsdp2_all_gather_long_run", "long_run", role_plan(SETUP, LONG_RUN_PLAN, exact),
                        depth_params=LONG_RUN_STEPS),
+                   "test_fsdp2_all_gather_switches": _test(
+                       "fsdp2_all_gather_switches", "long_run", switch_plan(role_plan(SETUP, LONG_RUN_PLAN, exact)),
+                       kind="switches"),
                    "test_fsdp2_all_gather_hard_params": _test("fsdp2_all_gather_hard_params", "hard_params",
                                                               _by_role(HARD_PARAMS_PLAN)),
                    "test_fsdp2_all_gather_accumulation": _test(

@@ -25,6 +25,7 @@ import functools
 from typing import Any, List, Sequence, Tuple
 
 from conformance.apis import LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, called_as, two_node_world_sizes
+from conformance.apis.switches import switch_plan
 from conformance.apis.fsdp2_all_reduce.standalone import SETUP
 from conformance.apis.fsdp2_common.plan import (HSDP_STREAM_RULE, REGISTRATION_RULES, TOPOLOGY_MODEL, RolePlan,
                                                 exact, hsdp_unavailable, hsdp_world_size, registration_plan,
@@ -97,6 +98,9 @@ APIS = (
                    "test_fsdp2_all_reduce_long_run": _test(
                        "fsdp2_all_reduce_long_run", "long_run", role_plan(SETUP, ALL_REDUCE_LONG_RUN_PLAN, exact),
                        kind="exact", depth_params=LONG_RUN_STEPS),
+                   "test_fsdp2_all_reduce_switches": _test(
+                       "fsdp2_all_reduce_switches", "long_run", switch_plan(role_plan(
+                           SETUP, ALL_REDUCE_LONG_RUN_PLAN, exact)), kind="switches"),
                    "test_fsdp2_all_reduce_accumulation": _test(
                        "fsdp2_all_reduce_accumulation", "parity", all_reduce_cases,
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),

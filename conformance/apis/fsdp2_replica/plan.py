@@ -35,6 +35,7 @@ from typing import Any, List, Sequence, Tuple
 
 from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, called_as, simulated_layout_skip,
                               two_node_world_sizes)
+from conformance.apis.switches import switch_plan
 from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, hsdp_unavailable, hsdp_world_size, missing_api,
                                               registration_plan)
 from conformance.apis.fsdp2_common.setup import REPLICA_SHARDS, replica_shape
@@ -139,6 +140,8 @@ APIS = (
                    "test_fsdp2_replica_long_run": _test("fsdp2_replica_long_run", "long_run",
                                                         _cases(LONG_RUN_MODELS, _long_run_world_sizes),
                                                         kind="exact", depth_params=LONG_RUN_STEPS),
+                   "test_fsdp2_replica_switches": _test("fsdp2_replica_switches", "long_run", switch_plan(
+                       _cases(LONG_RUN_MODELS, _long_run_world_sizes)), kind="switches"),
                    "test_fsdp2_replica_hard_inputs": _test("fsdp2_replica_hard_inputs", "hard_inputs",
                                                            _cases(("gradient_probe", "large_probe")),
                                                            kind="hard_inputs"),

@@ -174,7 +174,7 @@ def test_fail_on_regressions_needs_a_baseline_that_is_a_file(tmp_path):
         settings({"conform_fail_on": "regressions"})
     with pytest.raises(SettingsError, match=r"baseline .* from CONFORM_BASELINE is not a file"):
         settings({"conform_fail_on": "regressions"}, {"CONFORM_BASELINE": str(tmp_path / "missing.json")})
-    with pytest.raises(SettingsError, match="expected failures or regressions"):
+    with pytest.raises(SettingsError, match="expected failures, regressions or uncovered"):
         settings({"conform_fail_on": "new"})
     base = tmp_path / "base.json"
     base.write_text("{}")
@@ -368,3 +368,27 @@ def test_failure_figures_take_the_largest_value_mismatch_and_ignore_others():
     assert failure_figures(found) == {"max_ulp_diff": big.max_ulp_diff, "max_abs_diff": 0.5}
     assert big.max_ulp_diff > one_ulp.max_ulp_diff == 1
     assert failure_figures(found[2:]) == {}
+
+
+def _code(*branches, measured=True):
+    return {"measured": measured, "never_taken": [{"file": f, "line": line, "to": None, "source": src, "how": how}
+                                                  for f, line, src, how in branches]}
+
+
+def test_the_baseline_remembers_never_taken_branches_and_a_new_one_is_a_regression():
+    """Issue 44: a branch of a hook's code the baseline's cases took, and this run's did not, fails --fail-on
+    regressions; one that moved to another line (code edited above it) is the same branch."""
+    from conformance.reports.baseline import BaselineDiff, diff_text, new_never_taken
+
+    switch = ("h.py", 88, "if n >= 2**19:  # switch", "never true")
+    baseline = {"hooks": [{"name": "a", "hook_code": _code(switch)}, {"name": "b", "hook_code": _code()},
+                          {"name": "c", "hook_code": _code(measured=False)}]}
+    moved = ("h.py", 90, "if n >= 2**19:  # switch", "never true")
+    now = {"a": _code(moved), "b": _code(("g.py", 7, "if warm:", "never false")), "c": _code(switch),
+           "d": _code(switch)}
+    (change,) = new_never_taken(baseline, now)
+    assert (change.hook, change.where, change.how) == ("b", "g.py:7", "never false")
+    diff = BaselineDiff(baseline="x", new_never_taken=[change])
+    assert diff.regressions == [change] and not diff.empty()
+    assert BaselineDiff.from_json(diff.to_json()) == diff
+    assert "newly never-taken branches:" in "\n".join(diff_text(diff))

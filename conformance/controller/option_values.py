@@ -76,7 +76,7 @@ def flag(value: Any, source: str) -> bool:
 
 
 #: ``--fail-on`` values.
-FAIL_ON = ("failures", "regressions")
+FAIL_ON = ("failures", "regressions", "uncovered")
 
 
 def results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
@@ -117,7 +117,7 @@ def results_paths(pick: Callable[[str], Tuple[Any, str]]) -> Dict[str, Any]:
     value, source = pick("conform_fail_on")
     fail_on = str(value).strip().lower() if value else "failures"
     if fail_on not in FAIL_ON:
-        raise SettingsError(f"invalid value {value!r} from {source}: expected failures or regressions")
+        raise SettingsError(f"invalid value {value!r} from {source}: expected failures, regressions or uncovered")
     if fail_on == "regressions" and "baseline_path" not in out:
         raise SettingsError(f"--fail-on regressions (from {source}) needs a baseline to compare with: add "
                             "--baseline PREVIOUS.json (or CONFORM_BASELINE)")

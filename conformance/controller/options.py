@@ -148,8 +148,10 @@ OPTIONS: Tuple[Option, ...] = (
            "the --json results of an earlier run: report new failures, fixed cases, cases that appeared or "
            "disappeared, changed figures", "conform_baseline", "PREVIOUS.json", "none"),
     Option("--fail-on", "CONFORM_FAIL_ON",
-           "failures (any failure fails the run) or regressions (only new failures against --baseline do)",
-           "conform_fail_on", "failures|regressions", "failures; regressions needs a baseline"),
+           "failures (any failure fails the run), regressions (only new failures, and branches of a hook's code no "
+           "case took where the baseline's did, against --baseline) or uncovered (failures, and any branch of a "
+           "hook's own code that no case took)", "conform_fail_on", "failures|regressions|uncovered",
+           "failures; regressions needs a baseline"),
     Option("--listen", "CONFORM_LISTEN",
            "start no ranks here; accept the ranks that 'torchrun ... -m conformance.worker --controller "
            "HOST:PORT' starts on every node (secret: CONFORM_AUTHKEY_FILE or CONFORM_AUTHKEY); needs "

@@ -67,8 +67,9 @@ class Settings:
         reproducers_dir: absolute path of the directory that gets a standalone reproducer per failed case
             (``--write-reproducers``, :mod:`conformance.reproducers`), or ``None``.
         baseline_path: absolute path of an earlier run's JSON results, or ``None``.
-        fail_on: ``"failures"`` (any failure fails the run) or ``"regressions"`` (only new
-            failures against the baseline do).
+        fail_on: ``"failures"`` (any failure fails the run), ``"regressions"`` (only new failures, and newly
+            never-taken branches of a hook's code, against the baseline do) or ``"uncovered"`` (failures, and any
+            never-taken branch of a hook's own code).
         listen: ``(host, port)`` where torchrun's ranks connect (``--listen``;
             :mod:`conformance.controller.remote`), or ``None`` for the local pools.
         listen_timeout_s: seconds to wait for them, at the start and after a restart.

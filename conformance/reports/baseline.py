@@ -6,7 +6,9 @@ cases with this run's, matched by case id (the pytest node id), and
 :func:`options_changed` says where the two runs were asked for different cases (a
 ``--depth nightly`` baseline against a default run: cases disappear that no hook
 lost). With ``--fail-on regressions`` the exit code depends only on
-:attr:`BaselineDiff.regressions`: the new failures.
+:attr:`BaselineDiff.regressions`: the new failures, and the branches of a hook's own code that no case took
+this time where the baseline's cases took them (the baseline remembers each hook's never-taken branches in its
+``hooks[].hook_code``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from conformance.reports.results import CaseRecord, figure_value, records_from_json
 
-__all__ = ["BaselineDiff", "Change", "FigureChange", "diff_markdown", "diff_runs", "diff_text", "options_changed"]
+__all__ = ["BaselineDiff", "BranchChange", "Change", "FigureChange", "diff_markdown", "diff_runs", "diff_text",
+           "new_never_taken", "options_changed"]
 
 #: Cases listed per category in the terminal and the Markdown; the JSON lists them all.
 MAX_LISTED = 20
@@ -65,6 +68,51 @@ class FigureChange:
         return f"{self.id}: {self.figure} {show(self.before)} -> {show(self.after)}"
 
 
+@dataclasses.dataclass(frozen=True)
+class BranchChange:
+    """A branch of a hook's own code that no case of this run took, where the baseline run took it (or the
+    branch is new): ``where`` (``file:line``), its ``source`` line and ``how`` it was not taken."""
+
+    hook: str
+    where: str
+    source: str
+    how: str
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def text(self) -> str:
+        return f"{self.hook}: {self.where} {self.source} ({self.how})"
+
+
+def _branch_keys(branches: Sequence[Mapping[str, Any]]) -> Dict[tuple, Mapping[str, Any]]:
+    """Never-taken branches by what survives an edit elsewhere in the file: file, source text, how, and the
+    how-many-th such (lines move when code above them changes)."""
+    out: Dict[tuple, Mapping[str, Any]] = {}
+    seen: Dict[tuple, int] = {}
+    for b in branches:
+        key = (b.get("file"), " ".join(str(b.get("source", "")).split()), b.get("how"))
+        seen[key] = seen.get(key, 0) + 1
+        out[key + (seen[key],)] = b
+    return out
+
+
+def new_never_taken(baseline: Mapping[str, Any], hook_code: Mapping[str, Mapping[str, Any]]) -> List[BranchChange]:
+    """The branches never taken now (``hook_code``: hook -> its ``hooks[].hook_code``) that the baseline run took,
+    per hook whose code both runs measured (a hook the baseline did not measure has nothing to regress from)."""
+    then = {h.get("name"): h.get("hook_code") for h in baseline.get("hooks") or () if isinstance(h, Mapping)}
+    out: List[BranchChange] = []
+    for hook, code in hook_code.items():
+        old = then.get(hook)
+        if not (code and code.get("measured") and old and old.get("measured")):
+            continue
+        before = _branch_keys(old.get("never_taken") or ())
+        for key, b in _branch_keys(code.get("never_taken") or ()).items():
+            if key not in before:
+                out.append(BranchChange(hook, f"{b['file']}:{b['line']}", str(b.get("source", "")), str(b.get("how"))))
+    return out
+
+
 @dataclasses.dataclass
 class BaselineDiff:
     """How this run differs from the baseline.
@@ -85,6 +133,8 @@ class BaselineDiff:
         options_changed: where the two runs were asked for different cases or settings
             (:func:`options_changed`), one ``"what before -> now"`` each: cases that appeared or
             disappeared there may be the options', not the hooks'.
+        new_never_taken: branches of a hook's own code that no case took this time, where the baseline's cases
+            took them (:func:`new_never_taken`): regressions too.
     """
 
     baseline: str
@@ -96,15 +146,16 @@ class BaselineDiff:
     changed_outcomes: List[Change] = dataclasses.field(default_factory=list)
     changed_figures: List[FigureChange] = dataclasses.field(default_factory=list)
     options_changed: List[str] = dataclasses.field(default_factory=list)
+    new_never_taken: List[BranchChange] = dataclasses.field(default_factory=list)
 
     @property
-    def regressions(self) -> List[Change]:
-        """What ``--fail-on regressions`` fails the run for: :attr:`new_failures`."""
-        return self.new_failures
+    def regressions(self) -> List[Any]:
+        """What ``--fail-on regressions`` fails the run for: :attr:`new_failures` and :attr:`new_never_taken`."""
+        return [*self.new_failures, *self.new_never_taken]
 
     def empty(self) -> bool:
         return not (self.new_failures or self.fixed or self.appeared or self.disappeared or self.changed_outcomes
-                    or self.changed_figures)
+                    or self.changed_figures or self.new_never_taken)
 
     def counts(self) -> Dict[str, int]:
         return {name: len(getattr(self, name)) for name in _CATEGORIES}
@@ -126,6 +177,8 @@ class BaselineDiff:
                 return [FigureChange(c["id"], c["figure"], *(None if c[k] is None else float(c[k])
                                                               for k in ("before", "after")))
                         for c in data.get(name, [])]
+            if name == "new_never_taken":
+                return [BranchChange(c["hook"], c["where"], c["source"], c["how"]) for c in data.get(name, [])]
             return [Change(c["id"], c.get("before"), c.get("after"), c.get("hook")) for c in data.get(name, [])]
 
         return cls(baseline=data.get("path", ""), baseline_started_at=data.get("started_at"),
@@ -133,10 +186,11 @@ class BaselineDiff:
                    **{name: changes(name) for name in _CATEGORIES})
 
 
-_CATEGORIES = ("new_failures", "fixed", "appeared", "disappeared", "changed_outcomes", "changed_figures")
+_CATEGORIES = ("new_failures", "fixed", "appeared", "disappeared", "changed_outcomes", "changed_figures",
+               "new_never_taken")
 _TITLES = {"new_failures": "new failures", "fixed": "fixed", "appeared": "appeared",
            "disappeared": "disappeared", "changed_outcomes": "other outcome changes",
-           "changed_figures": "changed figures"}
+           "changed_figures": "changed figures", "new_never_taken": "newly never-taken branches"}
 
 
 def _same(a: Optional[float], b: Optional[float]) -> bool:

@@ -166,10 +166,14 @@ class ResultsRecorder:
             self.diff.options_changed = baseline_mod.options_changed(
                 self.baseline_doc, self.environment(), [item.spec.name for item in self.state.specs],
                 [str(a) for a in self.config.invocation_params.args])
+            self.diff.new_never_taken = baseline_mod.new_never_taken(self.baseline_doc, self._hook_codes())
             if s.fail_on == "regressions" and int(session.exitstatus) in (0, 1):
                 session.exitstatus = (pytest.ExitCode.TESTS_FAILED if self.diff.regressions
                                       else pytest.ExitCode.OK)
                 self.fail_on_applied = True
+        if s.fail_on == "uncovered" and int(session.exitstatus) == 0 and self.uncovered():
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            self.fail_on_applied = True
         # The project's own tests load this plugin too (conftest.py): only a run that collected
         # conformance cases adds to the CI job's summary.
         summary_path = os.environ.get(GITHUB_STEP_SUMMARY, "").strip() if self.suite_items else ""
@@ -188,6 +192,25 @@ class ResultsRecorder:
                 except (OSError, ValueError) as exc:  # the job page's summary is a convenience
                     self.notes.append(f"could not append the summary to ${GITHUB_STEP_SUMMARY} ({summary_path}): {exc}")
             self._guard.after_publish(append)
+
+    def _hook_codes(self) -> Dict[str, Dict[str, Any]]:
+        """hook -> its ``hooks[].hook_code``, for each hook under test whose cases ran here."""
+        out = {}
+        for item in self.state.specs:
+            code = hook_code_of(self.state, item.spec.name)
+            if code is not None:
+                out[item.spec.name] = code.to_json()
+        return out
+
+    def uncovered(self) -> List[str]:
+        """``hook: file:line`` of each line of a hook's own code with a branch no case took (``--fail-on
+        uncovered``)."""
+        out = []
+        for item in self.state.specs:
+            code = hook_code_of(self.state, item.spec.name)
+            if code is not None and code.measured:
+                out += [f"{item.spec.name}: {where}" for where in code.never_taken_lines()]
+        return out
 
     def _complete(self, session: pytest.Session, records: List[CaseRecord]) -> bool:
         """Every collected case finished, and nothing (a signal, -x, --maxfail) stopped the run."""
@@ -290,12 +313,18 @@ class ResultsRecorder:
         tr = terminalreporter
         if self.diff is not None:
             tr.section("against the baseline")
-            new = bool(self.diff.new_failures)
+            new = bool(self.diff.regressions)
             for i, line in enumerate(baseline_mod.diff_text(self.diff)):
                 tr.write_line(line, red=new and i == 0, green=not new and i == 0)
-            if self.fail_on_applied:
-                tr.write_line("--fail-on regressions: exit status 1, for the new failures above" if new else
+            if self.fail_on_applied and self.state.settings.fail_on == "regressions":
+                tr.write_line("--fail-on regressions: exit status 1, for the regressions above" if new else
                               "--fail-on regressions: exit status 0, no new failure against the baseline", red=new)
+        if self.state.settings.fail_on == "uncovered" and self.fail_on_applied:
+            tr.section("branches no case took (--fail-on uncovered)")
+            for line in self.uncovered():
+                tr.write_line(line, red=True)
+            tr.write_line("--fail-on uncovered: exit status 1: name the switch that takes each (HookSpec(switches="
+                          "Switches(...)), docs/hooks.md), or run --depth nightly", red=True)
         for note in dict.fromkeys(self.notes):
             tr.write_line(f"results: {note}", yellow=True)
 

@@ -8,11 +8,12 @@ probe is a model of one large parameter (``wide``) and one small (``head``), tra
 regression objective for hundreds of steps (:mod:`conformance.ranks.checks.long_run`): every step hands the hook
 a buffer past the switch, so a path that needs both runs. Its ladder of sizes (:data:`SWITCH_PROBE_SIZES`) lets
 a case pay for the buffer it needs, no more: the plan picks the smallest that reaches the hook's switch
-(``HookSpec.switches``), and the nightly depth's own combination takes the largest, 17 MiB of float32.
+(``HookSpec.switches``), and the nightly depth's own combination takes ``switch_probe_1m``, 4.25 MiB of float32.
 
 ``forward(g, h) = dot(wide, g) * 2**-k + dot(head, h)``, with ``2**-k`` about ``1 / numel``: the objective's
 gradient, ``2 (output - target) * 2**-k * g``, keeps SGD on so large a dot product stable for thousands of steps
-(unscaled, it overflows within ten). The inputs are uniform in [-1, 1) from the rank's generator, new every step.
+(unscaled, it overflows within ten). The inputs are uniform in [-1, 1) from the rank's generator, new every step
+(``wide``'s a block of 65,521 such values, repeated).
 Every length is odd and not a multiple of 3, so it is a multiple of no world size of 2 to 4 and of no power of
 two: a dropped tail or an off-by-one chunk boundary shows.
 """
@@ -35,6 +36,8 @@ SWITCH_PROBE_SIZES: Dict[str, int] = {"switch_probe_64k": 2**16 + 2**12 + 3, "sw
                                       "switch_probe_1m": 2**20 + 2**16 + 3, "switch_probe_4m": 2**22 + 2**18 + 3}
 #: ``head``'s elements: small, odd, not a multiple of 3; the root FSDP unit's.
 HEAD_NUMEL = 1001
+#: Elements of the random block ``wide``'s input repeats: a prime, as the hard inputs' (``PLACED_PERIOD``).
+INPUT_PERIOD = 65_521
 
 
 class _Leaf(nn.Module):
@@ -89,8 +92,14 @@ class SwitchProbe(ReferenceModel):
 
     @classmethod
     def make_input(cls, rank: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
+        """``(g, h)``: ``h`` uniform in [-1, 1) from the rank's generator; ``g`` a block of :data:`INPUT_PERIOD`
+        such values, repeated to ``numel`` (drawing millions of values a step cost more than the step's
+        collectives; a prime period lines up with no power of two, no shard and no chunk of a hook)."""
         gen = rank_generator(rank)
-        return tuple((torch.rand(shape, generator=gen) * 2 - 1).to(device) for shape in cls.input_shapes())
+        block = torch.rand(min(cls.numel, INPUT_PERIOD), generator=gen) * 2 - 1
+        g = block.repeat(-(-cls.numel // block.numel()))[:cls.numel]
+        h = torch.rand(HEAD_NUMEL, generator=gen) * 2 - 1
+        return g.to(device), h.to(device)
 
     @classmethod
     def loss(cls, inputs: tuple, output: torch.Tensor) -> torch.Tensor:

@@ -66,8 +66,8 @@ def test_a_good_twins_cases_reach_past_its_threshold(zoo_runs, axis, prop):
 def test_the_verdict_line_states_the_reach(zoo_runs):
     out = zoo_runs(ZOO).output
     line = next(line for line in out.splitlines() if line.startswith("good_ddp_warmup_switch "))
-    assert re.search(rf"CONFORMS\s+\[\d+ cases: \d+ passed; up to {STEPS} steps, buffers up to [\d.]+ \w+, 1 node\]",
-                     line), line
+    assert re.search(rf"CONFORMS\s+\[\d+ cases: \d+ passed; {STEPS} steps on buffers up to [\d.]+ \w+; world size 2; "
+                     r"gloo\]", line), line
 
 
 def test_an_fsdp2_comm_that_returns_unwaited_work_is_named(zoo_runs):

@@ -41,7 +41,7 @@ def test_a_hook_that_names_no_switch_gets_no_combined_case_at_the_default_depth(
 def test_at_nightly_depth_every_exact_hook_gets_the_nightly_combination(api):
     (case,) = _combined(_spec(api), "nightly")
     assert (case.model, case.steps, case.nodes) == (COMBINED_MODEL, COMBINED_STEPS, COMBINED_NODES)
-    assert COMBINED_STEPS >= 300 and SWITCH_PROBES[COMBINED_MODEL].numel >= 2**22
+    assert COMBINED_STEPS >= 300 and SWITCH_PROBES[COMBINED_MODEL].numel > 2**20
     assert case.world_size % case.nodes == 0 and case.skip is None
     assert is_reach_case(case) and case.id.endswith(f"-{COMBINED_STEPS}steps-2nodes-ws{case.world_size}")
     assert parse_case_id(case.id)["steps"] == COMBINED_STEPS

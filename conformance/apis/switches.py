@@ -8,7 +8,7 @@ API's own long run (its config, its check, every step compared bit for bit) on a
 
 * a spec that names its switches (``HookSpec(switches=Switches(...))``) gets one at every depth, sized by them;
 * at ``--depth nightly`` every exact spec that names none gets the nightly's own combination
-  (:data:`COMBINED_STEPS` steps on :data:`COMBINED_MODEL`, 17 MiB of float32, on :data:`COMBINED_NODES` nodes),
+  (:data:`COMBINED_STEPS` steps on :data:`COMBINED_MODEL`, 4.25 MiB of float32, on :data:`COMBINED_NODES` nodes),
   which runs only where the hook's own code still has a branch its other cases never took (the controller asks
   the hook-code ledger first: a hook with no never-taken branch costs nothing).
 
@@ -34,8 +34,12 @@ __all__ = ["COMBINED_MODEL", "COMBINED_NODES", "COMBINED_STEPS", "SWITCH_MARGIN_
 #: Steps of the nightly's own combined case: past the warm-ups real hooks take (torchft's and the zoo's: 10 to
 #: 150 steps); PowerSGD's default ``start_powerSGD_iter`` of 1,000 needs its switch named.
 COMBINED_STEPS = 300
-#: The nightly's combined case's model: the largest switch probe, 2**22 + 2**18 + 3 elements (17 MiB of float32).
-COMBINED_MODEL = list(SWITCH_PROBES)[-1]
+#: The nightly's combined case's model: ``switch_probe_1m``, 2**20 + 2**16 + 3 elements (4.25 MiB of float32): a
+#: buffer of production size (an FSDP unit of a million elements; past DDP's 1 MiB first bucket and the 1 to 4 MiB
+#: at which real hooks chunk and compress), at a quarter of the largest probe's cost a step (300 steps of FSDP2 on
+#: the 17 MiB one took three minutes here). A hook that switches on more names its switch: its own combined case
+#: is sized for it, up to 17 MiB.
+COMBINED_MODEL = "switch_probe_1m"
 #: The nightly's combined case's node layout: two nodes (2 ranks as 2 nodes of 1 at the main world size of 2).
 COMBINED_NODES = 2
 #: Steps a named switch's case trains where the spec names no step switch: past DDP's bucket rebuild (step 1).

@@ -157,11 +157,14 @@ def _group_size(group: Any) -> int:
 
 class Works:
     """What :func:`watching_works` saw: the ``Work`` s that ``torch.distributed``'s functions returned inside the
-    block (``launched``, those of ``async_op=True`` calls), and which of them the block waited on."""
+    block (``launched``, those of ``async_op=True`` calls), which of them the block waited on, and each call of a
+    ``torch.distributed`` function with a ``group`` parameter, as ``(name, size of its group)`` (``calls``: the
+    default group's size where it passed none; seen as the call starts, so a call that then raises is there)."""
 
     def __init__(self) -> None:
         self.launched: List[Any] = []
         self._waited: List[Any] = []
+        self.calls: List[Tuple[str, int]] = []
 
     def waited(self, work: Any) -> bool:
         return any(w is work for w in self._waited)
@@ -192,12 +195,22 @@ def watching_works() -> Iterator[Works]:
     A profile function set by the code in the block itself is restored over this one when it ends."""
     works = Works()
     work_type = getattr(dist, "Work", None)
+    depth = [0]  # torch.distributed frames open: the outermost is the call the block made
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "return" and arg is not None and frame.f_code.co_filename == _C10D_FILE:
-            for item in arg if isinstance(arg, list) else (arg,):
-                if work_type is not None and isinstance(item, work_type):
-                    works.launched.append(item)
+        in_c10d = frame.f_code.co_filename == _C10D_FILE
+        if event == "call" and in_c10d:
+            if depth[0] == 0 and "group" in frame.f_code.co_varnames[:frame.f_code.co_argcount
+                                                                     + frame.f_code.co_kwonlyargcount]:
+                works.calls.append((frame.f_code.co_name, _group_size(frame.f_locals.get("group")
+                                                                      or dist.group.WORLD)))
+            depth[0] += 1
+        elif event == "return" and in_c10d:
+            depth[0] = max(0, depth[0] - 1)
+            if arg is not None:
+                for item in arg if isinstance(arg, list) else (arg,):
+                    if work_type is not None and isinstance(item, work_type):
+                        works.launched.append(item)
         elif event == "c_call" and getattr(arg, "__name__", None) == "wait":
             target = getattr(arg, "__self__", None)
             if work_type is not None and isinstance(target, work_type):

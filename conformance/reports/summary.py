@@ -88,6 +88,18 @@ class Summary:
         if self.unchecked_hooks() or (state.settings.strict_known_failures and state.unused_entries):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def _reach_lines(self, tr: Any, records: List[Any], name: str, ran: bool) -> None:
+        """Under a hook's verdict, after where it fails and why: what of its plan was not checked here, and which
+        of its own code ran, each never-taken branch with its source line."""
+        if ran:
+            for line in not_checked_lines(records, name):
+                tr.write_line(f"{'':<28}   {line}")
+        code = hook_code_of(self.state, name)
+        if code is not None:
+            tr.write_line(f"{'':<28}   {code.text}")
+            for line in code.detail_lines():
+                tr.write_line(f"{'':<28}     {line}")
+
     def pytest_terminal_summary(self, terminalreporter) -> None:
         state, keeper = self.state, self.keeper
         tr = terminalreporter
@@ -121,11 +133,6 @@ class Summary:
             detail += f"; params {item.spec.param_dtype_name}" if item.spec.param_dtype is not None else ""
             detail += f"; sampled: {', '.join(item.spec.sample_checks)}" if item.spec.sample_checks else ""
             tr.write_line(f"{name:<28} {verdict}  [{sum(counts.values())}{of_planned} cases: {detail}]")
-            code = hook_code_of(state, name)
-            if code is not None:
-                tr.write_line(f"{'':<28}   {code.text}")
-                for line in code.detail_lines():
-                    tr.write_line(f"{'':<28}     {line}")
             rerun = session_report.crash_rerun_verdict_note(getattr(state.runner, "crash_reruns", ()), name)
             if rerun:
                 tr.write_line(f"{'':<28}   {rerun}", yellow=True)
@@ -138,9 +145,6 @@ class Summary:
             if not (counts.get("passed") or counts.get("failed") or counts.get("xfailed")):
                 for reason, n in sorted(tally.skip_reasons.items()):
                     tr.write_line(f"{'':<28}   skipped ({n}): {reason}")
-            else:
-                for line in not_checked_lines(records, name):
-                    tr.write_line(f"{'':<28}   {line}")
             for line in results_plugin.hook_matrix_lines(tr.config, name, verdict, indent=" " * 4):
                 tr.write_line(line)
             failed = [rec for rec in records if rec.hook == name and rec.failing]
@@ -151,6 +155,8 @@ class Summary:
                 fix = results.hook_fixes(failed, name).get(causes[0][0])
                 if fix:
                     tr.write_line(f"      fix: {fix}")
+            self._reach_lines(tr, records, name, bool(counts.get("passed") or counts.get("failed")
+                                                      or counts.get("xfailed")))
         if keeper.xpassed:
             tr.section("known failures that now pass")
             for nodeid in keeper.xpassed:

@@ -89,5 +89,5 @@ def test_lossy_determinism(conform, request, case):
 def test_switches(conform, request, case):
     """FSDP1: the API's long run where the hook's switches hold at once (a buffer past its size, steps past its count,
     its node layout): a spec's named ``switches`` at every depth; at nightly depth, for a hook with a never-taken
-    branch after its other cases, 300 steps on 17 MiB over 2 nodes. Runs last: it reads what ran."""
+    branch after its other cases, 300 steps on 4.25 MiB over 2 nodes. Runs last: it reads what ran."""
     conform.run_case(request, case)

@@ -112,12 +112,12 @@ def test_fsdp2_all_reduce_registration(conform, request, case):
 def test_fsdp2_switches(conform, request, case):
     """FSDP2 comms: the API's long run where the hook's switches hold at once (a buffer past its size, steps past its
     count, its node layout): a spec's named ``switches`` at every depth; at nightly depth, for a hook with a never-
-    taken branch after its other cases, 300 steps on 17 MiB over 2 nodes. Runs last: it reads what ran."""
+    taken branch after its other cases, 300 steps on 4.25 MiB over 2 nodes. Runs last: it reads what ran."""
     conform.run_case(request, case)
 
 
 def test_fsdp2_all_reduce_switches(conform, request, case):
     """FSDP2 all-reduce hooks: the API's long run where the hook's switches hold at once (a buffer past its size, steps
     past its count, its node layout): a spec's named ``switches`` at every depth; at nightly depth, for a hook with
-    a never-taken branch after its other cases, 300 steps on 17 MiB over 2 nodes. Runs last: it reads what ran."""
+    a never-taken branch after its other cases, 300 steps on 4.25 MiB over 2 nodes. Runs last: it reads what ran."""
     conform.run_case(request, case)

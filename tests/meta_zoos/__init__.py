@@ -6,7 +6,8 @@ specific to one API read the same run (``tests/conftest.py``: one run per zoo pe
 Each zoo module's ``EXPECTED_CATCH`` (or ``LOSSY_EXPECTED``) says why each catch below must hold.
 
 One module per API: ``fsdp.py`` (FSDP1), ``ddp.py``, ``fsdp2.py`` (the FSDP2 comms and hooks, and the all-gather
-comms), and ``across_apis.py`` (the lossy contracts, the reach, a claimed parameter dtype), over what they share
+comms), ``across_apis.py`` (the lossy contracts, the reach, a claimed parameter dtype) and ``switches.py`` (where
+two switches meet), over what they share
 (``common.py``). This module gathers them: every name a test reads is importable from ``tests.meta_zoos``.
 """
 
@@ -22,6 +23,7 @@ from tests.meta_zoos.fsdp2 import (ALL_GATHER_CONFIGS, FSDP2, FSDP2_ALL_GATHER, 
                                    FSDP2_ALL_GATHER_MUST_CATCH, FSDP2_ALL_GATHER_ONLY, FSDP2_DIAGNOSED,
                                    FSDP2_MUST_CATCH, FSDP2_MUST_CATCH_BY_CHECK, FSDP2_MUST_CATCH_WITH_PREMUL_SUM,
                                    REPLICA_DIAGNOSED)
+from tests.meta_zoos.switches import SWITCHES
 
 #: Every meta-run, in the order the shared meta-tests (``tests/test_meta.py``) take them.
-ZOOS = (FSDP, DDP, FSDP2, LOSSY, REACH, FSDP2_ALL_GATHER, PARAM_DTYPE)
+ZOOS = (FSDP, DDP, FSDP2, LOSSY, REACH, FSDP2_ALL_GATHER, PARAM_DTYPE, SWITCHES)

@@ -27,7 +27,7 @@ from conformance.apis.fsdp2_common.recorders import allocation_problem
 from conformance.protocol import Finding
 from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
-from conformance.ranks.hook_call import CallLog, counting_collectives, watching_works
+from conformance.ranks.hook_call import CallLog, watching_works
 from conformance.shared.compare import dtype_name
 
 #: Wrong gathers reported per step and rank (the first ones; the others say the same).
@@ -76,13 +76,11 @@ class AllGatherRecorder(Recorder):
         # FSDP2's input_tensor is a view of output_tensor: keep it before the call (not in a long run's unrecorded
         # pass, whose gradient comparison catches a wrong gather; its replay records and names the cause)
         shard = inp.detach().clone() if self.recording else None
-        sizes: List[int] = []
-        self.pending_group.append({"step": self.step, "index": index, "group_size": group_size, "sizes": sizes})
-        with counting_collectives() as count, watching_works() as works, hook_code.running(self.comm):
-            try:
-                result = self.comm(*args, **kwargs)
-            finally:
-                sizes.extend(count.group_sizes)  # read where the call raised too (findings_so_far)
+        with watching_works() as works, hook_code.running(self.comm):
+            # the calls it made are seen as they start: where one raises, findings_so_far still reads them
+            self.pending_group.append({"step": self.step, "index": index, "group_size": group_size,
+                                       "calls": works.calls})
+            result = self.comm(*args, **kwargs)
         self.pending_group.pop()
         if works.left(result):
             self.dropped.append({"step": self.step, "index": index})
@@ -98,7 +96,7 @@ class AllGatherRecorder(Recorder):
         self._outputs.setdefault(self.step, {})[index] = got
         self._outputs = {s: v for s, v in self._outputs.items() if s >= self.step - 1}
         if not same_bits(got, expected.reshape(-1)):
-            others = tuple(s for s in sizes if s != group_size)
+            others = tuple(size for _, size in works.calls if size != group_size)
             self.wrong.append(GatherCall(self.step, index, got, expected.reshape(-1), group_size, others, previous,
                                          tuple(dist.get_process_group_ranks(group or dist.group.WORLD))))
         return result
@@ -134,13 +132,13 @@ class AllGatherRecorder(Recorder):
                                           "before returning)", step=step, kind="contract"))
                 break
         for pending in self.pending_group:
-            others = sorted({s for s in pending["sizes"] if s != pending["group_size"]})
+            others = sorted({(name, size) for name, size in pending["calls"] if size != pending["group_size"]})
             if pending["step"] == step and others:
-                out.append(Finding(self.rank, f"call {pending['index']}: the comm ran a collective over a group of "
-                                          f"{', '.join(map(str, others))} ranks where FSDP2 passed it a group of "
-                                          f"{pending['group_size']} (a collective with no group= runs over the "
-                                          "default group); fix: pass group=group (the group FSDP2 passes the comm)",
-                                   step=step, kind="contract"))
+                ran = ", ".join(f"{name} over a group of {size}" for name, size in others)
+                out.append(Finding(self.rank, f"call {pending['index']}: the comm ran {ran} ranks where FSDP2 passed "
+                                          f"it a group of {pending['group_size']} (a collective with no group= runs "
+                                          "over the default group); fix: pass group=group (the group FSDP2 passes "
+                                          "the comm)", step=step, kind="contract"))
         for call in [c for c in self.wrong if c.step == step][:MAX_REPORTED]:
             head, cause = findings_text(call)
             out.append(Finding(self.rank, head, step=step, kind="mismatch"))

@@ -156,23 +156,25 @@ def _group_size(group: Any) -> int:
 
 
 class Works:
-    """What :func:`watching_works` saw: the ``Work`` s that ``torch.distributed``'s functions returned inside the
-    block (``launched``, those of ``async_op=True`` calls), which of them the block waited on, and each call of a
-    ``torch.distributed`` function with a ``group`` parameter, as ``(name, size of its group)`` (``calls``: the
-    default group's size where it passed none; seen as the call starts, so a call that then raises is there)."""
+    """What :func:`watching_works` saw: the ``Work`` s that ``torch.distributed``'s collectives returned inside the
+    block (``launched``, those of ``async_op=True`` calls), and each call of a collective or point-to-point
+    function, as ``(name, size of its group)`` (``calls``: the default group's size where it passed none; seen as
+    the call starts, so a call that then raises is there)."""
 
     def __init__(self) -> None:
         self.launched: List[Any] = []
-        self._waited: List[Any] = []
         self.calls: List[Tuple[str, int]] = []
 
-    def waited(self, work: Any) -> bool:
-        return any(w is work for w in self._waited)
-
     def left(self, returned: Any = None) -> List[Any]:
-        """The launched works the block neither waited on nor returned (``returned``), and that had not completed
-        when it ended: what a caller that waits only on a returned ``Work`` never waits for."""
-        return [w for w in self.launched if w is not returned and not self.waited(w) and not _completed(w)]
+        """The launched works, other than ``returned``, that had not completed when the block ended: what a caller
+        that waits only on a returned ``Work`` reads the results of before they are written. (A wait on a
+        ``Work`` is a C++ method a profile function does not see; one that completed is waited for or was fast
+        enough, and its results are there.)"""
+        seen: List[Any] = []
+        for work in self.launched:
+            if work is not returned and not any(work is w for w in seen) and not _completed(work):
+                seen.append(work)
+        return seen
 
 
 def _completed(work: Any) -> bool:
@@ -182,6 +184,8 @@ def _completed(work: Any) -> bool:
         return False
 
 
+#: ``torch.distributed``'s point-to-point functions (its collectives are those that take ``async_op``).
+_P2P = ("send", "recv", "isend", "irecv")
 #: The file of ``torch.distributed``'s collectives: a ``Work`` returned from a function there is one the caller
 #: launched (``async_op=True``).
 _C10D_FILE = distributed_c10d.__file__
@@ -189,10 +193,10 @@ _C10D_FILE = distributed_c10d.__file__
 
 @contextlib.contextmanager
 def watching_works() -> Iterator[Works]:
-    """Observe, in this thread, the ``Work`` s that ``torch.distributed``'s functions return inside the block and
-    the calls of ``Work.wait`` on them, by a profile function (``sys.setprofile``): nothing of
-    ``torch.distributed`` is replaced or wrapped, so the code in the block gets PyTorch's own ``Work`` objects.
-    A profile function set by the code in the block itself is restored over this one when it ends."""
+    """Observe, in this thread, the calls of ``torch.distributed``'s collectives inside the block and the ``Work`` s
+    they return, by a profile function (``sys.setprofile``): nothing of ``torch.distributed`` is replaced or
+    wrapped, so the code in the block gets PyTorch's own functions and ``Work`` objects. A profile function set
+    by the code in the block itself is restored over this one when it ends."""
     works = Works()
     work_type = getattr(dist, "Work", None)
     depth = [0]  # torch.distributed frames open: the outermost is the call the block made
@@ -200,8 +204,8 @@ def watching_works() -> Iterator[Works]:
     def profile(frame: Any, event: str, arg: Any) -> None:
         in_c10d = frame.f_code.co_filename == _C10D_FILE
         if event == "call" and in_c10d:
-            if depth[0] == 0 and "group" in frame.f_code.co_varnames[:frame.f_code.co_argcount
-                                                                     + frame.f_code.co_kwonlyargcount]:
+            params = frame.f_code.co_varnames[:frame.f_code.co_argcount + frame.f_code.co_kwonlyargcount]
+            if depth[0] == 0 and "group" in params and ("async_op" in params or frame.f_code.co_name in _P2P):
                 works.calls.append((frame.f_code.co_name, _group_size(frame.f_locals.get("group")
                                                                       or dist.group.WORLD)))
             depth[0] += 1
@@ -211,10 +215,6 @@ def watching_works() -> Iterator[Works]:
                 for item in arg if isinstance(arg, list) else (arg,):
                     if work_type is not None and isinstance(item, work_type):
                         works.launched.append(item)
-        elif event == "c_call" and getattr(arg, "__name__", None) == "wait":
-            target = getattr(arg, "__self__", None)
-            if work_type is not None and isinstance(target, work_type):
-                works._waited.append(target)
 
     previous = sys.getprofile()
     sys.setprofile(profile)

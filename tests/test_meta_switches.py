@@ -11,40 +11,18 @@ taken); and the nightly's verdict says which branch its combined case took first
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import re
-from typing import Any, Dict
 
 import pytest
 
-from tests.meta_helpers import BackgroundJob, run_suite
-from tests.meta_zoos import SWITCHES
+from tests.meta_zoos import SWITCH_DEFAULT_RUNS, SWITCHES
 from tests.zoo import identity_hooks, switch_hooks
-
-#: At the default depth: each hook's parity on ``nested_wrapped`` at 2 ranks (and on 2 simulated nodes: a nodes x
-#: size hook takes its node side there, never its size side), the replica's parity (4 ranks as 2 nodes), and the
-#: long run of each bad warm-up hook (256 steps: its warm side, never its size side).
-DEFAULT_SELECTION = ("((test_ddp_parity or test_parity or test_fsdp2_parity) and nested_wrapped and ws2 and "
-                     "(default or NO_SHARD)) or test_fsdp2_replica_parity or (long_run and ws2 and bad_ and warm)")
-
-
-def _default_run(runs: object, directory: str, env: Dict[str, str]) -> Any:
-    path = os.path.join(directory, "switch_default.json")
-    run = run_suite(["--hook", "tests.zoo.switch_hooks:ALL", "--hook", "tests.zoo.identity_hooks:ALL", "-q",
-                     "-k", DEFAULT_SELECTION, "--json", path], os.path.join(directory, "switch_default.xml"),
-                    timeout=900, env=env)
-    with open(path, encoding="utf-8") as f:
-        return run, json.load(f)
-
-
-#: The default depth's run, in the zoo runs' background threads (``tests/conftest.py``).
-SWITCH_DEFAULT = BackgroundJob("switch_hooks_default", _default_run)
-
 
 @pytest.fixture
 def default(zoo_runs):
-    return zoo_runs(SWITCH_DEFAULT)
+    """The default depth's run with the measurement on (``tests/meta_zoos/switches.py``): ``(run, document)``."""
+    return zoo_runs(SWITCH_DEFAULT_RUNS)["on"]
 
 
 def _hooks(doc):
@@ -60,7 +38,7 @@ def switch_line(spec) -> tuple:
 
 def test_at_the_default_depth_every_switch_hook_conforms(default):
     run, doc = default
-    assert run.returncode == 0, run.output[-3000:]
+    assert run.returncode == 1, run.output[-3000:]  # the run's sample of DDP's arithmetic zoo fails (the bits test)
     hooks = _hooks(doc)
     for spec in switch_hooks.ALL + identity_hooks.ALL:
         assert hooks[spec.name]["status"] == "conforms", (spec.name, hooks[spec.name]["verdict"])
@@ -77,9 +55,10 @@ def test_each_hooks_switch_is_named_never_taken_by_file_and_line(default, spec):
     never = {(os.path.basename(b["file"]), b["line"]) for b in code["never_taken"]}
     assert (name, line) in never, (spec.name, sorted(never))
     taken = next(b for b in code["never_taken"] if (os.path.basename(b["file"]), b["line"]) == (name, line))
-    assert taken["source"].endswith("# switch") and taken["how"] == "never true", taken
+    assert taken["source"].endswith("# switch") and taken["how"] in ("never true", "the line never ran"), taken
     block = _block(run.output, spec.name)  # the terminal says it under the hook's verdict, with the source line
-    assert re.search(rf"^ +never taken: \S*{re.escape(name)}:{line}  .*# switch  \(never true\)$", block, re.M), block
+    how = r"\((never true|the line never ran)\)"
+    assert re.search(rf"^ +never taken: \S*{re.escape(name)}:{line}  .*# switch  {how}$", block, re.M), block
 
 
 def _block(output: str, hook: str) -> str:

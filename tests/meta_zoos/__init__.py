@@ -23,7 +23,7 @@ from tests.meta_zoos.fsdp2 import (ALL_GATHER_CONFIGS, FSDP2, FSDP2_ALL_GATHER, 
                                    FSDP2_ALL_GATHER_MUST_CATCH, FSDP2_ALL_GATHER_ONLY, FSDP2_DIAGNOSED,
                                    FSDP2_MUST_CATCH, FSDP2_MUST_CATCH_BY_CHECK, FSDP2_MUST_CATCH_WITH_PREMUL_SUM,
                                    REPLICA_DIAGNOSED)
-from tests.meta_zoos.switches import SWITCHES
+from tests.meta_zoos.switches import DEFAULT_RUNS as SWITCH_DEFAULT_RUNS, SWITCHES
 
 #: Every meta-run, in the order the shared meta-tests (``tests/test_meta.py``) take them.
 ZOOS = (FSDP, DDP, FSDP2, LOSSY, REACH, FSDP2_ALL_GATHER, PARAM_DTYPE, SWITCHES)

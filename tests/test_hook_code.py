@@ -85,8 +85,10 @@ def package(tmp_path, monkeypatch):
     for name in [n for n in sys.modules if n.startswith("myhooks")]:
         del sys.modules[name]
     module = importlib.import_module("myhooks.hooks")
+    meter._METER.hooks.clear()  # each test a process of its own: nothing of another test's hook carried over
     yield module
     meter.start(None)
+    meter._METER.hooks.clear()
 
 
 def _spec(hook, state=None):

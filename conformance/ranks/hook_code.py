@@ -104,6 +104,14 @@ def root_of(obj: Any) -> Optional[Root]:
     obj = _unwrapped(obj)
     target = obj if inspect.isfunction(obj) or inspect.isclass(obj) else type(obj)
     try:
+        return _root_of_definition(target)
+    except TypeError:  # unhashable: not a function or class after all
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _root_of_definition(target: Any) -> Optional[Root]:
+    try:
         path = inspect.getsourcefile(target)
     except (TypeError, OSError):
         return None
@@ -112,45 +120,35 @@ def root_of(obj: Any) -> Optional[Root]:
     return os.path.realpath(path), getattr(target, "__qualname__", getattr(target, "__name__", "?"))
 
 
-class _Meter:
-    """The process's meter: one ``coverage.Coverage`` per hook, its traced paths, and what ran so far."""
+class _SpecMeter:
+    """What one hook's code ran in this process: its ``coverage.Coverage`` (one per hook, so that a replay of
+    another hook in the same ranks adds nothing to it), the paths it traces, its arcs and what was sent."""
 
     def __init__(self) -> None:
-        self.enabled = False
         self.cov: Any = None
         self.paths: Set[str] = set()
-        self.arcs: Dict[str, Set[Tuple[int, int]]] = {}
+        self.carried: Dict[str, Set[Tuple[int, int]]] = {}  # what an earlier coverage object of this hook recorded
+        self.sent: Dict[str, Set[Tuple[int, int]]] = {}
         self.roots: Set[Root] = set()
-        self.problem: Optional[str] = None
-        self.reported = False  # the hook is not Python: say so, though nothing is traced
-        self.lock = threading.Lock()
-        self.busy = False
 
-    def reset(self, enabled: bool) -> None:
-        self.flush()
-        self.enabled = enabled
-        self.arcs, self.roots, self.problem, self.reported = {}, set(), None, False
-
-    def flush(self) -> None:
-        """Move what the tracer recorded into :attr:`arcs`, and empty it."""
-        if self.cov is None:
-            return
-        data = self.cov.get_data()
-        for path in data.measured_files():
-            self.arcs.setdefault(path, set()).update(data.arcs(path) or ())
-        self.cov.erase()
+    def arcs(self) -> Dict[str, Set[Tuple[int, int]]]:
+        """Every arc the hook's code ran in this process so far (the coverage object is never erased: making it
+        ready to trace again costs tens of milliseconds, a case of hundreds of calls costs that a call)."""
+        out = {path: set(arcs) for path, arcs in self.carried.items()}
+        if self.cov is not None:
+            data = self.cov.get_data()
+            for path in data.measured_files():
+                out.setdefault(path, set()).update(data.arcs(path) or ())
+        return out
 
     def coverage_for(self, path: str) -> Any:
         """The coverage object that traces ``path`` (a file, or a directory ending in ``os.sep``), made anew with
-        it added where it traced other paths only."""
+        it added where it traced other paths only (what the old one recorded is carried over)."""
         if path in self.paths and self.cov is not None:
             return self.cov
-        self.flush()
-        try:
-            import coverage
-        except ImportError:
-            self.problem = "coverage.py is not installed here (pip install 'coverage>=7')"
-            return None
+        import coverage
+
+        self.carried = self.arcs()
         self.paths.add(path)
         include = sorted(p + "*" if p.endswith(os.sep) else p for p in self.paths)
         omit = [f.rstrip(os.sep) + os.sep + "*" for f in _FOREIGN]
@@ -160,6 +158,19 @@ class _Meter:
         return self.cov
 
 
+class _Meter:
+    """The process's meter: the case's hook (:class:`_SpecMeter`), whether it is measured, and why not."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.hooks: Dict[Tuple[str, str], _SpecMeter] = {}
+        self.current: Optional[_SpecMeter] = None
+        self.problem: Optional[str] = None
+        self.reported = False  # the hook is not Python: say so, though nothing is traced
+        self.lock = threading.Lock()
+        self.busy = False
+
+
 _METER = _Meter()
 #: coverage.py's warnings that say nothing here: a case whose hook ran no traced code, a tracer the hook changed.
 _QUIET = ("no-data-collected", "module-not-measured", "module-not-imported", "trace-changed", "already-imported",
@@ -167,18 +178,20 @@ _QUIET = ("no-data-collected", "module-not-measured", "module-not-imported", "tr
 
 
 def start(spec: Any, enabled: bool = True) -> None:
-    """A new case of ``spec``'s hook: nothing ran yet. ``enabled=False`` (``--no-hook-coverage``): no tracing."""
-    _METER.reset(enabled and spec is not None)
-    if not _METER.enabled:
+    """A new case of ``spec``'s hook (``None``: no hook). ``enabled=False`` (``--hook-coverage off``): no tracing."""
+    meter = _METER
+    meter.enabled, meter.problem, meter.reported, meter.current = enabled and spec is not None, None, False, None
+    if not meter.enabled:
         return
     not_python = getattr(spec.hook, "not_python", None)
     if not_python is None and root_of(spec.hook) is None:
         name = getattr(spec.hook, "__qualname__", type(spec.hook).__name__)
         not_python = f"{name} has no Python source (a C++ hook or a compiled extension)"
     if not_python is not None:
-        _METER.problem, _METER.enabled = str(not_python), False
-        _METER.reported = True
+        meter.problem, meter.enabled, meter.reported = str(not_python), False, True
         return
+    key = (getattr(spec, "name", "?"), repr(getattr(spec, "hook", None).__class__))
+    meter.current = meter.hooks.setdefault(key, _SpecMeter())
     for obj in (spec.hook, getattr(spec, "state", None)):
         if obj is not None:
             _note(obj)
@@ -186,10 +199,15 @@ def start(spec: Any, enabled: bool = True) -> None:
 
 def _note(obj: Any) -> Optional[Any]:
     root = root_of(obj)
-    if root is None:
+    current = _METER.current
+    if root is None or current is None:
         return None
-    _METER.roots.add(root)
-    return _METER.coverage_for(trace_path(root[0]))
+    current.roots.add(root)
+    try:
+        return current.coverage_for(trace_path(root[0]))
+    except ImportError:
+        _METER.problem = "coverage.py is not installed here (pip install 'coverage>=7')"
+        return None
 
 
 @contextlib.contextmanager
@@ -222,15 +240,19 @@ def running(obj: Any) -> Iterator[None]:
 
 
 def read() -> Dict[str, Any]:
-    """What ran since :func:`start`: ``{"arcs": {file: [[from, to], ...]}, "roots": [[file, qualname], ...],
-    "problem": why nothing could be measured, or None}`` (plain data, for the wire); ``{}`` where the meter is
-    off."""
-    if not _METER.enabled:
-        return {"arcs": {}, "roots": [], "problem": _METER.problem} if _METER.reported else {}
-    _METER.flush()
-    return {"arcs": {path: sorted([a, b] for a, b in arcs) for path, arcs in _METER.arcs.items()},
-            "roots": sorted([path, name] for path, name in _METER.roots), "problem": _METER.problem}
-
+    """What ran since the last read of this hook in this process: ``{"arcs": {file: [[from, to], ...]}, "roots":
+    [[file, qualname], ...], "problem": why nothing could be measured, or None}`` (plain data, for the wire; the
+    controller merges every case's); ``{}`` where the meter is off."""
+    meter, current = _METER, _METER.current
+    if not meter.enabled or current is None:
+        return {"arcs": {}, "roots": [], "problem": meter.problem} if meter.reported else {}
+    new = {}
+    for path, arcs in current.arcs().items():
+        fresh = arcs - current.sent.get(path, set())
+        if fresh:
+            new[path] = sorted([a, b] for a, b in fresh)
+            current.sent.setdefault(path, set()).update(fresh)
+    return {"arcs": new, "roots": sorted([path, name] for path, name in current.roots), "problem": meter.problem}
 
 
 def state_of(spec: Any, group: Any) -> Any:

@@ -289,7 +289,9 @@ class ResultsRecorder:
                 counts[rec.outcome] = counts.get(rec.outcome, 0) + 1
         lossy = spec.lossy
         reach = hook_reach(records, spec.name, *reach_context(self.state))
-        code = hook_code_of(self.state, spec.name)
+        # A progress document (every few seconds while cases run) leaves the hook code to the final one: summing it
+        # up analyses the hook's files with coverage.py, too much to repeat every few seconds.
+        code = None if running else hook_code_of(self.state, spec.name)
         return {
             "name": spec.name, "api": spec.api, "reduce_dtype": spec.reduce_dtype_name,
             "param_dtype": spec.param_dtype_name,

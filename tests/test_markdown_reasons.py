@@ -7,6 +7,7 @@ import json
 
 from conformance.reports.baseline import diff_markdown, diff_runs
 from conformance.reports.markdown_summary import markdown_summary
+from conformance.reports.matrix import hook_matrix
 from tests.test_results import case, document
 
 
@@ -45,3 +46,32 @@ def test_the_environment_line_names_every_world_size_of_the_run():
     doc = json.loads(json.dumps(document([case("good", "parity", "default", 2, "passed")])))
     doc["environment"]["world_sizes"] = [2, 3, 4]
     assert " · world sizes 2, 3 and 4 · " in markdown_summary(doc)
+
+
+def test_the_summary_says_what_ran_together_what_was_not_checked_and_which_code_ran():
+    """Issue 44: per hook, the reach's combinations, a line per reason of what could not run here, and the hook code
+    with each never-taken branch and its source; the document validates against the schema."""
+    import jsonschema
+
+    from conformance.reports import results
+    from conformance.reports.hook_code import Branch, HookCode
+    from conformance.reports.reach import Reach
+
+    reach = Reach(cases=3, steps=256, buffer_bytes=29 * 2**20, world_sizes=(2, 3), nodes=(1, 2),
+                  combinations=((256, 1024, 1), (2, 29 * 2**20, 1), (3, 1024, 2)), backends=("gloo",))
+    code = HookCode(True, None, {"my/hooks.py": (9, 10, 3, 4)},
+                    (Branch("my/hooks.py", 88, 89, "if n >= 2**19:  # switch", "never true"),), (), ("my/hooks.py:hook",), 3)
+    hook = {"name": "good", "api": "ddp", "reduce_dtype": "full", "lossy": None, "strategies": [], "description": "",
+            "source": {"kind": "--hook", "target": "zoo:SPECS"}, "verdict": "CONFORMS", "status": "conforms",
+            "counts": {"passed": 3, "skipped": 1}, "matrix": hook_matrix([], "good").to_json(),
+            "reach": reach.to_json(), "hook_code": code.to_json(),
+            "not_checked": [{"reason": "gloo has no ReduceOp.PREMUL_SUM (RuntimeError: ...): x",
+                             "cases": ["fsdp2_parity[divide_factor]"]}]}
+    doc = json.loads(json.dumps(document([case("good", "parity", "default", 2, "passed")], hooks=[hook])))
+    jsonschema.validate(doc, results.schema())
+    section = markdown_summary(doc).split("### Reach and hook code", 1)[1]
+    assert "- reach: 256 steps on buffers up to 1 KiB; 2 steps on buffers up to 29 MiB; 3 steps on buffers up to " \
+           "1 KiB on 2 simulated nodes; world sizes 2 and 3; gloo" in section
+    assert "- not checked here: `fsdp2_parity[divide_factor]` (gloo has no ReduceOp.PREMUL_SUM)" in section
+    assert "- hook code: 3 of 4 branches taken; never taken: hooks.py:88" in section
+    assert "  - `never taken: my/hooks.py:88  if n >= 2**19:  # switch  (never true)`" in section

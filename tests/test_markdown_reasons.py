@@ -59,8 +59,8 @@ def test_the_summary_says_what_ran_together_what_was_not_checked_and_which_code_
 
     reach = Reach(cases=3, steps=256, buffer_bytes=29 * 2**20, world_sizes=(2, 3), nodes=(1, 2),
                   combinations=((256, 1024, 1), (2, 29 * 2**20, 1), (3, 1024, 2)), backends=("gloo",))
-    code = HookCode(True, None, {"my/hooks.py": (9, 10, 3, 4)},
-                    (Branch("my/hooks.py", 88, 89, "if n >= 2**19:  # switch", "never true"),), (), ("my/hooks.py:hook",), 3)
+    branch = Branch("my/hooks.py", 88, 89, "if n >= 2**19:  # switch", "never true")
+    code = HookCode(True, None, {"my/hooks.py": (9, 10, 3, 4)}, (branch,), (), ("my/hooks.py:hook",), 3)
     hook = {"name": "good", "api": "ddp", "reduce_dtype": "full", "lossy": None, "strategies": [], "description": "",
             "source": {"kind": "--hook", "target": "zoo:SPECS"}, "verdict": "CONFORMS", "status": "conforms",
             "counts": {"passed": 3, "skipped": 1}, "matrix": hook_matrix([], "good").to_json(),

@@ -163,8 +163,9 @@ def not_checked(records: Iterable[Any], hook: str) -> Tuple[Tuple[str, Tuple[str
     for r in skipped:
         models.setdefault((r.check or "?", r.variant or "?"), set()).add(r.model or r.rule or "")
     for r in skipped:
-        if (r.skip_reason or "").startswith("not needed:"):  # a combined case the hook's code did not call for
-            continue
+        why = r.skip_reason or ""
+        if why.startswith(("not needed:", "NOT RUN")) or why.endswith(".NotRun"):
+            continue  # a combined case the hook's code did not call for; the run's own failure (its verdict says)
         key = (r.check or "?", r.variant or "?")
         item = f"{key[0]}[{key[1]}" + (f", {r.model or r.rule}]" if len(models[key]) > 1 else "]")
         by_reason.setdefault((r.skip_reason or "no reason given").strip(), {})[item] = None

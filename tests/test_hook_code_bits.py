@@ -43,7 +43,7 @@ def test_every_case_gives_the_same_result_with_and_without_the_measurement(both)
 
 def test_only_the_measured_run_says_which_code_ran(both):
     on = {h["name"]: h["hook_code"] for h in both["on"][1]["hooks"] if h.get("counts")}
-    assert len(on) >= 30
+    assert len(on) >= 25  # the switch and identity zoos, and the samples of DDP's and FSDP2's
     off = {h["name"]: h["hook_code"] for h in both["off"][1]["hooks"] if h.get("counts")}
     assert all(code["measured"] for code in on.values()), {n: c["reason"] for n, c in on.items() if not c["measured"]}
     assert all(not code["measured"] and code["reason"] == "not measured: --hook-coverage off" for code in off.values())

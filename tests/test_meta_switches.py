@@ -13,9 +13,11 @@ from __future__ import annotations
 import inspect
 import os
 import re
+from typing import Any, Dict
 
 import pytest
 
+from tests.meta_helpers import BackgroundJob, run_suite
 from tests.meta_zoos import SWITCH_DEFAULT_RUNS, SWITCHES
 from tests.zoo import identity_hooks, switch_hooks
 
@@ -94,3 +96,24 @@ def test_the_nightly_verdict_says_which_branch_its_combined_case_took_first(zoo_
     block = _block(run.output, spec.name)
     assert re.search(rf"first taken by the combined cases: [^\n]*{re.escape(name)}:{line}\b", block), block
     assert not re.search(rf"never taken: \S*{re.escape(name)}:{line}\b", block), block
+
+
+def _uncovered_run(runs: object, directory: str, env: Dict[str, str]) -> Any:
+    return run_suite(["--hook", "tests.zoo.switch_hooks.ddp:KNOWN_GOOD", "-q", "--fail-on", "uncovered", "-k",
+                      "test_ddp_parity and default-nested_wrapped-ws2"], os.path.join(directory, "uncovered.xml"),
+                     timeout=600, env=env)
+
+
+#: Two conforming DDP hooks whose switch never runs at 2 ranks, under ``--fail-on uncovered``.
+UNCOVERED_RUN = BackgroundJob("switch_hooks_uncovered", _uncovered_run)
+
+
+def test_fail_on_uncovered_fails_a_run_whose_hooks_conform_naming_each_branch(zoo_runs):
+    run = zoo_runs(UNCOVERED_RUN)
+    assert run.returncode == 1, run.output[-3000:]
+    assert all(c.outcome == "passed" for c in run.cases) and len(run.cases) == 2
+    section = run.output.split("branches no case took (--fail-on uncovered)", 1)[1]
+    for spec in (s for s in switch_hooks.KNOWN_GOOD if s.api == "ddp"):
+        name, line = switch_line(spec)
+        assert f"{spec.name}: tests/zoo/switch_hooks/{name}:{line}" in section, section
+    assert "--fail-on uncovered: exit status 1" in section

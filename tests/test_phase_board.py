@@ -54,3 +54,20 @@ def test_a_phase_longer_than_the_board_is_cut_at_a_character(board):
 def test_create_refuses_an_existing_file(board):
     with pytest.raises(FileExistsError):
         PhaseBoard.create(board.path)
+
+
+def test_a_notice_stands_beside_the_phase_until_the_next_phase(board):
+    """A recorder's contract finding is on the board at once, so a rank that then dies (gloo aborts on a Work a
+    hook left running) is reported with it; the rank's own phase is unchanged and the next phase replaces it."""
+    import torch
+
+    from conformance.ranks.worker import RankContext
+
+    ctx = RankContext(0, 1, None, torch.device("cpu"), "gloo", board=board)
+    ctx.phase("step 0: forward/backward of the hooked model")
+    ctx.notice("call 0: the comm neither waited on its Work nor returned it")
+    assert board.read() == ("step 0: forward/backward of the hooked model; before it died or hung: "
+                            "call 0: the comm neither waited on its Work nor returned it")
+    assert ctx.current_phase == "step 0: forward/backward of the hooked model"
+    ctx.phase("step 0: optimizer step")
+    assert board.read() == "step 0: optimizer step"

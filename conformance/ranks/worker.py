@@ -103,6 +103,16 @@ class RankContext:
     def phase(self, text: str) -> None:
         """Announce what this rank is doing now; shown if the case hangs."""
         self.current_phase = text
+        self._post(text)
+
+    def notice(self, text: str) -> None:
+        """Announce, beside the current phase, what the hook already did wrong in it (a recorder's contract
+        finding): where the rank then dies or hangs in this phase (a collective the hook left running can abort
+        gloo), its report names it (``during 'step 0: ...; before it died or hung: ...'``). The next
+        :meth:`phase` replaces it; :attr:`current_phase` is unchanged."""
+        self._post(f"{self.current_phase}; before it died or hung: {text}")
+
+    def _post(self, text: str) -> None:
         if self._board is not None:
             self._board.write(text)
         elif self._conn is not None:

@@ -77,7 +77,7 @@ class AllGatherModels(Fsdp2Models):
         self.arithmetic = AllGatherArithmetic(self.ctx.world_size, None)
 
     def recorder(self, hook: Any) -> Recorder:
-        return AllGatherRecorder(hook, self.ctx.rank)
+        return AllGatherRecorder(hook, self.ctx.rank, getattr(self.ctx, "notice", None))
 
 
 def hard_params(ctx: Any, spec: Any, *, config: str, model: str, **_: Any) -> List[Finding]:

@@ -17,7 +17,7 @@ the gradients and parameters the lockstep compares then differ too.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -43,9 +43,10 @@ class AllGatherRecorder(Recorder):
     :attr:`~conformance.ranks.checks.models.Recorder.recording` is off (a long run's unrecorded pass).
     """
 
-    def __init__(self, comm: Any, rank: int):
+    def __init__(self, comm: Any, rank: int, notice: Optional[Callable[[str], None]] = None):
         self.comm = comm
         self.rank = rank
+        self.notice = notice
         self.step = 0
         self.log = CallLog()  # no reduction to diagnose: the recorder names a wrong gather's cause itself
         self.calls: List[Dict[str, Any]] = []
@@ -83,6 +84,8 @@ class AllGatherRecorder(Recorder):
             result = self.comm(*args, **kwargs)
         self.pending_group.pop()
         if works.left(result):
+            if self.notice is not None and not any(late["step"] == self.step for late in self.dropped):
+                self.notice(_dropped_text(index))  # gloo may abort this rank for the Work left running
             self.dropped.append({"step": self.step, "index": index})
             return result  # FSDP2 reads output_tensor now: what it holds is unknown until the work completes
         if shard is None:
@@ -125,11 +128,7 @@ class AllGatherRecorder(Recorder):
                 break
         for late in self.dropped:
             if late["step"] == step:
-                out.append(Finding(self.rank, f"call {late['index']}: the comm launched an all-gather with "
-                                          "async_op=True and neither waited on its Work nor returned it: FSDP2 waits "
-                                          "only on a Work the comm returns, and otherwise reads output_tensor at "
-                                          "once, before the collective wrote it; return the Work (or wait on it "
-                                          "before returning)", step=step, kind="contract"))
+                out.append(Finding(self.rank, _dropped_text(late["index"]), step=step, kind="contract"))
                 break
         for pending in self.pending_group:
             others = sorted({(name, size) for name, size in pending["calls"] if size != pending["group_size"]})
@@ -153,3 +152,9 @@ class AllGatherRecorder(Recorder):
             out.append(Finding(self.rank, "FSDP2 never called the all-gather comm in this step "
                                      "(set_custom_all_gather did not take effect)", step=step, kind="contract"))
         return out
+
+
+def _dropped_text(index: int) -> str:
+    return (f"call {index}: the comm launched an all-gather with async_op=True and neither waited on its Work nor "
+            "returned it: FSDP2 waits only on a Work the comm returns, and otherwise reads output_tensor at once, "
+            "before the collective wrote it; return the Work (or wait on it before returning)")

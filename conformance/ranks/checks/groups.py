@@ -65,6 +65,9 @@ class SubgroupContext:
     def phase(self, text: str) -> None:
         self.parent.phase(text)
 
+    def notice(self, text: str) -> None:
+        self.parent.notice(text)
+
     def report_on_error(self, collect: Any) -> None:
         self.parent.report_on_error(collect)
 

@@ -222,6 +222,13 @@ class HookSpec:
         switches: where the hook's code takes another path (:class:`Switches`: after how many steps, from how many
             elements or bytes, across how many nodes), or ``None``: with them, every depth adds the cases where
             they all hold at once (exact claims).
+        native_modes: which of its API's natives the hook is meant to equal (``HookApi.native_modes``), or
+            ``None``: the API's default one. For ``api="ddp"``: ``"default"`` (DDP as constructed by default,
+            which multiplies each gradient by ``1/world_size`` as it fills the bucket) and ``"batched_grad_copy"``
+            (``DistributedDataParallel(..., batched_grad_copy=True)``, torch 2.13+, which divides the flat
+            bucket by the world size; PyTorch's ``allreduce_hook`` equals it). The ``batched_grad_copy`` parity
+            cases run only for a spec that names it; a spec that does not name ``"default"`` has its cases
+            against DDP's default native skipped with the reason.
         sample_checks: the built-in hooks' extra claims (a parameter dtype) in the default run: only these
             checks (their names in reports, e.g. ``("parity", "accumulation")``) run, each at the first world
             size of at least 2 ranks (the main one on a CPU machine) on one node, under the first variant and
@@ -233,7 +240,7 @@ class HookSpec:
             factory that is not callable, an unsupported reduce dtype or
             parameter dtype, an unknown strategy, ``compiled_ddp`` set on an api without a
             compiled calling convention (``HookApi.compiled_convention``), or ``switches`` that is not a
-            :class:`Switches`.
+            :class:`Switches`, or ``native_modes`` that names no native of its api.
     """
 
     name: str
@@ -249,6 +256,7 @@ class HookSpec:
     param_dtype: Optional[torch.dtype] = None
     sample_checks: Optional[Tuple[str, ...]] = None
     switches: Optional[Switches] = None
+    native_modes: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         requires = (self.requires,) if isinstance(self.requires, str) else tuple(self.requires)
@@ -304,9 +312,26 @@ class HookSpec:
                 f"HookSpec {self.name!r}: switches={self.switches!r} must be a Switches, e.g. "
                 "switches=Switches(steps=1000, elements=2**20)"
             )
+        if self.native_modes is not None:
+            modes = (self.native_modes,) if isinstance(self.native_modes, str) else tuple(self.native_modes)
+            unknown = [m for m in modes if m not in api.native_modes]
+            if not modes or unknown:
+                known = ", ".join(repr(m) for m in api.native_modes) or f"none: api {self.api!r} has one native"
+                raise SpecError(f"HookSpec {self.name!r}: native_modes={self.native_modes!r} names no native of api "
+                                f"{self.api!r}; its natives: {known}")
+            object.__setattr__(self, "native_modes", modes)
         if self.sample_checks is not None:
             object.__setattr__(self, "sample_checks", tuple(self.sample_checks))
         object.__setattr__(self, "strategies", api.validate(self))
+
+    def meant_for(self, mode: str) -> bool:
+        """Whether the hook is meant to equal its API's native ``mode`` (:attr:`native_modes`; ``None``: only
+        the API's first, its default)."""
+        modes = self.native_modes
+        if modes is None:
+            api = _hook_apis().get(self.api)
+            modes = api.native_modes[:1] if api is not None else ()
+        return mode in modes
 
     def missing_requirements(self) -> Tuple[str, ...]:
         """The modules of :attr:`requires` that cannot be imported here."""

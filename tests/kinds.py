@@ -54,6 +54,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_cases": ("unit",),
     "test_cases_plans": ("unit",),
     "test_claim_plans": ("unit",),
+    "test_native_modes": ("unit",),
     "test_cause_summary": ("unit",),
     "test_ci_failures": ("unit",),
     "test_cli_help": ("cli",),

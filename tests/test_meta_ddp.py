@@ -13,7 +13,7 @@ import os
 import pytest
 
 from tests.meta_helpers import REPO
-from tests.meta_zoos import DDP
+from tests.meta_zoos import DDP, NATIVE_MODES
 from tests.zoo import ddp_hooks as zoo
 
 
@@ -220,3 +220,28 @@ def test_ddp_no_bad_hook_is_told_to_declare_itself_lossy_unless_it_is_lossy_by_d
 def _failed(run, hook):
     return [c for c in run.by_hook()[hook] if c.outcome == "failed"]
 
+
+def test_a_hook_meant_for_one_native_is_checked_against_it_and_its_other_natives_cases_say_why(zoo_runs):
+    """DDP's two natives (issue 45): a hook meant for the batched copy passes its batched_grad_copy cases and has
+    its cases against DDP's default native skipped with the reason; a hook that names no native is held to the
+    default one, and its batched_grad_copy cases say how to be checked there too. (A skipped case's JUnit entry
+    has no properties: its id names the hook and the config.)"""
+    run = zoo_runs(NATIVE_MODES)
+
+    def cases(hook, outcome):
+        return [c.name for c in run.cases if c.name.startswith(f"test_ddp_parity[{hook}-") and c.outcome == outcome]
+
+    def messages(hook):
+        return [c.message for c in run.cases if c.name.startswith(f"test_ddp_parity[{hook}-")
+                and c.outcome == "skipped"]
+
+    batched = "good_divides_batched_native"
+    assert sorted(cases(batched, "passed")) == [f"test_ddp_parity[{batched}-batched_grad_copy-nested_wrapped-ws{n}]"
+                                                 for n in (2, 3)]
+    assert cases(batched, "skipped") and not any("batched_grad_copy-" in name for name in cases(batched, "skipped"))
+    assert all("meant for DDP's batched_grad_copy native only" in m for m in messages(batched))
+    default = "good_reciprocal_default_native"
+    assert sorted(cases(default, "skipped")) == [f"test_ddp_parity[{default}-batched_grad_copy-nested_wrapped-ws{n}]"
+                                                  for n in (2, 3)]
+    assert all("native_modes=('default', 'batched_grad_copy')" in m for m in messages(default))
+    assert f"test_ddp_parity[{default}-default-nested_wrapped-ws3]" in cases(default, "passed")

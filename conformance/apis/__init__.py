@@ -183,6 +183,8 @@ class HookApi:
         compiled_convention: the API has a compiled path that calls hooks another way (DDP under compiled
             autograd: ``hook(state, (grad, param))``), so a spec may say its hook takes it
             (``HookSpec.compiled_ddp``); elsewhere that is a :class:`~conformance.spec.SpecError`.
+        native_modes: the API's natives a spec may say its hook is meant for (``HookSpec.native_modes``), the
+            first the default: DDP's ``("default", "batched_grad_copy")``; ``()``: one native only.
     """
 
     name: str
@@ -197,6 +199,7 @@ class HookApi:
     default_hook: Optional[str] = None
     standalone: Union[None, str, Tuple[str, ...]] = None
     compiled_convention: bool = False
+    native_modes: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checks = [test.check for test in self.plans.values()]

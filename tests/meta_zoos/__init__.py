@@ -17,7 +17,7 @@ from tests.meta_zoos.across_apis import (LOSSY, LOSSY_EXCEEDS_BOUND, LOSSY_MORE_
                                          LOSSY_UNDECLARED_UNEXPLAINED, PARAM_DTYPE, PARAM_DTYPE_MUST_CATCH, REACH,
                                          STATE_HOOK)
 from tests.meta_zoos.common import EXPLAINED, LOSSY_HINT, NOT_REACH, REACH_CASES, TOPOLOGY_CASES
-from tests.meta_zoos.ddp import DDP, DDP_CAUSES, DDP_EXACT_CHECKS, DDP_LOSSY_CHECKS, DDP_MUST_CATCH
+from tests.meta_zoos.ddp import DDP, DDP_CAUSES, DDP_EXACT_CHECKS, DDP_LOSSY_CHECKS, DDP_MUST_CATCH, NATIVE_MODES
 from tests.meta_zoos.fsdp import FSDP, FSDP_CAUSES, FSDP_DIAGNOSED, FSDP_MUST_CATCH
 from tests.meta_zoos.fsdp2 import (ALL_GATHER_CONFIGS, FSDP2, FSDP2_ALL_GATHER, FSDP2_ALL_GATHER_DIAGNOSED,
                                    FSDP2_ALL_GATHER_MUST_CATCH, FSDP2_ALL_GATHER_ONLY, FSDP2_DIAGNOSED,
@@ -26,4 +26,4 @@ from tests.meta_zoos.fsdp2 import (ALL_GATHER_CONFIGS, FSDP2, FSDP2_ALL_GATHER, 
 from tests.meta_zoos.switches import DEFAULT_RUNS as SWITCH_DEFAULT_RUNS, SWITCHES
 
 #: Every meta-run, in the order the shared meta-tests (``tests/test_meta.py``) take them.
-ZOOS = (FSDP, DDP, FSDP2, LOSSY, REACH, FSDP2_ALL_GATHER, PARAM_DTYPE, SWITCHES)
+ZOOS = (FSDP, DDP, FSDP2, LOSSY, REACH, FSDP2_ALL_GATHER, PARAM_DTYPE, SWITCHES, NATIVE_MODES)

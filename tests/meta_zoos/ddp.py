@@ -4,9 +4,9 @@ the causes its failures must name.
 
 from __future__ import annotations
 
-from tests.meta_helpers import Cause, MetaZoo, Pick
+from tests.meta_helpers import Catch, Cause, MetaZoo, Pick
 from tests.meta_zoos.common import EXPLAINED, LOSSY_HINT, NOT_REACH, _bad_hooks_only_at, _catches
-from tests.zoo import ddp_hooks
+from tests.zoo import ddp_hooks, native_mode_hooks
 
 # -- DDP (register_comm_hook on DistributedDataParallel) ------------------------------------------------
 
@@ -102,7 +102,7 @@ DDP = MetaZoo(
                 "(bad_stale_second_step or bad_rs_ag_tail_unreduced or bad_ring_no_average_tail or "
                 "(bad_saturates_inf_off_rank0 and (ws3 or not default)))) "
                 "and not (bad_fp16_rescues_tiny_buckets and not test_ddp_hard_inputs) "
-                "and not (bad_ and test_ddp_future_contract and ws3) "
+                "and not (bad_ and test_ddp_future_contract and ws3) and not batched_grad_copy "
                 "and " + _bad_hooks_only_at(DDP_MUST_CATCH, causes=DDP_CAUSES)),
     bad=frozenset(s.name for s in ddp_hooks.KNOWN_BAD),
     documented=frozenset(ddp_hooks.EXPECTED_CATCH),
@@ -116,4 +116,27 @@ DDP = MetaZoo(
                     "-k 'test_ddp_parity[bad_divides_by_world_size-default-nested_wrapped-ws3]'"),
     rerun=Pick("bad_stale_second_step", (("check", "parity"),), "failed"),
     causes=DDP_CAUSES,
+)
+
+
+# -- DDP's two natives (issue 45): the default and batched_grad_copy=True ------------------------------------------
+
+#: Each hook written for one of DDP's natives, in every parity case: the good ones conform (their other native's
+#: cases skipped with the reason), the bad ones claim both and are caught in the config of the other, at 3 ranks.
+NATIVE_MODES = MetaZoo(
+    name="native_mode_hooks",
+    args=("--hook", "tests.zoo.native_mode_hooks:ALL", "-q", "-k", "test_ddp_parity"),
+    bad=frozenset(s.name for s in native_mode_hooks.KNOWN_BAD),
+    documented=frozenset(native_mode_hooks.EXPECTED_CATCH),
+    catches=(Catch("bad_reciprocal_in_batched_native", frozenset({"batched_grad_copy"}), "config", True),
+             Catch("bad_divides_in_default_native", frozenset({"default"}), "config", True)),
+    good=tuple(native_mode_hooks.KNOWN_GOOD),
+    good_outcomes=frozenset({"passed", "skipped"}),
+    causes=(
+        Cause("bad_reciprocal_in_batched_native", "parity",
+              ("multiplied by 1/3 before the SUM, as default DDP does, where with batched_grad_copy=True DDP's native "
+               "divides the bucket: / 3, then SUM", "bucket.buffer().div_(3)"), no_lossy_hint=True),
+        Cause("bad_divides_in_default_native", "parity",
+              ("divided by 3 before the SUM, where DDP with no hook multiplies by 1/3",), no_lossy_hint=True),
+    ),
 )

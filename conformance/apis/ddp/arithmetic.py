@@ -6,6 +6,9 @@ With no hook, ``Reducer`` copies each gradient into the bucket multiplied by
 claim ``X`` the reference is ``X_compress_wrapper(allreduce_hook)``: cast to
 ``X``, divide by the world size, SUM, cast back (:class:`DdpArithmetic`).
 
+In the ``batched_grad_copy`` config DDP divides the flat bucket by the world size
+instead (:class:`BatchedDdpArithmetic`, :mod:`conformance.apis.ddp.native_modes`).
+
 Under compiled autograd (the ``compiled_autograd`` config) DDP's python reducer
 divides each parameter's gradient by the world size, then SUMs
 (:class:`CompiledDdpArithmetic`): the second native a hook may have to match.
@@ -54,6 +57,41 @@ class DdpArithmetic(Arithmetic):
         return "complete the future with the reduced bucket (DDP copies the future's value over the gradients)"
 
 
+class BatchedDdpArithmetic(DdpArithmetic):
+    """DDP's native in the ``batched_grad_copy`` config (``DistributedDataParallel(..., batched_grad_copy=True)``,
+    :mod:`conformance.apis.ddp.native_modes`): the gradients copied into the bucket as they are, the flat bucket
+    divided by the world size, then a SUM all-reduce. Full precision only (a reduced-precision claim's reference
+    is a hook, the same in either mode)."""
+
+    #: Dividing before the SUM is native's own order here.
+    divides_before_sum = True
+
+    def reduction(self, call: Any) -> Reduction:
+        """``/ N`` in the gradient's dtype, then a SUM all-reduce."""
+        return Reduction(pre=(Scale(self.world_size),), dtype=self.reduce_dtype, collective=ALL_REDUCE)
+
+    def describe(self) -> str:
+        return (f"DDP with batched_grad_copy=True and no hook divides the bucket by {self.world_size} before the "
+                f"SUM (default DDP multiplies each gradient by 1/{self.world_size})")
+
+    def how_to_average(self) -> str:
+        ws = self.world_size
+        return (f"divide the bucket by {ws} before the all-reduce (bucket.buffer().div_({ws}), as allreduce_hook "
+                "does): with batched_grad_copy=True DDP copies the gradients into the bucket as they are and divides "
+                f"the flat bucket by world_size, where default DDP multiplies each gradient by 1/{ws}")
+
+    def candidates(self, call: Any, group: Any, rank: int) -> List[Candidate]:
+        """The shared causes, with default DDP's ``x 1/world_size`` before the SUM second: a hook written for DDP
+        as constructed by default."""
+        ws = self.world_size
+        return _reciprocal_second(
+            self, super().candidates(call, group, rank), call, group, rank,
+            f"multiplied by 1/{ws} before the SUM, as default DDP does, where with batched_grad_copy=True DDP's "
+            f"native divides the bucket: / {ws}, then SUM",
+            f"divide the bucket by {ws} (bucket.buffer().div_({ws})), not multiply by 1/{ws}: DDP with "
+            "batched_grad_copy=True divides the flat bucket by world_size, then SUMs")
+
+
 class CompiledDdpArithmetic(Arithmetic):
     """DDP's native reduction under compiled autograd (``torch._dynamo.config.optimize_ddp = "python_reducer"``).
 
@@ -92,16 +130,24 @@ class CompiledDdpArithmetic(Arithmetic):
 
     def candidates(self, call: Any, group: Any, rank: int) -> List[Candidate]:
         """The shared causes, with eager DDP's ``x 1/world_size`` before the SUM second: a hook written to match
-        the C++ ``Reducer`` (``Reducer::mark_variable_ready_dense``) rather than the python reducer. A later cause
-        that gives the same bits on this rank (a sum in rank order of the same products) is left out: the
-        collective explains it."""
-        out = super().candidates(call, group, rank)
+        the C++ ``Reducer`` (``Reducer::mark_variable_ready_dense``) rather than the python reducer."""
         ws = self.world_size
-        order = dataclasses.replace(self.reduction(call), pre=(Scale(ws, reciprocal=True),))
-        eager = Candidate(
+        return _reciprocal_second(
+            self, super().candidates(call, group, rank), call, group, rank,
             f"multiplied by 1/{ws} before the SUM, as eager DDP's C++ Reducer does, where under compiled autograd "
-            f"DDP's native divides: grad / {ws}, then SUM", Recompute(call, group, ws, rank)(order),
+            f"DDP's native divides: grad / {ws}, then SUM",
             f"divide (grad.div_({ws})), not multiply by 1/{ws}: compiled DDP's native is param.grad / world_size, "
             "then SUM, not eager DDP's x 1/world_size")
-        rest = [c for c in out[1:] if not same_bits(c.value, eager.value)]
-        return [out[0], eager] + rest
+
+
+def _reciprocal_second(arithmetic: Arithmetic, out: List[Candidate], call: Any, group: Any, rank: int, cause: str,
+                       fix: str) -> List[Candidate]:
+    """``out`` (native first) with default DDP's ``x 1/world_size`` before the SUM, in the collective's order, as
+    the second cause, worded ``cause`` / ``fix``: a native that divides (the batched copy, compiled DDP) is
+    missed by a hook written for the default one. A later cause that gives the same bits on this rank (a sum in
+    rank order of the same products) is left out: the collective explains it."""
+    ws = arithmetic.world_size
+    order = dataclasses.replace(arithmetic.reduction(call), pre=(Scale(ws, reciprocal=True),))
+    reciprocal = Candidate(cause, Recompute(call, group, ws, rank)(order), fix)
+    rest = [c for c in out[1:] if not same_bits(c.value, reciprocal.value)]
+    return [out[0], reciprocal] + rest

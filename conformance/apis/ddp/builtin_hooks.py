@@ -38,6 +38,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default
 from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks
 
 from conformance.apis.ddp.cpp_hooks import CppCommHook
+from conformance.apis.ddp.native_modes import NATIVE_MODES
 from conformance.spec import HookSpec, LossyContract
 
 __all__ = [
@@ -117,8 +118,13 @@ def powersgd_state(process_group: Any) -> Any:
                                        start_powerSGD_iter=POWERSGD_START_ITER, random_seed=0)
 
 
+#: The full-precision built-ins are checked against each of DDP's natives this torch has: allreduce_hook equals
+#: the batched copy's (a divide by the world size) and keeps its known failure against the default's.
+BOTH_NATIVES = NATIVE_MODES
+
 DDP_HOOKS = [
     HookSpec(name="ddp_allreduce_hook", api="ddp", hook=default_hooks.allreduce_hook, state=process_group_state,
+             native_modes=BOTH_NATIVES,
              description="ddp_comm_hooks.default_hooks.allreduce_hook; state: the process group"),
     # Pure bfloat16 training: the model in bfloat16, reduced in its gradients' dtype, as DDP does (DDP has no
     # reduce dtype of its own, so float32 reduction of bfloat16 parameters is no DDP setting; gloo, torch 2.13 CPU:
@@ -163,8 +169,10 @@ DDP_HOOKS = [
                                  loss_margin=QUANTIZATION_PERCHANNEL_LOSS_MARGIN, loss_steps=10),
              description="quantization_hooks.quantization_perchannel_hook, uint8 per 512 elements (lossy)"),
     HookSpec(name="ddp_noop_hook", api="ddp", hook=debugging_hooks.noop_hook, state=no_state,
+             native_modes=BOTH_NATIVES,
              description="debugging_hooks.noop_hook: returns the bucket unreduced, for headroom analysis only"),
     HookSpec(name="ddp_cpp_allreduce", api="ddp", hook=CppCommHook("ALLREDUCE"), state=no_state,
+             native_modes=BOTH_NATIVES,
              description="DDP's C++ built-in hook BuiltinCommHookType.ALLREDUCE (_register_builtin_comm_hook)"),
     HookSpec(name="ddp_cpp_fp16_compress", api="ddp", hook=CppCommHook("FP16_COMPRESS"), state=no_state,
              reduce_dtype=torch.float16,

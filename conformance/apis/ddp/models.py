@@ -34,11 +34,12 @@ from typing import Any, Callable, ContextManager, Dict, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
-from conformance.apis.ddp.arithmetic import CompiledDdpArithmetic, DdpArithmetic
+from conformance.apis.ddp.arithmetic import BatchedDdpArithmetic, CompiledDdpArithmetic, DdpArithmetic
 from conformance.apis.ddp.compiled import (COMPILED_REFERENCE, CompiledHookRecorder, CompiledTraining,
                                            compiled_ddp_missing)
 from conformance.apis.ddp.cpp_hooks import is_cpp_hook
 from conformance.apis.ddp.recorder import CppHookRecorder, DDPHookRecorder
+from conformance.apis.ddp.native_modes import divides
 from conformance.apis.ddp.reference import reference_hook, reference_name
 # The configs live in the API's standalone part, of which reproducers copy what a case runs; imported from here too.
 from conformance.apis.ddp.standalone import (ALL_CONFIGS, BUCKET_PER_PARAM_CAP_MB, COMPILED_CONFIG,  # noqa: F401
@@ -104,6 +105,9 @@ class DdpModels(ApiModels):
         claim = None if spec.reduce_dtype in (None, spec.param_dtype or torch.float32) else spec.reduce_dtype
         self.arithmetic = DdpArithmetic(self.ctx.world_size, claim)
         self.compiled: Optional[CompiledTraining] = None
+        if divides(config) and claim is None:
+            self.reference = self.reference.replace("DDP with no hook", "DDP with batched_grad_copy=True and no hook")
+            self.arithmetic = BatchedDdpArithmetic(self.ctx.world_size, None)
         if config == COMPILED_CONFIG:
             self.reference = COMPILED_REFERENCE
             self.arithmetic = CompiledDdpArithmetic(self.ctx.world_size, None)

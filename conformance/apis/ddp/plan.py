@@ -9,7 +9,8 @@ and its recorder ``future.py``; the diagnosis's arithmetic ``arithmetic.py``.
 
 Suite tests (``conformance/suite/test_ddp.py``), each a :class:`~conformance.apis.SuiteTest`:
 
-* ``averaging``, ``parity`` (a ``subgroup`` case too), ``long_run``, ``rank_consistency``,
+* ``averaging``, ``parity`` (a ``subgroup`` case too, and the ``batched_grad_copy`` config at the main and the
+  extra world size: DDP's other native averaging), ``long_run``, ``rank_consistency``,
   ``hard_inputs``, ``clip_grad_norm``: the shared rank checks
   (:data:`conformance.ranks.checks.SHARED_CHECKS`) over
   :class:`~conformance.apis.ddp.models.DdpModels`;
@@ -42,6 +43,7 @@ from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, Suit
                               two_node_world_sizes)
 from conformance.apis.switches import switch_plan
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, is_cpp_hook
+from conformance.apis.ddp.native_modes import NATIVE_MODES, default_mode_skip, native_mode_skip
 from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.cases import CaseParams
 
@@ -70,6 +72,9 @@ LONG_RUN_CASES = (("default", "nested_wrapped"),)
 #: a CPU); ``nested_wrapped`` has ten parameters of four shapes, each reduced by its own hook call.
 COMPILED_PARITY_CASES = ((COMPILED_CONFIG, "nested_wrapped"),)
 EXTRA_COMPILED_PARITY_CASES = ((COMPILED_CONFIG, "nested_wrapped"),)
+#: The parity cases against DDP's other native (``batched_grad_copy=True``: DDP's own averaging divides the flat
+#: bucket, where by default it multiplies each gradient by ``1/world_size``), at the main and the extra world size.
+NATIVE_MODE_CASES = (("batched_grad_copy", "nested_wrapped"),)
 #: Cross-rank comparison of the gradients.
 CONSISTENCY_CASES = (("default", "net_flat"),)
 #: The future's value against the bucket buffer: every config, at every world size. The
@@ -126,7 +131,9 @@ def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = ()
             for ws in sizes:
                 pairs = main if settings.role(ws) == "main" else extra
                 why = skip_spec(spec) or (skip_one_rank if ws < 2 else None)
-                out.extend(test.case(spec.name, config, ws, model=model, skip=why) for config, model in pairs)
+                out.extend(test.case(spec.name, config, ws, model=model,
+                                     skip=why or (default_mode_skip(spec, config) if keep is _exact else None))
+                           for config, model in pairs)
         return out
 
     return plan
@@ -146,9 +153,10 @@ def _with_subgroup(plan: CasePlan) -> CasePlan:
         why = simulated_layout_skip(settings)
         exact = [spec for spec in specs if _exact(spec)]
         return (plan(test, specs, settings)
-                + [test.case(spec.name, "subgroup", ws, model=TOPOLOGY_MODEL, nodes=TWO_NODES, skip=why)
-                   for spec in exact]
-                + [test.case(spec.name, "default", size, model=TOPOLOGY_MODEL, nodes=TWO_NODES, skip=why)
+                + [test.case(spec.name, "subgroup", ws, model=TOPOLOGY_MODEL, nodes=TWO_NODES,
+                             skip=why or default_mode_skip(spec, "subgroup")) for spec in exact]
+                + [test.case(spec.name, "default", size, model=TOPOLOGY_MODEL, nodes=TWO_NODES,
+                             skip=why or default_mode_skip(spec, "default"))
                    for spec in exact for size in two_node_world_sizes(settings)])
 
     return with_subgroup
@@ -209,6 +217,18 @@ def compiled_skip(spec: Any) -> Optional[str]:
     return None
 
 
+def _with_native_modes(plan: CasePlan) -> CasePlan:
+    """``plan``, plus every exact spec's :data:`NATIVE_MODE_CASES` at the main and the extra world size, each skipped
+    with its reason (:func:`~conformance.apis.ddp.native_modes.native_mode_skip`: a reduced-precision claim, whose
+    reference is a hook, the same in either mode; a spec not meant for the batched native; a torch without it)."""
+    modes = _plan(NATIVE_MODE_CASES, NATIVE_MODE_CASES, keep=_exact, skip_spec=native_mode_skip)
+
+    def with_native_modes(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        return plan(test, specs, settings) + modes(test, specs, settings)
+
+    return with_native_modes
+
+
 def _with_compiled(plan: CasePlan) -> CasePlan:
     """``plan``, plus with ``--with-compiled-ddp`` the ``compiled_autograd`` parity cases of every exact spec
     (:data:`COMPILED_PARITY_CASES` at the main world size, :data:`EXTRA_COMPILED_PARITY_CASES` at the extra
@@ -238,14 +258,15 @@ API = HookApi(
     default_hook="conformance.apis.ddp.compiled:default_hook",
     standalone="conformance.apis.ddp.standalone",
     compiled_convention=True,
+    native_modes=NATIVE_MODES,
     models="conformance.apis.ddp.models:DdpModels",
     checks={"future_contract": "conformance.apis.ddp.future:future_contract"},
     plans={
         "test_ddp_averaging": _test("averaging", "averaging", _plan(
             [("default", "analytic_linear")], [("default", "analytic_linear")], keep=_exact,
             skip_one_rank=_ACROSS_RANKS), kind="exact"),
-        "test_ddp_parity": _test("parity", "parity", _with_compiled(_with_subgroup(_plan(
-            PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact))), kind="exact"),
+        "test_ddp_parity": _test("parity", "parity", _with_compiled(_with_native_modes(_with_subgroup(_plan(
+            PARITY_CASES, EXTRA_PARITY_CASES, keep=_exact)))), kind="exact"),
         "test_ddp_long_run": _test("long_run", "long_run", _plan(LONG_RUN_CASES, keep=_exact), kind="exact",
                                    depth_params=LONG_RUN_STEPS),
         "test_ddp_switches": _test("switches", "long_run", switch_plan(_plan(LONG_RUN_CASES, keep=_exact)),

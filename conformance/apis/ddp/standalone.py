@@ -14,7 +14,9 @@ python reducer; the suite compiles its training, a reproducer runs it eagerly
 (the same calls of the hook, untraced).
 
 The reference for each claim: DDP with no hook (``Reducer``: the gradient
-copied into the bucket multiplied by ``1/world_size``, SUM all-reduce); for
+copied into the bucket multiplied by ``1/world_size``, SUM all-reduce; in the
+``batched_grad_copy`` config the gradients copied as they are and the flat
+bucket divided by the world size, ``Reducer``'s batched copy); for
 ``reduce_dtype=float16`` / ``bfloat16`` the documented equivalent
 ``fp16_compress_wrapper(allreduce_hook)`` / ``bf16_compress_wrapper(allreduce_hook)``
 (``ddp_comm_hooks/default_hooks.py``); another reduce dtype: cast, ``allreduce_hook``, cast back.
@@ -56,6 +58,10 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     "bucket_view": {"gradient_as_bucket_view": True},
     "static_graph": {"static_graph": True},
     "find_unused": {"find_unused_parameters": True},
+    # DDP defers each gradient's copy into its bucket and flushes them as one _foreach_copy_; with no hook it then
+    # divides the flat bucket by the world size (a divide, where the default multiplies each gradient by
+    # 1/world_size as it copies it: other bits at 3 ranks). With a hook, the bucket is handed over undivided.
+    "batched_grad_copy": {"batched_grad_copy": True},
     "no_sync": {},
     "subgroup": {},
 }

@@ -1,0 +1,71 @@
+"""DDP's native modes: the constructor options that change DDP's own averaging, which a hook must then match.
+
+``batched_grad_copy=True`` (a ``DistributedDataParallel`` argument since torch 2.13): DDP's ``Reducer`` defers
+each gradient's copy into its bucket and flushes a bucket as one ``_foreach_copy_``; with no hook it then
+divides the flat bucket by the world size (``bucket.gradients.div_(div_factor)``), where by default it
+multiplies each gradient by ``1/world_size`` as it copies it (``at::mul_out`` with a wrapped scalar,
+``Reducer::mark_variable_ready_dense``). At 3 ranks the two differ in the last bit of about a third of the
+elements. With a hook registered DDP hands the hook the same undivided bucket in either mode, so
+``allreduce_hook`` (``tensor.div_(world_size)``, SUM) is exactly the batched native, and a hook that
+multiplies by ``1/world_size`` exactly the default one. The suite checks every exact hook against both (the
+``batched_grad_copy`` config of the parity cases).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional
+
+import torch
+
+#: The config (:data:`conformance.apis.ddp.standalone.CONFIGS`) of DDP's batched-copy native.
+BATCHED_CONFIG = "batched_grad_copy"
+#: DDP's natives a spec may name (``HookSpec.native_modes``), its default first.
+NATIVE_MODES = ("default", BATCHED_CONFIG)
+#: Why a reduced-precision claim has no ``batched_grad_copy`` case: the flag changes only the averaging of DDP
+#: with no hook, and that claim's reference is a hook (``fp16_compress_wrapper(allreduce_hook)``), whose bucket
+#: DDP hands over the same either way.
+NATIVE_MODE_CLAIM_NOTE = ("batched_grad_copy=True changes only DDP's own averaging with no hook; this claim's "
+                          "reference is a hook, handed the same bucket in either mode")
+
+
+def native_mode_unavailable() -> Optional[str]:
+    """Why this torch's DDP has no ``batched_grad_copy`` argument (torch 2.13 has it), or ``None``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "batched_grad_copy" not in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return (f"torch {torch.__version__}'s DistributedDataParallel has no batched_grad_copy argument (torch 2.13 "
+                "added it), so its native averages one way only")
+    return None
+
+
+def native_mode_skip(spec: Any) -> Optional[str]:
+    """Why ``spec`` has no ``batched_grad_copy`` case that can run here, or ``None``: a reduced-precision claim
+    (:data:`NATIVE_MODE_CLAIM_NOTE`), a torch without the argument (:func:`native_mode_unavailable`)."""
+    if reduced_claim(spec):
+        return NATIVE_MODE_CLAIM_NOTE
+    if not spec.meant_for(BATCHED_CONFIG):
+        return (f"the spec is meant for DDP's default native only; HookSpec(native_modes=('default', "
+                f"'{BATCHED_CONFIG}')) checks it against DistributedDataParallel(batched_grad_copy=True) too")
+    return native_mode_unavailable()
+
+
+def reduced_claim(spec: Any) -> bool:
+    """Whether ``spec`` claims a reduce dtype other than its parameters': its reference is then a hook
+    (``fp16_compress_wrapper(allreduce_hook)``), the same in either of DDP's natives."""
+    return spec.reduce_dtype not in (None, spec.param_dtype or torch.float32)
+
+
+def default_mode_skip(spec: Any, config: str) -> Optional[str]:
+    """Why ``spec``'s exact case in ``config`` is not checked against DDP's default native (``None``: it is):
+    the spec names only the batched copy (``HookSpec(native_modes=("batched_grad_copy",))``)."""
+    if divides(config) or spec.meant_for("default") or config == "compiled_autograd":
+        return None
+    return (f"the spec is meant for DDP's {BATCHED_CONFIG} native only (native_modes={spec.native_modes!r}); this "
+            "case trains DDP's default native, which multiplies each gradient by 1/world_size")
+
+
+def divides(config: str) -> bool:
+    """Whether DDP's native in ``config`` divides the bucket by the world size (the batched copy) rather than
+    multiply each gradient by ``1/world_size``."""
+    return config == BATCHED_CONFIG

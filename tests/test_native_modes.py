@@ -1,0 +1,93 @@
+"""DDP's two natives (issue 45), without a run: which cases a spec gets for each, and what a bad ``native_modes``
+is told. The runs are ``tests/test_meta_ddp.py``'s (the native-mode zoo) and the outcomes guard's (PyTorch's
+``allreduce_hook`` against each)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.apis.ddp import native_modes
+from conformance.apis.ddp.builtin_hooks import DDP_HOOKS
+from conformance.apis.registry import planned_cases
+from conformance.spec import HookSpec, SpecError
+from tests.meta_helpers import plan_settings
+
+
+def _hook(state, bucket):
+    return None
+
+
+def _spec(**kwargs):
+    return HookSpec(name="mine", api="ddp", hook=_hook, state=lambda pg: pg, **kwargs)
+
+
+def _parity(spec, settings=None):
+    """``{case id: skip reason or None}`` of ``spec``'s parity cases."""
+    return {case.id: case.skip for case in planned_cases("test_ddp_parity", [spec], settings or plan_settings())}
+
+
+def test_a_spec_naming_no_native_is_held_to_the_default_and_told_how_to_name_the_batched_one():
+    cases = _parity(_spec())
+    batched = {cid: why for cid, why in cases.items() if "-batched_grad_copy-" in cid}
+    assert sorted(batched) == ["mine-batched_grad_copy-nested_wrapped-ws2", "mine-batched_grad_copy-nested_wrapped-ws3"]
+    assert all("native_modes=('default', 'batched_grad_copy')" in why for why in batched.values())
+    assert all(why is None for cid, why in cases.items() if cid not in batched)
+
+
+def test_a_spec_meant_for_the_batched_native_runs_its_cases_and_skips_the_default_s_with_the_reason():
+    cases = _parity(_spec(native_modes=("batched_grad_copy",)))
+    assert [cid for cid, why in cases.items() if why is None] == [
+        "mine-batched_grad_copy-nested_wrapped-ws2", "mine-batched_grad_copy-nested_wrapped-ws3"]
+    assert all("meant for DDP's batched_grad_copy native only" in why for why in cases.values() if why)
+    both = _parity(_spec(native_modes=("default", "batched_grad_copy")))
+    assert set(both) == set(cases) and all(why is None for why in both.values())
+
+
+def test_a_reduced_precision_claim_has_its_batched_cases_skipped_not_dropped():
+    cases = _parity(_spec(reduce_dtype=torch.float16, native_modes=("default", "batched_grad_copy")))
+    batched = [why for cid, why in cases.items() if "-batched_grad_copy-" in cid]
+    assert len(batched) == 2 and all(why == native_modes.NATIVE_MODE_CLAIM_NOTE for why in batched)
+
+
+def test_a_torch_without_the_argument_skips_the_batched_cases_with_its_version(monkeypatch):
+    from torch.nn.parallel import DistributedDataParallel
+
+    original = DistributedDataParallel.__init__
+
+    def without(self, module, device_ids=None, process_group=None):  # a torch before 2.13
+        return original(self, module, device_ids=device_ids, process_group=process_group)
+
+    monkeypatch.setattr(DistributedDataParallel, "__init__", without)
+    why = native_modes.native_mode_unavailable()
+    assert why is not None and torch.__version__ in why and "batched_grad_copy" in why
+    cases = _parity(_spec(native_modes=("default", "batched_grad_copy")))
+    assert all(why == cases[cid] for cid in cases if "-batched_grad_copy-" in cid)
+
+
+def test_pytorch_s_full_precision_builtins_are_checked_against_both_natives():
+    named = {spec.name: spec for spec in DDP_HOOKS}
+    for name in ("ddp_allreduce_hook", "ddp_cpp_allreduce"):
+        cases = _parity(named[name])
+        assert [cases[f"{name}-batched_grad_copy-nested_wrapped-ws{n}"] for n in (2, 3)] == [None, None]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"native_modes": ("batched",)}, "names no native of api 'ddp'; its natives: 'default', 'batched_grad_copy'"),
+    ({"native_modes": ()}, "names no native of api 'ddp'"),
+])
+def test_a_native_its_api_does_not_have_is_a_bad_spec(kwargs, words):
+    with pytest.raises(SpecError, match="native_modes") as raised:
+        _spec(**kwargs)
+    assert words in str(raised.value)
+
+
+def test_an_api_with_one_native_refuses_native_modes():
+    with pytest.raises(SpecError) as raised:
+        HookSpec(name="mine", api="fsdp", hook=lambda state, grad: None, state=lambda pg: pg,
+                 native_modes=("default",))
+    assert "api 'fsdp' has one native" in str(raised.value)
+
+
+def test_a_single_mode_may_be_given_as_a_string():
+    assert _spec(native_modes="batched_grad_copy").native_modes == ("batched_grad_copy",)

@@ -1,4 +1,4 @@
-"""The exit codes of a run, in one place (README's "Using it as a nightly CI gate" lists them).
+"""The exit codes of a run, in one place (docs/nightly.md, "Using it as a nightly CI gate", lists them).
 
 0 to 5 are pytest's own (:class:`pytest.ExitCode`); the suite adds one, :data:`RUN_ERROR`, for a
 run that the suite itself could not carry out, so a CI job can tell "a hook is wrong" (1) from

@@ -92,3 +92,17 @@ def test_the_torchrun_page_has_a_loopback_recipe_for_one_machine():
                      r"--rdzv-endpoint 127\.0\.0\.1:\d+ .*--local-addr 127\.0\.0\.1 -m conformance\.worker "
                      rf"--controller {re.escape(listen.group(1))} &", agent), agent
     assert "CONFORM_AUTHKEY_FILE=" in block and "GLOO_SOCKET_IFNAME=lo" in block and "wait $CONTROLLER" in block
+
+
+def test_every_section_the_help_names_is_in_the_file_it_names(help_text):
+    """``conform --help`` points at the manual (``docs/nightly.md, 'Using it as a nightly CI gate'``): each file
+    it names exists and holds a heading of exactly that text (sections move between files; issue 48 found three
+    that pointed at README after they had moved)."""
+    text = " ".join(help_text.partition("\npytest options (")[0].split())  # the suite's part, unwrapped
+    refs = re.findall(r"((?:README|docs/[\w-]+)\.md)[,:]? '(.+?)'(?=[),;.]|\s|$)", text)
+    assert len(refs) >= 4, refs
+    for path, section in refs:
+        file = REPO / path
+        assert file.is_file(), f"--help names {path}, which does not exist"
+        headings = [line.lstrip("#").strip() for line in file.read_text().splitlines() if line.startswith("#")]
+        assert section in headings, f"--help names '{section}' in {path}; its headings: {headings}"

@@ -200,3 +200,19 @@ def test_no_figure_is_narrated_by_commit():
         text = page.read_text(encoding="utf-8")
         for pattern in (r"\bat [0-9a-f]{7,40}\b", r"\bA later `make", r"\bToday \(at", r"\([0-9a-f]{7}, \d+ cases"):
             assert not re.search(pattern, text), (rel(page), pattern, re.search(pattern, text).group(0))
+
+
+@pytest.mark.skipif(not __import__("shutil").which("timeout"), reason="needs coreutils' timeout")
+def test_the_manual_s_timeout_passes_the_runs_own_exit_status_through():
+    """docs/running.md: under ``timeout`` a run stopped by its signal exits 124, the run's own 2 only with
+    ``--preserve-status`` (issue 48). A child that exits 2 on SIGINT, as the suite does, stands for the run."""
+    import subprocess
+
+    manual = open(os.path.join(REPO, "docs", "running.md")).read()
+    assert "timeout --preserve-status -s INT" in manual
+    child = [sys.executable, "-c", "import signal, sys, time\n"
+             "signal.signal(signal.SIGINT, lambda *_: sys.exit(2))\nprint('ready', flush=True)\ntime.sleep(30)"]
+    plain = subprocess.run(["timeout", "-s", "INT", "1", *child], stdout=subprocess.PIPE, timeout=60)
+    kept = subprocess.run(["timeout", "--preserve-status", "-s", "INT", "1", *child], stdout=subprocess.PIPE,
+                          timeout=60)
+    assert (plain.returncode, kept.returncode) == (124, 2)

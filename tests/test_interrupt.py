@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,7 +167,13 @@ def _assert_reports_of_a_stopped_run(tmp_path, run: Run, finished: List[str]) ->
     assert (doc["run"]["complete"], doc["run"]["interrupted"], doc["run"]["exit_status"]) == (False, True, 2)
     assert [(c["name"], c["outcome"]) for c in doc["cases"]] == [(name, "passed") for name in finished], doc["cases"]
     assert all(h["status"] == "interrupted" for h in doc["hooks"]), [h["verdict"] for h in doc["hooks"]]
-    assert "INTERRUPTED" in (tmp_path / "summary.md").read_text()
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "INTERRUPTED" in markdown
+    # a hook the run stopped before is not run, never "not selected" (issue 48)
+    assert "No case selected" not in markdown
+    for hook in doc["hooks"]:
+        if not hook["counts"]:
+            assert re.search(rf"^Not run \(interrupted\): .*`{hook['name']}`", markdown, re.M), markdown
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")], "a lock or a temporary file was left behind"
 
 

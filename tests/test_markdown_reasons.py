@@ -75,3 +75,14 @@ def test_the_summary_says_what_ran_together_what_was_not_checked_and_which_code_
     assert "- not checked here: `fsdp2_parity[divide_factor]` (gloo has no ReduceOp.PREMUL_SUM)" in section
     assert "- hook code: 3 of 4 branches taken; never taken: hooks.py:88" in section
     assert "  - `never taken: my/hooks.py:88  if n >= 2**19:  # switch  (never true)`" in section
+
+
+def test_an_interrupted_run_says_which_hooks_it_stopped_before_and_which_had_no_case_selected():
+    """Issue 48: a hook whose cases the run never reached was listed as 'No case selected'."""
+    doc = json.loads(json.dumps(document([case("ran", "parity", "default", 2, "passed")])))
+    doc["run"]["interrupted"] = True
+    doc["hooks"] += [{"name": "reached_never", "status": "interrupted", "counts": {}},
+                     {"name": "deselected", "status": "not_run", "counts": {}}]
+    lines = markdown_summary(doc).splitlines()
+    assert "Not run (interrupted): `reached_never`: the run stopped before their cases." in lines
+    assert "No case selected for: `deselected`." in lines

@@ -2,7 +2,7 @@
 
 Conformance options (``--hook``, ``--world-size``, ``--backend``, ``--device``,
 ...; see ``conform --help``) and any pytest argument (``-k``, ``-x``, ``-q``,
-``--junitxml``) may be mixed. The exit codes are README's ("Using it as a
+``--junitxml``) may be mixed. The exit codes are docs/nightly.md's ("Using it as a
 nightly CI gate", :mod:`conformance.exit_codes`): 0 every hook conforms (known
 failures allowed), 1 a hook failed a check, 2 the run was interrupted, 4 a usage
 error such as a bad hook spec, 5 no case matched ``-k``/``-m``, 10 the run itself
@@ -93,7 +93,7 @@ def conformance_help() -> str:
              "Checks gradient communication hooks (FSDP, DDP, FSDP2) against PyTorch's own semantics, bit for bit.",
              "With no --hook, PyTorch's built-in hooks are checked.", ""]
     status = "Exit status: " + ", ".join(f"{code} {meaning}" for code, meaning in exit_codes.MEANINGS)
-    lines += textwrap.wrap(status + "; README.md, 'Using it as a nightly CI gate', says more.", 100)
+    lines += textwrap.wrap(status + "; docs/nightly.md, 'Using it as a nightly CI gate', says more.", 100)
     lines += ["", "conformance options (the command line wins over the environment variable):"]
     for opt in OPTIONS:
         name = f"{opt.flag} {opt.metavar}" if opt.metavar else opt.flag

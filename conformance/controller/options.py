@@ -93,8 +93,8 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--world-size", "CONFORM_WORLD_SIZE", "ranks in the main pool", "conform_world_size", "N",
            "GPU count with CUDA (plus CPU pools of 2 and 3 on one GPU), else 2"),
     Option("--extra-world-size", "CONFORM_EXTRA_WORLD_SIZE",
-           "a second world size checked too, 0 for none (3 is not a power of two: see README's "
-           "'What runs at 3 ranks')", "conform_extra_world_size", "N", "3 (0 with --listen)"),
+           "a second world size checked too, 0 for none (3 is not a power of two: see docs/checks.md "
+           "'What runs at 3 ranks, and why')", "conform_extra_world_size", "N", "3 (0 with --listen)"),
     Option("--backend", "CONFORM_BACKEND", "process group backend: gloo or nccl", "conform_backend",
            "gloo|nccl", "nccl with CUDA, else gloo"),
     Option("--device", "CONFORM_DEVICE", "device of each rank: cpu or cuda", "conform_device", "cpu|cuda",
@@ -105,7 +105,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option("--depth", "CONFORM_DEPTH",
            "default: the cases that fit about a minute on 2 CPU cores; nightly: those, the cases the default "
            "leaves out for time, and 3 replicas x 2 shards for fsdp2_replica (6 ranks), with "
-           f"{NIGHTLY_HYPOTHESIS_EXAMPLES} hard-input examples a case (README: 'Depth')", "conform_depth",
+           f"{NIGHTLY_HYPOTHESIS_EXAMPLES} hard-input examples a case (docs/options.md 'Depth')", "conform_depth",
            "default|nightly", "default"),
     Option("--hypothesis-examples", "CONFORM_HYPOTHESIS_EXAMPLES",
            "generated hard-input examples per case before shrinking", "conform_hypothesis_examples", "N",

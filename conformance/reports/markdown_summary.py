@@ -77,16 +77,19 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         out += [f"**INTERRUPTED** after {len(doc.get('cases', []))} cases: the verdicts below cover only the "
                 "cases that ran.", ""]
     out += ["| hook | api | claim | verdict | cases |", "| --- | --- | --- | --- | --- |"]
-    unselected = []
+    unselected, unreached = [], []
     for hook in doc.get("hooks", []):
-        if not hook.get("counts"):  # no case of it was selected (-k, ...), as in the terminal summary
-            unselected.append(hook["name"])
+        if not hook.get("counts"):  # no case of it ran: none selected (-k, ...), or the run stopped before them
+            (unreached if hook.get("status") == "interrupted" else unselected).append(hook["name"])
             continue
         verdict = hook.get("verdict", "")
         shown = f"**{verdict}**" if hook.get("status") in _ALARMING else verdict
         out.append(f"| `{hook['name']}` | {hook.get('api', '')} | {_claim(hook)} | {shown} | "
                    f"{_counts_text(hook.get('counts', {}))} |")
     out.append("")
+    if unreached:
+        out += [f"Not run (interrupted): {', '.join(f'`{n}`' for n in unreached)}: the run stopped before their "
+                "cases.", ""]
     if unselected:
         out += [f"No case selected for: {', '.join(f'`{n}`' for n in unselected)}.", ""]
     out += _reach_and_code(doc)

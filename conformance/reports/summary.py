@@ -58,9 +58,11 @@ class Summary:
 
     def verdict(self, name: str) -> Verdict:
         """The hook's verdict (:func:`conformance.reports.report.hook_verdict`); never ``CONFORMS`` in a run that
-        stopped before every case ran (the issue's rule: an interrupted run never says CONFORMS)."""
+        stopped before every case ran (the issue's rule: an interrupted run never says CONFORMS). A hook none of
+        whose cases was selected was not interrupted: it had nothing to run."""
         tally = self.keeper.tally(name)
-        return report.hook_verdict(tally.counts, tally.failed_checks, tally.ran_at, interrupted=self.interrupted,
+        interrupted = self.interrupted and self.keeper.planned.get(name, 0) > 0
+        return report.hook_verdict(tally.counts, tally.failed_checks, tally.ran_at, interrupted=interrupted,
                                    not_run=sorted(tally.not_run), known_failure_reasons=tally.known_failure_reasons)
 
     def unchecked_hooks(self) -> List[str]:

@@ -8,10 +8,10 @@ whose ``validate`` uses these): neither imports the other through here.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Optional, Tuple
 
-__all__ = ["FSDP_STRATEGIES", "SpecError", "binds_signature", "qualname", "signature_text",
-           "strategies_from_signature"]
+__all__ = ["ALL_GATHER_CALL", "FSDP_STRATEGIES", "REDUCE_SCATTER_CALL", "SpecError", "binds_signature",
+           "comm_call_binds", "qualname", "says_grad_bucket", "signature_text", "strategies_from_signature"]
 
 #: FSDP sharding strategies the ``fsdp`` checks run under (names of
 #: ``torch.distributed.fsdp.ShardingStrategy`` members).
@@ -72,3 +72,43 @@ def signature_text(obj: Any) -> str:
         return str(inspect.signature(obj))
     except (TypeError, ValueError):
         return "(...)"
+
+
+#: The keywords FSDP2 calls an all-gather comm with (``foreach_all_gather``: ``all_gather_comm(output_tensor=...,
+#: input_tensor=..., group=..., async_op=...)``) and a reduce-scatter comm with (``foreach_reduce``:
+#: ``reduce_scatter_comm(output_tensor=..., input_tensor=..., group=..., op=...)``), torch 2.13.
+ALL_GATHER_CALL = ("output_tensor", "input_tensor", "group", "async_op")
+REDUCE_SCATTER_CALL = ("output_tensor", "input_tensor", "group", "op")
+
+
+def comm_call_binds(comm: Any, keywords: Tuple[str, ...]) -> Optional[bool]:
+    """Whether an FSDP2 comm (an object with ``allocate``, or a class, which the suite calls with no arguments to
+    make one) takes ``__call__(**keywords)``, as FSDP2 calls it; ``None`` where that cannot be known (a factory
+    function, a signature Python cannot inspect): never a reason to refuse a spec."""
+    if isinstance(comm, type):
+        if not any("__call__" in vars(klass) for klass in comm.__mro__ if klass is not object):
+            return None
+        target, leading = comm.__call__, (None,)  # the function, self first
+    elif callable(getattr(comm, "allocate", None)):
+        target, leading = comm, ()
+    else:
+        return None
+    try:
+        inspect.signature(target).bind(*leading, **{k: None for k in keywords})
+    except TypeError:
+        return False
+    except ValueError:
+        return None
+    return True
+
+
+def says_grad_bucket(hook: Any) -> bool:
+    """Whether ``hook`` says it takes DDP's ``GradBucket``: a parameter annotated ``dist.GradBucket`` (PyTorch's own
+    DDP hooks are annotated so); annotations as strings (``from __future__ import annotations``) count by their
+    words. A returned ``Future`` alone says nothing: other APIs' hooks may return one."""
+    try:
+        sig = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return False
+    return any(p.annotation is not inspect.Parameter.empty and "GradBucket" in str(p.annotation)
+               for p in sig.parameters.values())

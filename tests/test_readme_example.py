@@ -91,7 +91,10 @@ def test_readme_example_conforms(zoo_runs):
 def test_readme_ddp_example_conforms(zoo_runs):
     run = zoo_runs(DDP_EXAMPLE_RUN)
     assert run.returncode == 0, run.output[-4000:]
-    assert run.cases and all(c.outcome == "passed" for c in run.cases)
+    # the example names no native: DDP's default; its batched_grad_copy cases say how to be checked there
+    batched = [c for c in run.cases if "-batched_grad_copy-" in c.name]
+    assert len(batched) == 2 and all(c.outcome == "skipped" and "native_modes=" in c.message for c in batched)
+    assert run.cases and all(c.outcome == "passed" for c in run.cases if c not in batched)
     assert {"averaging", "parity", "rank_consistency", "future_contract"} <= {c.check for c in run.cases}
 
 

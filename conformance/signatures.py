@@ -11,7 +11,8 @@ import inspect
 from typing import Any, Callable, Optional, Tuple
 
 __all__ = ["ALL_GATHER_CALL", "FSDP_STRATEGIES", "REDUCE_SCATTER_CALL", "SpecError", "binds_signature",
-           "comm_call_binds", "qualname", "says_grad_bucket", "signature_text", "strategies_from_signature"]
+           "comm_call_binds", "qualname", "refuse_grad_bucket", "refuse_unfit_comm", "says_grad_bucket",
+           "signature_text", "strategies_from_signature"]
 
 #: FSDP sharding strategies the ``fsdp`` checks run under (names of
 #: ``torch.distributed.fsdp.ShardingStrategy`` members).
@@ -112,3 +113,24 @@ def says_grad_bucket(hook: Any) -> bool:
         return False
     return any(p.annotation is not inspect.Parameter.empty and "GradBucket" in str(p.annotation)
                for p in sig.parameters.values())
+
+
+def refuse_unfit_comm(spec: Any, api: str, call: Tuple[str, ...], other_api: str, other_call: Tuple[str, ...],
+                      other_note: str) -> None:
+    """Raise :class:`SpecError` where ``spec``'s FSDP2 comm cannot take ``__call__(**call)``, as FSDP2 calls it under
+    ``api`` (:func:`comm_call_binds` is ``False``), naming ``other_api`` (``other_note``: why) where it takes
+    ``other_call`` instead."""
+    if comm_call_binds(spec.hook, call) is False:
+        other = f" It fits api='{other_api}' ({other_note})" if comm_call_binds(spec.hook, other_call) else ""
+        keywords = ", ".join(f"{k}=..." for k in call)
+        raise SpecError(f"HookSpec {spec.name!r}: for api='{api}' FSDP2 calls the comm as comm({keywords}), which "
+                        f"{qualname(spec.hook)}.__call__{signature_text(spec.hook.__call__)} cannot take.{other}")
+
+
+def refuse_grad_bucket(spec: Any, api: str, called: str) -> None:
+    """Raise :class:`SpecError` where ``spec``'s hook says it takes DDP's ``GradBucket`` (:func:`says_grad_bucket`)
+    but ``api`` calls it as ``called`` (``"hook(state, grad) with a flat gradient tensor"``): it fits api='ddp'."""
+    if says_grad_bucket(spec.hook):
+        raise SpecError(f"HookSpec {spec.name!r}: api='{api}' calls {called}, but {qualname(spec.hook)}"
+                        f"{signature_text(spec.hook)} says it takes DDP's GradBucket (its annotations): it fits "
+                        "api='ddp' (DistributedDataParallel.register_comm_hook)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from conformance.signatures import (FSDP_STRATEGIES, SpecError, qualname, says_grad_bucket, signature_text,
+from conformance.signatures import (FSDP_STRATEGIES, SpecError, qualname, refuse_grad_bucket, signature_text,
                                     strategies_from_signature)
 
 __all__ = ["validate"]
@@ -18,11 +18,7 @@ def validate(spec: Any) -> Tuple[str, ...]:
     every one its hook's signature serves. Raises :class:`SpecError` naming
     the strategy and the signature that do not fit.
     """
-    if says_grad_bucket(spec.hook):
-        raise SpecError(
-            f"HookSpec {spec.name!r}: api='fsdp' calls hook(state, grad) with a flat gradient tensor, but "
-            f"{qualname(spec.hook)}{signature_text(spec.hook)} says it takes DDP's GradBucket (its annotations): it "
-            "fits api='ddp' (DistributedDataParallel.register_comm_hook)")
+    refuse_grad_bucket(spec, "fsdp", "hook(state, grad) with a flat gradient tensor")
     supported = strategies_from_signature(spec.hook)
     if not supported:
         raise SpecError(

@@ -37,8 +37,8 @@ from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, TOPOLOGY_MOD
                                                 hsdp_world_size, registration_plan, role_nodes, role_plan, with_skips)
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
-from conformance.signatures import (ALL_GATHER_CALL, REDUCE_SCATTER_CALL, SpecError, binds_signature, comm_call_binds,
-                                    qualname, signature_text)
+from conformance.signatures import (ALL_GATHER_CALL, REDUCE_SCATTER_CALL, SpecError, binds_signature, qualname,
+                                    refuse_unfit_comm, signature_text)
 
 
 #: Configurations of the FSDP modules a comm is checked under (:data:`~conformance.apis.fsdp2.standalone.SETUP`).
@@ -114,13 +114,8 @@ def validate(spec: Any) -> Tuple[str, ...]:
             f"called with no arguments that returns one; got {qualname(spec.hook)}"
             f"{signature_text(spec.hook)}"
         )
-    if comm_call_binds(spec.hook, REDUCE_SCATTER_CALL) is False:
-        other = (" It fits api='fsdp2_all_gather' (an AllGather comm: FSDP2 calls it without op)"
-                 if comm_call_binds(spec.hook, ALL_GATHER_CALL) else "")
-        raise SpecError(
-            f"HookSpec {spec.name!r}: for api='fsdp2' FSDP2 calls the comm as comm(output_tensor=..., "
-            f"input_tensor=..., group=..., op=...), which {qualname(spec.hook)}.__call__"
-            f"{signature_text(spec.hook.__call__)} cannot take.{other}")
+    refuse_unfit_comm(spec, "fsdp2", REDUCE_SCATTER_CALL, "fsdp2_all_gather", ALL_GATHER_CALL,
+                      "an AllGather comm: FSDP2 calls it without op")
     return ()
 
 

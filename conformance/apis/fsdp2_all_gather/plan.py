@@ -34,8 +34,8 @@ from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, RolePlan, ex
                                                 registration_plan, role_nodes, role_plan, with_skips)
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
-from conformance.signatures import (ALL_GATHER_CALL, REDUCE_SCATTER_CALL, SpecError, binds_signature, comm_call_binds,
-                                    qualname, signature_text)
+from conformance.signatures import (ALL_GATHER_CALL, REDUCE_SCATTER_CALL, SpecError, binds_signature, qualname,
+                                    refuse_unfit_comm, signature_text)
 
 #: Configurations of the FSDP modules a comm is checked under.
 CONFIGS = tuple(SETUP.configs)
@@ -89,13 +89,8 @@ def validate(spec: Any) -> Tuple[str, ...]:
             f"HookSpec {spec.name!r}: for api='fsdp2_all_gather' the hook is an AllGather comm (an object with "
             "allocate() and __call__(output_tensor, input_tensor, group, async_op)) or a factory called with no "
             f"arguments that returns one; got {qualname(spec.hook)}{signature_text(spec.hook)}")
-    if comm_call_binds(spec.hook, ALL_GATHER_CALL) is False:
-        other = (" It fits api='fsdp2' (a ReduceScatter comm: FSDP2 passes it op)"
-                 if comm_call_binds(spec.hook, REDUCE_SCATTER_CALL) else "")
-        raise SpecError(
-            f"HookSpec {spec.name!r}: for api='fsdp2_all_gather' FSDP2 calls the comm as comm(output_tensor=..., "
-            f"input_tensor=..., group=..., async_op=...), which {qualname(spec.hook)}.__call__"
-            f"{signature_text(spec.hook.__call__)} cannot take.{other}")
+    refuse_unfit_comm(spec, "fsdp2_all_gather", ALL_GATHER_CALL, "fsdp2", REDUCE_SCATTER_CALL,
+                      "a ReduceScatter comm: FSDP2 passes it op")
     return ()
 
 

@@ -42,7 +42,7 @@ from conformance.apis.fsdp2_common.setup import REPLICA_SHARDS, replica_shape
 from conformance.apis.fsdp2_replica.standalone import SETUP
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
-from conformance.signatures import SpecError, qualname, says_grad_bucket, signature_text
+from conformance.signatures import SpecError, refuse_grad_bucket
 
 #: The models of the parity cases; hard inputs run through the probes (``large_probe``: the hook gets 2 shards'
 #: reduce-scatter output of more than 2^21 elements).
@@ -73,11 +73,7 @@ def validate(spec: Any) -> Tuple[str, ...]:
             f"HookSpec {spec.name!r}: api='fsdp2_replica' checks exact replica reductions only; a lossy "
             "all-reduce across replicas cannot declare a LossyContract here yet: check its reduce-scatter "
             "part as api='fsdp2' or a DDP hook as api='ddp', which take lossy=LossyContract(...)")
-    if says_grad_bucket(spec.hook):
-        raise SpecError(
-            f"HookSpec {spec.name!r}: api='fsdp2_replica' calls hook(state, tensor) with a gradient tensor, but "
-            f"{qualname(spec.hook)}{signature_text(spec.hook)} says it takes DDP's GradBucket (its annotations): it "
-            "fits api='ddp' (DistributedDataParallel.register_comm_hook)")
+    refuse_grad_bucket(spec, "fsdp2_replica", "hook(state, tensor) with a gradient tensor")
     return _validate_call(spec)
 
 

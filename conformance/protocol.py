@@ -124,6 +124,12 @@ class Case:
     hook_code: bool = True
 
 
+#: The figure (:attr:`CheckResult.figures`) of a reference-only run (``reference_only=True``): a digest of the
+#: trained reference's bits on that rank (``conformance.ranks.checks.common.reference_result``). Two runs whose
+#: digests differ on a rank gave native's own path other bits from the same seed and inputs.
+REFERENCE_DIGEST = "reference_digest"
+
+
 @dataclasses.dataclass
 class CheckResult:
     """What a rank check returns, the one shape every check's result takes on the controller.

@@ -14,7 +14,8 @@ import pytest
 
 from conformance.controller.attribution import (Blame, CaseFacts, Replay, Rule, Run, attribute, crash_signatures,
                                                 own_exit)
-from conformance.protocol import LOST_CONTROLLER_EXIT_CODE, CaseResult, CheckResult, Finding, FindingKind, RankOutcome
+from conformance.protocol import (LOST_CONTROLLER_EXIT_CODE, REFERENCE_DIGEST, CaseResult, CheckResult, Finding,
+                                  FindingKind, RankOutcome)
 
 HOOKED = "step 0: forward/backward of the hooked model"
 REFERENCE = "step 0: forward/backward of the reference model"
@@ -60,6 +61,16 @@ def findings_run(*found):
 
 def not_started(replay, why="no ranks"):
     return Run(replay, None, not_started=why)
+
+
+def reference(replay, *digests):
+    """A reference-only run (``replay``) whose ranks' trained references have ``digests``."""
+    return Run(replay, result(*(RankOutcome(rank=i, ok=True, value=CheckResult(figures={REFERENCE_DIGEST: d}))
+                                for i, d in enumerate(digests))))
+
+
+#: Native trained twice, the same bits both times.
+NATIVE_KEPT = [reference(Replay.REFERENCE, "a0", "a1"), reference(Replay.REFERENCE_AGAIN, "a0", "a1")]
 
 
 NOT_CALLED = Finding(0, "FSDP2 never calls the hook under replicate", kind="not_applicable")
@@ -152,21 +163,39 @@ ROWS = [
     ("a named cause of the hook's own: never replayed", FACTS, [findings_run(*AFTER_RETURN, DIAGNOSED)], Blame.HOOK,
      Rule.FINDINGS, [], Replay.NONE),
     ("the default hook itself, exact until it returned: PyTorch's", dataclasses.replace(FACTS, is_default_hook=True),
-     [findings_run(*AFTER_RETURN)], Blame.PYTORCH, Rule.DEFAULT_HOOK_ITSELF,
+     [findings_run(*AFTER_RETURN), *NATIVE_KEPT], Blame.PYTORCH, Rule.DEFAULT_HOOK_ITSELF,
      ["allreduce_hook is PyTorch's own default hook", "no hook can pass this case here"], Replay.NONE),
-    ("findings that could be PyTorch's: the default hook's replay", FACTS, [findings_run(*AFTER_RETURN)], None,
+    ("findings that could be native's own: native trained once", FACTS, [findings_run(*AFTER_RETURN)], None,
+     Rule.NATIVE_TWICE, ["is native itself bit-reproducible here?"], Replay.REFERENCE),
+    ("findings that could be native's own: native trained twice", FACTS,
+     [findings_run(*AFTER_RETURN), NATIVE_KEPT[0]], None, Rule.NATIVE_TWICE, ["bit-reproducible"],
+     Replay.REFERENCE_AGAIN),
+    ("native gives other bits when trained again: the machine's", FACTS,
+     [findings_run(*AFTER_RETURN), reference(Replay.REFERENCE, "a0", "a1"),
+      reference(Replay.REFERENCE_AGAIN, "a0", "b1")], Blame.MACHINE, Rule.NATIVE_NOT_REPRODUCIBLE,
+     ["native is not bit-reproducible here", "(check=parity model=m, no hook under test)", "other bits on rank 1;",
+      "docs/limitations.md"], Replay.NONE),
+    ("native's replay could not run: no evidence, the default hook's replay next", FACTS,
+     [findings_run(*AFTER_RETURN), NATIVE_KEPT[0], not_started(Replay.REFERENCE_AGAIN)], None,
      Rule.DEFAULT_HOOK_DIFFERS, ["could be PyTorch's"], Replay.DEFAULT_HOOK),
+    ("native kept its bits: the default hook's replay", FACTS, [findings_run(*AFTER_RETURN), *NATIVE_KEPT], None,
+     Rule.DEFAULT_HOOK_DIFFERS, ["could be PyTorch's"], Replay.DEFAULT_HOOK),
+    ("no reference to replay, no default hook: the hook's", dataclasses.replace(FACTS, replays_reference=False,
+                                                                               replays_default_hook=False),
+     [findings_run(*AFTER_RETURN)], Blame.HOOK, Rule.FINDINGS, [], Replay.NONE),
     ("the default hook shows the same difference: PyTorch's", FACTS,
-     [findings_run(*AFTER_RETURN), run(ok(0), ok(1), replay=Replay.DEFAULT_HOOK, found=AFTER_RETURN)], Blame.PYTORCH,
+     [findings_run(*AFTER_RETURN), *NATIVE_KEPT, run(ok(0), ok(1), replay=Replay.DEFAULT_HOOK, found=AFTER_RETURN)],
+     Blame.PYTORCH,
      Rule.DEFAULT_HOOK_SAME, ["PyTorch's own default hook (allreduce_hook), replayed on this case, shows the same"],
      Replay.NONE),
     ("the default hook conforms: the hook's", FACTS,
-     [findings_run(*AFTER_RETURN), run(ok(0), ok(1), replay=Replay.DEFAULT_HOOK)], Blame.HOOK,
+     [findings_run(*AFTER_RETURN), *NATIVE_KEPT, run(ok(0), ok(1), replay=Replay.DEFAULT_HOOK)], Blame.HOOK,
      Rule.DEFAULT_HOOK_NOT_SAME, ["allreduce_hook, replayed on this case, conforms"], Replay.NONE),
     ("the default hook cannot run it: proves nothing", FACTS,
-     [findings_run(*AFTER_RETURN), not_started(Replay.DEFAULT_HOOK)], Blame.HOOK, Rule.DEFAULT_HOOK_NOT_SAME,
+     [findings_run(*AFTER_RETURN), *NATIVE_KEPT, not_started(Replay.DEFAULT_HOOK)], Blame.HOOK,
+     Rule.DEFAULT_HOOK_NOT_SAME,
      ["could not run this case here, so it proves nothing"], Replay.NONE),
-    ("findings: the hook's", dataclasses.replace(FACTS, default_hook=None), [findings_run(*AFTER_RETURN)],
+    ("findings: the hook's", dataclasses.replace(FACTS, default_hook=None), [findings_run(*AFTER_RETURN), *NATIVE_KEPT],
      Blame.HOOK, Rule.FINDINGS, [], Replay.NONE),
     ("nothing found: nobody's", FACTS, [findings_run()], Blame.NOBODY, Rule.CONFORMS, [], Replay.NONE),
 ]

@@ -277,3 +277,34 @@ def test_same_bits_answers_as_bits_equal_wherever_the_one_difference_lies(dtype,
     assert same_bits(a, b) is want and same_bits(b, a) is want
     assert same_bits(a[: SAME_BITS_PROBE], b[: SAME_BITS_PROBE]) is bool(bits_equal(a[: SAME_BITS_PROBE],
                                                                                      b[: SAME_BITS_PROBE]).all())
+
+
+def test_bits_digest_tells_any_one_bit_apart_and_nothing_else():
+    """The digest of native trained twice (``reference_result``): equal for equal bits, different where one
+    element differs by one ULP, by the sign of a zero or by a NaN payload, or where a shape or a dtype does."""
+    from conformance.ranks.checks.common import bits_digest
+
+    torch.manual_seed(0)
+    base = {"w": torch.randn(3, 1000), "b": torch.randn(7).to(torch.bfloat16)}
+    same = {k: v.clone() for k, v in base.items()}
+    assert bits_digest(base) == bits_digest(same) and len(bits_digest(base)) == 16
+
+    def changed(name, index, value):
+        other = {k: v.clone() for k, v in base.items()}
+        other[name].view(-1)[index] = value
+        return bits_digest(other)
+
+    w = base["w"].view(-1)
+    seen = {bits_digest(base),
+            changed("w", 2999, torch.nextafter(w[2999], torch.tensor(float("inf")))),
+            changed("w", 0, torch.nextafter(w[0], torch.tensor(float("-inf")))),
+            changed("b", 3, torch.nextafter(base["b"][3], torch.tensor(float("inf"), dtype=torch.bfloat16))),
+            bits_digest({"w": base["w"].reshape(1000, 3), "b": base["b"]}),
+            bits_digest({"w": base["w"], "b": base["b"].float()})}
+    assert len(seen) == 6
+    zeros = torch.zeros(4)
+    assert bits_digest({"z": zeros}) != bits_digest({"z": -zeros})
+    nan = torch.full((2,), float("nan"))
+    payload = nan.clone()
+    payload.view(torch.int32)[1] += 1
+    assert bits_digest({"n": nan}) == bits_digest({"n": nan.clone()}) != bits_digest({"n": payload})

@@ -18,7 +18,7 @@ from packaging.version import Version
 from conformance.controller import default_replay
 from conformance.apis.registry import HOOK_APIS
 from conformance.shared.compare import compare_bitwise
-from conformance.protocol import CaseResult, CheckResult, Finding, RankOutcome
+from conformance.protocol import REFERENCE_DIGEST, CaseResult, CheckResult, Finding, RankOutcome
 from conformance.controller.runner import ConformanceFailure, Runner
 from conformance.controller.settings import resolve
 from conformance.spec import HookSpec
@@ -117,6 +117,7 @@ class ScriptedPool:
 
     def __init__(self, *runs):
         self.runs, self.cases = list(runs), []
+        self.references = []  # the reference-only replays (native trained twice), answered with the same bits
         self.specs, self.served = None, []  # the hook the pool's ranks loaded; (specs, case index) per switch
 
     def serve(self, specs):
@@ -128,6 +129,10 @@ class ScriptedPool:
         pass
 
     def run(self, case):
+        if case.params.get("reference_only"):
+            self.references.append(case)
+            return CaseResult(case=case, world_size=2, outcomes=tuple(
+                RankOutcome(rank=r, ok=True, value=CheckResult(figures={REFERENCE_DIGEST: f"bits{r}"})) for r in range(2)))
         self.cases.append(case)
         per_rank = self.runs.pop(0)
         outcomes = tuple(RankOutcome(rank=r, ok=True, value=CheckResult(findings=[f for f in per_rank if f.rank == r]))
@@ -180,6 +185,8 @@ def test_a_difference_the_default_hook_shows_too_is_a_skip_naming_it_and_the_tor
     assert replay.hook.name == "reduce_scatter_hook" and replay.hook.target == HOOK_APIS["fsdp"].builtin_hooks
     assert replay.params == pool.cases[0].params and replay.check == "fsdp.clip_grad_norm"
     assert pool.served[-1] == ((), 1), "the default hook is replayed in ranks that never ran the hook under test"
+    assert [c.params for c in pool.references] == [{**pool.cases[0].params, "reference_only": True}] * 2, \
+        "native is trained alone twice, and keeps its bits, before the default hook is replayed"
 
 
 def test_a_difference_of_the_hooks_own_fails_and_says_what_the_default_hook_did(torch_2_13):

@@ -1,8 +1,8 @@
-"""The house's size budget (issue 29): no module of ``conformance/`` over 400 lines, and no module of an API's
-folder (``conformance/apis/<api>/``, an API adapter) over 300, so that a newcomer reads any one in minutes.
+"""The house's size budget (issues 29 and 46): no module of ``conformance/`` over 500 lines, and no module of an
+API's folder (``conformance/apis/<api>/``, an API adapter) over 300, so that a newcomer reads any one in minutes.
 
-A module that outgrows its budget is split by what it does, as ``runner.py`` was into ``attribution.py`` and
-``replays.py``; docs/layers.md states the budget beside the layers.
+A module holds one thing, up to 500 lines (the attribution table, say); one that outgrows that is split by what
+it does, never to fit a number; docs/layers.md states the budget beside the layers.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "conformance"
 
 #: The most lines a module may have: an API adapter's, and any other's.
-ADAPTER_LINES, MODULE_LINES = 300, 400
+ADAPTER_LINES, MODULE_LINES = 300, 500
 
 
 def budget(path: Path, package: Path = PACKAGE) -> int:

@@ -23,8 +23,13 @@ The rules, in the order they are read (each a :class:`Rule`):
    for the case, and is the machine's where that fails the same way (the ``CRASH_*`` rules).
 3. Where every rank finished: findings that hold whatever the hook is are not its failure (the hook never
    called: not applicable; a rule of PyTorch's: PyTorch's; one of the suite's own: the suite's); findings that
-   name no cause of the hook's own may be PyTorch's (a reference caveat of this torch, or PyTorch's own
-   default hook showing the same difference: the ``DEFAULT_HOOK_*`` rules); other findings are the hook's.
+   name no cause of the hook's own may be PyTorch's (a reference caveat of this torch) or the machine's: the
+   reference is trained alone twice, and where native itself gives other bits from the same seed and inputs
+   (a nondeterministic op; on NCCL, an algorithm chosen per run), the case is the machine's
+   (:attr:`Rule.NATIVE_NOT_REPRODUCIBLE`), for no hook can be held to bits native does not keep; else
+   PyTorch's own default hook showing the same difference makes it PyTorch's (the ``DEFAULT_HOOK_*`` rules);
+   other findings are the hook's. A finding that names a cause of the hook's own (its result against native's
+   arithmetic on the very inputs it was handed) is the hook's whatever the machine does, and replays nothing.
 
 The module reads plain data only (:mod:`conformance.protocol`'s outcomes and findings): no torch of its own, no
 I/O. ``tests/test_attribution.py`` holds one row per rule.
@@ -38,11 +43,12 @@ import re
 from typing import Any, Dict, FrozenSet, Optional, Sequence, Tuple
 
 from conformance.controller import default_replay
-from conformance.protocol import LOST_CONTROLLER_EXIT_CODE, CaseResult, Finding, FindingKind, RankOutcome
+from conformance.protocol import (LOST_CONTROLLER_EXIT_CODE, REFERENCE_DIGEST, CaseResult, Finding, FindingKind,
+                                  RankOutcome)
 from conformance.reports.report import exception_line
 
 __all__ = ["Attribution", "Blame", "CaseFacts", "NOT_THE_HOOKS_RULES", "REPRODUCED", "Replay", "Rule",
-           "Run", "attribute", "case_run", "crash_signatures", "first_loss", "stopped_in_reference", "lost_a_rank",
+           "Run", "attribute", "reference_digests", "case_run", "crash_signatures", "first_loss", "stopped_in_reference", "lost_a_rank",
            "own_exit"]
 
 
@@ -63,6 +69,7 @@ class Replay(enum.Enum):
     NONE = "none"  # nothing more: the attribution is final
     CRASH_RERUN = "the case again, in fresh ranks"
     REFERENCE = "the suite's reference alone, no hook"  # the case's parameters with ``reference_only=True``
+    REFERENCE_AGAIN = "the suite's reference alone, a second time"  # as REFERENCE: native trained twice
     DEFAULT_HOOK = "the case with PyTorch's own default hook in the hook's place, in ranks of its own"
 
 
@@ -85,6 +92,8 @@ class Rule(enum.Enum):
     SUITE_RULE = "a rule the suite relies on fails"
     PYTORCH_RULE = "a rule of PyTorch's fails"
     REFERENCE_CAVEAT = "a reference caveat of this torch explains the difference"
+    NATIVE_TWICE = "findings that could be native's own: native trained twice"
+    NATIVE_NOT_REPRODUCIBLE = "native trained twice gives other bits"
     DEFAULT_HOOK_ITSELF = "the hook is PyTorch's own default hook, exact until it returned"
     DEFAULT_HOOK_DIFFERS = "findings that could be PyTorch's"
     DEFAULT_HOOK_SAME = "the default hook shows the same difference"
@@ -364,14 +373,18 @@ def _findings(facts: CaseFacts, runs: Sequence[Run], found: Sequence[Finding]) -
         return _final(Blame.PYTORCH, Rule.PYTORCH_RULE, " ".join(said))
     if not found:
         return _final(Blame.NOBODY, Rule.CONFORMS)
-    if not (facts.replays_default_hook and default_replay.could_be_pytorchs(found) and not facts.known_failure):
+    if not (default_replay.could_be_pytorchs(found) and not facts.known_failure):
         return _final(Blame.HOOK, Rule.FINDINGS)
     version = facts.torch_version
-    caveat = default_replay.caveat_for(facts.check, facts.params, found, version)
+    caveat = default_replay.caveat_for(facts.check, facts.params, found, version) if facts.replays_default_hook \
+        else None
     if caveat is not None:
         return _final(Blame.PYTORCH, Rule.REFERENCE_CAVEAT, default_replay.caveat_reason(caveat, found, version))
+    native = _native_twice(facts, runs) if facts.replays_reference else None
+    if native is not None:
+        return native
     name, returned = facts.default_hook, default_replay.after_the_hook_returned(found)
-    if name is None:
+    if name is None or not facts.replays_default_hook:
         return _final(Blame.HOOK, Rule.FINDINGS)
     if facts.is_default_hook:  # the evidence is this very failure
         if returned:
@@ -389,3 +402,33 @@ def _findings(facts: CaseFacts, runs: Sequence[Run], found: Sequence[Finding]) -
                       default_replay.default_hook_reason(name, found, version, itself=False))
     note = "  " + default_replay.default_hook_note(name, theirs, all_ok) if returned else ""
     return _final(Blame.HOOK, Rule.DEFAULT_HOOK_NOT_SAME, note)
+
+
+def reference_digests(run: Run) -> Optional[Tuple[Optional[str], ...]]:
+    """Each rank's digest of its trained reference in a reference-only run (:data:`REFERENCE_DIGEST`), or ``None``
+    where the run did not start or a rank of it did not finish."""
+    if run.result is None or not run.result.all_ok:
+        return None
+    return tuple(getattr(o.value, "figures", {}).get(REFERENCE_DIGEST) for o in run.result.outcomes)
+
+
+def _native_twice(facts: CaseFacts, runs: Sequence[Run]) -> Optional[Attribution]:
+    """Native against itself, before a finding that names no cause of the hook's own is blamed on anyone: the
+    reference trained alone twice on the case's ranks (:attr:`Replay.REFERENCE`, :attr:`Replay.REFERENCE_AGAIN`).
+    The machine's where their digests differ on a rank; ``None`` (no evidence: the next rules decide) where they
+    agree, or a replay did not run to the end."""
+    once, again = _replay(runs, Replay.REFERENCE), _replay(runs, Replay.REFERENCE_AGAIN)
+    if once is None or again is None:
+        return _ask(Replay.REFERENCE if once is None else Replay.REFERENCE_AGAIN, Rule.NATIVE_TWICE,
+                    "no finding names a cause of the hook's own: is native itself bit-reproducible here?")
+    first, second = reference_digests(once), reference_digests(again)
+    if first is None or second is None or first == second:
+        return None
+    ranks = [i for i, (a, b) in enumerate(zip(first, second)) if a != b]
+    return _final(Blame.MACHINE, Rule.NATIVE_NOT_REPRODUCIBLE,
+                  f"native is not bit-reproducible here: the suite's reference ({facts.what}, no hook under test), "
+                  f"trained alone twice on the case's ranks from the same seed and inputs, ends with other bits on "
+                  f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}; no hook can be held to bits "
+                  "that native itself does not keep on this machine, so the case is not judged (an op or a "
+                  "collective whose result depends on more than its inputs; on NCCL, the algorithm, protocol or "
+                  "channel count it picks: docs/limitations.md, 'Native that is not bit-reproducible')")

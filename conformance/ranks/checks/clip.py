@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from conformance.protocol import Finding
-from conformance.ranks.checks.common import MOMENTUM, compare_named, sgd, train_alone, train_step
+from conformance.ranks.checks.common import (MOMENTUM, compare_named, reference_result, sgd, train_alone,
+                                             train_step)
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
 
@@ -105,15 +106,17 @@ def clip_grad_norm(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: 
     Where the API's clip has a rule for a rank with no gradients (``clips_without_backward``), a last forward
     with no backward on both models must then give the same total norm and warnings
     (:func:`clip_without_backward`). ``reference_only``: the reference alone, trained and clipped the same
-    way, with no hooked model built (the runner's replay); returns no findings.
+    way, with no hooked model built (the runner's replay); returns no findings, and the digest of the trained
+    references (:func:`~conformance.ranks.checks.common.reference_result`).
     """
     models = make(ctx, spec, model=model, **variant)
     ctx = models.ctx
+    trained = []  # reference_only: the reference of each norm type
     for norm_type in CLIP_NORM_TYPES:
         clip_one = lambda m, t=norm_type: models.clip(m, CLIP_MAX_NORM, t)  # noqa: E731
         if reference_only:
-            ref = models.build(hooked=False).model
-            train_alone(ctx, ref, sgd(ref.parameters(), lr=lr, momentum=MOMENTUM), models.inputs,
+            trained.append(models.build(hooked=False).model)
+            train_alone(ctx, trained[-1], sgd(trained[-1].parameters(), lr=lr, momentum=MOMENTUM), models.inputs,
                         models.loss_fn, steps, train=clipping(train_step, clip_one, norm_type, {}))
             continue
         plan = clipped(Lockstep.of(models, models.build(hooked=False), models.build(hooked=True)), clip_one,
@@ -123,4 +126,4 @@ def clip_grad_norm(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: 
             findings = _without_backward_findings(ctx, plan, models.inputs[-1], clip_one, norm_type)
         if ctx.any_rank(bool(findings)):
             return findings
-    return []
+    return reference_result(*trained) if reference_only else []

@@ -9,6 +9,7 @@ micro-steps included). The lock-step loop built on them is
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
@@ -23,7 +24,7 @@ from conformance.shared.training import MOMENTUM  # noqa: F401
 # imported from here too.
 from conformance.shared.standalone_main import fqn_inside_ddp, fqn_without_wrappers, local  # noqa: F401
 from conformance.ulps import INT_OF_SIZE
-from conformance.protocol import CheckResult, Finding
+from conformance.protocol import REFERENCE_DIGEST, CheckResult, Finding
 
 def named_grads(model: nn.Module, fqn: Callable[[str], str] = fqn_without_wrappers
                 ) -> Dict[str, Optional[torch.Tensor]]:
@@ -149,14 +150,15 @@ def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.o
 def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
                 loss_fn: Any, steps: int, train: Any = train_step,
                 no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync,
-                check: Optional[Callable[[nn.Module, Sequence[Any], int], None]] = None) -> List[Any]:
+                check: Optional[Callable[[nn.Module, Sequence[Any], int], None]] = None) -> CheckResult:
     """Train the reference model alone for ``steps`` steps, comparing nothing (``reference_only=True``).
 
     ``train`` is the training step (:func:`train_step`, or it followed by ``clip_grad_norm_``);
     ``check(model, inputs, step)`` the API's analytic check of the reference after each backward
     (:meth:`~conformance.ranks.checks.models.ApiModels.check_reference`), as in lock-step training.
     The same phases as in lock-step training, so a failure here reads the same.
-    Returns no findings: the controller only asks whether this raises.
+    Returns no findings (:func:`reference_result`): the controller asks whether this raises, and whether two such
+    runs end with the same bits.
     """
     for step in range(steps):
         train(ctx, "reference", step, model, optim, inputs, loss_fn, no_sync=no_sync)
@@ -164,7 +166,43 @@ def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs
             check(model, inputs, step)
         ctx.phase(f"step {step}: optimizer step of the reference model")
         optim.step()
-    return []
+    return reference_result(model)
+
+
+#: Elements summed at a time by :func:`bits_digest` (its memory: three int64 tensors of this many).
+_DIGEST_CHUNK = 1 << 20
+_MOD = 1 << 64
+
+
+def bits_digest(tensors: Dict[str, torch.Tensor]) -> str:
+    """A digest of the bits of ``tensors`` (any dtypes, any device): equal for two dicts whose tensors have the
+    same names, shapes, dtypes and bits, and, short of two 64-bit sums colliding, different otherwise (a
+    different NaN payload or a signed zero included). Hex, 16 characters.
+
+    Per tensor, its bits as integers (the dtype's size) summed plainly and weighted by position; one element
+    differing changes both sums. Computed with torch on the tensors' device, no copy to the host beyond the sums.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().reshape(-1)
+        ints = t.view(INT_OF_SIZE[t.element_size()])
+        plain = weighted = 0
+        for start in range(0, ints.numel(), _DIGEST_CHUNK):
+            part = ints[start:start + _DIGEST_CHUNK].to(torch.int64)
+            at = torch.arange(start, start + part.numel(), device=part.device, dtype=torch.int64) % 1000003 + 1
+            plain = (plain + int(part.sum())) % _MOD
+            weighted = (weighted + int((part * at).sum())) % _MOD
+        digest.update(f"{name}:{tuple(tensors[name].shape)}:{t.dtype}:{plain}:{weighted};".encode())
+    return digest.hexdigest()[:16]
+
+
+def reference_result(*models: nn.Module) -> CheckResult:
+    """What a reference-only run returns (``reference_only=True``): no findings, and the figure
+    :data:`REFERENCE_DIGEST`, the :func:`bits_digest` of each trained reference's parameters (this rank's local
+    shards), so that the controller can tell whether the native path gives the same bits when trained twice
+    (:mod:`conformance.controller.attribution`, ``Rule.NATIVE_NOT_REPRODUCIBLE``)."""
+    named = {f"{i}.{k}": v for i, m in enumerate(models) for k, v in named_params(m).items()}
+    return CheckResult(figures={REFERENCE_DIGEST: bits_digest(named)})
 
 
 #: ``(what, named tensors of a model, phase to announce first or "")``: one comparison of the loop.

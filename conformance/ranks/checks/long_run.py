@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch
 
 from conformance.protocol import CheckResult, Finding
-from conformance.ranks.checks.common import MOMENTUM, compare_named, sgd
+from conformance.ranks.checks.common import MOMENTUM, compare_named, reference_result, sgd
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import ApiModels, Built, MakeModels
 # The objective lives in the reproducers' loop (torch only), which copies it into every file; imported from here.
@@ -124,11 +124,12 @@ def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, l
     recorder on up to its step, for the findings and the diagnosis (module docstring).
 
     ``reference_only``: train the reference alone for ``steps`` steps (the runner's replay,
-    :data:`conformance.controller.replay_policy.REPLAYS_REFERENCE`); returns no findings.
+    :data:`conformance.controller.replay_policy.REPLAYS_REFERENCE`); returns no findings, and the digest of the
+    trained reference (:func:`~conformance.ranks.checks.common.reference_result`).
 
     Returns:
-        a :class:`~conformance.protocol.CheckResult` of this rank's findings (a list, ``[]``, for
-        ``reference_only``), empty when every step matched: where one differed, a first finding (rank 0)
+        a :class:`~conformance.protocol.CheckResult` of this rank's findings (none for ``reference_only``), empty
+        when every step matched: where one differed, a first finding (rank 0)
         that says at which step of how many, then the replay's findings with their diagnosis (or, where the
         replay matched, the unrecorded pass's own findings and why there is no diagnosis).
     """
@@ -145,7 +146,7 @@ def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, l
             models.train_step(ctx, "reference", step, ref.model, optim, inputs(step), regression_loss,
                               no_sync=models.no_sync)
             optim.step()
-        return []
+        return reference_result(ref.model)
     hooked = models.build(hooked=True)
     first, mine = _unrecorded(ctx, models, ref, hooked, inputs, steps, lr)
     if first is None:

@@ -72,6 +72,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_fixed_twins": ("meta",),
     "test_fsdp2_registration": ("suite",),
     "test_fsdp2_replica": ("unit",),
+    "test_fsdp2_setters": ("ranks",),
     "test_hook_call": ("ranks",),
     "test_hook_code": ("unit",),
     "test_hook_code_bits": ("suite",),

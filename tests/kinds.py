@@ -55,6 +55,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_cases_plans": ("unit",),
     "test_claim_plans": ("unit",),
     "test_native_modes": ("unit",),
+    "test_nccl_env": ("unit",),
     "test_spec_fit": ("unit",),
     "test_cause_summary": ("unit",),
     "test_ci_failures": ("unit",),

@@ -284,6 +284,8 @@ def test_the_reproducer_runs_on_the_backend_the_suite_placed_the_case_on(backend
     on_gpu = 'torch.device("cuda", int(os.environ["LOCAL_RANK"]))' in source
     hides_gpus = 'os.environ["CUDA_VISIBLE_DEVICES"] = ""' in source
     assert (on_gpu, hides_gpus) == ((True, False) if backend == "nccl" else (False, True))
+    # NCCL's choices pinned as the suite pins them in its ranks, so the file reproduces the suite's bits
+    assert ("pin_nccl(os.environ)" in source and '"NCCL_PROTO": "Simple"' in source) == (backend == "nccl")
 
 
 @pytest.mark.parametrize("backend, threads, method", [("gloo", 1, "fork"), ("gloo", 2, "spawn"), ("nccl", 1, "spawn")])

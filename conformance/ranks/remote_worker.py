@@ -51,7 +51,7 @@ from conformance.shared.rank_log import RankLog
 from conformance.shared.remote_link import AuthenticationError, LinkError, connect, parse_address, read_authkey
 from conformance.protocol import Msg, recv, send
 from conformance.ranks import lifeline
-from conformance.ranks.worker import _Worker
+from conformance.ranks.worker import _Worker, join_process_group
 from conformance.ranks.zygote import PRELOAD
 
 #: Exit code when the controller closes the connection (the local ranks' code for it). Any
@@ -257,7 +257,7 @@ def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any]) -> None:
                                   timeout=timeout)
     if worker.backend == "nccl":
         kwargs["device_id"] = worker.device
-    dist.init_process_group(**kwargs)
+    join_process_group(kwargs)
     if dist.get_rank() != worker.rank or dist.get_world_size() != worker.world_size:
         raise RuntimeError(f"the process group has rank {dist.get_rank()} of {dist.get_world_size()}, but torchrun "
                            f"set RANK={worker.rank} WORLD_SIZE={worker.world_size}")

@@ -35,6 +35,7 @@ from torch.distributed.distributed_c10d import all_reduce as _all_reduce_before_
 
 from conformance.shared.phase_board import PhaseBoard
 from conformance.shared.spec_loading import load_target
+from conformance.shared.standalone_launch import pin_nccl
 from conformance.protocol import Msg, RankOutcome, as_check_result, recv, send
 from conformance.ranks import hook_code, lifeline, process_state, reach, topology
 from conformance.ranks.checks import get_rank_check, register_every_check
@@ -62,6 +63,15 @@ def groups_held() -> List[Any]:
     non_member = getattr(dist.GroupMember, "NON_GROUP_MEMBER", None)
     return [g for g in pg_map if g is not default and g is not non_member and g is not None]
 
+
+
+def join_process_group(kwargs: Dict[str, Any]) -> None:
+    """``dist.init_process_group(**kwargs)``; on NCCL, NCCL's choices pinned first in this rank's environment
+    (:func:`~conformance.shared.standalone_launch.pin_nccl`: the user's own settings win), before the first
+    communicator reads them, so that a reduction's bits are a function of its inputs."""
+    if kwargs.get("backend") == "nccl":
+        pin_nccl(os.environ)
+    dist.init_process_group(**kwargs)
 
 class RankContext:
     """What a rank check gets besides its parameters.
@@ -188,7 +198,7 @@ class _Worker:
         )
         if self.backend == "nccl":
             kwargs["device_id"] = self.device
-        dist.init_process_group(**kwargs)
+        join_process_group(kwargs)
         self.joined()
         send(self.conn, (Msg.READY, self.ready_info()))
 

@@ -42,6 +42,12 @@ def _environment_line(doc: Mapping[str, Any]) -> str:
              f"backend {env.get('backend', '?')}", f"device {env.get('device', '?')}", f"world sizes {sizes}",
              f"{doc.get('suite', {}).get('name', 'commhook-conformance')} {doc.get('suite', {}).get('version', '')}"
              .strip(), f"exit status {run.get('exit_status', '?')}"]
+    nccl = env.get("nccl")
+    if nccl:  # every NCCL_* variable in force: the bits of a reduction depend on them
+        pinned = set(nccl.get("pinned_by_suite", ()))
+        variables = ", ".join(f"{k}={v}" + (" (suite)" if k in pinned else "")
+                              for k, v in nccl.get("variables", {}).items())
+        parts.insert(2, f"NCCL {nccl.get('version') or '?'}" + (f" ({variables})" if variables else ""))
     return " · ".join(parts)
 
 

@@ -29,7 +29,7 @@ __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "Resul
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
-SCHEMA_VERSION = "1.10"
+SCHEMA_VERSION = "1.11"
 #: The JSON Schema of the document (draft 2020-12).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
 

@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import conformance
+from conformance.shared.nccl import nccl_record
 from conformance.reports import baseline as baseline_mod
 from conformance.reports import results
 from conformance.reports.bookkeeper import Bookkeeper
@@ -274,7 +275,7 @@ class ResultsRecorder:
                 "world_sizes": sorted(self.state.world_sizes) or list(s.world_sizes),
                 "cpu_pools": list(s.cpu_pools), "gpu_count": s.gpu_count, "case_timeout_s": s.case_timeout_s,
                 "hypothesis_examples": s.hypothesis_examples, "known_failures_files": list(s.known_failures),
-                "depth": s.depth, "with_compiled_ddp": s.with_compiled_ddp}
+                "depth": s.depth, "with_compiled_ddp": s.with_compiled_ddp, "nccl": nccl_record(s.backend)}
 
     def hook_entry(self, item: Any, records: List[CaseRecord], running: bool = False) -> Dict[str, Any]:
         """One hook of the JSON ``hooks`` array: its claims, source, verdict, outcome counts, grid."""

@@ -27,6 +27,28 @@ def layout_env(rank: int, world_size: int, nodes: int) -> Dict[str, str]:
             "GROUP_WORLD_SIZE": str(nodes), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size)}
 
 
+#: NCCL's own choices that make a reduction's bits a function of its inputs alone, as torchtitan's batch-invariant
+#: mode pins them: NCCL otherwise picks its algorithm, protocol and channel count by message size and topology,
+#: and each sums in another order (ring and tree differ in about a third of the elements of an all-reduce). Set in
+#: every NCCL rank before its first communicator (:func:`pin_nccl`), each unless the user's environment sets it.
+NCCL_PINNED = {
+    "NCCL_ALGO": "Ring",  # one algorithm at every size (Tree, PAT, NVLS and CollNet sum in other orders)
+    "NCCL_PROTO": "Simple",  # LL and LL128 cut a message otherwise
+    "NCCL_MIN_NCHANNELS": "1",  # one channel: how a message splits across channels is fixed
+    "NCCL_MAX_NCHANNELS": "1",
+    "NCCL_NVLS_ENABLE": "0",  # NVLink SHARP reductions are not even run-to-run deterministic (NVIDIA/nccl#1497)
+    "NCCL_COLLNET_ENABLE": "0",  # reductions in the network (SHARP switches)
+}
+
+
+def pin_nccl(env: Dict[str, str]) -> Dict[str, str]:
+    """Set each of :data:`NCCL_PINNED` in ``env`` (``os.environ`` in a rank, before ``init_process_group``) that it
+    does not set already: a variable the user set wins. Returns the variables set here."""
+    pinned = {name: value for name, value in NCCL_PINNED.items() if name not in env}
+    env.update(pinned)
+    return pinned
+
+
 #: The reproducer's exit statuses, whichever way it was started (``python FILE.py`` or as torchrun's worker).
 NOT_REPRODUCED, REPRODUCED, COULD_NOT_RUN = 0, 1, 2
 

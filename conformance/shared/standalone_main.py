@@ -48,7 +48,7 @@ from conformance.shared.standalone_compare import (first_difference,  # noqa: F4
 from conformance.shared.standalone_inputs import (PLACED_PERIOD, SeededInputs, placed_tensor,  # noqa: F401
                                                   regression_inputs, regression_loss)
 from conformance.shared.standalone_launch import (COULD_NOT_RUN, NOT_REPRODUCED, REPRODUCED,  # noqa: F401
-                                                  launch, layout_env)
+                                                  launch, layout_env, pin_nccl)
 
 #: The modules a reproducer's code is read from, lowest first (:mod:`conformance.reproducers.sources`).
 PIECES = ("conformance.shared.standalone_compare", "conformance.shared.standalone_inputs",
@@ -123,7 +123,8 @@ def main() -> int:
     """This rank's run of the case: build native and hooked copies (both native under ``NATIVE_ONLY``), train them
     in lock step, compare the gradients (and, where the check steps SGD, the parameters) bit for bit, and return
     the verdict (``REPRODUCED``, ``NOT_REPRODUCED``, ``COULD_NOT_RUN``)."""
-    if CASE["backend"] == "nccl":  # one GPU a rank, as the suite placed the case
+    if CASE["backend"] == "nccl":  # one GPU a rank, and NCCL's choices pinned, as the suite placed the case
+        pin_nccl(os.environ)
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     else:

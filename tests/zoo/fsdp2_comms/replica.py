@@ -19,7 +19,8 @@ from tests.zoo.plain_hooks import replica_state, replica_sum
 
 
 def replica_sum_then_divide(group: Any, tensor: torch.Tensor) -> None:
-    """Right: SUM over the replica group, then divide by its size, in place (AVG by hand)."""
+    """Right: SUM over the replica group, then divide by its size, in place (AVG by hand): torchft's averaging,
+    whose ``Manager.allreduce`` sums and then does ``tensor /= num_participants`` (pytorch/torchft, PR 286)."""
     dist.all_reduce(tensor, group=group)
     tensor.div_(group.size())
 

@@ -228,7 +228,10 @@ class HookSpec:
             (``DistributedDataParallel(..., batched_grad_copy=True)``, torch 2.13+, which divides the flat
             bucket by the world size; PyTorch's ``allreduce_hook`` equals it). The ``batched_grad_copy`` parity
             cases run only for a spec that names it; a spec that does not name ``"default"`` has its cases
-            against DDP's default native skipped with the reason.
+            against DDP's default native skipped with the reason. For ``api="fsdp2"``: ``"default"`` and
+            ``"sum_no_divide"`` (``set_gradient_divide_factor(1.0)`` and ``set_force_sum_reduction_for_comms(True)``:
+            FSDP2 hands the comm ``SUM`` and divides nothing); a spec meant for ``sum_no_divide`` alone has its
+            default cases run in that config instead.
         sample_checks: the built-in hooks' extra claims (a parameter dtype) in the default run: only these
             checks (their names in reports, e.g. ``("parity", "accumulation")``) run, each at the first world
             size of at least 2 ranks (the main one on a CPU machine) on one node, under the first variant and

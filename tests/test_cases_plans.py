@@ -252,7 +252,10 @@ def test_fsdp2_skips_say_why():
     assert premul and all(c.skip == GLOO_PREMUL_SUM for c in premul)
     nccl = planned_cases("test_fsdp2_parity", [_comm("c")], plan_settings(2, None, backend="nccl", device="cuda",
                                                                            gpu_count=2))
-    assert [c for c in nccl if c.variant == "divide_factor"] and not any(c.skip for c in nccl if c.world_size == 2)
+    assert [c for c in nccl if c.variant == "divide_factor"]
+    assert not any(c.skip for c in nccl if c.world_size == 2 and c.variant != "sum_no_divide")
+    # FSDP2's sum_no_divide native: skipped for a spec that does not name it, saying how to
+    assert all("native_modes=('default', 'sum_no_divide')" in c.skip for c in nccl if c.variant == "sum_no_divide")
     # A one-GPU machine: its NCCL rank is alone, its world size 2 runs gloo on the CPU, so PREMUL_SUM skips there.
     one_gpu = planned_cases("test_fsdp2_parity", [_comm("c")], plan_settings(1, 3, backend="nccl", device="cuda",
                                                                              gpu_count=1, cpu_pools=(2, 3)))
@@ -260,4 +263,4 @@ def test_fsdp2_skips_say_why():
     assert [c for c in one_gpu if c.world_size == 2 and c.variant == "divide_factor"]
     # fp16 reduces with SUM, never PREMUL_SUM: it runs on gloo.
     low = planned_cases("test_fsdp2_parity", [_comm("c16", torch.float16)], _settings([2, 3]))
-    assert not any(c.skip for c in low if c.world_size in (2, 3))
+    assert not any(c.skip for c in low if c.world_size in (2, 3) and c.variant != "sum_no_divide")

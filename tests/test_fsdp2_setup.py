@@ -61,7 +61,10 @@ def test_what_each_comm_config_asks_of_fsdp2():
         "divide_factor": ("set_gradient_divide_factor",), "force_sum": ("set_force_sum_reduction_for_comms",),
         "divide_factor_force_sum": ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms"),
         "divide_factor_some": ("set_gradient_divide_factor",), "hsdp_divide_factor": ("set_gradient_divide_factor",),
-        "unused_params": ("set_reduce_scatter_unused_params",)}
+        "unused_params": ("set_reduce_scatter_unused_params",),
+        "sum_no_divide": ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms")}
+    # sum_no_divide: factor 1.0 with the forced SUM, so no PREMUL_SUM (FSDP2 hands SUM and divides nothing)
+    assert configs["sum_no_divide"].divide_factor(3) == 1.0 and configs["sum_no_divide"].force_sum
     # a torch without a config's setter skips its cases, saying so
     assert _setup("fsdp2_all_gather").configs["reshard_root"].methods == ("set_reshard_after_forward",)
     assert [n for n, c in configs.items() if c.premul_sum(None)] == ["divide_factor", "divide_factor_some",

@@ -17,7 +17,7 @@ from conformance.apis.fsdp2 import plan as checks
 from conformance.apis.fsdp2 import recorder as recorders
 from conformance.apis.fsdp2_common import build, setup, standalone
 from tests.meta_helpers import run_suite
-from tests.meta_zoos import FSDP2, FSDP2_MUST_CATCH_WITH_PREMUL_SUM
+from tests.meta_zoos import FSDP2, FSDP2_MUST_CATCH_WITH_PREMUL_SUM, NATIVE_MODES
 from tests.zoo import fsdp2_comms as zoo
 
 @pytest.fixture
@@ -210,3 +210,29 @@ def test_a_comm_exact_at_two_ranks_is_caught_at_three_and_named_by_its_own_arith
         assert case.outcome == "failed", (case.name, case.outcome, case.message[-2000:])
         assert own in case.message and fix in case.message, case.message[-3000:]
         assert "LossyContract" not in case.message, case.message[-3000:]
+
+
+def test_a_comm_meant_for_fsdp2s_sum_native_runs_its_cases_there_and_says_why_for_the_rest(zoo_runs):
+    """FSDP2's ``sum_no_divide`` native (issue 45): a comm written for ``set_gradient_divide_factor(1.0)`` and
+    ``set_force_sum_reduction_for_comms(True)`` (one that accepts only SUM raises on FSDP2's AVG) has each of its
+    default cases run in that config instead, the same model and world size, and every other config skipped with
+    the reason; the same comm claiming both natives fails the default config."""
+    run = zoo_runs(NATIVE_MODES)
+
+    def cases(hook, outcome):
+        return [c for c in run.cases if c.name.startswith(f"test_fsdp2_parity[{hook}-") and c.outcome == outcome]
+
+    for hook in ("good_sum_only_comm", "good_always_sum_sum_native"):
+        passed = [c.name for c in cases(hook, "passed")]
+        assert f"test_fsdp2_parity[{hook}-sum_no_divide-mixture_of_experts-ws2]" in passed, passed
+        assert f"test_fsdp2_parity[{hook}-sum_no_divide-gradient_probe-ws3]" in passed, passed
+        assert all("-sum_no_divide-" in name for name in passed) and not cases(hook, "failed")
+        skipped = cases(hook, "skipped")
+        assert any("meant for FSDP2's sum_no_divide native only" in c.message for c in skipped)
+        assert all("meant for FSDP2's sum_no_divide native only" in c.message or "PREMUL_SUM" in c.message
+                   for c in skipped), [c.message[:200] for c in skipped]
+        assert not any("-default-" in c.name for c in run.cases if c.name.startswith(f"test_fsdp2_parity[{hook}-"))
+    bad = "bad_always_sum_in_default_native"
+    assert any("-default-" in c.name for c in cases(bad, "failed"))
+    assert {c.name for c in cases(bad, "passed")} >= {f"test_fsdp2_parity[{bad}-sum_no_divide-nested_wrapped-ws2]",
+                                                       f"test_fsdp2_parity[{bad}-sum_no_divide-gradient_probe-ws3]"}

@@ -1,4 +1,4 @@
-"""DDP's two natives (issue 45), without a run: which cases a spec gets for each, and what a bad ``native_modes``
+"""DDP's two natives and FSDP2's (issue 45), without a run: which cases a spec gets for each, and what a bad ``native_modes``
 is told. The runs are ``tests/test_meta_ddp.py``'s (the native-mode zoo) and the outcomes guard's (PyTorch's
 ``allreduce_hook`` against each)."""
 
@@ -91,3 +91,42 @@ def test_an_api_with_one_native_refuses_native_modes():
 
 def test_a_single_mode_may_be_given_as_a_string():
     assert _spec(native_modes="batched_grad_copy").native_modes == ("batched_grad_copy",)
+
+
+class _SumComm:
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        return None
+
+
+def _fsdp2(test, **kwargs):
+    spec = HookSpec(name="comm", api="fsdp2", hook=_SumComm(), **kwargs)
+    return {case.id: case.skip for case in planned_cases(test, [spec], plan_settings())}
+
+
+@pytest.mark.parametrize("test", ["test_fsdp2_parity", "test_fsdp2_hard_inputs", "test_fsdp2_accumulation",
+                                  "test_fsdp2_long_run", "test_fsdp2_clip_grad_norm"])
+def test_an_fsdp2_comm_meant_for_the_sum_native_has_its_default_cases_run_there(test):
+    """Every default case of a ``sum_no_divide``-only comm becomes that config's, on the same model, world size
+    and layout (once where the plan already had it); every other config is skipped with the reason."""
+    default = _fsdp2(test)
+    summed = _fsdp2(test, native_modes=("sum_no_divide",))
+    moved = {cid.replace("-default-", "-sum_no_divide-") for cid in default if "-default-" in cid}
+    assert moved and moved <= set(summed)
+    assert not [cid for cid in summed if "-default-" in cid]
+    others = {cid: why for cid, why in summed.items() if "-sum_no_divide-" not in cid}
+    assert all(why for why in others.values()), others
+    assert all("meant for FSDP2's sum_no_divide native only" in why or "PREMUL_SUM" in why or "single rank" in why
+               or "--extra-world-size" in why for why in others.values()), others
+    assert len(summed) == len(set(summed))
+
+
+def test_an_fsdp2_comm_naming_no_native_is_told_how_to_name_the_sum_one():
+    cases = _fsdp2("test_fsdp2_parity")
+    summed = {cid: why for cid, why in cases.items() if "-sum_no_divide-" in cid}
+    assert sorted(summed) == ["comm-sum_no_divide-gradient_probe-ws3", "comm-sum_no_divide-nested_wrapped-ws2"]
+    assert all("native_modes=('default', 'sum_no_divide')" in why for why in summed.values())
+    both = _fsdp2("test_fsdp2_parity", native_modes=("default", "sum_no_divide"))
+    assert {cid: why for cid, why in both.items() if "-sum_no_divide-" in cid} == dict.fromkeys(summed)

@@ -121,15 +121,17 @@ DDP = MetaZoo(
 
 # -- DDP's two natives (issue 45): the default and batched_grad_copy=True ------------------------------------------
 
-#: Each hook written for one of DDP's natives, in every parity case: the good ones conform (their other native's
-#: cases skipped with the reason), the bad ones claim both and are caught in the config of the other, at 3 ranks.
+#: Each hook written for one of its API's natives (DDP's and FSDP2's), in every parity case: the good ones conform
+#: (their other native's cases skipped with the reason), the bad ones claim both and are caught in the config of
+#: the other (DDP's at 3 ranks).
 NATIVE_MODES = MetaZoo(
     name="native_mode_hooks",
-    args=("--hook", "tests.zoo.native_mode_hooks:ALL", "-q", "-k", "test_ddp_parity"),
+    args=("--hook", "tests.zoo.native_mode_hooks:ALL", "-q", "-k", "test_ddp_parity or test_fsdp2_parity"),
     bad=frozenset(s.name for s in native_mode_hooks.KNOWN_BAD),
     documented=frozenset(native_mode_hooks.EXPECTED_CATCH),
     catches=(Catch("bad_reciprocal_in_batched_native", frozenset({"batched_grad_copy"}), "config", True),
-             Catch("bad_divides_in_default_native", frozenset({"default"}), "config", True)),
+             Catch("bad_divides_in_default_native", frozenset({"default"}), "config", True),
+             Catch("bad_always_sum_in_default_native", frozenset({"default"}), "config")),
     good=tuple(native_mode_hooks.KNOWN_GOOD),
     good_outcomes=frozenset({"passed", "skipped"}),
     causes=(
@@ -138,5 +140,7 @@ NATIVE_MODES = MetaZoo(
                "divides the bucket: / 3, then SUM", "bucket.buffer().div_(3)"), no_lossy_hint=True),
         Cause("bad_divides_in_default_native", "parity",
               ("divided by 3 before the SUM, where DDP with no hook multiplies by 1/3",), no_lossy_hint=True),
+        Cause("bad_always_sum_in_default_native", "fsdp2_parity",
+              ("SUM without averaging", "here op=AVG"), where=(("config", "default"),), no_lossy_hint=True),
     ),
 )

@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from conformance.apis.fsdp2.plan import NATIVE_MODES
 from conformance.spec import HookSpec
 
 try:  # torch >= 2.7; older torch has no custom comms (the checks skip there)
@@ -75,11 +76,14 @@ class PlainReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
 
 
 FSDP2_HOOKS = [
-    HookSpec(name="plain_reduce_scatter", api="fsdp2", hook=PlainReduceScatter,
+    # Each in both of FSDP2's natives (NATIVE_MODES): it passes on whatever op FSDP2 hands it, SUM included.
+    HookSpec(name="plain_reduce_scatter", api="fsdp2", hook=PlainReduceScatter, native_modes=NATIVE_MODES,
              description="conformance.apis.fsdp2.builtin_hooks.PlainReduceScatter, full precision"),
     HookSpec(name="plain_reduce_scatter_bf16", api="fsdp2", hook=PlainReduceScatter, reduce_dtype=torch.bfloat16,
+             native_modes=NATIVE_MODES,
              description="PlainReduceScatter under MixedPrecisionPolicy(reduce_dtype=bfloat16)"),
     HookSpec(name="plain_reduce_scatter_fp16", api="fsdp2", hook=PlainReduceScatter, reduce_dtype=torch.float16,
+             native_modes=NATIVE_MODES,
              description="PlainReduceScatter under MixedPrecisionPolicy(reduce_dtype=float16): SUM, FSDP divides"),
     # torchtitan's default: the comm gets float32 gradients, the local sum of bfloat16 ones under accumulation
     # (FSDP2 accumulates in the reduce dtype, PyTorch PR 125191). A sample in the default run (sample_checks).

@@ -25,16 +25,19 @@ this module imports on torch versions without FSDP2.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from conformance.apis import LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, no_strategies, two_node_world_sizes
+from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, SuiteTest, no_strategies,
+                              two_node_world_sizes)
 from conformance.apis.switches import switch_plan
 from conformance.apis.fsdp2.standalone import SETUP
 from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, TOPOLOGY_MODEL, RolePlan, exact,
-                                                hsdp_world_size, registration_plan, role_nodes, role_plan, with_skips)
+                                                hsdp_world_size, registration_plan, role_nodes, role_plan, skip_reason,
+                                                with_skips)
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import (ALL_GATHER_CALL, REDUCE_SCATTER_CALL, SpecError, binds_signature, qualname,
@@ -60,9 +63,11 @@ PLAN: Dict[str, Tuple[Tuple[str, str], ...]] = {
     "main": tuple(("default", m) for m in ("net_wrapped", "nested_wrapped", "always_wrap_nested", "gradient_probe",
                                            "mixture_of_experts"))
     + tuple((c, "nested_wrapped") for c in FACTOR_CONFIGS) + (("replicate", "nested_wrapped"),
-                                                               ("unused_params", "unused_param")),
+                                                               ("unused_params", "unused_param"),
+                                                               ("sum_no_divide", "nested_wrapped")),
     "extra": (("default", "nested_wrapped"), ("default", "gradient_probe"), ("divide_factor", "nested_wrapped"),
-              ("divide_factor_force_sum", "nested_wrapped"), ("force_sum", "gradient_probe")),
+              ("divide_factor_force_sum", "nested_wrapped"), ("force_sum", "gradient_probe"),
+              ("sum_no_divide", "gradient_probe")),
     "hsdp": (("hsdp", "nested_wrapped"), ("hsdp_divide_factor", "nested_wrapped"), ("subgroup", "nested_wrapped")),
 }
 #: Hard inputs through the probe, per world-size role, in the default config: the op FSDP2
@@ -100,6 +105,48 @@ ACCUMULATION_PLAN: RolePlan = {
 LOSSY_LOSS_PLAN: RolePlan = {"main": (("default", "transformer_shared"),)}
 #: Two runs from the same seed (first world size).
 LOSSY_DETERMINISM_PLAN: RolePlan = {"main": (("default", "nested_wrapped"),)}
+
+
+#: FSDP2's natives a comm may be meant for (``HookSpec.native_modes``), the default first. ``sum_no_divide``:
+#: FSDP2 under ``set_gradient_divide_factor(1.0)`` and ``set_force_sum_reduction_for_comms(True)`` (its config of
+#: that name), where it hands the comm ``SUM`` and divides nothing: a framework that scales gradients itself runs
+#: it, and a comm that accepts only ``SUM`` (a bf16-wire reduce-scatter with float32 accumulation, say) is written
+#: for it.
+SUM_MODE = "sum_no_divide"
+NATIVE_MODES = ("default", SUM_MODE)
+
+
+def _mode_skip(spec: Any, config: str) -> str:
+    """Why ``spec``'s case in ``config`` is not checked: the spec is not meant for that config's native."""
+    if config == SUM_MODE:
+        return (f"the spec is meant for FSDP2's default native only; HookSpec(native_modes=('default', '{SUM_MODE}')) "
+                "checks it under set_gradient_divide_factor(1.0) and set_force_sum_reduction_for_comms(True) too")
+    return (f"the spec is meant for FSDP2's {SUM_MODE} native only (native_modes={spec.native_modes!r}): its "
+            f"cases run under set_gradient_divide_factor(1.0) and set_force_sum_reduction_for_comms(True), in "
+            f"place of the default config; config {config!r} sets FSDP2 otherwise")
+
+
+def with_native_modes(plan: CasePlan) -> CasePlan:
+    """``plan`` as each spec's natives (:data:`NATIVE_MODES`) ask: a spec meant for the default keeps its cases
+    (its ``sum_no_divide`` ones skipped with the reason unless it names that mode too); a spec meant for
+    ``sum_no_divide`` alone has each ``default`` case run in that config instead (the same model, world size
+    and layout; once where two fall together), and its other configs skipped with the reason."""
+    def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        by_name = {spec.name: spec for spec in specs}
+        out: Dict[Any, CaseParams] = {}
+        for case in plan(test, specs, settings):
+            spec = by_name[case.hook]
+            mode = SUM_MODE if case.variant == SUM_MODE else "default"
+            if not spec.meant_for(mode):
+                if case.variant == "default" and spec.meant_for(SUM_MODE):
+                    case = dataclasses.replace(case, variant=SUM_MODE)
+                    case = dataclasses.replace(case, skip=skip_reason(SETUP, case, spec, settings))
+                else:
+                    case = dataclasses.replace(case, skip=case.skip or _mode_skip(spec, case.variant))
+            out.setdefault(case, case)
+        return list(out.values())
+
+    return cases
 
 
 def validate(spec: Any) -> Tuple[str, ...]:
@@ -163,18 +210,19 @@ APIS = (
     HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
             stateful=False, validate=validate, builtin_hooks="conformance.apis.fsdp2.builtin_hooks:FSDP2_HOOKS",
             default_hook="conformance.apis.fsdp2.builtin_hooks:default_hook",
-            standalone=STANDALONE,
+            standalone=STANDALONE, native_modes=NATIVE_MODES,
             models="conformance.apis.fsdp2.models:CommModels",
-            plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", parity_cases, kind="exact"),
-                   "test_fsdp2_long_run": _comm_test("fsdp2_long_run", "long_run", role_plan(
-                       SETUP, LONG_RUN_PLAN, exact), kind="exact", depth_params=LONG_RUN_STEPS),
-                   "test_fsdp2_switches": _comm_test("fsdp2_switches", "long_run", switch_plan(role_plan(
-                       SETUP, LONG_RUN_PLAN, exact)), kind="switches"),
-                   "test_fsdp2_hard_inputs": _comm_test("fsdp2_hard_inputs", "hard_inputs", hard_input_cases,
-                                                        kind="hard_inputs"),
-                   "test_fsdp2_clip_grad_norm": _comm_test("fsdp2_clip_grad_norm", "clip_grad_norm", clip_cases),
-                   "test_fsdp2_accumulation": _comm_test("fsdp2_accumulation", "parity", role_plan(
-                       SETUP, ACCUMULATION_PLAN, exact), kind="exact",
+            plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", with_native_modes(parity_cases), kind="exact"),
+                   "test_fsdp2_long_run": _comm_test("fsdp2_long_run", "long_run", with_native_modes(role_plan(
+                       SETUP, LONG_RUN_PLAN, exact)), kind="exact", depth_params=LONG_RUN_STEPS),
+                   "test_fsdp2_switches": _comm_test("fsdp2_switches", "long_run", with_native_modes(switch_plan(role_plan(
+                       SETUP, LONG_RUN_PLAN, exact))), kind="switches"),
+                   "test_fsdp2_hard_inputs": _comm_test("fsdp2_hard_inputs", "hard_inputs",
+                                                        with_native_modes(hard_input_cases), kind="hard_inputs"),
+                   "test_fsdp2_clip_grad_norm": _comm_test("fsdp2_clip_grad_norm", "clip_grad_norm",
+                                                          with_native_modes(clip_cases)),
+                   "test_fsdp2_accumulation": _comm_test("fsdp2_accumulation", "parity", with_native_modes(role_plan(
+                       SETUP, ACCUMULATION_PLAN, exact)), kind="exact",
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
                    "test_fsdp2_lossy_error": _comm_test("fsdp2_lossy_error", "lossy_error", role_plan(
                        SETUP, LOSSY_ERROR_PLAN, lambda spec: not exact(spec)), kind="lossy_error"),

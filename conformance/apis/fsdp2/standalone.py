@@ -15,14 +15,18 @@ over every rank as the flattened 1-D mesh does (PyTorch issue 155903);
 but never calls it); ``unused_params`` (``set_reduce_scatter_unused_params(True)``:
 torch 2.13, gloo: the comm's input holds zeros for a parameter the forward did
 not use (``scripts/fsdp2_switches_evidence.py``: 144 elements with 72 zeros
-where 72 otherwise), and that parameter's gradient is zeros, not ``None``).
+where 72 otherwise), and that parameter's gradient is zeros, not ``None``); ``sum_no_divide``
+(``set_gradient_divide_factor(1.0)`` and ``set_force_sum_reduction_for_comms(True)``: FSDP2 hands the comm
+``SUM`` and divides nothing, the native a framework that scales its gradients itself runs, and a comm that
+accepts only ``SUM`` is written for: ``HookSpec(native_modes=("sum_no_divide",))``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict
 
-from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_comm, divide_factor, setup_constants
+from conformance.apis.fsdp2_common.setup import (Fsdp2Config, Fsdp2Setup, bind_comm, divide_factor, no_division,
+                                                setup_constants)
 
 _HSDP = dict(mesh="hsdp", sync_setter="set_requires_all_reduce")
 
@@ -38,6 +42,8 @@ SETUP = Fsdp2Setup(setter="set_custom_reduce_scatter", bind=bind_comm, comm_kind
     "replicate": Fsdp2Config("replicate (on FSDP2) without the comm", mesh="replicate"),
     "unused_params": Fsdp2Config("native fully_shard with set_reduce_scatter_unused_params(True)",
                                  setters=(("set_reduce_scatter_unused_params", True),)),
+    "sum_no_divide": Fsdp2Config("native fully_shard with set_gradient_divide_factor(1.0) and "
+                                 "set_force_sum_reduction_for_comms(True)", divide_factor=no_division, force_sum=True),
 })
 
 

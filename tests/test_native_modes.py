@@ -35,13 +35,43 @@ def test_a_spec_naming_no_native_is_held_to_the_default_and_told_how_to_name_the
     assert all(why is None for cid, why in cases.items() if cid not in batched)
 
 
-def test_a_spec_meant_for_the_batched_native_runs_its_cases_and_skips_the_default_s_with_the_reason():
-    cases = _parity(_spec(native_modes=("batched_grad_copy",)))
-    assert [cid for cid, why in cases.items() if why is None] == [
-        "mine-batched_grad_copy-nested_wrapped-ws2", "mine-batched_grad_copy-nested_wrapped-ws3"]
-    assert all("meant for DDP's batched_grad_copy native only" in why for why in cases.values() if why)
-    both = _parity(_spec(native_modes=("default", "batched_grad_copy")))
-    assert set(both) == set(cases) and all(why is None for why in both.values())
+@pytest.mark.parametrize("test", ["test_ddp_parity", "test_ddp_long_run", "test_ddp_hard_inputs",
+                                  "test_ddp_clip_grad_norm", "test_ddp_future_contract"])
+def test_a_spec_meant_for_the_batched_native_runs_every_config_with_it(test):
+    """Every case of a spec meant for the batched copy alone runs (DDP with batched_grad_copy=True beside its
+    config's options, the models' and the reproducer's business): its default cases in the batched_grad_copy
+    config, once where the plan holds the same case already."""
+    settings = plan_settings()
+    default = {c.id: c.skip for c in planned_cases(test, [_spec()], settings)}
+    batched = {c.id: c.skip for c in planned_cases(test, [_spec(native_modes=("batched_grad_copy",))], settings)}
+    assert not [cid for cid in batched if "-default-" in cid]
+    assert all(why is None for why in batched.values()), batched
+    moved = {cid.replace("-default-", "-batched_grad_copy-") for cid, why in default.items() if why is None}
+    assert moved == set(batched) and len(batched) <= len(default)
+
+
+def test_a_spec_meant_for_both_natives_gets_both():
+    cases = _parity(_spec(native_modes=("default", "batched_grad_copy")))
+    assert all(why is None for why in cases.values())
+    assert {"mine-default-nested_wrapped-ws3", "mine-batched_grad_copy-nested_wrapped-ws3"} <= set(cases)
+
+
+def test_a_batched_only_case_trains_and_reproduces_with_batched_grad_copy():
+    """The rank side (``divides``) and the reproducer (``DDP_KWARGS``, ``REFERENCE``) read the same native."""
+    from conformance.apis.ddp import standalone
+    from conformance.reproducers.writer import _native
+
+    spec = _spec(native_modes=("batched_grad_copy",))
+    assert native_modes.divides("static_graph", spec) and not native_modes.divides("static_graph", _spec())
+    assert not native_modes.divides("compiled_autograd", spec)  # the python reducer divides anyway
+    assert _native(spec) == {"native": "batched_grad_copy"} and _native(_spec()) == {}
+    assert _native(_spec(native_modes=("default", "batched_grad_copy"))) == {}
+    case = {"variant": {"config": "static_graph"}, "reduce_dtype": None, "native": "batched_grad_copy"}
+    constants = standalone.reproducer_constants(case)
+    assert constants["DDP_KWARGS"] == {**standalone.CONFIGS["static_graph"], "batched_grad_copy": True}
+    assert constants["REFERENCE"] == "DDP with batched_grad_copy=True and no hook"
+    plain = standalone.reproducer_constants({**case, "native": None})
+    assert "batched_grad_copy" not in plain["DDP_KWARGS"] and plain["REFERENCE"] == "DDP with no hook"
 
 
 def test_a_reduced_precision_claim_has_its_batched_cases_skipped_not_dropped():
@@ -59,10 +89,12 @@ def test_a_torch_without_the_argument_skips_the_batched_cases_with_its_version(m
         return original(self, module, device_ids=device_ids, process_group=process_group)
 
     monkeypatch.setattr(DistributedDataParallel, "__init__", without)
-    why = native_modes.native_mode_unavailable()
+    why = reason = native_modes.native_mode_unavailable()
     assert why is not None and torch.__version__ in why and "batched_grad_copy" in why
     cases = _parity(_spec(native_modes=("default", "batched_grad_copy")))
     assert all(why == cases[cid] for cid in cases if "-batched_grad_copy-" in cid)
+    alone = _parity(_spec(native_modes=("batched_grad_copy",)))  # every case of it trains the batched copy
+    assert alone and all(why == reason for why in alone.values())
 
 
 def test_pytorch_s_full_precision_builtins_are_checked_against_both_natives():

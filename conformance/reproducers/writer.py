@@ -201,7 +201,16 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
             "momentum": defaults["momentum"], "optimizer_step": defaults["optimizer_step"],
             "micro_steps": micro, "inputs": inputs,
             "objective": defaults.get("objective", "model"), "nodes": nodes, "backend": backend,
-            **({} if getattr(spec, "param_dtype", None) is None else {"param_dtype": spec.param_dtype})}
+            **({} if getattr(spec, "param_dtype", None) is None else {"param_dtype": spec.param_dtype}),
+            **_native(spec)}
+
+
+def _native(spec: Any) -> Dict[str, Any]:
+    """``{"native": mode}`` of a spec meant for one native of its API other than the default
+    (``HookSpec.native_modes``: DDP's ``batched_grad_copy``, which every config of such a spec trains with),
+    else nothing."""
+    modes = getattr(spec, "native_modes", None) or ()
+    return {"native": modes[0]} if len(modes) == 1 and modes[0] != "default" else {}
 
 
 def _rule(title: str) -> str:

@@ -37,13 +37,13 @@ def process_group_state(process_group: Any) -> Any:
     return process_group
 
 
-def reciprocal_then_sum(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+def reciprocal_then_sum(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """``bucket x (1/N)``, then a SUM all-reduce: default DDP's arithmetic."""
     buffer = bucket.buffer().mul_(1.0 / process_group.size())
     return dist.all_reduce(buffer, group=process_group, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
-def divide_then_sum(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+def divide_then_sum(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """``bucket / N``, then a SUM all-reduce: DDP's with ``batched_grad_copy=True`` (and ``allreduce_hook``'s)."""
     buffer = bucket.buffer().div_(process_group.size())
     return dist.all_reduce(buffer, group=process_group, async_op=True).get_future().then(lambda f: f.value()[0])

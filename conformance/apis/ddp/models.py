@@ -52,9 +52,12 @@ from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built
 from conformance.shared.compare import dtype_name
 
-def build_ddp(model_name: str, ctx: Any, config: str, param_dtype: Optional[torch.dtype] = None) -> nn.Module:
+def build_ddp(model_name: str, ctx: Any, config: str, param_dtype: Optional[torch.dtype] = None, *,
+              batched: bool = False) -> nn.Module:
     """``DistributedDataParallel`` around a freshly built ``model_name`` under ``config``, in ``ctx.group``; in
-    ``param_dtype`` where given (:func:`~conformance.apis.ddp.standalone.in_param_dtype`).
+    ``param_dtype`` where given (:func:`~conformance.apis.ddp.standalone.in_param_dtype`); with
+    ``batched_grad_copy=True`` added to the config's options where ``batched`` (the case's native is DDP's
+    batched copy: :func:`~conformance.apis.ddp.native_modes.divides`).
 
     Raises:
         ValueError: ``config`` is not one of :data:`ALL_CONFIGS`.
@@ -62,7 +65,7 @@ def build_ddp(model_name: str, ctx: Any, config: str, param_dtype: Optional[torc
     if config not in ALL_CONFIGS:
         raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(ALL_CONFIGS)}")
     module = get_model(model_name).build(group=ctx.group, device=ctx.device, fsdp_kwargs=None)
-    return wrap_ddp(in_param_dtype(module, param_dtype), ctx.group, ctx.device, config)
+    return wrap_ddp(in_param_dtype(module, param_dtype), ctx.group, ctx.device, config, batched=batched)
 
 
 def ddp_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
@@ -105,7 +108,8 @@ class DdpModels(ApiModels):
         claim = None if spec.reduce_dtype in (None, spec.param_dtype or torch.float32) else spec.reduce_dtype
         self.arithmetic = DdpArithmetic(self.ctx.world_size, claim)
         self.compiled: Optional[CompiledTraining] = None
-        if divides(config) and claim is None:
+        self.batched = divides(config, spec)  # DDP(batched_grad_copy=True): the config's, or the spec's native
+        if self.batched and claim is None:
             self.reference = self.reference.replace("DDP with no hook", "DDP with batched_grad_copy=True and no hook")
             self.arithmetic = BatchedDdpArithmetic(self.ctx.world_size, None)
         if config == COMPILED_CONFIG:
@@ -118,7 +122,8 @@ class DdpModels(ApiModels):
         ctx.phase(f"building the {'hooked' if hooked else 'reference'} {noun}")
         if self.config == COMPILED_CONFIG:
             return self._build_compiled(hooked)
-        model = build_ddp(self.model_name, ctx, self.config, None if full_precision else self.spec.param_dtype)
+        model = build_ddp(self.model_name, ctx, self.config, None if full_precision else self.spec.param_dtype,
+                          batched=self.batched)
         if hooked and is_cpp_hook(self.spec):
             model._register_builtin_comm_hook(self.spec.hook.hook_type())
             return Built(model, CppHookRecorder(self.spec.hook, model))

@@ -7,14 +7,16 @@ multiplies each gradient by ``1/world_size`` as it copies it (``at::mul_out`` wi
 ``Reducer::mark_variable_ready_dense``). At 3 ranks the two differ in the last bit of about a third of the
 elements. With a hook registered DDP hands the hook the same undivided bucket in either mode, so
 ``allreduce_hook`` (``tensor.div_(world_size)``, SUM) is exactly the batched native, and a hook that
-multiplies by ``1/world_size`` exactly the default one. The suite checks every exact hook against both (the
-``batched_grad_copy`` config of the parity cases).
+multiplies by ``1/world_size`` exactly the default one. A spec that names both natives gets the
+``batched_grad_copy`` parity cases beside its default ones; a spec meant for the batched copy alone has every
+case run with ``batched_grad_copy=True`` added to its config's options (its ``default`` cases in the
+``batched_grad_copy`` config), so that each config is checked against the native its jobs run.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -56,16 +58,33 @@ def reduced_claim(spec: Any) -> bool:
     return spec.reduce_dtype not in (None, spec.param_dtype or torch.float32)
 
 
-def default_mode_skip(spec: Any, config: str) -> Optional[str]:
-    """Why ``spec``'s exact case in ``config`` is not checked against DDP's default native (``None``: it is):
-    the spec names only the batched copy (``HookSpec(native_modes=("batched_grad_copy",))``)."""
-    if divides(config) or spec.meant_for("default") or config == "compiled_autograd":
-        return None
-    return (f"the spec is meant for DDP's {BATCHED_CONFIG} native only (native_modes={spec.native_modes!r}); this "
-            "case trains DDP's default native, which multiplies each gradient by 1/world_size")
+def batched_only(spec: Any) -> bool:
+    """Whether ``spec`` is meant for DDP's batched copy alone (``HookSpec(native_modes=("batched_grad_copy",))``):
+    then every case of it trains both models with ``batched_grad_copy=True`` beside its config's own options
+    (:func:`config_of`, :func:`ddp_options`), its reference included."""
+    return spec.meant_for(BATCHED_CONFIG) and not spec.meant_for("default")
 
 
-def divides(config: str) -> bool:
-    """Whether DDP's native in ``config`` divides the bucket by the world size (the batched copy) rather than
-    multiply each gradient by ``1/world_size``."""
-    return config == BATCHED_CONFIG
+def config_of(spec: Any, config: str) -> str:
+    """The config a case of ``spec`` planned in ``config`` runs in: ``batched_grad_copy`` in place of ``default``
+    for a spec meant for the batched copy alone (:func:`batched_only`), ``config`` otherwise."""
+    return BATCHED_CONFIG if config == "default" and batched_only(spec) else config
+
+
+def ddp_options(config_options: Dict[str, Any], batched: bool) -> Dict[str, Any]:
+    """The ``DistributedDataParallel`` keyword arguments of a case: its config's (``CONFIGS[config]``), with
+    ``batched_grad_copy=True`` where the case's native is the batched copy (``batched``)."""
+    return {**config_options, "batched_grad_copy": True} if batched else dict(config_options)
+
+
+def divides(config: str, spec: Any = None) -> bool:
+    """Whether DDP's native in ``config`` (for ``spec``, where given) divides the bucket by the world size (the
+    batched copy) rather than multiply each gradient by ``1/world_size``: the ``batched_grad_copy`` config, and
+    every config but the compiled one of a spec meant for the batched copy alone."""
+    return config == BATCHED_CONFIG or (spec is not None and config != "compiled_autograd" and batched_only(spec))
+
+
+def batched_skip(spec: Any, config: str) -> Optional[str]:
+    """Why a case of ``spec`` in ``config`` cannot run here (``None``: it can): it trains DDP's batched copy
+    (:func:`divides`) and this torch's DDP has no ``batched_grad_copy`` (:func:`native_mode_unavailable`)."""
+    return native_mode_unavailable() if divides(config, spec) else None

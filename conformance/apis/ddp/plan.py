@@ -43,7 +43,7 @@ from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, Suit
                               two_node_world_sizes)
 from conformance.apis.switches import switch_plan
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, is_cpp_hook
-from conformance.apis.ddp.native_modes import NATIVE_MODES, default_mode_skip, native_mode_skip
+from conformance.apis.ddp.native_modes import NATIVE_MODES, batched_skip, config_of, native_mode_skip
 from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.cases import CaseParams
 
@@ -131,10 +131,9 @@ def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = ()
             for ws in sizes:
                 pairs = main if settings.role(ws) == "main" else extra
                 why = skip_spec(spec) or (skip_one_rank if ws < 2 else None)
-                out.extend(test.case(spec.name, config, ws, model=model,
-                                     skip=why or (default_mode_skip(spec, config) if keep is _exact else None))
-                           for config, model in pairs)
-        return out
+                out.extend(test.case(spec.name, config_of(spec, config), ws, model=model,
+                                     skip=why or batched_skip(spec, config)) for config, model in pairs)
+        return once(out)
 
     return plan
 
@@ -154,9 +153,9 @@ def _with_subgroup(plan: CasePlan) -> CasePlan:
         exact = [spec for spec in specs if _exact(spec)]
         return (plan(test, specs, settings)
                 + [test.case(spec.name, "subgroup", ws, model=TOPOLOGY_MODEL, nodes=TWO_NODES,
-                             skip=why or default_mode_skip(spec, "subgroup")) for spec in exact]
-                + [test.case(spec.name, "default", size, model=TOPOLOGY_MODEL, nodes=TWO_NODES,
-                             skip=why or default_mode_skip(spec, "default"))
+                             skip=why or batched_skip(spec, "subgroup")) for spec in exact]
+                + [test.case(spec.name, config_of(spec, "default"), size, model=TOPOLOGY_MODEL, nodes=TWO_NODES,
+                             skip=why or batched_skip(spec, "default"))
                    for spec in exact for size in two_node_world_sizes(settings)])
 
     return with_subgroup
@@ -164,6 +163,12 @@ def _with_subgroup(plan: CasePlan) -> CasePlan:
 
 def _exact(spec: Any) -> bool:
     return spec.lossy is None
+
+
+def once(cases: List[CaseParams]) -> List[CaseParams]:
+    """``cases`` without repeats, in order: a spec meant for the batched copy alone has its ``default`` cases in
+    the ``batched_grad_copy`` config, where the plan may hold the same case already."""
+    return list(dict.fromkeys(cases))
 
 
 #: Why PyTorch's own DDP hooks (and any hook that says it takes a ``GradBucket``) have no compiled case.
@@ -224,7 +229,7 @@ def _with_native_modes(plan: CasePlan) -> CasePlan:
     modes = _plan(NATIVE_MODE_CASES, NATIVE_MODE_CASES, keep=_exact, skip_spec=native_mode_skip)
 
     def with_native_modes(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
-        return plan(test, specs, settings) + modes(test, specs, settings)
+        return once(plan(test, specs, settings) + modes(test, specs, settings))
 
     return with_native_modes
 

@@ -75,10 +75,11 @@ def micro_steps(variant: Dict[str, Any], asked: int) -> int:
     return NO_SYNC_MICRO_STEPS if variant.get("config") == "no_sync" else asked
 
 
-def wrap_ddp(module: nn.Module, group: Any, device: torch.device, config: str) -> nn.Module:
-    """``DistributedDataParallel(module)`` in ``group`` under ``config`` (:data:`ALL_CONFIGS`); for
-    :data:`COMPILED_CONFIG`, constructed under ``torch._dynamo.config.patch(optimize_ddp="python_reducer")``,
-    which DDP reads in its constructor (``_use_python_reducer``).
+def wrap_ddp(module: nn.Module, group: Any, device: torch.device, config: str, *, batched: bool = False) -> nn.Module:
+    """``DistributedDataParallel(module)`` in ``group`` under ``config`` (:data:`ALL_CONFIGS`), with
+    ``batched_grad_copy=True`` besides where ``batched``; for :data:`COMPILED_CONFIG`, constructed under
+    ``torch._dynamo.config.patch(optimize_ddp="python_reducer")``, which DDP reads in its constructor
+    (``_use_python_reducer``).
 
     Raises:
         ValueError: ``config`` is not one of :data:`ALL_CONFIGS`.
@@ -91,7 +92,8 @@ def wrap_ddp(module: nn.Module, group: Any, device: torch.device, config: str) -
 
         with dynamo_config.patch(optimize_ddp="python_reducer"):
             return DistributedDataParallel(module, device_ids=device_ids, process_group=group)
-    return DistributedDataParallel(module, device_ids=device_ids, process_group=group, **CONFIGS[config])
+    options = {**CONFIGS[config], **({"batched_grad_copy": True} if batched else {})}
+    return DistributedDataParallel(module, device_ids=device_ids, process_group=group, **options)
 
 
 def in_param_dtype(module: nn.Module, dtype: Optional[torch.dtype]) -> nn.Module:
@@ -178,14 +180,20 @@ def reference(case: Dict[str, Any]) -> str:
     if case["reduce_dtype"] in (torch.float16, torch.bfloat16):
         name = "fp16" if case["reduce_dtype"] == torch.float16 else "bf16"
         return f"the documented equivalent, {name}_compress_wrapper(allreduce_hook)"
-    return "DDP with no hook" if case["reduce_dtype"] is None else f"allreduce_hook in {case['reduce_dtype']}"
+    if case["reduce_dtype"] is not None:
+        return f"allreduce_hook in {case['reduce_dtype']}"
+    batched = case.get("native") == "batched_grad_copy" or case["variant"].get("config") == "batched_grad_copy"
+    return "DDP with batched_grad_copy=True and no hook" if batched else "DDP with no hook"
 
 
 def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
     """What a reproducer of ``case`` binds beside its ``CASE``: ``DDP_KWARGS``, the DDP constructor's keyword
-    arguments of its config (:data:`CONFIGS`; none for :data:`COMPILED_CONFIG`), and ``REFERENCE``
-    (:func:`reference`)."""
-    return {"DDP_KWARGS": dict(CONFIGS.get(case["variant"].get("config"), {})), "REFERENCE": reference(case)}
+    arguments of its config (:data:`CONFIGS`; none for :data:`COMPILED_CONFIG`), with ``batched_grad_copy=True``
+    where the case's ``native`` is DDP's batched copy, and ``REFERENCE`` (:func:`reference`)."""
+    options = dict(CONFIGS.get(case["variant"].get("config"), {}))
+    if case.get("native") == "batched_grad_copy" and case["variant"].get("config") != COMPILED_CONFIG:
+        options["batched_grad_copy"] = True  # a spec meant for DDP's batched copy alone: every config with it
+    return {"DDP_KWARGS": options, "REFERENCE": reference(case)}
 
 
 def subgroup(ranks: Any) -> Any:

@@ -162,3 +162,26 @@ def test_an_fsdp2_comm_naming_no_native_is_told_how_to_name_the_sum_one():
     assert all("native_modes=('default', 'sum_no_divide')" in why for why in summed.values())
     both = _fsdp2("test_fsdp2_parity", native_modes=("default", "sum_no_divide"))
     assert {cid: why for cid, why in both.items() if "-sum_no_divide-" in cid} == dict.fromkeys(summed)
+
+
+def test_skip_all_reduce_unused_params_is_a_config_both_models_run_and_an_old_torch_skips(monkeypatch):
+    """DDP's ``skip_all_reduce_unused_params`` changes what DDP reduces (none of the unused parameters'
+    gradients): its ``skip_unused`` parity case trains both models with it; a torch whose DDP lacks the argument
+    skips the case with its version, where the reference could not be built."""
+    from torch.nn.parallel import DistributedDataParallel
+    from conformance.apis.ddp.standalone import CONFIGS
+
+    assert CONFIGS["skip_unused"] == {"find_unused_parameters": True, "skip_all_reduce_unused_params": True}
+    assert _parity(_spec())["mine-skip_unused-unused_param-ws2"] is None
+    original = DistributedDataParallel.__init__
+
+    def without(self, module, device_ids=None, process_group=None, find_unused_parameters=False,
+                batched_grad_copy=False):  # a torch before the argument
+        return original(self, module, device_ids=device_ids, process_group=process_group,
+                        find_unused_parameters=find_unused_parameters)
+
+    monkeypatch.setattr(DistributedDataParallel, "__init__", without)
+    why = _parity(_spec())["mine-skip_unused-unused_param-ws2"]
+    assert why == (f"torch {torch.__version__}'s DistributedDataParallel has no skip_all_reduce_unused_params "
+                   "argument, which config 'skip_unused' sets")
+    assert _parity(_spec())["mine-find_unused-unused_param-ws2"] is None

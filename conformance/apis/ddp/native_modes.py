@@ -88,3 +88,16 @@ def batched_skip(spec: Any, config: str) -> Optional[str]:
     """Why a case of ``spec`` in ``config`` cannot run here (``None``: it can): it trains DDP's batched copy
     (:func:`divides`) and this torch's DDP has no ``batched_grad_copy`` (:func:`native_mode_unavailable`)."""
     return native_mode_unavailable() if divides(config, spec) else None
+
+
+def option_unavailable(options: Dict[str, Any], config: str) -> Optional[str]:
+    """Why this torch's DDP cannot be built with ``options`` (config ``config``'s constructor arguments), or
+    ``None``: an argument its ``DistributedDataParallel`` does not have (``skip_all_reduce_unused_params``, say)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    known = inspect.signature(DistributedDataParallel.__init__).parameters
+    missing = [name for name in options if name not in known]
+    if missing:
+        return (f"torch {torch.__version__}'s DistributedDataParallel has no {', '.join(missing)} argument, which "
+                f"config {config!r} sets")
+    return None

@@ -17,17 +17,16 @@ Suite tests (``conformance/suite/test_ddp.py``), each a :class:`~conformance.api
 * ``future_contract``: DDP accepts the bare hook, and every future's value is a
   tensor with the bucket buffer's shape, dtype and device (``ddp.future_contract``,
   this API's own);
-* ``lossy_error``, ``lossy_loss``, ``lossy_determinism``: for a hook with
-  ``HookSpec(lossy=LossyContract(...))``, instead of the exact checks; it keeps
-  rank consistency and the future contract.
+* ``lossy_error``, ``lossy_loss``, ``lossy_determinism``: for a hook with ``HookSpec(lossy=LossyContract(...))``,
+  instead of the exact checks; it keeps rank consistency and the future contract.
 
 With ``--with-compiled-ddp`` (``Settings.with_compiled_ddp``), ``parity`` also
 plans the ``compiled_autograd`` config: DDP's python reducer under
 ``torch.compile`` and compiled autograd, which calls ``hook(state, (grad,
 param))`` per parameter and ignores its return value; its native divides by
 the world size before the SUM (``compiled.py``). Only a spec with
-``compiled_ddp=True`` runs there; every other hook (PyTorch's own, any
-``GradBucket`` hook, DDP's C++ built-ins) is skipped with the reason.
+``compiled_ddp=True`` runs there; every other hook (PyTorch's own, any ``GradBucket`` hook, DDP's C++
+built-ins) is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -43,8 +42,9 @@ from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, Suit
                               two_node_world_sizes)
 from conformance.apis.switches import switch_plan
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, is_cpp_hook
-from conformance.apis.ddp.native_modes import NATIVE_MODES, batched_skip, config_of, native_mode_skip
-from conformance.apis.ddp.standalone import COMPILED_CONFIG
+from conformance.apis.ddp.native_modes import (NATIVE_MODES, batched_skip, config_of, native_mode_skip,
+                                              option_unavailable)
+from conformance.apis.ddp.standalone import COMPILED_CONFIG, CONFIGS
 from conformance.cases import CaseParams
 
 
@@ -60,6 +60,7 @@ PARITY_CASES = (
     ("bucket_view", "nested_wrapped"),
     ("static_graph", "net_flat"),
     ("find_unused", "unused_param"),
+    ("skip_unused", "unused_param"),
     ("no_sync", "net_flat"),
 )
 EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
@@ -132,7 +133,9 @@ def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = ()
                 pairs = main if settings.role(ws) == "main" else extra
                 why = skip_spec(spec) or (skip_one_rank if ws < 2 else None)
                 out.extend(test.case(spec.name, config_of(spec, config), ws, model=model,
-                                     skip=why or batched_skip(spec, config)) for config, model in pairs)
+                                     skip=why or batched_skip(spec, config)
+                                     or option_unavailable(CONFIGS.get(config, {}), config))
+                           for config, model in pairs)
         return once(out)
 
     return plan
@@ -287,8 +290,8 @@ API = HookApi(
         "test_ddp_lossy_error": _test("lossy_error", "lossy_error", _plan(
             LOSSY_ERROR_CASES, EXTRA_LOSSY_ERROR_CASES, keep=lambda sp: not _exact(sp)), kind="lossy_error"),
         "test_ddp_lossy_loss": _test("lossy_loss", "lossy_loss", _plan(
-            LOSSY_LOSS_CASES, first_only=True, keep=lambda sp: sp.lossy is not None and sp.lossy.loss_margin is not None),
-            kind="lossy_loss"),
+            LOSSY_LOSS_CASES, first_only=True, keep=lambda sp: sp.lossy is not None and sp.lossy.loss_margin
+            is not None), kind="lossy_loss"),
         "test_ddp_lossy_determinism": _test("lossy_determinism", "lossy_determinism", _plan(
             LOSSY_DETERMINISM_CASES, first_only=True, keep=lambda sp: sp.lossy is not None and sp.lossy.deterministic),
             kind="lossy_determinism"),

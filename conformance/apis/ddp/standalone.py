@@ -58,6 +58,8 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     "bucket_view": {"gradient_as_bucket_view": True},
     "static_graph": {"static_graph": True},
     "find_unused": {"find_unused_parameters": True},
+    # torch 2.10+: with unused parameters found, DDP reduces none of theirs (they must stay unused on every rank).
+    "skip_unused": {"find_unused_parameters": True, "skip_all_reduce_unused_params": True},
     # DDP defers each gradient's copy into its bucket and flushes them as one _foreach_copy_; with no hook it then
     # divides the flat bucket by the world size (a divide, where the default multiplies each gradient by
     # 1/world_size as it copies it: other bits at 3 ranks). With a hook, the bucket is handed over undivided.

@@ -327,6 +327,14 @@ class HookSpec:
             object.__setattr__(self, "sample_checks", tuple(self.sample_checks))
         object.__setattr__(self, "strategies", api.validate(self))
 
+    def natives(self) -> Tuple[str, ...]:
+        """The natives of its API the hook is held to: :attr:`native_modes`, else the API's default
+        (``("default",)``, also for an API with one native)."""
+        if self.native_modes is not None:
+            return tuple(self.native_modes)
+        api = _hook_apis().get(self.api)
+        return tuple(api.native_modes[:1]) if api is not None and api.native_modes else ("default",)
+
     def meant_for(self, mode: str) -> bool:
         """Whether the hook is meant to equal its API's native ``mode`` (:attr:`native_modes`; ``None``: only
         the API's first, its default)."""

@@ -232,6 +232,8 @@ def test_a_comm_meant_for_fsdp2s_sum_native_runs_its_cases_there_and_says_why_fo
         assert all("meant for FSDP2's sum_no_divide native only" in c.message or "PREMUL_SUM" in c.message
                    for c in skipped), [c.message[:200] for c in skipped]
         assert not any("-default-" in c.name for c in run.cases if c.name.startswith(f"test_fsdp2_parity[{hook}-"))
+    assert re.search(r"^good_sum_only_comm +CONFORMS +\[.*; native sum_no_divide\]$", run.output, re.MULTILINE), \
+        run.output[-3000:]  # the verdict names the native the hook was held to
     bad = "bad_always_sum_in_default_native"
     assert any("-default-" in c.name for c in cases(bad, "failed"))
     assert {c.name for c in cases(bad, "passed")} >= {f"test_fsdp2_parity[{bad}-sum_no_divide-nested_wrapped-ws2]",

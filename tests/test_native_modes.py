@@ -185,3 +185,10 @@ def test_skip_all_reduce_unused_params_is_a_config_both_models_run_and_an_old_to
     assert why == (f"torch {torch.__version__}'s DistributedDataParallel has no skip_all_reduce_unused_params "
                    "argument, which config 'skip_unused' sets")
     assert _parity(_spec())["mine-find_unused-unused_param-ws2"] is None
+
+
+def test_a_spec_says_which_natives_it_is_held_to():
+    """``HookSpec.natives()``: what the verdict line and the JSON's ``hooks[].native_modes`` report."""
+    assert _spec().natives() == ("default",)
+    assert _spec(native_modes="batched_grad_copy").natives() == ("batched_grad_copy",)
+    assert HookSpec(name="f", api="fsdp", hook=lambda state, grad: None, state=lambda pg: pg).natives() == ("default",)

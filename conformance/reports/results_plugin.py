@@ -295,7 +295,7 @@ class ResultsRecorder:
         code = None if running else hook_code_of(self.state, spec.name)
         return {
             "name": spec.name, "api": spec.api, "reduce_dtype": spec.reduce_dtype_name,
-            "param_dtype": spec.param_dtype_name,
+            "param_dtype": spec.param_dtype_name, "native_modes": list(spec.natives()),
             "lossy": None if lossy is None else {"rel_error_bound": lossy.rel_error_bound,
                                                  "deterministic": lossy.deterministic,
                                                  "loss_margin": lossy.loss_margin, "loss_steps": lossy.loss_steps},

@@ -133,6 +133,7 @@ class Summary:
             reach = hook_reach(records, name, *reach_context(state))
             detail += f"; {reach.text}" if reach is not None and reach.text else ""
             detail += f"; params {item.spec.param_dtype_name}" if item.spec.param_dtype is not None else ""
+            detail += f"; native {' and '.join(item.spec.natives())}" if item.spec.native_modes is not None else ""
             detail += f"; sampled: {', '.join(item.spec.sample_checks)}" if item.spec.sample_checks else ""
             tr.write_line(f"{name:<28} {verdict}  [{sum(counts.values())}{of_planned} cases: {detail}]")
             rerun = session_report.crash_rerun_verdict_note(getattr(state.runner, "crash_reruns", ()), name)

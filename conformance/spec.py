@@ -231,7 +231,8 @@ class HookSpec:
             against DDP's default native skipped with the reason. For ``api="fsdp2"``: ``"default"`` and
             ``"sum_no_divide"`` (``set_gradient_divide_factor(1.0)`` and ``set_force_sum_reduction_for_comms(True)``:
             FSDP2 hands the comm ``SUM`` and divides nothing); a spec meant for ``sum_no_divide`` alone has its
-            default cases run in that config instead.
+            default cases run in that config instead; ``"accumulation"`` (``set_requires_gradient_sync(False)``
+            on every micro-batch but the last): without ``"default"``, only ``test_fsdp2_accumulation`` runs.
         sample_checks: the built-in hooks' extra claims (a parameter dtype) in the default run: only these
             checks (their names in reports, e.g. ``("parity", "accumulation")``) run, each at the first world
             size of at least 2 ranks (the main one on a CPU machine) on one node, under the first variant and

@@ -232,6 +232,12 @@ def test_a_comm_meant_for_fsdp2s_sum_native_runs_its_cases_there_and_says_why_fo
         assert all("meant for FSDP2's sum_no_divide native only" in c.message or "PREMUL_SUM" in c.message
                    for c in skipped), [c.message[:200] for c in skipped]
         assert not any("-default-" in c.name for c in run.cases if c.name.startswith(f"test_fsdp2_parity[{hook}-"))
+    alone = "good_accumulation_only_comm"
+    ran = [c.name for c in run.cases if c.name.startswith("test_fsdp2_") and f"[{alone}-" in c.name
+           and c.outcome == "passed"]
+    assert ran and all(name.startswith("test_fsdp2_accumulation[") for name in ran), ran
+    assert all("gradient accumulation only" in c.message for c in run.cases
+               if c.name.startswith(f"test_fsdp2_parity[{alone}-") and "PREMUL_SUM" not in c.message)
     assert re.search(r"^good_sum_only_comm +CONFORMS +\[.*; native sum_no_divide\]$", run.output, re.MULTILINE), \
         run.output[-3000:]  # the verdict names the native the hook was held to
     bad = "bad_always_sum_in_default_native"

@@ -192,3 +192,22 @@ def test_a_spec_says_which_natives_it_is_held_to():
     assert _spec().natives() == ("default",)
     assert _spec(native_modes="batched_grad_copy").natives() == ("batched_grad_copy",)
     assert HookSpec(name="f", api="fsdp", hook=lambda state, grad: None, state=lambda pg: pg).natives() == ("default",)
+
+
+def test_an_fsdp2_comm_meant_for_accumulation_alone_is_checked_in_the_accumulation_test_only():
+    """FSDP2's ``accumulation`` native: a comm built for training with ``set_requires_gradient_sync(False)`` on
+    every micro-batch but the last runs its accumulation cases and has every other test's skipped, saying where
+    it is checked; with ``sum_no_divide`` too, its accumulation cases run in that config."""
+    accumulation = _fsdp2("test_fsdp2_accumulation", native_modes=("accumulation",))
+    assert accumulation == _fsdp2("test_fsdp2_accumulation")
+    assert any(why is None for why in accumulation.values())
+    for test in ("test_fsdp2_parity", "test_fsdp2_hard_inputs", "test_fsdp2_long_run", "test_fsdp2_clip_grad_norm"):
+        others = _fsdp2(test, native_modes=("accumulation",))
+        assert others and all("gradient accumulation only" in why or "single rank" in why or "PREMUL_SUM" in why
+                              for why in others.values()), others
+    summed = _fsdp2("test_fsdp2_accumulation", native_modes=("sum_no_divide", "accumulation"))
+    ran = [cid for cid, why in summed.items() if why is None]
+    assert ran and all("-sum_no_divide-" in cid for cid in ran)
+    assert all(why for cid, why in summed.items() if "-sum_no_divide-" not in cid)
+    assert all("gradient accumulation only" in why or "PREMUL_SUM" in why for why in _fsdp2(
+        "test_fsdp2_parity", native_modes=("sum_no_divide", "accumulation")).values())

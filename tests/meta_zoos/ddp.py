@@ -126,7 +126,8 @@ DDP = MetaZoo(
 #: the other (DDP's at 3 ranks).
 NATIVE_MODES = MetaZoo(
     name="native_mode_hooks",
-    args=("--hook", "tests.zoo.native_mode_hooks:ALL", "-q", "-k", "test_ddp_parity or test_fsdp2_parity"),
+    args=("--hook", "tests.zoo.native_mode_hooks:ALL", "-q", "-k",
+          "test_ddp_parity or test_fsdp2_parity or test_fsdp2_accumulation"),
     bad=frozenset(s.name for s in native_mode_hooks.KNOWN_BAD),
     documented=frozenset(native_mode_hooks.EXPECTED_CATCH),
     catches=(Catch("bad_reciprocal_in_batched_native", frozenset({"batched_grad_copy"}), "config", True),

@@ -21,6 +21,9 @@ native, which a framework that scales its gradients itself runs) it hands ``SUM`
 * ``good_always_sum_sum_native``: SUMs whatever op it is handed; meant for ``sum_no_divide``: exact there.
 * ``bad_always_sum_in_default_native``: the same comm claiming both natives: caught in the default config (FSDP2
   hands it ``AVG``), its cause a SUM without averaging.
+* ``good_accumulation_only_comm``: a plain comm meant for FSDP2 under gradient accumulation alone
+  (``native_modes=("accumulation",)``): its accumulation cases run, every other test's are skipped with the
+  reason.
 
 Only ``torch`` is imported (and the suite's ``HookSpec``): the zoo is imported by the controller and every rank.
 """
@@ -66,6 +69,14 @@ class AlwaysSum:
         return _reduce_scatter(output_tensor, input_tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
 
 
+class PassOp(AlwaysSum):
+    """A reduce-scatter comm that passes on the op FSDP2 hands it."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
+                 async_op: bool = False) -> Any:
+        return _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
 class SumOnly(AlwaysSum):
     """A reduce-scatter comm that accepts only ``SUM``, as a comm built for a framework that calls
     ``set_gradient_divide_factor(1.0)`` and ``set_force_sum_reduction_for_comms(True)`` does."""
@@ -88,6 +99,8 @@ KNOWN_GOOD: List[HookSpec] = [
              description="a comm that raises on any op but SUM, meant for FSDP2's sum_no_divide native"),
     HookSpec(name="good_always_sum_sum_native", api="fsdp2", hook=AlwaysSum, native_modes=SUM_NATIVE,
              description="a comm that SUMs whatever op it is handed, meant for FSDP2's sum_no_divide native"),
+    HookSpec(name="good_accumulation_only_comm", api="fsdp2", hook=PassOp, native_modes=("accumulation",),
+             description="a comm that passes the op on, meant for FSDP2 under gradient accumulation alone"),
 ]
 KNOWN_BAD: List[HookSpec] = [
     HookSpec(name="bad_reciprocal_in_batched_native", api="ddp", hook=reciprocal_then_sum, state=process_group_state,

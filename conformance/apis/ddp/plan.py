@@ -78,9 +78,8 @@ EXTRA_COMPILED_PARITY_CASES = ((COMPILED_CONFIG, "nested_wrapped"),)
 NATIVE_MODE_CASES = (("batched_grad_copy", "nested_wrapped"),)
 #: Cross-rank comparison of the gradients.
 CONSISTENCY_CASES = (("default", "net_flat"),)
-#: The future's value against the bucket buffer: every config, at every world size. The
-#: ``gradient_probe`` cases have buckets whose lengths divide by neither 2 nor 3 (94 elements
-#: in one bucket, or 3, 1, 5, 21 and 64 in a bucket each), where a padded result shows.
+#: The future's value against the bucket buffer: every config, at every world size. The ``gradient_probe`` cases
+#: have buckets whose lengths divide by neither 2 nor 3 (94, or 3, 1, 5, 21 and 64), where a padded result shows.
 FUTURE_CASES = (
     ("default", "net_flat"),
     ("small_buckets", "nested_wrapped"),
@@ -88,6 +87,7 @@ FUTURE_CASES = (
     ("bucket_view", "gradient_probe"),
     ("static_graph", "net_flat"),
     ("find_unused", "unused_param"),
+    ("skip_unused", "unused_param"),
     ("no_sync", "gradient_probe"),
 )
 #: Hard inputs through the probe (exact claims): one bucket, bucket views, a bucket per parameter; and through the

@@ -111,13 +111,20 @@ LOSSY_DETERMINISM_PLAN: RolePlan = {"main": (("default", "nested_wrapped"),)}
 #: FSDP2 under ``set_gradient_divide_factor(1.0)`` and ``set_force_sum_reduction_for_comms(True)`` (its config of
 #: that name), where it hands the comm ``SUM`` and divides nothing: a framework that scales gradients itself runs
 #: it, and a comm that accepts only ``SUM`` (a bf16-wire reduce-scatter with float32 accumulation, say) is written
-#: for it.
+#: for it. ``accumulation``: FSDP2 training with ``set_requires_gradient_sync(False)`` on every micro-batch but the
+#: last, the only way a comm built for gradient accumulation (one that defers its work to the synchronising
+#: micro-batch) is equal to native: its other suite tests, which reduce every backward, are skipped with the reason.
 SUM_MODE = "sum_no_divide"
-NATIVE_MODES = ("default", SUM_MODE)
+ACCUMULATION_MODE = "accumulation"
+NATIVE_MODES = ("default", SUM_MODE, ACCUMULATION_MODE)
 
 
-def _mode_skip(spec: Any, config: str) -> str:
+def _mode_skip(spec: Any, config: str, accumulation_only: bool = False) -> str:
     """Why ``spec``'s case in ``config`` is not checked: the spec is not meant for that config's native."""
+    if accumulation_only:
+        return (f"the spec is meant for FSDP2 under gradient accumulation only (native_modes={spec.native_modes!r}): "
+                "its comm is checked where every micro-batch but the last runs set_requires_gradient_sync(False) "
+                "(test_fsdp2_accumulation), not in a test that reduces every backward")
     if config == SUM_MODE:
         return (f"the spec is meant for FSDP2's default native only; HookSpec(native_modes=('default', '{SUM_MODE}')) "
                 "checks it under set_gradient_divide_factor(1.0) and set_force_sum_reduction_for_comms(True) too")
@@ -126,19 +133,25 @@ def _mode_skip(spec: Any, config: str) -> str:
             f"place of the default config; config {config!r} sets FSDP2 otherwise")
 
 
-def with_native_modes(plan: CasePlan) -> CasePlan:
-    """``plan`` as each spec's natives (:data:`NATIVE_MODES`) ask: a spec meant for the default keeps its cases
-    (its ``sum_no_divide`` ones skipped with the reason unless it names that mode too); a spec meant for
-    ``sum_no_divide`` alone has each ``default`` case run in that config instead (the same model, world size
-    and layout; once where two fall together), and its other configs skipped with the reason."""
+def with_native_modes(plan: CasePlan, *, accumulation: bool = False) -> CasePlan:
+    """``plan`` (``accumulation``: the plan of ``test_fsdp2_accumulation``) as each spec's natives
+    (:data:`NATIVE_MODES`) ask: a spec meant for the default keeps its cases (its ``sum_no_divide`` ones skipped
+    with the reason unless it names that mode too); a spec meant for ``sum_no_divide`` and not the default has
+    each ``default`` case run in that config instead (the same model, world size and layout; once where two fall
+    together), and its other configs skipped with the reason; a spec meant for ``accumulation`` and not the
+    default has every case of another plan skipped with the reason."""
     def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
         by_name = {spec.name: spec for spec in specs}
         out: Dict[Any, CaseParams] = {}
         for case in plan(test, specs, settings):
             spec = by_name[case.hook]
-            mode = SUM_MODE if case.variant == SUM_MODE else "default"
-            if not spec.meant_for(mode):
-                if case.variant == "default" and spec.meant_for(SUM_MODE):
+            modes = spec.natives()
+            if "default" not in modes and ACCUMULATION_MODE in modes and not accumulation:
+                case = dataclasses.replace(case, skip=case.skip or _mode_skip(spec, case.variant, True))
+            elif case.variant == SUM_MODE and SUM_MODE not in modes:
+                case = dataclasses.replace(case, skip=case.skip or _mode_skip(spec, case.variant))
+            elif case.variant != SUM_MODE and "default" not in modes and (SUM_MODE in modes or not accumulation):
+                if case.variant == "default" and SUM_MODE in modes:
                     case = dataclasses.replace(case, variant=SUM_MODE)
                     case = dataclasses.replace(case, skip=skip_reason(SETUP, case, spec, settings))
                 else:
@@ -212,17 +225,18 @@ APIS = (
             default_hook="conformance.apis.fsdp2.builtin_hooks:default_hook",
             standalone=STANDALONE, native_modes=NATIVE_MODES,
             models="conformance.apis.fsdp2.models:CommModels",
-            plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", with_native_modes(parity_cases), kind="exact"),
+            plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", with_native_modes(parity_cases),
+                                                   kind="exact"),
                    "test_fsdp2_long_run": _comm_test("fsdp2_long_run", "long_run", with_native_modes(role_plan(
                        SETUP, LONG_RUN_PLAN, exact)), kind="exact", depth_params=LONG_RUN_STEPS),
-                   "test_fsdp2_switches": _comm_test("fsdp2_switches", "long_run", with_native_modes(switch_plan(role_plan(
-                       SETUP, LONG_RUN_PLAN, exact))), kind="switches"),
+                   "test_fsdp2_switches": _comm_test("fsdp2_switches", "long_run", with_native_modes(
+                       switch_plan(role_plan(SETUP, LONG_RUN_PLAN, exact))), kind="switches"),
                    "test_fsdp2_hard_inputs": _comm_test("fsdp2_hard_inputs", "hard_inputs",
                                                         with_native_modes(hard_input_cases), kind="hard_inputs"),
                    "test_fsdp2_clip_grad_norm": _comm_test("fsdp2_clip_grad_norm", "clip_grad_norm",
                                                           with_native_modes(clip_cases)),
                    "test_fsdp2_accumulation": _comm_test("fsdp2_accumulation", "parity", with_native_modes(role_plan(
-                       SETUP, ACCUMULATION_PLAN, exact)), kind="exact",
+                       SETUP, ACCUMULATION_PLAN, exact), accumulation=True), kind="exact",
                        params={"micro_steps": ACCUMULATION_MICRO_STEPS}),
                    "test_fsdp2_lossy_error": _comm_test("fsdp2_lossy_error", "lossy_error", role_plan(
                        SETUP, LOSSY_ERROR_PLAN, lambda spec: not exact(spec)), kind="lossy_error"),

@@ -28,10 +28,12 @@ def test_causes_are_counted_once_per_failed_case_most_cases_first():
         _failed("d[ws2]", "other", "the result of step 1 (stale)"),
         CaseRecord(id="t.py::e", name="e", outcome="passed", hook="h"),
     ]
-    # The world size in a cause's words does not make it another cause; a case names a cause once.
-    assert hook_causes(records, "h") == [("SUM, then divided by 2", 2), ("the result of step 1 (stale)", 1)]
-    assert cause_line(hook_causes(records, "h"), 3) == ("most failures explained by: SUM, then divided by 2 "
-                                                         "(2 of 3 failed cases; 1 other cause(s) named)")
+    # A case names a cause once; causes that differ only in a number are one family, each counted by its words.
+    assert hook_causes(records, "h") == [("SUM, then divided by 2", 1), ("SUM, then divided by 3", 1),
+                                         ("the result of step 1 (stale)", 1)]
+    assert cause_line(hook_causes(records, "h"), 3) == (
+        "most failures explained by: SUM, then divided by 2: 1 case; SUM, then divided by 3: 1 case (2 of 3 failed "
+        "cases; 1 other cause(s) named)")
     assert hook_causes(records, "other") == [("the result of step 1 (stale)", 1)]
 
 
@@ -66,16 +68,17 @@ def test_the_markdown_states_the_hooks_cause_from_the_document():
 
 
 def test_each_cause_keeps_the_fix_its_first_failure_recorded():
-    """``hook_fixes``: by the cause as ``hook_causes`` words it, the fix of the first failed case naming it (another
-    world size's case words its numbers its own way); a cause with no fix, or a file from before fixes, has none."""
+    """``hook_fixes``: by the cause, the fix of the first failed case naming it (each world size's cause its own);
+    a cause with no fix, or a file from before fixes, has none."""
     records = [
         _failed("a[ws3]", "h", "SUM, then divided by 3", "the result of step 0 (stale)",
                 fixes={"SUM, then divided by 3": "multiply by 1/3 first"}),
         _failed("b[ws2]", "h", "SUM, then divided by 2", fixes={"SUM, then divided by 2": "multiply by 1/2 first"}),
         _failed("c[ws2]", "h", "the result of step 0 (stale)"),
     ]
-    assert hook_causes(records, "h")[0] == ("SUM, then divided by 3", 2)
-    assert hook_fixes(records, "h") == {"SUM, then divided by 3": "multiply by 1/3 first"}
+    assert hook_causes(records, "h")[0] == ("SUM, then divided by 3", 1)
+    assert hook_fixes(records, "h") == {"SUM, then divided by 3": "multiply by 1/3 first",
+                                        "SUM, then divided by 2": "multiply by 1/2 first"}
     assert hook_fixes([_failed("d", "h", "x")], "h") == {}
 
 
@@ -97,3 +100,17 @@ def test_the_markdown_gives_the_fix_of_the_hooks_main_cause_and_the_schema_takes
     failures[0]["fixes"] = {"SUM without averaging": 3}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, results.schema())
+
+
+def test_a_summary_counts_each_cause_by_the_cases_it_explains():
+    """Issue 48: ``divided by 3`` at 3 ranks and ``divided by 2`` at 2 are each counted by the cases they explain,
+    the family of most cases first, the most frequent of it first (its fix is the one shown)."""
+    records = ([_failed(f"a{i}[ws2]", "h", "SUM, then divided by 2") for i in range(5)]
+               + [_failed(f"b{i}[ws3]", "h", "SUM, then divided by 3") for i in range(3)]
+               + [_failed(f"c{i}[ws2]", "h", "the result of step 0 (stale)") for i in range(6)])
+    causes = hook_causes(records, "h")
+    assert causes == [("SUM, then divided by 2", 5), ("SUM, then divided by 3", 3), ("the result of step 0 (stale)", 6)]
+    assert cause_line(causes, 14) == ("most failures explained by: SUM, then divided by 2: 5 cases; SUM, then "
+                                      "divided by 3: 3 cases (8 of 14 failed cases; 1 other cause(s) named)")
+    assert cause_line([("the result of step 0 (stale)", 6)], 6) == (
+        "most failures explained by: the result of step 0 (stale) (6 of 6 failed cases)")

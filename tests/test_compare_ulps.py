@@ -47,7 +47,7 @@ def test_nan_vs_number_is_infinite(dtype):
     assert math.isnan(m.actual_value)
     assert ulp_distance(actual, expected).tolist() == [0.0, INF]
     assert ulp_distance(expected, actual).tolist() == [0.0, INF]
-    assert "max ULP diff inf" in m.describe()
+    assert "max ULP diff" not in m.describe() and "no ULP figure: a NaN faces a number" in m.describe()
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -259,3 +259,15 @@ def test_ulp_additive_along_ordered_triples_float64(xs):
         assert ac == ab_bc
     else:
         assert math.isclose(ac, ab_bc, rel_tol=2**-51)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_a_ulp_count_across_signs_or_binades_is_not_printed(dtype):
+    """Issue 48: values of different signs (984263339 ULPs for an abs diff of 0.005 in float32) or a factor of 2
+    apart get no ULP figure, only a reason; one ULP within a binade keeps its figure."""
+    m = compare_bitwise(torch.tensor([0.0026], dtype=dtype), torch.tensor([-0.0026], dtype=dtype))
+    assert "max ULP diff" not in m.describe() and "no ULP figure: values of different signs" in m.describe()
+    assert "no ULP figure" in compare_bitwise(torch.tensor([4.0], dtype=dtype),
+                                              torch.tensor([1.0], dtype=dtype)).describe()
+    near = torch.nextafter(torch.tensor([1.0], dtype=dtype), torch.tensor([2.0], dtype=dtype))
+    assert "max ULP diff 1" in compare_bitwise(near, torch.tensor([1.0], dtype=dtype)).describe()

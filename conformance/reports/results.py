@@ -326,35 +326,41 @@ def records_from_json(data: Mapping[str, Any]) -> List[CaseRecord]:
 
 
 def hook_causes(records: Iterable[CaseRecord], hook: str) -> List[Tuple[str, int]]:
-    """The causes the diagnosis named across ``hook``'s failed cases, ``(cause, failed cases naming it)``, most
-    cases first (ties in the order the cases ran): one story per hook where a case alone would tell several.
-
-    Causes that differ only in their numbers (the world size, a rank, an index range) are one cause, worded as
-    its first case words it."""
+    """The causes the diagnosis named across ``hook``'s failed cases, ``(cause, failed cases naming it)``, each
+    counted once per case, by its own words: ``divided by 3`` at 3 ranks and ``divided by 2`` at 2 are two
+    entries, each with the cases it explains. Ordered by family (causes that differ only in their numbers, the
+    world size, a rank, an index range: :func:`cause_key`), the family of most cases first, then most cases
+    first within it (ties in the order the cases ran): :func:`cause_line` tells the first family as one story."""
     counts: Dict[str, int] = {}
-    wording: Dict[str, str] = {}
     for rec in records:
         if rec.hook == hook and rec.failing and rec.failure:
-            for key, cause in {cause_key(c): c for c in rec.failure.get("causes") or ()}.items():
-                wording.setdefault(key, cause)
-                counts[key] = counts.get(key, 0) + 1
-    order = {key: i for i, key in enumerate(counts)}
-    return [(wording[key], n) for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], order[kv[0]]))]
+            for cause in dict.fromkeys(rec.failure.get("causes") or ()):
+                counts[cause] = counts.get(cause, 0) + 1
+    order = {cause: i for i, cause in enumerate(counts)}
+    family: Dict[str, int] = {}
+    first: Dict[str, int] = {}
+    for cause, n in counts.items():
+        family[cause_key(cause)] = family.get(cause_key(cause), 0) + n
+        first.setdefault(cause_key(cause), order[cause])
+    return sorted(counts.items(), key=lambda kv: (-family[cause_key(kv[0])], first[cause_key(kv[0])], -kv[1],
+                                                  order[kv[0]]))
 
 
 def hook_fixes(records: Iterable[CaseRecord], hook: str) -> Dict[str, str]:
-    """The fix each cause of :func:`hook_causes` implies, by the cause as :func:`hook_causes` words it (causes
-    with no fix left out): the fix its first failed case recorded (``failure.fixes``)."""
+    """The fix each cause of :func:`hook_causes` implies, by the cause (causes with no fix left out): the fix the
+    first failed case naming it recorded (``failure.fixes``)."""
     fixes: Dict[str, str] = {}
     for rec in records:
         if rec.hook == hook and rec.failing and rec.failure:
             for cause, fix in (rec.failure.get("fixes") or {}).items():
-                fixes.setdefault(cause_key(cause), fix)
-    return {cause: fixes[cause_key(cause)] for cause, _ in hook_causes(records, hook) if cause_key(cause) in fixes}
+                fixes.setdefault(cause, fix)
+    return {cause: fixes[cause] for cause, _ in hook_causes(records, hook) if cause in fixes}
 
 
 def cause_line(causes: Sequence[Tuple[str, int]], failed: int) -> Optional[str]:
-    """A hook's most common named cause in one line, for the terminal and the Markdown, or ``None``.
+    """A hook's most common named cause in one line, for the terminal and the Markdown, or ``None``: the first
+    family of :func:`hook_causes` (causes that differ only in their numbers), each of its causes with the cases it
+    explains (``SUM, then divided by 2: 5 cases; SUM, then divided by 3: 3 cases (8 of 8 failed cases)``).
 
     Args:
         causes: :func:`hook_causes` of the hook (from the case records, or the JSON's ``hooks[].causes``).
@@ -362,7 +368,12 @@ def cause_line(causes: Sequence[Tuple[str, int]], failed: int) -> Optional[str]:
     """
     if not causes:
         return None
-    cause, n = causes[0]
-    rest = f"; {len(causes) - 1} other cause(s) named" if len(causes) > 1 else ""
-    return f"most failures explained by: {cause} ({n} of {failed} failed cases{rest})"
+    key = cause_key(causes[0][0])
+    story = [(cause, n) for cause, n in causes if cause_key(cause) == key]
+    others = len({cause_key(cause) for cause, _ in causes} - {key})
+    rest = f"; {others} other cause(s) named" if others else ""
+    if len(story) == 1:
+        return f"most failures explained by: {story[0][0]} ({story[0][1]} of {failed} failed cases{rest})"
+    each = "; ".join(f"{cause}: {n} case{'s' if n != 1 else ''}" for cause, n in story)
+    return f"most failures explained by: {each} ({sum(n for _, n in story)} of {failed} failed cases{rest})"
 

@@ -112,12 +112,29 @@ class Mismatch:
             parts.append("sign of zero differs")
         parts.append(f"{self.num_different} of {self.numel} elements differ")
         parts.append(f"max abs diff {self.max_abs_diff:.3g}")
-        if floating and self.max_ulp_diff_reduce is not None:
+        why = self.ulps_not_meaningful() if floating else None
+        if why is not None:
+            parts.append(f"no ULP figure: {why}")
+        elif floating and self.max_ulp_diff_reduce is not None:
             parts.append(f"max ULP diff {_fmt_count(self.max_ulp_diff)} ({self.actual_dtype}), "
                          f"{_fmt_count(self.max_ulp_diff_reduce)} in {self.reduce_dtype}")
         elif floating:
             parts.append(f"max ULP diff {_fmt_count(self.max_ulp_diff)}")
         return "; ".join(parts)
+
+    def ulps_not_meaningful(self) -> Optional[str]:
+        """Why :attr:`max_ulp_diff` says nothing a reader can use, or ``None``: a NaN against a number (an
+        infinite distance), or values a binade or more apart (one ``1/eps`` of ULPs: of different signs, or one
+        at least twice the other), where the count is of every representable value between them, tiny ones
+        included (984263339 ULPs for an abs diff of 0.005 across zero). The abs diff then says how far apart."""
+        if math.isinf(self.max_ulp_diff) or math.isnan(self.max_ulp_diff):
+            return "a NaN faces a number (the abs diff and the values above say what differs)"
+        dtype = getattr(torch, self.actual_dtype, None)
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point and \
+                self.max_ulp_diff >= 1 / torch.finfo(dtype).eps:
+            return ("values of different signs, or a factor of 2 or more apart, where a count of ULPs (every "
+                    "representable value between them) says nothing: read the abs diff")
+        return None
 
 
 #: Elements :func:`same_bits` probes (strided) before its full pass, in tensors of more than twice as many.

@@ -4,6 +4,9 @@ tests/test_readme_example.py."""
 import torch
 import torch.distributed as dist
 
+# torch 2.13 renames reduce_scatter_tensor (deprecated there) to reduce_scatter_single; older torch has the first.
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def fp16_hook(state, grad, output=None):
     """Reduce in fp16 exactly as FSDP's MixedPrecision(reduce_dtype=fp16) does, cast back."""
@@ -15,7 +18,7 @@ def fp16_hook(state, grad, output=None):
         result, target = low, grad
     else:                                    # FULL_SHARD / SHARD_GRAD_OP: fill this rank's shard
         shard = torch.empty(output.shape, dtype=torch.float16, device=output.device)
-        dist.reduce_scatter_tensor(shard, low, group=state.process_group)
+        reduce_scatter(shard, low, group=state.process_group)
         result, target = shard, output
     if state.gradient_postdivide_factor > 1:
         result.div_(state.gradient_postdivide_factor)

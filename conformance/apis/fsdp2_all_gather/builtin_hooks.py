@@ -57,7 +57,9 @@ class PlainAllGather(_AllGatherBase):  # type: ignore[misc,valid-type]
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
                  async_op: bool = False) -> Optional[Any]:
-        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        # torch 2.13 renames all_gather_into_tensor (deprecated there, a FutureWarning per call) all_gather_single
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return all_gather(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
 FSDP2_ALL_GATHER_HOOKS = [
@@ -73,8 +75,8 @@ FSDP2_ALL_GATHER_HOOKS = [
 
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
     """The name, in :data:`FSDP2_ALL_GATHER_HOOKS`, of the comm that stands for FSDP2's own all-gather in a case
-    of ``spec`` (``HookApi.default_hook``): :class:`PlainAllGather`, which calls ``all_gather_into_tensor`` as
-    ``DefaultAllGather`` does; under a claimed parameter dtype, the bfloat16-parameter sample."""
+    of ``spec`` (``HookApi.default_hook``): :class:`PlainAllGather`, which calls ``all_gather_single`` (before torch
+    2.13 ``all_gather_into_tensor``) as ``DefaultAllGather`` does; under a claimed parameter dtype, the bfloat16-parameter sample."""
     if spec.param_dtype is not None:
         return "plain_all_gather_params_bf16" if spec.param_dtype == torch.bfloat16 else None
     return "plain_all_gather"

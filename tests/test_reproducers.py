@@ -41,6 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = [
     (DDP, "test_ddp_hard_inputs[bad_saturates_inf_off_rank0-default-gradient_probe-ws2]"),  # shrunk input
     (FSDP, "test_averaging[bad_sum_no_average-FULL_SHARD-ws2]"),
+    (FSDP, "test_clip_grad_norm[bad_sum_no_average-FULL_SHARD-nested_wrapped-ws2]"),  # issue 48: clip too
     (FSDP2, "test_fsdp2_parity[bad_always_sum-default-nested_wrapped-ws2]"),
     (FSDP2, "test_fsdp2_all_reduce_hook[bad_replica_divide_hook-replicate-nested_wrapped-ws2]"),
     (FSDP2, "test_fsdp2_replica_parity[bad_replica_sum-replica-nested_wrapped-2nodes-ws4]"),
@@ -79,7 +80,7 @@ def _launch(path: str, world_size: int, cwd: str, base_env: Dict[str, str], how:
 #: The cases whose reproducer also runs under torchrun, and with ``--without-hook``: each launch costs seconds of
 #: a 2-core machine, so every case runs once as its author would, and these once more.
 UNDER_TORCHRUN = (CASES[0][1],)
-WITHOUT_HOOK = (CASES[1][1], CASES[2][1])
+WITHOUT_HOOK = (CASES[1][1], CASES[2][1], CASES[3][1])
 
 
 #: The parity reproducers measured and run beside :data:`CASES` (issue 29: short, and still reproducing): of each
@@ -154,7 +155,10 @@ def test_the_reproducer_reproduces_the_failure_without_the_suite(launched, name)
     assert lines, output[-4000:]
     step, fqn, got_bits, want_bits = lines[0]
     assert got_bits != want_bits
-    assert f"parameter '{fqn}'" in case.message or f"{fqn}[" in case.message, (fqn, case.message[:3000])
+    if fqn == "total norm":  # the clip check: the total norm of clip_grad_norm_, which the suite compares first too
+        assert "the total norm of clip_grad_norm_(norm_type=" in output and "total norm (norm_type=" in case.message
+    else:
+        assert f"parameter '{fqn}'" in case.message or f"{fqn}[" in case.message, (fqn, case.message[:3000])
     verdicts = [line for line in output.splitlines() if line.startswith("the difference reproduces: ")]
     assert len(verdicts) == 1 and verdicts[0].startswith(f"the difference reproduces: hook {case.hook} differs"), \
         output[-2000:]
@@ -196,6 +200,26 @@ def test_a_shrunk_hard_input_is_the_one_the_reproducer_feeds(launched):
     text = open(launched[name]["path"]).read()
     inputs = re.search(r"'inputs': (\[.*\]),\n", text).group(1)
     assert inputs.count("'inf'") == 1 and inputs.count("[[[") == 1, inputs[:500]
+
+
+def test_a_clip_case_replays_the_norm_type_that_failed_and_not_the_step_without_backward():
+    """Issue 48, item 7: a clip_grad_norm failure's file runs clip_grad_norm_ after every backward with the suite's
+    bound and the norm type its findings name; its last step (a forward with no backward) no file replays."""
+    from conformance.protocol import Finding
+    from conformance.shared.training import CLIP_MAX_NORM
+
+    found = [Finding(0, "total gradient norm differs", step=1, fqn="total norm (norm_type=inf)")]
+    case = writer.case_literal(type("S", (), {"name": "h", "reduce_dtype": None})(),
+                               "ddp.clip_grad_norm", {"config": "default", "model": "nested_wrapped"}, 2, "x", found)
+    assert case["clip"] == {"max_norm": CLIP_MAX_NORM, "norm_type": "inf"} and case["steps"] == 2
+    assert writer.case_literal(type("S", (), {"name": "h", "reduce_dtype": None})(), "fsdp.clip_grad_norm",
+                               {"strategy": "FULL_SHARD", "model": "nested_wrapped"}, 2, "x",
+                               [Finding(0, "differs", step=0)])["clip"]["norm_type"] == "2.0"
+    without = [Finding(0, "clip_grad_norm_ warned nothing with the hook, but X on native (a forward with no backward, "
+                          "then clip_grad_norm_ norm_type=2.0)")]
+    with pytest.raises(writer.NoReproducer, match="a forward with no backward"):
+        writer.case_literal(type("S", (), {"name": "h", "reduce_dtype": None})(), "ddp.clip_grad_norm",
+                            {"config": "default", "model": "nested_wrapped"}, 2, "x", without)
 
 
 def test_a_check_without_a_lock_step_has_no_reproducer_and_says_why():

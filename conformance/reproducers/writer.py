@@ -195,6 +195,7 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
         steps = len(inputs)
     elif failing is not None:
         steps = min(steps, failing + 1)
+    clip = _clip(findings) if check == "clip_grad_norm" else {}
     return {"api": api, "hook": spec.name, "case_id": case_id, "check": check, "world_size": world_size,
             "model": params.get("model", defaults.get("model")), "variant": variant,
             "reduce_dtype": spec.reduce_dtype, "steps": steps, "lr": float(params.get("lr", defaults["lr"])),
@@ -202,7 +203,28 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
             "micro_steps": micro, "inputs": inputs,
             "objective": defaults.get("objective", "model"), "nodes": nodes, "backend": backend,
             **({} if getattr(spec, "param_dtype", None) is None else {"param_dtype": spec.param_dtype}),
-            **_native(spec)}
+            **_native(spec), **clip}
+
+
+#: How a clip case's findings name the norm type that failed (``total norm (norm_type=inf)``, ``norm_type=2.0``).
+_NORM_TYPE = re.compile(r"norm_type=(inf|[0-9.]+)")
+
+
+def _clip(findings: Sequence[Finding]) -> Dict[str, Any]:
+    """``{"clip": {"max_norm": ..., "norm_type": "2.0" or "inf"}}``: the ``clip_grad_norm_`` a clip case's file runs
+    after every backward, for the norm type its findings name (the first; 2.0 where none does), as a string
+    (``inf`` is no Python literal).
+
+    Raises:
+        NoReproducer: the failure is the check's last step, a forward with no backward, which no file replays.
+    """
+    texts = [f"{f.fqn or ''} {f.message}" for f in findings]
+    if any("a forward with no backward" in t for t in texts):
+        raise NoReproducer("the clip check's last step (a forward with no backward, then clip_grad_norm_) is not "
+                           "replayed by a standalone file; re-run the case with the command below")
+    found = next((m.group(1) for m in map(_NORM_TYPE.search, texts) if m), "2.0")
+    return {"clip": {"max_norm": CHECK_DEFAULTS["clip_grad_norm"]["clip_max_norm"],
+                    "norm_type": "inf" if found == "inf" else str(float(found))}}
 
 
 def _native(spec: Any) -> Dict[str, Any]:

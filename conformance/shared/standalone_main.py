@@ -36,7 +36,7 @@ import collections
 import os
 import sys
 import traceback
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -97,13 +97,27 @@ def hook_raised(rank: int, when: str, exc: Exception) -> int:
     return REPRODUCED
 
 
-def differs(what: str, hooked: nn.Module, native: nn.Module, ranks: Ranks, step: int) -> bool:
-    """Whether ``what`` (the API's ``GRADIENT`` or ``PARAMETER``) of the hooked copy differs bit for bit from
-    native's on any rank: each rank prints its first difference (in native's FQN order), rank 0 the verdict;
-    every rank gets the same answer (an all-reduce: the ranks stop together)."""
-    got, line = tensors(hooked, what), None
-    for fqn, want in tensors(native, what).items():
-        why = first_difference(got.get(fqn), want)
+def clip(model: nn.Module) -> torch.Tensor:
+    """The API's ``clip_grad_norm_`` of ``model`` with the case's ``max_norm`` and ``norm_type`` (``CASE["clip"]``),
+    as the suite's clip check calls it after every backward: FSDP1's own method where the model has one
+    (``FullyShardedDataParallel.clip_grad_norm_``, which all-reduces the shards' norms), else
+    ``torch.nn.utils.clip_grad_norm_`` over its parameters (DDP; FSDP2, whose DTensor norm is taken whole).
+    Returns the total norm, flattened."""
+    max_norm, norm_type = CASE["clip"]["max_norm"], float(CASE["clip"]["norm_type"])
+    if hasattr(model, "clip_grad_norm_"):
+        norm = model.clip_grad_norm_(max_norm, norm_type)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)
+    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).detach().reshape(-1)
+
+
+def differs(what: str, got: Dict[str, Any], want: Dict[str, Any], ranks: Ranks, step: int) -> bool:
+    """Whether ``what`` of the hooked copy (``got``: ``{fqn: tensor}``, the API's ``tensors(hooked, what)``) differs
+    bit for bit from native's (``want``) on any rank: each rank prints its first difference (in native's FQN
+    order), rank 0 the verdict; every rank gets the same answer (an all-reduce: the ranks stop together)."""
+    line = None
+    for fqn, expected in want.items():
+        why = first_difference(got.get(fqn), expected)
         if why is not None:
             line = f"[rank {ranks.rank}, step {step}, parameter {fqn!r}] {what} differs from {REFERENCE}: {why}"
             print(line + "\n", end="", flush=True)  # one write a line, buffered or not: the ranks share the terminal
@@ -150,12 +164,16 @@ def main() -> int:
             train_step(hooked, optims[1], inputs)
         except Exception as exc:  # noqa: BLE001 - the hook raised where native did not
             return hook_raised(ranks.rank, f"at step {step}", exc)
-        if differs(GRADIENT, hooked, native, ranks, step):
+        if CASE.get("clip") is not None:  # the clip check: clip_grad_norm_ after every backward, its norm first
+            norm = f"the total norm of clip_grad_norm_(norm_type={CASE['clip']['norm_type']})"
+            if differs(norm, {"total norm": clip(hooked)}, {"total norm": clip(native)}, ranks, step):
+                return REPRODUCED
+        if differs(GRADIENT, tensors(hooked, GRADIENT), tensors(native, GRADIENT), ranks, step):
             return REPRODUCED
         if CASE["optimizer_step"]:
             for optim in optims:
                 optim.step()
-            if differs(PARAMETER, hooked, native, ranks, step):
+            if differs(PARAMETER, tensors(hooked, PARAMETER), tensors(native, PARAMETER), ranks, step):
                 return REPRODUCED
     if ranks.rank == 0:
         print(f"no difference in {CASE['steps']} step(s)", flush=True)

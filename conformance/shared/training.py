@@ -9,7 +9,8 @@ Each entry of :data:`CHECK_TRAINING` (by rank check, the part of ``<api>.<check>
 ``model`` (a :data:`conformance.models.MODELS` name, where the check has a default one), ``steps``
 (training steps; the long run's come from its case), ``lr`` (SGD's learning rate), ``momentum``
 (SGD's momentum), ``optimizer_step`` (whether SGD steps after each backward) and, for the long run,
-``objective`` (``"regression"``: :func:`conformance.shared.standalone_main.regression_inputs`).
+``objective`` (``"regression"``: :func:`conformance.shared.standalone_main.regression_inputs`), for the clip
+check ``clip_max_norm`` (``clip_grad_norm_``'s bound after every backward).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["AVERAGING", "CHECK_TRAINING", "HARD_INPUTS", "LONG_RUN", "LR", "MOMENTUM", "PARITY"]
+__all__ = ["AVERAGING", "CHECK_TRAINING", "CLIP_GRAD_NORM", "CLIP_MAX_NORM", "HARD_INPUTS", "LONG_RUN", "LR",
+           "MOMENTUM", "PARITY"]
 
 #: SGD's momentum in every check that trains several steps in lock step (parity, clip, the lossy contracts): a
 #: gradient difference then reaches the parameters through the optimizer's state too. The averaging check's
@@ -39,6 +41,14 @@ LONG_RUN: Mapping[str, Any] = MappingProxyType(
 HARD_INPUTS: Mapping[str, Any] = MappingProxyType(
     {"model": "gradient_probe", "steps": 1, "lr": LR, "momentum": MOMENTUM, "optimizer_step": False})
 
+#: ``clip_grad_norm_(CLIP_MAX_NORM, norm_type)`` after every backward, for norm types 2 and inf: a bound that
+#: every gradient here exceeds, so every step clips.
+CLIP_MAX_NORM = 1e-2
+#: The case's model, 2 steps, each backward followed by the API's ``clip_grad_norm_`` (``clip_max_norm``).
+CLIP_GRAD_NORM: Mapping[str, Any] = MappingProxyType(
+    {"steps": 2, "lr": LR, "momentum": MOMENTUM, "optimizer_step": True, "clip_max_norm": CLIP_MAX_NORM})
+
 #: The rank checks a reproducer replays, with how they train.
 CHECK_TRAINING: Mapping[str, Mapping[str, Any]] = MappingProxyType(
-    {"averaging": AVERAGING, "parity": PARITY, "long_run": LONG_RUN, "hard_inputs": HARD_INPUTS})
+    {"averaging": AVERAGING, "parity": PARITY, "long_run": LONG_RUN, "hard_inputs": HARD_INPUTS,
+     "clip_grad_norm": CLIP_GRAD_NORM})

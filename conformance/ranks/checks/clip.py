@@ -25,10 +25,12 @@ from conformance.ranks.checks.common import (MOMENTUM, compare_named, reference_
                                              train_step)
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
+from conformance.shared.training import CLIP_GRAD_NORM
 
-#: ``max_norm`` of the clip_grad_norm_ cases: small enough that every reference model's gradients
-#: are scaled down (so the clipped gradients, not only the norm, carry the result).
-CLIP_MAX_NORM = 1e-2
+#: ``max_norm`` of the clip_grad_norm_ cases (:data:`conformance.shared.training.CLIP_MAX_NORM`, which the
+#: reproducers read too): small enough that every reference model's gradients are scaled down (so the clipped
+#: gradients, not only the norm, carry the result).
+CLIP_MAX_NORM = CLIP_GRAD_NORM["clip_max_norm"]
 #: The norm types of the clip_grad_norm_ cases (PyTorch's test_fsdp_clip_grad_norm.py uses 2 and inf).
 CLIP_NORM_TYPES = (2.0, float("inf"))
 
@@ -95,8 +97,8 @@ def _without_backward_findings(ctx: Any, plan: Lockstep, inputs: Any, clip: Call
     return findings
 
 
-def clip_grad_norm(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 2, lr: float = 0.01,
-                   reference_only: bool = False, **variant: Any) -> List[Finding]:
+def clip_grad_norm(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = CLIP_GRAD_NORM["steps"],
+                   lr: float = CLIP_GRAD_NORM["lr"], reference_only: bool = False, **variant: Any) -> List[Finding]:
     """The API's ``clip_grad_norm_`` with the hook installed, for norm types 2 and inf (:data:`CLIP_NORM_TYPES`):
     per norm type, a fresh pair trained in lock step with ``clip_grad_norm_(CLIP_MAX_NORM, norm_type)`` after
     every backward (:func:`clipped`): the total norm and the clipped gradients bitwise equal to the

@@ -84,6 +84,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_known_failures": ("unit",),
     "test_known_failures_book": ("unit",),
     "test_known_failures_repo": ("unit",),
+    "test_known_failures_draft": ("unit",),
     "test_known_failures_report": ("suite",),
     "test_lifeline": ("unit",),
     "test_listener": ("unit",),

@@ -24,7 +24,7 @@ import os
 import platform
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -32,7 +32,7 @@ import torch
 import conformance
 from conformance.shared.nccl import nccl_record
 from conformance.reports import baseline as baseline_mod
-from conformance.reports import results
+from conformance.reports import known_failures_draft, results
 from conformance.reports.bookkeeper import Bookkeeper
 from conformance.reports.markdown_summary import markdown_summary
 from conformance.reports.matrix import hook_matrix, matrix_text, not_run_records
@@ -108,6 +108,7 @@ class ResultsRecorder:
         self.state = state
         self.keeper = keeper
         self.baseline_doc: Optional[Dict[str, Any]] = None
+        self.draft: Optional[Tuple[str, int]] = None  # (path, entries) of the known-failures draft written
         self.diff: Optional[baseline_mod.BaselineDiff] = None
         guard = config.pluginmanager.get_plugin(REPORT_FILES)
         self.reports = guard.reports if guard is not None else None
@@ -182,6 +183,8 @@ class ResultsRecorder:
         if reports is None or not reports.marked:  # no case ran: every report is left as it was
             return
         doc = self.document(int(session.exitstatus), records, complete=self._complete(session, records))
+        if self.baseline_doc is None and doc["run"]["complete"]:
+            self._write_draft(reports, records, doc)
         reports.stage("--json", lambda: self.json_text(doc))
         reports.stage("--markdown", lambda: markdown_summary(doc))
         if summary_path and self._guard is not None:
@@ -193,6 +196,19 @@ class ResultsRecorder:
                 except (OSError, ValueError) as exc:  # the job page's summary is a convenience
                     self.notes.append(f"could not append the summary to ${GITHUB_STEP_SUMMARY} ({summary_path}): {exc}")
             self._guard.after_publish(append)
+
+    def _write_draft(self, reports: Any, records: List[CaseRecord], doc: Dict[str, Any]) -> None:
+        """A red run with no ``--baseline``: the known-failures draft beside its first report
+        (:mod:`conformance.reports.known_failures_draft`), said in the terminal; a draft that cannot be written
+        is a note, never the run's failure."""
+        text = known_failures_draft.draft_text(records, doc["environment"], doc["run"]["started_at"])
+        if text is None or not reports.files:
+            return
+        directory = os.path.dirname(next(iter(reports.files.values())).path)
+        try:
+            self.draft = (known_failures_draft.write_draft(directory, text), text.count("[[failure]]"))
+        except OSError as exc:
+            self.notes.append(f"could not write the known-failures draft in {directory}: {exc}")
 
     def _hook_codes(self) -> Dict[str, Dict[str, Any]]:
         """hook -> its ``hooks[].hook_code``, for each hook under test whose cases ran here."""
@@ -314,6 +330,16 @@ class ResultsRecorder:
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
+        if self.draft is not None:
+            path, entries = self.draft
+            tr.write_line(f"known failures: drafted {path} ({entries} entries, one per failed case, each reason "
+                          "TODO): review every entry before --known-failures; docs/nightly.md, 'The first night'",
+                          yellow=True)
+        unexplained = (known_failures_draft.unexplained_in_baseline(self.baseline_doc)
+                       if self.baseline_doc is not None else [])
+        note = known_failures_draft.baseline_note(self.state.settings.baseline_path, unexplained)
+        if note is not None:
+            tr.write_line(f"baseline: {note}", yellow=True)
         if self.diff is not None:
             tr.section("against the baseline")
             new = bool(self.diff.regressions)

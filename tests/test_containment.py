@@ -157,6 +157,8 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
     import subprocess
 
     from conformance.controller import pool as pool_mod
+    from conformance.controller.pools import PoolConfig
+    from conformance.controller.zygote_client import close_zygote
 
     monkeypatch.setenv("CONFORM_FORK_RANKS", "0")
 
@@ -173,7 +175,7 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
         return proc
 
     monkeypatch.setattr(pool_mod.subprocess, "Popen", popen)
-    pool = pool_mod.RankPool(pool_mod.PoolConfig(world_size=3, backend="gloo", device="cpu"))
+    pool = pool_mod.RankPool(PoolConfig(world_size=3, backend="gloo", device="cpu"))
     with pytest.raises(KeyboardInterrupt):
         pool.launch()
     assert len(spawned) == 1 and spawned[0].poll() is not None, "rank 0 outlived the interrupted start"
@@ -183,9 +185,11 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
 def test_an_interrupted_start_kills_the_forked_ranks_already_spawned(monkeypatch):
     """The same with ranks forked by the zygote: Ctrl-C after the first rank leaves none running."""
     from conformance.controller import pool as pool_mod
+    from conformance.controller.pools import PoolConfig
+    from conformance.controller.zygote_client import close_zygote
     from conformance.controller import zygote_client
 
-    pool_mod.close_zygote()
+    close_zygote()
     spawned = []
     real_spawn = zygote_client._Zygote.spawn
 
@@ -197,14 +201,14 @@ def test_an_interrupted_start_kills_the_forked_ranks_already_spawned(monkeypatch
         return proc
 
     monkeypatch.setattr(zygote_client._Zygote, "spawn", spawn)
-    pool = pool_mod.RankPool(pool_mod.PoolConfig(world_size=3, backend="gloo", device="cpu"))
+    pool = pool_mod.RankPool(PoolConfig(world_size=3, backend="gloo", device="cpu"))
     try:
         with pytest.raises(KeyboardInterrupt):
             pool.launch()
         assert len(spawned) == 1 and spawned[0].wait(timeout=10) is not None, "rank 0 outlived the start"
         assert not pool.alive
     finally:
-        pool_mod.close_zygote()
+        close_zygote()
 
 
 def test_a_case_that_raised_with_a_collective_unmatched_leaves_no_ranks_behind(zoo_runs):

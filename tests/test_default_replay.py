@@ -19,7 +19,8 @@ from conformance.controller import default_replay
 from conformance.apis.registry import HOOK_APIS
 from conformance.shared.compare import compare_bitwise
 from conformance.protocol import REFERENCE_DIGEST, CaseResult, CheckResult, Finding, RankOutcome
-from conformance.controller.runner import ConformanceFailure, Runner
+from conformance.controller.failures import ConformanceFailure
+from conformance.controller.runner import Runner
 from conformance.controller.settings import resolve
 from conformance.spec import HookSpec
 from conformance.shared.spec_loading import LoadedSpec, load_target

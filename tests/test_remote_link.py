@@ -189,7 +189,7 @@ def _stopped_pool(listener, restart_count, max_restarts):
 
 
 def _new_pool(listener, start_timeout_s=0.3):
-    from conformance.controller.pool import PoolConfig
+    from conformance.controller.pools import PoolConfig
     from conformance.controller.remote import RemotePool
 
     return RemotePool(PoolConfig(world_size=2, backend="gloo", device="cpu", start_timeout_s=start_timeout_s),
@@ -198,7 +198,7 @@ def _new_pool(listener, start_timeout_s=0.3):
 
 def test_ranks_that_never_connect_are_a_failure_of_the_run_not_a_case(listener):
     """run() raises RanksNotConnected (a PoolStartError: the runner's run error), it returns no failed case."""
-    from conformance.controller.pool import PoolStartError
+    from conformance.controller.pools import PoolStartError
     from conformance.protocol import Case
     from conformance.controller.remote import RanksNotConnected
 
@@ -259,7 +259,7 @@ def test_spent_restarts_are_known_without_waiting(listener):
 
 def test_a_rank_gone_before_the_hello_is_a_pool_start_error(listener):
     """A rank that joined and then reset its connection: a PoolStartError naming it, not a raw OSError."""
-    from conformance.controller.pool import PoolConfig, PoolStartError
+    from conformance.controller.pools import PoolConfig, PoolStartError
     from conformance.controller.remote import RemotePool
 
     rank = Client(listener.address, authkey=KEY)
@@ -277,7 +277,7 @@ def test_a_rank_gone_before_the_hello_is_a_pool_start_error(listener):
 
 def test_a_world_size_that_disagrees_with_the_flags_is_a_usage_error(listener):
     """torchrun started 4 ranks, the run planned 2: exit 4 naming both, and the rank is told why."""
-    from conformance.controller.pool import PoolConfig
+    from conformance.controller.pools import PoolConfig
     from conformance.controller.remote import RemotePool
 
     rank = Client(listener.address, authkey=KEY)

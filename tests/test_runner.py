@@ -13,7 +13,8 @@ import pytest
 
 from conformance.shared.spec_loading import LoadedSpec
 from conformance.protocol import CaseResult, CheckResult, RankOutcome
-from conformance.controller.runner import ConformanceFailure, Runner
+from conformance.controller.failures import ConformanceFailure
+from conformance.controller.runner import Runner
 from conformance.controller.settings import resolve
 from conformance.spec import HookSpec
 

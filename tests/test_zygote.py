@@ -17,7 +17,8 @@ import time
 import pytest
 
 from conformance.controller import zygote_client
-from conformance.controller.pool import PoolConfig, RankPool
+from conformance.controller.pool import RankPool
+from conformance.controller.pools import PoolConfig
 
 
 @pytest.fixture

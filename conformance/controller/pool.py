@@ -40,11 +40,10 @@ from conformance.controller.pools import (Pool, PoolConfig, PoolStartError, Spec
                                           memory_grown)
 from conformance.shared.phase_board import PhaseBoard
 from conformance.shared.rank_log import RankLog
-from conformance.controller.zygote_client import close_zygote, rank_env, start_zygote, zygote as _session_zygote
+from conformance.controller.zygote_client import rank_env, zygote as _session_zygote
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send, send_all
 
-# PoolConfig, the errors and the zygote's start and stop are imported from here too (their home before the split).
-__all__ = ["Pool", "PoolConfig", "PoolStartError", "RankPool", "SpecLoadError", "close_zygote", "pool_env", "start_zygote"]
+__all__ = ["RankPool", "pool_env"]
 
 #: Seconds a rank gets to write its stack after SIGUSR1.
 STACK_DUMP_WAIT_S = 0.5

@@ -23,17 +23,15 @@ import torch
 
 from conformance.apis.registry import HOOK_APIS
 from conformance.controller import default_replay
-from conformance.controller.attribution import (CaseFacts, Replay, Run, crash_signatures, first_loss, lost_a_rank,
-                                                own_exit)
+from conformance.controller.attribution import CaseFacts, Replay, Run, first_loss, lost_a_rank
 from conformance.controller.failures import NotRun
 from conformance.controller.pools import PoolStartError
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 from conformance.controller.replay_policy import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.reports import report
 
-# lost_a_rank, first_loss, crash_signatures and own_exit are imported from here too (their home before attribution).
-__all__ = ["CrashRerun", "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "case_facts",
-           "crash_signatures", "first_loss", "lost_a_rank", "own_exit", "replay", "second_run_outcome"]
+__all__ = ["CrashRerun", "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "case_facts", "replay",
+           "second_run_outcome"]
 
 
 #: How the re-run after a dead rank went (:attr:`CrashRerun.second_run`).

@@ -57,7 +57,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 import pytest
 
 from conformance.controller import case_failure, case_kinds
-from conformance.controller.across_ranks import compare_across_ranks, findings_of
+from conformance.controller.across_ranks import findings_of
 from conformance.controller.attribution import (NOT_THE_HOOKS_RULES, REPRODUCED, Attribution, Blame, Replay, Run,
                                                 attribute, case_run)
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
@@ -71,8 +71,7 @@ from conformance.protocol import Case, CaseResult, Finding, HookRef
 from conformance.reports import report
 from conformance.reports.hook_code import HookCodeLedger
 
-# ConformanceFailure, NotRun and compare_across_ranks are imported from here too (their home before the split).
-__all__ = ["ConformanceFailure", "NotRun", "Runner", "compare_across_ranks"]
+__all__ = ["Runner"]
 
 
 class Runner:
@@ -347,8 +346,8 @@ class Runner:
         Gives the test its case's JUnit properties (``case.junit_properties(check)``),
         runs ``rank_check`` with ``params`` on every rank of the case's pool
         (:meth:`run`), and fails the case with every rank's findings. With
-        ``across_ranks``, a case without findings compares each rank's per-step
-        gradients (``CheckResult.grads``) with rank 0's (:func:`compare_across_ranks`).
+        ``across_ranks``, a case without findings compares each rank's per-step gradients (``CheckResult.grads``)
+        with rank 0's (:func:`~conformance.controller.across_ranks.compare_across_ranks`).
         ``note(result, findings)`` closes the failure text (it runs on success
         too, with no findings, and may add JUnit properties of figures).
 

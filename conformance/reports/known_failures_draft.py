@@ -8,16 +8,17 @@ failed case, pinned to the case's exact id, this torch, backend and device, each
 failure's diagnosis (its named cause, else its first line). The file loads as it is
 (:func:`conformance.controller.known_failures.load_known_failures`), so a user who passes it unread gets every
 failure excused with a reason that says TODO; ``docs/nightly.md``'s first-night recipe says to review it, and
-:func:`unexplained_in_baseline` is what ``--baseline`` says of a red baseline. Plain data and the standard
-library only.
+:func:`unexplained_in_baseline` is what ``--baseline`` says of a red baseline. Plain data; written as the
+reports are.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any, Iterable, List, Mapping, Optional, Sequence
+
+from conformance.reports.results import write_atomic
 
 __all__ = ["DRAFT_NAME", "draft_text", "unexplained_in_baseline", "write_draft"]
 
@@ -78,22 +79,14 @@ def draft_text(records: Iterable[Any], environment: Mapping[str, Any], when: str
 
 
 def write_draft(directory: str, text: str) -> str:
-    """Write ``text`` to :data:`DRAFT_NAME` in ``directory`` atomically (a temporary file beside it, then
-    ``os.replace``) and return its path.
+    """Write ``text`` to :data:`DRAFT_NAME` in ``directory`` as the reports are written
+    (:func:`conformance.reports.results.write_atomic`) and return its path.
 
     Raises:
         OSError: the directory cannot be written.
     """
     path = os.path.join(directory, DRAFT_NAME)
-    fd, temp = tempfile.mkstemp(prefix=f".{DRAFT_NAME}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+    write_atomic(path, text)
     return path
 
 

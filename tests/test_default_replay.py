@@ -133,7 +133,8 @@ class ScriptedPool:
         if case.params.get("reference_only"):
             self.references.append(case)
             return CaseResult(case=case, world_size=2, outcomes=tuple(
-                RankOutcome(rank=r, ok=True, value=CheckResult(figures={REFERENCE_DIGEST: f"bits{r}"})) for r in range(2)))
+                RankOutcome(rank=r, ok=True, value=CheckResult(figures={REFERENCE_DIGEST: f"bits{r}"}))
+                for r in range(2)))
         self.cases.append(case)
         per_rank = self.runs.pop(0)
         outcomes = tuple(RankOutcome(rank=r, ok=True, value=CheckResult(findings=[f for f in per_rank if f.rank == r]))

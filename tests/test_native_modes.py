@@ -1,6 +1,6 @@
-"""DDP's two natives and FSDP2's (issue 45), without a run: which cases a spec gets for each, and what a bad ``native_modes``
-is told. The runs are ``tests/test_meta_ddp.py``'s (the native-mode zoo) and the outcomes guard's (PyTorch's
-``allreduce_hook`` against each)."""
+"""DDP's two natives and FSDP2's (issue 45), without a run: which cases a spec gets for each, and what a bad
+``native_modes`` is told. The runs are ``tests/test_meta_ddp.py``'s (the native-mode zoo) and the outcomes
+guard's (PyTorch's ``allreduce_hook`` against each)."""
 
 from __future__ import annotations
 

@@ -48,8 +48,8 @@ from conformance.protocol import (LOST_CONTROLLER_EXIT_CODE, REFERENCE_DIGEST, C
 from conformance.reports.report import exception_line
 
 __all__ = ["Attribution", "Blame", "CaseFacts", "NOT_THE_HOOKS_RULES", "REPRODUCED", "Replay", "Rule",
-           "Run", "attribute", "reference_digests", "case_run", "crash_signatures", "first_loss", "stopped_in_reference", "lost_a_rank",
-           "own_exit"]
+           "Run", "attribute", "case_run", "crash_signatures", "first_loss", "lost_a_rank", "own_exit",
+           "reference_digests", "stopped_in_reference"]
 
 
 class Blame(enum.Enum):

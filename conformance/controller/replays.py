@@ -8,8 +8,9 @@ the case's runs; this module runs what it asks for, on the runner's pools
   the torch version, whether the check replays its reference or the default hook);
 * :func:`replay`: a :class:`~conformance.controller.attribution.Replay` of the case, as a
   :class:`~conformance.controller.attribution.Run`: the reference alone (``reference_only=True``, on the same
-  pool; once more to check native against itself), or PyTorch's own default hook in the hook's place (in ranks of their own; once per case shape, kept
-  for the session), or the case again in fresh ranks (the case's own run, where it starts).
+  pool; once more to check native against itself), or PyTorch's own default hook in the hook's place (in ranks
+  of their own; once per case shape, kept for the session), or the case again in fresh ranks (the case's own
+  run, where it starts).
 * :class:`CrashRerun`: a case whose rank died by a signal, run once more in fresh ranks: the hook's verdict
   line, the summary and the results file show it.
 """
@@ -129,8 +130,8 @@ def replay(runner: Any, asked: Replay, case: Case, world_size: int, pool: Any,
     """Run the replay ``asked`` of ``case`` (whose first run was ``first``), its findings judged by ``judge``
     where every rank finished: :attr:`Replay.CRASH_RERUN` on the case's ``pool`` (rebuilt: fresh ranks), kept in
     the runner's ``crash_reruns``; :attr:`Replay.REFERENCE` and :attr:`Replay.REFERENCE_AGAIN` on ``pool``;
-    :attr:`Replay.DEFAULT_HOOK` in ranks of their own, kept in the runner's ``crash_replays`` for the session, by case shape. A replay whose ranks cannot
-    start is a :class:`Run` with no result, saying why."""
+    :attr:`Replay.DEFAULT_HOOK` in ranks of their own, kept in the runner's ``crash_replays`` for the session, by
+    case shape. A replay whose ranks cannot start is a :class:`Run` with no result, saying why."""
     __tracebackhide__ = True
     if asked is Replay.CRASH_RERUN:
         return _rerun(runner, pool, case, world_size, judge, first)

@@ -192,6 +192,8 @@ class RankOutcome:
             hooked model trained, ``buffer_bytes`` of the largest buffer the hook was handed, ``calls``.
         hook_code: which of the hook's own code ran on this rank (:func:`conformance.ranks.hook_code.read`: the
             arcs run per file, the hook's own definitions), ``{}`` where not measured.
+        cost: what a training step of the hooked model and of native cost on this rank
+            (:func:`conformance.ranks.cost.read`: collectives by kind, bytes by dtype), ``{}`` where not measured.
     """
 
     rank: int
@@ -210,6 +212,7 @@ class RankOutcome:
     rss: Optional[int] = None
     reach: Dict[str, int] = dataclasses.field(default_factory=dict)
     hook_code: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    cost: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def hung(self) -> bool:

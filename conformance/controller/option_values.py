@@ -59,6 +59,22 @@ def mib_in_bytes(value: Any, source: str, default: float, *, minimum: float) -> 
     return int(mib * 2**20)
 
 
+def positive_ratio(value: Any, source: str) -> float:
+    """``value`` as a ratio against native's (``--max-cost 1.5``): a finite number above 0.
+
+    Raises:
+        SettingsError: anything else; the message names ``source``.
+    """
+    try:
+        ratio = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"invalid value {value!r} from {source}: expected a ratio against native's, "
+                            "e.g. 1.0 (no more than native) or 1.5") from None
+    if not math.isfinite(ratio) or ratio <= 0:
+        raise SettingsError(f"invalid value {value!r} from {source}: must be a finite ratio above 0, e.g. 1.0")
+    return ratio
+
+
 def flag(value: Any, source: str) -> bool:
     """``value`` as a flag: a ``bool`` (or ``None``, false) as given, or the text 1/true/yes/on or 0/false/no/off.
 

@@ -152,6 +152,10 @@ OPTIONS: Tuple[Option, ...] = (
            "case took where the baseline's did, against --baseline) or uncovered (failures, and any branch of a "
            "hook's own code that no case took)", "conform_fail_on", "failures|regressions|uncovered",
            "failures; regressions needs a baseline"),
+    Option("--max-cost", "CONFORM_MAX_COST",
+           "fail the run for a hook whose collectives or bytes per training step exceed native's, on the same cases, "
+           "by more than this ratio (1.0: no more than native); the cost is reported either way",
+           "conform_max_cost", "RATIO", "none: cost reported, not gated"),
     Option("--listen", "CONFORM_LISTEN",
            "start no ranks here; accept the ranks that 'torchrun ... -m conformance.worker --controller "
            "HOST:PORT' starts on every node (secret: CONFORM_AUTHKEY_FILE or CONFORM_AUTHKEY); needs "

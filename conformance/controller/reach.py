@@ -10,9 +10,11 @@ it reaches.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 from conformance.protocol import CaseResult
+from conformance.reports.cost import COST_PROPERTY, combine_ranks
 from conformance.reports.reach import REACH_PROPERTIES
 
 __all__ = ["note_reach"]
@@ -22,7 +24,8 @@ def note_reach(request: Any, result: CaseResult, real_nodes: Optional[int] = Non
     """Give the test the reach its ranks measured as JUnit properties: for each of :data:`REACH_PROPERTIES`,
     the largest over the ranks and over the case's dispatches so far (a hard-input case sends several), where
     the hook was called at all. ``real_nodes``: the nodes torchrun spread the ranks over (``--listen``,
-    :attr:`conformance.controller.remote.RemotePool.nodes`), which replace the case's own ``nodes``."""
+    :attr:`conformance.controller.remote.RemotePool.nodes`), which replace the case's own ``nodes``. The cost of a
+    training step its ranks measured (:mod:`conformance.ranks.cost`) becomes its ``cost`` property, once."""
     props = request.node.user_properties
     held = dict(props)
     if real_nodes is not None and real_nodes != held.get("nodes"):
@@ -31,3 +34,6 @@ def note_reach(request: Any, result: CaseResult, real_nodes: Optional[int] = Non
         value = max([int(o.reach.get(key, 0)) for o in result.outcomes if o.reach] + [int(held.get(key) or 0)])
         if value and value != held.get(key):
             props.append((key, value))
+    cost = combine_ranks(o.cost for o in result.outcomes if o.ok)
+    if cost and COST_PROPERTY not in held:  # a case of several dispatches (hard inputs) keeps its first step's
+        props.append((COST_PROPERTY, json.dumps(cost, sort_keys=True, separators=(",", ":"))))

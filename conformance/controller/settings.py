@@ -26,7 +26,8 @@ from conformance.controller.options import (DEFAULT_CASE_TIMEOUT_S, DEFAULT_HYPO
                                  DEFAULT_LISTEN_TIMEOUT_S, DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB,
                                  DEPTHS, HYPOTHESIS_SEED_DEST, NIGHTLY_HYPOTHESIS_EXAMPLES, OPTIONS, Option,
                                  SettingsError)
-from conformance.controller.option_values import flag, given_value, integer, listen_timeout, mib_in_bytes, results_paths
+from conformance.controller.option_values import (flag, given_value, integer, listen_timeout, mib_in_bytes,
+                                                 positive_ratio, results_paths)
 
 __all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
 
@@ -78,6 +79,8 @@ class Settings:
         with_compiled_ddp: DDP's compiled-autograd cases are planned (``--with-compiled-ddp``).
         hook_coverage: which of each hook's own code ran is measured (``--hook-coverage``, on by default;
             :mod:`conformance.ranks.hook_code`).
+        max_cost: ``--max-cost``: a hook whose collectives or bytes per training step exceed native's by more than
+            this ratio fails the run (:func:`conformance.reports.cost.over_max`); ``None``: cost is reported only.
     """
 
     hooks: Tuple[str, ...]
@@ -106,6 +109,7 @@ class Settings:
     depth: str = "default"
     with_compiled_ddp: bool = False
     hook_coverage: bool = True
+    max_cost: Optional[float] = None
 
     @property
     def nightly(self) -> bool:
@@ -296,6 +300,9 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     growth_value, growth_source = pick("conform_rank_memory_growth")
     rank_memory_growth = mib_in_bytes(growth_value, growth_source, DEFAULT_RANK_MEMORY_GROWTH_MIB, minimum=0)
 
+    cost_value, cost_source = pick("conform_max_cost")
+    max_cost = None if cost_value is None else positive_ratio(cost_value, cost_source)
+
     kf_value, _ = pick("conform_known_failures")
     if isinstance(kf_value, str):
         extra_files = tuple(kf_value.split(os.pathsep))
@@ -330,6 +337,7 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
         depth=depth,
         with_compiled_ddp=with_compiled_ddp,
         hook_coverage=hook_coverage,
+        max_cost=max_cost,
     )
 
 

@@ -37,7 +37,7 @@ from conformance.shared.phase_board import PhaseBoard
 from conformance.shared.spec_loading import load_target
 from conformance.shared.standalone_launch import pin_nccl
 from conformance.protocol import Msg, RankOutcome, as_check_result, recv, send
-from conformance.ranks import hook_code, lifeline, process_state, reach, topology
+from conformance.ranks import cost, hook_code, lifeline, process_state, reach, topology
 from conformance.ranks.checks import get_rank_check, register_every_check
 from conformance.ranks.diagnosis import diagnosing
 
@@ -71,6 +71,7 @@ def join_process_group(kwargs: Dict[str, Any]) -> None:
     communicator reads them, so that a reduction's bits are a function of its inputs."""
     if kwargs.get("backend") == "nccl":
         pin_nccl(os.environ)
+    cost.ring_defaults(os.environ)
     dist.init_process_group(**kwargs)
 
 class RankContext:
@@ -262,6 +263,7 @@ class _Worker:
         self.ctx.current_phase = "setting up"
         self.ctx.report_on_error(None)
         reach.start()
+        cost.start()
         hook_code.start(None)
         start = time.perf_counter()
         try:
@@ -284,6 +286,7 @@ class _Worker:
         process_state.release_freed_memory()
         outcome.rss = process_state.resident_bytes()
         outcome.reach = reach.read()
+        outcome.cost = cost.read() if outcome.ok else {}
         outcome.hook_code = hook_code.read()
         return outcome
 

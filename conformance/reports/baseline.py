@@ -6,9 +6,9 @@ cases with this run's, matched by case id (the pytest node id), and
 :func:`options_changed` says where the two runs were asked for different cases (a
 ``--depth nightly`` baseline against a default run: cases disappear that no hook
 lost). With ``--fail-on regressions`` the exit code depends only on
-:attr:`BaselineDiff.regressions`: the new failures, and the branches of a hook's own code that no case took
+:attr:`BaselineDiff.regressions`: the new failures, the branches of a hook's own code that no case took
 this time where the baseline's cases took them (the baseline remembers each hook's never-taken branches in its
-``hooks[].hook_code``).
+``hooks[].hook_code``), and a hook whose cost against native grew (its ``hooks[].cost``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import dataclasses
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from conformance.reports.cost import CostChange
 from conformance.reports.results import CaseRecord, figure_value, records_from_json
 
 __all__ = ["BaselineDiff", "BranchChange", "Change", "FigureChange", "diff_markdown", "diff_runs", "diff_text",
@@ -135,6 +136,8 @@ class BaselineDiff:
             disappeared there may be the options', not the hooks'.
         new_never_taken: branches of a hook's own code that no case took this time, where the baseline's cases
             took them (:func:`new_never_taken`): regressions too.
+        cost_regressions: hooks whose collectives or bytes per step against native grew since the baseline
+            (:func:`conformance.reports.cost.cost_regressions`): regressions too.
     """
 
     baseline: str
@@ -147,15 +150,17 @@ class BaselineDiff:
     changed_figures: List[FigureChange] = dataclasses.field(default_factory=list)
     options_changed: List[str] = dataclasses.field(default_factory=list)
     new_never_taken: List[BranchChange] = dataclasses.field(default_factory=list)
+    cost_regressions: List[CostChange] = dataclasses.field(default_factory=list)
 
     @property
     def regressions(self) -> List[Any]:
-        """What ``--fail-on regressions`` fails the run for: :attr:`new_failures` and :attr:`new_never_taken`."""
-        return [*self.new_failures, *self.new_never_taken]
+        """What ``--fail-on regressions`` fails the run for: :attr:`new_failures`, :attr:`new_never_taken` and
+        :attr:`cost_regressions`."""
+        return [*self.new_failures, *self.new_never_taken, *self.cost_regressions]
 
     def empty(self) -> bool:
         return not (self.new_failures or self.fixed or self.appeared or self.disappeared or self.changed_outcomes
-                    or self.changed_figures or self.new_never_taken)
+                    or self.changed_figures or self.new_never_taken or self.cost_regressions)
 
     def counts(self) -> Dict[str, int]:
         return {name: len(getattr(self, name)) for name in _CATEGORIES}
@@ -179,6 +184,9 @@ class BaselineDiff:
                         for c in data.get(name, [])]
             if name == "new_never_taken":
                 return [BranchChange(c["hook"], c["where"], c["source"], c["how"]) for c in data.get(name, [])]
+            if name == "cost_regressions":
+                return [CostChange(c["hook"], c["figure"], float(c["before"]), float(c["after"]))
+                        for c in data.get(name, [])]
             return [Change(c["id"], c.get("before"), c.get("after"), c.get("hook")) for c in data.get(name, [])]
 
         return cls(baseline=data.get("path", ""), baseline_started_at=data.get("started_at"),
@@ -187,10 +195,11 @@ class BaselineDiff:
 
 
 _CATEGORIES = ("new_failures", "fixed", "appeared", "disappeared", "changed_outcomes", "changed_figures",
-               "new_never_taken")
+               "new_never_taken", "cost_regressions")
 _TITLES = {"new_failures": "new failures", "fixed": "fixed", "appeared": "appeared",
            "disappeared": "disappeared", "changed_outcomes": "other outcome changes",
-           "changed_figures": "changed figures", "new_never_taken": "newly never-taken branches"}
+           "changed_figures": "changed figures", "new_never_taken": "newly never-taken branches",
+           "cost_regressions": "cost regressions"}
 
 
 def _same(a: Optional[float], b: Optional[float]) -> bool:

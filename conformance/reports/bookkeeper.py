@@ -28,6 +28,7 @@ import pytest
 
 from conformance.cases import parse_case_id
 from conformance.reports import results
+from conformance.reports.cost import COST_PROPERTY, parse_property
 from conformance.reports.reach import REACH_PROPERTIES
 from conformance.reports.results import FAILING, CaseRecord, Figure
 from conformance.reports.session_report import notset_cause
@@ -325,6 +326,8 @@ def _apply_properties(rec: CaseRecord, props: Dict[str, Any]) -> None:
     measured = {key: int(props[key]) for key in REACH_PROPERTIES if props.get(key) is not None}
     if measured:
         rec.reach = {**(rec.reach or {}), **measured}
+    if props.get(COST_PROPERTY) is not None:
+        rec.cost = parse_property(props[COST_PROPERTY])
     for name in results.FIGURE_NAMES:
         if isinstance(props.get(name), (int, float)):
             rec.figures[name] = float(props[name])

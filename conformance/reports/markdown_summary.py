@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 from conformance.reports.baseline import BaselineDiff, diff_markdown
 from conformance.reports.hook_code import hook_code_from_json
 from conformance.reports.matrix import HookMatrix, hook_matrix, matrix_markdown
+from conformance.reports.cost import cost_table
 from conformance.reports.reach import reach_from_json, short_reason
 from conformance.reports.results import cause_line, records_from_json
 
@@ -99,6 +100,7 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
     if unselected:
         out += [f"No case selected for: {', '.join(f'`{n}`' for n in unselected)}.", ""]
     out += _reach_and_code(doc)
+    out += _cost(doc)
     out += _reasons(doc)
     if doc.get("baseline"):
         out += ["### Against the baseline", "", diff_markdown(BaselineDiff.from_json(doc["baseline"])), ""]
@@ -150,6 +152,16 @@ def _reach_and_code(doc: Mapping[str, Any]) -> List[str]:
         if lines:
             out += [f"`{hook['name']}`:", "", *lines, ""]
     return (["### Reach and hook code", ""] + out) if out else []
+
+
+def _cost(doc: Mapping[str, Any]) -> List[str]:
+    """The cost table: per hook whose cost was measured, its collectives and bytes per training step against
+    native's on the same cases (:func:`conformance.reports.cost.cost_table`)."""
+    table = cost_table(doc.get("hooks", []))
+    if not table:
+        return []
+    return ["### Cost against native", "", "Per training step and rank, over the cases measured (docs/cost.md).", "",
+            *table, ""]
 
 
 def _reasons(doc: Mapping[str, Any]) -> List[str]:

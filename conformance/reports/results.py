@@ -29,7 +29,7 @@ __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "Resul
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
-SCHEMA_VERSION = "1.11"
+SCHEMA_VERSION = "1.12"
 #: The JSON Schema of the document (draft 2020-12).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
 
@@ -71,6 +71,9 @@ class CaseRecord:
         reach: what its ranks measured (:mod:`conformance.ranks.reach`): ``steps`` (training steps of the hooked
             model) and ``buffer_bytes`` (the largest buffer the hook was handed); ``None`` where the hook was
             never called (a skip, a registration rule).
+        cost: what one training step of the hooked model and of native cost, the mean per rank
+            (:func:`conformance.reports.cost.combine_ranks`: collectives by kind, bytes by dtype), or
+            ``{"not_measured": why}``; ``None`` where no step of both models was measured.
         failure: of a failed case: ``header`` (the failure's first line), ``findings``
             (the first findings, one line each), ``message`` (the failure text, cut at
             :data:`MAX_MESSAGE_CHARS`), ``rerun`` (the command that re-runs it), ``causes`` (the
@@ -95,6 +98,7 @@ class CaseRecord:
     failure: Optional[Dict[str, Any]] = None
     nodes: Optional[int] = None
     reach: Optional[Dict[str, int]] = None
+    cost: Optional[Dict[str, Any]] = None
 
     @property
     def failing(self) -> bool:

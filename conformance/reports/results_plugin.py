@@ -37,6 +37,7 @@ from conformance.reports.bookkeeper import Bookkeeper
 from conformance.reports.markdown_summary import markdown_summary
 from conformance.reports.matrix import hook_matrix, matrix_text, not_run_records
 from conformance.reports.hook_code import hook_code_of
+from conformance.reports.cost import cost_regressions, hook_cost, over_max
 from conformance.reports.reach import hook_reach, not_checked, reach_context
 from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES
 from conformance.reports.results import CaseRecord
@@ -114,6 +115,7 @@ class ResultsRecorder:
         self.reports = guard.reports if guard is not None else None
         self._guard = guard
         self.fail_on_applied = False
+        self.too_costly: List[str] = []  # --max-cost: each hook over it, once the session finished
         self.notes: List[str] = []
         self._started = time.time()
         self._last_progress = 0.0
@@ -169,6 +171,7 @@ class ResultsRecorder:
                 self.baseline_doc, self.environment(), [item.spec.name for item in self.state.specs],
                 [str(a) for a in self.config.invocation_params.args])
             self.diff.new_never_taken = baseline_mod.new_never_taken(self.baseline_doc, self._hook_codes())
+            self.diff.cost_regressions = cost_regressions(self.baseline_doc, self.hook_costs(records))
             if s.fail_on == "regressions" and int(session.exitstatus) in (0, 1):
                 session.exitstatus = (pytest.ExitCode.TESTS_FAILED if self.diff.regressions
                                       else pytest.ExitCode.OK)
@@ -176,6 +179,9 @@ class ResultsRecorder:
         if s.fail_on == "uncovered" and int(session.exitstatus) == 0 and self.uncovered():
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
             self.fail_on_applied = True
+        self.too_costly = self.over_max_cost(records)
+        if self.too_costly and int(session.exitstatus) == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         # The project's own tests load this plugin too (conftest.py): only a run that collected
         # conformance cases adds to the CI job's summary.
         summary_path = os.environ.get(GITHUB_STEP_SUMMARY, "").strip() if self.suite_items else ""
@@ -196,6 +202,18 @@ class ResultsRecorder:
                 except (OSError, ValueError) as exc:  # the job page's summary is a convenience
                     self.notes.append(f"could not append the summary to ${GITHUB_STEP_SUMMARY} ({summary_path}): {exc}")
             self._guard.after_publish(append)
+
+    def hook_costs(self, records: List[CaseRecord]) -> Dict[str, Any]:
+        """Each hook under test's :class:`~conformance.reports.cost.Cost` over its measured cases (or ``None``)."""
+        return {item.spec.name: hook_cost(records, item.spec.name) for item in self.state.specs}
+
+    def over_max_cost(self, records: List[CaseRecord]) -> List[str]:
+        """``hook: 2.0x bytes`` for each hook whose cost exceeds ``--max-cost`` (none where it is not given)."""
+        limit = getattr(self.state.settings, "max_cost", None)
+        if limit is None:
+            return []
+        return [f"{hook}: {', '.join(over)} of native's" for hook, c in self.hook_costs(records).items()
+                for over in [over_max(c, limit)] if over]
 
     def _write_draft(self, reports: Any, records: List[CaseRecord], doc: Dict[str, Any]) -> None:
         """A red run with no ``--baseline``: the known-failures draft beside its first report
@@ -309,6 +327,7 @@ class ResultsRecorder:
         # A progress document (every few seconds while cases run) leaves the hook code to the final one: summing it
         # up analyses the hook's files with coverage.py, too much to repeat every few seconds.
         code = None if running else hook_code_of(self.state, spec.name)
+        cost = hook_cost(records, spec.name)
         return {
             "name": spec.name, "api": spec.api, "reduce_dtype": spec.reduce_dtype_name,
             "param_dtype": spec.param_dtype_name, "native_modes": list(spec.natives()),
@@ -325,6 +344,7 @@ class ResultsRecorder:
             "reach": None if reach is None else reach.to_json(),
             "not_checked": [{"reason": reason, "cases": list(items)} for reason, items in not_checked(records, spec.name)],
             "hook_code": None if code is None else code.to_json(),
+            "cost": None if cost is None else cost.to_json(),
         }
 
     @pytest.hookimpl(trylast=True)
@@ -354,6 +374,12 @@ class ResultsRecorder:
                 tr.write_line(line, red=True)
             tr.write_line("--fail-on uncovered: exit status 1: name the switch that takes each (HookSpec(switches="
                           "Switches(...)), docs/hooks.md), or run --depth nightly", red=True)
+        if self.too_costly:
+            tr.section("cost over --max-cost")
+            for line in self.too_costly:
+                tr.write_line(line, red=True)
+            tr.write_line(f"--max-cost {self.state.settings.max_cost:g}: exit status 1; each hook's cost is in the "
+                          "JSON (hooks[].cost, cases[].cost) and docs/cost.md says how it is measured", red=True)
         for note in dict.fromkeys(self.notes):
             tr.write_line(f"results: {note}", yellow=True)
 

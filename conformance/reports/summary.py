@@ -22,6 +22,7 @@ from conformance import exit_codes
 from conformance.reports import report, results, results_plugin, session_report
 from conformance.reports.bookkeeper import Bookkeeper, case_hook, case_of
 from conformance.reports.hook_code import hook_code_of
+from conformance.reports.cost import hook_cost
 from conformance.reports.reach import hook_reach, not_checked_lines, reach_context
 from conformance.reports.verdict import Status, Verdict
 
@@ -96,6 +97,9 @@ class Summary:
         if ran:
             for line in not_checked_lines(records, name):
                 tr.write_line(f"{'':<28}   {line}")
+        cost = hook_cost(records, name)
+        if cost is not None:
+            tr.write_line(f"{'':<28}   {cost.text}")
         code = hook_code_of(self.state, name)
         if code is not None:
             tr.write_line(f"{'':<28}   {code.text}")

@@ -17,6 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from conformance.protocol import Finding
+from conformance.ranks import cost
 from conformance.ranks.checks.common import MOMENTUM, View, compare_named, sgd, train_step
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
 from conformance.ranks.diagnosis import diagnose
@@ -111,10 +112,12 @@ class LockstepRun:
         inputs = plan.inputs(step) if callable(plan.inputs) else plan.inputs
         ref, hooked = plan.ref.model, plan.hooked.model
         loss_fn = plan.loss_fn or models.loss_fn
-        plan.train(ctx, "reference", step, ref, self.opt_ref, inputs, loss_fn, no_sync=models.no_sync)
+        with cost.measured("native", step, ctx.device, models.reference_dtypes):
+            plan.train(ctx, "reference", step, ref, self.opt_ref, inputs, loss_fn, no_sync=models.no_sync)
         models.check_reference(ref, inputs, step)
-        broken = recorder.run_step(step, lambda: plan.train(ctx, "hooked", step, hooked, self.opt_hooked, inputs,
-                                                            loss_fn, no_sync=models.no_sync))
+        with cost.measured("hooked", step, ctx.device):
+            broken = recorder.run_step(step, lambda: plan.train(ctx, "hooked", step, hooked, self.opt_hooked, inputs,
+                                                                loss_fn, no_sync=models.no_sync))
         if broken:
             return True, broken
         findings = recorder.findings(step)

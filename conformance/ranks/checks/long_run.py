@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch
 
 from conformance.protocol import CheckResult, Finding
+from conformance.ranks import cost
 from conformance.ranks.checks.common import MOMENTUM, compare_named, reference_result, sgd
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import ApiModels, Built, MakeModels
@@ -94,10 +95,13 @@ def _unrecorded(ctx: Any, models: ApiModels, ref: Built, hooked: Built, inputs: 
         # leave them waiting in the models' collectives. Only the comparisons stop at a rank's first difference.
         ctx.phase(f"step {step} of {steps}: training both models (unrecorded)")
         batch = inputs(step)
-        models.train_step(quiet, "reference", step, ref.model, opt_ref, batch, regression_loss,
-                          no_sync=models.no_sync)
-        broken = recorder.run_step(step, lambda: models.train_step(quiet, "hooked", step, hooked.model, opt_hooked,
-                                                                    batch, regression_loss, no_sync=models.no_sync))
+        with cost.measured("native", step, ctx.device, models.reference_dtypes):
+            models.train_step(quiet, "reference", step, ref.model, opt_ref, batch, regression_loss,
+                              no_sync=models.no_sync)
+        with cost.measured("hooked", step, ctx.device):
+            broken = recorder.run_step(step, lambda: models.train_step(quiet, "hooked", step, hooked.model,
+                                                                        opt_hooked, batch, regression_loss,
+                                                                        no_sync=models.no_sync))
         if first is None:
             found = list(broken or []) + recorder.findings(step)
             if not broken:

@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.protocol import CheckResult, Finding
+from conformance.ranks import cost
 from conformance.ranks.checks.common import MOMENTUM, compare_named, fqn_without_wrappers, sgd, train_step
 from conformance.ranks.checks.models import ApiModels, MakeModels
 
@@ -256,9 +257,11 @@ def lossy_loss(ctx: Any, spec: Any, make: MakeModels, *, model: str, lr: float =
     opt_ref = sgd(ref.parameters(), lr=lr, momentum=MOMENTUM)
     opt_hooked = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
     for step in range(steps):
-        train_step(ctx, "no-hook", step, ref, opt_ref, models.inputs, loss_fn)
-        broken = hooked.recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, opt_hooked,
-                                                                   models.inputs, loss_fn))
+        with cost.measured("native", step, ctx.device):
+            train_step(ctx, "no-hook", step, ref, opt_ref, models.inputs, loss_fn)
+        with cost.measured("hooked", step, ctx.device):
+            broken = hooked.recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model,
+                                                                       opt_hooked, models.inputs, loss_fn))
         if broken:
             return CheckResult(findings=broken,
                                figures={"loss_hook": math.nan, "loss_exact": math.nan, "rel_diff": math.inf})

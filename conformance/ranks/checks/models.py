@@ -190,6 +190,13 @@ class ApiModels(abc.ABC):
         return self.spec.reduce_dtype
 
     @property
+    def reference_dtypes(self) -> Tuple[Optional[torch.dtype], ...]:
+        """The dtypes the reference (the native path for the hook's claim) may send where native at full precision
+        sends float32: the claimed reduce dtype and parameter dtype. What a step's cost counts as float32 on the
+        reference's side (:func:`conformance.ranks.cost.summarise`)."""
+        return (self.spec.reduce_dtype, getattr(self.spec, "param_dtype", None))
+
+    @property
     def noun(self) -> str:
         """What the model is called in phases: ``"analytic model"``, ``"probe"``, else ``"model"``."""
         return {"analytic_linear": "analytic model", "gradient_probe": "probe"}.get(self.model_name, "model")

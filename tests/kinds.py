@@ -56,6 +56,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_claim_plans": ("unit",),
     "test_native_modes": ("unit",),
     "test_nccl_env": ("unit",),
+    "test_cost_meter": ("unit",),
     "test_spec_fit": ("unit",),
     "test_cause_summary": ("unit",),
     "test_ci_failures": ("unit",),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -56,15 +57,19 @@ _DTYPES = {"Half": "float16", "Float": "float32", "Double": "float64", "BFloat16
            "ComplexFloat": "complex64", "ComplexDouble": "complex128", "ComplexHalf": "complex32"}
 
 _WINDOWS: List[Dict[str, Any]] = []
-_STATE: Dict[str, Any] = {"entries": None, "lost": "", "oldest_ns": None}
+_STATE: Dict[str, Any] = {"entries": None, "lost": "", "oldest_ns": None, "meter_s": 0.0}
 
 
-def ring_defaults(env: Any) -> Dict[str, str]:
+def ring_defaults(env: Any, version: str = torch.__version__) -> Dict[str, str]:
     """Size the flight recorder's ring in ``env`` (``os.environ`` in a rank, before its first process group)
-    unless the user sized it: :data:`RING_ENTRIES` under each of :data:`RING_VARIABLES`. Returns what it set."""
+    unless the user sized it: :data:`RING_ENTRIES` under ``TORCH_FR_BUFFER_SIZE``, and under
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE`` too for a torch ``version`` before 2.8, which reads only that one (2.8 and
+    later warn that it is deprecated). Returns what it set."""
     if any(name in env for name in RING_VARIABLES):
         return {}
-    chosen = {name: str(RING_ENTRIES) for name in RING_VARIABLES}
+    major_minor = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    names = RING_VARIABLES if major_minor < (2, 8) else RING_VARIABLES[:1]
+    chosen = {name: str(RING_ENTRIES) for name in names}
     env.update(chosen)
     return chosen
 
@@ -90,7 +95,7 @@ def _dtype(name: str) -> Tuple[str, int]:
 def start() -> None:
     """A new case: no window, nothing read."""
     _WINDOWS.clear()
-    _STATE.update(entries=None, lost="", oldest_ns=None)
+    _STATE.update(entries=None, lost="", oldest_ns=None, meter_s=0.0)
 
 
 def _recorder_reads() -> List[Any]:
@@ -100,7 +105,16 @@ def _recorder_reads() -> List[Any]:
 
 
 def _read_recorders() -> None:
-    """Read every flight recorder once (no stack traces); the entries kept, or why none could be."""
+    """Read every flight recorder once (no stack traces); the entries kept, or why none could be. Its time is the
+    meter's own cost (``meter_ms`` of :func:`read`)."""
+    started = time.perf_counter()
+    try:
+        _read_all()
+    finally:
+        _STATE["meter_s"] += time.perf_counter() - started
+
+
+def _read_all() -> None:
     reads = _recorder_reads()
     if not reads:
         _STATE["lost"] = f"torch {torch.__version__} has no flight recorder for this backend"
@@ -190,8 +204,9 @@ def measured(side: str, step: int, device: Any = None, full_precision: Any = ())
 
 def read() -> Dict[str, Any]:
     """The case's cost on this rank: ``{"step": the step the figures are of, "warm": step > 0, "native": figures,
-    "hooked": figures}`` (figures: :func:`summarise`, plus ``ms`` on CUDA), or ``{"not_measured": why}``; ``{}``
-    where no step of both models was measured (a check that trains one model, or none)."""
+    "hooked": figures, "meter_ms": the meter's own time}`` (figures: :func:`summarise`, plus ``ms`` on CUDA), or
+    ``{"not_measured": why}``; ``{}`` where no step of both models was measured (a check that trains one model, or
+    none). ``meter_ms`` (reading the recorder and counting) is what ``benchmarks/cost_meter.py`` adds up."""
     sides_by_step: Dict[int, Dict[str, Dict[str, Any]]] = {}
     for w in _WINDOWS:
         sides_by_step.setdefault(w["step"], {})[w["side"]] = w
@@ -202,6 +217,9 @@ def read() -> Dict[str, Any]:
         _read_recorders()
     if _STATE["lost"]:
         return {"not_measured": _STATE["lost"]}
+    if not _STATE["entries"]:  # a case that trained two models across ranks issued collectives: the ring is off
+        return {"not_measured": f"the flight recorder recorded nothing ({_ring_size()}; 0 turns it off)"}
+    started = time.perf_counter()
     step = max(steps)
     out: Dict[str, Any] = {"step": step, "warm": step > 0}
     for side, w in sides_by_step[step].items():
@@ -214,4 +232,5 @@ def read() -> Dict[str, Any]:
             torch.cuda.synchronize()
             figures["ms"] = float(w["events"][0].elapsed_time(w["events"][1]))
         out[side] = figures
+    out["meter_ms"] = round((_STATE["meter_s"] + time.perf_counter() - started) * 1e3, 3)
     return out

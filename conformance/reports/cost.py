@@ -64,8 +64,12 @@ def combine_ranks(costs: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
         return {}
     step = min(int(c.get("step", 0)) for c in usable)
     usable = [c for c in usable if int(c.get("step", 0)) == step]
-    return {"step": step, "warm": step > 0, "ranks": len(usable),
-            "native": _side([c["native"] for c in usable]), "hooked": _side([c["hooked"] for c in usable])}
+    out = {"step": step, "warm": step > 0, "ranks": len(usable),
+           "native": _side([c["native"] for c in usable]), "hooked": _side([c["hooked"] for c in usable])}
+    meter = [float(c["meter_ms"]) for c in usable if "meter_ms" in c]
+    if meter:  # the slowest rank's: the ranks measure side by side
+        out["meter_ms"] = round(max(meter), 3)
+    return out
 
 
 def parse_property(value: Any) -> Optional[Dict[str, Any]]:

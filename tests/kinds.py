@@ -66,6 +66,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_compare_ulps": ("unit",),
     "test_compiled_ddp": ("suite",),
     "test_containment": ("suite",),
+    "test_cost": ("suite",),
     "test_cpp_hooks": ("unit",),
     "test_ddp_recorder": ("unit",),
     "test_default_replay": ("suite",),

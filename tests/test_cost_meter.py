@@ -29,22 +29,26 @@ def test_a_collective_s_kind_comes_from_the_recorder_s_profiling_name(name, kind
     assert cost.kind_of(name) == kind
 
 
-def _entry(name, sizes, dtypes, t, record_id=0):
+def _entry(name, sizes, dtypes, t, record_id=0, out_sizes=None):
     return {"profiling_name": name, "input_sizes": sizes, "input_dtypes": dtypes, "time_created_ns": t,
-            "record_id": record_id}
+            "record_id": record_id, "output_sizes": sizes if out_sizes is None else out_sizes,
+            "output_dtypes": dtypes if out_sizes is None else dtypes[:1] * len(out_sizes)}
 
 
-def test_summarise_counts_input_bytes_by_dtype_and_rescales_a_reduced_claim_s_reference():
+def test_summarise_counts_the_bytes_each_collective_moves_by_dtype_and_rescales_a_reduced_claim_s_reference():
     entries = [_entry("gloo:all_reduce", [[10, 3]], ["Half"], 1), _entry("gloo:broadcast", [[5]], ["Int"], 2),
-               _entry("gloo:all_gather", [[4], [4]], ["Float", "Float"], 3)]
+               _entry("gloo:all_gather", [[4]], ["Float"], 3, out_sizes=[[4], [4], [4]]),
+               _entry("nccl:_reduce_scatter_base", [[12]], ["Float"], 4, out_sizes=[[4]])]
     plain = cost.summarise(entries)
-    assert plain == {"collectives": 3, "by_kind": {"all_reduce": 1, "broadcast": 1, "all_gather": 1},
-                     "elements": 43, "bytes": 60 + 20 + 32,
-                     "bytes_by_dtype": {"float16": 60, "int32": 20, "float32": 32}}
+    # an all-gather moves the whole result it assembles (3 shards), a reduce-scatter the whole tensor it reduces
+    assert plain == {"collectives": 4, "by_kind": {"all_reduce": 1, "broadcast": 1, "all_gather": 1,
+                                                   "reduce_scatter": 1},
+                     "elements": 30 + 5 + 12 + 12, "bytes": 60 + 20 + 48 + 48,
+                     "bytes_by_dtype": {"float16": 60, "int32": 20, "float32": 96}}
     rescaled = cost.summarise(entries, ("float16",))
-    assert rescaled["bytes_by_dtype"] == {"float32": 120 + 32, "int32": 20}
+    assert rescaled["bytes_by_dtype"] == {"float32": 120 + 96, "int32": 20}
     assert rescaled["rescaled_from"] == {"float16": 60}
-    assert rescaled["elements"] == plain["elements"] and rescaled["collectives"] == 3
+    assert rescaled["elements"] == plain["elements"] and rescaled["collectives"] == 4
 
 
 def test_the_ring_is_sized_for_the_ranks_unless_the_user_sized_it():
@@ -79,6 +83,22 @@ def test_both_recorders_are_read_and_each_window_gets_the_entries_created_inside
     assert got["native"]["collectives"] == 0  # the step-1 native window [30, 34] holds nothing
     assert got["hooked"]["collectives"] == 2 and got["hooked"]["bytes_by_dtype"] == {"float32": 32, "float16": 16}
     assert got["meter_ms"] >= 0
+
+
+def test_the_suite_s_own_collectives_inside_a_step_are_not_the_hook_s(monkeypatch):
+    """A recorder's check of a call (the all-gather recorder gathers every rank's shard) runs inside the hooked
+    step: its entries, on this thread inside :func:`cost.suite_own`, are left out; another thread's are not."""
+    import threading
+    cost.start()
+    before = time.time_ns()
+    with cost.suite_own():
+        inside = time.time_ns()
+    me, other = str(threading.get_ident()), "1"
+    entries = [_entry("gloo:all_gather", [[4]], ["Float"], inside), _entry("gloo:all_reduce", [[4]], ["Float"], inside)]
+    entries[0]["thread_id"], entries[1]["thread_id"] = me, other
+    _fake_c10d(monkeypatch, entries)
+    _windows(("native", 0, before, before + 1), ("hooked", 0, before, time.time_ns()))
+    assert cost.read()["hooked"]["by_kind"] == {"all_reduce": 1}
 
 
 def test_a_window_the_ring_no_longer_holds_is_not_measured_never_zero(monkeypatch):

@@ -26,12 +26,14 @@ import contextlib
 import os
 import pickle
 import re
+import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-__all__ = ["MEASURED_STEPS", "RING_ENTRIES", "kind_of", "measured", "read", "ring_defaults", "start", "summarise"]
+__all__ = ["MEASURED_STEPS", "RING_ENTRIES", "kind_of", "measured", "read", "ring_defaults", "start", "suite_own",
+           "summarise"]
 
 #: The training steps measured; the reports use the last of them a case trained on both models. Step 2 is the
 #: first warm one: DDP rebuilds its buckets at step 1 (two int32 broadcasts), FSDP's first step gathers cold, and
@@ -57,6 +59,8 @@ _DTYPES = {"Half": "float16", "Float": "float32", "Double": "float64", "BFloat16
            "ComplexFloat": "complex64", "ComplexDouble": "complex128", "ComplexHalf": "complex32"}
 
 _WINDOWS: List[Dict[str, Any]] = []
+#: ``(thread, begin, end)`` of the suite's own collectives inside a measured step (:func:`suite_own`).
+_SUITE_OWN: List[Tuple[str, int, int]] = []
 _STATE: Dict[str, Any] = {"entries": None, "lost": "", "oldest_ns": None, "meter_s": 0.0}
 
 
@@ -95,6 +99,7 @@ def _dtype(name: str) -> Tuple[str, int]:
 def start() -> None:
     """A new case: no window, nothing read."""
     _WINDOWS.clear()
+    _SUITE_OWN.clear()
     _STATE.update(entries=None, lost="", oldest_ns=None, meter_s=0.0)
 
 
@@ -142,12 +147,30 @@ def _ring_size() -> str:
     return "the default ring"
 
 
-def summarise(entries: List[Dict[str, Any]], full_precision: Tuple[str, ...] = ()) -> Dict[str, Any]:
-    """One window's figures from its recorder entries: ``collectives`` (entries), ``by_kind`` (kind -> count),
-    ``elements`` and ``bytes`` this rank handed the collectives (every input tensor), ``bytes_by_dtype``.
+def _tensors(shapes: Any, dtypes: Any) -> List[Tuple[int, str, int]]:
+    """``(elements, dtype, bytes)`` of each tensor of a recorder entry's sizes and dtypes."""
+    out = []
+    for shape, dtype_name in zip(shapes or (), dtypes or ()):
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        dtype, size = _dtype(str(dtype_name))
+        out.append((numel, dtype, numel * size))
+    return out
 
-    ``full_precision``: dtypes (torch's names) that a reduced-precision claim's reference sends where native at full
-    precision sends float32 (the suite's models' dtype): counted as float32 in ``bytes``, with what was measured
+
+def summarise(entries: List[Dict[str, Any]], full_precision: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    """One window's figures from its recorder entries: ``collectives`` (entries), ``by_kind`` (kind -> count), and
+    the ``elements`` and ``bytes`` each collective moves on this rank, with ``bytes_by_dtype``.
+
+    A collective moves the larger of what this rank hands it and what it gets back: the whole tensor a reduction
+    covers (an all-reduce's, a reduce-scatter's input), the whole result a gather assembles (an all-gather's
+    output: every rank's shard). So a hook that all-gathers every rank's full gradient to reduce it locally moves
+    the group's size times what a reduce-scatter of that gradient moves, as it does on the wire, while the same
+    figure needs no group size and no model of the backend's algorithm.
+
+    ``full_precision``: dtypes (torch's names) that a reduced-precision claim's reference sends where native with no
+    reduce dtype sends float32 (the suite's models' dtype): counted as float32 in ``bytes``, with what was measured
     kept under ``rescaled_from`` (dtype -> bytes). The same collectives and elements, so that a hook's bytes are
     held against native as a user runs it with no hook and no reduce dtype."""
     by_kind: Dict[str, int] = {}
@@ -157,21 +180,38 @@ def summarise(entries: List[Dict[str, Any]], full_precision: Tuple[str, ...] = (
     for e in entries:
         kind = kind_of(str(e.get("profiling_name", "")))
         by_kind[kind] = by_kind.get(kind, 0) + 1
-        for shape, dtype_name in zip(e.get("input_sizes") or (), e.get("input_dtypes") or ()):
-            numel = 1
-            for d in shape:
-                numel *= int(d)
-            dtype, size = _dtype(str(dtype_name))
+        given = _tensors(e.get("input_sizes"), e.get("input_dtypes"))
+        got = _tensors(e.get("output_sizes"), e.get("output_dtypes"))
+        moved = got if sum(t[2] for t in got) > sum(t[2] for t in given) else given
+        for numel, dtype, size in moved:
             elements += numel
             if dtype in full_precision:
-                rescaled[dtype] = rescaled.get(dtype, 0) + numel * size
-                dtype, size = "float32", 4
-            by_dtype[dtype] = by_dtype.get(dtype, 0) + numel * size
+                rescaled[dtype] = rescaled.get(dtype, 0) + size
+                dtype, size = "float32", numel * 4
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + size
     out: Dict[str, Any] = {"collectives": len(entries), "by_kind": by_kind, "elements": elements,
                            "bytes": sum(by_dtype.values()), "bytes_by_dtype": by_dtype}
     if rescaled:
         out["rescaled_from"] = rescaled
     return out
+
+
+@contextlib.contextmanager
+def suite_own() -> Iterator[None]:
+    """Collectives the suite itself issues inside a measured step (a recorder's check of a call, as the all-gather
+    recorder's ``all_gather_into_tensor`` of every rank's shard) are left out of the step's figures: the recorder
+    entries this thread creates inside. A hook's cost never includes the suite's instrumentation."""
+    begin = time.time_ns()
+    try:
+        yield
+    finally:
+        _SUITE_OWN.append((str(threading.get_ident()), begin, time.time_ns()))
+
+
+def _hooks_or_apis(entry: Dict[str, Any]) -> bool:
+    """Whether ``entry`` is not one of the suite's own collectives (:func:`suite_own`)."""
+    created, thread = int(entry.get("time_created_ns", 0)), str(entry.get("thread_id", ""))
+    return not any(thread == t and begin <= created <= end for t, begin, end in _SUITE_OWN)
 
 
 @contextlib.contextmanager
@@ -226,7 +266,8 @@ def read() -> Dict[str, Any]:
         if _STATE["oldest_ns"] is not None and w["begin"] < _STATE["oldest_ns"]:
             return {"not_measured": f"more collectives than the flight recorder's ring holds ({_ring_size()}) "
                                     "between the measured step and the end of the case"}
-        inside = [e for e in _STATE["entries"] if w["begin"] <= int(e.get("time_created_ns", 0)) <= w["end"]]
+        inside = [e for e in _STATE["entries"] if w["begin"] <= int(e.get("time_created_ns", 0)) <= w["end"]
+                  and _hooks_or_apis(e)]
         figures = summarise(inside, w["full_precision"])
         if w["events"] is not None:
             torch.cuda.synchronize()

@@ -96,6 +96,11 @@ def ratio_text(r: Optional[float]) -> str:
     return f"{r:.2g}x"
 
 
+def _listed(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1] if names else ""
+
+
 def _ratio(a: float, b: float) -> Optional[float]:
     if b:
         return a / b
@@ -143,7 +148,7 @@ class Cost:
         hooked, native = self.wire_dtypes("hooked"), self.wire_dtypes("native")
         wire = ""
         if hooked and hooked != native:
-            wire = f" ({' and '.join(hooked)} on the wire; native {' and '.join(native) or 'nothing'})"
+            wire = f" ({_listed(hooked)} on the wire; native {_listed(native) or 'nothing'})"
         if self.time_ratio is not None:
             parts.append(f"{ratio_text(self.time_ratio)} time")
         line = f"cost vs native: {', '.join(parts)}{wire}; per step over {self.cases} case(s)"

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from conformance.apis.fsdp2_all_gather.arithmetic import GatherCall, findings_text, same_bits
 from conformance.apis.fsdp2_common.recorders import allocation_problem
 from conformance.protocol import Finding
-from conformance.ranks import hook_code, reach
+from conformance.ranks import cost, hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.hook_call import CallLog, watching_works
 from conformance.shared.compare import dtype_name
@@ -93,7 +93,8 @@ class AllGatherRecorder(Recorder):
         if isinstance(result, dist.Work):
             result.wait()  # FSDP2 waits on it before it reads output_tensor
         expected = torch.empty_like(out)
-        dist.all_gather_into_tensor(expected, shard.to(out.dtype), group=group)
+        with cost.suite_own():  # the suite's check of the call, never the comm's cost
+            dist.all_gather_into_tensor(expected, shard.to(out.dtype), group=group)
         got = out.detach().reshape(-1).clone()
         previous = self._outputs.get(self.step - 1, {}).get(index)
         self._outputs.setdefault(self.step, {})[index] = got

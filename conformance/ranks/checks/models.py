@@ -190,11 +190,14 @@ class ApiModels(abc.ABC):
         return self.spec.reduce_dtype
 
     @property
-    def reference_dtypes(self) -> Tuple[Optional[torch.dtype], ...]:
-        """The dtypes the reference (the native path for the hook's claim) may send where native at full precision
-        sends float32: the claimed reduce dtype and parameter dtype. What a step's cost counts as float32 on the
-        reference's side (:func:`conformance.ranks.cost.summarise`)."""
-        return (self.spec.reduce_dtype, getattr(self.spec, "param_dtype", None))
+    def reference_dtypes(self) -> Tuple[torch.dtype, ...]:
+        """The dtype the reference (the native path for the hook's claim) sends where native with no reduce dtype
+        sends the gradients' own: the claimed reduce dtype, where it is not the parameters' (a claimed parameter
+        dtype is the user's model, whatever the hook). What a step's cost counts as float32 on the reference's
+        side (:func:`conformance.ranks.cost.summarise`)."""
+        reduce_dtype = self.spec.reduce_dtype
+        params = getattr(self.spec, "param_dtype", None) or torch.float32
+        return () if reduce_dtype is None or reduce_dtype == params else (reduce_dtype,)
 
     @property
     def noun(self) -> str:

@@ -270,8 +270,9 @@ def test_same_bits_answers_as_bits_equal_wherever_the_one_difference_lies(dtype,
         assert torch.isnan(b[at])
     elif where == "negative_zero":
         a[at], b[at] = 0.0, -0.0
-    else:
-        b[at] = b[at] * 2 + 1
+    else:  # the last bit flipped: x * 2 + 1 would leave a randn value of -1.0 (float16, bfloat16) as it was
+        bits = b.view(INT_OF_SIZE[b.element_size()])
+        bits[at] = bits[at] ^ 1
     want = bool(bits_equal(a, b).all())
     assert want == (where == "nan_payload")
     assert same_bits(a, b) is want and same_bits(b, a) is want

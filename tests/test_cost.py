@@ -206,3 +206,25 @@ def test_native_cost_is_not_over_max_cost_one(zoo_runs):
     cost = _hook(doc, "ddp_allreduce_hook")["cost"]
     assert (cost["collectives_ratio"], cost["bytes_ratio"]) == (1.0, 1.0), cost
     assert "cost over --max-cost" not in run.output, run.output[-4000:]
+
+
+def test_a_cost_grown_since_the_baseline_is_a_regression(costly, tmp_path):
+    """The baseline remembers each hook's cost: against a baseline where the extra all-reduce's hook cost what native
+    does, its run now is a cost regression, which ``--fail-on regressions`` fails (every case passes)."""
+    _, doc = costly
+    then = json.loads(json.dumps(doc))
+    entry = _hook(then, EXTRA)
+    entry["cost"]["hooked"] = dict(entry["cost"]["native"])  # as cheap as native, then
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(then))
+    json_path = str(tmp_path / "now.json")
+    run = run_suite(["--hook", "tests.zoo.costly_hooks:KNOWN_GOOD", "-k",
+                     f"test_ddp_parity and {EXTRA}-default-nested_wrapped-ws2", "--baseline", str(baseline),
+                     "--fail-on", "regressions", "--json", json_path], str(tmp_path / "now.xml"), timeout=600)
+    assert run.returncode == 1, run.output[-4000:]
+    assert re.search(rf"^  {EXTRA}: collectives 1\.0x -> [\d.]+x of native's$", run.output, re.M), run.output[-4000:]
+    with open(json_path) as f:
+        now = json.load(f)
+    regressions = now["baseline"]["cost_regressions"]
+    assert [(r["hook"], r["figure"]) for r in regressions] == [(EXTRA, "collectives")], regressions
+    assert now["baseline"]["new_failures"] == [], now["baseline"]

@@ -155,7 +155,7 @@ def test_a_hook_s_cost_sums_its_cases_on_both_sides_and_names_its_wire():
     c2 = report_cost.combine_ranks([{"step": 0, "warm": False, "native": _side(1, fp32=400),
                                      "hooked": _side(2, fp16=200)}])
     records = [_record("h", c1), _record("h", c2, "failed"), _record("h", {"not_measured": "ring"}),
-               _record("other", c1)]
+               _record("other", c1), _record("h", c1, "skipped")]
     hc = report_cost.hook_cost(records, "h")
     assert (hc.cases, hc.warm, hc.ratio("collectives"), hc.ratio("bytes")) == (2, 1, 2.0, 0.5)
     assert hc.text == ("cost vs native: 2.0x collectives, 0.50x bytes (float16 on the wire; native float32); per "
@@ -163,6 +163,9 @@ def test_a_hook_s_cost_sums_its_cases_on_both_sides_and_names_its_wire():
     assert report_cost.cost_from_json(hc.to_json()) == hc
     assert report_cost.over_max(hc, 1.5) == ["2.0x collectives"] and report_cost.over_max(hc, 2.0) == []
     assert report_cost.hook_cost(records, "nobody") is None
+    lost = report_cost.hook_cost([_record("h", {"not_measured": "ring of 0"})], "h")
+    assert lost.ratio("bytes") is None and report_cost.over_max(lost, 0.1) == []
+    assert lost.text == "cost vs native: not measured in any of its 1 case(s) (ring of 0)"
     table = report_cost.cost_table([{"name": "h", "cost": hc.to_json()}])
     assert table[2].startswith("| `h` | 2.0x | 0.50x |")
 

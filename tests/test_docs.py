@@ -212,7 +212,8 @@ def test_the_manual_s_timeout_passes_the_runs_own_exit_status_through():
     assert "timeout --preserve-status -s INT" in manual
     child = [sys.executable, "-c", "import signal, sys, time\n"
              "signal.signal(signal.SIGINT, lambda *_: sys.exit(2))\nprint('ready', flush=True)\ntime.sleep(30)"]
-    plain = subprocess.run(["timeout", "-s", "INT", "1", *child], stdout=subprocess.PIPE, timeout=60)
-    kept = subprocess.run(["timeout", "--preserve-status", "-s", "INT", "1", *child], stdout=subprocess.PIPE,
+    # 5 s before the signal: a loaded machine can take over a second to start the child and set its handler
+    plain = subprocess.run(["timeout", "-s", "INT", "5", *child], stdout=subprocess.PIPE, timeout=60)
+    kept = subprocess.run(["timeout", "--preserve-status", "-s", "INT", "5", *child], stdout=subprocess.PIPE,
                           timeout=60)
     assert (plain.returncode, kept.returncode) == (124, 2)

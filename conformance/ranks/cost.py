@@ -1,7 +1,7 @@
 """What one training step costs on the wire, measured on this rank for the hooked model and for native (rank side).
 
 A hook is written to save time; its verdict says whether it is right, and this meter says what it costs: the
-collectives a training step issues, by kind, and the bytes and elements this rank hands them, by dtype, for the
+collectives a training step issues, by kind, and the bytes and elements they move on this rank, by dtype, for the
 hooked model and for the reference (native) model of the same case, on the same inputs. The numbers come from
 PyTorch's flight recorder (``torch._C._distributed_c10d._dump_fr_trace`` for gloo, ``_dump_nccl_trace`` for
 NCCL), which records every collective a process group issues, whoever issues it: DDP's reducer in C++, FSDP's
@@ -15,7 +15,8 @@ How: each check wraps a training step of each model in :func:`measured` (``side`
 ``time_created_ns`` with) and, on CUDA, a pair of CUDA events. Only :data:`MEASURED_STEPS` are measured (steps 0
 to 2; the last a case trained on both models is reported, and called warm past step 0); the recorder is read
 once, when both sides of the last are in (or at the case's end), and each window's entries are the ones created
-inside it. One read per case keeps the meter's cost to about a millisecond a case at the
+inside it. One read per case keeps the meter's cost to a few milliseconds a case (5 ms median, 1-2 % of the
+default run on a 2-core machine: ``benchmarks/cost_meter.py``) at the
 suite's ring size (:data:`RING_ENTRIES`). The worker starts a fresh meter per case (:func:`start`) and sends
 :func:`read` with the case's outcome.
 """
@@ -41,7 +42,7 @@ __all__ = ["MEASURED_STEPS", "RING_ENTRIES", "kind_of", "measured", "read", "rin
 MEASURED_STEPS = (0, 1, 2)
 #: The flight recorder's ring, in entries, that a rank sets unless the user's environment sets one: enough for two
 #: training steps of the suite's models and the comparisons between them, small enough that reading it costs
-#: about a millisecond. A window older than the ring's oldest entry is reported as lost, never as zero.
+#: a few milliseconds. A window older than the ring's oldest entry is reported as lost, never as zero.
 RING_ENTRIES = 256
 #: The environment variables that size the ring: torch 2.7+ reads the first, older NCCL the second.
 RING_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")

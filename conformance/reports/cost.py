@@ -114,7 +114,7 @@ class Cost:
     Attributes:
         cases: cases whose step was measured on both models (any outcome: what a hook sends does not depend on
             whether its values were right).
-        warm: of those, the cases whose measured step was warm (step 1; the others ended at step 0).
+        warm: of those, the cases whose measured step was past step 0 (the others ended at step 0).
         native, hooked: per side, the figures summed over those cases (each a step's mean per rank):
             ``collectives``, ``bytes``, ``elements``, ``by_kind`` (kind -> collectives), ``bytes_by_dtype``.
         ms: ``(native, hooked)`` milliseconds summed over the cases timed with CUDA events, or ``None`` (CPU).
@@ -129,7 +129,10 @@ class Cost:
     not_measured: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     def ratio(self, figure: str) -> Optional[float]:
-        """The hooked model's ``figure`` (``collectives``, ``bytes``, ``elements``) over native's."""
+        """The hooked model's ``figure`` (``collectives``, ``bytes``, ``elements``) over native's; ``None`` where no
+        case was measured."""
+        if not self.cases:
+            return None
         return _ratio(float(self.hooked.get(figure, 0)), float(self.native.get(figure, 0)))
 
     @property
@@ -144,6 +147,9 @@ class Cost:
     @property
     def text(self) -> str:
         """``cost vs native: 1.0x collectives, 0.50x bytes (float16 on the wire; native float32); 12 cases``."""
+        if not self.cases:
+            n = sum(self.not_measured.values())
+            return f"cost vs native: not measured in any of its {n} case(s) ({next(iter(self.not_measured), '')})"
         parts = [f"{ratio_text(self.ratio('collectives'))} collectives", f"{ratio_text(self.ratio('bytes'))} bytes"]
         hooked, native = self.wire_dtypes("hooked"), self.wire_dtypes("native")
         wire = ""
@@ -190,7 +196,7 @@ def _add(total: Dict[str, Any], side: Mapping[str, Any]) -> None:
 
 def hook_cost(records: Iterable[Any], hook: str) -> Optional[Cost]:
     """``hook``'s :class:`Cost` over its cases among ``records`` (:class:`~conformance.reports.results.CaseRecord`)
-    whose cost was measured, or ``None`` where none was."""
+    whose cost was measured, skipped cases left out, or ``None`` where none was."""
     native: Dict[str, Any] = {}
     hooked: Dict[str, Any] = {}
     cases = warm = 0
@@ -198,7 +204,8 @@ def hook_cost(records: Iterable[Any], hook: str) -> Optional[Cost]:
     timed = True
     lost: Dict[str, int] = {}
     for r in records:
-        c = getattr(r, "cost", None) if r.hook == hook else None
+        # a skipped case's verdict is not the hook's (the API never called it, or the reference cannot run)
+        c = getattr(r, "cost", None) if r.hook == hook and r.outcome != "skipped" else None
         if not c:
             continue
         if "not_measured" in c:

@@ -210,10 +210,12 @@ def test_the_manual_s_timeout_passes_the_runs_own_exit_status_through():
 
     manual = open(os.path.join(REPO, "docs", "running.md")).read()
     assert "timeout --preserve-status -s INT" in manual
-    child = [sys.executable, "-c", "import signal, sys, time\n"
-             "signal.signal(signal.SIGINT, lambda *_: sys.exit(2))\nprint('ready', flush=True)\ntime.sleep(30)"]
-    # 5 s before the signal: a loaded machine can take over a second to start the child and set its handler
-    plain = subprocess.run(["timeout", "-s", "INT", "5", *child], stdout=subprocess.PIPE, timeout=60)
-    kept = subprocess.run(["timeout", "--preserve-status", "-s", "INT", "5", *child], stdout=subprocess.PIPE,
+    # os._exit: timeout signals the child, then its whole process group, so a second SIGINT can reach a child that
+    # is finalising after sys.exit, with Python's default handler back (130)
+    child = [sys.executable, "-c", "import os, signal, time\n"
+             "signal.signal(signal.SIGINT, lambda *_: os._exit(2))\nprint('ready', flush=True)\ntime.sleep(30)"]
+    # 2 s before the signal: a loaded machine can take over a second to start the child and set its handler
+    plain = subprocess.run(["timeout", "-s", "INT", "2", *child], stdout=subprocess.PIPE, timeout=60)
+    kept = subprocess.run(["timeout", "--preserve-status", "-s", "INT", "2", *child], stdout=subprocess.PIPE,
                           timeout=60)
     assert (plain.returncode, kept.returncode) == (124, 2)

@@ -132,3 +132,32 @@ def test_every_api_folder_is_reached_only_by_name():
     folders = {f"conformance.apis.{p.name}" for p in (Path(REPO) / "conformance" / "apis").iterdir()
                if p.is_dir() and (p / "__init__.py").exists()}
     assert folders and set(contract["forbidden_modules"]) == folders
+
+
+#: A child interpreter: the controller and reports imported whole, then every part an API names by ``module:ATTR``
+#: that the controller resolves (its default hook, its built-in specs, its reproducers' standalone modules).
+_CONTROLLER_BY_NAME = """
+import importlib, pkgutil, sys
+import conformance.controller, conformance.reports
+for pkg in (conformance.controller, conformance.reports):
+    for m in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{m.name}")
+from conformance.apis.registry import HOOK_APIS
+for api in HOOK_APIS.values():
+    for target in (api.default_hook, api.builtin_hooks, *api.standalone_modules):
+        if target:
+            importlib.import_module(target.split(":")[0])
+            ranks = sorted(n for n in sys.modules if n.startswith("conformance.ranks"))
+            if ranks:
+                sys.exit(f"{api.name}: {target} imports the rank side: {', '.join(ranks[:4])}")
+"""
+
+
+@pytest.mark.cli
+def test_the_controller_imports_no_rank_code_even_through_an_api_s_names():
+    """import-linter cannot see an import by name: the contract that keeps the controller off the rank side holds
+    for what the registry names too (DDP's default hook once lived beside compiled DDP's recorder, so resolving it
+    pulled ``conformance.ranks.checks`` into the controller)."""
+    proc = subprocess.run([sys.executable, "-c", _CONTROLLER_BY_NAME], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

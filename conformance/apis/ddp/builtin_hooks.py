@@ -39,6 +39,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks
 
 from conformance.apis.ddp.cpp_hooks import CppCommHook
 from conformance.apis.ddp.native_modes import NATIVE_MODES
+from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.spec import HookSpec, LossyContract
 
 __all__ = [
@@ -192,8 +193,14 @@ def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Opt
     there no built-in hook equals native, and ``None`` says so. A
     ``reduce_dtype=X`` claim's reference is ``X_compress_wrapper(allreduce_hook)``,
     whose future breaks the contract (see known_failures.toml); ``X_compress_hook``
-    does the same arithmetic and keeps it (bf16: on a CUDA build only).
+    does the same arithmetic and keeps it (bf16: on a CUDA build only). Under ``compiled_autograd`` ``None``:
+    PyTorch's own hooks take a ``GradBucket``, which compiled DDP never hands a hook.
+
+    The controller resolves this by name (``HookApi.default_hook``): this module imports nothing of the rank side
+    (``tests/test_layers.py`` checks every API's).
     """
+    if params.get("config") == COMPILED_CONFIG:
+        return None
     if spec.param_dtype is not None:
         return ("ddp_allreduce_hook_params_bf16" if (spec.param_dtype, spec.reduce_dtype) == (torch.bfloat16, None)
                 and world_size & (world_size - 1) == 0 else None)

@@ -50,7 +50,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conformance.apis.ddp import builtin_hooks
 from conformance.apis.ddp.arithmetic import CompiledDdpArithmetic
 # GRADBUCKET_NOTE: the plan's skip reason for hooks that say they take a GradBucket (PyTorch's own), and the
 # start of the finding for one that only shows it when called.
@@ -65,7 +64,7 @@ from conformance.ranks.diagnosis import CallLog, HookCall
 from conformance.shared.compare import same_bits
 
 __all__ = ["COMPILE_BACKEND", "COMPILED_REFERENCE", "GRADBUCKET_NOTE", "CompiledHookRecorder", "CompiledTraining",
-           "compiled_ddp_missing", "convention_error", "default_hook", "registration_refused"]
+           "compiled_ddp_missing", "convention_error", "registration_refused"]
 
 #: ``torch.compile`` backend of the compiled cases: AOT autograd's graphs run eagerly, so no C++ compiler is
 #: needed (inductor would need one on the CPU) and the kernels are eager PyTorch's.
@@ -92,14 +91,6 @@ def compiled_ddp_missing() -> Optional[str]:
     if not hasattr(dynamo.config, "compiled_autograd"):
         return f"torch {version} has no torch._dynamo.config.compiled_autograd"
     return compiled_unavailable()
-
-
-def default_hook(spec: Any, params: Dict[str, Any], world_size: int) -> Optional[str]:
-    """The DDP API's ``HookApi.default_hook``: :func:`conformance.apis.ddp.builtin_hooks.default_hook`, but
-    ``None`` under ``compiled_autograd``, where PyTorch has no hook to replay: its own take a ``GradBucket``."""
-    if params.get("config") == COMPILED_CONFIG:
-        return None
-    return builtin_hooks.default_hook(spec, params, world_size)
 
 
 def _forward_backward(model: nn.Module, inputs: Tuple[torch.Tensor, ...], loss_fn: Callable[..., Any]) -> None:

@@ -21,6 +21,7 @@ from conformance.reports.matrix import hook_matrix, matrix_markdown, matrix_text
 from conformance.reports.results import CaseRecord, ResultsError
 from conformance.reports.verdict import Status, Verdict
 from conformance.controller.settings import SettingsError
+from conformance.shared.files import write_atomic
 from tests.test_settings import settings
 
 DDP_CONFIGS = ("default", "small_buckets", "bucket_view", "static_graph", "no_sync")
@@ -112,7 +113,7 @@ def test_a_case_record_survives_the_json_round_trip():
 def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "conformance.json"
     path.write_text("old")
-    results.write_atomic(str(path), "new")
+    write_atomic(str(path), "new")
     assert path.read_text() == "new"
     assert os.listdir(tmp_path) == ["conformance.json"]
     assert oct(path.stat().st_mode & 0o777) != oct(0o600), "mkstemp's 0o600 leaked into the report"
@@ -128,7 +129,7 @@ def test_an_interrupted_write_leaves_the_old_file_whole(tmp_path, monkeypatch, i
 
     monkeypatch.setattr(os, "fsync", interrupted)
     with pytest.raises(interruption):
-        results.write_atomic(str(path), '{"new": true, "long": "' + "x" * 100000 + '"}')
+        write_atomic(str(path), '{"new": true, "long": "' + "x" * 100000 + '"}')
     assert path.read_text() == '{"old": true}'
     assert os.listdir(tmp_path) == ["conformance.json"]
 
@@ -392,3 +393,12 @@ def test_the_baseline_remembers_never_taken_branches_and_a_new_one_is_a_regressi
     assert diff.regressions == [change] and not diff.empty()
     assert BaselineDiff.from_json(diff.to_json()) == diff
     assert "newly never-taken branches:" in "\n".join(diff_text(diff))
+
+
+def test_write_atomic_makes_a_reproducer_executable(tmp_path):
+    path = tmp_path / "case.py"
+    assert write_atomic(str(path), "print(1)\n", executable=True) == str(path)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert os.listdir(tmp_path) == ["case.py"]

@@ -18,7 +18,7 @@ import json
 import os
 from typing import Any, Iterable, List, Mapping, Optional, Sequence
 
-from conformance.reports.results import write_atomic
+from conformance.shared.files import write_atomic
 
 __all__ = ["DRAFT_NAME", "draft_text", "unexplained_in_baseline", "write_draft"]
 
@@ -80,7 +80,7 @@ def draft_text(records: Iterable[Any], environment: Mapping[str, Any], when: str
 
 def write_draft(directory: str, text: str) -> str:
     """Write ``text`` to :data:`DRAFT_NAME` in ``directory`` as the reports are written
-    (:func:`conformance.reports.results.write_atomic`) and return its path.
+    (:func:`conformance.shared.files.write_atomic`) and return its path.
 
     Raises:
         OSError: the directory cannot be written.

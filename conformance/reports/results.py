@@ -21,11 +21,12 @@ import tempfile
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.protocol import cause_key
+from conformance.shared.files import write_atomic
 
 __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "ResultsError", "SCHEMA_FILE",
            "SCHEMA_VERSION", "ShortFigure", "build_document", "cause_line", "figure_value", "hook_causes", "hook_fixes",
            "load_results", "parse_figure",
-           "records_from_json", "schema", "schema_problems", "unwritable_reason", "write_atomic", "write_json"]
+           "records_from_json", "schema", "schema_problems", "unwritable_reason", "write_json"]
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
@@ -197,44 +198,12 @@ def schema() -> Dict[str, Any]:
         return json.load(f)
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` so that a reader sees the old file or the new one, never half.
-
-    The text goes to a temporary file in the same directory, is flushed to disk
-    (``os.fsync``), then renamed over ``path`` (``os.replace``, atomic on POSIX
-    and Windows within one file system). The file gets the permissions of a
-    file opened for writing (0o666 less the umask), not ``mkstemp``'s 0o600.
-
-    Raises:
-        OSError: the directory is not writable, the disk is full, ...; ``path`` is then unchanged
-            and no temporary file is left behind.
-    """
-    path = os.path.abspath(path)
-    directory, base = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write_json(path: str, document: Mapping[str, Any]) -> None:
-    """Write the results document to ``path`` atomically (:func:`write_atomic`), as strict JSON.
+    """Write the results document to ``path`` atomically (:func:`conformance.shared.files.write_atomic`), as strict JSON.
 
     Raises:
         ValueError: a value JSON cannot hold (NaN or infinity outside :func:`figure_value`).
-        OSError: as :func:`write_atomic`.
+        OSError: as :func:`conformance.shared.files.write_atomic`.
     """
     write_atomic(path, json.dumps(document, indent=1, allow_nan=False) + "\n")
 

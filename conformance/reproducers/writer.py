@@ -21,7 +21,6 @@ import inspect
 import os
 import re
 import sys
-import tempfile
 import textwrap
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -34,6 +33,7 @@ from conformance.reproducers.inline import inlined
 from conformance.reproducers.parts import constants_of, early_constants, model_modules, sections, written_code_of
 from conformance.reproducers.source_edits import without_blank_lines_in_blocks
 from conformance.reproducers.specialise import parsed
+from conformance.shared.files import write_atomic
 from conformance.shared.training import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
@@ -410,15 +410,6 @@ def reproducer_path(directory: str, case_id: str) -> str:
 
 
 def write_reproducer(path: str, source: str) -> str:
-    """Write ``source`` to ``path`` atomically (a temporary file beside it, renamed), executable; return ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".reproducer-", suffix=".py")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(source)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write ``source`` to ``path`` whole (:func:`conformance.shared.files.write_atomic`), executable; return
+    ``path``."""
+    return write_atomic(path, source, executable=True)

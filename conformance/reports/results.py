@@ -199,7 +199,8 @@ def schema() -> Dict[str, Any]:
 
 
 def write_json(path: str, document: Mapping[str, Any]) -> None:
-    """Write the results document to ``path`` atomically (:func:`conformance.shared.files.write_atomic`), as strict JSON.
+    """Write the results document to ``path`` atomically (:func:`conformance.shared.files.write_atomic`), as strict
+    JSON.
 
     Raises:
         ValueError: a value JSON cannot hold (NaN or infinity outside :func:`figure_value`).

@@ -18,7 +18,7 @@ the case's runs; this module runs what it asks for, on the runner's pools
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple
 
 import torch
 
@@ -26,13 +26,32 @@ from conformance.apis.registry import HOOK_APIS
 from conformance.controller import default_replay
 from conformance.controller.attribution import CaseFacts, Replay, Run, first_loss, lost_a_rank
 from conformance.controller.failures import NotRun
-from conformance.controller.pools import PoolStartError
+from conformance.controller.pools import Pool, PoolStartError
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 from conformance.controller.replay_policy import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
 from conformance.reports import report
 
-__all__ = ["CrashRerun", "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "case_facts", "replay",
-           "second_run_outcome"]
+__all__ = ["CrashRerun", "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "ReplayRunner",
+           "case_facts", "replay", "second_run_outcome"]
+
+
+class ReplayRunner(Protocol):
+    """What the replays need of the runner (:class:`~conformance.controller.runner.Runner`), and all they may
+    use: its pools, its two ways to run a case, and the records it keeps of replays."""
+
+    specs: Mapping[str, Any]  # spec name -> the loaded spec item (``.spec``, ``.target``)
+    not_run: Dict[Tuple[Optional[str], int], str]  # (hook, world size) -> why its pool could not start
+    crash_replays: Dict[Tuple[Any, ...], Any]  # the default hook's runs, by case shape, for the session
+    crash_reruns: List[Any]  # the :class:`CrashRerun` records
+
+    def pool(self, world_size: int, hook: Optional[str] = None) -> Pool:
+        """The pool of ``world_size`` ranks for ``hook``'s cases (``None``: ranks that load no hook)."""
+
+    def run_on(self, pool: Pool, case: Case, hook: Optional[str], world_size: int) -> CaseResult:
+        """The case's own run on ``pool``, counted; raises ``NotRun`` where the pool cannot start."""
+
+    def run_replay(self, pool: Pool, replay: Case) -> CaseResult:
+        """A replay on ``pool``: another hook, or the reference alone."""
 
 
 #: How the re-run after a dead rank went (:attr:`CrashRerun.second_run`).
@@ -90,7 +109,7 @@ def second_run_outcome(result: CaseResult) -> str:
     return RERUN_FINISHED if all(o.ok for o in result.outcomes) else RERUN_FAILED
 
 
-def _default_hook(runner: Any, hook: str, params: Dict[str, Any], world_size: int) -> Tuple[Any, Optional[str], bool]:
+def _default_hook(runner: ReplayRunner, hook: str, params: Dict[str, Any], world_size: int) -> Tuple[Any, Optional[str], bool]:
     """``(api, name, itself)``: the hook's API, the name of PyTorch's own default hook for the case
     (``HookApi.default_hook``; ``None`` where the API names none), and whether the hook under test is that
     very built-in hook."""
@@ -100,7 +119,7 @@ def _default_hook(runner: Any, hook: str, params: Dict[str, Any], world_size: in
     return api, name, name is not None and item.target == api.builtin_hooks and hook == name
 
 
-def _run_default_hook(runner: Any, api: Any, name: str, check: str, params: Dict[str, Any], world_size: int,
+def _run_default_hook(runner: ReplayRunner, api: Any, name: str, check: str, params: Dict[str, Any], world_size: int,
                       case_id: str, nodes: int = 1) -> CaseResult:
     """Run ``check`` with PyTorch's default hook ``name`` in ranks of its own (serving no hook under test), as
     every hook's cases run; its spec is loaded there on first use. The hook's next case gets its own ranks
@@ -110,7 +129,7 @@ def _run_default_hook(runner: Any, api: Any, name: str, check: str, params: Dict
         nodes=nodes))
 
 
-def case_facts(runner: Any, case: Case, world_size: int, described: Dict[str, Any],
+def case_facts(runner: ReplayRunner, case: Case, world_size: int, described: Dict[str, Any],
                known_failure: bool) -> CaseFacts:
     """The attribution's :class:`~conformance.controller.attribution.CaseFacts` of ``case`` (``described``: what the
     case is, shown in reasons), read from the runner's specs, the API's default hook and this torch."""
@@ -125,7 +144,7 @@ def case_facts(runner: Any, case: Case, world_size: int, described: Dict[str, An
                      is_default_hook=itself, torch_version=torch.__version__, params=dict(case.params))
 
 
-def replay(runner: Any, asked: Replay, case: Case, world_size: int, pool: Any,
+def replay(runner: ReplayRunner, asked: Replay, case: Case, world_size: int, pool: Any,
            judge: Callable[[CaseResult], List[Finding]], first: CaseResult) -> Run:
     """Run the replay ``asked`` of ``case`` (whose first run was ``first``), its findings judged by ``judge``
     where every rank finished: :attr:`Replay.CRASH_RERUN` on the case's ``pool`` (rebuilt: fresh ranks), kept in
@@ -152,14 +171,14 @@ def replay(runner: Any, asked: Replay, case: Case, world_size: int, pool: Any,
         return Run(asked, None, not_started=str(exc))
 
 
-def _rerun(runner: Any, pool: Any, case: Case, world_size: int, judge: Callable[[CaseResult], List[Finding]],
+def _rerun(runner: ReplayRunner, pool: Any, case: Case, world_size: int, judge: Callable[[CaseResult], List[Finding]],
            first: CaseResult) -> Run:
     """The case once more, as the case's own run (counted, :class:`NotRun` where its pool failed before), in the
     fresh ranks of the rebuilt pool; kept in the runner's ``crash_reruns`` (:class:`CrashRerun`)."""
     __tracebackhide__ = True
     hook = case.hook.name if case.hook is not None else None
     try:
-        result = runner._run_on(pool, case, hook, world_size)
+        result = runner.run_on(pool, case, hook, world_size)
     except NotRun:  # no fresh ranks (torchrun's restarts spent, say): no evidence, the first run stands
         why = (runner.not_run.get((hook, world_size)) or "").strip().splitlines()
         run, second = Run(Replay.CRASH_RERUN, None, not_started=why[0] if why else ""), RERUN_NOT_STARTED

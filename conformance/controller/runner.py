@@ -255,7 +255,7 @@ class Runner:
         if judge is None:
             judge = lambda r: [f for o in r.outcomes for f in o.value.findings] + r.leak_findings()  # noqa: E731
         pool = self._pool_or_not_run(world_size, hook)
-        first = self._run_on(pool, case, hook, world_size)
+        first = self.run_on(pool, case, hook, world_size)
         if hook is not None:
             self.hook_code.add(hook, first.outcomes, self.settings.placement(world_size)[0])
         runs = [Run(Replay.NONE, first, tuple(judge(first)) if first.all_ok else ())]
@@ -306,7 +306,7 @@ class Runner:
         self.fail_findings(case.case_id, hook, describe, world_size, found, note=text)
         return result
 
-    def _run_on(self, pool: Pool, case: Case, hook: Optional[str], world_size: int) -> CaseResult:
+    def run_on(self, pool: Pool, case: Case, hook: Optional[str], world_size: int) -> CaseResult:
         """``pool.run(case)``, counted; a pool that cannot start makes the case :class:`NotRun`, a spec that
         cannot load ends the session (:meth:`usage_error`)."""
         __tracebackhide__ = True
@@ -371,7 +371,7 @@ class Runner:
 
     def run_replay(self, pool: Pool, replay: Case) -> CaseResult:
         """Run a replay of a failed case (another hook, or the reference alone) on ``pool``, counting a rebuilt
-        pool in :attr:`restarts` (every case runs through here, :meth:`_run_on` too)."""
+        pool in :attr:`restarts` (every case runs through here, :meth:`run_on` too)."""
         result = pool.run(replay)
         if result.pool_rebuilt:
             self.restarts += 1

@@ -274,19 +274,21 @@ class CaseResult:
         for what, ranks in by_change.items():
             where = " on every rank" if len(ranks) == self.world_size > 1 else ""
             found.append(Finding(ranks[0], f"the hook left{where}: {what}. A later case in the same process would "
-                                 "run under it, so the ranks were rebuilt before the next case", kind="process_state"))
+                                 "run under it, so the ranks were rebuilt before the next case",
+                                 kind=FindingKind.PROCESS_STATE))
         if self.group_broken and not by_change:
             found.append(Finding(0, f"after this case the ranks' process groups no longer run a collective in step "
                                  f"({self.group_broken}): a group destroyed or replaced, or a collective that not "
                                  "every rank of a group joined (an async one issued on some ranks only), whose "
                                  "stale half the next collective there would pair with; the ranks were rebuilt "
-                                 "before the next case", kind="process_state"))
+                                 "before the next case", kind=FindingKind.PROCESS_STATE))
         for rank, grew, now in self.memory_grown:
             found.append(Finding(rank, f"resident memory grew by {grew / 2**20:.0f} MiB (to {now / 2**20:.0f} MiB) "
                                  f"over this hook's {self.cases_on_pool} case(s) on this rank, beyond "
                                  f"--rank-memory-growth {self.memory_bound / 2**20:g} MiB: the hook keeps memory from "
                                  "call to call (a cache or a list that only grows?). The ranks were rebuilt before "
-                                 "the next case; this case re-run alone may stay under the bound", kind="memory"))
+                                 "the next case; this case re-run alone may stay under the bound",
+                                 kind=FindingKind.MEMORY))
         return found
 
 

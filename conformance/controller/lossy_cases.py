@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Sequence
 
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.reports import report
 from conformance.reports.results import ShortFigure
 
@@ -46,8 +46,9 @@ def lossy_hint(spec: Any, found: Sequence[Finding]) -> str:
     (:func:`conformance.reports.report.explained`: a wrong divisor, a stale step, a
     neighbour's shard are bugs, not a lossy design).
     """
-    found = [f for f in found if f.kind not in ("process_state", "memory")]  # leaks, not a numerical design
-    fits = (spec.lossy is None and bool(found) and not any(f.kind in ("local_gradient", "contract") for f in found)
+    found = [f for f in found if f.kind not in (FindingKind.PROCESS_STATE, FindingKind.MEMORY)]  # leaks, not a design
+    fits = (spec.lossy is None and bool(found)
+            and not any(f.kind in (FindingKind.LOCAL_GRADIENT, FindingKind.CONTRACT) for f in found)
             and not report.explained(found))
     return "  " + DECLARE_LOSSY_HINT if fits else ""
 

@@ -58,7 +58,7 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tu
 import torch
 import torch.distributed as dist
 
-from conformance.protocol import Finding, cause_key
+from conformance.protocol import Finding, FindingKind, cause_key
 from conformance.ranks.arithmetic import Arithmetic, Candidate
 from conformance.shared.compare import dtype_name, same_bits
 # Re-exported: the recorders import what they keep of a call from here.
@@ -263,7 +263,7 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=ctx.group)
     if int(counts[0]) != -int(counts[1]):
         return [Finding(ctx.rank, "not attempted: the ranks recorded different numbers of hook calls in this step",
-                        step=step, kind="no_known_cause")]
+                        step=step, kind=FindingKind.NO_KNOWN_CAUSE)]
     if not calls:
         return []
     previous = {c.index: c for c in log.calls if c.step == step - 1}
@@ -299,11 +299,11 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     if skipped:
         findings.append(Finding(ctx.rank, f"{skipped} more hook call(s) of the step differ from native on some rank; "
                                           f"the diagnosis explains the first {MAX_DIAGNOSED_CALLS}", step=step,
-                                kind="diagnosis_note"))
+                                kind=FindingKind.DIAGNOSIS_NOTE))
     for seen, which in observed.items():
         where = "every hook call of the step" if len(which) == len(calls) else \
             f"{len(which)} of {len(calls)} hook calls ({_names(which)})"
-        findings.append(Finding(ctx.rank, f"in {where}, {seen.cause}", step=step, kind="diagnosis",
+        findings.append(Finding(ctx.rank, f"in {where}, {seen.cause}", step=step, kind=FindingKind.DIAGNOSIS,
                                 causes=(seen.cause,), fixes=(seen.fix,)))
     for named, which in groups.items():
         where = "every hook call of the step" if len(which) == len(calls) else \
@@ -316,11 +316,11 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
                                     fixes=tuple(n.fix for n in named)))
         else:
             findings.append(Finding(ctx.rank, f"no known cause explains the hook's result in {where}",
-                                    step=step, kind="no_known_cause"))
+                                    step=step, kind=FindingKind.NO_KNOWN_CAUSE))
     if native_ok and len(native_ok) == len(calls):
         findings.append(Finding(ctx.rank, "the hook's own result equals native's arithmetic bit for bit in every "
                                           "call; what differs arose after the hook returned", step=step,
-                                kind="native_result"))
+                                kind=FindingKind.NATIVE_RESULT))
     return findings
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from conformance.protocol import CaseResult, Finding
+from conformance.protocol import CaseResult, Finding, FindingKind
 from conformance.reports.results import ShortFigure
 from conformance.reports.verdict import Status, Verdict
 
@@ -108,7 +108,7 @@ def explained(found: Sequence[Finding]) -> bool:
     """Whether a diagnosis named a cause for these findings that is a bug, not a possible lossy design (a
     reduction in a wider dtype than claimed, kind ``"diagnosis_wider_dtype"``, is more accurate than native
     and may be declared lossy), or found the hook's own result exact (kind ``"native_result"``)."""
-    return any(f.kind in ("diagnosis", "native_result") for f in found)
+    return any(f.kind in (FindingKind.DIAGNOSIS, FindingKind.NATIVE_RESULT) for f in found)
 
 
 def failure_message(header: str, body: str, rerun: str) -> str:

@@ -28,7 +28,7 @@ import torch
 
 from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.reproducers.inline import inlined
 from conformance.reproducers.parts import constants_of, early_constants, model_modules, sections, written_code_of
 from conformance.reproducers.source_edits import without_blank_lines_in_blocks
@@ -369,7 +369,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         (late_lines if len(named) > before else constant_lines).append(line)
     imports, code, bindings = written_code_of(case, model_cls, api.standalone_modules, tuple(constants), named)
     early, code = early_constants(model_cls, api, imports, code, [line.split(" = ")[0] for line in constant_lines])
-    shown = [f.describe() for f in findings if f.kind not in ("diagnosis_note",)]
+    shown = [f.describe() for f in findings if f.kind is not FindingKind.DIAGNOSIS_NOTE]
     found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
                       + (["    ..."] if len(shown) > 2 else []))
     file = os.path.basename(path)

@@ -56,7 +56,7 @@ from conformance.apis.ddp.arithmetic import CompiledDdpArithmetic
 from conformance.apis.ddp.plan import GRADBUCKET_NOTE, compiled_unavailable
 from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.models import get_model
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.ranks import reach
 from conformance.ranks.checks.common import model_no_sync
 from conformance.ranks.checks.models import Recorder
@@ -219,14 +219,14 @@ class CompiledHookRecorder(Recorder):
         self.step = step
         reach.saw_step(step)
         if self.refused is not None:
-            return [Finding(self.ctx.rank, self.refused, step=step, kind="contract")]
+            return [Finding(self.ctx.rank, self.refused, step=step, kind=FindingKind.CONTRACT)]
         try:
             run()
         except Exception as exc:  # noqa: BLE001 - re-raised unless it is about the calling convention
             why = convention_error(exc)
             if why is None:
                 raise
-            return [Finding(self.ctx.rank, why, step=step, kind="contract")]
+            return [Finding(self.ctx.rank, why, step=step, kind=FindingKind.CONTRACT)]
         self._record(step)
         return None
 
@@ -281,4 +281,4 @@ class CompiledHookRecorder(Recorder):
                                        "compiled DDP calls hook(state, (grad, param)) for each parameter, ignores "
                                        "what the hook returns, and keeps only what it leaves in grad (bucket[0], "
                                        f"which is param.grad); reduce it in place: grad.div_({ws}); "
-                                       "dist.all_reduce(grad, group=...)", step=step, kind="contract")]
+                                       "dist.all_reduce(grad, group=...)", step=step, kind=FindingKind.CONTRACT)]

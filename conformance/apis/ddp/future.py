@@ -15,7 +15,7 @@ from typing import Any, List
 import torch
 
 from conformance.apis.ddp.models import DdpModels, build_ddp
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.ranks.checks.common import sgd, train_step
 
 
@@ -35,7 +35,7 @@ def _bare_registration(ctx: Any, spec: Any) -> List[Finding]:
         else:
             hint = "see DistributedDataParallel.register_comm_hook for what it accepts"
         return [Finding(ctx.rank, f"DistributedDataParallel.register_comm_hook rejects the hook: {text}; {hint}",
-                        kind="contract")]
+                        kind=FindingKind.CONTRACT)]
     return []
 
 

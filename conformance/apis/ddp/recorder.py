@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from conformance.apis.ddp.cpp_hooks import CPP_HOOK_NOTE, CppCommHook
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.shared.compare import dtype_name
@@ -118,7 +118,7 @@ class DDPHookRecorder(Recorder):
         if any(s == step for s, _ in self.calls):
             return []
         return [Finding(self.rank, "DDP never called the hook in this synchronising step", step=step,
-                        kind="contract")]
+                        kind=FindingKind.CONTRACT)]
 
     def findings(self, step: int) -> List[Finding]:
         """:meth:`never_called`, then the step's violations."""
@@ -141,7 +141,7 @@ class DDPHookRecorder(Recorder):
                 raise
             return list(self.violations) + [Finding(
                 self.rank, f"DDP then failed while using the hook's result: {_short_error(exc)}", step=step,
-                kind="contract")]
+                kind=FindingKind.CONTRACT)]
         if self.fatal:
             return list(self.violations)
         return None
@@ -161,7 +161,7 @@ class DDPHookRecorder(Recorder):
 
     def _note(self, message: str, step: int, index: int) -> None:
         self._violations.append((step, index, len(self._violations),
-                                 Finding(self.rank, message, step=step, kind="contract")))
+                                 Finding(self.rank, message, step=step, kind=FindingKind.CONTRACT)))
 
     # No annotations: DDP's _check_comm_hook compares them with dist.GradBucket, and under
     # ``from __future__ import annotations`` they would be strings.

@@ -23,7 +23,7 @@ from conformance.apis.fsdp.arithmetic import FsdpArithmetic
 # from here too.
 from conformance.apis.fsdp.standalone import low_precision_grads_mixed_precision, native_mixed_precision
 from conformance.models import get_model
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.common import fqn_without_wrappers, named_grads, named_params
 from conformance.ranks.checks.groups import on_subgroup
@@ -109,14 +109,15 @@ class HookRecorder(Recorder):
                     f"cast for its built-in fp16/bf16 hooks); fix: cast the result back to the dtype the gradient "
                     f"arrived in, {arrived}, not to LowPrecisionState.parameter_type, which is the module's "
                     "original dtype even where MixedPrecision(param_dtype=...) trains in another",
-                    step=step, kind="contract")]
+                    step=step, kind=FindingKind.CONTRACT)]
         return []
 
     def findings(self, step: int) -> List[Finding]:
         """:meth:`findings_so_far`, and a finished step in which FSDP never called the hook."""
         findings = self.findings_so_far(step)
         if not any(c["step"] == step for c in self.calls):
-            findings.append(Finding(self.rank, "FSDP never called the hook in this step", step=step, kind="contract"))
+            findings.append(Finding(self.rank, "FSDP never called the hook in this step", step=step,
+                                    kind=FindingKind.CONTRACT))
         return findings
 
 

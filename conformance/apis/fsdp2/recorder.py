@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from conformance.apis.fsdp2_common.recorders import allocation_problem
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.shared.compare import dtype_name
@@ -133,14 +133,14 @@ class CommRecorder(Recorder):
             if bad["step"] == step:
                 out.append(Finding(self.rank, f"comm.allocate(size={bad['size']}, dtype={dtype_name(bad['dtype'])}) "
                                           f"returned {bad['got']}: FSDP2 writes the reduce-dtype gradients into "
-                                          "exactly that buffer", step=step, kind="contract"))
+                                          "exactly that buffer", step=step, kind=FindingKind.CONTRACT))
                 break
         for late in self.unfinished:
             if late["step"] == step:
                 out.append(Finding(self.rank, f"call {late['index']}: the comm returned a Work that had not completed, "
                                           "called without async_op=True: FSDP2's reduce-scatter ignores what the comm "
                                           "returns and reads output_tensor at once, before the collective wrote it; "
-                                          "wait on the work before returning", step=step, kind="contract"))
+                                          "wait on the work before returning", step=step, kind=FindingKind.CONTRACT))
                 break
         return out
 
@@ -149,5 +149,5 @@ class CommRecorder(Recorder):
         out = self.findings_so_far(step)
         if self.never_called is None and not any(c["step"] == step for c in self.calls):
             out.append(Finding(self.rank, "FSDP2 never called the comm in this step (set_custom_reduce_scatter did "
-                                     "not take effect)", step=step, kind="contract"))
+                                     "not take effect)", step=step, kind=FindingKind.CONTRACT))
         return out

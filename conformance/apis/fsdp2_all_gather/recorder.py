@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from conformance.apis.fsdp2_all_gather.arithmetic import GatherCall, findings_text, same_bits
 from conformance.apis.fsdp2_common.recorders import allocation_problem
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.ranks import cost, hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.hook_call import CallLog, watching_works
@@ -125,11 +125,11 @@ class AllGatherRecorder(Recorder):
                                           f"returned {bad['got']}: FSDP2 copies the parameter shards into exactly "
                                           "that buffer and reads the unsharded parameters out of it; return "
                                           "torch.empty(size, dtype=dtype, device=device) or a buffer of exactly "
-                                          "that size, dtype and device", step=step, kind="contract"))
+                                          "that size, dtype and device", step=step, kind=FindingKind.CONTRACT))
                 break
         for late in self.dropped:
             if late["step"] == step:
-                out.append(Finding(self.rank, _dropped_text(late["index"]), step=step, kind="contract"))
+                out.append(Finding(self.rank, _dropped_text(late["index"]), step=step, kind=FindingKind.CONTRACT))
                 break
         for pending in self.pending_group:
             others = sorted({(name, size) for name, size in pending["calls"] if size != pending["group_size"]})
@@ -138,11 +138,11 @@ class AllGatherRecorder(Recorder):
                 out.append(Finding(self.rank, f"call {pending['index']}: the comm ran {ran} ranks where FSDP2 passed "
                                           f"it a group of {pending['group_size']} (a collective with no group= runs "
                                           "over the default group); fix: pass group=group (the group FSDP2 passes "
-                                          "the comm)", step=step, kind="contract"))
+                                          "the comm)", step=step, kind=FindingKind.CONTRACT))
         for call in [c for c in self.wrong if c.step == step][:MAX_REPORTED]:
             head, cause = findings_text(call)
-            out.append(Finding(self.rank, head, step=step, kind="mismatch"))
-            out.append(Finding(self.rank, cause, step=step, kind="diagnosis" if cause.startswith("explained")
+            out.append(Finding(self.rank, head, step=step, kind=FindingKind.MISMATCH))
+            out.append(Finding(self.rank, cause, step=step, kind=FindingKind.DIAGNOSIS if cause.startswith("explained")
                                else "no_known_cause"))
         return out
 
@@ -151,7 +151,8 @@ class AllGatherRecorder(Recorder):
         out = self.findings_so_far(step)
         if not any(c["step"] == step for c in self.calls):
             out.append(Finding(self.rank, "FSDP2 never called the all-gather comm in this step "
-                                     "(set_custom_all_gather did not take effect)", step=step, kind="contract"))
+                                     "(set_custom_all_gather did not take effect)", step=step,
+                               kind=FindingKind.CONTRACT))
         return out
 
 

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.shared.compare import dtype_name
@@ -68,7 +68,7 @@ class HookRecorder(Recorder):
         finished step can show something)."""
         if not any(c["step"] == step for c in self.calls):
             return [Finding(self.rank, "FSDP2 never called the all-reduce hook in this step", step=step,
-                            kind="contract")]
+                            kind=FindingKind.CONTRACT)]
         return []
 
 

@@ -55,7 +55,7 @@ from conformance.apis.fsdp2_common.registration import (MULTIPLE_PARAM_GROUPS, R
                                                         fsdp_modules_by_fqn, module_place, param_groups,
                                                         register_on_every_module)
 from conformance.apis.fsdp2_common.setup import Fsdp2Setup
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 
 __all__ = ["HSDP_STREAM", "REGISTRATION_MODEL", "SEVERAL_GROUPS_FQN", "check_rule", "registration_check"]
 
@@ -69,7 +69,7 @@ SEVERAL_GROUPS_FQN = "module"
 
 def _pytorch_changed(ctx: Any, text: str, kind: str = "pytorch_changed") -> Finding:
     """A rule that holds whatever the hook is no longer holds: PyTorch's behaviour, not the hook's failure.
-    ``kind="suite"`` where the suite's other checks rely on the rule (the case is then ``NOT RUN``)."""
+    ``kind=FindingKind.SUITE`` where the suite's other checks rely on the rule (the case is then ``NOT RUN``)."""
     return Finding(ctx.rank, f"PyTorch changed (torch {torch.__version__}): {text}; this rule holds whatever the "
                              "hook is, so this is not the hook's failure", kind=kind)
 
@@ -127,7 +127,7 @@ def _unset(ctx: Any, setter: Setter, model: nn.Module) -> List[Finding]:
                                          f"({_listed([(f, i) for f, i, _ in held])}) hold {_describe(held[0][2])} as "
                                          f"{setter.target}, where torch 2.13 holds {setter.default}; the reference "
                                          "the suite compares with (the model without a registration) may no "
-                                         "longer be native", kind="suite"))
+                                         "longer be native", kind=FindingKind.SUITE))
     return out
 
 
@@ -138,7 +138,7 @@ def _reaches(ctx: Any, setter: Setter, build: Callable[[], nn.Module], hook: Any
     if len(modules) < 2 or not any(param_groups(m) for _, m in modules[1:]):
         return [Finding(ctx.rank, f"the registration model {REGISTRATION_MODEL} has no child FSDP module with "
                                   "parameters: the rule cannot be exercised (the suite's own model, not the hook)",
-                        kind="suite")]
+                        kind=FindingKind.SUITE)]
     register_on_every_module(model, setter.name, hook)
     missed = [(fqn, i, getattr(group, setter.target, None)) for fqn, module in modules
               for i, group in enumerate(param_groups(module)) if getattr(group, setter.target, None) is not hook]
@@ -150,7 +150,7 @@ def _reaches(ctx: Any, setter: Setter, build: Callable[[], nn.Module], hook: Any
             f"{setter.native}, and every check would pass without the {setter.what}. Registering on the root alone "
             f"is the classic misuse: FSDPModule.{setter.name} does not recurse into child FSDP modules, so the "
             "children's gradients stay on the native path. The suite registers on every FSDP module: this is the "
-            "suite's registration, or PyTorch changed, not the hook's failure"), kind="suite"))
+            "suite's registration, or PyTorch changed, not the hook's failure"), kind=FindingKind.SUITE))
     root_only = build()
     getattr(root_only, setter.name)(hook)
     groups = [(fqn, i, getattr(group, setter.target, None) is hook) for fqn, module in fsdp_modules_by_fqn(root_only)
@@ -198,7 +198,7 @@ def _several_groups(ctx: Any, setter: Setter, build: Callable[[], nn.Module], ho
             return []
         return [Finding(ctx.rank, f"the suite's registration refusal lacks {', '.join(missing) or 'its cause'} "
                                   f"(PyTorch's ValueError): {text!r}; the suite's own message, not the hook's "
-                                  "failure", kind="suite")]
+                                  "failure", kind=FindingKind.SUITE)]
     except Exception as exc:  # noqa: BLE001 - the finding says what came instead
         got = f"let {type(exc).__name__}({exc}) through bare"
     else:
@@ -206,7 +206,7 @@ def _several_groups(ctx: Any, setter: Setter, build: Callable[[], nn.Module], ho
     return [Finding(ctx.rank, f"the suite's registration (FSDPModule.{setter.name} on every FSDP module) on a model "
                               f"whose FSDP module {SEVERAL_GROUPS_FQN!r} has {count} parameter groups {got}, where "
                               "it must raise RegistrationRefused naming the module, the setter, PyTorch's message and "
-                              "the fix; the suite's registration, not the hook's failure", kind="suite")]
+                              "the fix; the suite's registration, not the hook's failure", kind=FindingKind.SUITE)]
 
 
 def _a_stream(ctx: Any) -> Any:

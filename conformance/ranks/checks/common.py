@@ -24,7 +24,7 @@ from conformance.shared.training import MOMENTUM  # noqa: F401
 # imported from here too.
 from conformance.shared.standalone_main import fqn_inside_ddp, fqn_without_wrappers, local  # noqa: F401
 from conformance.ulps import INT_OF_SIZE
-from conformance.protocol import REFERENCE_DIGEST, CheckResult, Finding
+from conformance.protocol import REFERENCE_DIGEST, CheckResult, Finding, FindingKind
 
 def named_grads(model: nn.Module, fqn: Callable[[str], str] = fqn_without_wrappers
                 ) -> Dict[str, Optional[torch.Tensor]]:
@@ -253,7 +253,7 @@ def averaging_findings(ctx: Any, grads: Dict[str, Optional[torch.Tensor]], step:
         return [Finding(ctx.rank, f"the hook's reduction never reached the gradients: after the hook every rank "
                                   f"still holds its own local gradient (rank {ctx.rank} holds {float(ctx.rank)!r} "
                                   f"everywhere) instead of the average over ranks, {mean!r}; ranks train apart",
-                        step=step, kind="local_gradient")]
+                        step=step, kind=FindingKind.LOCAL_GRADIENT)]
     return findings
 
 

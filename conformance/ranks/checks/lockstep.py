@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 from conformance.ranks import cost
 from conformance.ranks.checks.common import MOMENTUM, View, compare_named, sgd, train_step
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
@@ -159,4 +159,4 @@ def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding
     """
     findings = LockstepRun(plan, lr).run(ctx, steps)
     why = None if findings else plan.recorder.unused()
-    return [Finding(ctx.rank, why, kind="not_applicable")] if why else findings
+    return [Finding(ctx.rank, why, kind=FindingKind.NOT_APPLICABLE)] if why else findings

@@ -223,15 +223,24 @@ def _train(rank, port, measure, queue):
 
 
 def _run(measure):
-    ctx = multiprocessing.get_context("fork")
+    # spawned, not forked: make test forks nothing from its own process, whose background runs hold threads
+    ctx = multiprocessing.get_context("spawn")
     queue, port = ctx.Queue(), _free_port()
     procs = [ctx.Process(target=_train, args=(r, port, measure, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    got = {r: (params, c) for r, params, c in (pickle.loads(queue.get(timeout=120)) for _ in procs)}
+    got = {}
+    deadline = time.monotonic() + 300
+    while len(got) < len(procs) and time.monotonic() < deadline:
+        try:
+            r, params, c = pickle.loads(queue.get(timeout=5))
+            got[r] = (params, c)
+        except Exception:  # noqa: BLE001 - queue.Empty: see whether a rank died
+            assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
     for p in procs:
         p.join(60)
-        assert p.exitcode == 0
+        assert p.exitcode == 0, [p.exitcode for p in procs]
+    assert len(got) == len(procs)
     return got
 
 

@@ -24,6 +24,7 @@ suite's ring size (:data:`RING_ENTRIES`). The worker starts a fresh meter per ca
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import re
@@ -152,9 +153,7 @@ def _tensors(shapes: Any, dtypes: Any) -> List[Tuple[int, str, int]]:
     """``(elements, dtype, bytes)`` of each tensor of a recorder entry's sizes and dtypes."""
     out = []
     for shape, dtype_name in zip(shapes or (), dtypes or ()):
-        numel = 1
-        for d in shape:
-            numel *= int(d)
+        numel = math.prod(int(d) for d in shape)
         dtype, size = _dtype(str(dtype_name))
         out.append((numel, dtype, numel * size))
     return out

@@ -24,6 +24,8 @@ __all__ = ["COST_PROPERTY", "Cost", "CostChange", "combine_ranks", "cost_from_js
 COST_PROPERTY = "cost"
 #: The figures summed per side and compared as ratios.
 _TOTALS = ("collectives", "bytes", "elements")
+#: A side's breakdowns, name -> figure; ``rescaled_from`` only on native's side of a reduced-precision claim.
+_BREAKDOWNS = ("by_kind", "bytes_by_dtype", "rescaled_from")
 #: A hook's ratio may grow this much (relative) against a baseline before it is a regression: the means over ranks
 #: are exact counts, so only a change in what the hook sends moves them.
 REGRESSION_TOLERANCE = 0.01
@@ -37,7 +39,7 @@ def _mean(values: Sequence[float]) -> float:
 def _side(per_rank: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """One side's figures, the mean over the ranks (counts by kind and bytes by dtype too)."""
     out: Dict[str, Any] = {name: _mean([float(r.get(name, 0)) for r in per_rank]) for name in _TOTALS}
-    for key in ("by_kind", "bytes_by_dtype", "rescaled_from"):
+    for key in _BREAKDOWNS:
         names = sorted({k for r in per_rank for k in (r.get(key) or {})})
         if names or key != "rescaled_from":
             out[key] = {k: _mean([float((r.get(key) or {}).get(k, 0)) for r in per_rank]) for k in names}
@@ -112,8 +114,8 @@ class Cost:
     """A hook's cost over its measured cases, against native's over the same cases.
 
     Attributes:
-        cases: cases whose step was measured on both models (any outcome: what a hook sends does not depend on
-            whether its values were right).
+        cases: cases whose step was measured on both models, passed or failed alike (what a hook sends does not
+            depend on whether its values were right); skipped cases are left out (:func:`hook_cost`).
         warm: of those, the cases whose measured step was past step 0 (the others ended at step 0).
         native, hooked: per side, the figures summed over those cases (each a step's mean per rank):
             ``collectives``, ``bytes``, ``elements``, ``by_kind`` (kind -> collectives), ``bytes_by_dtype``.
@@ -186,7 +188,7 @@ def cost_from_json(data: Mapping[str, Any]) -> Cost:
 def _add(total: Dict[str, Any], side: Mapping[str, Any]) -> None:
     for name in _TOTALS:
         total[name] = total.get(name, 0) + side.get(name, 0)
-    for key in ("by_kind", "bytes_by_dtype", "rescaled_from"):
+    for key in _BREAKDOWNS:
         if key == "rescaled_from" and not side.get(key):
             continue
         into = total.setdefault(key, {})

@@ -165,13 +165,14 @@ class ResultsRecorder:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         s = self.state.settings
         records = self.finish_records()
+        costs = self.hook_costs(records)  # the baseline's cost regressions and --max-cost read them
         if self.baseline_doc is not None:
             self.diff = baseline_mod.diff_runs(self.baseline_doc, records, s.baseline_path)
             self.diff.options_changed = baseline_mod.options_changed(
                 self.baseline_doc, self.environment(), [item.spec.name for item in self.state.specs],
                 [str(a) for a in self.config.invocation_params.args])
             self.diff.new_never_taken = baseline_mod.new_never_taken(self.baseline_doc, self._hook_codes())
-            self.diff.cost_regressions = cost_regressions(self.baseline_doc, self.hook_costs(records))
+            self.diff.cost_regressions = cost_regressions(self.baseline_doc, costs)
             if s.fail_on == "regressions" and int(session.exitstatus) in (0, 1):
                 session.exitstatus = (pytest.ExitCode.TESTS_FAILED if self.diff.regressions
                                       else pytest.ExitCode.OK)
@@ -179,7 +180,7 @@ class ResultsRecorder:
         if s.fail_on == "uncovered" and int(session.exitstatus) == 0 and self.uncovered():
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
             self.fail_on_applied = True
-        self.too_costly = self.over_max_cost(records)
+        self.too_costly = self.over_max_cost(costs)
         if self.too_costly and int(session.exitstatus) == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         # The project's own tests load this plugin too (conftest.py): only a run that collected
@@ -207,12 +208,13 @@ class ResultsRecorder:
         """Each hook under test's :class:`~conformance.reports.cost.Cost` over its measured cases (or ``None``)."""
         return {item.spec.name: hook_cost(records, item.spec.name) for item in self.state.specs}
 
-    def over_max_cost(self, records: List[CaseRecord]) -> List[str]:
-        """``hook: 2.0x bytes`` for each hook whose cost exceeds ``--max-cost`` (none where it is not given)."""
+    def over_max_cost(self, costs: Dict[str, Any]) -> List[str]:
+        """``hook: 2.0x bytes`` for each hook whose cost (``costs``: :meth:`hook_costs`) exceeds ``--max-cost`` (none
+        where it is not given)."""
         limit = getattr(self.state.settings, "max_cost", None)
         if limit is None:
             return []
-        return [f"{hook}: {', '.join(over)} of native's" for hook, c in self.hook_costs(records).items()
+        return [f"{hook}: {', '.join(over)} of native's" for hook, c in costs.items()
                 for over in [over_max(c, limit)] if over]
 
     def _write_draft(self, reports: Any, records: List[CaseRecord], doc: Dict[str, Any]) -> None:

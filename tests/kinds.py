@@ -43,6 +43,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_analytic_check": ("ranks",),
     "test_api_names": ("unit",),
     "test_attribution": ("unit",),
+    "test_catalogue": ("unit",),
     "test_default_run_reuse": ("unit",),
     "test_docs": ("cli",),
     "test_fsdp2_setup": ("unit",),

@@ -54,13 +54,20 @@ CASES = {
     "fsdp.long_run": ("fsdp", {"strategy": "FULL_SHARD", "model": "net_flat", "steps": 3}),
     "fsdp2.long_run": ("fsdp2", {"config": "default", "model": "net_flat", "steps": 3}),
     "fsdp2_all_gather.long_run": ("fsdp2_all_gather", {"config": "default", "model": "net_flat", "steps": 3}),
+    # the second model: its reference alone (the first model is hooked, so the replay builds neither)
+    "fsdp.second_model": ("fsdp", {"strategy": "FULL_SHARD", "model": "nested_wrapped"}),
+    "ddp.second_model": ("ddp", {"config": "default", "model": "nested_wrapped"}),
+    "fsdp2.second_model": ("fsdp2", {"config": "default", "model": "nested_wrapped"}),
+    "fsdp2_all_gather.second_model": ("fsdp2_all_gather", {"config": "default", "model": "nested_wrapped"}),
 }
 #: Replayed too, but only on an HSDP mesh of 4 ranks: :func:`test_all_reduce_hook_replay_trains_native_hsdp_alone`.
 ON_FOUR_RANKS = {"fsdp2_all_reduce.parity": ("fsdp2_all_reduce", {"config": "hsdp", "model": "nested_wrapped"}),
                  "fsdp2_replica.parity": ("fsdp2_replica", {"config": "replica", "model": "nested_wrapped"}),
                  "fsdp2_all_reduce.long_run": ("fsdp2_all_reduce", {"config": "replicate", "model": "net_flat",
                                                                     "steps": 3}),
-                 "fsdp2_replica.long_run": ("fsdp2_replica", {"config": "replica", "model": "net_flat", "steps": 3})}
+                 "fsdp2_replica.long_run": ("fsdp2_replica", {"config": "replica", "model": "net_flat", "steps": 3}),
+                 "fsdp2_all_reduce.second_model": ("fsdp2_all_reduce", {"config": "hsdp", "model": "nested_wrapped"}),
+                 "fsdp2_replica.second_model": ("fsdp2_replica", {"config": "replica", "model": "nested_wrapped"})}
 
 
 def test_every_replayed_check_is_covered():
@@ -71,8 +78,7 @@ def test_the_controllers_replay_policy_names_shared_checks_that_can_replay():
     """The controller's policy names the rank side's shared checks, and those it replays with the reference
     alone take ``reference_only`` (a name there without it would fail the replay with a TypeError)."""
     assert REFERENCE_REPLAYABLE <= set(SHARED_CHECKS) and DEFAULT_HOOK_REPLAYABLE <= set(SHARED_CHECKS)
-    takes = {name for name, shared in SHARED_CHECKS.items()
-             if "reference_only" in inspect.signature(shared.run).parameters}
+    takes = {name for name, run in SHARED_CHECKS.items() if "reference_only" in inspect.signature(run).parameters}
     assert takes == REFERENCE_REPLAYABLE
 
 

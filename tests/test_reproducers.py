@@ -206,7 +206,7 @@ def test_a_clip_case_replays_the_norm_type_that_failed_and_not_the_step_without_
     """Issue 48, item 7: a clip_grad_norm failure's file runs clip_grad_norm_ after every backward with the suite's
     bound and the norm type its findings name; its last step (a forward with no backward) no file replays."""
     from conformance.protocol import Finding
-    from conformance.shared.training import CLIP_MAX_NORM
+    from conformance.catalogue import CLIP_MAX_NORM
 
     found = [Finding(0, "total gradient norm differs", step=1, fqn="total norm (norm_type=inf)")]
     case = writer.case_literal(type("S", (), {"name": "h", "reduce_dtype": None})(),

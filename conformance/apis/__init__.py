@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from conformance.catalogue import CASE_KINDS, CheckEntry, catalogued
 from conformance.cases import CaseParams
 from conformance.signatures import SpecError, binds_signature, qualname, signature_text
 
@@ -36,24 +37,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from conformance.controller.settings import Settings  # typing only: the controller imports the APIs
     from conformance.spec import HookSpec  # typing only: spec.py validates specs against this registry
 
-__all__ = ["CASE_KINDS", "LONG_RUN_STEPS", "REACH_MODELS", "SUBGROUP_WORLD_SIZE", "TWO_NODES", "is_reach_case",
-           "simulated_layout_skip",
+__all__ = ["CASE_KINDS", "CataloguePlan", "LONG_RUN_STEPS", "REACH_MODELS", "SUBGROUP_WORLD_SIZE", "TWO_NODES",
+           "is_reach_case", "simulated_layout_skip",
            "two_node_world_sizes", "CasePlan", "HookApi", "SuiteTest", "called_as", "no_strategies",
            "subgroup_world_size"]
-
-#: How the controller runs a case of a suite test (:mod:`conformance.controller.case_kinds`):
-#: ``exact`` (an exactness check whose unexplained failure ends with how to declare a lossy contract),
-#: ``plain``, ``across_ranks`` (each rank's gradients against rank 0's), ``hard_inputs`` (the named
-#: examples, then hypothesis's, shrunk on failure), ``switches`` (a combined case: the API's long run where a
-#: hook's switches hold at once; the nightly's own runs only where the hook's code has a never-taken branch,
-#: :mod:`conformance.apis.switches`), and the three lossy-contract checks.
-CASE_KINDS = ("exact", "plain", "across_ranks", "hard_inputs", "switches", "lossy_error", "lossy_loss",
-              "lossy_determinism")
 
 #: ``plan(test, specs, settings)``: the cases of one suite test for the API's specs, each made by
 #: ``test.case(...)`` and with its ``skip`` reason set where it cannot run here (the world size's
 #: availability is checked by the caller, first).
 CasePlan = Callable[["SuiteTest", Sequence["HookSpec"], "Settings"], List[CaseParams]]
+#: ``plan_of(entry)``: an API's :data:`CasePlan` of a check the catalogue plans
+#: (:class:`~conformance.catalogue.CheckEntry` with ``catalogued=True``): its specs of the entry's claims (:meth:`~conformance.catalogue.CheckEntry.for_spec`),
+#: at the entry's world sizes, on the entry's model in the API's default variant, each case with its skip reason.
+CataloguePlan = Callable[[CheckEntry], CasePlan]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +71,8 @@ class SuiteTest:
             ``{"default": {"steps": 256}, "nightly": {"steps": 2000}}`` (:data:`LONG_RUN_STEPS`): at the run's
             main world size (``--world-size``); a case at another world size takes the default depth's
             (:meth:`params_at`).
+        entry: the catalogue's entry where the catalogue planned this suite test (:meth:`HookApi.__post_init__`),
+            ``None`` where the API's plan module did.
 
     Raises:
         ValueError: ``kind`` is not one of :data:`CASE_KINDS`.
@@ -88,6 +86,7 @@ class SuiteTest:
     kind: str = "plain"
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     depth_params: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    entry: Optional[CheckEntry] = None
 
     def params_at(self, depth: str, main_world_size: bool = True) -> Dict[str, Any]:
         """The rank check's parameters besides the case's own at ``depth``: :attr:`params`, then
@@ -185,6 +184,13 @@ class HookApi:
             (``HookSpec.compiled_ddp``); elsewhere that is a :class:`~conformance.spec.SpecError`.
         native_modes: the API's natives a spec may say its hook is meant for (``HookSpec.native_modes``), the
             first the default: DDP's ``("default", "batched_grad_copy")``; ``()``: one native only.
+        catalogue_plan: how the API plans a check the catalogue plans (:data:`CataloguePlan`); with it, every
+            such entry of :data:`conformance.catalogue.CATALOGUE` that runs on this API becomes one more of
+            :attr:`plans`, ``<test_prefix><name>`` of check ``<check_prefix><name>`` (an ``exact`` entry runs as
+            ``plain`` on an API that takes no lossy contract: no failure there ends with how to declare one).
+        test_prefix, check_prefix: the start of a catalogued suite test's function name and check name
+            (``None``: ``test_<api>_`` and ``<api>_``; FSDP1's are ``test_`` and ``""``, DDP's ``test_ddp_`` and
+            ``""``, as their other suite tests).
     """
 
     name: str
@@ -200,8 +206,21 @@ class HookApi:
     standalone: Union[None, str, Tuple[str, ...]] = None
     compiled_convention: bool = False
     native_modes: Tuple[str, ...] = ()
+    catalogue_plan: Optional[CataloguePlan] = None
+    test_prefix: Optional[str] = None
+    check_prefix: Optional[str] = None
 
     def __post_init__(self) -> None:
+        own = {name: test for name, test in self.plans.items() if test.entry is None}
+        if self.catalogue_plan is not None:
+            lossy = any(test.kind == "lossy_error" for test in own.values())
+            tests = self.test_prefix if self.test_prefix is not None else f"test_{self.name}_"
+            checks = self.check_prefix if self.check_prefix is not None else f"{self.name}_"
+            for entry in catalogued(self.name):
+                kind = "plain" if entry.kind == "exact" and not lossy else entry.kind
+                own[tests + entry.name] = SuiteTest(self.name, self.variant_field, checks + entry.name, entry.name,
+                                                    self.catalogue_plan(entry), kind=kind, entry=entry)
+        object.__setattr__(self, "plans", own)  # frozen: the plans are fixed once made
         checks = [test.check for test in self.plans.values()]
         for name, test in self.plans.items():
             if (test.api, test.variant_field) != (self.name, self.variant_field):

@@ -9,8 +9,9 @@ After a failure the runner may run the case again in two ways (:mod:`conformance
   the check runs the same with any spec of its API and its reference is PyTorch's behaviour on this
   torch version, a failure that no cause of the hook's own explains may be PyTorch's.
 
-The rank side only runs what it is asked; which of its shared checks
-(:data:`conformance.ranks.checks.SHARED_CHECKS`) are replayed is decided here, by name.
+The rank side only runs what it is asked; which of its shared checks are replayed each says in its entry of
+the check catalogue (:attr:`conformance.catalogue.CheckEntry.replay_reference` and ``replay_default_hook``), read
+here.
 ``tests/test_reference_replay.py`` holds every name of :data:`REFERENCE_REPLAYABLE` to a check that takes
 ``reference_only``.
 """
@@ -20,15 +21,15 @@ from __future__ import annotations
 from typing import FrozenSet
 
 from conformance.apis.registry import HOOK_APIS
+from conformance.catalogue import CATALOGUE
 
 __all__ = ["DEFAULT_HOOK_REPLAYABLE", "REFERENCE_REPLAYABLE", "REPLAYS_DEFAULT_HOOK", "REPLAYS_REFERENCE"]
 
 #: The shared checks replayed with their reference alone: each takes ``reference_only=True``.
-REFERENCE_REPLAYABLE: FrozenSet[str] = frozenset({"parity", "long_run", "clip_grad_norm"})
+REFERENCE_REPLAYABLE: FrozenSet[str] = frozenset(name for name, e in CATALOGUE.items() if e.replay_reference)
 #: The shared checks replayed with PyTorch's own default hook: each runs the same with any spec of its API,
 #: and its reference is PyTorch's behaviour on this torch version.
-DEFAULT_HOOK_REPLAYABLE: FrozenSet[str] = frozenset({"averaging", "parity", "long_run", "clip_grad_norm",
-                                                     "rank_grads"})
+DEFAULT_HOOK_REPLAYABLE: FrozenSet[str] = frozenset(name for name, e in CATALOGUE.items() if e.replay_default_hook)
 
 
 def _registered(shared: FrozenSet[str]) -> FrozenSet[str]:

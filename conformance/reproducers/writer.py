@@ -34,12 +34,13 @@ from conformance.reproducers.parts import constants_of, early_constants, model_m
 from conformance.reproducers.source_edits import without_blank_lines_in_blocks
 from conformance.reproducers.specialise import parsed
 from conformance.shared.files import write_atomic
-from conformance.shared.training import CHECK_TRAINING
+from conformance.catalogue import CHECK_TRAINING
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
 
 #: The rank checks a reproducer replays, with how each trains: the same table the checks' signatures read
-#: (:data:`conformance.shared.training.CHECK_TRAINING`), so a reproducer trains as the suite did.
+#: (:data:`conformance.catalogue.CHECK_TRAINING`, each :class:`~conformance.catalogue.CheckEntry`'s
+#: ``training``), so a reproducer trains as the suite did.
 CHECK_DEFAULTS = CHECK_TRAINING
 #: Parameters of a rank check that are not the case's variant.
 _NOT_VARIANT = {"model", "steps", "lr", "examples", "case_id", "fresh", "micro_steps", "reference_only"}

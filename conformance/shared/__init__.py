@@ -12,9 +12,7 @@
   :mod:`~conformance.shared.standalone_compare` (the bitwise comparison),
   :mod:`~conformance.shared.standalone_inputs` (each check's inputs) and
   :mod:`~conformance.shared.standalone_launch` (``python FILE`` starting the ranks): torch only, and
-  used by the rank checks as they are (a reproducer copies what its case runs of them);
-* :mod:`~conformance.shared.training`: how the shared rank checks train (model, steps, learning rate,
-  momentum), read by the checks' signatures and by the reproducer writer alike.
+  used by the rank checks as they are (a reproducer copies what its case runs of them).
 
 Nothing here imports :mod:`conformance.controller`, :mod:`conformance.ranks`,
 :mod:`conformance.reports` or :mod:`conformance.reproducers` (``lint-imports``, pyproject.toml).

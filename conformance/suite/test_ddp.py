@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.suite import catalogued_tests
+
 pytestmark = pytest.mark.conformance
 
 
@@ -73,6 +75,10 @@ def test_ddp_lossy_loss(conform, request, case):
 def test_ddp_lossy_determinism(conform, request, case):
     """Two trainings from the same seed give bitwise identical gradients (deterministic=True)."""
     conform.run_case(request, case)
+
+
+# The checks the catalogue plans (conformance/catalogue.py), before the switches, which run last.
+globals().update(catalogued_tests(globals()))
 
 
 def test_ddp_switches(conform, request, case):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.suite import catalogued_tests
+
 pytestmark = pytest.mark.conformance
 
 
@@ -84,6 +86,10 @@ def test_lossy_loss(conform, request, case):
 def test_lossy_determinism(conform, request, case):
     """Two trainings from the same seed give bitwise identical local gradient shards (deterministic=True)."""
     conform.run_case(request, case)
+
+
+# The checks the catalogue plans (conformance/catalogue.py), before the switches, which run last.
+globals().update(catalogued_tests(globals()))
 
 
 def test_switches(conform, request, case):

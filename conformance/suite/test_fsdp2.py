@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.suite import catalogued_tests
+
 pytestmark = pytest.mark.conformance
 
 
@@ -107,6 +109,10 @@ def test_fsdp2_all_reduce_registration(conform, request, case):
     """FSDPModule.set_all_reduce_hook's rules with the hook under test under native HSDP: the same three rules, and
     its ValueError for a stream under native HSDP."""
     conform.run_case(request, case)
+
+
+# The checks the catalogue plans (conformance/catalogue.py), before the switches, which run last.
+globals().update(catalogued_tests(globals()))
 
 
 def test_fsdp2_switches(conform, request, case):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.suite import catalogued_tests
+
 pytestmark = pytest.mark.conformance
 
 
@@ -46,6 +48,10 @@ def test_fsdp2_all_gather_registration(conform, request, case):
     """FSDPModule.set_custom_all_gather's rules: unset before registration, on every parameter group after the
     suite's registration, PyTorch's ValueError on several parameter groups."""
     conform.run_case(request, case)
+
+
+# The checks the catalogue plans (conformance/catalogue.py), before the switches, which run last.
+globals().update(catalogued_tests(globals()))
 
 
 def test_fsdp2_all_gather_switches(conform, request, case):

@@ -42,8 +42,10 @@ DDP_MUST_CATCH = {
     "bad_rs_ag_tail_unreduced": {"parity"},
     "bad_world_size_divisor": {"parity"},
     "bad_fp16_cast_back_then_divide": {"parity", "hard_inputs"},
+    "bad_static_buffers_after_warm_up": {"second_model"},
 }
-DDP_EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract", "hard_inputs", "clip_grad_norm"}
+DDP_EXACT_CHECKS = {"averaging", "parity", "rank_consistency", "future_contract", "hard_inputs", "clip_grad_norm",
+                    "second_model"}
 DDP_LOSSY_CHECKS = {"lossy_error", "lossy_loss", "lossy_determinism", "rank_consistency", "future_contract"}
 
 #: The DDP zoo's failures and the texts they must carry.

@@ -42,7 +42,7 @@ def _fsdp_coverage(spec):
     # The float16-gradient clip case is planned, and skipped with its reason, for other claims.
     low_precision = {"clip_grad_norm_low_precision"} if spec.reduce_dtype in (None, torch.float16) else set()
     return "check", {"averaging", "parity", "accumulation", "rank_consistency", "registration", "hard_inputs",
-                     "subgroup_parity", "clip_grad_norm"} | low_precision, True
+                     "subgroup_parity", "clip_grad_norm", "second_model"} | low_precision, True
 
 
 #: The FSDP zoo's failures and the texts they must carry.

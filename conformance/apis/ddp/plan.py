@@ -53,16 +53,9 @@ from conformance.cases import CaseParams
 # (config, model) pairs per world-size role: the main world size gets the spread of real
 # training setups; an extra one (3, not a power of two) gets the essentials.
 #: Bitwise parity with the reference, for hooks that claim exactness.
-PARITY_CASES = (
-    ("default", "nested_wrapped"),
-    ("default", "transformer_shared"),
-    ("small_buckets", "transformer_shared"),
-    ("bucket_view", "nested_wrapped"),
-    ("static_graph", "net_flat"),
-    ("find_unused", "unused_param"),
-    ("skip_unused", "unused_param"),
-    ("no_sync", "net_flat"),
-)
+PARITY_CASES = (("default", "nested_wrapped"), ("default", "transformer_shared"), ("small_buckets", "transformer_shared"),
+                ("bucket_view", "nested_wrapped"), ("static_graph", "net_flat"), ("find_unused", "unused_param"),
+                ("skip_unused", "unused_param"), ("no_sync", "net_flat"))
 EXTRA_PARITY_CASES = (("default", "nested_wrapped"),)
 #: The long run (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared, on its own
 #: objective, :mod:`conformance.ranks.checks.long_run`): at the main world size (every world size at nightly
@@ -256,6 +249,7 @@ def _with_compiled(plan: CasePlan) -> CasePlan:
 _test = functools.partial(SuiteTest, "ddp", "config")
 
 
+
 API = HookApi(
     name="ddp",
     installed_with="DistributedDataParallel.register_comm_hook(state, hook)",
@@ -267,6 +261,9 @@ API = HookApi(
     standalone="conformance.apis.ddp.standalone",
     compiled_convention=True,
     native_modes=NATIVE_MODES,
+    catalogue_plan=lambda entry: _plan(  # a check the catalogue plans: its model, default config
+        [("default", entry.model)], [("default", entry.model)] if entry.world_sizes == "every" else (),
+        keep=entry.for_spec), test_prefix="test_ddp_", check_prefix="",
     models="conformance.apis.ddp.models:DdpModels",
     checks={"future_contract": "conformance.apis.ddp.future:future_contract"},
     plans={

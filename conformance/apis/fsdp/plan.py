@@ -33,6 +33,7 @@ from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, Suit
                               simulated_layout_skip, subgroup_world_size, two_node_world_sizes)
 from conformance.apis.switches import switch_plan
 from conformance.cases import CaseParams
+from conformance.catalogue import CheckEntry
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.ulps import dtype_name
 from conformance.apis.fsdp.validation import validate
@@ -239,6 +240,18 @@ def _first_world_size(plan: CasePlan) -> CasePlan:
 _test = functools.partial(SuiteTest, "fsdp", "strategy")
 
 
+def catalogue_plan(entry: CheckEntry) -> CasePlan:
+    """The cases of a check the catalogue plans: the entry's model by convention (:func:`_by_convention`), at the
+    main world size (every world size with ``world_sizes="every"``)."""
+    models = {"main": (entry.model,), "extra": (entry.model,) if entry.world_sizes == "every" else ()}
+
+    def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+        return [case for spec in specs if entry.for_spec(spec) for strategy in _by_convention(spec, settings)
+                for case in _training(test, [spec], settings, models, strategies=(strategy,))]
+
+    return plan
+
+
 API = HookApi(
     name="fsdp",
     installed_with="FullyShardedDataParallel.register_comm_hook(state, hook)",
@@ -249,6 +262,7 @@ API = HookApi(
     default_hook="conformance.apis.fsdp.builtin_hooks:default_hook",
     standalone="conformance.apis.fsdp.standalone",
     models="conformance.apis.fsdp.models:FsdpModels",
+    catalogue_plan=catalogue_plan, test_prefix="test_", check_prefix="",
     checks={"registration": "conformance.apis.fsdp.registration:registration"},
     plans={
         "test_averaging": _test("averaging", "averaging", _of(_exact, _training), kind="exact"),

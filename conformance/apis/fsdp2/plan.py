@@ -35,7 +35,7 @@ from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, Suit
                               two_node_world_sizes)
 from conformance.apis.switches import switch_plan
 from conformance.apis.fsdp2.standalone import SETUP
-from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, TOPOLOGY_MODEL, RolePlan, exact,
+from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, TOPOLOGY_MODEL, RolePlan, catalogue_plan, exact,
                                                 hsdp_world_size, registration_plan, role_nodes, role_plan, skip_reason,
                                                 with_skips)
 from conformance.cases import CaseParams
@@ -224,6 +224,7 @@ APIS = (
             stateful=False, validate=validate, builtin_hooks="conformance.apis.fsdp2.builtin_hooks:FSDP2_HOOKS",
             default_hook="conformance.apis.fsdp2.builtin_hooks:default_hook",
             standalone=STANDALONE, native_modes=NATIVE_MODES,
+            catalogue_plan=catalogue_plan(SETUP, "default", wrap=with_native_modes),
             models="conformance.apis.fsdp2.models:CommModels",
             plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", with_native_modes(parity_cases),
                                                    kind="exact"),

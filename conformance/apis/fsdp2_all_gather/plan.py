@@ -30,7 +30,7 @@ from typing import Any, List, Sequence, Tuple
 from conformance.apis import LONG_RUN_STEPS, HookApi, SuiteTest, no_strategies
 from conformance.apis.switches import switch_plan
 from conformance.apis.fsdp2_all_gather.standalone import SETUP
-from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, RolePlan, exact, hsdp_world_size,
+from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, RolePlan, catalogue_plan, exact, hsdp_world_size,
                                                 registration_plan, role_nodes, role_plan, with_skips)
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
@@ -123,6 +123,7 @@ APIS = (
             builtin_hooks="conformance.apis.fsdp2_all_gather.builtin_hooks:FSDP2_ALL_GATHER_HOOKS",
             default_hook="conformance.apis.fsdp2_all_gather.builtin_hooks:default_hook",
             standalone=STANDALONE, models="conformance.apis.fsdp2_all_gather.models:AllGatherModels",
+            catalogue_plan=catalogue_plan(SETUP, "default"),
             # "plain", not "exact": no failure here ends with how to declare a LossyContract (validate refuses one)
             plans={"test_fsdp2_all_gather_parity": _test("fsdp2_all_gather_parity", "parity", _by_role(PLAN)),
                    "test_fsdp2_all_gather_long_run": _test(

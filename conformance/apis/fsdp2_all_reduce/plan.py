@@ -28,6 +28,7 @@ from conformance.apis import LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, call
 from conformance.apis.switches import switch_plan
 from conformance.apis.fsdp2_all_reduce.standalone import SETUP
 from conformance.apis.fsdp2_common.plan import (HSDP_STREAM_RULE, REGISTRATION_RULES, TOPOLOGY_MODEL, RolePlan,
+                                               catalogue_plan,
                                                 exact, hsdp_unavailable, hsdp_world_size, registration_plan,
                                                 role_plan, with_skips)
 from conformance.cases import CaseParams
@@ -93,6 +94,7 @@ APIS = (
     HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP, replicate)",
             variant_field="config", stateful=False, validate=validate, builtin_hooks=None, standalone=STANDALONE,
             models="conformance.apis.fsdp2_all_reduce.models:AllReduceHookModels",
+            catalogue_plan=catalogue_plan(SETUP, "replicate", hsdp_config="hsdp"),
             plans={"test_fsdp2_all_reduce_hook": _test("fsdp2_all_reduce_hook", "parity", functools.partial(
                 all_reduce_cases, replicate_models=REPLICATE_MODELS)),
                    "test_fsdp2_all_reduce_long_run": _test(

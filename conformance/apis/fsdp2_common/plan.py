@@ -17,7 +17,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from conformance.apis import TWO_NODES, CasePlan, SuiteTest, first_cross_rank_world_size, simulated_layout_skip
+from conformance.apis import (TWO_NODES, CasePlan, CataloguePlan, SuiteTest, first_cross_rank_world_size,
+                              simulated_layout_skip)
+from conformance.catalogue import CheckEntry
 from conformance.apis.fsdp2_common.setup import HSDP_REPLICATE, Fsdp2Setup
 from conformance.cases import CaseParams
 from conformance.models import MODELS
@@ -174,3 +176,20 @@ def role_plan(setup: Fsdp2Setup, plan: RolePlan, keep: Callable[[Any], bool], *,
         return with_skips(setup, out, specs, settings)
 
     return cases
+
+
+def catalogue_plan(setup: Fsdp2Setup, config: str, hsdp_config: Optional[str] = None,
+                   wrap: Callable[[CasePlan], CasePlan] = lambda plan: plan) -> CataloguePlan:
+    """An FSDP2 API's plan of a check the catalogue plans (:data:`~conformance.apis.CataloguePlan`): the entry's
+    model in ``config`` at the main world size (every world size with ``world_sizes="every"``), and in
+    ``hsdp_config`` at the HSDP world size where given (:func:`role_plan`); ``wrap``: the API's own cases
+    around it (its native modes)."""
+    def plan_of(entry: CheckEntry) -> CasePlan:
+        roles: RolePlan = {"main": ((config, entry.model),)}
+        if entry.world_sizes == "every":
+            roles["extra"] = ((config, entry.model),)
+        if hsdp_config is not None:
+            roles["hsdp"] = ((hsdp_config, entry.model),)
+        return wrap(role_plan(setup, roles, entry.for_spec))
+
+    return plan_of

@@ -33,14 +33,15 @@ import dataclasses
 import functools
 from typing import Any, List, Sequence, Tuple
 
-from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, called_as, simulated_layout_skip,
-                              two_node_world_sizes)
+from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, SuiteTest, called_as,
+                              simulated_layout_skip, two_node_world_sizes)
 from conformance.apis.switches import switch_plan
 from conformance.apis.fsdp2_common.plan import (REGISTRATION_RULES, hsdp_unavailable, hsdp_world_size, missing_api,
                                               registration_plan)
 from conformance.apis.fsdp2_common.setup import REPLICA_SHARDS, replica_shape
 from conformance.apis.fsdp2_replica.standalone import SETUP
 from conformance.cases import CaseParams
+from conformance.catalogue import CheckEntry
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError, refuse_grad_bucket
 
@@ -127,6 +128,13 @@ STANDALONE = ("conformance.apis.fsdp2_common.setup", "conformance.apis.fsdp2_com
               "conformance.apis.fsdp2_replica.standalone")
 _test = functools.partial(SuiteTest, "fsdp2_replica", "config")
 
+
+def _catalogue_plan(entry: CheckEntry) -> CasePlan:
+    """The cases of a check the catalogue plans: the entry's model in the ``replica`` config at the HSDP world
+    size (and 6 ranks where the run has them), each replica a node (:func:`_cases`), for the entry's specs."""
+    cases = _cases((entry.model,))
+    return lambda test, specs, settings: cases(test, [spec for spec in specs if entry.for_spec(spec)], settings)
+
 APIS = (
     HookApi(name="fsdp2_replica",
             installed_with=("FSDPModule.set_all_reduce_hook(hook) on a 1-D shard mesh: the hook is the reduction "
@@ -136,6 +144,7 @@ APIS = (
             default_hook="conformance.apis.fsdp2_replica.builtin_hooks:default_hook",
             standalone=STANDALONE,
             models="conformance.apis.fsdp2_replica.models:ReplicaModels",
+            catalogue_plan=_catalogue_plan,
             plans={"test_fsdp2_replica_parity": _test("fsdp2_replica_parity", "parity",
                                                       _cases(PARITY_MODELS, _parity_world_sizes), kind="exact"),
                    "test_fsdp2_replica_long_run": _test("fsdp2_replica_long_run", "long_run",

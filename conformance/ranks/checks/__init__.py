@@ -13,12 +13,12 @@ shows it above the rank's traceback.
 Two kinds, both named by the API's :class:`~conformance.apis.HookApi`:
 
 * the **shared checks** (:data:`SHARED_CHECKS`), written once over
-  :class:`~conformance.ranks.checks.models.ApiModels`: averaging, parity,
-  clip_grad_norm_, hard inputs, rank gradients and the three lossy-contract
-  checks. Each one an API's suite tests run is registered for it, bound to its
-  models class (``HookApi.models``), as PyTorch's ``_get_grads`` takes the hook
-  type. Which of them the controller replays (the reference alone, PyTorch's
-  default hook) is the controller's policy (:mod:`conformance.controller.replay_policy`);
+  :class:`~conformance.ranks.checks.models.ApiModels`, one per entry of the check catalogue
+  (:data:`conformance.catalogue.CATALOGUE`, which says how each trains, whether it is replayed and where it
+  runs): averaging, parity, clip_grad_norm_, hard inputs, rank gradients, the second model and the three
+  lossy-contract checks. Each function registers itself under its entry's name
+  (:func:`~conformance.ranks.checks.common.shared_check`); each one an API's suite tests run is registered for
+  it, bound to its models class (``HookApi.models``), as PyTorch's ``_get_grads`` takes the hook type;
 * an API's **own checks** (``HookApi.checks``): FSDP1's registration rules,
   DDP's future contract.
 
@@ -30,42 +30,16 @@ training step), ``lockstep.py`` (the lock-step loop), ``exact.py``,
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 from typing import Any, Callable, Dict
 
 from conformance.apis.registry import HOOK_APIS
-from conformance.ranks.checks import clip, exact, long_run, lossy, probe
+from conformance.catalogue import CATALOGUE
+from conformance.ranks.checks import clip, exact, long_run, lossy, probe  # noqa: F401  (each registers its checks)
+from conformance.ranks.checks.common import SHARED_CHECKS
 
-__all__ = ["SHARED_CHECKS", "SharedCheck", "get_rank_check", "register_every_check"]
-
-
-@dataclasses.dataclass(frozen=True)
-class SharedCheck:
-    """A rank check written once over :class:`~conformance.ranks.checks.models.ApiModels`.
-
-    Attributes:
-        run: ``run(ctx, spec, make, **params)``, ``make`` the API's models class. Those that take
-            ``reference_only=True`` then build and train only their reference model (the native path, no
-            hook): the controller's reference replay (:mod:`conformance.controller.replay_policy`).
-    """
-
-    run: Callable[..., Any]
-
-
-#: The shared checks, by name: every API registers those its suite tests run as ``<api>.<name>``.
-SHARED_CHECKS: Dict[str, SharedCheck] = {
-    "averaging": SharedCheck(exact.averaging),
-    "parity": SharedCheck(exact.parity),
-    "long_run": SharedCheck(long_run.long_run),
-    "clip_grad_norm": SharedCheck(clip.clip_grad_norm),
-    "hard_inputs": SharedCheck(probe.hard_inputs),
-    "rank_grads": SharedCheck(exact.rank_grads),
-    "lossy_error": SharedCheck(lossy.lossy_error),
-    "lossy_loss": SharedCheck(lossy.lossy_loss),
-    "lossy_determinism": SharedCheck(lossy.lossy_determinism),
-}
+__all__ = ["SHARED_CHECKS", "get_rank_check", "register_every_check"]
 
 
 def _resolve(target: str) -> Any:
@@ -74,12 +48,12 @@ def _resolve(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def _bind(api: str, name: str, shared: SharedCheck, make: Callable[..., Any]) -> Callable[..., Any]:
-    """``shared`` for ``api``: ``check(ctx, spec, **params)`` with the API's models class ``make``."""
+def _bind(api: str, name: str, run: Callable[..., Any], make: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` for ``api``: ``check(ctx, spec, **params)`` with the API's models class ``make``."""
     def check(ctx: Any, spec: Any, **params: Any) -> Any:
-        return shared.run(ctx, spec, make, **params)
+        return run(ctx, spec, make, **params)
 
-    functools.update_wrapper(check, shared.run)
+    functools.update_wrapper(check, run)
     check.__name__ = check.__qualname__ = f"{api}_{name}"
     return check
 
@@ -91,8 +65,13 @@ def register_every_check() -> Dict[str, Callable[..., Any]]:
     calls it before its first case, so that import is not inside a case).
 
     Raises:
-        KeyError: a suite test names a rank check that is neither shared nor the API's own.
+        KeyError: a suite test names a rank check that is neither shared nor the API's own, or a catalogue entry
+            has no rank function registered.
     """
+    missing = sorted(set(CATALOGUE) - set(SHARED_CHECKS))
+    if missing:
+        raise KeyError(f"the catalogue's checks {', '.join(missing)} have no rank function: decorate it with "
+                       "@shared_check(name) (conformance/ranks/checks/common.py) in a module imported here")
     checks: Dict[str, Callable[..., Any]] = {}
     for api in HOOK_APIS.values():
         make = _resolve(api.models)

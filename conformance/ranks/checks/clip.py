@@ -21,13 +21,13 @@ import torch
 from torch import nn
 
 from conformance.protocol import Finding
-from conformance.ranks.checks.common import (MOMENTUM, compare_named, reference_result, sgd, train_alone,
+from conformance.ranks.checks.common import (MOMENTUM, compare_named, reference_result, sgd, shared_check, train_alone,
                                              train_step)
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
-from conformance.shared.training import CLIP_GRAD_NORM
+from conformance.catalogue import CLIP_GRAD_NORM
 
-#: ``max_norm`` of the clip_grad_norm_ cases (:data:`conformance.shared.training.CLIP_MAX_NORM`, which the
+#: ``max_norm`` of the clip_grad_norm_ cases (:data:`conformance.catalogue.CLIP_MAX_NORM`, which the
 #: reproducers read too): small enough that every reference model's gradients are scaled down (so the clipped
 #: gradients, not only the norm, carry the result).
 CLIP_MAX_NORM = CLIP_GRAD_NORM["clip_max_norm"]
@@ -97,6 +97,7 @@ def _without_backward_findings(ctx: Any, plan: Lockstep, inputs: Any, clip: Call
     return findings
 
 
+@shared_check("clip_grad_norm")
 def clip_grad_norm(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = CLIP_GRAD_NORM["steps"],
                    lr: float = CLIP_GRAD_NORM["lr"], reference_only: bool = False, **variant: Any) -> List[Finding]:
     """The API's ``clip_grad_norm_`` with the hook installed, for norm types 2 and inf (:data:`CLIP_NORM_TYPES`):

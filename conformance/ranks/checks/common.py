@@ -19,12 +19,38 @@ from torch import nn
 
 from conformance.shared.compare import compare_bitwise
 # SGD's momentum in the lock-step checks: with the other training defaults, shared with the reproducer writer.
-from conformance.shared.training import MOMENTUM  # noqa: F401
+from conformance.catalogue import MOMENTUM  # noqa: F401
 # The parameter-name helpers live in the reproducers' loop (torch only), which copies them into every file;
 # imported from here too.
 from conformance.shared.standalone_main import fqn_inside_ddp, fqn_without_wrappers, local  # noqa: F401
 from conformance.ulps import INT_OF_SIZE
 from conformance.protocol import REFERENCE_DIGEST, CheckResult, Finding, FindingKind
+from conformance.catalogue import CATALOGUE
+
+#: The rank functions of the shared checks, by catalogue name (:func:`shared_check`).
+SHARED_CHECKS: Dict[str, Callable[..., Any]] = {}
+
+
+def shared_check(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated ``run(ctx, spec, make, **params)`` as the rank function of the catalogue's check
+    ``name`` (:data:`conformance.catalogue.CATALOGUE`); every API whose suite tests run it binds it to its models
+    class ``make`` (:func:`conformance.ranks.checks.register_every_check`).
+
+    Raises:
+        KeyError: the catalogue declares no check ``name``.
+        ValueError: another function is registered for it already.
+    """
+    if name not in CATALOGUE:
+        raise KeyError(f"no check {name!r} in the catalogue (conformance/catalogue.py); declare it there first")
+
+    def register(run: Callable[..., Any]) -> Callable[..., Any]:
+        if SHARED_CHECKS.get(name, run) is not run:
+            raise ValueError(f"check {name!r}: {run.__qualname__} and {SHARED_CHECKS[name].__qualname__} both "
+                             "register as its rank function")
+        SHARED_CHECKS[name] = run
+        return run
+
+    return register
 
 def named_grads(model: nn.Module, fqn: Callable[[str], str] = fqn_without_wrappers
                 ) -> Dict[str, Optional[torch.Tensor]]:

@@ -10,7 +10,9 @@ registry binds it per API as ``<api>.<check>`` (:data:`conformance.ranks.checks.
 * :func:`parity`: gradients and parameters bitwise equal to the reference after
   every step (:func:`~conformance.ranks.checks.lockstep.lockstep`);
 * :func:`rank_grads`: the hooked model's gradients per step, for the
-  controller's cross-rank comparison (rank consistency).
+  controller's cross-rank comparison (rank consistency);
+* :func:`second_model`: parity of a second, different model wrapped and hooked in the same process after a
+  first one trained (state a hook keeps outside its state object must not outlive its model).
 
 The clip check is :mod:`conformance.ranks.checks.clip`'s, the hard inputs
 :mod:`conformance.ranks.checks.probe`'s, the lossy contracts
@@ -24,14 +26,15 @@ from typing import Any, List
 import torch
 
 from conformance.protocol import CheckResult, Finding
-from conformance.ranks.checks.common import (MOMENTUM, averaging_findings, grads_per_step, sgd, train_alone,
-                                             train_step)
+from conformance.ranks.checks.common import (MOMENTUM, averaging_findings, grads_per_step, sgd, shared_check,
+                                             train_alone, train_step)
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
 from conformance.ranks.diagnosis import diagnose
-from conformance.shared.training import AVERAGING, PARITY
+from conformance.catalogue import AVERAGING, PARITY, SECOND_MODEL
 
 
+@shared_check("averaging")
 def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = AVERAGING["model"],
               steps: int = AVERAGING["steps"], lr: float = AVERAGING["lr"], **variant: Any) -> List[Finding]:
     """Seed ``test_default_communication_hook_behavior``: every gradient equals mean(0..world_size-1), each step.
@@ -74,6 +77,7 @@ def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = AVERAGING["
     return []
 
 
+@shared_check("parity")
 def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = PARITY["steps"], lr: float = PARITY["lr"],
            reference_only: bool = False, **variant: Any) -> Any:
     """Gradients and parameters bitwise equal to the reference (the native path for the hook's claim) after
@@ -91,6 +95,55 @@ def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = PA
     return lockstep(models.ctx, Lockstep.of(models, ref, models.build(hooked=True)), steps=steps, lr=lr)
 
 
+@shared_check("second_model")
+def second_model(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = SECOND_MODEL["steps"],
+                 lr: float = SECOND_MODEL["lr"], second: str = SECOND_MODEL["second"], reference_only: bool = False,
+                 **variant: Any) -> Any:
+    """Parity of a second model wrapped and hooked in the same process, after a first one trained with the hook.
+
+    A job builds several wrapped models in one process: a resumed run re-wraps its model, a fine-tune follows a
+    pretraining, an evaluation or teacher model sits beside the student. PyTorch's own averaging keeps nothing
+    across them (each ``DistributedDataParallel`` has its own ``Reducer``, each FSDP module its own flat
+    parameters and handles), and a fresh hook state (``HookSpec.state``) is built for each. A hook that keeps
+    state of its own outside that state object (a module-level cache keyed by bucket index or size, a global
+    step counter, a process group or divisor saved on first use) carries the first model's into the second.
+
+    The case's ``model`` is built hooked and trained ``steps`` steps alone (SGD, momentum 0.9); it is then
+    dropped, and ``second`` (another :data:`conformance.models.MODELS` entry, whose buckets, FSDP units and flat
+    parameters differ) is built twice, reference and hooked, and trained in lock step for ``steps`` steps
+    (:func:`~conformance.ranks.checks.lockstep.lockstep`): gradients and parameters bitwise equal to the
+    reference every step. ``reference_only``: train ``second``'s reference alone (the runner's replay) and return
+    its digest (:func:`~conformance.ranks.checks.common.reference_result`).
+
+    Returns:
+        this rank's findings (empty when the hook conforms), or the reference's digest.
+    """
+    if not reference_only:
+        first = make(ctx, spec, model=model, **variant)
+        hooked = first.build(hooked=True)
+        optim = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
+        for step in range(min(steps, first.model_cls.max_steps or steps)):
+            broken = hooked.recorder.run_step(step, lambda: first.train_step(
+                first.ctx, f"first ({model}) hooked", step, hooked.model, optim, first.inputs, first.loss_fn,
+                no_sync=first.no_sync))
+            if broken:
+                return broken
+            optim.step()
+        del hooked, optim
+    models = make(ctx, spec, model=second, **variant)
+    steps = min(steps, models.model_cls.max_steps or steps)
+    ref = models.build(hooked=False)
+    if reference_only:
+        optim = sgd(ref.model.parameters(), lr=lr, momentum=MOMENTUM)
+        return train_alone(models.ctx, ref.model, optim, models.inputs, models.loss_fn, steps,
+                           train=models.train_step, no_sync=models.no_sync, check=models.check_reference)
+    after = f"a second model ({second}), wrapped after a hooked {model} trained {steps} steps in this process"
+    return lockstep(models.ctx, Lockstep.of(models, ref, models.build(hooked=True), label=lambda step: after,
+                                            sides=(f"second ({second}) reference", f"second ({second}) hooked")),
+                    steps=steps, lr=lr)
+
+
+@shared_check("rank_grads")
 def rank_grads(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
                **variant: Any) -> CheckResult:
     """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`); its

@@ -45,6 +45,8 @@ class Lockstep:
             the first part of the note on gradient findings, before the recorder's context.
         loss_fn: ``loss_fn(inputs, output)``, the loss both models train on; ``None``: the model's own
             (:attr:`~conformance.ranks.checks.models.ApiModels.loss_fn`).
+        sides: what the rank's phases call the reference and the hooked model (``"step 0: forward/backward of
+            the hooked model"``), so a rank that raises says which model it was training.
     """
 
     models: ApiModels
@@ -56,16 +58,17 @@ class Lockstep:
     train: Callable[..., None] = train_step
     label: Optional[Callable[[int], str]] = None
     loss_fn: Optional[Callable[..., torch.Tensor]] = None
+    sides: Tuple[str, str] = ("reference", "hooked")
 
     @classmethod
     def of(cls, models: ApiModels, ref: Built, hooked: Built, *, inputs: Any = None,
-           label: Optional[Callable[[int], str]] = None,
-           loss_fn: Optional[Callable[..., torch.Tensor]] = None) -> "Lockstep":
+           label: Optional[Callable[[int], str]] = None, loss_fn: Optional[Callable[..., torch.Tensor]] = None,
+           sides: Tuple[str, str] = ("reference", "hooked")) -> "Lockstep":
         """The plan of ``models``' pair: its gradient and parameter views, its training step, its inputs unless
         ``inputs`` is given, the model's own loss unless ``loss_fn`` is given."""
         return cls(models=models, ref=ref, hooked=hooked, inputs=models.inputs if inputs is None else inputs,
                    grads=models.grad_views, params=models.param_view, train=models.train_step, label=label,
-                   loss_fn=loss_fn)
+                   loss_fn=loss_fn, sides=sides)
 
     @property
     def recorder(self) -> Recorder:
@@ -113,11 +116,11 @@ class LockstepRun:
         ref, hooked = plan.ref.model, plan.hooked.model
         loss_fn = plan.loss_fn or models.loss_fn
         with cost.measured("native", step, ctx.device, models.reference_dtypes):
-            plan.train(ctx, "reference", step, ref, self.opt_ref, inputs, loss_fn, no_sync=models.no_sync)
+            plan.train(ctx, plan.sides[0], step, ref, self.opt_ref, inputs, loss_fn, no_sync=models.no_sync)
         models.check_reference(ref, inputs, step)
         with cost.measured("hooked", step, ctx.device):
-            broken = recorder.run_step(step, lambda: plan.train(ctx, "hooked", step, hooked, self.opt_hooked, inputs,
-                                                                loss_fn, no_sync=models.no_sync))
+            broken = recorder.run_step(step, lambda: plan.train(ctx, plan.sides[1], step, hooked, self.opt_hooked,
+                                                                inputs, loss_fn, no_sync=models.no_sync))
         if broken:
             return True, broken
         findings = recorder.findings(step)

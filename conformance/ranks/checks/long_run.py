@@ -31,12 +31,12 @@ import torch
 
 from conformance.protocol import CheckResult, Finding, FindingKind
 from conformance.ranks import cost
-from conformance.ranks.checks.common import MOMENTUM, compare_named, reference_result, sgd
+from conformance.ranks.checks.common import MOMENTUM, compare_named, reference_result, sgd, shared_check
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import ApiModels, Built, MakeModels
 # The objective lives in the reproducers' loop (torch only), which copies it into every file; imported from here.
 from conformance.shared.standalone_main import regression_inputs, regression_loss
-from conformance.shared.training import LONG_RUN
+from conformance.catalogue import LONG_RUN
 
 __all__ = ["CHECK_IN_EVERY", "check_in", "long_run"]
 
@@ -121,6 +121,7 @@ def _unrecorded(ctx: Any, models: ApiModels, ref: Built, hooked: Built, inputs: 
     return None, []
 
 
+@shared_check("long_run")
 def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, lr: float = LONG_RUN["lr"],
              reference_only: bool = False, **variant: Any) -> Any:
     """``steps`` training steps of the reference and the hooked model, compared bit for bit after every one

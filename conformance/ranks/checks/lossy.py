@@ -46,7 +46,8 @@ from torch import nn
 
 from conformance.protocol import CheckResult, Finding
 from conformance.ranks import cost
-from conformance.ranks.checks.common import MOMENTUM, compare_named, fqn_without_wrappers, sgd, train_step
+from conformance.ranks.checks.common import (MOMENTUM, compare_named, fqn_without_wrappers, sgd, shared_check,
+                                             train_step)
 from conformance.ranks.checks.models import ApiModels, MakeModels
 
 __all__ = ["exact_mean", "lossy_determinism", "lossy_error", "lossy_loss", "relative_error"]
@@ -171,6 +172,7 @@ def rank_scale(rank: int) -> float:
     return 1.0 if rank == 0 else (0.01 if rank % 2 else 1e-4)
 
 
+@shared_check("lossy_error")
 def lossy_error(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 6, lr: float = 1e-3,
                 uneven_steps: int = 3, **variant: Any) -> CheckResult:
     """Per step and parameter: relative error vs the exact mean, the declared bound, no NaN/Inf introduced.
@@ -237,6 +239,7 @@ def _global_loss(ctx: Any, models: ApiModels, model: nn.Module) -> float:
     return float(t.item()) / ctx.world_size
 
 
+@shared_check("lossy_loss")
 def lossy_loss(ctx: Any, spec: Any, make: MakeModels, *, model: str, lr: float = 0.01, **variant: Any) -> CheckResult:
     """After ``loss_steps`` SGD steps, ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|``.
 
@@ -285,6 +288,7 @@ def lossy_loss(ctx: Any, spec: Any, make: MakeModels, *, model: str, lr: float =
                        figures={"loss_hook": loss_hook, "loss_exact": loss_exact, "rel_diff": rel})
 
 
+@shared_check("lossy_determinism")
 def lossy_determinism(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 4, lr: float = 0.01,
                       **variant: Any) -> List[Finding]:
     """Two trainings from the same seed (fresh model and hook state each) give bitwise identical gradients

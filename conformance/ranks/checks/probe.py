@@ -23,10 +23,11 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import torch
 
 from conformance.protocol import Finding
+from conformance.ranks.checks.common import shared_check
 from conformance.ranks.checks.lockstep import Lockstep, LockstepRun
 from conformance.ranks.checks.models import MakeModels
 from conformance.shared.standalone_main import placed_tensor
-from conformance.shared.training import HARD_INPUTS
+from conformance.catalogue import HARD_INPUTS
 
 #: ``(label, grads)``: ``grads[rank][i]`` is the gradient of probe parameter ``i`` on ``rank``
 #: (float32, CPU), in the order of the probe's ``input_shapes()``; for a probe of production size
@@ -73,6 +74,7 @@ def run_examples(ctx: Any, case_id: str, examples: Sequence[Example], fresh: boo
     return run.run(ctx, len(examples))
 
 
+@shared_check("hard_inputs")
 def hard_inputs(ctx: Any, spec: Any, make: MakeModels, *, examples: Sequence[Example], case_id: str,
                 fresh: bool = True, model: str = HARD_INPUTS["model"], **variant: Any) -> List[Finding]:
     """Chosen gradients through the API's probe (:func:`run_examples`), bitwise against its reference probe:

@@ -19,7 +19,8 @@ its second parameter up by the name ``bucket``: a callable object must carry bot
 and every hook here calls its second parameter ``bucket``.
 The zoo is one module per class of hook, each holding its hooks, their ``HookSpec`` s and, for the bad ones,
 what must catch each: ``good.py`` (known-good), ``arithmetic.py`` (a wrong reduction), ``contract.py`` (a broken
-``Future`` contract) and ``lossy.py`` (lossy hooks, declared or not). This module gathers them (``KNOWN_GOOD``,
+``Future`` contract), ``lossy.py`` (lossy hooks, declared or not) and ``global_state.py`` (state kept at module
+level, carried into a second model). This module gathers them (``KNOWN_GOOD``,
 ``KNOWN_BAD``, ``ALL``, ``EXPECTED_CATCH``); specs are named by its path, ``tests.zoo.ddp_hooks:ALL``.
 
 Only ``torch`` and ``torch.distributed`` are imported at module level (and the suite's ``HookSpec``, as every
@@ -31,7 +32,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from conformance.spec import HookSpec
-from tests.zoo.ddp_hooks import arithmetic, contract, lossy
+from tests.zoo.ddp_hooks import arithmetic, contract, global_state, lossy
 from tests.zoo.ddp_hooks.arithmetic import _done, StaleState  # noqa: F401 (read by tests/zoo/fixed_twins.py)
 from tests.zoo.ddp_hooks.good import GENEROUS_FP16, KNOWN_GOOD, no_state  # noqa: F401 (GENEROUS_FP16: fixed_twins.py)
 from tests.zoo.ddp_hooks.lossy import bad_bf16_undeclared  # noqa: F401 (read by tests/zoo/fixed_twins.py)
@@ -40,7 +41,8 @@ from tests.zoo.plain_hooks import process_group_state
 
 __all__ = ["ALL", "EXPECTED_CATCH", "KNOWN_BAD", "KNOWN_GOOD", "no_state", "process_group_state"]
 
-_BAD = {spec.name: spec for spec in arithmetic.KNOWN_BAD + contract.KNOWN_BAD + lossy.KNOWN_BAD}
+_BAD = {spec.name: spec
+        for spec in arithmetic.KNOWN_BAD + contract.KNOWN_BAD + lossy.KNOWN_BAD + global_state.KNOWN_BAD}
 #: The order the suite runs the known-bad hooks in: the order of the one module this package was split from.
 _BAD_ORDER = (
     "bad_sum_no_average",
@@ -73,6 +75,7 @@ _BAD_ORDER = (
     "bad_lossy_rank_dependent",
     "bad_lossy_nondeterministic",
     "bad_lossy_diverges",
+    "bad_static_buffers_after_warm_up",
 )
 assert set(_BAD_ORDER) == set(_BAD), "every known-bad DDP hook is named once in _BAD_ORDER"
 
@@ -81,4 +84,5 @@ KNOWN_BAD: List[HookSpec] = [_BAD[name] for name in _BAD_ORDER]
 ALL: List[HookSpec] = KNOWN_GOOD + KNOWN_BAD
 
 #: For each known-bad hook: the checks that must catch it, and why.
-EXPECTED_CATCH: Dict[str, str] = {**arithmetic.EXPECTED_CATCH, **contract.EXPECTED_CATCH, **lossy.EXPECTED_CATCH}
+EXPECTED_CATCH: Dict[str, str] = {**arithmetic.EXPECTED_CATCH, **contract.EXPECTED_CATCH, **lossy.EXPECTED_CATCH,
+                                  **global_state.EXPECTED_CATCH}

@@ -115,6 +115,7 @@ REACH: Dict[str, Dict[str, Any]] = {
     "good_fsdp_topology_async": {"axis": "topology", "layouts": ()},
     "bad_fsdp_node_factors": {"axis": "topology", "layouts": ("2x1", "2x2", "2x4")},
     "bad_fsdp_two_level_avg_twice": {"axis": "topology", "layouts": ("2x2", "2x4")},
+    "bad_fsdp_two_level_divides_grad": {"axis": "topology", "layouts": ("2x2", "2x4")},
     "good_fsdp2_topology_staged": {"axis": "topology", "layouts": ()},
     "bad_fsdp2_local_world_avg": {"axis": "topology", "layouts": ("2x1", "2x2", "2x4")},
     "bad_fsdp2_cross_node_bf16": {"axis": "topology", "layouts": ("2x1", "2x2", "2x4")},
@@ -163,6 +164,10 @@ EXPECTED_CATCH: Dict[str, str] = {
     "bad_fsdp_two_level_avg_twice": (
         "parity on 4 ranks as 2 nodes of 2 (and 8 as 2 of 4): the mean divided by LOCAL_WORLD_SIZE once more; on 2 "
         "nodes of 1 the node mean is the local gradient and the result is FSDP's"),
+    "bad_fsdp_two_level_divides_grad": (
+        "parity on 4 ranks as 2 nodes of 2 (and 8 as 2 of 4): sharded, output never post-divided (the post-divide "
+        "lands on grad), twice the mean at 4 ranks; NO_SHARD, FSDP's factors over a two-level sum, another rounding; "
+        "on 2 nodes of 1 the post-divide factor is 1 and the result is FSDP's"),
     "bad_fsdp2_async_unwaited": (
         "parity on a reduce-scatter input of 2**21 elements or more: FSDP2 reads the output before the collective "
         "wrote it (a race; seen on every such step here); " + _SMALL),

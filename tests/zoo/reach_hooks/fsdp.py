@@ -199,6 +199,25 @@ def bad_fsdp_two_level_avg_twice(state, grad, output=None):
         output.copy_(grad.view(state.world_size, -1)[dist.get_rank(state.process_group)])
 
 
+def bad_fsdp_two_level_divides_grad(state, grad, output=None):
+    """Hierarchical reduction across nodes with FSDP's factors: pre-divide ``grad``, all-reduce it within the node,
+    then across nodes, copy this rank's shard into ``output``, then post-divide ``grad``: the wrong tensor under a
+    sharded strategy, where ``output`` keeps the SUM never post-divided (twice the mean at 4 ranks). Under
+    ``NO_SHARD`` ``grad`` is the result, divided as FSDP divides but summed in two levels (FSDP sums in one
+    all-reduce). One node takes FSDP's path; on 2 nodes of 1 the node sum is the local gradient and the post-divide
+    factor 1: FSDP's result."""
+    if state.levels is None:
+        _fsdp_native(state, grad, output)
+        return
+    intra, inter, _ = state.levels
+    _div_if_needed(grad, state.gradient_predivide_factor)
+    dist.all_reduce(grad, group=intra)
+    dist.all_reduce(grad, group=inter)
+    if output is not None:
+        output.copy_(grad.view(state.world_size, -1)[dist.get_rank(state.process_group)])
+    _div_if_needed(grad, state.gradient_postdivide_factor)
+
+
 def good_fsdp_topology_async(state, grad, output=None):
     """Across nodes, launches the collective with ``async_op=True`` and waits (where a real hook overlaps the slow
     inter-node link); on one node, blocking. FSDP's arithmetic on both paths."""
@@ -234,4 +253,6 @@ KNOWN_BAD: List[HookSpec] = [
           "pre/post-divide factors from LOCAL_WORLD_SIZE"),
     _fsdp("bad_fsdp_two_level_avg_twice", bad_fsdp_two_level_avg_twice, FsdpTwoLevelState,
           "two-level all-reduce dividing by LOCAL_WORLD_SIZE and then by the world size"),
+    _fsdp("bad_fsdp_two_level_divides_grad", bad_fsdp_two_level_divides_grad, FsdpTwoLevelState,
+          "two-level all-reduce with FSDP's factors, the post-divide applied to grad after the shard went to output"),
 ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import pickle
-import re
 from multiprocessing.connection import Connection
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -292,10 +291,57 @@ class CaseResult:
         return found
 
 
-def cause_key(cause: str) -> str:
-    """What makes two named causes (:attr:`Finding.causes`) the same cause: their words, whatever their numbers
-    (each rank names its own rank and shard; each world size its own divisor; each case its index range)."""
-    return re.sub(r"\d+", "#", cause)
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """One named cause of a hook's result: what the diagnosis found the hook did, by a stable identity.
+
+    The rank side builds it (:mod:`conformance.ranks.cause_words` from the fields a candidate changes in
+    native's reduction, :mod:`conformance.ranks.diagnosis` for what any API's hook may do, an API's own
+    arithmetic for its own causes) and it travels to the controller inside :attr:`Finding.causes`, pickled:
+    every value is a plain ``str``, ``int``, ``float``, ``bool`` or ``None``.
+
+    Attributes:
+        code: what the hook did, stable whatever the numbers and the words: ``"sum_not_averaged"``,
+            ``"divided_twice"``, ``"wrong_divisor"``, ``"rounding_order"``, ``"other_dtype"``,
+            ``"rounded_input"``, ``"other_rank_shard"``, ``"stale"``, ``"local_gradient"``,
+            ``"nonfinite_replaced"``, ``"partial"``, ``"native"`` (the hook's result is native's), ...
+        params: what the cause depends on, ``(name, value)`` pairs in a fixed order: ``(("divisor", 3),)``,
+            ``(("dtype", "bfloat16"),)``.
+        words: the cause as users read it (the diagnosis joins several with "; or ").
+        fix: the change to the hook it implies, one instruction worded for the API; ``""`` where none follows.
+
+    Two causes are the same cause (:attr:`family`) by their code and parameters, whatever the numbers: each
+    rank names its own rank and shard, each world size its own divisor, each case its own index range.
+    """
+
+    code: str
+    params: Tuple[Tuple[str, Any], ...] = ()
+    words: str = ""
+    fix: str = ""
+
+    def param(self, name: str, default: Any = None) -> Any:
+        """The value of parameter ``name``, or ``default``."""
+        return next((v for n, v in self.params if n == name), default)
+
+    @property
+    def family(self) -> str:
+        """The code and the parameters, each number by its name alone: ``"wrong_divisor(divides_as, group_size)"``,
+        ``"other_dtype(dtype=bfloat16)"``. Causes of one family differ only in their numbers: the ranks agree on
+        it (:func:`conformance.ranks.diagnosis.agreed`), and the per-hook summary tells it as one story. A cause
+        given in words alone (code :data:`UNNAMED_CAUSE`) is a family of its own."""
+        if self.code == UNNAMED_CAUSE:
+            return f"{UNNAMED_CAUSE}: {self.words}"
+        if not self.params:
+            return self.code
+        shown = [n if isinstance(v, (int, float)) and not isinstance(v, bool) else f"{n}={v}" for n, v in self.params]
+        return f"{self.code}({', '.join(shown)})"
+
+    def __str__(self) -> str:
+        return self.words
+
+
+#: The code of a cause given as plain words (:class:`Finding` coerces such a cause): nothing known of it but them.
+UNNAMED_CAUSE = "unnamed"
 
 
 @enum.unique
@@ -372,11 +418,14 @@ class Finding:
             ``"suite"`` (the suite's own machinery failed a rule, its registration say: the case is
             ``NOT RUN`` when every finding is of this kind or the last; neither blames the hook).
         causes: of a diagnosis (kinds ``"diagnosis"``, ``"diagnosis_wider_dtype"``): each named cause
-            alone (the message joins them with "; or "), for the per-hook summary of causes.
-        fixes: the fix each of :attr:`causes` implies, in the same order, one instruction worded for the
-            API (``"pass group=state.process_group to dist.get_world_size ..."``); ``""`` for a cause none
-            follows from. Empty where :attr:`causes` is (or where a finding predates fixes). The failure
-            text shows them under the diagnosis (:func:`conformance.reports.report.diagnosis_lines`).
+            alone (a :class:`Cause`; the message joins their words with "; or "), for the per-hook summary
+            of causes. A cause given as plain words is coerced to a :class:`Cause` of code
+            :data:`UNNAMED_CAUSE`, with the fix ``fixes`` gives it.
+        fixes: the fix each of :attr:`causes` implies, in the same order (each cause's :attr:`Cause.fix`,
+            one instruction worded for the API: ``"pass group=state.process_group to dist.get_world_size
+            ..."``); ``""`` for a cause none follows from. Set from :attr:`causes`; given only with causes in
+            plain words. The failure text shows them under the diagnosis
+            (:func:`conformance.reports.report.diagnosis_lines`).
     """
 
     rank: int
@@ -385,19 +434,21 @@ class Finding:
     fqn: Optional[str] = None
     mismatch: Any = None
     kind: FindingKind = FindingKind.MISMATCH
-    causes: Tuple[str, ...] = ()
+    causes: Tuple[Cause, ...] = ()
     fixes: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, FindingKind):
             object.__setattr__(self, "kind", FindingKind(self.kind))
+        given = tuple(self.fixes) + ("",) * (len(self.causes) - len(self.fixes))
+        causes = tuple(c if isinstance(c, Cause) else Cause(UNNAMED_CAUSE, words=str(c), fix=fix)
+                       for c, fix in zip(self.causes, given))
+        object.__setattr__(self, "causes", causes)
+        object.__setattr__(self, "fixes", tuple(c.fix for c in causes))
 
-    def fix_of(self, cause: str) -> str:
-        """The fix :attr:`fixes` gives ``cause`` (one of :attr:`causes`), or ``""``."""
-        for c, fix in zip(self.causes, self.fixes):
-            if c == cause:
-                return fix
-        return ""
+    def fix_of(self, cause: Cause) -> str:
+        """The fix of ``cause`` (one of :attr:`causes`), or ``""``."""
+        return next((c.fix for c in self.causes if c == cause), "")
 
     def describe(self) -> str:
         where = [f"rank {self.rank}"]

@@ -101,10 +101,11 @@ def _run(rank: int, store_path: str) -> None:
                 call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=result, sharded=sharded)
                 causes = explain(arith, call, None, dist.group.WORLD, rank)
                 if name == "native":
-                    assert causes and causes[0] == ("native", ""), (api, causes)  # native: nothing to fix
+                    # native: nothing to fix
+                    assert causes and causes[0].code == "native" and not causes[0].fix, (api, causes)
                 else:
-                    assert causes and causes[0].cause != "native", (api, name, causes)
-                    named = [c for c in causes if name in c.cause]
+                    assert causes and causes[0].code != "native", (api, name, causes)
+                    named = [c for c in causes if name in c.words]
                     assert named, (api, name, causes)
                     assert fixes[name] in named[0].fix, (api, name, named[0])
             # A previous step's result handed back again: stale.
@@ -114,8 +115,8 @@ def _run(rank: int, store_path: str) -> None:
                 y = x.flip(0)
                 stale = HookCall(step=1, index=0, where="call 0", input=y, output=prev.output.clone())
                 causes = explain(arith, stale, prev, dist.group.WORLD, rank)
-                assert any("the result of step 0 (stale)" in c.cause and "keep no result from one step to the next"
-                           in c.fix for c in causes), causes
+                assert any("the result of step 0 (stale)" in c.words and c.code == "stale" and
+                           "keep no result from one step to the next" in c.fix for c in causes), causes
                 # NaN on one rank replaced by zero.
                 z = x.clone()
                 if rank == 1:
@@ -124,7 +125,7 @@ def _run(rank: int, store_path: str) -> None:
                 cleaned = torch.nan_to_num(good, nan=0.0)
                 call = HookCall(step=0, index=0, where="call 0", input=z, output=cleaned)
                 causes = explain(arith, call, None, dist.group.WORLD, rank)
-                assert any("NaN or Inf replaced" in c.cause and c.fix.startswith("leave NaN and Inf as the reduction")
+                assert any(c.code == "nonfinite_replaced" and c.fix.startswith("leave NaN and Inf as the reduction")
                            for c in causes), causes
         _check_rounded_input(rank)
         dist.barrier()  # every rank done before any tears the group down (see test_reference_replay.py)
@@ -159,16 +160,16 @@ def _check_rounded_input(rank: int) -> None:
             call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=value, sharded=sharded,
                             group=group, op=op)
             causes = explain(arith, call, None, dist.group.WORLD, rank)
-            named = [c for c in causes if c.cause.startswith("the float32 input rounded to bfloat16 (cast to bfloat16 "
+            named = [c for c in causes if c.words.startswith("the float32 input rounded to bfloat16 (cast to bfloat16 "
                                                              "and back) before an otherwise native reduction, where")]
             if not rounded:
-                assert causes[0] == ("native", "") and not named, (api, causes)
+                assert causes[0].code == "native" and not named, (api, causes)
                 continue
-            assert len(named) == 1 and "native" not in [c.cause for c in causes], (api, causes)
+            assert len(named) == 1 and "native" not in [c.code for c in causes], (api, causes)
             assert named[0].fix.startswith("reduce the input in its own dtype (float32), with no cast to bfloat16 "
                                            "before the collective: "), (api, named)
             assert ("PyTorch PR 125191" in named[0].fix) == (api == "fsdp2"), (api, named)
-            assert not any(c.cause.startswith("reduced in bfloat16") for c in causes), (api, causes)
+            assert not any(c.code == "other_dtype" for c in causes), (api, causes)
 
 
 @pytest.mark.timeout(300)
@@ -225,10 +226,10 @@ def _run_pairwise(rank: int, store_path: str, world_size: int) -> None:
         result = _recursive_doubling_sum(x, rank, world_size)
         call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=result, sharded=False)
         causes = explain(arith, call, None, dist.group.WORLD, rank)
-        assert "native" not in [c.cause for c in causes], causes
+        assert "native" not in [c.code for c in causes], causes
         cause = "SUM in pairwise order ((rank 0 + rank 1) + (rank 2 + rank 3)), without averaging"
         fix = "reduce with dist.all_reduce itself, not a sum of every rank's values in pairwise (tree) order"
-        assert any(c.cause.startswith(cause) and c.fix.startswith(fix) for c in causes), causes
+        assert any(c.words.startswith(cause) and c.fix.startswith(fix) for c in causes), causes
         # The data tells the orders apart: rank order would give other bits.
         gathered = [torch.empty_like(x) for _ in range(world_size)]
         dist.all_gather(gathered, x)
@@ -299,6 +300,12 @@ def _words(**kw):
     return Words(**base)
 
 
+def _pair(words, native, change):
+    """``(words, fix)`` of the cause ``change`` is."""
+    cause = words.of(native, change)
+    return cause.words, cause.fix
+
+
 def test_a_cause_is_worded_from_the_fields_it_changes():
     """Each change of native's reduction gets its words and its fix from the fields it changes, composed: the scaling
     and the order as one sentence, the group a divisor was read off, the dtype, the rank whose shard was kept."""
@@ -309,33 +316,86 @@ def test_a_cause_is_worded_from_the_fields_it_changes():
     native = Reduction(pre=(Scale(3, reciprocal=True),))
     summed = native.plain_sum()
     words = _words()
-    assert words.of(native, native) == ("native", "")
-    assert words.of(native, summed) == ("SUM without averaging: 3 times native's average (the group's size)",
-                                        "average: AVERAGE")
-    assert words.of(native, replace(summed, post=(Scale(3),))) == (
+    assert _pair(words, native, native) == ("native", "") and words.of(native, native).code == "native"
+    assert _pair(words, native, summed) == ("SUM without averaging: 3 times native's average (the group's size)",
+                                            "average: AVERAGE")
+    assert _pair(words, native, replace(summed, post=(Scale(3),))) == (
         "SUM, then divided by 3, where DDP with no hook multiplies by 1/3 before the SUM",
         "AVERAGE, instead of dividing the SUM by 3")
-    assert words.of(native, replace(summed, pre=(Scale(3),))) == (
+    assert _pair(words, native, replace(summed, pre=(Scale(3),))) == (
         "divided by 3 before the SUM, where DDP with no hook multiplies by 1/3 before the SUM",
         "AVERAGE, instead of dividing by 3 before the SUM")
-    assert words.of(native, replace(native, post=(Scale(3),)))[0] == "averaged twice: native's average divided by 3 again"
+    assert _pair(words, native, replace(native, post=(Scale(3),)))[0] == (
+        "averaged twice: native's average divided by 3 again")
     # Two fields, composed: the hook's own sum in rank order, then a reciprocal multiply.
-    cause, fix = words.of(native, replace(summed, order=RANK, post=(Scale(3, reciprocal=True),)))
+    cause, fix = _pair(words, native, replace(summed, order=RANK, post=(Scale(3, reciprocal=True),)))
     assert cause == ("summed in rank order (rank 0 + rank 1 + rank 2), then multiplied by 1/3, where DDP with no hook "
                      "multiplies by 1/3 before the SUM")
     assert fix == ("reduce with dist.all_reduce itself, not a sum of every rank's values in rank order computed by the "
                    "hook, and AVERAGE")
-    assert words.of(native, replace(summed, order=RANK, pre=(Scale(3, reciprocal=True),)))[0].startswith(
+    assert _pair(words, native, replace(summed, order=RANK, pre=(Scale(3, reciprocal=True),)))[0].startswith(
         "each rank's values multiplied by 1/3, then summed in rank order (rank 0 + rank 1 + rank 2), where")
     # The group a divisor was read off: the default group's, named as such with the fix to ask the hook's group.
     wide = _words(world_size=2, default_world_size=4)
-    cause, fix = wide.of(native, Reduction(pre=(Scale(4, reciprocal=True),), group=DEFAULT_GROUP, divides_as=4))
+    cause, fix = _pair(wide, native, Reduction(pre=(Scale(4, reciprocal=True),), group=DEFAULT_GROUP, divides_as=4))
     assert cause.startswith("divided as for 4 ranks, the default group's size (dist.get_world_size() with no group)")
     assert fix.startswith("pass group=process_group to dist.get_world_size (with no group it returns 4")
-    assert wide.of(native, replace(summed, post=(Scale(4),), group=DEFAULT_GROUP))[0] == (
+    assert _pair(wide, native, replace(summed, post=(Scale(4),), group=DEFAULT_GROUP))[0] == (
         "SUM, then divided by 4 (the default group's size, not the process group's 2)")
-    assert words.of(native, replace(native, dtype=torch.bfloat16))[0] == (
+    assert _pair(words, native, replace(native, dtype=torch.bfloat16))[0] == (
         "reduced in bfloat16, where the hook claims no reduce dtype (the gradient's own)")
     shard = Reduction(collective=REDUCE_SCATTER)
-    assert _words(sharded=True, rank=1).of(shard, replace(shard, read=1))[0] == (
+    assert _pair(_words(sharded=True, rank=1), shard, replace(shard, read=1))[0] == (
         "the reduced shard of rank 0, not this rank's (1)")
+    # Each cause has a code and parameters from the fields it changes, never from its words: one family whatever
+    # the numbers (the world size, the rank), another wherever what the hook did differs.
+    assert words.of(native, summed).code == "sum_not_averaged"
+    twice = words.of(native, replace(native, post=(Scale(3),)))
+    assert (twice.code, twice.params) == ("divided_twice", (("how", "divide"), ("divisor", 3)))
+    after = words.of(native, replace(summed, post=(Scale(3),)))
+    assert after.code == "rounding_order" and after.param("divisor") == 3 and after.param("post") == "divide"
+    assert after.family == _words(world_size=2).of(native, replace(summed, post=(Scale(2),))).family
+    assert after.family != words.of(native, replace(summed, pre=(Scale(3),))).family
+    assert words.of(native, replace(native, dtype=torch.bfloat16)).family == "other_dtype(dtype=bfloat16, claim=None)"
+    assert words.of(native, replace(summed, order=RANK, post=(Scale(3),))).param("order") == "rank"
+    theirs = _words(sharded=True, rank=1).of(shard, replace(shard, read=1))
+    assert theirs.code == "other_rank_shard" and theirs.family == _words(sharded=True, rank=2).of(
+        shard, replace(shard, read=1)).family
+    assert cause_of_default_group(wide, native).code == "default_group_size"
+
+
+def cause_of_default_group(words, native):
+    from conformance.ranks.reduction import DEFAULT_GROUP, Reduction, Scale
+
+    return words.of(native, Reduction(pre=(Scale(4, reciprocal=True),), group=DEFAULT_GROUP, divides_as=4))
+
+
+def test_a_divisor_read_off_the_node_layout_is_a_candidate_and_named_as_such(monkeypatch):
+    """On a job across nodes (torchrun's variables, as a case that simulates 2 nodes of 2 sets them), a hook that
+    divides as for ``LOCAL_WORLD_SIZE`` ranks where its group spans the nodes is a candidate, named as read off the
+    layout; on one node the layout adds none."""
+    from dataclasses import replace
+
+    from conformance.ranks.arithmetic import node_layout
+    from conformance.ranks.reduction import Reduction, Scale
+    from conformance.ranks.topology import torchrun_env
+
+    for key, value in torchrun_env(0, 4, 1).items():
+        monkeypatch.setenv(key, value)
+    assert node_layout() is None
+    for key, value in torchrun_env(0, 4, 2).items():
+        monkeypatch.setenv(key, value)
+    assert node_layout() == (2, 2)
+    fsdp = FsdpArithmetic(4, None)
+    native = Reduction(pre=(Scale(2.0),), post=(Scale(2.0),))
+    words = _words(world_size=4, default_world_size=4, layout=(2, 2),
+                   describe_as=lambda n: fsdp.dividing_as(n).describe())
+    cause = words.of(native, replace(fsdp.dividing_as(2).reduction(
+        HookCall(step=0, index=0, where="", input=torch.zeros(8), output=torch.zeros(2), sharded=True)),
+        divides_as=2))
+    assert cause.code == "wrong_divisor" and cause.param("read_off") == "node layout"
+    assert cause.words == ("divided as for 2 ranks (pre-divides by 2 and post-divides by 1), read off the job's node "
+                           "layout of 2 nodes of 2 (LOCAL_WORLD_SIZE=2 or the node count, GROUP_WORLD_SIZE=2), where "
+                           "the group has 4")
+    assert cause.fix.startswith("divide as for the process group's 4 ranks (dist.get_world_size(group)), not a size "
+                                "of the node layout")

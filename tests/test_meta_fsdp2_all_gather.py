@@ -50,14 +50,18 @@ def _call(output, expected, **kw):
 
 def test_causes_are_named_bit_for_bit():
     shards = torch.tensor([1.0, 2.0, 3.0, 4.0]) / 3
-    assert "reverse rank order" in arithmetic.explain(_call(torch.cat([shards[2:], shards[:2]]), shards))[0]
-    assert "bfloat16 on the wire" in arithmetic.explain(_call(shards.bfloat16().float(), shards))[0]
+    assert "reverse rank order" in arithmetic.explain(_call(torch.cat([shards[2:], shards[:2]]), shards)).words
+    assert "bfloat16 on the wire" in arithmetic.explain(_call(shards.bfloat16().float(), shards)).words
     old = shards * 2
-    assert "stale" in arithmetic.explain(_call(old.clone(), shards, previous=old))[0]
-    assert "group of 4 ranks" in arithmetic.explain(_call(shards + 1, shards, other_groups=(4,)))[0]
+    assert "stale" in arithmetic.explain(_call(old.clone(), shards, previous=old)).words
+    assert "group of 4 ranks" in arithmetic.explain(_call(shards + 1, shards, other_groups=(4,))).words
     signed = torch.tensor([0.0, -0.0, float("nan"), 1.0])
-    assert "a zero's sign changed" in arithmetic.explain(_call(signed + 0.0, signed))[0]
+    assert "a zero's sign changed" in arithmetic.explain(_call(signed + 0.0, signed)).words
     assert arithmetic.explain(_call(shards + 1, shards)) is None
+    # Each cause by its code, as CAUSES lists them: never by its words.
+    assert arithmetic.explain(_call(old.clone(), shards, previous=old)).code == "stale"
+    wire = arithmetic.explain(_call(shards.bfloat16().float(), shards))
+    assert wire.family == "wire_dtype(dtype=bfloat16, own=float32)"
     assert "no known cause" in arithmetic.findings_text(_call(shards + 1, shards))[1]
 
 
@@ -89,20 +93,22 @@ def test_offsets_padding_and_tails_are_named_bit_for_bit():
     shards = torch.arange(1, 2 * n + 1, dtype=torch.float32) / 7
     wire = torch.zeros(64)  # each shard padded to 32 elements on the wire, the padding kept
     wire[:n], wire[32:32 + n] = shards[:n], shards[n:]
-    cause, fix = arithmetic.explain(_call(wire[:2 * n].clone(), shards))
+    found = arithmetic.explain(_call(wire[:2 * n].clone(), shards))
+    cause, fix = found.words, found.fix
+    assert found.code == "shard_offsets" and found.params == (("stride", 32), ("shard_size", n))
     assert "shard r of the group at element r * 32, not r * 21 (padding of 11 elements kept" in cause
     assert fix == arithmetic.OFFSET_FIX
     tail = shards.clone()
     tail[n - 5:n] = tail[2 * n - 5:] = 0.0  # a chunk loop that stops 5 elements short of each shard's end
     assert "elements 16 to 20 of each shard's chunk (of 21) are not the shard's" in arithmetic.explain(
-        _call(tail, shards))[0]
+        _call(tail, shards)).words
 
 
 def test_chunks_indexed_by_the_global_rank_are_named_where_the_group_is_not_0_to_n():
     shards = torch.arange(1, 9, dtype=torch.float32) / 3
     both_in_chunk_0 = torch.cat([shards[4:], torch.full((4,), 9.0)])  # {0,2}: 0 % 2 == 2 % 2, the last one kept
     assert "indexed by the global rank modulo the group size" in arithmetic.explain(
-        _call(both_in_chunk_0, shards, ranks=(0, 2)))[0]
+        _call(both_in_chunk_0, shards, ranks=(0, 2))).words
     assert arithmetic.explain(_call(both_in_chunk_0, shards, ranks=(0, 1))) is None  # there it is the group rank
 
 

@@ -105,3 +105,17 @@ def test_a_long_runs_reproducer_trains_to_the_failing_step(zoo_runs):
                           cwd=repo, env=env, timeout=300, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert f"differs from DDP with no hook at step {step}" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_two_level_hook_across_nodes_is_explained_without_a_lossy_hint(zoo_runs):
+    """bad_fsdp_two_level_divides_grad (a public FSDP1 hierarchical hook's bug: the post-divide lands on ``grad``,
+    not on the shard FSDP reads) fails parity on 2 simulated nodes of 2: the diagnosis recomputes its causes with
+    the layout's groups and names its own first under FULL_SHARD, and an exact claim gets no hint to declare it
+    lossy."""
+    failed = select(zoo_runs(ZOO), "bad_fsdp_two_level_divides_grad", "failed")
+    for case in failed:
+        assert "no known cause explains" not in case.message, case.message
+        assert "summed within each node, then across nodes (2 nodes of 2 ranks)" in case.message, case.message
+        assert "lossy by design" not in case.message, case.message
+    (sharded,) = [c for c in failed if "-FULL_SHARD-" in c.name]
+    assert "explained, bit for bit, by: native's pre-divide without its post-divide" in sharded.message, sharded.message

@@ -64,18 +64,18 @@ def test_a_rounded_input_is_named_with_its_fix_and_a_right_result_is_not(gloo_gr
     right = explain(arith, _call(x, x.clone(), sharded, api), None, gloo_group, 0)
     # A right result: native first, and no rounding cause beside it (at one rank a SUM is native's average too,
     # so other causes coincide with native here; three ranks part them, tests/test_diagnosis.py).
-    assert right[0] == ("native", "") and not any("rounded to" in c.cause for c in right), right
+    assert right[0].code == "native" and not any(c.code == "rounded_input" for c in right), right
     causes = explain(arith, _call(x, x.bfloat16().float(), sharded, api), None, gloo_group, 0)
-    rounded = [c for c in causes if c.cause.startswith(ROUNDED)]
+    rounded = [c for c in causes if c.words.startswith(ROUNDED)]
     assert len(rounded) == 1 and rounded[0].fix.startswith(FIX), causes
-    assert "native" not in [c.cause for c in causes]
+    assert "native" not in [c.code for c in causes]
     # One rank: the SUM of one value rounds nothing, so native's arithmetic in bfloat16 gives the same bits; both
     # candidates are named (the claim of float32 reduction is what tells them apart at several ranks).
-    assert any(c.cause.startswith("reduced in bfloat16") for c in causes), causes
+    assert any(c.words.startswith("reduced in bfloat16") for c in causes), causes
     # Rounded to float16 instead: named by float16, not by bfloat16.
     causes = explain(arith, _call(x, x.half().float(), sharded, api), None, gloo_group, 0)
-    assert not any(c.cause.startswith(ROUNDED) for c in causes), causes
-    assert any(c.cause.startswith("the float32 input rounded to float16") for c in causes), causes
+    assert not any(c.words.startswith(ROUNDED) for c in causes), causes
+    assert any(c.words.startswith("the float32 input rounded to float16") for c in causes), causes
 
 
 @pytest.mark.parametrize("api, arith, sharded", [pytest.param(*a, id=a[0]) for a in _apis()])
@@ -87,7 +87,7 @@ def test_no_rounding_candidate_where_the_input_holds_bfloat16_values_already(glo
     x[5] = 1e-8
     x = x.bfloat16().float()
     call = _call(x, x.clone(), sharded, api)
-    names = [c.cause for c in arith.for_call(call).candidates(call, gloo_group, 0)]
+    names = [c.cause.words for c in arith.for_call(call).candidates(call, gloo_group, 0)]
     assert not any("rounded to bfloat16" in n for n in names), names
     assert any("rounded to float16" in n for n in names), names
 
@@ -98,11 +98,11 @@ def test_an_all_reduce_hook_that_rounds_the_reduced_tensor_is_named(gloo_group):
     arith, x = AllReduceHookArithmetic(1, None, divisors=(2,)), _input()
     right = explain(arith, HookCall(step=0, index=0, where="call 0", input=x.clone(), output=x.clone()), None,
                     gloo_group, 0)
-    assert right[0] == ("native", "") and not any("rounded to" in c.cause for c in right), right
+    assert right[0].code == "native" and not any(c.code == "rounded_input" for c in right), right
     call = HookCall(step=0, index=0, where="call 0", input=x.clone(), output=x.bfloat16().float())
     causes = explain(arith, call, None, gloo_group, 0)
     assert len(causes) == 1, causes  # neither native nor a division again: the rounding alone
-    assert causes[0].cause.startswith("the float32 tensor rounded to bfloat16 (cast to bfloat16 and back), where "
+    assert causes[0].words.startswith("the float32 tensor rounded to bfloat16 (cast to bfloat16 and back), where "
                                       "native HSDP"), causes
     assert causes[0].fix.startswith("leave the tensor in its own dtype (float32), with no cast to bfloat16: native "
                                     "HSDP hands the hook a float32 average over ranks"), causes
@@ -124,7 +124,9 @@ def test_the_rounding_cause_is_worded_from_its_field_and_the_apis_reason():
                   comm.group_arg, lambda n: comm.dividing_as(n).describe(), given=torch.float32,
                   why_not_rounded=comm.why_not_rounded)
     native = Reduction(op=dist.ReduceOp.AVG, dtype=torch.float32, collective=REDUCE_SCATTER)
-    cause, fix = words.of(native, dataclasses.replace(native, rounded_to=torch.bfloat16))
+    named = words.of(native, dataclasses.replace(native, rounded_to=torch.bfloat16))
+    cause, fix = named.words, named.fix
+    assert named.code == "rounded_input" and named.params == (("dtype", "bfloat16"), ("input_dtype", "float32"))
     assert cause == f"{ROUNDED}, where FSDP2 asked the comm for op=AVG over 2 ranks"
     assert fix == (FIX + "FSDP2 hands the comm its gradients in float32; with param_dtype=bfloat16 they hold bfloat16 "
                    "values after one micro-batch only: under gradient accumulation FSDP2 accumulates them in the "

@@ -30,15 +30,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import List, NamedTuple, Optional, Sequence
+import os
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
+from conformance.protocol import Cause
 from conformance.ranks.cause_words import Words
+from conformance.ranks import topology
 from conformance.ranks.hook_call import HookCall
-from conformance.ranks.reduction import (ALL_REDUCE_THEN_CHUNK, DEFAULT_GROUP, PAIRWISE, RANK, RING, Recompute,
-                                         Reduction, Scale, rounded)
+from conformance.ranks.reduction import (ALL_REDUCE_THEN_CHUNK, DEFAULT_GROUP, NO_COLLECTIVE, NODES, PAIRWISE, RANK,
+                                         RING, Recompute, Reduction, Scale, rounded)
 from conformance.shared.compare import same_bits
 from conformance.ulps import dtype_name
 
@@ -46,13 +49,16 @@ __all__ = ["Arithmetic", "Candidate"]
 
 
 class Candidate(NamedTuple):
-    """One named cause of a hook call's result: ``cause`` (its words, as the diagnosis prints them), ``value``
-    (the result it would give: 1-D, ``call.output``'s dtype and shape), and ``fix`` (the change to the hook it
-    implies, one instruction worded for the API; ``""`` where none follows, as for native itself)."""
+    """One named cause of a hook call's result: ``cause`` (a :class:`~conformance.protocol.Cause`: its code and
+    parameters, its words as the diagnosis prints them, and the fix it implies, ``""`` for native itself) and
+    ``value`` (the result it would give: 1-D, ``call.output``'s dtype and shape)."""
 
-    cause: str
+    cause: Cause
     value: torch.Tensor
-    fix: str = ""
+
+    @property
+    def fix(self) -> str:
+        return self.cause.fix
 
 
 def _chunks_differ(values: Sequence[torch.Tensor], n: int, a: int, b: int) -> bool:
@@ -73,6 +79,18 @@ def narrower_than(given: torch.dtype, reduce_in: torch.dtype) -> List[torch.dtyp
         return []
     return [d for d in (torch.float32, torch.bfloat16, torch.float16)
             if d.itemsize < given.itemsize and d.itemsize < reduce_in.itemsize]
+
+
+def node_layout() -> Optional[Tuple[int, int]]:
+    """``(LOCAL_WORLD_SIZE, nodes)`` of the job this rank runs in, as torchrun's variables say (a case that
+    simulates several nodes sets them while it runs, :func:`conformance.ranks.topology.simulated`), where the job
+    spans more than one node; else ``None``. The same on every rank: a homogeneous layout."""
+    nodes = topology.nodes_of_env(os.environ)
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    except ValueError:
+        return None
+    return (local, nodes) if nodes and nodes > 1 and local > 0 else None
 
 
 def _rounding_changes(values: Sequence[torch.Tensor], dtype: torch.dtype) -> bool:
@@ -159,11 +177,13 @@ class Arithmetic(abc.ABC):
                      call.sharded, self.reduce_dtype or call.input.dtype, call.output.dtype, self.reduce_dtype,
                      self.describe(), self.how_to_average(), self.group_arg,
                      lambda n: self.dividing_as(n).describe(), given=call.input.dtype,
-                     why_not_rounded=self.why_not_rounded)
+                     why_not_rounded=self.why_not_rounded, layout=node_layout(),
+                     result_goes=self.where_result_goes(call))
 
     def changes(self, call: HookCall) -> List[Reduction]:
         """Native's reduction, then each candidate cause as that reduction with one or two fields changed: the
-        same list on every rank (it depends on the API, the claim, the world size, the op and the call's shape)."""
+        same list on every rank (it depends on the API, the claim, the world size, the op, the call's shape and the
+        job's node layout, :func:`node_layout`)."""
         ws, native = self.world_size, self.reduction(call)
         summed, div, mul = native.plain_sum(), Scale(ws), Scale(ws, reciprocal=True)
         reduce_in = self.reduce_dtype or call.input.dtype
@@ -175,9 +195,13 @@ class Arithmetic(abc.ABC):
             if as_default != native:  # an FSDP2 comm asked for SUM divides nothing, whatever the group's size
                 out.append(dataclasses.replace(as_default, group=DEFAULT_GROUP, divides_as=default_ws))
             out.append(dataclasses.replace(summed, post=(Scale(default_ws),), group=DEFAULT_GROUP))
-        out += [summed, dataclasses.replace(native, post=native.post + (div,)), dataclasses.replace(summed, post=(div,))]
+        out += [summed, dataclasses.replace(native, post=native.post + (div,)),
+                dataclasses.replace(summed, post=(div,))]
         if not self.divides_before_sum:
             out.append(dataclasses.replace(summed, pre=(div,)))
+        # On a job across nodes, a two-level reduction first: on 2 nodes of 2 it is pairwise order too, and there a
+        # hierarchical hook is likelier than a tree written by hand.
+        out += self.two_level_changes(call, native)
         # A hook that gathers every rank's values (an all-gather, or an all-to-all where it keeps a shard) and
         # sums them itself sums in rank order, not in the collective's order (which need not be rank order at 3
         # or more ranks); a ring all-reduce it writes sums chunk c from rank c on; a tree, pairs of pairs.
@@ -194,13 +218,43 @@ class Arithmetic(abc.ABC):
             out += [dataclasses.replace(summed, post=(own,)), dataclasses.replace(summed, pre=(own,))]
         out += [dataclasses.replace(self, reduce_dtype=other).reduction(call)
                 for other in (torch.float32, torch.bfloat16, torch.float16) if other != reduce_in]
-        out += [dataclasses.replace(self.dividing_as(wrong).reduction(call), divides_as=wrong)
-                for wrong in self.wrong_world_sizes() if wrong != default_ws]
+        wrong_sizes = [n for n in self.wrong_world_sizes() if n != default_ws]
+        out += [dataclasses.replace(self.dividing_as(wrong).reduction(call), divides_as=wrong) for wrong in wrong_sizes]
+        # On a job across nodes, the sizes of its layout (LOCAL_WORLD_SIZE, the node count): a divisor read off
+        # torchrun's variables ("the ranks I average over"), where the group spans the nodes.
+        for n in sorted(set(node_layout() or ()) - {ws, default_ws, 1} - set(wrong_sizes)):
+            as_layout = self.dividing_as(n).reduction(call)
+            if as_layout != native:  # an FSDP2 comm asked for SUM divides nothing, whatever the size
+                out.append(dataclasses.replace(as_layout, divides_as=n))
         if call.sharded:
             out += [dataclasses.replace(native, read=shift) for shift in range(1, ws)]
             out += [dataclasses.replace(native, collective=ALL_REDUCE_THEN_CHUNK, read=shift) for shift in range(ws)]
         out += [dataclasses.replace(native, rounded_to=d) for d in narrower_than(call.input.dtype, reduce_in)]
         return out
+
+    def two_level_changes(self, call: HookCall, native: Reduction) -> List[Reduction]:
+        """On a job across nodes (:func:`node_layout`, nodes of two ranks or more) whose every rank is in the hook's
+        group, native's reduction summed within each node, then across nodes (order
+        :data:`~conformance.ranks.reduction.NODES`, from the values every rank's input is gathered for anyway: no
+        collective of its own), as a hook that reduces in two levels does: with native's own scaling, the SUM then
+        divided by the world size, or each node's mean averaged over the nodes (a two-level mean, rounded otherwise
+        than native); averaged twice across the levels (each node's sum divided by ``LOCAL_WORLD_SIZE``, then the
+        whole by the world size, or native's average with a node mean inside); a division missing at one level;
+        no division at all. None for a native with no collective, or on one node."""
+        layout, ws = node_layout(), self.world_size
+        if layout is None or layout[0] < 2 or native.collective == NO_COLLECTIVE or not \
+                layout[0] * layout[1] == ws == dist.get_world_size():
+            return []
+        local, nodes = layout
+        summed = dataclasses.replace(native.plain_sum(), order=NODES, node_size=local)
+        ordered = [dataclasses.replace(native, order=NODES, node_size=local)] if native.op is None else []
+        return ordered + [
+            dataclasses.replace(summed, post=(Scale(ws),)),
+            dataclasses.replace(summed, between=(Scale(local),), post=(Scale(nodes),)),
+            dataclasses.replace(summed, between=(Scale(local),), post=(Scale(ws),))] + [
+            dataclasses.replace(o, between=(Scale(local),)) for o in ordered] + [
+            dataclasses.replace(summed, between=(Scale(local),)), dataclasses.replace(summed, post=(Scale(nodes),)),
+            summed]
 
     def candidates(self, call: HookCall, group: object, rank: int) -> List[Candidate]:
         """Every named cause for ``call`` (:class:`Candidate`: the cause, its result, its fix), native first; the
@@ -223,6 +277,5 @@ class Arithmetic(abc.ABC):
                 continue  # no data tells the shard of that rank from this rank's
             if change.rounded_to is not None and out and same_bits(value, out[0].value):
                 continue  # this rank's result is native's: the rounding vanished in the reduction here
-            cause, fix = words.of(native, change)
-            out.append(Candidate(cause, value, fix))
+            out.append(Candidate(words.of(native, change), value))
         return out

@@ -16,13 +16,19 @@ The causes of a reduction are the API's own :class:`~conformance.ranks.arithmeti
 with one or two fields changed (:class:`~conformance.ranks.reduction.Reduction`):
 
 * native's own arithmetic (the hook's result is right; the difference arose after it);
-* SUM without averaging; averaged twice; divided as for the default group's size
-  or another world size (two causes of the same bits are both named);
+* SUM without averaging; averaged twice; divided as for the default group's size,
+  another world size, or on a job across nodes a size of its layout (``LOCAL_WORLD_SIZE``,
+  the node count: :func:`~conformance.ranks.arithmetic.node_layout`); two causes of the
+  same bits are both named;
 * another rounding order: SUM then divide by the world size, or divide before the
   SUM, where native multiplies by ``1/N`` (DDP's ``Reducer``) or pre- and
   post-divides (FSDP's ``_div_if_needed`` with ``_get_gradient_predivide_factor``);
   a sum the hook computes itself in rank, ring or pairwise order, with a divide or a
   reciprocal multiply before or after it;
+* on a job across nodes, a sum within each node, then across nodes, averaged as native,
+  averaged twice across the levels, or with a division missing at one level
+  (:meth:`~conformance.ranks.arithmetic.Arithmetic.two_level_changes`); FSDP1's pre-divide
+  without its post-divide (a post-divide of ``grad`` after the shard went to ``output``);
 * native's arithmetic in another dtype than the one claimed;
 * the input rounded to a narrower dtype (cast to it and back) before an otherwise native reduction;
 * the shard of another rank (reduce-scatter, or an all-reduce and the wrong chunk);
@@ -41,8 +47,13 @@ and here, for every API:
 Each cause comes with the fix it implies, one instruction worded for the API
 (the arithmetic's :meth:`~conformance.ranks.arithmetic.Arithmetic.how_to_average`,
 :meth:`~conformance.ranks.arithmetic.Arithmetic.where_result_goes` and
-:attr:`~conformance.ranks.arithmetic.Arithmetic.group_arg`): :class:`Named`, and
-:attr:`conformance.protocol.Finding.fixes`. Two causes at once carry both fixes.
+:attr:`~conformance.ranks.arithmetic.Arithmetic.group_arg`): a :class:`~conformance.protocol.Cause` (a
+stable code and its parameters, its words and its fix), carried to the controller in
+:attr:`conformance.protocol.Finding.causes`. Two causes at once carry both fixes.
+
+Where several causes give the hook's bits, the diagnosis names every one of them ("; or "), and where the
+call is too small to tell them apart (at most :data:`SMALL_CALL` elements, or every candidate giving the
+same bits) it says so in one more line (:func:`too_small`).
 
 A call none of them explains is reported as "no known cause". Candidates run
 collectives, so every rank of the group must call :func:`diagnose` at the same
@@ -53,14 +64,14 @@ line saying so) otherwise.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from conformance.protocol import Finding, FindingKind, cause_key
+from conformance.protocol import Cause, Finding, FindingKind
 from conformance.ranks.arithmetic import Arithmetic, Candidate
-from conformance.shared.compare import dtype_name, same_bits
+from conformance.shared.compare import same_bits
 # Re-exported: the recorders import what they keep of a call from here.
 from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives  # noqa: F401
 from conformance.ulps import bits_equal
@@ -68,16 +79,13 @@ from conformance.ulps import bits_equal
 #: Calls explained per failing step: each costs a dozen collectives, and the first ones tell the cause.
 MAX_DIAGNOSED_CALLS = 2
 
-
-class Named(NamedTuple):
-    """A cause that reproduces a hook call's result bit for bit (its words), and the fix it implies (one
-    instruction worded for the API; ``""`` where none follows)."""
-
-    cause: str
-    fix: str = ""
+#: A call of at most this many elements (its buffer, every rank's shards of a reduce-scatter) is too small to tell
+#: causes apart: several give the same bits there by chance (a 3-element reduce-scatter at 3 ranks), so the
+#: diagnosis says so.
+SMALL_CALL = 8
 
 
-def _partial(output: torch.Tensor, native: torch.Tensor, local: torch.Tensor) -> Optional[str]:
+def _partial(output: torch.Tensor, native: torch.Tensor, local: torch.Tensor) -> Optional[Cause]:
     """Where ``output`` equals ``native`` but for one contiguous range that holds the local values."""
     if output.shape != native.shape:
         return None
@@ -90,12 +98,15 @@ def _partial(output: torch.Tensor, native: torch.Tensor, local: torch.Tensor) ->
     if not same_bits(output[first:last + 1], local[first:last + 1]):
         return None
     size = output.numel()
-    part = f"the tail from element {first} ({size - first} of {size})" if last == size - 1 else \
+    tail = last == size - 1
+    part = f"the tail from element {first} ({size - first} of {size})" if tail else \
         f"elements {first}..{last} ({last - first + 1} of {size})"
-    return f"{part} left unreduced (the local gradient), the rest equal to native"
+    return Cause("partial", (("tail", tail), ("first", first), ("last", last), ("size", size)),
+                 f"{part} left unreduced (the local gradient), the rest equal to native",
+                 "pass the whole buffer to the collective: every element must be reduced")
 
 
-def _nonfinite_replaced(output: torch.Tensor, native: torch.Tensor) -> Optional[str]:
+def _nonfinite_replaced(output: torch.Tensor, native: torch.Tensor) -> Optional[Cause]:
     if output.shape != native.shape or output.dtype != native.dtype:
         return None
     bad = ~torch.isfinite(native)
@@ -107,113 +118,134 @@ def _nonfinite_replaced(output: torch.Tensor, native: torch.Tensor) -> Optional[
     if not bool(replaced.any()):
         return None
     values = sorted({float(v) for v in output[replaced].double().tolist()})[:3]
-    return (f"NaN or Inf replaced: equal to native except at {int(replaced.sum())} element(s) where native is "
-            f"NaN/Inf and the hook left {', '.join(repr(v) for v in values)}")
+    return Cause("nonfinite_replaced", (("elements", int(replaced.sum())),),
+                 f"NaN or Inf replaced: equal to native except at {int(replaced.sum())} element(s) where native is "
+                 f"NaN/Inf and the hook left {', '.join(repr(v) for v in values)}",
+                 "leave NaN and Inf as the reduction gives them: native propagates them, so the loss scaler (or the "
+                 "user) sees the step diverge")
+
+
+def _local_gradient(arith: Arithmetic, call: HookCall) -> Cause:
+    """The hook's result is the local gradient it received: told apart by the collectives it issued."""
+    reduce_it = f"reduce over the hook's process group ({arith.group_arg}): {arith.how_to_average()}"
+    if call.collectives:
+        return Cause("local_gradient", (("communicated", True), ("collectives", call.collectives)),
+                     f"the local, unreduced gradient: the hook issued {call.collectives} collective(s), but its result "
+                     "is the local gradient it received (the reduced values went elsewhere: into a copy the API never "
+                     "reads, or a buffer it then overwrote with the unreduced result)",
+                     f"{arith.where_result_goes(call)}: leave the reduced values there, not in a copy or a buffer the "
+                     "API overwrites afterwards")
+    if call.collectives == 0:
+        return Cause("local_gradient", (("communicated", False),),
+                     "the local, unreduced gradient: the hook never communicated (no collective was issued on any "
+                     "process group during the call)", reduce_it)
+    return Cause("local_gradient", (), "the local, unreduced gradient: the hook's result is the local gradient it "
+                 "received", reduce_it)
 
 
 def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], group: Any,
-            rank: int) -> List[Named]:
+            rank: int) -> List[Cause]:
     """Every named cause that reproduces ``call.output`` bit for bit, with its fix (collective: every rank calls it).
 
     The causes are ``arith``'s (:meth:`~conformance.ranks.arithmetic.Arithmetic.candidates`, native first),
     then what any API's hook may do: return its local gradient, a step's old result, NaN or Inf replaced,
     a range left unreduced; their fixes are worded by ``arith`` too.
     """
+    return _explain(arith, call, previous, group, rank)[0]
+
+
+def _explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], group: Any,
+             rank: int) -> Tuple[List[Cause], bool]:
+    """:func:`explain`'s causes, and whether every one of ``arith``'s candidates (two or more, native aside) gives
+    the hook's bits: this call's values tell none of them apart."""
     candidates = arith.candidates(call, group, rank)
     out = call.output
-    causes = [Named(c.cause, c.fix) for c in candidates if same_bits(out, c.value)]
+    causes = [c.cause for c in candidates if same_bits(out, c.value)]
+    every = len(candidates) > 2 and all(c.cause.code == "native" or same_bits(out, c.value) for c in candidates) \
+        and causes[0].code != "native"
     native = candidates[0].value
     local = arith.unreduced(call, rank)
     if same_bits(out, local) and not same_bits(native, local):
-        if call.collectives:
-            causes.append(Named(
-                f"the local, unreduced gradient: the hook issued {call.collectives} collective(s), but its result is "
-                "the local gradient it received (the reduced values went elsewhere: into a copy the API never reads, "
-                "or a buffer it then overwrote with the unreduced result)",
-                f"{arith.where_result_goes(call)}: leave the reduced values there, not in a copy or a buffer the API "
-                "overwrites afterwards"))
-        elif call.collectives == 0:
-            causes.append(Named(
-                "the local, unreduced gradient: the hook never communicated (no collective was issued on any "
-                "process group during the call)",
-                f"reduce over the hook's process group ({arith.group_arg}): {arith.how_to_average()}"))
-        else:
-            causes.append(Named(
-                "the local, unreduced gradient: the hook's result is the local gradient it received",
-                f"reduce over the hook's process group ({arith.group_arg}): {arith.how_to_average()}"))
+        causes.append(_local_gradient(arith, call))
     # Stale only where the inputs changed: with the same input, the last step's result is this one's too.
     if previous is not None and previous.output is not None and same_bits(out, previous.output) \
             and not same_bits(out, native) and not same_bits(previous.input, call.input):
-        causes.append(Named(
+        causes.append(Cause(
+            "stale", (("step", previous.step),),
             f"the result of step {previous.step} (stale): the hook returned what it produced a step earlier",
             "reduce each call's own input; keep no result from one step to the next (cached by bucket, size or "
             "position, it is stale once the gradients change)"))
     nonfinite = _nonfinite_replaced(out, native)
     if nonfinite:
-        causes.append(Named(nonfinite, "leave NaN and Inf as the reduction gives them: native propagates them, so "
-                                       "the loss scaler (or the user) sees the step diverge"))
+        causes.append(nonfinite)
     partial = None if same_bits(out, local) else _partial(out, native, local)
     if partial:
-        causes.append(Named(partial, "pass the whole buffer to the collective: every element must be reduced"))
+        causes.append(partial)
     if not causes:
         causes.extend(_combined(out, candidates, _local_tails(arith, call, local)))
-    return causes
+    return causes, every
 
 
-def wrong_group(arith: Arithmetic, call: HookCall, group: Any) -> Optional[Named]:
+def wrong_group(arith: Arithmetic, call: HookCall, group: Any) -> Optional[Cause]:
     """What the hook's own calls show, whatever its result's bits: a collective over the default group where
     the hook's process group (``group``) is smaller (the ``group=`` argument forgotten), with its fix, or
     ``None``."""
     ws, everyone = dist.get_world_size(group), dist.get_world_size()
     if ws == everyone or everyone not in call.group_sizes:
         return None
-    return Named(f"the hook ran a collective over the default group ({everyone} ranks: no group= given), where its "
+    return Cause("wrong_group", (("default_size", everyone), ("group_size", ws)),
+                 f"the hook ran a collective over the default group ({everyone} ranks: no group= given), where its "
                  f"process group has {ws}: pass the process group the API gives the hook to every collective",
                  f"pass {arith.group_arg} to every collective the hook issues (with no group= it runs over all "
                  f"{everyone} ranks)")
 
 
-def agreed(causes: List[Named], group: Any) -> List[Named]:
+def agreed(causes: List[Cause], group: Any) -> List[Cause]:
     """``causes`` narrowed to those every rank of ``group`` also found, where some are: a cause that explains one
     rank's result alone is a coincidence of that rank's values (at 2 ranks, rank 1's local gradient can equal
-    the SUM), not what the hook did. Causes compare by their text with the numbers left out (each rank names
-    its own rank and shard). Collective: an all-gather of the texts."""
+    the SUM), not what the hook did. Causes compare by their :attr:`~conformance.protocol.Cause.family` (code
+    and parameters, the numbers left out: each rank names its own rank and shard). Collective: an all-gather of
+    the families."""
     everyone: List[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, [cause_key(c.cause) for c in causes], group=group)
+    dist.all_gather_object(everyone, [c.family for c in causes], group=group)
     common = set.intersection(*(set(c) for c in everyone))
-    return [c for c in causes if cause_key(c.cause) in common] if common else causes
+    return [c for c in causes if c.family in common] if common else causes
 
 
-def _local_tails(arith: Arithmetic, call: HookCall, local: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
+def _local_tails(arith: Arithmetic, call: HookCall, local: torch.Tensor) -> List[Tuple[Cause, torch.Tensor]]:
     """What a part of the buffer a hook never exchanged holds: the local gradient, as it arrived or already
     scaled as the API scales it before the SUM (``1/N``, or ``/N``), in the reduce dtype."""
     ws = arith.world_size
     low = arith.reduce_dtype or call.input.dtype
-    return [("the local, unreduced gradient", local),
-            (f"the local gradient multiplied by 1/{ws}, never reduced", local.to(low).mul(1.0 / ws).to(local.dtype)),
-            (f"the local gradient divided by {ws}, never reduced", local.to(low).div(ws).to(local.dtype))]
+    return [(Cause("local_gradient", (), "the local, unreduced gradient"), local),
+            (Cause("local_gradient", (("pre", "reciprocal"), ("divisor", ws)),
+                   f"the local gradient multiplied by 1/{ws}, never reduced"),
+             local.to(low).mul(1.0 / ws).to(local.dtype)),
+            (Cause("local_gradient", (("pre", "divide"), ("divisor", ws)),
+                   f"the local gradient divided by {ws}, never reduced"), local.to(low).div(ws).to(local.dtype))]
 
 
 def _combined(out: torch.Tensor, bodies: Sequence[Candidate],
-              tails: Sequence[Tuple[str, torch.Tensor]]) -> List[Named]:
+              tails: Sequence[Tuple[Cause, torch.Tensor]]) -> List[Cause]:
     """Two causes at once, each explaining a disjoint part of ``out`` bit for bit: the first of ``bodies``
     (native first) that explains some elements, with the first of ``tails`` that explains every other one.
     Named with the index ranges of the second, and with both fixes (the body's where it is not native);
-    empty when no pair covers ``out``."""
+    empty when no pair covers ``out``. Code ``"combined"``, the two causes' families its parameters."""
     for body in bodies:
         if body.value.shape != out.shape or body.value.dtype != out.dtype:
             continue
         rest = ~bits_equal(out, body.value)
         if not bool(rest.any()) or bool(rest.all()):
             continue
-        for tail_name, tail in tails:
+        for tail_cause, tail in tails:
             if tail.shape == out.shape and tail.dtype == out.dtype and bool(bits_equal(out[rest], tail[rest]).all()):
                 where = _ranges(rest)
-                elsewhere = "native's result" if body.cause == "native" else body.cause
+                elsewhere = "native's result" if body.cause.code == "native" else body.cause.words
                 fix = f"reduce {where} too: pass the whole buffer to the collective"
                 if body.fix:
                     fix += f"; and elsewhere, {body.fix}"
-                return [Named(f"two causes: {tail_name} at {where}; elsewhere {elsewhere}", fix)]
+                return [Cause("combined", (("part", tail_cause.family), ("elsewhere", body.cause.family)),
+                              f"two causes: {tail_cause.words} at {where}; elsewhere {elsewhere}", fix)]
     return []
 
 
@@ -249,7 +281,10 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     """The diagnosis of ``step`` on this rank: one finding per group of calls with the same explanation, of
     kind ``"diagnosis"`` (named causes), ``"diagnosis_wider_dtype"`` (only a reduction in a wider dtype
     than claimed explains it: more accurate than native), ``"no_known_cause"``, or ``"native_result"``
-    (every call of this rank equals native's arithmetic: what differs arose after the hook returned).
+    (every call of this rank equals native's arithmetic: what differs arose after the hook returned). A
+    diagnosis names every cause that gives the hook's bits (each a :class:`~conformance.protocol.Cause` in
+    :attr:`~conformance.protocol.Finding.causes`), followed, where its calls are too small to tell causes
+    apart, by a ``"diagnosis_note"`` that says so (:func:`too_small`).
 
     Collective: every rank of ``ctx.group`` must call it at the same point (or none, where :func:`diagnosing`
     turned it off for the case: it then returns no findings on every rank).
@@ -267,9 +302,10 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     if not calls:
         return []
     previous = {c.index: c for c in log.calls if c.step == step - 1}
-    groups: Dict[Tuple[Named, ...], List[HookCall]] = {}
+    groups: Dict[Tuple[Cause, ...], List[HookCall]] = {}
+    indistinct: Dict[Tuple[Cause, ...], bool] = {}
     native_ok: List[HookCall] = []
-    observed: Dict[Named, List[HookCall]] = {}
+    observed: Dict[Cause, List[HookCall]] = {}
     def context(call: HookCall) -> Tuple[Any, int, Arithmetic]:
         # The group the API passed the hook (FSDP2), else the check's: a subgroup context keeps the global
         # rank in ctx.rank, so the rank in the group is asked for.
@@ -286,13 +322,15 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     skipped = int(differs.sum()) - len(chosen)
     for call in chosen:
         group, rank, arith_call = context(call)
-        causes = agreed(explain(arith_call, call, previous.get(call.index), group, rank), group)
+        found, every = _explain(arith_call, call, previous.get(call.index), group, rank)
+        causes = agreed(found, group)
         seen = wrong_group(arith_call, call, group)
         if seen:
             observed.setdefault(seen, []).append(call)
-        if causes and causes[0].cause == "native":
+        if causes and causes[0].code == "native":
             continue
         groups.setdefault(tuple(causes), []).append(call)
+        indistinct[tuple(causes)] = indistinct.get(tuple(causes), False) or every
     if not int(mine.sum()):
         native_ok = list(calls)
     findings: List[Finding] = []
@@ -303,17 +341,20 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     for seen, which in observed.items():
         where = "every hook call of the step" if len(which) == len(calls) else \
             f"{len(which)} of {len(calls)} hook calls ({_names(which)})"
-        findings.append(Finding(ctx.rank, f"in {where}, {seen.cause}", step=step, kind=FindingKind.DIAGNOSIS,
-                                causes=(seen.cause,), fixes=(seen.fix,)))
+        findings.append(Finding(ctx.rank, f"in {where}, {seen.words}", step=step, kind=FindingKind.DIAGNOSIS,
+                                causes=(seen,)))
     for named, which in groups.items():
         where = "every hook call of the step" if len(which) == len(calls) else \
             f"{len(which)} of {len(calls)} hook calls ({_names(which)})"
         if named:
-            causes = tuple(n.cause for n in named)
-            kind = "diagnosis_wider_dtype" if _only_wider_dtype(causes, arith.reduce_dtype) else "diagnosis"
+            kind = FindingKind.DIAGNOSIS_WIDER_DTYPE if _only_wider_dtype(named, arith.reduce_dtype) else \
+                FindingKind.DIAGNOSIS
             findings.append(Finding(ctx.rank, f"in {where}, the hook's result is explained, bit for bit, by: "
-                                              f"{'; or '.join(causes)}", step=step, kind=kind, causes=causes,
-                                    fixes=tuple(n.fix for n in named)))
+                                              f"{'; or '.join(n.words for n in named)}", step=step, kind=kind,
+                                    causes=named))
+            alike = too_small(which, named, indistinct.get(named, False))
+            if alike:
+                findings.append(Finding(ctx.rank, alike, step=step, kind=FindingKind.DIAGNOSIS_NOTE))
         else:
             findings.append(Finding(ctx.rank, f"no known cause explains the hook's result in {where}",
                                     step=step, kind=FindingKind.NO_KNOWN_CAUSE))
@@ -324,14 +365,32 @@ def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Findi
     return findings
 
 
-def _only_wider_dtype(causes: Sequence[str], claim: Optional[torch.dtype]) -> bool:
-    """Whether one of the causes is a reduction in a more precise dtype than the claimed one (finer ``eps``):
-    more accurate than native, which may be a lossy design worth a contract rather than a bug. Such a
-    diagnosis has kind ``"diagnosis_wider_dtype"``."""
+def too_small(calls: Sequence[HookCall], causes: Sequence[Cause], indistinct: bool = False) -> Optional[str]:
+    """The line that says ``calls`` (explained by ``causes``) cannot tell causes apart, or ``None``: a call whose
+    buffer (the hook's input: every rank's shards of a reduce-scatter) has at most :data:`SMALL_CALL` elements,
+    where several causes give the same bits by chance (and a cause the diagnosis does not name may too), or a
+    call where every candidate cause gave the hook's bits (``indistinct``: its values tell none apart, as powers
+    of two or zeros do)."""
+    small = [c for c in calls if c.input.numel() <= SMALL_CALL]
+    these = "these causes give" if len(causes) > 1 else "other causes may give"
+    if small:
+        n = min(c.input.numel() for c in small)
+        who = "this call has" if len(calls) == 1 else f"{len(small)} of these {len(calls)} calls have"
+        return f"{who} only {n} element{'s' if n != 1 else ''}: {these} the same bits here; a larger buffer tells " \
+               "them apart"
+    if indistinct and len(causes) > 1:
+        return ("every cause tried gives the same bits on this call's values: these causes give the same bits here; "
+                "values that differ more from rank to rank tell them apart")
+    return None
+
+
+def _only_wider_dtype(causes: Sequence[Cause], claim: Optional[torch.dtype]) -> bool:
+    """Whether one of the causes is a reduction (code ``"other_dtype"``) in a more precise dtype than the claimed
+    one (finer ``eps``): more accurate than native, which may be a lossy design worth a contract rather than a
+    bug. Such a diagnosis has kind ``"diagnosis_wider_dtype"``."""
     claimed = torch.finfo(claim or torch.float32).eps
-    finer = [f"reduced in {dtype_name(d)}," for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-             if torch.finfo(d).eps < claimed]
-    return any(c.startswith(w) for c in causes for w in finer)
+    dtypes = [getattr(torch, str(c.param("dtype")), None) for c in causes if c.code == "other_dtype"]
+    return any(isinstance(d, torch.dtype) and torch.finfo(d).eps < claimed for d in dtypes)
 
 
 def _names(calls: Sequence[HookCall]) -> str:

@@ -8,7 +8,8 @@ size the divisors are, and which rank's result is read. A candidate cause is tha
 reduction with one or two fields changed (``dataclasses.replace``): a SUM without
 the divisions, a divide where native multiplies by a reciprocal, the sum a hook
 computes itself in rank order, the shard of another rank, the input rounded to a
-narrower dtype first. :class:`Recompute`
+narrower dtype first, a sum within each node, then across nodes (on a job across
+nodes, :data:`NODES`), divided between the two levels. :class:`Recompute`
 gives the bits of any of them from a hook call's input, with the same
 collectives on the same process group; :mod:`conformance.ranks.cause_words`
 words the change and the fix it implies.
@@ -24,9 +25,10 @@ import torch.distributed as dist
 
 from conformance.ranks.hook_call import HookCall
 
-__all__ = ["ALL_REDUCE", "ALL_REDUCE_THEN_CHUNK", "DEFAULT_GROUP", "HOOK_GROUP", "NO_COLLECTIVE", "ORDERS",
+__all__ = ["ALL_REDUCE", "ALL_REDUCE_THEN_CHUNK", "DEFAULT_GROUP", "HOOK_GROUP", "NODES", "NO_COLLECTIVE", "ORDERS",
            "PAIRWISE", "RANK", "REDUCE_SCATTER", "RING", "THE_COLLECTIVES", "Recompute", "Reduction", "Scale",
-           "in_pairwise_order", "in_rank_order", "in_ring_order", "pairwise_text", "rank_values", "reduced", "rounded"]
+           "in_node_order", "in_pairwise_order", "in_rank_order", "in_ring_order", "pairwise_text", "rank_values",
+           "reduced", "rounded"]
 
 #: The collective a reduction runs (:attr:`Reduction.collective`).
 ALL_REDUCE, REDUCE_SCATTER = "all-reduce", "reduce-scatter"
@@ -38,6 +40,12 @@ NO_COLLECTIVE = "none"
 #: The summation order (:attr:`Reduction.order`): the collective's own, or a sum the hook computes itself over
 #: every rank's values (exchanged by an all-gather, or an all-to-all where it keeps one shard).
 THE_COLLECTIVES, RANK, RING, PAIRWISE = "the collective's", "rank", "ring", "pairwise"
+#: A two-level summation order (:attr:`Reduction.order`): each node's ranks summed (in rank order), then the nodes'
+#: sums (in node order), as a hook that all-reduces within the node and then across nodes computes it, nodes of
+#: :attr:`Reduction.node_size` consecutive ranks (torchrun's layout). Exact for such a hook where a node holds at most
+#: two ranks and there are at most two nodes (a sum of two is the same bits in either order); over more, the
+#: collectives' own orders are not rank order.
+NODES = "nodes"
 
 #: Whose size a hook divides by (:attr:`Reduction.group`): the process group the API gives it, or the default
 #: group's (``dist.get_world_size()`` with no group).
@@ -80,7 +88,8 @@ class Reduction:
         dtype: the dtype reduced in (the values are cast to it before ``pre`` and back after ``post``);
             ``None``: the input's own.
         order: the summation order: :data:`THE_COLLECTIVES`, or the order of a sum the hook computes itself
-            over every rank's values (:data:`RANK`, :data:`RING`, :data:`PAIRWISE`).
+            over every rank's values (:data:`RANK`, :data:`RING`, :data:`PAIRWISE`), or within each node, then
+            across nodes (:data:`NODES`).
         collective: :data:`ALL_REDUCE`, :data:`REDUCE_SCATTER`, :data:`ALL_REDUCE_THEN_CHUNK` or
             :data:`NO_COLLECTIVE` (where ``order`` is the collective's).
         read: whose result this rank reads: its own (0), or that of the rank ``read`` before it (a reduce-scatter's
@@ -90,6 +99,9 @@ class Reduction:
         rounded_to: the dtype each rank's input is rounded to before anything else (cast to it and back to its
             own dtype: a hook that keeps it in a narrower buffer, or assumes it holds that dtype's values);
             ``None``: the input as it is.
+        node_size: the ranks of a node (``LOCAL_WORLD_SIZE``) where ``order`` is :data:`NODES`; else ``None``.
+        between: what each node's sum is scaled by before the sum across nodes (order :data:`NODES`), in order:
+            a hook that divides between the two levels (by ``LOCAL_WORLD_SIZE``: each node's mean).
 
     ``group`` and ``divides_as`` only say where ``pre`` and ``post`` came from: two reductions that differ in them
     alone give the same bits, and are two causes (a hook that divides by the default group's 4 ranks, or one
@@ -106,10 +118,12 @@ class Reduction:
     group: str = HOOK_GROUP
     divides_as: Optional[int] = None
     rounded_to: Optional[torch.dtype] = None
+    node_size: Optional[int] = None
+    between: Tuple[Scale, ...] = ()
 
     def plain_sum(self) -> "Reduction":
         """This reduction with no scaling and a SUM: what a hook that never averages computes."""
-        return dataclasses.replace(self, pre=(), op=None, post=())
+        return dataclasses.replace(self, pre=(), op=None, post=(), between=())
 
 
 def reduced(x: torch.Tensor, call: HookCall, group: Any, world_size: int, shift: int = 0,
@@ -190,6 +204,14 @@ def in_pairwise_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     return _pairwise([v.clone() for v in values], lambda a, b: a + b)
 
 
+def in_node_order(values: Sequence[torch.Tensor], node_size: int,
+                  between: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
+    """The sum of :data:`NODES` order: the values of each node (``node_size`` consecutive ranks) summed in rank order,
+    each node's sum passed through ``between`` (a divide between the levels), then the nodes' sums in node order:
+    ``between(v[0] + v[1]) + between(v[2] + v[3])`` at 2 nodes of 2."""
+    return in_rank_order([between(in_rank_order(values[i:i + node_size])) for i in range(0, len(values), node_size)])
+
+
 #: A sum over every rank's values in each order a hook may compute it in.
 ORDERS: Dict[str, Callable[[Sequence[torch.Tensor]], torch.Tensor]] = {
     RANK: in_rank_order, RING: in_ring_order, PAIRWISE: in_pairwise_order}
@@ -250,7 +272,8 @@ class Recompute:
         if r.order != THE_COLLECTIVES:  # the hook's own sum over every rank's values
             values = [_scaled(_scaled(rounded(v, r.rounded_to), r.pre, True).to(low), r.pre, False)
                       for v in self.gathered()]
-            total = ORDERS[r.order](values)
+            total = in_node_order(values, r.node_size or ws, lambda t: _scaled(t, r.between, False)) \
+                if r.order == NODES else ORDERS[r.order](values)
             return total.chunk(ws)[(self.rank - r.read) % ws] if call.sharded else total
         t = _scaled(_scaled(rounded(call.input, r.rounded_to), r.pre, True).to(low), r.pre, False)
         if r.collective == NO_COLLECTIVE:

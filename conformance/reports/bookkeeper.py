@@ -200,9 +200,7 @@ class Bookkeeper:
         self._failures[item.nodeid] = {
             "header": message.splitlines()[0], "findings": [f.describe() for f in findings[:MAX_FINDINGS_KEPT]],
             "message": message[:results.MAX_MESSAGE_CHARS], "rerun": self._rerun(item),
-            "causes": list(dict.fromkeys(c for f in findings for c in getattr(f, "causes", ()))),
-            "fixes": {c: fix for f in findings for c, fix in zip(getattr(f, "causes", ()), getattr(f, "fixes", ()))
-                      if fix}}
+            **results.cause_fields(c for f in findings for c in getattr(f, "causes", ()))}
         return None
 
     def _rerun(self, item: pytest.Item) -> Optional[str]:

@@ -114,7 +114,9 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         if not failed:
             continue
         out += [f"### `{hook['name']}`: {hook.get('verdict', '')}", ""]
-        line = cause_line([(c["cause"], c["cases"]) for c in hook.get("causes") or ()], len(failed))
+        named = hook.get("causes") or ()
+        line = cause_line([(c["cause"], c["cases"]) for c in named], len(failed),
+                          {c["cause"]: c["family"] for c in named if c.get("family")})
         if line:
             out += [f"{line[0].upper()}{line[1:]}.", ""]
             fix = (hook.get("causes") or [{}])[0].get("fix")

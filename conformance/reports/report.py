@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from conformance.protocol import CaseResult, Finding, FindingKind
+from conformance.protocol import CaseResult, Cause, Finding, FindingKind
 from conformance.reports.results import ShortFigure
 from conformance.reports.verdict import Status, Verdict
 
@@ -42,7 +42,8 @@ def layout_line(world_size: int, nodes: int) -> str:
 
 
 #: Finding kinds that explain other findings (:mod:`conformance.ranks.diagnosis`), listed after them.
-DIAGNOSIS_KINDS = ("diagnosis", "diagnosis_wider_dtype", "no_known_cause", "diagnosis_note", "native_result")
+DIAGNOSIS_KINDS = frozenset({FindingKind.DIAGNOSIS, FindingKind.DIAGNOSIS_WIDER_DTYPE, FindingKind.NO_KNOWN_CAUSE,
+                             FindingKind.DIAGNOSIS_NOTE, FindingKind.NATIVE_RESULT})
 
 
 def findings_text(found: Sequence[Finding]) -> str:
@@ -62,18 +63,18 @@ def diagnosis_lines(found: Sequence[Finding]) -> List[str]:
     """``Diagnosis:`` and one line per distinct explanation, naming the ranks (and step) that gave it; under it,
     the fix its causes imply (:attr:`Finding.fixes`): ``fix: ...``, one line per distinct fix (naming its
     cause where the causes imply different ones)."""
-    ranks: Dict[Tuple[Optional[int], str, Tuple[Tuple[str, str], ...]], List[int]] = {}
+    ranks: Dict[Tuple[Optional[int], str, Tuple[Cause, ...]], List[int]] = {}
     for f in found:
         if f.kind in DIAGNOSIS_KINDS:
-            ranks.setdefault((f.step, f.message, tuple(zip(f.causes, f.fixes))), []).append(f.rank)
+            ranks.setdefault((f.step, f.message, f.causes), []).append(f.rank)
     if not ranks:
         return []
     lines = ["  Diagnosis (each named cause recomputed with the same collectives from the hook's own inputs):"]
-    for (step, message, fixes), who in sorted(ranks.items(), key=lambda kv: (kv[0][0] or -1, min(kv[1]))):
+    for (step, message, causes), who in sorted(ranks.items(), key=lambda kv: (kv[0][0] or -1, min(kv[1]))):
         who = sorted(set(who))
         label = f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}"
         lines.append(f"    [{label}{'' if step is None else f', step {step}'}] {message}")
-        lines.extend(f"      {line}" for line in fix_lines(fixes))
+        lines.extend(f"      {line}" for line in fix_lines(causes))
     return lines
 
 
@@ -81,15 +82,14 @@ def diagnosis_lines(found: Sequence[Finding]) -> List[str]:
 MAX_FIXES_SHOWN = 2
 
 
-def fix_lines(fixes: Sequence[Tuple[str, str]]) -> List[str]:
-    """``fix: ...`` for ``(cause, fix)`` pairs: one line where every cause with a fix implies the same one; else
-    one line per distinct fix, ``fix, if SUM, then divided by 3: ...`` (the cause up to its first ``", where"``
-    or ``": "``), the first :data:`MAX_FIXES_SHOWN` of them, the rest counted; none where no cause implies a
-    fix."""
-    first_cause = {fix: cause for cause, fix in reversed(fixes) if fix}
+def fix_lines(causes: Sequence[Cause]) -> List[str]:
+    """``fix: ...`` for ``causes``: one line where every cause with a fix implies the same one; else one line per
+    distinct fix, ``fix, if SUM, then divided by 3: ...`` (the cause's words up to their first ``", where"`` or
+    ``": "``), the first :data:`MAX_FIXES_SHOWN` of them, the rest counted; none where no cause implies a fix."""
+    first_cause = {c.fix: c for c in reversed(causes) if c.fix}
     if len(first_cause) <= 1:
         return [f"fix: {fix}" for fix in first_cause]
-    lines = [f"fix, if {_short_cause(cause)}: {fix}" for cause, fix in fixes if fix and first_cause.get(fix) == cause]
+    lines = [f"fix, if {_short_cause(c.words)}: {c.fix}" for c in causes if c.fix and first_cause.get(c.fix) is c]
     more = len(lines) - MAX_FIXES_SHOWN
     if more > 0:
         lines = lines[:MAX_FIXES_SHOWN] + [f"... and {more} more fix(es), one for each other cause named"]

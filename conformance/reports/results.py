@@ -20,17 +20,17 @@ import os
 import tempfile
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from conformance.protocol import cause_key
+from conformance.protocol import Cause
 from conformance.shared.files import write_atomic
 
 __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "ResultsError", "SCHEMA_FILE",
-           "SCHEMA_VERSION", "ShortFigure", "build_document", "cause_line", "figure_value", "hook_causes", "hook_fixes",
-           "load_results", "parse_figure",
+           "SCHEMA_VERSION", "ShortFigure", "build_document", "cause_fields", "cause_line", "figure_value",
+           "hook_causes", "hook_families", "hook_fixes", "load_results", "parse_figure",
            "records_from_json", "schema", "schema_problems", "unwritable_reason", "write_json"]
 
 #: ``MAJOR.MINOR``. A minor bump only adds optional fields; a major bump renames, removes or
 #: changes the meaning of a field, and a baseline of another major version is refused.
-SCHEMA_VERSION = "1.12"
+SCHEMA_VERSION = "1.13"
 #: The JSON Schema of the document (draft 2020-12).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.schema.json")
 
@@ -78,7 +78,9 @@ class CaseRecord:
         failure: of a failed case: ``header`` (the failure's first line), ``findings``
             (the first findings, one line each), ``message`` (the failure text, cut at
             :data:`MAX_MESSAGE_CHARS`), ``rerun`` (the command that re-runs it), ``causes`` (the
-            causes the diagnosis named) and, where some cause implies one, ``fixes`` (cause -> its fix).
+            causes the diagnosis named, by their words), ``families`` (cause -> its family, what makes two
+            causes the same whatever their numbers: :attr:`conformance.protocol.Cause.family`) and, where some
+            cause implies one, ``fixes`` (cause -> its fix): :func:`cause_fields`.
     """
 
     id: str
@@ -299,25 +301,56 @@ def records_from_json(data: Mapping[str, Any]) -> List[CaseRecord]:
     return [CaseRecord.from_json(c) for c in data.get("cases", [])]
 
 
+def cause_fields(causes: Iterable[Cause]) -> Dict[str, Any]:
+    """A failure record's ``causes`` (each cause's words, once), ``families`` (words -> the cause's
+    :attr:`~conformance.protocol.Cause.family`) and ``fixes`` (words -> the fix, where one follows), from the
+    causes its findings carry (:attr:`conformance.protocol.Finding.causes`, every finding's in turn).
+
+    The causes go in the order of how many findings name their family, most first, then in the order named: a
+    cause that explains every diagnosed call of the case comes before one that a small call, where several
+    causes give the same bits, names beside it (:func:`hook_causes` then tells the case's story by it)."""
+    given = list(causes)
+    per_family: Dict[str, int] = {}
+    for c in given:
+        per_family[c.family] = per_family.get(c.family, 0) + 1
+    named = sorted(dict.fromkeys(given), key=lambda c: -per_family[c.family])
+    return {"causes": list(dict.fromkeys(c.words for c in named)),
+            "fixes": {c.words: c.fix for c in named if c.fix},
+            "families": {c.words: c.family for c in named}}
+
+
+def hook_families(records: Iterable[CaseRecord], hook: str) -> Dict[str, str]:
+    """The family of each cause ``hook``'s failed cases named, by its words (``failure.families``): a cause of a
+    file from before causes had families (1.13) is its own."""
+    out: Dict[str, str] = {}
+    for rec in records:
+        if rec.hook == hook and rec.failing and rec.failure:
+            for cause, family in (rec.failure.get("families") or {}).items():
+                out.setdefault(cause, family)
+    return out
+
+
 def hook_causes(records: Iterable[CaseRecord], hook: str) -> List[Tuple[str, int]]:
     """The causes the diagnosis named across ``hook``'s failed cases, ``(cause, failed cases naming it)``, each
     counted once per case, by its own words: ``divided by 3`` at 3 ranks and ``divided by 2`` at 2 are two
     entries, each with the cases it explains. Ordered by family (causes that differ only in their numbers, the
-    world size, a rank, an index range: :func:`cause_key`), the family of most cases first, then most cases
+    world size, a rank, an index range: :func:`hook_families`), the family of most cases first, then most cases
     first within it (ties in the order the cases ran): :func:`cause_line` tells the first family as one story."""
+    records = list(records)
     counts: Dict[str, int] = {}
     for rec in records:
         if rec.hook == hook and rec.failing and rec.failure:
             for cause in dict.fromkeys(rec.failure.get("causes") or ()):
                 counts[cause] = counts.get(cause, 0) + 1
+    families = hook_families(records, hook)
+    key = {cause: families.get(cause, cause) for cause in counts}
     order = {cause: i for i, cause in enumerate(counts)}
     family: Dict[str, int] = {}
     first: Dict[str, int] = {}
     for cause, n in counts.items():
-        family[cause_key(cause)] = family.get(cause_key(cause), 0) + n
-        first.setdefault(cause_key(cause), order[cause])
-    return sorted(counts.items(), key=lambda kv: (-family[cause_key(kv[0])], first[cause_key(kv[0])], -kv[1],
-                                                  order[kv[0]]))
+        family[key[cause]] = family.get(key[cause], 0) + n
+        first.setdefault(key[cause], order[cause])
+    return sorted(counts.items(), key=lambda kv: (-family[key[kv[0]]], first[key[kv[0]]], -kv[1], order[kv[0]]))
 
 
 def hook_fixes(records: Iterable[CaseRecord], hook: str) -> Dict[str, str]:
@@ -331,7 +364,8 @@ def hook_fixes(records: Iterable[CaseRecord], hook: str) -> Dict[str, str]:
     return {cause: fixes[cause] for cause, _ in hook_causes(records, hook) if cause in fixes}
 
 
-def cause_line(causes: Sequence[Tuple[str, int]], failed: int) -> Optional[str]:
+def cause_line(causes: Sequence[Tuple[str, int]], failed: int,
+               families: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """A hook's most common named cause in one line, for the terminal and the Markdown, or ``None``: the first
     family of :func:`hook_causes` (causes that differ only in their numbers), each of its causes with the cases it
     explains (``SUM, then divided by 2: 5 cases; SUM, then divided by 3: 3 cases (8 of 8 failed cases)``).
@@ -339,12 +373,15 @@ def cause_line(causes: Sequence[Tuple[str, int]], failed: int) -> Optional[str]:
     Args:
         causes: :func:`hook_causes` of the hook (from the case records, or the JSON's ``hooks[].causes``).
         failed: the hook's failed cases.
+        families: each cause's family, by its words (:func:`hook_families`, or the JSON's
+            ``hooks[].causes[].family``); a cause without one is its own.
     """
     if not causes:
         return None
-    key = cause_key(causes[0][0])
-    story = [(cause, n) for cause, n in causes if cause_key(cause) == key]
-    others = len({cause_key(cause) for cause, _ in causes} - {key})
+    family = dict(families or {})
+    key = family.get(causes[0][0], causes[0][0])
+    story = [(cause, n) for cause, n in causes if family.get(cause, cause) == key]
+    others = len({family.get(cause, cause) for cause, _ in causes} - {key})
     rest = f"; {others} other cause(s) named" if others else ""
     if len(story) == 1:
         return f"most failures explained by: {story[0][0]} ({story[0][1]} of {failed} failed cases{rest})"

@@ -340,8 +340,10 @@ class ResultsRecorder:
             "source": {"kind": _source_kind(item.origin), "target": item.target},
             "verdict": verdict.text, "status": verdict.status.value, "counts": counts,
             "matrix": hook_matrix(self.grid_records(records), spec.name).to_json(),
-            "causes": [{"cause": cause, "cases": n, **({"fix": fixes[cause]} if cause in fixes else {})}
-                       for fixes in [results.hook_fixes(records, spec.name)]
+            "causes": [{"cause": cause, "cases": n, **({"fix": fixes[cause]} if cause in fixes else {}),
+                        **({"family": families[cause]} if cause in families else {})}
+                       for fixes, families in [(results.hook_fixes(records, spec.name),
+                                                results.hook_families(records, spec.name))]
                        for cause, n in results.hook_causes(records, spec.name)],
             "reach": None if reach is None else reach.to_json(),
             "not_checked": [{"reason": reason, "cases": list(items)} for reason, items in not_checked(records, spec.name)],

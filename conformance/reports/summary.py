@@ -156,7 +156,7 @@ class Summary:
                 tr.write_line(line)
             failed = [rec for rec in records if rec.hook == name and rec.failing]
             causes = results.hook_causes(failed, name)
-            cause = results.cause_line(causes, len(failed))
+            cause = results.cause_line(causes, len(failed), results.hook_families(failed, name))
             if cause:  # under the grid: where it fails, then why, then what to change
                 tr.write_line(f"    {cause}")
                 fix = results.hook_fixes(failed, name).get(causes[0][0])

@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List
 
+from conformance.protocol import Cause
 from conformance.ranks.arithmetic import Arithmetic, Candidate
 from conformance.shared.compare import same_bits
-from conformance.ranks.reduction import ALL_REDUCE, Recompute, Reduction, Scale
+from conformance.ranks.reduction import ALL_REDUCE, THE_COLLECTIVES, Recompute, Reduction, Scale
 from conformance.ulps import dtype_name
 
 
@@ -85,7 +86,7 @@ class BatchedDdpArithmetic(DdpArithmetic):
         as constructed by default."""
         ws = self.world_size
         return _reciprocal_second(
-            self, super().candidates(call, group, rank), call, group, rank,
+            self, super().candidates(call, group, rank), call, group, rank, "batched_grad_copy",
             f"multiplied by 1/{ws} before the SUM, as default DDP does, where with batched_grad_copy=True DDP's "
             f"native divides the bucket: / {ws}, then SUM",
             f"divide the bucket by {ws} (bucket.buffer().div_({ws})), not multiply by 1/{ws}: DDP with "
@@ -133,21 +134,24 @@ class CompiledDdpArithmetic(Arithmetic):
         the C++ ``Reducer`` (``Reducer::mark_variable_ready_dense``) rather than the python reducer."""
         ws = self.world_size
         return _reciprocal_second(
-            self, super().candidates(call, group, rank), call, group, rank,
+            self, super().candidates(call, group, rank), call, group, rank, "compiled",
             f"multiplied by 1/{ws} before the SUM, as eager DDP's C++ Reducer does, where under compiled autograd "
             f"DDP's native divides: grad / {ws}, then SUM",
             f"divide (grad.div_({ws})), not multiply by 1/{ws}: compiled DDP's native is param.grad / world_size, "
             "then SUM, not eager DDP's x 1/world_size")
 
 
-def _reciprocal_second(arithmetic: Arithmetic, out: List[Candidate], call: Any, group: Any, rank: int, cause: str,
-                       fix: str) -> List[Candidate]:
+def _reciprocal_second(arithmetic: Arithmetic, out: List[Candidate], call: Any, group: Any, rank: int, native: str,
+                       words: str, fix: str) -> List[Candidate]:
     """``out`` (native first) with default DDP's ``x 1/world_size`` before the SUM, in the collective's order, as
-    the second cause, worded ``cause`` / ``fix``: a native that divides (the batched copy, compiled DDP) is
-    missed by a hook written for the default one. A later cause that gives the same bits on this rank (a sum in
-    rank order of the same products) is left out: the collective explains it."""
+    the second cause (code ``"rounding_order"``, ``native``: the DDP native it misses), worded ``words`` / ``fix``:
+    a native that divides (the batched copy, compiled DDP) is missed by a hook written for the default one. A
+    later cause that gives the same bits on this rank (a sum in rank order of the same products) is left out: the
+    collective explains it."""
     ws = arithmetic.world_size
     order = dataclasses.replace(arithmetic.reduction(call), pre=(Scale(ws, reciprocal=True),))
-    reciprocal = Candidate(cause, Recompute(call, group, ws, rank)(order), fix)
+    cause = Cause("rounding_order", (("order", THE_COLLECTIVES), ("pre", "reciprocal"), ("divisor", ws),
+                                     ("native", native)), words, fix)
+    reciprocal = Candidate(cause, Recompute(call, group, ws, rank)(order))
     rest = [c for c in out[1:] if not same_bits(c.value, reciprocal.value)]
     return [out[0], reciprocal] + rest

@@ -4,15 +4,19 @@
 cast to the reduce dtype, divide by the pre-divide factor, SUM (an all-reduce,
 or a reduce-scatter when sharded), divide by the post-divide factor, cast back
 (``_div_if_needed`` with ``_get_gradient_predivide_factor``).
+
+Besides the shared causes, a hook may pre-divide and never post-divide the result FSDP reads: a sharded hook that
+reduce-scatters into ``output`` and then post-divides ``grad`` (:meth:`FsdpArithmetic.changes`), in the collective's
+order or over a two-level reduction (within each node, then across nodes) on a job across nodes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Tuple
-
+import dataclasses
+from typing import Any, List, Tuple
 
 from conformance.ranks.arithmetic import Arithmetic
-from conformance.ranks.reduction import ALL_REDUCE, REDUCE_SCATTER, Reduction, Scale
+from conformance.ranks.reduction import ALL_REDUCE, NODES, REDUCE_SCATTER, Reduction, Scale
 from conformance.ulps import dtype_name
 
 
@@ -37,6 +41,21 @@ class FsdpArithmetic(Arithmetic):
         pre, post = self.factors
         return Reduction(pre=(Scale(pre),) if pre > 1 else (), post=(Scale(post),) if post > 1 else (),
                          dtype=self.reduce_dtype, collective=REDUCE_SCATTER if call.sharded else ALL_REDUCE)
+
+    def changes(self, call: Any) -> List[Reduction]:
+        """The shared causes, then FSDP's pre-divide without its post-divide, in the collective's order (where both
+        factors exceed 1: 3 ranks and more)."""
+        out = super().changes(call)
+        native = out[0]
+        return out + ([dataclasses.replace(native, post=())] if native.pre and native.post else [])
+
+    def two_level_changes(self, call: Any, native: Reduction) -> List[Reduction]:
+        """The shared two-level causes, after FSDP's pre-divide without its post-divide summed in two levels: a
+        hierarchical hook that post-divides ``grad`` after copying its shard into ``output``."""
+        shared = super().two_level_changes(call, native)
+        if not shared or not (native.pre and native.post):
+            return shared
+        return [dataclasses.replace(native, order=NODES, node_size=shared[0].node_size, post=())] + shared
 
     def describe(self) -> str:
         pre, post = self.factors

@@ -22,6 +22,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
+from conformance.protocol import Cause
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.reduction import NO_COLLECTIVE, Reduction
 
@@ -97,16 +98,17 @@ def _reversed(t: torch.Tensor, group_size: int) -> torch.Tensor:
     return torch.cat(list(reversed(t.chunk(group_size)))) if group_size > 1 else t
 
 
-#: ``(name, what it means)`` of each cause :func:`explain` tries, in order.
+#: ``(code, what it means)`` of each cause :func:`explain` tries, in order (the code of its
+#: :class:`~conformance.protocol.Cause`).
 CAUSES = (
-    ("wrong group", "a collective over a group other than the one FSDP2 passed (the default group, with no group=)"),
-    ("reversed", "the shards in reverse rank order (chunk r from rank world_size - 1 - r)"),
-    ("wire dtype", "the shards cast to a narrower dtype on the wire and back"),
+    ("wrong_group", "a collective over a group other than the one FSDP2 passed (the default group, with no group=)"),
+    ("reversed_shards", "the shards in reverse rank order (chunk r from rank world_size - 1 - r)"),
+    ("wire_dtype", "the shards cast to a narrower dtype on the wire and back"),
     ("stale", "the gather of the step before (stale: served again from a cache, the parameters have changed)"),
-    ("arithmetic", "the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
+    ("bits_changed", "the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
                    "gathered values, such as x * 1.0 or x + 0.0)"),
-    ("by global rank", "the chunks indexed by the global rank modulo the group size, not the rank in the group"),
-    ("offsets or padding", "the shards at other offsets (padding kept or dropped between them), or the tail of "
+    ("by_global_rank", "the chunks indexed by the global rank modulo the group size, not the rank in the group"),
+    ("shard_offsets", "the shards at other offsets (padding kept or dropped between them), or the tail of "
                            "each not gathered"),
 )
 
@@ -117,33 +119,39 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
         bool((a[~a.isnan()] == b[~b.isnan()]).all())
 
 
-def explain(call: GatherCall) -> Optional[Tuple[str, str]]:
-    """``(cause, fix)`` of a wrong ``call``, the first of :data:`CAUSES` that reproduces its output bit for bit
-    (a wrong group: one of the comm's collectives ran over another group), or ``None``."""
+def explain(call: GatherCall) -> Optional[Cause]:
+    """The cause of a wrong ``call``, the first of :data:`CAUSES` that reproduces its output bit for bit (a wrong
+    group: one of the comm's collectives ran over another group), with its fix, or ``None``."""
     g = call.group_size
     if call.other_groups:
         sizes = ", ".join(map(str, sorted(set(call.other_groups))))
-        return (f"a collective over a group of {sizes} ranks where FSDP2 passed the comm a group of {g} (a collective "
-                "with no group= runs over the default group)",
-                "pass group=group (the group FSDP2 passes the comm) to every collective of the comm")
+        return Cause("wrong_group", (("group_size", g),),
+                     f"a collective over a group of {sizes} ranks where FSDP2 passed the comm a group of {g} (a "
+                     "collective with no group= runs over the default group)",
+                     "pass group=group (the group FSDP2 passes the comm) to every collective of the comm")
     if g > 1 and same_bits(call.output, _reversed(call.expected, g)):
-        return ("the shards in reverse rank order (chunk r holds the shard of rank "
-                f"{g - 1} - r of the group)", "put the shard of rank r of the group in chunk r (rank order)")
+        return Cause("reversed_shards", (("group_size", g),),
+                     f"the shards in reverse rank order (chunk r holds the shard of rank {g - 1} - r of the group)",
+                     "put the shard of rank r of the group in chunk r (rank order)")
     for wire in WIRE_DTYPES:
         if wire != call.expected.dtype and call.expected.is_floating_point() and \
                 same_bits(call.output, call.expected.to(wire).to(call.expected.dtype)):
-            return (f"the shards cast to {str(wire).replace('torch.', '')} on the wire and back to "
-                    f"{str(call.expected.dtype).replace('torch.', '')}",
-                    "gather input_tensor in its own dtype (FSDP2 passes it in the parameter dtype; an all-gather "
-                    "only moves data)")
+            low, own = str(wire).replace("torch.", ""), str(call.expected.dtype).replace("torch.", "")
+            return Cause("wire_dtype", (("dtype", low), ("own", own)),
+                         f"the shards cast to {low} on the wire and back to {own}",
+                         "gather input_tensor in its own dtype (FSDP2 passes it in the parameter dtype; an all-gather "
+                         "only moves data)")
     if call.previous is not None and same_bits(call.output, call.previous):
-        return (f"the gather of step {call.step - 1} (stale: served again, while the parameters changed at the "
-                "optimizer step)", "gather on every call: FSDP2 re-gathers after every optimizer step, and "
-                "between the forward and the backward where it resharded")
+        return Cause("stale", (("step", call.step - 1),),
+                     f"the gather of step {call.step - 1} (stale: served again, while the parameters changed at the "
+                     "optimizer step)", "gather on every call: FSDP2 re-gathers after every optimizer step, and "
+                     "between the forward and the backward where it resharded")
     if call.expected.is_floating_point() and _same_values(call.output, call.expected):
-        return ("the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
-                "gathered values, such as x * 1.0 or x + 0.0)",
-                "copy the shards as they are: no arithmetic on the gathered output (an all-gather only moves data)")
+        return Cause("bits_changed", (),
+                     "the same values with other bits (a NaN's payload or a zero's sign changed: arithmetic on the "
+                     "gathered values, such as x * 1.0 or x + 0.0)",
+                     "copy the shards as they are: no arithmetic on the gathered output (an all-gather only moves "
+                     "data)")
     return _by_global_rank(call) or _offsets(call)
 
 
@@ -155,7 +163,7 @@ OFFSET_FIX = ("put the shard of rank r of the group at elements [r * n, (r + 1) 
               "and gather the last, shorter piece of a chunk loop too")
 
 
-def _by_global_rank(call: GatherCall) -> Optional[Tuple[str, str]]:
+def _by_global_rank(call: GatherCall) -> Optional[Cause]:
     """The shard of each rank of the group in chunk ``global rank % group size`` (the last or the first one written
     where two share a chunk; a chunk no rank maps to is not compared), where that is not its rank in the group: the
     index a comm computes from ``dist.get_rank()`` instead of ``dist.get_rank(group)``. On a 1-D mesh over the
@@ -175,13 +183,14 @@ def _by_global_rank(call: GatherCall) -> Optional[Tuple[str, str]]:
     if not any(fits):
         return None
     placed = ", ".join(f"rank {j} of the group (global rank {r}) in chunk {r % g}" for j, r in enumerate(ranks))
-    return (f"the chunks indexed by the global rank modulo the group size, not the rank in the group ({placed}; "
-            "the order by global rank, where the group's ranks are not 0..n-1)",
-            "index the chunks by the rank in the group (dist.get_rank(group), the position in "
-            "dist.get_process_group_ranks(group)), not by dist.get_rank()")
+    return Cause("by_global_rank", (("group_size", g),),
+                 f"the chunks indexed by the global rank modulo the group size, not the rank in the group ({placed}; "
+                 "the order by global rank, where the group's ranks are not 0..n-1)",
+                 "index the chunks by the rank in the group (dist.get_rank(group), the position in "
+                 "dist.get_process_group_ranks(group)), not by dist.get_rank()")
 
 
-def _offsets(call: GatherCall) -> Optional[Tuple[str, str]]:
+def _offsets(call: GatherCall) -> Optional[Cause]:
     """The shards at other offsets, or the tail of each not gathered, bit for bit where the output holds them:
     each shard's first ``k`` elements in its chunk and the rest not (a chunk loop that dropped its last, shorter
     piece), or shard ``r`` at ``r * t`` for one stride ``t`` other than the shard size ``n`` (``t > n``: padding
@@ -200,9 +209,10 @@ def _offsets(call: GatherCall) -> Optional[Tuple[str, str]]:
     tail = torch.zeros(g, dtype=torch.bool)
     tail[differ // n] = True
     if kept > 0 and 2 * len(differ) >= n - kept:  # most of a tail differs (not a few elements after a shard's head)
-        return (f"the shards' tails not gathered: elements {kept} to {n - 1} of each shard's chunk (of {n}) are "
-                f"not the shard's, the first {kept} are (a chunk loop that drops its last, shorter piece: "
-                f"{n - kept} elements, in {int(tail.sum())} of {g} chunks)", OFFSET_FIX)
+        return Cause("shard_tails", (("kept", kept), ("shard_size", n)),
+                     f"the shards' tails not gathered: elements {kept} to {n - 1} of each shard's chunk (of {n}) are "
+                     f"not the shard's, the first {kept} are (a chunk loop that drops its last, shorter piece: "
+                     f"{n - kept} elements, in {int(tail.sum())} of {g} chunks)", OFFSET_FIX)
     head = want[n:n + min(8, n)]
     places = (got[:total - len(head) + 1] == head[0]).nonzero().reshape(-1)[:MAX_OFFSET_CANDIDATES]
     for t in (int(p) for p in places):
@@ -212,13 +222,15 @@ def _offsets(call: GatherCall) -> Optional[Tuple[str, str]]:
                for r in range(g) if r * t < total):
             kind = (f"padding of {t - n} elements kept after each shard, the last shard cut off" if t > n else
                     f"the shards overlapping by {n - t} elements (padding dropped that was not there)")
-            return (f"the shards at other offsets: shard r of the group at element r * {t}, not r * {n} ({kind})",
-                    OFFSET_FIX)
+            return Cause("shard_offsets", (("stride", t), ("shard_size", n)),
+                         f"the shards at other offsets: shard r of the group at element r * {t}, not r * {n} ({kind})",
+                         OFFSET_FIX)
     return None
 
 
 def findings_text(call: GatherCall) -> List[str]:
-    """The messages of a wrong ``call``: what differs, then the cause and its fix (or that none explains it)."""
+    """The messages of a wrong ``call``: what differs, then the cause and its fix (or that none explains it);
+    :func:`explain` tells which."""
     head = (f"call {call.index}: the comm's output_tensor ({call.output.numel()} elements) is not the shards of the "
             f"{call.group_size} ranks of the group FSDP2 passed, in rank order, bit for bit: "
             f"{first_difference(call.output, call.expected, call.group_size)}")
@@ -226,8 +238,7 @@ def findings_text(call: GatherCall) -> List[str]:
     if found is None:
         names = "; ".join(text for _, text in CAUSES)
         return [head, f"no known cause reproduces it (tried: {names}); fix: {FIX}"]
-    cause, fix = found
-    return [head, f"explained, bit for bit, by {cause}; fix: {fix}"]
+    return [head, f"explained, bit for bit, by {found.words}; fix: {found.fix}"]
 
 
 @dataclasses.dataclass(frozen=True)

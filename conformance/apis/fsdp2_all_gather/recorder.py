@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from conformance.apis.fsdp2_all_gather.arithmetic import GatherCall, findings_text, same_bits
+from conformance.apis.fsdp2_all_gather.arithmetic import GatherCall, explain, findings_text, same_bits
 from conformance.apis.fsdp2_common.recorders import allocation_problem
 from conformance.protocol import Finding, FindingKind
 from conformance.ranks import cost, hook_code, reach
@@ -140,10 +140,10 @@ class AllGatherRecorder(Recorder):
                                           "over the default group); fix: pass group=group (the group FSDP2 passes "
                                           "the comm)", step=step, kind=FindingKind.CONTRACT))
         for call in [c for c in self.wrong if c.step == step][:MAX_REPORTED]:
-            head, cause = findings_text(call)
+            head, line = findings_text(call)
             out.append(Finding(self.rank, head, step=step, kind=FindingKind.MISMATCH))
-            out.append(Finding(self.rank, cause, step=step, kind=FindingKind.DIAGNOSIS if cause.startswith("explained")
-                               else "no_known_cause"))
+            out.append(Finding(self.rank, line, step=step, kind=FindingKind.DIAGNOSIS if explain(call) is not None
+                               else FindingKind.NO_KNOWN_CAUSE))
         return out
 
     def findings(self, step: int) -> List[Finding]:

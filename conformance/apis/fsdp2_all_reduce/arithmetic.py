@@ -15,6 +15,7 @@ from typing import Any, List, Tuple
 import torch
 import torch.distributed as dist
 
+from conformance.protocol import Cause
 from conformance.ranks.arithmetic import Arithmetic, Candidate, narrower_than
 from conformance.ranks.reduction import NO_COLLECTIVE, Reduction, rounded
 from conformance.shared.compare import same_bits
@@ -60,24 +61,24 @@ class AllReduceHookArithmetic(Arithmetic):
 
     def candidates(self, call: Any, group: Any, rank: int) -> List[Candidate]:
         x = call.input.to(call.output.dtype)
-        out: List[Candidate] = [Candidate("native", x.clone())]
+        out: List[Candidate] = [Candidate(Cause("native", words="native"), x.clone())]
         for d in sorted(set(self.divisors)):
-            out.append(Candidate(f"divided by {d} after {self.native_name} had already averaged it", x.div(d),
-                                 f"drop the division by {d}: {self.how_to_average()}"))
+            out.append(Candidate(Cause("divided_twice", (("how", "divide"), ("divisor", d)),
+                                       f"divided by {d} after {self.native_name} had already averaged it",
+                                       f"drop the division by {d}: {self.how_to_average()}"), x.div(d)))
         summed = x.clone()
         dist.all_reduce(summed, group=group)
         again = (f"drop the all-reduce: {self.how_to_average()} (a collective with no group= runs over every rank "
                  "of the default group, whose shards differ)")
-        out.append(Candidate("all-reduced (SUM) again over the default group, mixing the shards of different ranks",
-                             summed, again))
-        out.append(Candidate("averaged again over the default group, mixing the shards of different ranks",
-                             summed.div(self.world_size), again))
+        out.append(Candidate(Cause("reduced_again", (("averaged", False),), "all-reduced (SUM) again over the default "
+                                   "group, mixing the shards of different ranks", again), summed))
+        out.append(Candidate(Cause("reduced_again", (("averaged", True),), "averaged again over the default group, "
+                                   "mixing the shards of different ranks", again), summed.div(self.world_size)))
         # Rounded to a narrower dtype and back (the shared cause, worded as for an API that reduced already):
         # named only where it changes this rank's tensor. No collective, so the choice is this rank's own.
         words, native = self.words(call, rank), self.reduction(call)
         for narrow in narrower_than(call.input.dtype, call.input.dtype):
             value = rounded(x, narrow)
             if not same_bits(value, x):
-                cause, fix = words.of(native, dataclasses.replace(native, rounded_to=narrow))
-                out.append(Candidate(cause, value, fix))
+                out.append(Candidate(words.of(native, dataclasses.replace(native, rounded_to=narrow)), value))
         return out

@@ -39,9 +39,10 @@ DEFAULT_WORLD_SIZES = (2, 3, 4)
 def pool_startup_s(fork: bool) -> float:
     """Seconds to launch and join the default run's pools together (then closed again)."""
     from conformance.controller import pool as pool_mod
+    from conformance.controller import zygote_client
 
     os.environ["CONFORM_FORK_RANKS"] = "1" if fork else "0"
-    pool_mod.close_zygote()
+    zygote_client.close_zygote()
     pools = [pool_mod.RankPool(pool_mod.PoolConfig(world_size=ws, backend="gloo", device="cpu"))
              for ws in DEFAULT_WORLD_SIZES]
     started = time.perf_counter()
@@ -54,7 +55,7 @@ def pool_startup_s(fork: bool) -> float:
     finally:
         for p in pools:
             p.close()
-        pool_mod.close_zygote()
+        zygote_client.close_zygote()
         os.environ.pop("CONFORM_FORK_RANKS", None)
 
 

@@ -141,6 +141,7 @@ def run_sample(session: SampleSession, output: Any) -> int:
     """
     from conformance.controller import cli
     from conformance.controller import pool as pool_mod
+    from conformance.controller import zygote_client
 
     plain_run = pool_mod.RankPool.run
 
@@ -151,7 +152,7 @@ def run_sample(session: SampleSession, output: Any) -> int:
 
     pool_mod.RankPool.run = run
     try:
-        pool_mod.start_zygote()  # as conform does: its imports overlap this process's
+        zygote_client.start_zygote()  # as conform does: its imports overlap this process's
         # -s: progress lines print as they come (ranks, pooled or spawned, write to their own logs).
         with contextlib.redirect_stdout(output):
             return int(pytest.main(cli.pytest_args(["-s", "-q"]), plugins=[session]))

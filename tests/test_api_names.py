@@ -9,7 +9,9 @@ prose) has:
 * a string that is such a module path or target (``"conformance.apis.ddp.models:DdpModels"``);
 * a string that is one of an API's rank checks (``"fsdp.clip_grad_norm"``).
 
-Allowed: the registry's ``ADAPTERS`` (the one list of the API plan modules), and
+Allowed: the registry's ``ADAPTERS`` (the one list of the API plan modules); the controller side's ``SIDES``
+and its loaders' imports (``conformance/apis/controller_side.py``, the one module that imports each API's
+built-in hooks and standalone part, so import-linter sees those imports); and
 what :data:`ALLOWED` lists with its reason. Outside the package, hooks and their
 tests name their API by design (``examples/``, ``tests/zoo/``, the known-failures
 file, the docs).
@@ -60,10 +62,18 @@ def _rank_check(text: str) -> bool:
     return any(re.fullmatch(rf"{re.escape(a)}\.[a-z_]+", text) for a in API_NAMES)
 
 
-def _registry_adapters(tree: ast.Module) -> List[ast.AST]:
-    """The strings of ``ADAPTERS = (...)`` in the registry: allowed."""
+#: The modules that list every API, each with the module-level name of its list: ``(path, name) -> whether the
+#: module may also import API folders`` (the controller side's loaders do; the registry loads by name).
+INDEXES = {
+    (os.path.join("conformance", "apis", "registry.py"), "ADAPTERS"): False,
+    (os.path.join("conformance", "apis", "controller_side.py"), "SIDES"): True,
+}
+
+
+def _listed(tree: ast.Module, name: str) -> List[ast.AST]:
+    """The nodes of ``name: ... = ...`` (the index's list of the APIs): allowed."""
     for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "ADAPTERS":
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == name:
             return list(ast.walk(node.value))
     return []
 
@@ -71,9 +81,14 @@ def _registry_adapters(tree: ast.Module) -> List[ast.AST]:
 def names_of_apis(path: str, source: str) -> Iterator[Tuple[int, str]]:
     """``(line, what)`` for each place in ``source`` that names an API."""
     tree = ast.parse(source, path)
-    allowed = set(map(id, _registry_adapters(tree))) if path == os.path.join("conformance", "apis", "registry.py") \
-        else set()
+    allowed: set = set()
+    imports_allowed = False
+    for (index, name), imports in INDEXES.items():
+        if path == index:
+            allowed, imports_allowed = set(map(id, _listed(tree, name))), imports
     for node in ast.walk(tree):
+        if imports_allowed and isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if _api_module(alias.name):

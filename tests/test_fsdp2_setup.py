@@ -16,6 +16,7 @@ import os
 import pytest
 import torch
 
+from conformance.apis.controller_side import controller_side
 from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup, bind_comm, hsdp_shape, replica_shape
 from conformance.apis.registry import HOOK_APIS
 
@@ -25,12 +26,12 @@ FOLDERS = FAMILY + ("fsdp2_common",)
 
 
 def _setup(api: str) -> Fsdp2Setup:
-    return importlib.import_module(HOOK_APIS[api].standalone_modules[-1]).SETUP
+    return controller_side(api).standalone[-1].SETUP
 
 
 def test_each_api_of_the_family_is_its_own_folder_with_its_setup():
     for api in FAMILY:
-        modules = HOOK_APIS[api].standalone_modules
+        modules = controller_side(api).standalone_modules
         assert modules == ("conformance.apis.fsdp2_common.setup", "conformance.apis.fsdp2_common.standalone",
                            f"conformance.apis.{api}.standalone"), modules
         assert HOOK_APIS[api].models.startswith(f"conformance.apis.{api}.models:")
@@ -162,7 +163,7 @@ def test_what_a_reproducer_holds_imports_only_torch_and_the_standard_library(mod
     """The modules written into an FSDP2 reproducer: their imports of the suite are each other (written in the
     file before them), the rest torch and the standard library."""
     tree = ast.parse(open(importlib.import_module(module).__file__).read())
-    written = set(HOOK_APIS["fsdp2"].standalone_modules[:2])
+    written = set(controller_side("fsdp2").standalone_modules[:2])
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             name = node.module or ""

@@ -1,15 +1,17 @@
 """The package's layers (docs/layers.md) hold: import-linter's contracts in pyproject.toml, checked here.
 
 ``lint-imports`` reads ``[tool.importlinter]`` in pyproject.toml: the layers contract (the entry points
-on top, the controller beside the rank side, reproducers and reports, the shared modules, the spec, the
-API registry, the foundation), the API folders' two forbidden contracts, and ``acyclic_siblings``, which
+on top, the controller beside the rank side, reproducers and reports, the shared modules, the APIs' controller
+side, the spec, the API registry, the foundation), the API folders' three forbidden contracts, the one that keeps
+the controller's side off the rank side (``controller-off-ranks``), and ``acyclic_siblings``, which
 finds a circle between the children of any package under ``conformance``. Every import statement
 counts, function-local ones too; imports under ``if TYPE_CHECKING:`` do not (they never run).
 
 A circle across the top-level parts cannot pass either: the layers contract forbids one direction between
 any two layers, and the forbidden contracts close the API folders' ways back (an API's folder never imports
 the controller's side, nothing below the entry points imports an API's folder but by name through the
-registry, and what the registry loads by name imports nothing above it).
+registry or through its controller side's imports, what the registry loads by name imports nothing above it, and
+nothing the controller's side imports, an API's controller side included, imports the rank side).
 
 The contracts are run on a copy of the package with an inverted import added, so a pass is never vacuous.
 """
@@ -22,7 +24,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Set
 
 import pytest
 
@@ -65,7 +67,10 @@ def _append(path: Path, text: str) -> None:
 def test_the_import_contracts_hold():
     result = _lint(REPO, REPO / "pyproject.toml")
     assert result.returncode == 0, result.stdout
-    assert re.search(r"Contracts: (\d+) kept, 0 broken", result.stdout), result.stdout
+    kept = re.search(r"Contracts: (\d+) kept, 0 broken", result.stdout)
+    assert kept, result.stdout
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert int(kept.group(1)) == len(config["contracts"]), result.stdout
 
 
 def test_an_inverted_import_inside_a_function_breaks_the_layers(tmp_path):
@@ -134,30 +139,88 @@ def test_every_api_folder_is_reached_only_by_name():
     assert folders and set(contract["forbidden_modules"]) == folders
 
 
-#: A child interpreter: the controller and reports imported whole, then every part an API names by ``module:ATTR``
-#: that the controller resolves (its default hook, its built-in specs, its reproducers' standalone modules).
-_CONTROLLER_BY_NAME = """
+def test_a_builtin_hooks_module_that_imports_the_rank_side_is_caught(tmp_path):
+    """An API's built-in hooks reach the controller through ``conformance.apis.controller_side`` (the default-hook
+    replay): one that imports rank code, even inside a function, breaks ``controller-off-ranks``."""
+    root = _copy(tmp_path)
+    _append(root / "conformance" / "apis" / "ddp" / "builtin_hooks.py",
+            "\n\ndef _rank_side():\n    from conformance.ranks.checks import common  # noqa: F401\n")
+    result = _lint(root, REPO / "pyproject.toml")
+    assert result.returncode == 1, result.stdout
+    assert re.search(r"The controller's side never imports the rank side.*\n.*BROKEN", result.stdout), result.stdout
+    assert "conformance.apis.controller_side is not allowed to import conformance.ranks" in result.stdout, \
+        result.stdout
+
+
+def test_the_controller_side_reaches_only_an_api_s_builtin_hooks_and_standalone_part(tmp_path):
+    """``apis-by-name`` lets ``conformance.apis.controller_side`` import an API's ``builtin_hooks`` and standalone
+    modules, and nothing else of its folder: the controller reaching an API's other modules through it is caught."""
+    root = _copy(tmp_path)
+    _append(root / "conformance" / "apis" / "controller_side.py",
+            "\n\ndef _more():\n    from conformance.apis.ddp import native_modes  # noqa: F401\n")
+    result = _lint(root, REPO / "pyproject.toml")
+    assert result.returncode == 1, result.stdout
+    assert "conformance.apis.controller_side -> conformance.apis.ddp.native_modes" in result.stdout, result.stdout
+
+
+def _directly_imported_by(module: str) -> Set[str]:
+    """The modules ``module`` imports, as import-linter's graph has them (``if TYPE_CHECKING:`` imports left out)."""
+    import grimp  # import-linter's graph, installed with it
+
+    graph = grimp.build_graph("conformance", cache_dir=None, exclude_type_checking_imports=True)
+    return set(graph.find_modules_directly_imported_by(module))
+
+
+def test_every_module_an_api_names_for_the_controller_side_is_imported_where_the_linter_sees_it():
+    """Every API of the registry has a controller side, and each of its modules (the module of its
+    ``HookApi.builtin_hooks`` target, where its default hook lives, its standalone part) is one that
+    ``conformance.apis.controller_side`` imports: an API cannot hand the controller a module by name that
+    ``controller-off-ranks`` never sees."""
+    from conformance.apis.controller_side import SIDES, controller_side
+    from conformance.apis.registry import HOOK_APIS
+
+    assert list(SIDES) == list(HOOK_APIS), "conformance/apis/controller_side.py's SIDES lists every API, in order"
+    imported = _directly_imported_by("conformance.apis.controller_side")
+    for name, api in HOOK_APIS.items():
+        side = controller_side(name)
+        target = api.builtin_hooks.partition(":")[0] if api.builtin_hooks else None
+        assert (side.builtin_hooks.__name__ if side.builtin_hooks else None) == target, (name, target)
+        if side.default_hook is not None:
+            assert side.builtin_hooks is not None and side.default_hook.__module__ == target, name
+        assert side.standalone, f"{name}: no standalone part, so no reproducers"
+        missing = [m.__name__ for m in side.modules if m.__name__ not in imported]
+        assert not missing, f"{name}: {missing} reached otherwise than by an import in controller_side.py"
+
+
+def test_an_unknown_api_has_no_controller_side():
+    from conformance.apis.controller_side import controller_side
+
+    with pytest.raises(KeyError, match="no_such_api.*known: fsdp, ddp"):
+        controller_side("no_such_api")
+
+
+#: A child interpreter: the controller, the reports and the reproducers imported whole, then every API's controller
+#: side (its built-in hooks and default hook, its standalone part).
+_CONTROLLER_SIDE = """
 import importlib, pkgutil, sys
-import conformance.controller, conformance.reports
-for pkg in (conformance.controller, conformance.reports):
+import conformance.controller, conformance.reports, conformance.reproducers
+for pkg in (conformance.controller, conformance.reports, conformance.reproducers):
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
-from conformance.apis.registry import HOOK_APIS
-for api in HOOK_APIS.values():
-    for target in (api.default_hook, api.builtin_hooks, *api.standalone_modules):
-        if target:
-            importlib.import_module(target.split(":")[0])
-            ranks = sorted(n for n in sys.modules if n.startswith("conformance.ranks"))
-            if ranks:
-                sys.exit(f"{api.name}: {target} imports the rank side: {', '.join(ranks[:4])}")
+from conformance.apis.controller_side import SIDES, controller_side
+for api in SIDES:
+    controller_side(api)
+    ranks = sorted(n for n in sys.modules if n.startswith("conformance.ranks"))
+    if ranks:
+        sys.exit(f"{api}'s controller side imports the rank side: {', '.join(ranks[:4])}")
 """
 
 
 @pytest.mark.cli
-def test_the_controller_imports_no_rank_code_even_through_an_api_s_names():
-    """import-linter cannot see an import by name: the contract that keeps the controller off the rank side holds
-    for what the registry names too (DDP's default hook once lived beside compiled DDP's recorder, so resolving it
-    pulled ``conformance.ranks.checks`` into the controller)."""
-    proc = subprocess.run([sys.executable, "-c", _CONTROLLER_BY_NAME], cwd=REPO, capture_output=True, text=True,
+def test_the_controller_imports_no_rank_code_even_through_an_api_s_controller_side():
+    """``controller-off-ranks`` as the interpreter sees it: an import by name inside an API's built-in hooks or
+    standalone part would escape the linter (DDP's default hook once lived beside compiled DDP's recorder, so
+    resolving it pulled ``conformance.ranks.checks`` into the controller)."""
+    proc = subprocess.run([sys.executable, "-c", _CONTROLLER_SIDE], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

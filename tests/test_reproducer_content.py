@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 import torch
 
+from conformance.apis.controller_side import controller_side
 from conformance.apis.registry import HOOK_APIS
 from conformance.models import MODELS
 from conformance.protocol import Finding
@@ -60,7 +61,7 @@ def _variant(api: str) -> Tuple[str, List[str]]:
     field = HOOK_APIS[api].variant_field
     if api == "fsdp":
         return field, ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
-    module = __import__(HOOK_APIS[api].standalone_modules[-1], fromlist=["x"])
+    module = controller_side(api).standalone[-1]
     return field, list(getattr(module, "ALL_CONFIGS", None) or module.SETUP.configs)
 
 

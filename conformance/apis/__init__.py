@@ -14,20 +14,23 @@ about it:
   and the hooked model (with a recorder around the hook) are built, trained
   and read, over which the shared rank checks are written once;
 * ``arithmetic.py``: its native arithmetic, which the diagnosis recomputes;
+* ``builtin_hooks.py`` (PyTorch's own hooks as specs, and the default hook) and ``standalone.py`` (its
+  torch-only build, which reproducers hold): its controller side, which
+  :mod:`conformance.apis.controller_side` imports;
 * its extras (FSDP1's registration rules, DDP's future contract and
-  reference, FSDP2's meshes and recorders) and ``builtin_hooks.py``.
+  reference, FSDP2's meshes and recorders).
 
 ``conformance.apis.registry`` lists the API plan modules and builds the
 registry :data:`conformance.apis.registry.HOOK_APIS` from their ``APIS``; spec
 validation, the built-in hook sets, the rank checks and the suite's
 parametrization (:func:`conformance.controller.pytest_plugin.pytest_generate_tests`)
-all read it. README's "Adding a hook API" lists the files a new API touches.
+all read it. docs/architecture.md's "Adding a hook API" lists the files a new API touches.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.catalogue import CASE_KINDS, CheckEntry, catalogued
 from conformance.cases import CaseParams
@@ -159,7 +162,10 @@ class HookApi:
         validate: ``validate(spec)`` checks the spec's hook against the API's
             calling convention and returns the spec's strategies (``fsdp``) or
             ``()``; raises :class:`~conformance.spec.SpecError`.
-        builtin_hooks: ``module:ATTR`` of PyTorch's own hooks as specs, or ``None``.
+        builtin_hooks: the hook target (``module:ATTR``, as ``--hook`` takes one) of PyTorch's own hooks for
+            the API as specs, or ``None``. Its module is the API's ``builtin_hooks.py``, which
+            :mod:`conformance.apis.controller_side` imports (with the API's default hook and standalone part,
+            :class:`~conformance.apis.controller_side.ControllerSide`), so import-linter sees it.
         plans: suite test function name -> :class:`SuiteTest`; the suite tests of
             this API are exactly these, and each one's ``check`` is its own.
         models: ``module:ATTR`` of the API's rank side, its
@@ -168,17 +174,6 @@ class HookApi:
             run is bound to it (:func:`conformance.ranks.checks.get_rank_check`).
         checks: the API's own rank checks (not written over its models), ``{name: "module:ATTR"}``
             of ``check(ctx, spec, **params)``; registered as ``<api>.<name>``.
-        default_hook: ``module:ATTR`` of ``default_hook(spec, params, world_size) ->
-            Optional[str]``: the name, among ``builtin_hooks``, of PyTorch's own
-            default hook for a case of ``spec`` with the rank check's ``params``,
-            one whose result equals the native path's arithmetic bit for bit there;
-            ``None`` where no built-in hook does. The runner replays a failure that
-            could be PyTorch's with it (:mod:`conformance.controller.default_replay`).
-        standalone: the module of the API's standalone part (``conformance.apis.<api>.standalone``), importing
-            only torch: how the suite builds its native and hooked models, of which every standalone
-            reproducer of its cases holds what its case runs (:mod:`conformance.reproducers`); or a tuple of such modules,
-            written in order (the FSDP2 APIs: their shared part, then the API's setup object); ``None``: no
-            reproducers.
         compiled_convention: the API has a compiled path that calls hooks another way (DDP under compiled
             autograd: ``hook(state, (grad, param))``), so a spec may say its hook takes it
             (``HookSpec.compiled_ddp``); elsewhere that is a :class:`~conformance.spec.SpecError`.
@@ -202,8 +197,6 @@ class HookApi:
     plans: Mapping[str, SuiteTest]
     models: str
     checks: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    default_hook: Optional[str] = None
-    standalone: Union[None, str, Tuple[str, ...]] = None
     compiled_convention: bool = False
     native_modes: Tuple[str, ...] = ()
     catalogue_plan: Optional[CataloguePlan] = None
@@ -228,13 +221,6 @@ class HookApi:
                                  f"cases of api {test.api!r} (variant field {test.variant_field!r})")
             if checks.count(test.check) > 1:
                 raise ValueError(f"api {self.name!r}: check {test.check!r} names more than one suite test")
-
-    @property
-    def standalone_modules(self) -> Tuple[str, ...]:
-        """The modules of :attr:`standalone`, in the order a reproducer holds them (``()``: none)."""
-        if self.standalone is None:
-            return ()
-        return (self.standalone,) if isinstance(self.standalone, str) else tuple(self.standalone)
 
     def suite_test(self, check: str) -> SuiteTest:
         """The suite test whose cases have ``check``; ``KeyError`` names the API's checks."""

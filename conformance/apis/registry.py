@@ -4,8 +4,10 @@ Each API's plan module (``conformance/apis/<api>/plan.py``) exports ``APIS``, it
 :class:`~conformance.apis.HookApi` entries. ``HookSpec`` validation, the
 built-in hook targets, the rank checks (:func:`conformance.ranks.checks.get_rank_check`),
 the case types and the suite's parametrization all read this registry, the one
-place outside an API's folder that names it. README's "Adding a hook API" lists
-the files a new API touches.
+place outside an API's folder that names its modules by name. (What the controller's
+side uses of an API's folder, its built-in hooks, default hook and standalone part, it
+imports through :mod:`conformance.apis.controller_side`, where the linter sees it.)
+docs/architecture.md's "Adding a hook API" lists the files a new API touches.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class CaseFacts:
         rerun_spent: the hook's one re-run in fresh ranks was spent on an earlier case.
         replays_reference: the check can train its reference alone (``REPLAYS_REFERENCE``).
         replays_default_hook: the check can be replayed with PyTorch's default hook (``REPLAYS_DEFAULT_HOOK``).
-        default_hook: PyTorch's own default hook for the case (``HookApi.default_hook``), ``None``: none.
+        default_hook: PyTorch's own default hook for the case (``ControllerSide.default_hook``), ``None``: none.
         is_default_hook: the hook under test is that very built-in hook.
         torch_version: ``torch.__version__``.
         params: the rank check's parameters (a reference caveat reads them).

@@ -11,7 +11,7 @@ reads this module's rules, for a failed case whose findings name no cause of the
    PyTorch behaviour that makes the reference unreliable here, named with its
    fix): the case is skipped with the caveat's reason.
 2. Else the hook under test is PyTorch's own default hook for the case
-   (``HookApi.default_hook``) and its result equals native's arithmetic in
+   (``ControllerSide.default_hook``) and its result equals native's arithmetic in
    every call (a finding of kind ``"native_result"``): its failure is the
    evidence, and the case is skipped.
 3. Else the attribution asks for a replay of the case with that default hook in the hook's place.
@@ -26,12 +26,12 @@ A skip is never a pass: the per-hook verdict counts it as skipped, with the reas
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from conformance.apis.controller_side import controller_side
 from conformance.protocol import Finding, FindingKind
 from conformance.reports.report import DIAGNOSIS_KINDS
 
@@ -142,12 +142,18 @@ def caveat_for(check: str, params: Dict[str, Any], found: Sequence[Finding], tor
 
 
 def default_hook_name(api: Any, spec: Any, params: Dict[str, Any], world_size: int) -> Optional[str]:
-    """The name of PyTorch's own default hook for a case (``api.default_hook``, a ``module:ATTR`` target
-    resolved here), or ``None`` where the API names none."""
-    if not api.default_hook or not api.builtin_hooks:
+    """The name, among ``api.builtin_hooks``, of PyTorch's own default hook for a case of ``spec`` at
+    ``world_size`` with the rank check's ``params``, or ``None`` where the API has none or none equals native
+    there: the API's :attr:`~conformance.apis.controller_side.ControllerSide.default_hook`, reached through
+    :mod:`conformance.apis.controller_side`, whose imports import-linter sees.
+
+    Raises:
+        KeyError: ``api`` declares no controller side (:func:`~conformance.apis.controller_side.controller_side`).
+    """
+    side = controller_side(api.name)
+    if side.default_hook is None or not api.builtin_hooks:
         return None
-    module, _, attr = api.default_hook.partition(":")
-    return getattr(importlib.import_module(module), attr)(spec, params, world_size)
+    return side.default_hook(spec, params, world_size)
 
 
 def caveat_reason(caveat: ReferenceCaveat, found: Sequence[Finding], torch_version: str) -> str:

@@ -111,7 +111,7 @@ def second_run_outcome(result: CaseResult) -> str:
 
 def _default_hook(runner: ReplayRunner, hook: str, params: Dict[str, Any], world_size: int) -> Tuple[Any, Optional[str], bool]:
     """``(api, name, itself)``: the hook's API, the name of PyTorch's own default hook for the case
-    (``HookApi.default_hook``; ``None`` where the API names none), and whether the hook under test is that
+    (``ControllerSide.default_hook``; ``None`` where the API names none), and whether the hook under test is that
     very built-in hook."""
     item = runner.specs[hook]
     api = HOOK_APIS[item.spec.api]

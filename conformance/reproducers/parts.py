@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib
 import inspect
+from types import ModuleType
 from typing import Any, Dict, List, Sequence, Tuple
 
+from conformance.apis.controller_side import controller_side
 from conformance.reproducers.source_edits import bound_in
 from conformance.reproducers.sources import bound_names, written_code
 from conformance.reproducers.specialise import parsed, walk
@@ -46,11 +47,11 @@ def _path(module: str) -> str:
 def sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
     """``(heading, modules)`` of each part of the file's code, in the order a reader meets them."""
     models = model_modules(model_cls)
+    standalone = controller_side(api.name).standalone_modules
     loop = (standalone_main.__name__, *standalone_main.PIECES[:-1])
     return [(f"the model: {model_cls.__name__} ({', '.join(_path(m) for m in models[::-1])}, as the suite builds it)",
              models),
-            (f"how the suite builds {api.name}'s models ({', '.join(map(_path, api.standalone_modules))})",
-             api.standalone_modules),
+            (f"how the suite builds {api.name}'s models ({', '.join(map(_path, standalone))})", standalone),
             ("the lock-step loop, the comparison and the launcher (conformance/shared/standalone_*.py)", loop)]
 
 
@@ -76,33 +77,32 @@ def early_constants(model_cls: type, api: Any, imports: Sequence[str], code: Dic
     return taken, code
 
 
-def constants_of(case: Dict[str, Any], standalone: Sequence[str]) -> Dict[str, Any]:
-    """What the API's standalone part binds beside the case (its ``reproducer_constants(case)``: DDP's constructor
-    keywords of the case's config)."""
+def constants_of(case: Dict[str, Any], standalone: Sequence[ModuleType]) -> Dict[str, Any]:
+    """What the API's standalone part (``standalone``, its modules: ``ControllerSide.standalone``) binds beside the
+    case (its ``reproducer_constants(case)``: DDP's constructor keywords of the case's config)."""
     out: Dict[str, Any] = {}
-    for name in standalone:
-        module = importlib.import_module(name)
+    for module in standalone:
         if hasattr(module, "reproducer_constants"):
             out.update(module.reproducer_constants(case))
     return out
 
 
-def known_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+def known_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[ModuleType]) -> Dict[str, Dict[str, Any]]:
     """``{module: {name: value}}``: the names of the API's standalone part whose value is the same wherever the
     file's code reads them (its ``reproducer_known(constants, model_cls)``: an FSDP2 file's ``layout``, the
     case's config, and ``cls``, the model class), so an ``if`` on them is written as the branch the case takes
     (:func:`conformance.reproducers.sources.written_code`)."""
     constants = constants_of(case, standalone)
     known: Dict[str, Any] = {}
-    for name in standalone:
-        module = importlib.import_module(name)
+    for module in standalone:
         if hasattr(module, "reproducer_known"):
             known.update(module.reproducer_known(constants, model_cls))
-    return {name: known for name in standalone} if known else {}
+    return {module.__name__: known for module in standalone} if known else {}
 
 
-def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[str], constants: Sequence[str] = (),
-                  constants_read: Sequence[str] = ()) -> Tuple[List[str], Dict[str, List[str]], str]:
+def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[ModuleType],
+                    constants: Sequence[str] = (),
+                    constants_read: Sequence[str] = ()) -> Tuple[List[str], Dict[str, List[str]], str]:
     """``(imports, code by module, bindings)``: of the model's modules, the loop's pieces and the API's
     standalone part, only what the case runs (:func:`conformance.reproducers.sources.written_code`, from
     ``run``, the model's class and the case's way of making inputs; an ``if`` on the part's known names as
@@ -111,10 +111,9 @@ def written_code_of(case: Dict[str, Any], model_cls: type, standalone: Sequence[
     step_inputs = standalone_inputs.step_inputs_of(case)
     loss = standalone_inputs.loss_of(case)
     roots = ["run", model_cls.__name__, step_inputs, *([] if loss.startswith("MODEL.") else [loss]), *constants_read]
-    modules = [*model_modules(model_cls), *standalone_main.PIECES, *standalone]
+    modules = [*model_modules(model_cls), *standalone_main.PIECES, *(m.__name__ for m in standalone)]
     prune = [c for c in model_cls.__mro__ if c.__module__.startswith("conformance.models")]
-    prune += [c for m in standalone for c in vars(importlib.import_module(m)).values()
-              if inspect.isclass(c) and c.__module__ == m]
+    prune += [c for m in standalone for c in vars(m).values() if inspect.isclass(c) and c.__module__ == m.__name__]
     imports, code = written_code(roots, modules, provided=(*PROVIDED, *constants), model=model_cls, prune=prune,
                                  also_reads=f"{step_inputs}, {loss}", case=case,
                                  known=known_of(case, model_cls, standalone))

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from conformance.apis.controller_side import controller_side
 from conformance.apis.registry import HOOK_APIS
 from conformance.models import get_model
 from conformance.protocol import Finding, FindingKind
@@ -182,10 +183,11 @@ def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size:
     steps = int(params.get("steps", defaults["steps"]))
     variant = {k: v for k, v in params.items() if k not in _NOT_VARIANT}
     micro = int(params.get("micro_steps", 1))
-    if HOOK_APIS[api].standalone is None:
-        raise NoReproducer(f"api {api!r} has no standalone part (HookApi.standalone), so no file can build its "
-                           "models without the suite; re-run the case with the command below")
-    part = importlib.import_module(HOOK_APIS[api].standalone_modules[-1])
+    standalone = controller_side(api).standalone
+    if not standalone:
+        raise NoReproducer(f"api {api!r} has no standalone part (ControllerSide.standalone), so no file can build "
+                           "its models without the suite; re-run the case with the command below")
+    part = standalone[-1]
     micro = part.micro_steps(variant, micro) if hasattr(part, "micro_steps") else micro
     inputs = None
     if check == "hard_inputs":
@@ -358,8 +360,9 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
                     f"It needs commhook-conformance installed: {why}")
     model_cls = get_model(case["model"])
     api = HOOK_APIS[case["api"]]
-    constants = constants_of(case, api.standalone_modules)
-    _, code, _ = written_code_of(case, model_cls, api.standalone_modules, tuple(constants))
+    standalone = controller_side(api.name).standalone
+    constants = constants_of(case, standalone)
+    _, code, _ = written_code_of(case, model_cls, standalone, tuple(constants))
     read = _names_read([text for texts in code.values() for text in texts])
     constants = {name: value for name, value in constants.items() if name in read}  # an FSDP2 SETUP folded away
     named: List[str] = []
@@ -368,7 +371,7 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         before = len(named)
         line = f"{name} = {_text(value, named)}"
         (late_lines if len(named) > before else constant_lines).append(line)
-    imports, code, bindings = written_code_of(case, model_cls, api.standalone_modules, tuple(constants), named)
+    imports, code, bindings = written_code_of(case, model_cls, standalone, tuple(constants), named)
     early, code = early_constants(model_cls, api, imports, code, [line.split(" = ")[0] for line in constant_lines])
     shown = [f.describe() for f in findings if f.kind is not FindingKind.DIAGNOSIS_NOTE]
     found = "\n".join([f"    {line}" for text in shown[:2] for line in text.splitlines()[:2]]
@@ -398,7 +401,8 @@ def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str,
         if model_cls.__module__ in modules:
             parts.append(f"MODEL = {model_cls.__name__}")
     parts.extend(["\n".join([*late_lines, bindings]), 'if __name__ == "__main__":\n    run()'])
-    builds = [*model_modules(model_cls), *api.standalone_modules]  # the model's and the API's helpers, not the loop
+    # the model's and the API's helpers, not the loop
+    builds = [*model_modules(model_cls), *(m.__name__ for m in standalone)]
     text = "\n\n".join(parts).replace(f"\nMODEL = {model_cls.__name__}\n\n", f"\nMODEL = {model_cls.__name__}\n")
     return without_blank_lines_in_blocks(  # the model's part ends on MODEL, right above the next heading
         inlined(text + "\n", case, _functions([t for m in builds for t in code.get(m, [])])))

@@ -182,7 +182,7 @@ DDP_HOOKS = [
 
 
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
-    """The name, in :data:`DDP_HOOKS`, of PyTorch's own hook for a case of ``spec`` (``HookApi.default_hook``),
+    """The name, in :data:`DDP_HOOKS`, of PyTorch's own hook for a case of ``spec`` (``ControllerSide.default_hook``),
     or ``None`` where no built-in hook equals the reference.
 
     DDP with no hook multiplies each gradient by ``1/world_size`` as it copies it
@@ -196,8 +196,8 @@ def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Opt
     does the same arithmetic and keeps it (bf16: on a CUDA build only). Under ``compiled_autograd`` ``None``:
     PyTorch's own hooks take a ``GradBucket``, which compiled DDP never hands a hook.
 
-    The controller resolves this by name (``HookApi.default_hook``): this module imports nothing of the rank side
-    (``tests/test_layers.py`` checks every API's).
+    The controller reaches it through :mod:`conformance.apis.controller_side`, which imports this module: it imports
+    nothing of the rank side (the ``controller-off-ranks`` import contract).
     """
     if params.get("config") == COMPILED_CONFIG:
         return None

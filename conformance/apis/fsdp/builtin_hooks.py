@@ -50,7 +50,7 @@ FSDP_HOOKS = [
 
 
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
-    """The name, in :data:`FSDP_HOOKS`, of PyTorch's own hook for a case of ``spec`` (``HookApi.default_hook``).
+    """The name, in :data:`FSDP_HOOKS`, of PyTorch's own hook for a case of ``spec`` (``ControllerSide.default_hook``).
 
     ``params`` are the rank check's (``strategy``, ``low_precision_grads``).
     ``allreduce_hook`` under ``NO_SHARD`` and ``reduce_scatter_hook`` under the

@@ -259,8 +259,6 @@ API = HookApi(
     stateful=True,
     validate=validate,
     builtin_hooks="conformance.apis.fsdp.builtin_hooks:FSDP_HOOKS",
-    default_hook="conformance.apis.fsdp.builtin_hooks:default_hook",
-    standalone="conformance.apis.fsdp.standalone",
     models="conformance.apis.fsdp.models:FsdpModels",
     catalogue_plan=catalogue_plan, test_prefix="test_", check_prefix="",
     checks={"registration": "conformance.apis.fsdp.registration:registration"},

@@ -96,7 +96,7 @@ FSDP2_HOOKS = [
 
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
     """The name, in :data:`FSDP2_HOOKS`, of the comm that stands for FSDP2's own reduce-scatter in a case of
-    ``spec`` (``HookApi.default_hook``): :class:`PlainReduceScatter` under the same reduce-dtype claim, which
+    ``spec`` (``ControllerSide.default_hook``): :class:`PlainReduceScatter` under the same reduce-dtype claim, which
     passes FSDP2's ``op`` through to ``reduce_scatter_tensor`` as the native path does."""
     if spec.param_dtype is not None:
         return ("plain_reduce_scatter_params_bf16"

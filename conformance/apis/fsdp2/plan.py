@@ -212,18 +212,13 @@ def clip_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[Cas
                               for spec in filter(exact, specs)], specs, settings)
 
 
-#: The modules a reproducer of a comm case holds, in order: the FSDP2 setup types, the FSDP2 build, this
-#: API's ``SETUP`` (each torch only).
-STANDALONE = ("conformance.apis.fsdp2_common.setup", "conformance.apis.fsdp2_common.standalone",
-              "conformance.apis.fsdp2.standalone")
 #: A suite test of the API: ``_comm_test(check, rank_check, plan, kind=..., params=...)``.
 _comm_test = functools.partial(SuiteTest, "fsdp2", "config")
 
 APIS = (
     HookApi(name="fsdp2", installed_with="FSDPModule.set_custom_reduce_scatter(comm)", variant_field="config",
             stateful=False, validate=validate, builtin_hooks="conformance.apis.fsdp2.builtin_hooks:FSDP2_HOOKS",
-            default_hook="conformance.apis.fsdp2.builtin_hooks:default_hook",
-            standalone=STANDALONE, native_modes=NATIVE_MODES,
+            native_modes=NATIVE_MODES,
             catalogue_plan=catalogue_plan(SETUP, "default", wrap=with_native_modes),
             models="conformance.apis.fsdp2.models:CommModels",
             plans={"test_fsdp2_parity": _comm_test("fsdp2_parity", "parity", with_native_modes(parity_cases),

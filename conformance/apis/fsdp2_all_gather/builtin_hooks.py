@@ -75,9 +75,9 @@ FSDP2_ALL_GATHER_HOOKS = [
 
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
     """The name, in :data:`FSDP2_ALL_GATHER_HOOKS`, of the comm that stands for FSDP2's own all-gather in a case
-    of ``spec`` (``HookApi.default_hook``): :class:`PlainAllGather`, which calls ``all_gather_single`` (before torch
-    2.13 ``all_gather_into_tensor``) as ``DefaultAllGather`` does; under a claimed parameter dtype, the
-    bfloat16-parameter sample."""
+    of ``spec`` (``ControllerSide.default_hook``): :class:`PlainAllGather`, which calls ``all_gather_single``
+    (before torch 2.13 ``all_gather_into_tensor``) as ``DefaultAllGather`` does; under a claimed parameter dtype,
+    the bfloat16-parameter sample."""
     if spec.param_dtype is not None:
         return "plain_all_gather_params_bf16" if spec.param_dtype == torch.bfloat16 else None
     return "plain_all_gather"

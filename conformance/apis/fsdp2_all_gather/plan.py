@@ -110,10 +110,6 @@ def _by_role(plan: RolePlan) -> Any:
     return cases
 
 
-#: The modules a reproducer of an all-gather case holds, in order: the FSDP2 setup types, the FSDP2 build, this
-#: API's ``SETUP`` (each torch only).
-STANDALONE = ("conformance.apis.fsdp2_common.setup", "conformance.apis.fsdp2_common.standalone",
-              "conformance.apis.fsdp2_all_gather.standalone")
 #: A suite test of the API: ``_test(check, rank_check, plan, kind=...)``.
 _test = functools.partial(SuiteTest, "fsdp2_all_gather", "config")
 
@@ -121,8 +117,7 @@ APIS = (
     HookApi(name="fsdp2_all_gather", installed_with="FSDPModule.set_custom_all_gather(comm)",
             variant_field="config", stateful=False, validate=validate,
             builtin_hooks="conformance.apis.fsdp2_all_gather.builtin_hooks:FSDP2_ALL_GATHER_HOOKS",
-            default_hook="conformance.apis.fsdp2_all_gather.builtin_hooks:default_hook",
-            standalone=STANDALONE, models="conformance.apis.fsdp2_all_gather.models:AllGatherModels",
+            models="conformance.apis.fsdp2_all_gather.models:AllGatherModels",
             catalogue_plan=catalogue_plan(SETUP, "default"),
             # "plain", not "exact": no failure here ends with how to declare a LossyContract (validate refuses one)
             plans={"test_fsdp2_all_gather_parity": _test("fsdp2_all_gather_parity", "parity", _by_role(PLAN)),

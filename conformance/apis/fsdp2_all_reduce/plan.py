@@ -83,16 +83,12 @@ def all_reduce_cases(test: SuiteTest, specs: Sequence[Any], settings: Any, model
     return with_skips(SETUP, out, specs, settings)
 
 
-#: The modules a reproducer of an all-reduce hook's case holds, in order: the FSDP2 setup types, the FSDP2
-#: build, this API's ``SETUP`` (each torch only).
-STANDALONE = ("conformance.apis.fsdp2_common.setup", "conformance.apis.fsdp2_common.standalone",
-              "conformance.apis.fsdp2_all_reduce.standalone")
 #: A suite test of the API: ``_test(check, rank_check, plan, kind=..., params=...)``.
 _test = functools.partial(SuiteTest, "fsdp2_all_reduce", "config")
 
 APIS = (
     HookApi(name="fsdp2_all_reduce", installed_with="FSDPModule.set_all_reduce_hook(hook) (HSDP, replicate)",
-            variant_field="config", stateful=False, validate=validate, builtin_hooks=None, standalone=STANDALONE,
+            variant_field="config", stateful=False, validate=validate, builtin_hooks=None,
             models="conformance.apis.fsdp2_all_reduce.models:AllReduceHookModels",
             catalogue_plan=catalogue_plan(SETUP, "replicate", hsdp_config="hsdp"),
             plans={"test_fsdp2_all_reduce_hook": _test("fsdp2_all_reduce_hook", "parity", functools.partial(

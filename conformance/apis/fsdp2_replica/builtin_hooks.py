@@ -52,7 +52,7 @@ REPLICA_HOOKS = [
 
 def default_hook(spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
     """The name, in :data:`REPLICA_HOOKS`, of the hook that stands for native HSDP's replica all-reduce in a
-    case of ``spec`` (``HookApi.default_hook``), under the same claim; ``None`` for a float16 claim (native
+    case of ``spec`` (``ControllerSide.default_hook``), under the same claim; ``None`` for a float16 claim (native
     divides before and after the all-reduce there, outside the hook); under a claimed parameter dtype, the
     bfloat16-parameter sample for that pair alone."""
     if spec.param_dtype is not None:

@@ -122,10 +122,6 @@ def _cases(models: Sequence[str], world_sizes: Any = _world_sizes, also: Sequenc
     return plan
 
 
-#: The modules a reproducer of a replica case holds, in order: the FSDP2 setup types, the FSDP2 build, this
-#: API's ``SETUP`` (each torch only).
-STANDALONE = ("conformance.apis.fsdp2_common.setup", "conformance.apis.fsdp2_common.standalone",
-              "conformance.apis.fsdp2_replica.standalone")
 _test = functools.partial(SuiteTest, "fsdp2_replica", "config")
 
 
@@ -141,8 +137,6 @@ APIS = (
                             "across replicas"),
             variant_field="config", stateful=True, validate=validate,
             builtin_hooks="conformance.apis.fsdp2_replica.builtin_hooks:REPLICA_HOOKS",
-            default_hook="conformance.apis.fsdp2_replica.builtin_hooks:default_hook",
-            standalone=STANDALONE,
             models="conformance.apis.fsdp2_replica.models:ReplicaModels",
             catalogue_plan=_catalogue_plan,
             plans={"test_fsdp2_replica_parity": _test("fsdp2_replica_parity", "parity",

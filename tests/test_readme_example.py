@@ -85,7 +85,8 @@ def test_readme_example_conforms(zoo_runs):
     assert run.returncode == 0, run.output[-4000:]
     assert run.cases and all(c.outcome == "passed" for c in run.cases)
     assert {c.check for c in run.cases} == {"averaging", "parity", "accumulation", "rank_consistency", "hard_inputs",
-                                            "subgroup_parity", "clip_grad_norm", "clip_grad_norm_low_precision"}
+                                            "subgroup_parity", "clip_grad_norm", "clip_grad_norm_low_precision",
+                                            "second_model"}
 
 
 def test_readme_ddp_example_conforms(zoo_runs):

@@ -350,8 +350,10 @@ class FindingKind(str, enum.Enum):
 
     A ``str`` enum, as :class:`Msg`: each kind equals its string value, so ``Finding(..., kind="contract")``
     still works (:class:`Finding` coerces it), a kind pickles and JSON-serialises as that string, and code
-    that compares ``f.kind == "suite"`` still matches. :mod:`conformance.controller.attribution` reads the
-    kinds that decide who is blamed (the last three say it is not the hook).
+    that compares ``f.kind == "suite"`` still matches. What a kind means to the report and to blame is declared
+    here, once, as its properties (:attr:`explains`, :attr:`hooks_own`, :attr:`names_a_bug`,
+    :attr:`rules_out_a_lossy_design`, :attr:`left_behind`); :mod:`conformance.controller.attribution` reads them,
+    and the kinds that say it is not the hook (the last three).
     """
 
     # -- what differs ------------------------------------------------------------------------------
@@ -383,6 +385,42 @@ class FindingKind(str, enum.Enum):
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
+
+    @property
+    def explains(self) -> bool:
+        """A finding of the diagnosis, which explains the others (the report lists it after them, once per line)."""
+        return self in _EXPLAINING
+
+    @property
+    def hooks_own(self) -> bool:
+        """A finding that names a cause of the hook's own: its failure is the hook's whatever PyTorch does, so
+        nothing is replayed to weigh PyTorch's part (:func:`conformance.controller.attribution.attribute`)."""
+        return self in _HOOKS_OWN
+
+    @property
+    def names_a_bug(self) -> bool:
+        """A cause that reproduces the hook's result bit for bit, or the hook's own result found exact: a bug, not
+        a lossy design (a wider dtype than claimed, more accurate than native, may be one)."""
+        return self in (FindingKind.DIAGNOSIS, FindingKind.NATIVE_RESULT)
+
+    @property
+    def rules_out_a_lossy_design(self) -> bool:
+        """The hook never communicated, or broke its API's calling contract: a bug whatever the design."""
+        return self in (FindingKind.LOCAL_GRADIENT, FindingKind.CONTRACT)
+
+    @property
+    def left_behind(self) -> bool:
+        """What the hook left in its rank's process (changed state, grown memory), not what it computed."""
+        return self in (FindingKind.PROCESS_STATE, FindingKind.MEMORY)
+
+
+#: The kinds of the diagnosis (:attr:`FindingKind.explains`).
+_EXPLAINING = frozenset({FindingKind.DIAGNOSIS, FindingKind.DIAGNOSIS_WIDER_DTYPE, FindingKind.NO_KNOWN_CAUSE,
+                         FindingKind.DIAGNOSIS_NOTE, FindingKind.NATIVE_RESULT})
+#: The kinds that name a cause of the hook's own (:attr:`FindingKind.hooks_own`).
+_HOOKS_OWN = frozenset({FindingKind.DIAGNOSIS, FindingKind.DIAGNOSIS_WIDER_DTYPE, FindingKind.NO_KNOWN_CAUSE,
+                        FindingKind.LOCAL_GRADIENT, FindingKind.CONTRACT, FindingKind.PROCESS_STATE,
+                        FindingKind.MEMORY})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -179,23 +179,24 @@ class _Recording:
         self.calls = []
         self.settings = plan_settings(2, None, depth=depth)
 
-    def check(self, request, case, check, rank_check, params, *, across_ranks=False, note=None):
-        self.calls.append((check, rank_check, params, across_ranks, note is not None))
+    def check(self, request, case, check, rank_check, params, *, across_ranks=False, note=None, exact=False):
+        self.calls.append((check, rank_check, params, across_ranks, note is not None, exact))
 
 
 @pytest.mark.parametrize("api, check, variant, model, expected", [
     ("fsdp", "subgroup_parity", "FULL_SHARD", "nested_wrapped",
      ("subgroup_parity", "fsdp.parity", {"strategy": "FULL_SHARD", "model": "nested_wrapped", "subgroup": True},
-      False, False)),
+      False, False, False)),
     ("fsdp", "parity", "NO_SHARD", "net_flat",  # exact: a failure may end with the lossy-contract hint
-     ("parity", "fsdp.parity", {"strategy": "NO_SHARD", "model": "net_flat"}, False, True)),
+     ("parity", "fsdp.parity", {"strategy": "NO_SHARD", "model": "net_flat"}, False, False, True)),
     ("ddp", "rank_consistency", "default", "net_flat",
-     ("rank_consistency", "ddp.rank_grads", {"config": "default", "model": "net_flat", "steps": 4}, True, False)),
+     ("rank_consistency", "ddp.rank_grads", {"config": "default", "model": "net_flat", "steps": 4}, True, False,
+      False)),
     ("fsdp2_all_reduce", "fsdp2_all_reduce_hook", "hsdp", "nested_wrapped",
      ("fsdp2_all_reduce_hook", "fsdp2_all_reduce.parity", {"config": "hsdp", "model": "nested_wrapped"}, False,
-      False)),
+      False, False)),
     ("ddp", "lossy_error", "default", "transformer_shared",  # its figure becomes a property: a note
-     ("lossy_error", "ddp.lossy_error", {"config": "default", "model": "transformer_shared"}, False, True)),
+     ("lossy_error", "ddp.lossy_error", {"config": "default", "model": "transformer_shared"}, False, True, False)),
 ])
 def test_a_suite_case_runs_its_suite_tests_rank_check_with_the_cases_parameters(api, check, variant, model, expected):
     from conformance.controller.case_kinds import run_case
@@ -217,4 +218,4 @@ def test_a_long_run_trains_the_steps_of_its_depth_at_the_main_world_size_only(de
     run_case(conform, object(), HOOK_APIS["ddp"].suite_test("long_run").case("h", "default", world_size,
                                                                              model="nested_wrapped"))
     assert conform.calls == [("long_run", "ddp.long_run", {"config": "default", "model": "nested_wrapped",
-                                                           "steps": steps}, False, True)]
+                                                           "steps": steps}, False, False, True)]

@@ -14,10 +14,13 @@ caught, each good one passing, the hint where no named cause explains) is in ``t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from conformance.controller.lossy_cases import DECLARE_LOSSY_HINT, lossy_hint
-from conformance.protocol import Finding
+from conformance.controller.attribution import (DECLARE_LOSSY_HINT, Blame, CaseFacts, Replay, Run, attribute,
+                                                lossy_hint_fits)
+from conformance.protocol import CaseResult, CheckResult, Finding, RankOutcome
 from conformance.spec import HookSpec, LossyContract, SpecError
 from tests.meta_helpers import planned_test_names
 from tests.meta_zoos import (LOSSY, LOSSY_EXCEEDS_BOUND, LOSSY_HINT, LOSSY_MORE_ACCURATE,
@@ -76,8 +79,6 @@ def test_an_all_reduce_hook_cannot_declare_a_contract():
 
 
 def test_the_hint_is_offered_only_where_no_named_cause_explains():
-    exact = HookSpec(name="exact", api="fsdp2", hook=zoo2.Int8Comm)
-    declared = HookSpec(name="declared", api="fsdp2", hook=zoo2.Int8Comm, lossy=LossyContract(rel_error_bound=0.1))
     differs = Finding(0, "local gradient shard differs from native fully_shard", step=0)
     unknown = Finding(0, "no known cause explains the hook's result", step=0, kind="no_known_cause")
     named = Finding(0, "the hook's result is explained, bit for bit, by: SUM without averaging", step=0,
@@ -85,11 +86,29 @@ def test_the_hint_is_offered_only_where_no_named_cause_explains():
     local = Finding(0, "every rank still holds its own local gradient", step=0, kind="local_gradient")
     wider = Finding(0, "the hook's result is explained, bit for bit, by: reduced in float32, where the hook claims "
                        "bfloat16", step=0, kind="diagnosis_wider_dtype")
-    assert lossy_hint(exact, [differs, unknown]) == "  " + DECLARE_LOSSY_HINT
-    assert lossy_hint(exact, [differs, unknown, named]) == ""
-    assert lossy_hint(exact, [differs, wider]) == "  " + DECLARE_LOSSY_HINT  # more accurate than native
-    assert lossy_hint(exact, [local]) == ""
-    assert lossy_hint(declared, [differs, unknown]) == ""
+    leak = Finding(0, "the hook left torch's default dtype changed", kind="process_state")
+    assert lossy_hint_fits([differs, unknown])
+    assert not lossy_hint_fits([differs, unknown, named])
+    assert lossy_hint_fits([differs, wider])  # more accurate than native
+    assert not lossy_hint_fits([local])
+    assert not lossy_hint_fits([leak])  # what it left behind is no design
+    assert lossy_hint_fits([differs, leak])
+
+
+def test_the_attribution_closes_an_exact_claims_unexplained_failure_with_the_hint():
+    """The hint is the attribution's: on the hook's failure of a case that claims exactness (an exactness check,
+    no lossy contract), never on a lossy contract's case or one a named cause explains."""
+    ok = RankOutcome(rank=0, ok=True, value=CheckResult())
+    found = (Finding(0, "gradient differs", step=0, fqn="w"),
+             Finding(0, "no known cause explains the hook's result", step=0, kind="no_known_cause"))
+    first = Run(Replay.NONE, CaseResult(case=None, world_size=1, outcomes=(ok,)), found)
+    facts = CaseFacts(check="fsdp2.parity", hook="mine", claims_exactness=True)
+    decided = attribute(facts, [first])
+    assert decided.blame is Blame.HOOK and decided.reason == "  " + DECLARE_LOSSY_HINT
+    assert attribute(dataclasses.replace(facts, claims_exactness=False), [first]).reason == ""
+    named = dataclasses.replace(first, findings=found[:1] + (
+        Finding(0, "explained, bit for bit, by: SUM without averaging", step=0, kind="diagnosis"),))
+    assert DECLARE_LOSSY_HINT not in attribute(facts, [named]).reason
 
 
 # -- the run -------------------------------------------------------------------------------------

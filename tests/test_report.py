@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.reports import report
-from conformance.protocol import Finding
+from conformance.protocol import Finding, FindingKind
 
 
 @pytest.mark.parametrize("counts, failed, ran_at, verdict", [
@@ -57,7 +57,7 @@ def test_exception_line_keeps_the_error_and_its_continuation():
 def test_diagnosis_follows_the_findings_once_per_explanation_with_its_ranks():
     """Every rank diagnoses itself; the report lists each explanation once, naming the ranks, after all
     observed findings (never cut by the findings limit)."""
-    from conformance.reports.report import MAX_FINDINGS_SHOWN, explained, findings_text
+    from conformance.reports.report import MAX_FINDINGS_SHOWN, findings_text
 
     observed = [Finding(r, "gradient differs", step=0, fqn=f"p{i}") for r in (0, 1) for i in range(MAX_FINDINGS_SHOWN)]
     diag = [Finding(r, "explained by: SUM without averaging", step=0, kind="diagnosis") for r in (0, 1)]
@@ -66,7 +66,8 @@ def test_diagnosis_follows_the_findings_once_per_explanation_with_its_ranks():
     assert lines[-1] == "    [ranks 0, 1, step 0] explained by: SUM without averaging"
     assert lines[-2].startswith("  Diagnosis")
     assert "more findings" in lines[-3]
-    assert explained(diag) and not explained([Finding(0, "no known cause", step=0, kind="no_known_cause")])
+    assert all(f.kind.explains and f.kind.names_a_bug for f in diag)
+    assert not FindingKind.NO_KNOWN_CAUSE.names_a_bug and FindingKind.NO_KNOWN_CAUSE.explains
 
 
 def test_findings_gathered_before_a_rank_raised_lead_its_traceback():

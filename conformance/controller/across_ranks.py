@@ -7,7 +7,6 @@ from typing import Any, Dict, List, Sequence
 
 from conformance.protocol import CaseResult, Finding
 from conformance.shared.compare import compare_bitwise
-from conformance.reports.report import DIAGNOSIS_KINDS
 
 __all__ = ["compare_across_ranks", "findings_of"]
 
@@ -17,7 +16,7 @@ def findings_of(result: CaseResult, across_ranks: bool) -> List[Finding]:
     whose gradients differ across them), each rank's gradients against rank 0's, then that diagnosis; then what
     the hook left in its ranks (:meth:`CaseResult.leak_findings`)."""
     found = [f for o in result.outcomes for f in o.value.findings]
-    if across_ranks and all(f.kind in DIAGNOSIS_KINDS for f in found):
+    if across_ranks and all(f.kind.explains for f in found):
         found = compare_across_ranks([o.value.grads for o in result.outcomes]) + found
     return found + result.leak_findings()
 

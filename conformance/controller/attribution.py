@@ -47,9 +47,9 @@ from conformance.protocol import (LOST_CONTROLLER_EXIT_CODE, REFERENCE_DIGEST, C
                                   RankOutcome)
 from conformance.reports.report import exception_line
 
-__all__ = ["Attribution", "Blame", "CaseFacts", "NOT_THE_HOOKS_RULES", "REPRODUCED", "Replay", "Rule",
-           "Run", "attribute", "case_run", "crash_signatures", "first_loss", "lost_a_rank", "own_exit",
-           "reference_digests", "stopped_in_reference"]
+__all__ = ["Attribution", "Blame", "CaseFacts", "DECLARE_LOSSY_HINT", "NOT_THE_HOOKS_RULES", "REPRODUCED", "Replay",
+           "Rule", "Run", "attribute", "case_run", "crash_signatures", "first_loss", "lossy_hint_fits", "lost_a_rank",
+           "own_exit", "reference_digests", "stopped_in_reference"]
 
 
 class Blame(enum.Enum):
@@ -110,6 +110,17 @@ REPRODUCED = frozenset({Rule.OWN_EXIT, Rule.CRASH_NOT_REPLAYED, Rule.CRASH_REPLA
                         Rule.FINDINGS, Rule.DEFAULT_HOOK_DIFFERS, Rule.DEFAULT_HOOK_NOT_SAME})
 
 
+#: Closes the hook's failure of an exactness check (:attr:`CaseFacts.claims_exactness`) where it fits
+#: (:func:`lossy_hint_fits`): the hook may be lossy by design, and can say so.
+DECLARE_LOSSY_HINT = (
+    "If this hook is lossy by design (compression, quantization, low-rank, a reduction more accurate than "
+    "native), declare what it promises instead of exactness: "
+    "HookSpec(..., lossy=LossyContract(rel_error_bound=..., loss_margin=...)); "
+    "the suite then checks the declared error bound against the exact float64 mean, no NaN/Inf introduced, "
+    "the training-loss margin and determinism, plus the API's structural rules, instead of bitwise parity"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One run of a case, as the attribution reads it.
@@ -144,6 +155,8 @@ class CaseFacts:
         is_default_hook: the hook under test is that very built-in hook.
         torch_version: ``torch.__version__``.
         params: the rank check's parameters (a reference caveat reads them).
+        claims_exactness: an exactness check of a hook that declares no lossy contract: a failure of its that
+            nothing named explains may be a lossy design not declared (:data:`DECLARE_LOSSY_HINT`).
     """
 
     check: str
@@ -157,6 +170,7 @@ class CaseFacts:
     is_default_hook: bool = False
     torch_version: str = ""
     params: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    claims_exactness: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +194,18 @@ class Attribution:
     @property
     def final(self) -> bool:
         return self.next is Replay.NONE
+
+    @property
+    def closes_with_the_checks_note(self) -> bool:
+        """Whether the failure text ends with the check's own closing note (a lossy case's observed figures): not
+        where the findings hold whatever the hook is (:data:`NOT_THE_HOOKS_RULES`)."""
+        return self.rule not in NOT_THE_HOOKS_RULES
+
+    @property
+    def reproduced(self) -> bool:
+        """Whether the hook's failure gets a standalone reproducer (under ``--write-reproducers``,
+        :data:`REPRODUCED`)."""
+        return self.rule in REPRODUCED
 
 
 # -- rank deaths -----------------------------------------------------------------------------------
@@ -358,8 +384,28 @@ def _own_exit_note(o: RankOutcome) -> str:
             "death by a signal is)")
 
 
+def lossy_hint_fits(found: Sequence[Finding]) -> bool:
+    """Whether the hook's failure of an exactness check with findings ``found`` may be a lossy design: something
+    differs in what it computed (not only what it left in its ranks, :attr:`FindingKind.left_behind`), nothing
+    rules a lossy design out (:attr:`FindingKind.rules_out_a_lossy_design`: it never communicated, or broke its
+    API's contract) and no diagnosis names a bug (:attr:`FindingKind.names_a_bug`: a wrong divisor, a stale step,
+    a neighbour's shard, each reproducing its result bit for bit)."""
+    computed = [f for f in found if not f.kind.left_behind]
+    return bool(computed) and not any(f.kind.rules_out_a_lossy_design or f.kind.names_a_bug for f in computed)
+
+
 def _findings(facts: CaseFacts, runs: Sequence[Run], found: Sequence[Finding]) -> Attribution:
-    """Rule 3: every rank of the case's run finished; ``found`` is what it found."""
+    """Rule 3: every rank of the case's run finished; ``found`` is what it found. A failure of the hook's closes
+    with :data:`DECLARE_LOSSY_HINT` where the case claims exactness and the hint fits (:func:`lossy_hint_fits`)."""
+    decided = _weigh(facts, runs, found)
+    if decided.blame is not Blame.HOOK or not facts.claims_exactness or not lossy_hint_fits(found):
+        return decided
+    hint = "  " + DECLARE_LOSSY_HINT
+    return dataclasses.replace(decided, reason=f"{hint}\n{decided.reason}" if decided.reason else hint)
+
+
+def _weigh(facts: CaseFacts, runs: Sequence[Run], found: Sequence[Finding]) -> Attribution:
+    """Rule 3, who is to blame: the rows of findings, native trained twice and PyTorch's default hook."""
     if found and all(f.kind == FindingKind.NOT_APPLICABLE for f in found):
         return _final(Blame.NOT_APPLICABLE, Rule.NEVER_CALLED,
                       f"ran, and matched, but the hook was never called: {found[0].message}")

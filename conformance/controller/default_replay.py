@@ -33,20 +33,13 @@ from packaging.version import Version
 
 from conformance.apis.controller_side import controller_side
 from conformance.protocol import Finding, FindingKind
-from conformance.reports.report import DIAGNOSIS_KINDS
-
-#: Finding kinds that name a cause of the hook's own: such a failure is never replayed.
-HOOK_CAUSES = frozenset({FindingKind.DIAGNOSIS, FindingKind.DIAGNOSIS_WIDER_DTYPE, FindingKind.NO_KNOWN_CAUSE,
-                         FindingKind.LOCAL_GRADIENT, FindingKind.CONTRACT,
-                         # what the hook left in its own ranks (conformance.ranks.process_state): never PyTorch's
-                         FindingKind.PROCESS_STATE, FindingKind.MEMORY})
 
 
 def could_be_pytorchs(found: Sequence[Finding]) -> bool:
     """Whether a failure with findings ``found`` could be PyTorch's rather than the hook's: no finding
     names a cause of the hook's own (a diagnosed rounding order, dtype or shard, an unexplained result, a
     reduction that never reached the gradients)."""
-    return bool(found) and not any(f.kind in HOOK_CAUSES for f in found)
+    return bool(found) and not any(f.kind.hooks_own for f in found)
 
 
 def after_the_hook_returned(found: Sequence[Finding]) -> bool:
@@ -57,7 +50,7 @@ def after_the_hook_returned(found: Sequence[Finding]) -> bool:
 
 def observed(found: Sequence[Finding]) -> List[Finding]:
     """The findings that say what differs (not the diagnosis), in report order."""
-    return sorted((f for f in found if f.kind not in DIAGNOSIS_KINDS),
+    return sorted((f for f in found if not f.kind.explains),
                   key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
 
 

@@ -7,50 +7,19 @@ these, so a lossy case reads the same whichever API produced it:
   relative error as the JUnit property ``observed_rel_error``, passing or failing;
 * :func:`loss_case` runs ``<api>.lossy_loss`` and reports ``observed_loss_rel_diff``;
 * :func:`determinism_case` runs ``<api>.lossy_determinism``;
-* :func:`exact_case` runs an exactness check and, where no named cause explains a
-  failure, closes it with the hint on declaring a contract
-  (:func:`lossy_hint`).
+* :func:`exact_case` runs an exactness check; where no named cause explains a
+  failure of a hook with no contract, the attribution closes it with the hint on
+  declaring one (:data:`conformance.controller.attribution.DECLARE_LOSSY_HINT`).
 
 The rank-side checks are in :mod:`conformance.ranks.checks.lossy`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from typing import Any, Dict
 
-from conformance.protocol import Finding, FindingKind
 from conformance.reports import report
 from conformance.reports.results import ShortFigure
-
-#: Shown under a failed exactness check of a hook that declares no lossy contract, where no named exact
-#: cause (:func:`conformance.reports.report.explained`) explains the difference (:func:`lossy_hint`).
-DECLARE_LOSSY_HINT = (
-    "If this hook is lossy by design (compression, quantization, low-rank, a reduction more accurate than "
-    "native), declare what it promises instead of exactness: "
-    "HookSpec(..., lossy=LossyContract(rel_error_bound=..., loss_margin=...)); "
-    "the suite then checks the declared error bound against the exact float64 mean, no NaN/Inf introduced, "
-    "the training-loss margin and determinism, plus the API's structural rules, instead of bitwise parity"
-)
-
-
-def lossy_hint(spec: Any, found: Sequence[Finding]) -> str:
-    """The closing note of a failed exactness check: :data:`DECLARE_LOSSY_HINT` where it fits, else ``""``.
-
-    It fits a hook with no contract yet whose difference nothing else explains:
-    not a hook that never communicated (a finding of kind ``"local_gradient"``),
-    not a hook that broke its API's contract (kind ``"contract"``: a Tensor returned
-    where DDP needs a Future, a gradient left in the wrong dtype; a bug whatever
-    the design),
-    not a failure made only of what the hook left behind (``"process_state"``, ``"memory"``),
-    and not one whose result a named exact cause reproduces bit for bit
-    (:func:`conformance.reports.report.explained`: a wrong divisor, a stale step, a
-    neighbour's shard are bugs, not a lossy design).
-    """
-    found = [f for f in found if f.kind not in (FindingKind.PROCESS_STATE, FindingKind.MEMORY)]  # leaks, not a design
-    fits = (spec.lossy is None and bool(found)
-            and not any(f.kind in (FindingKind.LOCAL_GRADIENT, FindingKind.CONTRACT) for f in found)
-            and not report.explained(found))
-    return "  " + DECLARE_LOSSY_HINT if fits else ""
 
 
 def _spec(conform: Any, case: Any) -> Any:
@@ -64,10 +33,9 @@ def _params(case: Any, variant: str) -> Dict[str, Any]:
 
 def exact_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
     """An exactness check; a failure of a hook with no lossy contract that no named cause explains says how
-    to declare one."""
+    to declare one (the attribution decides: :data:`conformance.controller.attribution.DECLARE_LOSSY_HINT`)."""
     __tracebackhide__ = True
-    conform.check(request, case, check, rank_check, params, note=lambda result, found: lossy_hint(
-        _spec(conform, case), found) if found else "")
+    conform.check(request, case, check, rank_check, params, exact=True)
 
 
 def error_case(conform: Any, request: Any, case: Any, check: str, api: str, variant: str) -> None:

@@ -130,7 +130,7 @@ def _run_default_hook(runner: ReplayRunner, api: Any, name: str, check: str, par
 
 
 def case_facts(runner: ReplayRunner, case: Case, world_size: int, described: Dict[str, Any],
-               known_failure: bool) -> CaseFacts:
+               known_failure: bool, claims_exactness: bool = False) -> CaseFacts:
     """The attribution's :class:`~conformance.controller.attribution.CaseFacts` of ``case`` (``described``: what the
     case is, shown in reasons), read from the runner's specs, the API's default hook and this torch."""
     hook = case.hook.name if case.hook is not None else None
@@ -141,7 +141,8 @@ def case_facts(runner: ReplayRunner, case: Case, world_size: int, described: Dic
                      known_failure=known_failure, rerun_spent=any(r.hook == hook for r in runner.crash_reruns),
                      replays_reference=case.check in REPLAYS_REFERENCE,
                      replays_default_hook=case.check in REPLAYS_DEFAULT_HOOK, default_hook=name,
-                     is_default_hook=itself, torch_version=torch.__version__, params=dict(case.params))
+                     is_default_hook=itself, torch_version=torch.__version__, params=dict(case.params),
+                     claims_exactness=claims_exactness)
 
 
 def replay(runner: ReplayRunner, asked: Replay, case: Case, world_size: int, pool: Any,

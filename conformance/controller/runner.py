@@ -58,8 +58,7 @@ import pytest
 
 from conformance.controller import case_failure, case_kinds
 from conformance.controller.across_ranks import findings_of
-from conformance.controller.attribution import (NOT_THE_HOOKS_RULES, REPRODUCED, Attribution, Blame, Replay, Run,
-                                                attribute, case_run)
+from conformance.controller.attribution import Attribution, Blame, Replay, Run, attribute, case_run
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
 from conformance.controller.pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
@@ -215,7 +214,7 @@ class Runner:
         close_zygote()
 
     def run(self, test_name: str, *, check: str, hook: Optional[str], params: Dict[str, Any], world_size: int,
-            describe: Dict[str, Any], known_failure: bool = False, nodes: int = 1,
+            describe: Dict[str, Any], known_failure: bool = False, nodes: int = 1, claims_exactness: bool = False,
             judge: Optional[Callable[[CaseResult], List[Finding]]] = None,
             finished: Optional[Callable[[CaseResult], None]] = None,
             note: Optional[Callable[[CaseResult, List[Finding]], str]] = None, reproduce: bool = True) -> CaseResult:
@@ -230,6 +229,7 @@ class Runner:
             known_failure: the case is an expected failure (xfail): nothing is re-run or replayed, there being
                 no red to avoid.
             nodes: the node layout the case simulates (:attr:`~conformance.protocol.Case.nodes`).
+            claims_exactness: an exactness check of a hook with no lossy contract (the attribution's fact).
             judge: a run's findings, where every rank finished (default: every rank's findings, then what the
                 hook left in its ranks, :meth:`CaseResult.leak_findings`).
             finished: called with the case's result where every rank finished, before it is judged.
@@ -265,7 +265,7 @@ class Runner:
             if note is not None:
                 note(first, [])
             return first
-        facts = case_facts(self, case, world_size, describe, known_failure)
+        facts = case_facts(self, case, world_size, describe, known_failure, claims_exactness)
         attribution = attribute(facts, runs)
         while not attribution.final:  # run what it asks for, and ask again
             runs.append(replay(self, attribution.next, case, world_size, pool, judge, first))
@@ -288,14 +288,14 @@ class Runner:
         if blame in (Blame.SUITE, Blame.MACHINE):
             raise NotRun(reason, detail=attribution.detail or problems)
         closing = []
-        if not problems and note is not None and attribution.rule not in NOT_THE_HOOKS_RULES:
+        if not problems and note is not None and attribution.closes_with_the_checks_note:
             closing.append(note(result, found))
         if blame in (Blame.PYTORCH, Blame.NOT_APPLICABLE):
             pytest.skip(reason)
         if blame is Blame.NOBODY:
             return result
         closing.append(reason)
-        if attribution.rule in REPRODUCED and not known_failure and reproduce:
+        if attribution.reproduced and not known_failure and reproduce:
             closing.append(case_failure.reproducer_note(self.settings, self.specs.get(hook) if hook else None,
                                                         case, world_size, found, describe))
         text = "\n".join(t for t in closing if t)
@@ -339,8 +339,8 @@ class Runner:
         return case.describe(check)
 
     def check(self, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any], *,
-              across_ranks: bool = False, note: Optional[Callable[[CaseResult, List[Finding]], str]] = None
-              ) -> CaseResult:
+              across_ranks: bool = False, note: Optional[Callable[[CaseResult, List[Finding]], str]] = None,
+              exact: bool = False) -> CaseResult:
         """Run one suite case end to end: what every suite test function calls.
 
         Gives the test its case's JUnit properties (``case.junit_properties(check)``),
@@ -349,7 +349,9 @@ class Runner:
         ``across_ranks``, a case without findings compares each rank's per-step gradients (``CheckResult.grads``)
         with rank 0's (:func:`~conformance.controller.across_ranks.compare_across_ranks`).
         ``note(result, findings)`` closes the failure text (it runs on success
-        too, with no findings, and may add JUnit properties of figures).
+        too, with no findings, and may add JUnit properties of figures). ``exact``: an exactness check, whose
+        failure, for a hook that declares no lossy contract, may be a lossy design not declared
+        (:attr:`~conformance.controller.attribution.CaseFacts.claims_exactness`).
 
         Raises:
             ConformanceFailure: a rank raised, hung or died, or there are findings.
@@ -359,6 +361,7 @@ class Runner:
         return self.run(request.node.name, check=rank_check, hook=case.hook, world_size=case.world_size,
                         params=params, describe=describe, nodes=case.nodes,
                         known_failure=request.node.get_closest_marker("xfail") is not None,
+                        claims_exactness=exact and case.hook is not None and self.specs[case.hook].spec.lossy is None,
                         judge=lambda result: findings_of(result, across_ranks),
                         finished=lambda result: note_reach(request, result, real_nodes=getattr(
                             self.pools.get(case.world_size), "nodes", None)), note=note)

@@ -41,17 +41,13 @@ def layout_line(world_size: int, nodes: int) -> str:
             "that reads them takes the path it would take across nodes")
 
 
-#: Finding kinds that explain other findings (:mod:`conformance.ranks.diagnosis`), listed after them.
-DIAGNOSIS_KINDS = frozenset({FindingKind.DIAGNOSIS, FindingKind.DIAGNOSIS_WIDER_DTYPE, FindingKind.NO_KNOWN_CAUSE,
-                             FindingKind.DIAGNOSIS_NOTE, FindingKind.NATIVE_RESULT})
-
-
 def findings_text(found: Sequence[Finding]) -> str:
     """The findings, step by step then rank by rank, one line each; past MAX_FINDINGS_SHOWN, a count.
 
-    Then the diagnosis (findings of :data:`DIAGNOSIS_KINDS`), every line once, with the ranks that gave it.
+    Then the diagnosis (findings whose kind :attr:`~conformance.protocol.FindingKind.explains`), every line once,
+    with the ranks that gave it.
     """
-    observed = [f for f in found if f.kind not in DIAGNOSIS_KINDS]
+    observed = [f for f in found if not f.kind.explains]
     ordered = sorted(observed, key=lambda f: (f.step if f.step is not None else -1, f.rank, f.fqn or ""))
     lines = [f"  {f.describe()}" for f in ordered[:MAX_FINDINGS_SHOWN]]
     if len(ordered) > MAX_FINDINGS_SHOWN:
@@ -65,7 +61,7 @@ def diagnosis_lines(found: Sequence[Finding]) -> List[str]:
     cause where the causes imply different ones)."""
     ranks: Dict[Tuple[Optional[int], str, Tuple[Cause, ...]], List[int]] = {}
     for f in found:
-        if f.kind in DIAGNOSIS_KINDS:
+        if f.kind.explains:
             ranks.setdefault((f.step, f.message, f.causes), []).append(f.rank)
     if not ranks:
         return []
@@ -102,13 +98,6 @@ def _short_cause(cause: str) -> str:
         if cut in cause:
             cause = cause.split(cut, 1)[0]
     return cause
-
-
-def explained(found: Sequence[Finding]) -> bool:
-    """Whether a diagnosis named a cause for these findings that is a bug, not a possible lossy design (a
-    reduction in a wider dtype than claimed, kind ``"diagnosis_wider_dtype"``, is more accurate than native
-    and may be declared lossy), or found the hook's own result exact (kind ``"native_result"``)."""
-    return any(f.kind in (FindingKind.DIAGNOSIS, FindingKind.NATIVE_RESULT) for f in found)
 
 
 def failure_message(header: str, body: str, rerun: str) -> str:

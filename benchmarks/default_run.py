@@ -40,10 +40,11 @@ def pool_startup_s(fork: bool) -> float:
     """Seconds to launch and join the default run's pools together (then closed again)."""
     from conformance.controller import pool as pool_mod
     from conformance.controller import zygote_client
+    from conformance.controller.pools import PoolConfig
 
     os.environ["CONFORM_FORK_RANKS"] = "1" if fork else "0"
     zygote_client.close_zygote()
-    pools = [pool_mod.RankPool(pool_mod.PoolConfig(world_size=ws, backend="gloo", device="cpu"))
+    pools = [pool_mod.RankPool(PoolConfig(world_size=ws, backend="gloo", device="cpu"))
              for ws in DEFAULT_WORLD_SIZES]
     started = time.perf_counter()
     try:

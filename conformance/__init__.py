@@ -22,7 +22,8 @@ import gc as _gc
 _collecting = _gc.isenabled()
 _gc.disable()
 try:
-    from conformance.spec import HookSpec, LossyContract, SpecError, Switches
+    from conformance.spec import HookSpec, LossyContract, Switches
+    from conformance.signatures import SpecError
 finally:
     if _collecting:
         _gc.enable()

@@ -32,22 +32,9 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 
 from conformance.ulps import dtype_name
-# The helpers every API's validation uses live below the registry, so that it need not import this module;
-# imported from here too (their home before).
-from conformance.signatures import (FSDP_STRATEGIES, SpecError, binds_signature, qualname, signature_text,
-                                    strategies_from_signature)
+from conformance.signatures import SpecError
 
-__all__ = [
-    "FSDP_STRATEGIES",
-    "HookSpec",
-    "LossyContract",
-    "SpecError",
-    "Switches",
-    "binds_signature",
-    "qualname",
-    "signature_text",
-    "strategies_from_signature",
-]
+__all__ = ["HookSpec", "LossyContract", "Switches"]
 
 #: Spec names become part of every test id, so they are kept to characters that
 #: survive in pytest ids, ``-k`` expressions and JUnit XML unchanged.

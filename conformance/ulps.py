@@ -1,6 +1,6 @@
 """Floating-point bits and ULPs: elementwise bitwise equality and distances in units in the last place.
 
-The primitives of :mod:`conformance.shared.compare`, which re-exports them:
+The primitives :mod:`conformance.shared.compare` builds its mismatch reports on:
 
 * :func:`bits_equal`: elementwise bitwise equality (NaN == NaN);
 * :func:`ulp_distance`: elementwise distance in ULPs of the tensors' dtype;

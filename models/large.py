@@ -59,7 +59,7 @@ class LargeProbe(ReferenceModel):
       2^22 elements, and a replica all-reduce hook on 2 shards gets 3,310,003 (more than 2^21).
     * Input: one tensor per parameter, of its shape, in ``named_parameters()`` order (``input_shapes()``);
       ``make_input`` gives uniform values in [-1, 1) from the rank's generator; the hard-input cases build their
-      own on each rank from a description (:func:`conformance.shared.standalone_main.placed_tensor`).
+      own on each rank from a description (:func:`conformance.shared.standalone_inputs.placed_tensor`).
       Output: a 0-d tensor, which ``loss`` returns as is.
     """
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.controller.settings import HYPOTHESIS_SEED_DEST, OPTIONS, Settings, SettingsError, resolve
+from conformance.controller.settings import Settings, resolve
+from conformance.controller.options import HYPOTHESIS_SEED_DEST, OPTIONS, SettingsError
 
 DESTS = {o.dest for o in OPTIONS} | {HYPOTHESIS_SEED_DEST}
 UNSET = {"conform_hooks": [], "conform_known_failures": [], "conform_with_builtins": False,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from conformance.apis.fsdp.plan import REGISTRATION_RULES
 from conformance.apis.registry import HOOK_APIS, planned_cases
 from conformance.cases import CaseParams, case_id, parse_case_id
-from conformance.spec import FSDP_STRATEGIES
+from conformance.signatures import FSDP_STRATEGIES
 from tests.case_helpers import SPECS, make_spec, no_shard_hook
 from tests.meta_helpers import plan_settings
 

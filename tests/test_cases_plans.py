@@ -14,11 +14,12 @@ import itertools
 import pytest
 import torch
 
-from conformance.apis.ddp.models import CONFIGS as DDP_CONFIGS
+from conformance.apis.ddp.standalone import CONFIGS as DDP_CONFIGS
 from conformance.apis.fsdp.plan import (CONSISTENCY_MODELS, EXTRA_PARITY_MODELS, LARGE_PROBE, LONG_RUN_MODEL,
                                         ONE_RANK_RUNS_NO_SHARD, PARITY_MODELS, REGISTRATION_RULES)
 from conformance.apis.registry import HOOK_APIS, planned_cases
-from conformance.spec import FSDP_STRATEGIES, HookSpec
+from conformance.spec import HookSpec
+from conformance.signatures import FSDP_STRATEGIES
 from tests.case_helpers import EVERYWHERE, NO_SHARD_ONLY, SPECS, any_strategy_hook, make_spec
 from tests.meta_helpers import plan_settings
 

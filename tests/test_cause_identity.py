@@ -20,7 +20,8 @@ import torch
 
 from conformance.apis.ddp.arithmetic import DdpArithmetic
 from conformance.protocol import UNNAMED_CAUSE, Cause, CheckResult, Finding, FindingKind, RankOutcome
-from conformance.ranks.diagnosis import SMALL_CALL, CallLog, HookCall, diagnose, too_small
+from conformance.ranks.diagnosis import SMALL_CALL, diagnose, too_small
+from conformance.ranks.hook_call import CallLog, HookCall
 from conformance.reports.report import findings_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

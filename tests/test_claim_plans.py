@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conformance.apis.registry import HOOK_APIS, planned_cases
-from conformance.spec import HookSpec, SpecError
+from conformance.spec import HookSpec
+from conformance.signatures import SpecError
 from tests.meta_helpers import plan_settings
 
 

@@ -16,7 +16,8 @@ import time
 import pytest
 import torch
 
-from conformance.shared.compare import SAME_BITS_PROBE, Mismatch, bits_equal, compare_bitwise, same_bits, ulp_distance
+from conformance.shared.compare import SAME_BITS_PROBE, Mismatch, compare_bitwise, same_bits
+from conformance.ulps import bits_equal, ulp_distance
 from conformance.ulps import INT_OF_SIZE
 from tests.compare_helpers import FLOATS, INF, f32_bits, from_bits, raw_bits
 

@@ -16,7 +16,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conformance.shared.compare import bits_equal, compare_bitwise, ulp_distance, ulp_distance_in
+from conformance.shared.compare import compare_bitwise
+from conformance.ulps import bits_equal, ulp_distance, ulp_distance_in
 from tests.compare_helpers import FLOATS, INF, NBITS, f32_bits, from_bits, oracle_ulp, step
 
 

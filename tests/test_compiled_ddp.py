@@ -25,9 +25,10 @@ import torch.distributed as dist  # noqa: F401 - named in an annotation below
 from conformance import HookSpec
 from conformance.apis.ddp import plan as ddp_plan
 from conformance.apis.ddp.builtin_hooks import DDP_HOOKS
-from conformance.apis.ddp.compiled import GRADBUCKET_NOTE, convention_error, registration_refused
+from conformance.apis.ddp.compiled import convention_error, registration_refused
+from conformance.apis.ddp.plan import GRADBUCKET_NOTE
 from conformance.apis.ddp.plan import COMPILED_NOT_DECLARED
-from conformance.spec import SpecError
+from conformance.signatures import SpecError
 from conformance.apis.registry import planned_cases
 from tests.meta_helpers import BackgroundJob, SuiteRun, plan_settings, run_suite
 from tests.zoo import ddp_compiled_hooks as zoo

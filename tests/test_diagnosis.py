@@ -20,7 +20,8 @@ from conformance.apis.ddp.arithmetic import DdpArithmetic
 from conformance.apis.fsdp.arithmetic import FsdpArithmetic
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.reduction import in_rank_order
-from conformance.ranks.diagnosis import HookCall, explain
+from conformance.ranks.diagnosis import explain
+from conformance.ranks.hook_call import HookCall
 
 WORLD_SIZE = 3
 

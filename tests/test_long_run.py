@@ -11,7 +11,7 @@ import torch
 from conformance.apis import LONG_RUN_STEPS
 from conformance.models import get_model
 from conformance.ranks.checks.long_run import CHECK_IN_EVERY, check_in
-from conformance.shared.standalone_main import regression_inputs, regression_loss
+from conformance.shared.standalone_inputs import regression_inputs, regression_loss
 
 
 def test_the_ranks_check_in_often_at_first_then_every_so_many_steps_and_at_the_end():

@@ -21,7 +21,8 @@ import pytest
 from conformance.controller.attribution import (DECLARE_LOSSY_HINT, Blame, CaseFacts, Replay, Run, attribute,
                                                 lossy_hint_fits)
 from conformance.protocol import CaseResult, CheckResult, Finding, RankOutcome
-from conformance.spec import HookSpec, LossyContract, SpecError
+from conformance.signatures import SpecError
+from conformance.spec import HookSpec, LossyContract
 from tests.meta_helpers import planned_test_names
 from tests.meta_zoos import (LOSSY, LOSSY_EXCEEDS_BOUND, LOSSY_HINT, LOSSY_MORE_ACCURATE,
                              LOSSY_UNDECLARED_UNEXPLAINED)

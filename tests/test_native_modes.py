@@ -10,7 +10,8 @@ import torch
 from conformance.apis.ddp import native_modes
 from conformance.apis.ddp.builtin_hooks import DDP_HOOKS
 from conformance.apis.registry import planned_cases
-from conformance.spec import HookSpec, SpecError
+from conformance.spec import HookSpec
+from conformance.signatures import SpecError
 from tests.meta_helpers import plan_settings
 
 

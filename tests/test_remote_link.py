@@ -24,7 +24,8 @@ from conformance.protocol import recv, send
 from conformance.controller.remote import RankListener
 from conformance.shared.remote_link import LinkError, parse_address, read_authkey
 from conformance.ranks.remote_worker import without_own_threads
-from conformance.controller.settings import OPTIONS, SettingsError, resolve
+from conformance.controller.settings import resolve
+from conformance.controller.options import OPTIONS, SettingsError
 
 KEY = b"0123456789abcdef0123456789abcdef"
 

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 import torch
 
-from conformance.controller.settings import SettingsError
+from conformance.controller.options import SettingsError
 from conformance.reproducers import writer
 from conformance.shared import standalone_launch, standalone_main
 from tests.meta_helpers import BackgroundJob, ZooRuns

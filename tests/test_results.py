@@ -20,7 +20,7 @@ from conformance.reports.markdown_summary import markdown_summary
 from conformance.reports.matrix import hook_matrix, matrix_markdown, matrix_text, pattern
 from conformance.reports.results import CaseRecord, ResultsError
 from conformance.reports.verdict import Status, Verdict
-from conformance.controller.settings import SettingsError
+from conformance.controller.options import SettingsError
 from conformance.shared.files import write_atomic
 from tests.test_settings import settings
 

@@ -26,7 +26,8 @@ from conformance.apis.fsdp2_all_reduce.arithmetic import AllReduceHookArithmetic
 from conformance.apis.fsdp2_replica.arithmetic import ReplicaArithmetic
 from conformance.ranks.arithmetic import narrower_than
 from conformance.ranks.cause_words import Words
-from conformance.ranks.diagnosis import HookCall, explain
+from conformance.ranks.diagnosis import explain
+from conformance.ranks.hook_call import HookCall
 from conformance.ranks.reduction import REDUCE_SCATTER, Reduction
 
 #: The diagnosis recomputes a reduce-scatter with dist.reduce_scatter_tensor, which torch 2.13 deprecates by name.

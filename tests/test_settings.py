@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.controller.settings import (DEFAULT_HYPOTHESIS_EXAMPLES, DEFAULT_RANK_LOG_LIMIT_MIB,
-                                             DEFAULT_RANK_MEMORY_GROWTH_MIB, HYPOTHESIS_SEED_DEST, OPTIONS)
+from conformance.controller.options import (DEFAULT_HYPOTHESIS_EXAMPLES, DEFAULT_RANK_LOG_LIMIT_MIB,
+                                            DEFAULT_RANK_MEMORY_GROWTH_MIB, HYPOTHESIS_SEED_DEST, OPTIONS)
 from tests.settings_helpers import DESTS, settings, settings_error
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.controller.settings import HYPOTHESIS_SEED_DEST, resolve
+from conformance.controller.settings import resolve
+from conformance.controller.options import HYPOTHESIS_SEED_DEST
 from tests.settings_helpers import getoption, settings, settings_error
 
 

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from conformance.controller.settings import CPU_RANK_MEMORY_BYTES, OPTIONS, Settings, SettingsError, resolve
+from conformance.controller.settings import Settings, resolve
+from conformance.controller.options import OPTIONS, SettingsError
+from conformance.controller.capacity import CPU_RANK_MEMORY_BYTES
 from tests.settings_helpers import getoption, settings
 
 

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from torch.distributed.algorithms._comm_hooks import default_hooks
 from torch.distributed.fsdp import ShardingStrategy
 
-from conformance.spec import FSDP_STRATEGIES, HookSpec, SpecError
+from conformance.spec import HookSpec
+from conformance.signatures import FSDP_STRATEGIES, SpecError
 
 SHARDED = {"FULL_SHARD", "SHARD_GRAD_OP"}
 ALL = {"NO_SHARD"} | SHARDED

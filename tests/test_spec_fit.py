@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from conformance.apis.ddp.cpp_hooks import CppCommHook
-from conformance.spec import HookSpec, SpecError
+from conformance.spec import HookSpec
+from conformance.signatures import SpecError
 
 
 def _state(pg):

@@ -21,7 +21,8 @@ import pytest
 
 from conformance.apis.fsdp import builtin_hooks as builtin_fsdp
 from conformance.shared.spec_loading import BUILTIN_TARGETS, ENTRY_POINT_GROUP, entry_point_targets, load_specs, load_target
-from conformance.spec import HookSpec, SpecError
+from conformance.spec import HookSpec
+from conformance.signatures import SpecError
 from tests.data import hooks as data_hooks
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,8 @@ from conformance.apis.registry import HOOK_APIS, planned_cases
 from conformance.apis.switches import COMBINED_MODEL, COMBINED_NODES, COMBINED_STEPS
 from conformance.cases import parse_case_id
 from conformance.models import SWITCH_PROBES
-from conformance.spec import HookSpec, LossyContract, SpecError, Switches
+from conformance.spec import HookSpec, LossyContract, Switches
+from conformance.signatures import SpecError
 from tests.meta_helpers import plan_settings
 from tests.test_claim_plans import HOOKS
 

@@ -2,7 +2,7 @@
 
 ``conformance.ranks.topology`` mirrors torch.distributed.elastic's assignment for a homogeneous job (node ``n``
 holds global ranks ``n * local ... (n + 1) * local - 1``); the reproducers carry a torch-only copy
-(``standalone_main.layout_env``), which must say the same.
+(``standalone_launch.layout_env``), which must say the same.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conformance.cases import CaseParams, case_id, parse_case_id
 from conformance.ranks import topology
-from conformance.shared.standalone_main import layout_env
+from conformance.shared.standalone_launch import layout_env
 from conformance.reports.report import header
 
 

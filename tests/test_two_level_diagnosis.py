@@ -19,7 +19,8 @@ import torch.multiprocessing as mp
 
 from conformance.apis.ddp.arithmetic import DdpArithmetic
 from conformance.apis.fsdp.arithmetic import FsdpArithmetic
-from conformance.ranks.diagnosis import HookCall, explain
+from conformance.ranks.diagnosis import explain
+from conformance.ranks.hook_call import HookCall
 from conformance.ranks.reduction import NODES, Reduction, Scale
 from conformance.ranks.topology import torchrun_env
 

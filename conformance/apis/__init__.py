@@ -161,7 +161,7 @@ class HookApi:
         stateful: the hook takes a state built on each rank by ``spec.state(process_group)``.
         validate: ``validate(spec)`` checks the spec's hook against the API's
             calling convention and returns the spec's strategies (``fsdp``) or
-            ``()``; raises :class:`~conformance.spec.SpecError`.
+            ``()``; raises :class:`~conformance.signatures.SpecError`.
         builtin_hooks: the hook target (``module:ATTR``, as ``--hook`` takes one) of PyTorch's own hooks for
             the API as specs, or ``None``. Its module is the API's ``builtin_hooks.py``, which
             :mod:`conformance.apis.controller_side` imports (with the API's default hook and standalone part,
@@ -176,7 +176,7 @@ class HookApi:
             of ``check(ctx, spec, **params)``; registered as ``<api>.<name>``.
         compiled_convention: the API has a compiled path that calls hooks another way (DDP under compiled
             autograd: ``hook(state, (grad, param))``), so a spec may say its hook takes it
-            (``HookSpec.compiled_ddp``); elsewhere that is a :class:`~conformance.spec.SpecError`.
+            (``HookSpec.compiled_ddp``); elsewhere that is a :class:`~conformance.signatures.SpecError`.
         native_modes: the API's natives a spec may say its hook is meant for (``HookSpec.native_modes``), the
             first the default: DDP's ``("default", "batched_grad_copy")``; ``()``: one native only.
         catalogue_plan: how the API plans a check the catalogue plans (:data:`CataloguePlan`); with it, every

@@ -224,7 +224,7 @@ def placed_positions(numel: int, world_size: int) -> List[int]:
 
 def placed_examples(world_size: int, shapes: Shapes, reduce_dtype: Optional[torch.dtype]) -> List[Tuple[str, Any]]:
     """The named examples of a probe of production size (``large_probe``), as descriptions each rank builds
-    (:func:`~conformance.shared.standalone_main.placed_tensor`): ordinary values everywhere (uniform in
+    (:func:`~conformance.shared.standalone_inputs.placed_tensor`): ordinary values everywhere (uniform in
     [-1, 1), seeded by rank and parameter), then
 
     * every pattern of :func:`named_hard_values` placed at :func:`placed_positions` (position ``j`` holds

@@ -36,7 +36,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from conformance.controller.pools import (Pool, PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step,
+from conformance.controller.pools import (PoolConfig, PoolStartError, SpecLoadError, gather_outcomes, in_step,
                                           memory_grown)
 from conformance.shared.phase_board import PhaseBoard
 from conformance.shared.rank_log import RankLog

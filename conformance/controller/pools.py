@@ -15,7 +15,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Tuple
 
-from conformance.controller.settings import DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB
+from conformance.controller.options import DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
 
 __all__ = ["MAX_TIMEOUTS_PER_CASE", "Pool", "PoolConfig", "PoolStartError", "STRAGGLER_GRACE_S", "SpecLoadError",

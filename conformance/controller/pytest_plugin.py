@@ -31,8 +31,9 @@ from conformance.shared.spec_loading import LoadedSpec, load_specs, user_paths_f
 from conformance.reports import results_plugin, session_report
 from conformance.reports.bookkeeper import PLUGIN_NAME as BOOKKEEPER, Bookkeeper
 from conformance.reports.report_guard import PLUGIN_NAME as REPORT_FILES, ReportGuard
-from conformance.reports.summary import Summary, case_hook, case_of
-from conformance.spec import SpecError
+from conformance.reports.summary import Summary
+from conformance.reports.bookkeeper import case_hook, case_of
+from conformance.signatures import SpecError
 
 #: The oldest torch the suite runs on (README's compatibility table).
 MIN_TORCH = (2, 4)

@@ -19,17 +19,15 @@ import torch
 from conformance import fixtures
 from conformance.shared.remote_link import LinkError, parse_address, read_authkey
 
-# Declared in their own modules, and importable from here as before.
-from conformance.controller.capacity import (CPU_RANK_MEMORY_BYTES, MAX_CPU_RANKS_PER_CORE, available_memory,  # noqa: F401
-                                  check_cpu_capacity, cpu_count)
-from conformance.controller.options import (DEFAULT_CASE_TIMEOUT_S, DEFAULT_HYPOTHESIS_EXAMPLES,  # noqa: F401
-                                 DEFAULT_LISTEN_TIMEOUT_S, DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB,
-                                 DEPTHS, HYPOTHESIS_SEED_DEST, NIGHTLY_HYPOTHESIS_EXAMPLES, OPTIONS, Option,
-                                 SettingsError)
+from conformance.controller.capacity import available_memory, check_cpu_capacity, cpu_count
+from conformance.controller.options import (DEFAULT_CASE_TIMEOUT_S, DEFAULT_HYPOTHESIS_EXAMPLES,
+                                            DEFAULT_LISTEN_TIMEOUT_S, DEFAULT_RANK_LOG_LIMIT_MIB,
+                                            DEFAULT_RANK_MEMORY_GROWTH_MIB, DEPTHS, HYPOTHESIS_SEED_DEST,
+                                            NIGHTLY_HYPOTHESIS_EXAMPLES, OPTIONS, SettingsError)
 from conformance.controller.option_values import (flag, given_value, integer, listen_timeout, mib_in_bytes,
                                                  positive_ratio, results_paths)
 
-__all__ = ["OPTIONS", "Settings", "SettingsError", "resolve"]
+__all__ = ["Settings", "resolve"]
 
 #: World sizes the default run adds as gloo pools on the CPU when the machine's defaults
 #: give world size 1 (one GPU): averaging over one rank proves nothing.

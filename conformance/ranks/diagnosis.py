@@ -72,8 +72,7 @@ import torch.distributed as dist
 from conformance.protocol import Cause, Finding, FindingKind
 from conformance.ranks.arithmetic import Arithmetic, Candidate
 from conformance.shared.compare import same_bits
-# Re-exported: the recorders import what they keep of a call from here.
-from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives  # noqa: F401
+from conformance.ranks.hook_call import CallLog, HookCall
 from conformance.ulps import bits_equal
 
 #: Calls explained per failing step: each costs a dozen collectives, and the first ones tell the cause.

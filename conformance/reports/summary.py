@@ -20,13 +20,13 @@ import pytest
 
 from conformance import exit_codes
 from conformance.reports import report, results, results_plugin, session_report
-from conformance.reports.bookkeeper import Bookkeeper, case_hook, case_of
+from conformance.reports.bookkeeper import Bookkeeper
 from conformance.reports.hook_code import hook_code_of
 from conformance.reports.cost import hook_cost
 from conformance.reports.reach import hook_reach, not_checked_lines, reach_context
 from conformance.reports.verdict import Status, Verdict
 
-__all__ = ["Summary", "case_hook", "case_of"]
+__all__ = ["Summary"]
 
 
 class Summary:

@@ -31,9 +31,10 @@ from __future__ import annotations
 import ast
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from conformance.reproducers.source_edits import (atomic, bound_in, cut, fold_case_branches, parents, removed,
+from conformance.reproducers.source_edits import (atomic, bound_in, cut, fold_case_branches, removed,
                                                   removed_after_inlining, simple, uses_of, without_aliases,
                                                   without_empty_kwargs, without_local_lambdas)
+from conformance.reproducers.specialise import parents
 from conformance.reproducers.specialise import parsed, segment, walk
 
 __all__ = ["inlined"]

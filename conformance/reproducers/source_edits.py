@@ -19,9 +19,9 @@ import functools
 import re
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from conformance.reproducers.specialise import _case_constant, parents, parsed, segment, walk
+from conformance.reproducers.specialise import _case_constant, parsed, segment, walk
 
-__all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "parents", "removed",
+__all__ = ["ALIASES", "atomic", "bound_in", "cut", "fold_case_branches", "removed",
            "removed_after_inlining", "simple", "uses_of",
            "without_aliases", "without_blank_lines_in_blocks", "without_empty_kwargs", "without_local_lambdas"]
 

@@ -157,7 +157,7 @@ def _hex_values(t: torch.Tensor) -> List[str]:
 
 
 def _placed_hex(placed: Dict[str, Any]) -> Dict[str, Any]:
-    """A large hard input's description (``standalone_main.placed_tensor``) with its placed values as float hex."""
+    """A large hard input's description (``standalone_inputs.placed_tensor``) with its placed values as float hex."""
     return {**placed, "values": [float(v).hex() for v in placed["values"]]}
 
 

@@ -8,8 +8,8 @@ NaN, whatever its sign and payload. ``+0.0`` and ``-0.0`` are *not* equal
 
 * :func:`compare_bitwise`: ``None`` when equal, else a small picklable
   :class:`Mismatch` with diagnostics (it travels between rank processes).
-* :func:`bits_equal`, :func:`ulp_distance`, :func:`ulp_distance_in` and
-  :func:`dtype_name` are :mod:`conformance.ulps`'s, re-exported here.
+* the bit views and ULP distances it reports with are :mod:`conformance.ulps`'s
+  (:func:`~conformance.ulps.bits_equal`, :func:`~conformance.ulps.ulp_distance`).
 
 Supported dtypes: float16, bfloat16, float32, float64 and the float8 formats
 (compared through int16/int16/int32/int64/int8 bit views), integer dtypes and
@@ -28,7 +28,7 @@ import torch
 from conformance.ulps import (INT_OF_SIZE, ULP_DTYPES, bits_equal, dtype_name, prepare, ulp_distance,
                                     ulp_distance_in)
 
-__all__ = ["Mismatch", "bits_equal", "compare_bitwise", "dtype_name", "same_bits", "ulp_distance", "ulp_distance_in"]
+__all__ = ["Mismatch", "compare_bitwise", "same_bits"]
 
 #: Significant decimal digits that always round-trip, per dtype (max_digits10).
 _MAX_DIGITS = {torch.float16: 5, torch.bfloat16: 4, torch.float32: 9}

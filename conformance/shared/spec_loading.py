@@ -3,7 +3,7 @@
 ``ATTR`` names one :class:`~conformance.spec.HookSpec` or a list/tuple of them.
 Installed packages offer specs through the entry-point group
 ``conformance.hooks`` (each entry point's value is a ``module:ATTR`` target).
-Every error is a :class:`~conformance.spec.SpecError` raised before any rank
+Every error is a :class:`~conformance.signatures.SpecError` raised before any rank
 process is spawned, and its message says what to fix.
 """
 
@@ -18,7 +18,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.shared import suite_checkout
 from conformance.apis.registry import HOOK_APIS
-from conformance.spec import HookSpec, SpecError
+from conformance.spec import HookSpec
+from conformance.signatures import SpecError
 
 __all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "LoadedSpec", "load_specs", "load_target", "pythonpath_to_rerun"]
 

@@ -42,13 +42,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# The pieces, imported from here too (the rank side and the tests read them as standalone_main's).
-from conformance.shared.standalone_compare import (first_difference,  # noqa: F401
-                                                   fqn_inside_ddp, fqn_without_wrappers, local)
-from conformance.shared.standalone_inputs import (PLACED_PERIOD, SeededInputs, placed_tensor,  # noqa: F401
-                                                  regression_inputs, regression_loss)
-from conformance.shared.standalone_launch import (COULD_NOT_RUN, NOT_REPRODUCED, REPRODUCED,  # noqa: F401
-                                                  launch, layout_env, pin_nccl)
+from conformance.shared.standalone_compare import first_difference
+from conformance.shared.standalone_launch import COULD_NOT_RUN, NOT_REPRODUCED, REPRODUCED, launch, layout_env, pin_nccl
 
 #: The modules a reproducer's code is read from, lowest first (:mod:`conformance.reproducers.sources`).
 PIECES = ("conformance.shared.standalone_compare", "conformance.shared.standalone_inputs",

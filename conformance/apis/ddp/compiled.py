@@ -35,7 +35,7 @@ would: any Python wrapper would be traced with it, and a wrapper with side
 effects recompiles every step. So the recorder (:class:`CompiledHookRecorder`)
 sees no call. After each step it recomputes every parameter's local gradient
 eagerly, from a plain copy of the model at the hooked model's parameters, and
-logs one :class:`~conformance.ranks.diagnosis.HookCall` per parameter (that
+logs one :class:`~conformance.ranks.hook_call.HookCall` per parameter (that
 gradient in, ``param.grad`` out) for the diagnosis.
 """
 
@@ -54,16 +54,15 @@ from conformance.apis.ddp.arithmetic import CompiledDdpArithmetic
 # GRADBUCKET_NOTE: the plan's skip reason for hooks that say they take a GradBucket (PyTorch's own), and the
 # start of the finding for one that only shows it when called.
 from conformance.apis.ddp.plan import GRADBUCKET_NOTE, compiled_unavailable
-from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.models import get_model
 from conformance.protocol import Finding, FindingKind
 from conformance.ranks import reach
 from conformance.ranks.checks.common import model_no_sync
 from conformance.ranks.checks.models import Recorder
-from conformance.ranks.diagnosis import CallLog, HookCall
+from conformance.ranks.hook_call import CallLog, HookCall
 from conformance.shared.compare import same_bits
 
-__all__ = ["COMPILE_BACKEND", "COMPILED_REFERENCE", "GRADBUCKET_NOTE", "CompiledHookRecorder", "CompiledTraining",
+__all__ = ["COMPILE_BACKEND", "COMPILED_REFERENCE", "CompiledHookRecorder", "CompiledTraining",
            "compiled_ddp_missing", "convention_error", "registration_refused"]
 
 #: ``torch.compile`` backend of the compiled cases: AOT autograd's graphs run eagerly, so no C++ compiler is

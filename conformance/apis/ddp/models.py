@@ -40,17 +40,16 @@ from conformance.apis.ddp.compiled import (COMPILED_REFERENCE, CompiledHookRecor
 from conformance.apis.ddp.cpp_hooks import is_cpp_hook
 from conformance.apis.ddp.recorder import CppHookRecorder, DDPHookRecorder
 from conformance.apis.ddp.native_modes import divides
-from conformance.apis.ddp.reference import reference_hook, reference_name
-# The configs live in the API's standalone part, of which reproducers copy what a case runs; imported from here too.
-from conformance.apis.ddp.standalone import (ALL_CONFIGS, BUCKET_PER_PARAM_CAP_MB, COMPILED_CONFIG,  # noqa: F401
-                                             CONFIGS, NO_SYNC_MICRO_STEPS, SMALL_BUCKET_CAP_MB, in_param_dtype,
-                                             micro_steps, wrap_ddp)
+from conformance.apis.ddp.reference import reference_name
+from conformance.apis.ddp.standalone import (ALL_CONFIGS, COMPILED_CONFIG, in_param_dtype, micro_steps, reference_hook,
+                                             wrap_ddp)
 from conformance.models import get_model
 from conformance.ranks import hook_code
-from conformance.ranks.checks.common import fqn_inside_ddp, model_no_sync, named_grads, named_params, train_step
+from conformance.ranks.checks.common import model_no_sync, named_grads, named_params, train_step
+from conformance.shared.standalone_compare import fqn_inside_ddp
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built
-from conformance.shared.compare import dtype_name
+from conformance.ulps import dtype_name
 
 def build_ddp(model_name: str, ctx: Any, config: str, param_dtype: Optional[torch.dtype] = None, *,
               batched: bool = False) -> nn.Module:

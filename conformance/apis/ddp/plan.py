@@ -3,7 +3,7 @@
 DDP calls ``hook(state, bucket)`` once per gradient bucket of a synchronising
 backward and expects a ``torch.futures.Future`` of the bucket's new contents.
 A spec's cases vary the training configuration (the case field ``config``,
-:data:`conformance.apis.ddp.models.CONFIGS`). The rank side (models, configs) is
+:data:`conformance.apis.ddp.standalone.CONFIGS`). The rank side (its models) is
 ``models.py``; the reference per claim ``reference.py``; the future contract
 and its recorder ``future.py``; the diagnosis's arithmetic ``arithmetic.py``.
 

@@ -14,9 +14,7 @@ from typing import Any
 
 import torch
 
-# The reference hooks live in the API's standalone part, of which reproducers copy what a case runs (torch only).
-from conformance.apis.ddp.standalone import reference_hook  # noqa: F401 - imported from here too
-from conformance.shared.compare import dtype_name
+from conformance.ulps import dtype_name
 
 
 def reference_name(spec: Any) -> str:

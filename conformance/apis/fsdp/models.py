@@ -25,11 +25,12 @@ from conformance.apis.fsdp.standalone import low_precision_grads_mixed_precision
 from conformance.models import get_model
 from conformance.protocol import Finding, FindingKind
 from conformance.ranks import hook_code, reach
-from conformance.ranks.checks.common import fqn_without_wrappers, named_grads, named_params
+from conformance.ranks.checks.common import named_grads, named_params
+from conformance.shared.standalone_compare import fqn_without_wrappers
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
-from conformance.shared.compare import dtype_name
-from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
+from conformance.ulps import dtype_name
+from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives
 
 
 def build_fsdp(model_name: str, ctx: Any, strategy: str, *, mixed_precision: Any = None,

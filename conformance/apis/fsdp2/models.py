@@ -26,9 +26,9 @@ from conformance.apis.fsdp2_common.registration_rules import registration_check
 from conformance.apis.fsdp2_common.setup import Fsdp2Config
 from conformance.apis.fsdp2_common.standalone import fsdp_modules
 from conformance.models import get_model
-from conformance.ranks.checks.common import fqn_without_wrappers
+from conformance.shared.standalone_compare import fqn_without_wrappers
 from conformance.ranks.checks.models import NativeDoesNotHold, Recorder
-from conformance.shared.compare import dtype_name
+from conformance.ulps import dtype_name
 
 #: ``fsdp2.registration``: the registration rules of ``set_custom_reduce_scatter`` with the spec's comm (made by
 #: its factory, as every check makes it), on a 1-D mesh over the pool (``config="default"``).

@@ -19,8 +19,8 @@ from conformance.apis.fsdp2_common.recorders import allocation_problem
 from conformance.protocol import Finding, FindingKind
 from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
-from conformance.shared.compare import dtype_name
-from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
+from conformance.ulps import dtype_name
+from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives
 
 
 def op_name(op: Any) -> str:

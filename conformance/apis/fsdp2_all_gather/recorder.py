@@ -28,7 +28,7 @@ from conformance.protocol import Finding, FindingKind
 from conformance.ranks import cost, hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.hook_call import CallLog, watching_works
-from conformance.shared.compare import dtype_name
+from conformance.ulps import dtype_name
 
 #: Wrong gathers reported per step and rank (the first ones; the others say the same).
 MAX_REPORTED = 2

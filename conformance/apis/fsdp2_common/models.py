@@ -29,10 +29,11 @@ from conformance.apis.fsdp2_common.build import build_model, mesh_for
 from conformance.apis.fsdp2_common.registration import register_on_every_module
 from conformance.apis.fsdp2_common.setup import Fsdp2Config, Fsdp2Setup
 from conformance.ranks import hook_code
-from conformance.ranks.checks.common import View, fqn_without_wrappers, named_grads, named_params
+from conformance.ranks.checks.common import View, named_grads, named_params
+from conformance.shared.standalone_compare import fqn_without_wrappers
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
-from conformance.shared.compare import dtype_name
+from conformance.ulps import dtype_name
 
 
 def full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:

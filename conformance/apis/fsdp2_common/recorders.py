@@ -15,8 +15,8 @@ import torch
 from conformance.protocol import Finding, FindingKind
 from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
-from conformance.shared.compare import dtype_name
-from conformance.ranks.diagnosis import CallLog, HookCall, counting_collectives
+from conformance.ulps import dtype_name
+from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives
 
 __all__ = ["HookRecorder", "allocation_problem"]
 

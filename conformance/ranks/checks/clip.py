@@ -21,11 +21,10 @@ import torch
 from torch import nn
 
 from conformance.protocol import Finding
-from conformance.ranks.checks.common import (MOMENTUM, compare_named, reference_result, sgd, shared_check, train_alone,
-                                             train_step)
+from conformance.ranks.checks.common import compare_named, reference_result, sgd, shared_check, train_alone, train_step
+from conformance.catalogue import CLIP_GRAD_NORM, MOMENTUM
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
-from conformance.catalogue import CLIP_GRAD_NORM
 
 #: ``max_norm`` of the clip_grad_norm_ cases (:data:`conformance.catalogue.CLIP_MAX_NORM`, which the
 #: reproducers read too): small enough that every reference model's gradients are scaled down (so the clipped

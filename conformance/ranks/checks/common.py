@@ -18,11 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.shared.compare import compare_bitwise
-# SGD's momentum in the lock-step checks: with the other training defaults, shared with the reproducer writer.
-from conformance.catalogue import MOMENTUM  # noqa: F401
-# The parameter-name helpers live in the reproducers' loop (torch only), which copies them into every file;
-# imported from here too.
-from conformance.shared.standalone_main import fqn_inside_ddp, fqn_without_wrappers, local  # noqa: F401
+from conformance.shared.standalone_compare import fqn_without_wrappers, local
 from conformance.ulps import INT_OF_SIZE
 from conformance.protocol import REFERENCE_DIGEST, CheckResult, Finding, FindingKind
 from conformance.catalogue import CATALOGUE

@@ -26,12 +26,12 @@ from typing import Any, List
 import torch
 
 from conformance.protocol import CheckResult, Finding
-from conformance.ranks.checks.common import (MOMENTUM, averaging_findings, grads_per_step, sgd, shared_check,
-                                             train_alone, train_step)
+from conformance.ranks.checks.common import (averaging_findings, grads_per_step, sgd, shared_check, train_alone,
+                                             train_step)
+from conformance.catalogue import AVERAGING, MOMENTUM, PARITY, SECOND_MODEL
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
 from conformance.ranks.diagnosis import diagnose
-from conformance.catalogue import AVERAGING, PARITY, SECOND_MODEL
 
 
 @shared_check("averaging")

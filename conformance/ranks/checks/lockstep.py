@@ -18,7 +18,8 @@ import torch
 
 from conformance.protocol import Finding, FindingKind
 from conformance.ranks import cost
-from conformance.ranks.checks.common import MOMENTUM, View, compare_named, sgd, train_step
+from conformance.ranks.checks.common import View, compare_named, sgd, train_step
+from conformance.catalogue import MOMENTUM
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
 from conformance.ranks.diagnosis import diagnose
 

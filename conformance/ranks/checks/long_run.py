@@ -18,7 +18,7 @@ steps never meets them. :func:`long_run` trains the reference model and the hook
    a reproducer trains to.
 
 The objective is a regression onto random targets with inputs that change every step
-(:func:`~conformance.shared.standalone_main.regression_inputs`, ``regression_loss``): a model trained on its
+(:func:`~conformance.shared.standalone_inputs.regression_inputs`, ``regression_loss``): a model trained on its
 own ``output.sum()`` overflows within ten steps, after which NaN equals NaN on both sides and nothing is checked.
 """
 
@@ -31,12 +31,12 @@ import torch
 
 from conformance.protocol import CheckResult, Finding, FindingKind
 from conformance.ranks import cost
-from conformance.ranks.checks.common import MOMENTUM, compare_named, reference_result, sgd, shared_check
+from conformance.ranks.checks.common import compare_named, reference_result, sgd, shared_check
+from conformance.catalogue import LONG_RUN, MOMENTUM
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import ApiModels, Built, MakeModels
-# The objective lives in the reproducers' loop (torch only), which copies it into every file; imported from here.
-from conformance.shared.standalone_main import regression_inputs, regression_loss
-from conformance.catalogue import LONG_RUN
+# The objective is the reproducers' (torch only), which copy it into every file.
+from conformance.shared.standalone_inputs import regression_inputs, regression_loss
 
 __all__ = ["CHECK_IN_EVERY", "check_in", "long_run"]
 

@@ -46,8 +46,9 @@ from torch import nn
 
 from conformance.protocol import CheckResult, Finding
 from conformance.ranks import cost
-from conformance.ranks.checks.common import (MOMENTUM, compare_named, fqn_without_wrappers, sgd, shared_check,
-                                             train_step)
+from conformance.ranks.checks.common import compare_named, sgd, shared_check, train_step
+from conformance.shared.standalone_compare import fqn_without_wrappers
+from conformance.catalogue import MOMENTUM
 from conformance.ranks.checks.models import ApiModels, MakeModels
 
 __all__ = ["exact_mean", "lossy_determinism", "lossy_error", "lossy_loss", "relative_error"]

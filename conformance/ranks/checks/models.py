@@ -33,7 +33,7 @@ from conformance.ranks import reach
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.checks.common import (View, clip_with_torch, model_no_sync, named_grads, named_params,
                                              train_step)
-from conformance.ranks.diagnosis import CallLog
+from conformance.ranks.hook_call import CallLog
 
 __all__ = ["ApiModels", "Built", "MakeModels", "NativeDoesNotHold", "Recorder"]
 
@@ -50,7 +50,7 @@ class Recorder:
 
     Attributes:
         step: the training step, set by :meth:`run_step` before the step's backward passes.
-        log: the hook's calls (:class:`~conformance.ranks.diagnosis.CallLog`), for the diagnosis.
+        log: the hook's calls (:class:`~conformance.ranks.hook_call.CallLog`), for the diagnosis.
         recording: keep each call's input and result in :attr:`log` (a copy of every buffer, and the
             collectives counted); ``False`` in a long run's unrecorded pass
             (:mod:`conformance.ranks.checks.long_run`), which replays a difference with it on. The contract

@@ -26,12 +26,12 @@ from conformance.protocol import Finding
 from conformance.ranks.checks.common import shared_check
 from conformance.ranks.checks.lockstep import Lockstep, LockstepRun
 from conformance.ranks.checks.models import MakeModels
-from conformance.shared.standalone_main import placed_tensor
+from conformance.shared.standalone_inputs import placed_tensor
 from conformance.catalogue import HARD_INPUTS
 
 #: ``(label, grads)``: ``grads[rank][i]`` is the gradient of probe parameter ``i`` on ``rank``
 #: (float32, CPU), in the order of the probe's ``input_shapes()``; for a probe of production size
-#: (``large_probe``), its description instead (a dict, :func:`~conformance.shared.standalone_main.placed_tensor`),
+#: (``large_probe``), its description instead (a dict, :func:`~conformance.shared.standalone_inputs.placed_tensor`),
 #: built on the rank: tens of MiB a rank never travel through the pool's pipes.
 Example = Tuple[str, Sequence[Sequence[torch.Tensor]]]
 

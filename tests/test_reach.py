@@ -6,7 +6,7 @@ import types
 
 import torch
 
-from conformance.controller.reach import note_reach
+from conformance.reports.reach import note_reach
 from conformance.protocol import CaseResult, Case, RankOutcome
 from conformance.ranks import reach as meter
 from conformance.reports.reach import (Reach, bytes_text, hook_reach, not_checked, not_checked_lines, reach_from_json,

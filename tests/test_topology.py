@@ -89,7 +89,7 @@ def test_the_worker_simulates_only_a_case_of_several_nodes():
 
 def test_under_listen_the_layout_reported_is_torchruns_own():
     """torchrun's ranks say their node (GROUP_RANK) when they join; the pool's nodes are how many there are,
-    which replace a case's own in its reach (``conformance.controller.reach.note_reach``)."""
+    which replace a case's own in its reach (``conformance.reports.reach.note_reach``)."""
     from conformance.controller.remote import RemotePool
 
     pool = RemotePool.__new__(RemotePool)

@@ -22,7 +22,7 @@ from conformance.controller.failures import ConformanceFailure
 from conformance.controller.hard_examples import (MAX_DRAWN_ELEMENTS, NAMED_LABEL, RANK_MAGNITUDES_LABEL, Drawn,
                                                   hard_gradients, named_hard_values, placed_examples,
                                                   rank_magnitude_values)
-from conformance.controller.reach import note_reach
+from conformance.reports.reach import note_reach
 from conformance.models import get_model
 
 

@@ -62,7 +62,7 @@ from conformance.controller.attribution import Attribution, Blame, Replay, Run, 
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
 from conformance.controller.pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
-from conformance.controller.reach import note_reach
+from conformance.reports.reach import note_reach
 from conformance.controller.remote import remote_pool
 from conformance.controller.replays import CrashRerun, case_facts, replay
 from conformance.controller.zygote_client import close_zygote

@@ -10,19 +10,46 @@ The terminal prints its :attr:`Reach.text` inside the verdict's brackets (``CONF
 steps on buffers up to 33 KiB; 2 steps on buffers up to 29 MiB; 4 steps on buffers up to 33 KiB on 2 simulated
 nodes; world sizes 2, 3 and 4; gloo]``), and the JSON gives it per hook (``hooks[].reach``) and per case
 (``cases[].reach``), so a gate can tell what a verdict covers.
+
+A case's own figures travel as JUnit properties: :func:`note_reach` turns its ranks' measurements into the case's
+``steps`` and ``buffer_bytes`` properties (:data:`REACH_PROPERTIES`), which the bookkeeper keeps per case and, over
+the cases a hook passed, per hook (:mod:`conformance.reports.bookkeeper`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
-__all__ = ["REACH_PROPERTIES", "Reach", "bytes_text", "combinations", "hook_reach", "not_checked", "not_checked_lines",
-           "reach_context", "reach_from_json", "short_reason"]
+from conformance.protocol import CaseResult
+from conformance.reports.cost import COST_PROPERTY, combine_ranks
 
-#: The JUnit properties of a case's measured reach (:func:`conformance.controller.reach.note_reach`).
+__all__ = ["REACH_PROPERTIES", "Reach", "bytes_text", "combinations", "hook_reach", "not_checked", "not_checked_lines",
+           "note_reach", "reach_context", "reach_from_json", "short_reason"]
+
+#: The JUnit properties of a case's measured reach (:func:`note_reach`).
 REACH_PROPERTIES = ("steps", "buffer_bytes")
+
+
+def note_reach(request: Any, result: CaseResult, real_nodes: Optional[int] = None) -> None:
+    """Give the test the reach its ranks measured as JUnit properties: for each of :data:`REACH_PROPERTIES`,
+    the largest over the ranks and over the case's dispatches so far (a hard-input case sends several), where
+    the hook was called at all. ``real_nodes``: the nodes torchrun spread the ranks over (``--listen``,
+    :attr:`conformance.controller.remote.RemotePool.nodes`), which replace the case's own ``nodes``. The cost of a
+    training step its ranks measured (:mod:`conformance.ranks.cost`) becomes its ``cost`` property, once."""
+    props = request.node.user_properties
+    held = dict(props)
+    if real_nodes is not None and real_nodes != held.get("nodes"):
+        props.append(("nodes", real_nodes))
+    for key in REACH_PROPERTIES:
+        value = max([int(o.reach.get(key, 0)) for o in result.outcomes if o.reach] + [int(held.get(key) or 0)])
+        if value and value != held.get(key):
+            props.append((key, value))
+    cost = combine_ranks(o.cost for o in result.outcomes if o.ok)
+    if cost and COST_PROPERTY not in held:  # a case of several dispatches (hard inputs) keeps its first step's
+        props.append((COST_PROPERTY, json.dumps(cost, sort_keys=True, separators=(",", ":"))))
 
 
 def bytes_text(n: int) -> str:

@@ -56,7 +56,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
 
-from conformance.controller import case_failure, case_kinds
+from conformance.controller import case_kinds, failures
 from conformance.controller.across_ranks import findings_of
 from conformance.controller.attribution import Attribution, Blame, Replay, Run, attribute, case_run
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
@@ -282,7 +282,7 @@ class Runner:
         result, found, hook = run.result, list(run.findings), case.hook.name if case.hook is not None else None
         assert result is not None
         blame, reason = attribution.blame, attribution.reason
-        problems = case_failure.rank_problems(result, runs, self.crash_reruns)
+        problems = failures.rank_problems(result, runs, self.crash_reruns)
         if not problems and finished is not None:
             finished(result)
         if blame in (Blame.SUITE, Blame.MACHINE):
@@ -296,7 +296,7 @@ class Runner:
             return result
         closing.append(reason)
         if attribution.reproduced and not known_failure and reproduce:
-            closing.append(case_failure.reproducer_note(self.settings, self.specs.get(hook) if hook else None,
+            closing.append(failures.reproducer_note(self.settings, self.specs.get(hook) if hook else None,
                                                         case, world_size, found, describe))
         text = "\n".join(t for t in closing if t)
         header = report.header(hook, describe, world_size)
@@ -389,8 +389,8 @@ class Runner:
 
     def rerun_command(self, test_name: str, hook: Optional[str], world_size: Optional[int] = None) -> str:
         """The shell command that re-runs just ``test_name`` from a fresh shell here
-        (:func:`~conformance.controller.case_failure.rerun_command`)."""
-        return case_failure.rerun_command(self.settings, self.specs.get(hook) if hook else None, test_name,
+        (:func:`~conformance.controller.failures.rerun_command`)."""
+        return failures.rerun_command(self.settings, self.specs.get(hook) if hook else None, test_name,
                                           world_size)
 
     def fail_findings(self, test_name: str, hook: Optional[str], describe: Dict[str, Any], world_size: int,

@@ -10,7 +10,7 @@ part of the suite at once:
   (:attr:`CheckEntry.training`; ``None``: no reproducer);
 * whether a failure can be replayed with the reference alone or with PyTorch's default hook
   (:attr:`CheckEntry.replay_reference`, :attr:`CheckEntry.replay_default_hook`), which the controller's
-  attribution reads (:mod:`conformance.controller.replay_policy`);
+  attribution reads (:mod:`conformance.controller.replays`);
 * which of the suite's cases it has: either each API plans its own suite tests of it (the averaging, parity,
   long run, ... in ``conformance/apis/<api>/plan.py``), or the catalogue plans them
   (:attr:`CheckEntry.catalogued`): then every API of :attr:`CheckEntry.apis` has a suite test

@@ -84,14 +84,14 @@ def test_a_throwaway_check_is_planned_registered_and_collected_on_every_api(thro
 def test_the_replay_and_reproducer_tables_read_the_catalogue(throwaway):
     assert catalogue.check_training()[NAME] is throwaway.training
     assert "second_model" not in catalogue.check_training()  # no reproducer: its entry says so
-    from conformance.controller import replay_policy
+    from conformance.controller import replays
 
-    policy = importlib.reload(replay_policy)
+    policy = importlib.reload(replays)
     try:
         assert NAME in policy.REFERENCE_REPLAYABLE and NAME not in policy.DEFAULT_HOOK_REPLAYABLE
         assert f"ddp.{NAME}" in policy.REPLAYS_REFERENCE
     finally:
-        importlib.reload(replay_policy)
+        importlib.reload(replays)
 
 
 def test_every_entry_has_a_rank_function_and_every_shared_check_an_entry():

@@ -2,10 +2,10 @@
 
 The runner tells "PyTorch cannot run the suite's reference here" (a skip) from
 "the hook broke it" (a failure) by replaying a failed case with
-``reference_only=True`` (``conformance.controller.replays.replay_reference``). That
+``reference_only=True`` (``conformance.controller.replays.replay``). That
 replay must never build the hooked model or call anything of the hook's: if it
 did, a hook that raises would turn its own failure into a skip. Each check of
-``conformance.controller.replay_policy.REPLAYS_REFERENCE`` runs here on a one-rank gloo group with
+``conformance.controller.replays.REPLAYS_REFERENCE`` runs here on a one-rank gloo group with
 a spec whose hook, state and comm all raise.
 """
 
@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 import inspect
 
-from conformance.controller.replay_policy import DEFAULT_HOOK_REPLAYABLE, REFERENCE_REPLAYABLE, REPLAYS_REFERENCE
+from conformance.controller.replays import DEFAULT_HOOK_REPLAYABLE, REFERENCE_REPLAYABLE, REPLAYS_REFERENCE
 from conformance.ranks.checks import SHARED_CHECKS, get_rank_check
 from conformance.protocol import REFERENCE_DIGEST
 from conformance.spec import HookSpec

@@ -1,4 +1,20 @@
-"""The runs a case's attribution asks for, and the record of a case run again in fresh ranks.
+"""What the runner replays of a failed case, the runs a case's attribution asks for, and the record of a case
+run again in fresh ranks.
+
+After a failure the runner may run the case again in two ways:
+
+* with the **reference alone** (``reference_only=True``): the check builds and trains only its reference
+  model (the native path, no hook), so the controller can tell a reference that PyTorch cannot run here
+  (a skip) from a hook that broke it (a failure). Only a check that takes ``reference_only`` can
+  (:data:`REPLAYS_REFERENCE`);
+* with **PyTorch's default hook** in the hook's place (:mod:`conformance.controller.default_replay`): where
+  the check runs the same with any spec of its API and its reference is PyTorch's behaviour on this
+  torch version, a failure that no cause of the hook's own explains may be PyTorch's (:data:`REPLAYS_DEFAULT_HOOK`).
+
+The rank side only runs what it is asked; which of its shared checks are replayed each says in its entry of
+the check catalogue (:attr:`conformance.catalogue.CheckEntry.replay_reference` and ``replay_default_hook``), read
+here. ``tests/test_reference_replay.py`` holds every name of :data:`REFERENCE_REPLAYABLE` to a check that takes
+``reference_only``.
 
 Who is to blame for a case is decided by :func:`conformance.controller.attribution.attribute`, a pure function of
 the case's runs; this module runs what it asks for, on the runner's pools
@@ -18,7 +34,7 @@ the case's runs; this module runs what it asks for, on the runner's pools
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple
 
 import torch
 
@@ -28,11 +44,31 @@ from conformance.controller.attribution import CaseFacts, Replay, Run, first_los
 from conformance.controller.failures import NotRun
 from conformance.controller.pools import Pool, PoolStartError
 from conformance.protocol import Case, CaseResult, Finding, HookRef
-from conformance.controller.replay_policy import REPLAYS_DEFAULT_HOOK, REPLAYS_REFERENCE
+from conformance.catalogue import CATALOGUE
 from conformance.reports import report
 
-__all__ = ["CrashRerun", "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "ReplayRunner",
-           "case_facts", "replay", "second_run_outcome"]
+__all__ = ["CrashRerun", "DEFAULT_HOOK_REPLAYABLE", "REFERENCE_REPLAYABLE", "REPLAYS_DEFAULT_HOOK", "REPLAYS_REFERENCE",
+           "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "ReplayRunner", "case_facts", "replay",
+           "second_run_outcome"]
+
+#: The shared checks replayed with their reference alone: each takes ``reference_only=True``.
+REFERENCE_REPLAYABLE: FrozenSet[str] = frozenset(name for name, e in CATALOGUE.items() if e.replay_reference)
+#: The shared checks replayed with PyTorch's own default hook: each runs the same with any spec of its API,
+#: and its reference is PyTorch's behaviour on this torch version.
+DEFAULT_HOOK_REPLAYABLE: FrozenSet[str] = frozenset(name for name, e in CATALOGUE.items() if e.replay_default_hook)
+
+
+def _registered(shared: FrozenSet[str]) -> FrozenSet[str]:
+    """The registered names (``<api>.<check>``) of the shared checks in ``shared`` that any API's suite tests
+    run (:data:`conformance.apis.registry.HOOK_APIS`)."""
+    return frozenset(test.rank_check_name for api in HOOK_APIS.values() for test in api.plans.values()
+                     if test.rank_check in shared)
+
+
+#: Rank checks (``"fsdp.parity"``) the runner replays with ``reference_only=True``.
+REPLAYS_REFERENCE = _registered(REFERENCE_REPLAYABLE)
+#: Rank checks the runner may replay with PyTorch's own default hook.
+REPLAYS_DEFAULT_HOOK = _registered(DEFAULT_HOOK_REPLAYABLE)
 
 
 class ReplayRunner(Protocol):
@@ -109,7 +145,8 @@ def second_run_outcome(result: CaseResult) -> str:
     return RERUN_FINISHED if all(o.ok for o in result.outcomes) else RERUN_FAILED
 
 
-def _default_hook(runner: ReplayRunner, hook: str, params: Dict[str, Any], world_size: int) -> Tuple[Any, Optional[str], bool]:
+def _default_hook(runner: ReplayRunner, hook: str, params: Dict[str, Any],
+                  world_size: int) -> Tuple[Any, Optional[str], bool]:
     """``(api, name, itself)``: the hook's API, the name of PyTorch's own default hook for the case
     (``ControllerSide.default_hook``; ``None`` where the API names none), and whether the hook under test is that
     very built-in hook."""

@@ -83,7 +83,7 @@ def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = PA
     """Gradients and parameters bitwise equal to the reference (the native path for the hook's claim) after
     every step, per parameter FQN; ``steps`` of them, or the model's ``max_steps`` where fewer (a model of
     production-sized buffers). ``reference_only``: train the reference alone, with no hooked model built
-    (the runner's replay, :data:`conformance.controller.replay_policy.REPLAYS_REFERENCE`); returns no findings, and
+    (the runner's replay, :data:`conformance.controller.replays.REPLAYS_REFERENCE`); returns no findings, and
     the digest of the trained reference (:func:`~conformance.ranks.checks.common.reference_result`)."""
     models = make(ctx, spec, model=model, **variant)
     steps = min(steps, models.model_cls.max_steps or steps)

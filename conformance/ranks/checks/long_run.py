@@ -129,7 +129,7 @@ def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, l
     recorder on up to its step, for the findings and the diagnosis (module docstring).
 
     ``reference_only``: train the reference alone for ``steps`` steps (the runner's replay,
-    :data:`conformance.controller.replay_policy.REPLAYS_REFERENCE`); returns no findings, and the digest of the
+    :data:`conformance.controller.replays.REPLAYS_REFERENCE`); returns no findings, and the digest of the
     trained reference (:func:`~conformance.ranks.checks.common.reference_result`).
 
     Returns:

@@ -148,7 +148,8 @@ def test_clip_without_backward_is_a_float32_zero(gloo_group):
     """The no-gradient step of the FSDP clip check sees what PyTorch's test_no_gradients asserts: a float32
     zero. (At one rank FSDP falls back to NO_SHARD and to torch.nn.utils.clip_grad_norm_, which does not
     warn; the sharded path's "with no gradients" warning is compared between the models at 2 ranks.)"""
-    from conformance.apis.fsdp.models import build_fsdp, low_precision_grads_mixed_precision
+    from conformance.apis.fsdp.models import build_fsdp
+    from conformance.apis.fsdp.standalone import low_precision_grads_mixed_precision
     from conformance.models import get_model
     from conformance.ranks.checks.clip import clip_without_backward
 

@@ -254,8 +254,8 @@ REACH_MODELS = ("large_probe",)
 
 
 def is_reach_case(case: CaseParams) -> bool:
-    """Whether ``case`` is one of the reach's (issue 28): a production-sized model, a long run, a simulated
-    layout of several nodes, or a combined case (issue 44). Such a case costs seconds; where a known failure also marks cases of the same hook
+    """Whether ``case`` is one of the reach's: a production-sized model, a long run, a simulated layout of several
+    nodes, or a combined case. Such a case costs seconds; where a known failure also marks cases of the same hook
     that are not, those run, and say whether the failure still holds
     (:func:`conformance.controller.pytest_plugin.pytest_collection_modifyitems`)."""
     return (case.model in REACH_MODELS or case.nodes > 1 or case.check.endswith("long_run")

@@ -1,4 +1,4 @@
-"""Where two switches meet: the combined cases every API's plan adds, from its long run (issue 44).
+"""Where two switches meet: the combined cases every API's plan adds, from its long run.
 
 The suite's reach cases run each axis on its own: the long runs train small models, the production-sized probe
 trains two steps, the node layouts run small models. A hook whose other path needs a warm-up *and* a large

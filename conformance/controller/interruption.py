@@ -17,9 +17,9 @@ written) is only acknowledged too: the run's reports and exit code stand, and
 agree with each other. To stop at once without a report, send SIGKILL (``kill -9``) or SIGQUIT
 (Ctrl-\\); the ranks follow the controller through their lifelines.
 
-Earlier versions stopped at once on the third signal. That is gone: a CI runner
-that escalates sends SIGKILL, which no handler sees anyway, and a person
-pressing Ctrl-C again and again then still gets the report.
+A third signal does not stop the run at once either: a CI runner that escalates
+sends SIGKILL, which no handler sees anyway, and a person pressing Ctrl-C again
+and again still gets the report.
 
 The ``conform`` command installs the handlers for the whole life of its
 process (:func:`process_signals`), so a signal before pytest has configured the

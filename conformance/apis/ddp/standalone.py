@@ -3,8 +3,8 @@
 A reproducer of a DDP case holds what the case runs of this module
 (:mod:`conformance.reproducers.sources`: an ``if`` on ``CASE`` as the branch the
 case takes, the config's constructor keywords as ``DDP_KWARGS``,
-:func:`reproducer_constants`); the suite imports its configs and reference
-hooks from here too (``models.py``, ``reference.py``), so the file builds the
+:func:`reproducer_constants`); the suite's rank side imports its configs and
+reference hooks from here (``models.py``), so the file builds the
 models exactly as the suite did. Its functions read the reproducer's globals
 ``CASE`` (``variant["config"]``, ``reduce_dtype``), ``DDP_KWARGS``, ``MODEL``,
 ``HOOK`` and ``STATE`` only when called.

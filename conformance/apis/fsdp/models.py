@@ -19,8 +19,7 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
 from conformance.apis.fsdp.arithmetic import FsdpArithmetic
-# The mixed-precision settings live in the API's standalone part, of which reproducers copy what a case runs; imported
-# from here too.
+# The mixed-precision settings live in the API's standalone part, of which reproducers copy what a case runs.
 from conformance.apis.fsdp.standalone import low_precision_grads_mixed_precision, native_mixed_precision
 from conformance.models import get_model
 from conformance.protocol import Finding, FindingKind

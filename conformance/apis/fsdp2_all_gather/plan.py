@@ -54,7 +54,7 @@ PLAN: RolePlan = {
 #: replay of a difference only): one FSDP unit, the cheapest per step, at the main world size.
 LONG_RUN_PLAN: RolePlan = {"main": (("default", "net_flat"),)}
 #: Hard parameter shards, per world-size role: at the main world size and on the subgroup mesh, and the
-#: production-sized probe (``large_probe``, issue 28) at the main world size and at 3: its ``wide`` unit's
+#: production-sized probe (``large_probe``) at the main world size and at 3: its ``wide`` unit's
 #: gather output has 6,620,006 elements at 2 ranks, 6,620,007 at 3 (more than 2^22; the parameter's 6,620,005
 #: a multiple of no world size and of no power of two), every element a distinct value or a hard one, so a
 #: chunk loop that drops the tail, a shard at a wrong offset or kept padding shows at production size.

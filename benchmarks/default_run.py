@@ -38,7 +38,7 @@ DEFAULT_WORLD_SIZES = (2, 3, 4)
 
 def pool_startup_s(fork: bool) -> float:
     """Seconds to launch and join the default run's pools together (then closed again)."""
-    from conformance.controller import pool as pool_mod
+    from conformance.controller import local_pool as pool_mod
     from conformance.controller import zygote_client
     from conformance.controller.pools import PoolConfig
 

@@ -140,7 +140,7 @@ def run_sample(session: SampleSession, output: Any) -> int:
     pytest's own terminal output goes to ``output`` (a text stream).
     """
     from conformance.controller import cli
-    from conformance.controller import pool as pool_mod
+    from conformance.controller import local_pool as pool_mod
     from conformance.controller import zygote_client
 
     plain_run = pool_mod.RankPool.run

@@ -161,7 +161,7 @@ def _stop_forkserver() -> None:
 # -- timing --------------------------------------------------------------------------------------------------------
 def _time_pool(world_size: int, kind: Callable[[Any], bool], what: str) -> float:
     """Seconds from ``RankPool.start`` to every rank ``READY``; the pool is closed after (not timed)."""
-    from conformance.controller.pool import RankPool
+    from conformance.controller.local_pool import RankPool
     from conformance.controller.pools import PoolConfig
 
     pool = RankPool(PoolConfig(world_size=world_size, backend="gloo", device="cpu", start_timeout_s=300.0))
@@ -197,7 +197,7 @@ def zygote_round(world_size: int) -> Dict[str, float]:
 def forkserver_round(world_size: int, warm: bool = False) -> Dict[str, float]:
     import multiprocessing
 
-    from conformance.controller import pool as pool_mod
+    from conformance.controller import local_pool as pool_mod
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["rank_start"] if warm else _forkserver_preload())

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 class Msg(str, enum.Enum):
     """The kind of a ``(kind, payload)`` message: who sends it, when, and its payload.
 
-    Controller and rank (local ranks over a socketpair, :mod:`conformance.controller.pool`;
+    Controller and rank (local ranks over a socketpair, :mod:`conformance.controller.local_pool`;
     torchrun's ranks over the authenticated link, :mod:`conformance.controller.remote`):
     """
 

@@ -156,7 +156,7 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
     """Ctrl-C while a pool spawns its ranks (as fresh interpreters) leaves none of them running."""
     import subprocess
 
-    from conformance.controller import pool as pool_mod
+    from conformance.controller import local_pool as pool_mod
     from conformance.controller.pools import PoolConfig
     from conformance.controller.zygote_client import close_zygote
 
@@ -184,7 +184,7 @@ def test_an_interrupted_start_kills_the_ranks_already_spawned(monkeypatch):
 
 def test_an_interrupted_start_kills_the_forked_ranks_already_spawned(monkeypatch):
     """The same with ranks forked by the zygote: Ctrl-C after the first rank leaves none running."""
-    from conformance.controller import pool as pool_mod
+    from conformance.controller import local_pool as pool_mod
     from conformance.controller.pools import PoolConfig
     from conformance.controller.zygote_client import close_zygote
     from conformance.controller import zygote_client

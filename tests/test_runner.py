@@ -165,7 +165,7 @@ def test_both_launchers_offer_every_method_of_the_pool_protocol_with_its_signatu
     a launcher may add optional ones after them)."""
     import inspect
 
-    from conformance.controller.pool import RankPool
+    from conformance.controller.local_pool import RankPool
     from conformance.controller.pools import Pool
     from conformance.controller.remote import RemotePool
 

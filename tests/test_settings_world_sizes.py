@@ -154,7 +154,7 @@ def test_rerun_of_a_case_on_an_added_cpu_pool_runs_it_on_gloo_cpu():
 def test_cpu_ranks_see_no_gpu_and_gpu_ranks_see_theirs(monkeypatch):
     """A one-GPU machine's cross-rank pools run on the CPU: their ranks must see no GPU, as on a CPU machine
     (PyTorch's own hooks take CUDA paths whenever CUDA is available); the NCCL pool's ranks keep the GPUs."""
-    from conformance.controller.pool import pool_env
+    from conformance.controller.local_pool import pool_env
     from conformance.controller.pools import PoolConfig
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")

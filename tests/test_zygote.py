@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conformance.controller import zygote_client
-from conformance.controller.pool import RankPool
+from conformance.controller.local_pool import RankPool
 from conformance.controller.pools import PoolConfig
 
 

@@ -1,7 +1,7 @@
 """What the two launchers of rank pools share: how a pool is configured, the :class:`Pool` protocol the
 runner is typed against, its errors, and the steps of a case both run alike.
 
-The launchers: :class:`conformance.controller.pool.RankPool` (ranks this machine starts, forked from the
+The launchers: :class:`conformance.controller.local_pool.RankPool` (ranks this machine starts, forked from the
 zygote) and :class:`conformance.controller.remote.RemotePool` (ranks torchrun started, on any node). Both
 send a case to every rank and gather one outcome each (:func:`gather_outcomes`), then check that the
 ranks still all-reduce together (:func:`in_step`) and that no rank's memory grew past the bound
@@ -76,7 +76,7 @@ class PoolConfig:
 class Pool(Protocol):
     """A pool of ranks that runs cases: what :class:`conformance.controller.runner.Runner` uses of one.
 
-    Implemented by :class:`conformance.controller.pool.RankPool` (local ranks) and
+    Implemented by :class:`conformance.controller.local_pool.RankPool` (local ranks) and
     :class:`conformance.controller.remote.RemotePool` (torchrun's ranks).
 
     Attributes:
@@ -152,7 +152,7 @@ def gather_outcomes(conns: Sequence[Connection], outcomes: Dict[int, RankOutcome
     :data:`MAX_TIMEOUTS_PER_CASE` times ``timeout_s`` in all: a 2,000-step long run on a loaded machine is
     slow, not hung, and a hook that hangs stops announcing. A rank whose connection breaks gets
     ``on_lost(rank, last phase)``. Returns each rank's last announced phase. Both launchers use it: the
-    local :class:`conformance.controller.pool.RankPool` and :class:`conformance.controller.remote.RemotePool`.
+    local :class:`conformance.controller.local_pool.RankPool` and :class:`conformance.controller.remote.RemotePool`.
     """
     phases = {r: "" for r in range(len(conns))}
 
@@ -194,7 +194,7 @@ def in_step(conns: Sequence[Connection], seq: int) -> Optional[str]:
     :data:`STRAGGLER_GRACE_S`, ranks out of step, or a rank's error: a default group that was destroyed or
     replaced, another group out of step). A group out of step is one that a collective left behind: issued
     on some ranks only, or by a rank that raised between two collectives; the next collective there would
-    pair with the stale one. Both launchers use it (:class:`conformance.controller.pool.RankPool`,
+    pair with the stale one. Both launchers use it (:class:`conformance.controller.local_pool.RankPool`,
     :class:`conformance.controller.remote.RemotePool`).
     """
     for conn in conns:

@@ -6,7 +6,7 @@ With ``--listen`` the controller starts no rank itself. torchrun
 here, proves it knows the shared secret (:mod:`conformance.shared.remote_link`) and
 joins one process group from torchrun's environment
 (:mod:`conformance.ranks.remote_worker`). :class:`RemotePool` then runs cases on
-them exactly as :class:`conformance.controller.pool.RankPool` does on local ranks: same
+them exactly as :class:`conformance.controller.local_pool.RankPool` does on local ranks: same
 messages, same outcomes, same verdicts.
 
 * :class:`conformance.controller.remote_listener.RankListener` accepts connections, only
@@ -71,7 +71,7 @@ class RanksNotConnected(PoolStartError):
 
 class RemotePool:
     """The ranks torchrun started, a :class:`~conformance.controller.pools.Pool` as
-    :class:`conformance.controller.pool.RankPool` is.
+    :class:`conformance.controller.local_pool.RankPool` is.
 
     Args:
         config: as for a local pool; ``world_size`` must equal torchrun's

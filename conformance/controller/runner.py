@@ -2,7 +2,7 @@
 
 :class:`Runner` is what the suite's tests call. It keeps one
 :class:`~conformance.controller.pools.Pool` per world size for the whole session (local
-ranks, :class:`~conformance.controller.pool.RankPool`, or torchrun's,
+ranks, :class:`~conformance.controller.local_pool.RankPool`, or torchrun's,
 :class:`~conformance.controller.remote.RemotePool`) and
 raises :class:`ConformanceFailure` (an ``AssertionError``, so pytest reports a
 plain failure) with a message that names the hook, check, strategy, model,
@@ -60,7 +60,7 @@ from conformance.controller import case_kinds, failures
 from conformance.controller.across_ranks import findings_of
 from conformance.controller.attribution import Attribution, Blame, Replay, Run, attribute, case_run
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
-from conformance.controller.pool import RankPool
+from conformance.controller.local_pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
 from conformance.reports.reach import note_reach
 from conformance.controller.remote import remote_pool

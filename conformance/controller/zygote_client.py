@@ -1,7 +1,7 @@
 """The controller's handle on the zygote, the template process that forks local ranks (:mod:`conformance.ranks.zygote`).
 
 One zygote per session (:func:`start_zygote`, :func:`close_zygote`): it imports
-torch and the suite once, and :class:`conformance.controller.pool.RankPool` asks it
+torch and the suite once, and :class:`conformance.controller.local_pool.RankPool` asks it
 to fork each rank (:meth:`_Zygote.spawn`), whose exit status it then reads through
 the zygote (:class:`_ForkedRank`, which offers the part of ``subprocess.Popen``'s
 interface the pool uses). ``CONFORM_FORK_RANKS=0``, or a platform without

@@ -1,7 +1,7 @@
 """A fingerprint of a rank's process-global state, and what a hook changed in it (rank side).
 
 A rank process checks one hook only (its pool is forked for that hook, see
-:mod:`conformance.controller.pool`), so nothing a hook leaves behind can reach another
+:mod:`conformance.controller.local_pool`), so nothing a hook leaves behind can reach another
 hook's verdict. It can still reach the hook's *own* later cases: a hook that
 calls ``torch.set_default_dtype(torch.float64)`` once makes every later model
 of the rank float64, reference included, and a float64 reduction then looks

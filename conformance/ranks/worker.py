@@ -1,6 +1,6 @@
 """The rank side of the pool: one process per rank, alive for the whole session.
 
-Started by :class:`conformance.controller.pool.RankPool` as ``python -m conformance.worker
+Started by :class:`conformance.controller.local_pool.RankPool` as ``python -m conformance.worker
 FD`` where ``FD`` is this process's end of a socket pair to the controller
 (torchrun starts it as ``... -m conformance.worker --controller HOST:PORT``
 instead: see :mod:`conformance.ranks.remote_worker`).

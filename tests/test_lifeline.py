@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conformance.ranks.lifeline import LOST_CONTROLLER_EXIT_CODE
+from conformance.protocol import LOST_CONTROLLER_EXIT_CODE
 
 
 def _wait_gone(pid: int, within_s: float) -> bool:

@@ -21,7 +21,8 @@ import torch.multiprocessing as mp
 import inspect
 
 from conformance.controller.replays import DEFAULT_HOOK_REPLAYABLE, REFERENCE_REPLAYABLE, REPLAYS_REFERENCE
-from conformance.ranks.checks import SHARED_CHECKS, get_rank_check
+from conformance.ranks.checks import get_rank_check
+from conformance.ranks.checks.common import SHARED_CHECKS
 from conformance.protocol import REFERENCE_DIGEST
 from conformance.spec import HookSpec
 from conformance.ranks.worker import RankContext

@@ -21,7 +21,7 @@ from multiprocessing.connection import AuthenticationError, Client
 import pytest
 
 from conformance.protocol import recv, send
-from conformance.controller.remote import RankListener
+from conformance.controller.remote_listener import RankListener
 from conformance.shared.remote_link import LinkError, parse_address, read_authkey
 from conformance.ranks.remote_worker import without_own_threads
 from conformance.controller.settings import resolve

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from conformance.controller.settings import Settings  # typing only: the controller imports the APIs
     from conformance.spec import HookSpec  # typing only: spec.py validates specs against this registry
 
-__all__ = ["CASE_KINDS", "CataloguePlan", "LONG_RUN_STEPS", "REACH_MODELS", "SUBGROUP_WORLD_SIZE", "TWO_NODES",
+__all__ = ["CataloguePlan", "LONG_RUN_STEPS", "REACH_MODELS", "SUBGROUP_WORLD_SIZE", "TWO_NODES",
            "is_reach_case", "simulated_layout_skip",
            "two_node_world_sizes", "CasePlan", "HookApi", "SuiteTest", "called_as", "no_strategies",
            "subgroup_world_size"]

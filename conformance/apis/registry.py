@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from conformance.apis import HookApi, SuiteTest
 
-__all__ = ["ADAPTERS", "HOOK_APIS", "HookApi", "api_of_test", "planned_cases", "suite_test"]
+__all__ = ["ADAPTERS", "HOOK_APIS", "api_of_test", "planned_cases", "suite_test"]
 
 #: The API plan modules, in the order the report lists their APIs.
 ADAPTERS: Tuple[str, ...] = (

@@ -4,7 +4,7 @@ A suite test function is one call, ``conform.run_case(request, case)``
 (:meth:`conformance.controller.runner.Runner.run_case`). The case carries its
 API and check (set by the API's plan); the API's :class:`~conformance.apis.SuiteTest`
 for that check says which rank check to run, with which parameters besides the
-case's own, and how (:data:`conformance.apis.CASE_KINDS`):
+case's own, and how (:data:`conformance.catalogue.CASE_KINDS`):
 
 * ``exact``: an exactness check; a failure that no named cause explains ends with
   how to declare a lossy contract (:func:`conformance.controller.lossy_cases.exact_case`);
@@ -78,7 +78,7 @@ def _lossy(run: Callable[..., None]) -> Callable[..., None]:
     return kind
 
 
-#: How each kind of case runs (one per :data:`conformance.apis.CASE_KINDS`): ``kind(conform, request, case,
+#: How each kind of case runs (one per :data:`conformance.catalogue.CASE_KINDS`): ``kind(conform, request, case,
 #: test, params)``.
 KINDS: Dict[str, Callable[..., None]] = {
     "exact": _exact, "plain": _plain, "across_ranks": _across_ranks, "hard_inputs": _hard_inputs,

@@ -41,7 +41,7 @@ from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
 from conformance.shared.remote_link import Address, format_address, read_authkey
 from conformance.controller.remote_listener import RankListener, shutdown_rank
 
-__all__ = ["RankListener", "RanksNotConnected", "RemotePool", "close_listener", "remote_pool", "summary_lines"]
+__all__ = ["RanksNotConnected", "RemotePool", "close_listener", "remote_pool", "summary_lines"]
 
 #: Seconds a rank gets to send its stack (faulthandler) or its recent output when asked.
 ASK_TIMEOUT_S = 5.0

@@ -27,12 +27,11 @@ import socket
 import threading
 import time
 import uuid
-from multiprocessing.connection import Connection
+from multiprocessing.connection import AuthenticationError, Connection
 from typing import Any, Dict, List, Optional, Tuple
 
 from conformance.protocol import Msg, recv, send
-from conformance.shared.remote_link import (HANDSHAKE_TIMEOUT_S, Address, AuthenticationError, Handshake, HandshakeTimeout,
-                                     format_address)
+from conformance.shared.remote_link import HANDSHAKE_TIMEOUT_S, Address, Handshake, HandshakeTimeout, format_address
 
 __all__ = ["MAX_HANDSHAKES", "RankListener", "RefusedPeers", "shutdown_rank"]
 

@@ -32,7 +32,7 @@ from typing import Optional
 # Exit code of a process that ended because its controller was gone (the controller tells it from a hook's own exit).
 from conformance.protocol import LOST_CONTROLLER_EXIT_CODE
 
-__all__ = ["die_with_parent", "exit_when_closed", "LOST_CONTROLLER_EXIT_CODE"]
+__all__ = ["die_with_parent", "exit_when_closed"]
 
 #: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
 _PR_SET_PDEATHSIG = 1

@@ -43,20 +43,21 @@ import time
 import traceback
 import warnings
 from datetime import timedelta
+from multiprocessing.connection import AuthenticationError
 from typing import Any, Dict, List, Optional
 
 import torch.distributed as dist
 
 from conformance.shared.rank_log import RankLog
-from conformance.shared.remote_link import AuthenticationError, LinkError, connect, parse_address, read_authkey
-from conformance.protocol import Msg, recv, send
+from conformance.shared.remote_link import LinkError, connect, parse_address, read_authkey
+from conformance.protocol import LOST_CONTROLLER_EXIT_CODE, Msg, recv, send
 from conformance.ranks import lifeline
 from conformance.ranks.worker import _Worker, join_process_group
 from conformance.ranks.zygote import PRELOAD
 
 #: Exit code when the controller closes the connection (the local ranks' code for it). Any
 #: non-zero code makes torchrun's agent restart the worker group while restarts remain.
-EXIT_CONTROLLER_CLOSED = lifeline.LOST_CONTROLLER_EXIT_CODE
+EXIT_CONTROLLER_CLOSED = LOST_CONTROLLER_EXIT_CODE
 #: Exit code for a usage error (not under torchrun, no secret, a bad address, a refused join).
 EXIT_USAGE = 2
 #: Seconds a first start retries connecting (torchrun may start before the controller).

@@ -29,7 +29,7 @@ import time
 from multiprocessing.connection import AuthenticationError, Client, Connection, answer_challenge, deliver_challenge
 from typing import Dict, Optional, Tuple
 
-__all__ = ["AUTHKEY_ENV", "AUTHKEY_FILE_ENV", "Address", "AuthenticationError", "Handshake", "HandshakeTimeout",
+__all__ = ["AUTHKEY_ENV", "AUTHKEY_FILE_ENV", "Address", "Handshake", "HandshakeTimeout",
            "LinkError", "connect", "format_address", "parse_address", "read_authkey"]
 
 AUTHKEY_FILE_ENV = "CONFORM_AUTHKEY_FILE"

@@ -12,7 +12,7 @@ Suite tests (``conformance/suite/test_ddp.py``), each a :class:`~conformance.api
 * ``averaging``, ``parity`` (a ``subgroup`` case too, and the ``batched_grad_copy`` config at the main and the
   extra world size: DDP's other native averaging), ``long_run``, ``rank_consistency``,
   ``hard_inputs``, ``clip_grad_norm``: the shared rank checks
-  (:data:`conformance.ranks.checks.SHARED_CHECKS`) over
+  (:data:`conformance.ranks.checks.common.SHARED_CHECKS`) over
   :class:`~conformance.apis.ddp.models.DdpModels`;
 * ``future_contract``: DDP accepts the bare hook, and every future's value is a
   tensor with the bucket buffer's shape, dtype and device (``ddp.future_contract``,

@@ -11,7 +11,7 @@ Suite tests (``conformance/suite/test_fsdp.py``), each a :class:`~conformance.ap
 * ``averaging``, ``parity``, ``long_run``, ``accumulation`` (parity with ``no_sync()`` on all
   micro-batches of a step but the last), ``subgroup_parity``, ``clip_grad_norm``,
   ``clip_grad_norm_low_precision``, ``hard_inputs``, ``rank_consistency``: the
-  shared rank checks (:data:`conformance.ranks.checks.SHARED_CHECKS`) over
+  shared rank checks (:data:`conformance.ranks.checks.common.SHARED_CHECKS`) over
   :class:`~conformance.apis.fsdp.models.FsdpModels`;
 * ``registration``: ``register_comm_hook``'s contract with the hook under test
   (``fsdp.registration``, this API's own);

@@ -13,7 +13,7 @@ Suite tests (``conformance/suite/test_fsdp2.py``), each a :class:`~conformance.a
 ``fsdp2_accumulation`` (parity over micro-batches that skip synchronisation) and
 the lossy contracts (``fsdp2_lossy_*``, which a comm with
 ``lossy=LossyContract(...)`` gets instead of the first three). Every one is a
-shared rank check (:data:`conformance.ranks.checks.SHARED_CHECKS`) but the
+shared rank check (:data:`conformance.ranks.checks.common.SHARED_CHECKS`) but the
 registration rules, ``fsdp2_registration``
 (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`; the API's own
 rank check ``fsdp2.registration``), which every spec gets, exact or lossy.

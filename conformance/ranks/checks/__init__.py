@@ -12,7 +12,7 @@ shows it above the rank's traceback.
 
 Two kinds, both named by the API's :class:`~conformance.apis.HookApi`:
 
-* the **shared checks** (:data:`SHARED_CHECKS`), written once over
+* the **shared checks** (:data:`~conformance.ranks.checks.common.SHARED_CHECKS`), written once over
   :class:`~conformance.ranks.checks.models.ApiModels`, one per entry of the check catalogue
   (:data:`conformance.catalogue.CATALOGUE`, which says how each trains, whether it is replayed and where it
   runs): averaging, parity, clip_grad_norm_, hard inputs, rank gradients, the second model and the three
@@ -39,7 +39,7 @@ from conformance.catalogue import CATALOGUE
 from conformance.ranks.checks import clip, exact, long_run, lossy, probe  # noqa: F401  (each registers its checks)
 from conformance.ranks.checks.common import SHARED_CHECKS
 
-__all__ = ["SHARED_CHECKS", "get_rank_check", "register_every_check"]
+__all__ = ["get_rank_check", "register_every_check"]
 
 
 def _resolve(target: str) -> Any:

@@ -1,7 +1,7 @@
 """The exact checks of every hook API, written once over :class:`~conformance.ranks.checks.models.ApiModels`.
 
 Each takes ``make``, the API's models class, and the case's parameters; the
-registry binds it per API as ``<api>.<check>`` (:data:`conformance.ranks.checks.SHARED_CHECKS`):
+registry binds it per API as ``<api>.<check>`` (:data:`conformance.ranks.checks.common.SHARED_CHECKS`):
 
 * :func:`averaging`: analytic ``Linear(1, world_size)``, input = rank; every
   gradient element must equal ``mean(0..world_size-1)`` exactly (or, where the

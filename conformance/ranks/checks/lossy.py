@@ -25,7 +25,7 @@ case's :class:`~conformance.ranks.checks.models.ApiModels`, which say how to
 build the hooked model and the no-hook one in full precision, the plain model
 whose local gradients feed the exact mean (``model_cls``), and the full
 gradients and parameters of a model by FQN. The registry binds them per API,
-as every shared check (:data:`conformance.ranks.checks.SHARED_CHECKS`).
+as every shared check (:data:`conformance.ranks.checks.common.SHARED_CHECKS`).
 
 Where the gradients are sharded (FSDP1 sharded strategies, FSDP2), the
 models' ``full_grads`` gathers them (``summon_full_params(with_grads=True)``,

@@ -64,7 +64,7 @@ line saying so) otherwise.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -74,6 +74,9 @@ from conformance.ranks.arithmetic import Arithmetic, Candidate
 from conformance.shared.compare import same_bits
 from conformance.ranks.hook_call import CallLog, HookCall
 from conformance.ulps import bits_equal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 #: Calls explained per failing step: each costs a dozen collectives, and the first ones tell the cause.
 MAX_DIAGNOSED_CALLS = 2
@@ -276,7 +279,7 @@ def diagnosing(enabled: bool) -> Iterator[None]:
         _ENABLED[0] = saved
 
 
-def diagnose(ctx: Any, arith: Arithmetic, log: CallLog, step: int) -> List[Finding]:
+def diagnose(ctx: CheckContext, arith: Arithmetic, log: CallLog, step: int) -> List[Finding]:
     """The diagnosis of ``step`` on this rank: one finding per group of calls with the same explanation, of
     kind ``"diagnosis"`` (named causes), ``"diagnosis_wider_dtype"`` (only a reduction in a wider dtype
     than claimed explains it: more accurate than native), ``"no_known_cause"``, or ``"native_result"``

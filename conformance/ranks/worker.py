@@ -89,8 +89,8 @@ class RankContext:
     are written there, where the controller reads them, instead of sent on ``conn``.
     """
 
-    def __init__(self, rank: int, world_size: int, group: Any, device: Any, backend: str,
-                 conn: Optional[Connection] = None, board: Optional[PhaseBoard] = None):
+    def __init__(self, rank: int, world_size: int, group: Optional[dist.ProcessGroup], device: torch.device,
+                 backend: str, conn: Optional[Connection] = None, board: Optional[PhaseBoard] = None):
         self.rank = rank
         self.world_size = world_size
         self.group = group

@@ -44,7 +44,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.distributed as dist
@@ -61,6 +61,9 @@ from conformance.ranks.checks.common import model_no_sync
 from conformance.ranks.checks.models import Recorder
 from conformance.ranks.hook_call import CallLog, HookCall
 from conformance.shared.compare import same_bits
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 __all__ = ["COMPILE_BACKEND", "COMPILED_REFERENCE", "CompiledHookRecorder", "CompiledTraining",
            "compiled_ddp_missing", "convention_error", "registration_refused"]
@@ -115,7 +118,7 @@ class CompiledTraining:
     def _config(self) -> ContextManager[Any]:
         return self._dynamo.config.patch(optimize_ddp="python_reducer", compiled_autograd=True)
 
-    def train_step(self, ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+    def train_step(self, ctx: CheckContext, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
                    inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any,
                    no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
         """:func:`~conformance.ranks.checks.common.train_step`, each micro-step's forward/backward compiled."""
@@ -199,7 +202,7 @@ class CompiledHookRecorder(Recorder):
         refused: why DDP refused to register the hook, or ``None``.
     """
 
-    def __init__(self, hook: Any, ctx: Any, model: nn.Module, model_name: str,
+    def __init__(self, hook: Any, ctx: CheckContext, model: nn.Module, model_name: str,
                  inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., Any]):
         self.hook = hook
         self.ctx = ctx

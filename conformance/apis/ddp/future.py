@@ -10,7 +10,7 @@ checked on every training config at every world size (the API's own check,
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 import torch
 
@@ -18,8 +18,11 @@ from conformance.apis.ddp.models import DdpModels, build_ddp
 from conformance.protocol import Finding, FindingKind
 from conformance.ranks.checks.common import sgd, train_step
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
-def _bare_registration(ctx: Any, spec: Any) -> List[Finding]:
+
+def _bare_registration(ctx: CheckContext, spec: Any) -> List[Finding]:
     """DDP must accept the hook itself: ``register_comm_hook`` inspects its signature and name."""
     model = build_ddp("analytic_linear", ctx, "default")
     try:
@@ -39,7 +42,7 @@ def _bare_registration(ctx: Any, spec: Any) -> List[Finding]:
     return []
 
 
-def future_contract(ctx: Any, spec: Any, *, config: str, model: str, steps: int = 4,
+def future_contract(ctx: CheckContext, spec: Any, *, config: str, model: str, steps: int = 4,
                     lr: float = 0.01) -> List[Finding]:
     """DDP accepts the bare hook; each future holds one tensor like the bucket buffer; every step calls it.
 

@@ -12,7 +12,7 @@ for a ``reduce_dtype=X`` claim. The hook is registered through a
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -31,8 +31,11 @@ from conformance.ranks.checks.models import ApiModels, Built, Recorder
 from conformance.ulps import dtype_name
 from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
-def build_fsdp(model_name: str, ctx: Any, strategy: str, *, mixed_precision: Any = None,
+
+def build_fsdp(model_name: str, ctx: CheckContext, strategy: str, *, mixed_precision: Any = None,
                use_orig_params: bool = True) -> nn.Module:
     """``model_name`` wrapped by FSDP under ``strategy`` in ``ctx.group``, its units as the model defines them."""
     return get_model(model_name).build(
@@ -164,7 +167,7 @@ class FsdpModels(ApiModels):
     grad_views = [("gradient", named_grads, "")]
     param_view = ("parameter after the optimizer step", named_params, "")
 
-    def __init__(self, ctx: Any, spec: Any, *, model: str, strategy: str, low_precision_grads: bool = False,
+    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, strategy: str, low_precision_grads: bool = False,
                  subgroup: bool = False, micro_steps: int = 1):
         self.micro_steps = micro_steps
         super().__init__(on_subgroup(ctx) if subgroup else ctx, spec, model)

@@ -12,7 +12,7 @@ strategies refuse hooks. The rank check is ``fsdp.registration`` (the API's own,
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 import torch.distributed as dist
 from torch import nn
@@ -25,12 +25,15 @@ from conformance.apis.fsdp.plan import REGISTRATION_RULES
 from conformance.models import get_model
 from conformance.protocol import Finding
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
+
 _ALREADY = r"^A communication hook is already registered$"
 _NON_ROOT = r"^register_comm_hook can only be called on a root instance.$"
 _HYBRID = r"Communication hook is not supported for hybrid strategies"
 
 
-def _expect_raise(ctx: Any, fn: Any, pattern: str, what: str) -> List[Finding]:
+def _expect_raise(ctx: CheckContext, fn: Any, pattern: str, what: str) -> List[Finding]:
     try:
         fn()
     except AssertionError as exc:
@@ -47,7 +50,7 @@ def _expect_raise(ctx: Any, fn: Any, pattern: str, what: str) -> List[Finding]:
 _HYBRID_GROUPS: Dict[int, Any] = {}
 
 
-def _hybrid_groups(ctx: Any) -> Any:
+def _hybrid_groups(ctx: CheckContext) -> Any:
     """(intra-node, inter-node) process groups for HYBRID_SHARD without one device per node.
 
     Every rank shards over the whole pool and replicates over a group of its
@@ -61,7 +64,7 @@ def _hybrid_groups(ctx: Any) -> Any:
     return _HYBRID_GROUPS[key]
 
 
-def registration(ctx: Any, spec: Any, *, strategy: str, rule: str) -> List[Finding]:
+def registration(ctx: CheckContext, spec: Any, *, strategy: str, rule: str) -> List[Finding]:
     """One rule of ``FullyShardedDataParallel.register_comm_hook``, with the hook under test, under ``strategy``
     (the hybrid rule, whose case variant is ``HYBRID``, tries each hybrid strategy itself)."""
     hook = spec.hook

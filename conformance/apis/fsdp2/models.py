@@ -11,7 +11,7 @@ What every FSDP2 API's models share (meshes, builds, views, accumulation) is
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,9 @@ from conformance.models import get_model
 from conformance.shared.standalone_compare import fqn_without_wrappers
 from conformance.ranks.checks.models import NativeDoesNotHold, Recorder
 from conformance.ulps import dtype_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 #: ``fsdp2.registration``: the registration rules of ``set_custom_reduce_scatter`` with the spec's comm (made by
 #: its factory, as every check makes it), on a 1-D mesh over the pool (``config="default"``).
@@ -76,7 +79,7 @@ class CommModels(Fsdp2Models):
 
     setup = SETUP
 
-    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str, micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, config: str, micro_steps: int = 1):
         super().__init__(ctx, spec, model=model, config=config, micro_steps=micro_steps)
         self.arithmetic = CommArithmetic(self.ctx.world_size, spec.reduce_dtype)
 

@@ -11,7 +11,7 @@ the same model without it. What every FSDP2 API's models share is
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import TYPE_CHECKING, Any, Tuple
 
 from conformance.apis.fsdp2_all_reduce.arithmetic import AllReduceHookArithmetic
 from conformance.apis.fsdp2_all_reduce.standalone import SETUP
@@ -20,6 +20,9 @@ from conformance.apis.fsdp2_common.recorders import HookRecorder
 from conformance.apis.fsdp2_common.registration import ALL_REDUCE_HOOK
 from conformance.apis.fsdp2_common.registration_rules import registration_check
 from conformance.ranks.checks.models import Recorder
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 #: ``fsdp2_all_reduce.registration``: the registration rules of ``set_all_reduce_hook`` with the spec's hook,
 #: under native HSDP (``config="hsdp"``: the 2-D replicate x shard mesh of the pool).
@@ -39,7 +42,7 @@ class AllReduceHookModels(Fsdp2Models):
 
     setup = SETUP
 
-    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str = "hsdp", micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, config: str = "hsdp", micro_steps: int = 1):
         super().__init__(ctx, spec, model=model, config=config, micro_steps=micro_steps)
         ws = self.ctx.world_size
         #: ``(replicate, shard)`` of the mesh; ``(world size, 1)`` under ``replicate``.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, ClassVar, Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from conformance.shared.standalone_compare import fqn_without_wrappers
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
 from conformance.ulps import dtype_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 
 def full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
@@ -91,7 +94,7 @@ class Fsdp2Models(ApiModels):
     grad_views = GRAD_VIEWS
     param_view = PARAM_VIEW
 
-    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str, micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, config: str, micro_steps: int = 1):
         if config not in self.setup.configs:
             raise ValueError(f"unknown config {config!r} for a hook installed with FSDPModule.{self.setup.setter}; "
                              f"known: {', '.join(self.setup.configs)}")

@@ -44,7 +44,7 @@ Everything FSDP2 is looked up when used, as in ``build.py``: this module imports
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, List, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Tuple
 
 import torch
 from torch import nn
@@ -57,6 +57,9 @@ from conformance.apis.fsdp2_common.registration import (MULTIPLE_PARAM_GROUPS, R
 from conformance.apis.fsdp2_common.setup import Fsdp2Setup
 from conformance.protocol import Finding, FindingKind
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
+
 __all__ = ["HSDP_STREAM", "REGISTRATION_MODEL", "SEVERAL_GROUPS_FQN", "check_rule", "registration_check"]
 
 #: ``FSDPModule.set_all_reduce_hook(hook, stream=...)`` under native HSDP (torch 2.13).
@@ -67,14 +70,14 @@ REGISTRATION_MODEL = "nested_wrapped"
 SEVERAL_GROUPS_FQN = "module"
 
 
-def _pytorch_changed(ctx: Any, text: str, kind: str = "pytorch_changed") -> Finding:
+def _pytorch_changed(ctx: CheckContext, text: str, kind: str = "pytorch_changed") -> Finding:
     """A rule that holds whatever the hook is no longer holds: PyTorch's behaviour, not the hook's failure.
     ``kind=FindingKind.SUITE`` where the suite's other checks rely on the rule (the case is then ``NOT RUN``)."""
     return Finding(ctx.rank, f"PyTorch changed (torch {torch.__version__}): {text}; this rule holds whatever the "
                              "hook is, so this is not the hook's failure", kind=kind)
 
 
-def _expect_value_error(ctx: Any, fn: Callable[[], Any], pattern: str, what: str, why: str) -> List[Finding]:
+def _expect_value_error(ctx: CheckContext, fn: Callable[[], Any], pattern: str, what: str, why: str) -> List[Finding]:
     """``fn()`` must raise ``ValueError`` matching ``pattern`` (as torch 2.13 does); else a "PyTorch changed"
     finding, ``what`` being the call and ``why`` what a change would mean."""
     try:
@@ -107,7 +110,7 @@ def _listed(places: List[Tuple[str, int]]) -> str:
 _MISSING = object()
 
 
-def _unset(ctx: Any, setter: Setter, model: nn.Module) -> List[Finding]:
+def _unset(ctx: CheckContext, setter: Setter, model: nn.Module) -> List[Finding]:
     absent: List[Tuple[str, int]] = []
     held: List[Tuple[str, int, Any]] = []
     for fqn, module in fsdp_modules_by_fqn(model):
@@ -131,7 +134,7 @@ def _unset(ctx: Any, setter: Setter, model: nn.Module) -> List[Finding]:
     return out
 
 
-def _reaches(ctx: Any, setter: Setter, build: Callable[[], nn.Module], hook: Any) -> List[Finding]:
+def _reaches(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], hook: Any) -> List[Finding]:
     out = []
     model = build()
     modules = fsdp_modules_by_fqn(model)
@@ -169,7 +172,7 @@ def _reaches(ctx: Any, setter: Setter, build: Callable[[], nn.Module], hook: Any
     return out
 
 
-def _several_groups(ctx: Any, setter: Setter, build: Callable[[], nn.Module], hook: Any) -> List[Finding]:
+def _several_groups(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], hook: Any) -> List[Finding]:
     model = build()
     several = dict(fsdp_modules_by_fqn(model))[SEVERAL_GROUPS_FQN]
     count = len(param_groups(several))
@@ -209,7 +212,7 @@ def _several_groups(ctx: Any, setter: Setter, build: Callable[[], nn.Module], ho
                               "the fix; the suite's registration, not the hook's failure", kind=FindingKind.SUITE)]
 
 
-def _a_stream(ctx: Any) -> Any:
+def _a_stream(ctx: CheckContext) -> Any:
     """A stream of the rank's device (``torch.Stream``, torch >= 2.3), or a stand-in: FSDP2 checks only that one
     was given."""
     make = getattr(torch, "Stream", None)
@@ -219,7 +222,7 @@ def _a_stream(ctx: Any) -> Any:
         return object()
 
 
-def check_rule(ctx: Any, spec: Any, setter: Setter, mesh: Any, hook: Any, rule: str) -> List[Finding]:
+def check_rule(ctx: CheckContext, spec: Any, setter: Setter, mesh: Any, hook: Any, rule: str) -> List[Finding]:
     """One registration rule (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`, or
     :data:`~conformance.apis.fsdp2_common.plan.HSDP_STREAM_RULE` on a 2-D mesh) of ``setter`` with ``hook`` (the object
     the suite registers for ``spec``), on models under ``fully_shard`` on ``mesh`` (1-D, a 1-D sub-mesh, or 2-D
@@ -258,7 +261,7 @@ def registration_check(setup: Fsdp2Setup, setter: Setter) -> Callable[..., List[
     if setter.name != setup.setter:
         raise ValueError(f"the rules of {setter.name} checked for a hook installed with {setup.setter}")
 
-    def registration(ctx: Any, spec: Any, *, config: str, rule: str) -> List[Finding]:
+    def registration(ctx: CheckContext, spec: Any, *, config: str, rule: str) -> List[Finding]:
         layout = setup.configs[config]
         grid = mesh_for(ctx, layout.shape(ctx.world_size))
         hook = setup.bound(spec.hook, spec.state, spec.name, grid)

@@ -14,7 +14,7 @@ alike on the shard dimension), then full tensors.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.apis.fsdp2_common.models import Fsdp2Models
 from conformance.apis.fsdp2_common.registration import ALL_REDUCE_HOOK
@@ -23,6 +23,9 @@ from conformance.apis.fsdp2_replica.arithmetic import ReplicaArithmetic
 from conformance.apis.fsdp2_replica.recorder import ReplicaRecorder
 from conformance.apis.fsdp2_replica.standalone import SETUP
 from conformance.ranks.checks.models import Recorder
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 __all__ = ["ReplicaModels", "registration"]
 
@@ -52,7 +55,7 @@ class ReplicaModels(Fsdp2Models):
 
     setup = SETUP
 
-    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str = "replica", micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, config: str = "replica", micro_steps: int = 1):
         super().__init__(ctx, spec, model=model, config=config, micro_steps=micro_steps)
         self.replica_group = self.mesh.get_group("replicate")
         self.arithmetic = ReplicaArithmetic(self.shape[0], spec.reduce_dtype)

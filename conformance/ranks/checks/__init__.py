@@ -2,7 +2,8 @@
 
 A rank check is ``check(ctx, spec, **params) -> value``, registered as
 ``<api>.<name>``. It runs in every rank process of a pool (``ctx`` is a
-:class:`conformance.ranks.worker.RankContext`) and returns picklable results: a
+:class:`conformance.ranks.worker.RankContext`, or a subgroup's view of one: its type is
+:class:`~conformance.ranks.checks.groups.CheckContext`) and returns picklable results: a
 list of :class:`conformance.protocol.Finding` (empty when the hook conforms),
 or a :class:`conformance.protocol.CheckResult` with figures or the per-step
 gradients the controller compares across ranks. A check that may raise after
@@ -32,12 +33,15 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any, Callable, Dict
+from typing import TYPE_CHECKING, Any, Callable, Dict
 
 from conformance.apis.registry import HOOK_APIS
 from conformance.catalogue import CATALOGUE
 from conformance.ranks.checks import clip, exact, long_run, lossy, probe  # noqa: F401  (each registers its checks)
 from conformance.ranks.checks.common import SHARED_CHECKS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 __all__ = ["get_rank_check", "register_every_check"]
 
@@ -50,7 +54,7 @@ def _resolve(target: str) -> Any:
 
 def _bind(api: str, name: str, run: Callable[..., Any], make: Callable[..., Any]) -> Callable[..., Any]:
     """``run`` for ``api``: ``check(ctx, spec, **params)`` with the API's models class ``make``."""
-    def check(ctx: Any, spec: Any, **params: Any) -> Any:
+    def check(ctx: CheckContext, spec: Any, **params: Any) -> Any:
         return run(ctx, spec, make, **params)
 
     functools.update_wrapper(check, run)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from conformance.ranks.checks.common import compare_named, reference_result, sgd
 from conformance.catalogue import CLIP_GRAD_NORM, MOMENTUM
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 #: ``max_norm`` of the clip_grad_norm_ cases (:data:`conformance.catalogue.CLIP_MAX_NORM`, which the
 #: reproducers read too): small enough that every reference model's gradients are scaled down (so the clipped
@@ -38,7 +41,7 @@ def clipping(train: Callable[..., None], clip: Callable[[nn.Module], torch.Tenso
              norms: Dict[int, torch.Tensor]) -> Callable[..., None]:
     """The training step ``train`` followed by ``clip(model)``, announced as a phase; the total norm
     each model's ``clip`` returns is kept in ``norms[id(model)]`` (flattened, detached)."""
-    def train_and_clip(ctx: Any, label: str, step: int, model: nn.Module, optim: Any, inputs: Any,
+    def train_and_clip(ctx: CheckContext, label: str, step: int, model: nn.Module, optim: Any, inputs: Any,
                        loss_fn: Any, **sync: Any) -> None:
         train(ctx, label, step, model, optim, inputs, loss_fn, **sync)
         ctx.phase(f"step {step}: clip_grad_norm_(max_norm={CLIP_MAX_NORM}, norm_type={norm_type}) of the "
@@ -66,7 +69,7 @@ def clipped(plan: Lockstep, clip: Callable[[nn.Module], torch.Tensor], norm_type
         label=lambda step: f"clip_grad_norm_ norm_type={norm_type}")
 
 
-def clip_without_backward(ctx: Any, model: nn.Module, label: str, inputs: Any,
+def clip_without_backward(ctx: CheckContext, model: nn.Module, label: str, inputs: Any,
                           clip: Callable[[nn.Module], torch.Tensor]) -> Tuple[torch.Tensor, List[str]]:
     """``zero_grad(set_to_none=True)``, one forward of ``model`` on ``inputs`` with no backward, then
     ``clip(model)``: the total norm and the warnings ``clip`` gave (PyTorch's ``test_no_gradients`` in
@@ -81,8 +84,8 @@ def clip_without_backward(ctx: Any, model: nn.Module, label: str, inputs: Any,
     return norm, sorted({str(w.message) for w in caught})
 
 
-def _without_backward_findings(ctx: Any, plan: Lockstep, inputs: Any, clip: Callable[[nn.Module], torch.Tensor],
-                               norm_type: float) -> List[Finding]:
+def _without_backward_findings(ctx: CheckContext, plan: Lockstep, inputs: Any,
+                               clip: Callable[[nn.Module], torch.Tensor], norm_type: float) -> List[Finding]:
     """Both models of ``plan`` through :func:`clip_without_backward`: the total norms bitwise (dtype too), and
     the same warnings, with the hook registered as without it."""
     ref_norm, ref_warned = clip_without_backward(ctx, plan.ref.model, "reference", inputs, clip)
@@ -97,7 +100,7 @@ def _without_backward_findings(ctx: Any, plan: Lockstep, inputs: Any, clip: Call
 
 
 @shared_check("clip_grad_norm")
-def clip_grad_norm(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = CLIP_GRAD_NORM["steps"],
+def clip_grad_norm(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = CLIP_GRAD_NORM["steps"],
                    lr: float = CLIP_GRAD_NORM["lr"], reference_only: bool = False, **variant: Any) -> List[Finding]:
     """The API's ``clip_grad_norm_`` with the hook installed, for norm types 2 and inf (:data:`CLIP_NORM_TYPES`):
     per norm type, a fresh pair trained in lock step with ``clip_grad_norm_(CLIP_MAX_NORM, norm_type)`` after

@@ -21,7 +21,7 @@ The clip check is :mod:`conformance.ranks.checks.clip`'s, the hard inputs
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 import torch
 
@@ -33,9 +33,12 @@ from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
 from conformance.ranks.diagnosis import diagnose
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
+
 
 @shared_check("averaging")
-def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = AVERAGING["model"],
+def averaging(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str = AVERAGING["model"],
               steps: int = AVERAGING["steps"], lr: float = AVERAGING["lr"], **variant: Any) -> List[Finding]:
     """Seed ``test_default_communication_hook_behavior``: every gradient equals mean(0..world_size-1), each step.
 
@@ -78,8 +81,8 @@ def averaging(ctx: Any, spec: Any, make: MakeModels, *, model: str = AVERAGING["
 
 
 @shared_check("parity")
-def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = PARITY["steps"], lr: float = PARITY["lr"],
-           reference_only: bool = False, **variant: Any) -> Any:
+def parity(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = PARITY["steps"],
+           lr: float = PARITY["lr"], reference_only: bool = False, **variant: Any) -> Any:
     """Gradients and parameters bitwise equal to the reference (the native path for the hook's claim) after
     every step, per parameter FQN; ``steps`` of them, or the model's ``max_steps`` where fewer (a model of
     production-sized buffers). ``reference_only``: train the reference alone, with no hooked model built
@@ -96,7 +99,7 @@ def parity(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = PA
 
 
 @shared_check("second_model")
-def second_model(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = SECOND_MODEL["steps"],
+def second_model(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = SECOND_MODEL["steps"],
                  lr: float = SECOND_MODEL["lr"], second: str = SECOND_MODEL["second"], reference_only: bool = False,
                  **variant: Any) -> Any:
     """Parity of a second model wrapped and hooked in the same process, after a first one trained with the hook.
@@ -144,7 +147,7 @@ def second_model(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: in
 
 
 @shared_check("rank_grads")
-def rank_grads(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
+def rank_grads(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
                **variant: Any) -> CheckResult:
     """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`); its
     findings are what the recorder reported when the hook broke the API's contract, which stopped the training,

@@ -18,8 +18,9 @@ Which pool the subgroup cases run on is the plans' business
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
+import torch
 import torch.distributed as dist
 
 from conformance.apis import SUBGROUP_WORLD_SIZE
@@ -40,6 +41,29 @@ def subgroup_ranks(world_size: int) -> List[List[int]]:
     return data_parallel_groups(world_size)
 
 
+class CheckContext(Protocol):
+    """What every rank check and API model gets as ``ctx``: the pool's
+    :class:`~conformance.ranks.worker.RankContext`, or a :class:`SubgroupContext` over it (a structural type, so
+    that the checks and the API folders name it without importing the worker)."""
+
+    rank: int
+    world_size: int
+    group: Optional[dist.ProcessGroup]  # None: the default group
+    device: torch.device
+    backend: str
+
+    @property
+    def current_phase(self) -> str: ...
+
+    def any_rank(self, flag: bool) -> bool: ...
+
+    def phase(self, text: str) -> None: ...
+
+    def notice(self, text: str) -> None: ...
+
+    def report_on_error(self, collect: Optional[Callable[[], List[Any]]]) -> None: ...
+
+
 class SubgroupContext:
     """``ctx`` with this rank's data-parallel subgroup as its ``group`` (see the module docstring).
 
@@ -50,7 +74,7 @@ class SubgroupContext:
         parent: the pool's ``RankContext``.
     """
 
-    def __init__(self, parent: Any, group: Any, size: int):
+    def __init__(self, parent: CheckContext, group: dist.ProcessGroup, size: int):
         self.parent = parent
         self.rank = parent.rank
         self.world_size = size
@@ -68,7 +92,7 @@ class SubgroupContext:
     def notice(self, text: str) -> None:
         self.parent.notice(text)
 
-    def report_on_error(self, collect: Any) -> None:
+    def report_on_error(self, collect: Optional[Callable[[], List[Any]]]) -> None:
         self.parent.report_on_error(collect)
 
     @property
@@ -76,7 +100,7 @@ class SubgroupContext:
         return self.parent.current_phase
 
 
-def on_subgroup(ctx: Any) -> SubgroupContext:
+def on_subgroup(ctx: CheckContext) -> SubgroupContext:
     """This rank's :class:`SubgroupContext`; the groups are made once per pool (collective over WORLD)."""
     key = (id(ctx.group), ctx.world_size)
     if key not in _SUBGROUPS:

@@ -12,7 +12,7 @@ comes from those.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -22,6 +22,9 @@ from conformance.ranks.checks.common import View, compare_named, sgd, train_step
 from conformance.catalogue import MOMENTUM
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
 from conformance.ranks.diagnosis import diagnose
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 __all__ = ["Lockstep", "LockstepRun", "lockstep"]
 
@@ -97,7 +100,7 @@ class LockstepRun:
         self.opt_ref = sgd(plan.ref.model.parameters(), lr=lr, momentum=MOMENTUM)
         self.opt_hooked = sgd(plan.hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
 
-    def run(self, ctx: Any, steps: int) -> List[Finding]:
+    def run(self, ctx: CheckContext, steps: int) -> List[Finding]:
         """Train ``steps`` more steps; stop at the first with findings, once every rank agrees."""
         recorder = self.plan.recorder
         for _ in range(steps):
@@ -110,7 +113,7 @@ class LockstepRun:
                 return findings
         return []
 
-    def _one_step(self, ctx: Any, step: int) -> Tuple[bool, List[Finding]]:
+    def _one_step(self, ctx: CheckContext, step: int) -> Tuple[bool, List[Finding]]:
         """One step; ``(stop, findings)``: ``stop`` when any rank found something (the same on every rank)."""
         plan, models, recorder = self.plan, self.plan.models, self.plan.recorder
         inputs = plan.inputs(step) if callable(plan.inputs) else plan.inputs
@@ -146,7 +149,7 @@ class LockstepRun:
         return ctx.any_rank(bool(findings)), findings
 
 
-def lockstep(ctx: Any, plan: Lockstep, *, steps: int, lr: float) -> List[Finding]:
+def lockstep(ctx: CheckContext, plan: Lockstep, *, steps: int, lr: float) -> List[Finding]:
     """Train ``plan.ref`` and ``plan.hooked`` side by side with SGD (momentum 0.9) for ``steps`` steps.
 
     Per step: the reference's forward/backward, the hooked model's, the hook

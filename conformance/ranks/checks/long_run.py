@@ -24,7 +24,7 @@ own ``output.sum()`` overflows within ten steps, after which NaN equals NaN on b
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import torch.distributed as dist
 import torch
@@ -37,6 +37,9 @@ from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import ApiModels, Built, MakeModels
 # The objective is the reproducers' (torch only), which copy it into every file.
 from conformance.shared.standalone_inputs import regression_inputs, regression_loss
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 __all__ = ["CHECK_IN_EVERY", "check_in", "long_run"]
 
@@ -53,7 +56,7 @@ def check_in(step: int, steps: int) -> bool:
     return n == steps or n % CHECK_IN_EVERY == 0 or (n < CHECK_IN_EVERY and n & (n - 1) == 0)
 
 
-def _agree_first(ctx: Any, first: Optional[int], steps: int) -> Optional[int]:
+def _agree_first(ctx: CheckContext, first: Optional[int], steps: int) -> Optional[int]:
     """The first step that differed on any rank of ``ctx.group`` (an all-reduce with MIN), or ``None``."""
     t = torch.tensor([steps if first is None else first], dtype=torch.int64, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=ctx.group)
@@ -65,7 +68,7 @@ class _OnePhasePerStep:
     """``ctx`` for the training inside one unrecorded step: its phases are kept, not sent (the step's own phase
     was; thousands of steps would otherwise send several messages each to the controller)."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: CheckContext):
         self._ctx = ctx
 
     def phase(self, text: str) -> None:
@@ -75,8 +78,8 @@ class _OnePhasePerStep:
         return getattr(self._ctx, name)
 
 
-def _unrecorded(ctx: Any, models: ApiModels, ref: Built, hooked: Built, inputs: Callable[[int], Any], steps: int,
-                lr: float) -> Tuple[Optional[int], List[Finding]]:
+def _unrecorded(ctx: CheckContext, models: ApiModels, ref: Built, hooked: Built, inputs: Callable[[int], Any],
+                steps: int, lr: float) -> Tuple[Optional[int], List[Finding]]:
     """Pass 1: ``(first step that differed on any rank, or None; this rank's findings of its own first
     differing step)``."""
     quiet = _OnePhasePerStep(ctx)
@@ -122,7 +125,7 @@ def _unrecorded(ctx: Any, models: ApiModels, ref: Built, hooked: Built, inputs: 
 
 
 @shared_check("long_run")
-def long_run(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int, lr: float = LONG_RUN["lr"],
+def long_run(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int, lr: float = LONG_RUN["lr"],
              reference_only: bool = False, **variant: Any) -> Any:
     """``steps`` training steps of the reference and the hooked model, compared bit for bit after every one
     (gradients, local shards where sharded, and parameters), unrecorded; a difference is replayed with the

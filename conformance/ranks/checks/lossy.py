@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -51,9 +51,12 @@ from conformance.shared.standalone_compare import fqn_without_wrappers
 from conformance.catalogue import MOMENTUM
 from conformance.ranks.checks.models import ApiModels, MakeModels
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
+
 __all__ = ["exact_mean", "lossy_determinism", "lossy_error", "lossy_loss", "relative_error"]
 
-def _local_grads(ctx: Any, shadow: nn.Module, params: Dict[str, torch.Tensor],
+def _local_grads(ctx: CheckContext, shadow: nn.Module, params: Dict[str, torch.Tensor],
                  inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any) -> None:
     """Leave this rank's unreduced gradients at ``params`` (FQN -> full parameter) in ``shadow``, a plain
     copy of the model with no data-parallel wrapper.
@@ -81,7 +84,7 @@ def _local_grads(ctx: Any, shadow: nn.Module, params: Dict[str, torch.Tensor],
         loss_fn(micro, shadow(*micro)).backward()
 
 
-def exact_mean(ctx: Any, shadow: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+def exact_mean(ctx: CheckContext, shadow: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
     """The mean over ranks of ``shadow``'s gradients, summed in float64 in one all-reduce over ``ctx.group``.
 
     Returns ``{fqn: float64 tensor of the parameter's shape, or None}``. A
@@ -131,7 +134,7 @@ def relative_error(actual: torch.Tensor, exact: torch.Tensor) -> float:
     return num / den
 
 
-def _error_findings(ctx: Any, got: Dict[str, Optional[torch.Tensor]], exact: Dict[str, Optional[torch.Tensor]],
+def _error_findings(ctx: CheckContext, got: Dict[str, Optional[torch.Tensor]], exact: Dict[str, Optional[torch.Tensor]],
                     step: int, bound: Optional[float], worst: float, at: Any) -> Tuple[List[Finding], float, Any]:
     """One step's findings of :func:`lossy_error` and the running maximum relative error and where."""
     findings: List[Finding] = []
@@ -174,7 +177,7 @@ def rank_scale(rank: int) -> float:
 
 
 @shared_check("lossy_error")
-def lossy_error(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 6, lr: float = 1e-3,
+def lossy_error(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = 6, lr: float = 1e-3,
                 uneven_steps: int = 3, **variant: Any) -> CheckResult:
     """Per step and parameter: relative error vs the exact mean, the declared bound, no NaN/Inf introduced.
 
@@ -231,7 +234,7 @@ def lossy_error(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int
     return CheckResult(findings=[], figures={"max_rel_error": worst, "at": at})
 
 
-def _global_loss(ctx: Any, models: ApiModels, model: nn.Module) -> float:
+def _global_loss(ctx: CheckContext, models: ApiModels, model: nn.Module) -> float:
     """The loss over every rank's inputs (mean of the ranks' local losses, in float64)."""
     with torch.no_grad():
         local = sum(float(models.loss_fn(m, models.forward(model)(*m))) for m in models.inputs)
@@ -241,7 +244,8 @@ def _global_loss(ctx: Any, models: ApiModels, model: nn.Module) -> float:
 
 
 @shared_check("lossy_loss")
-def lossy_loss(ctx: Any, spec: Any, make: MakeModels, *, model: str, lr: float = 0.01, **variant: Any) -> CheckResult:
+def lossy_loss(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, lr: float = 0.01,
+               **variant: Any) -> CheckResult:
     """After ``loss_steps`` SGD steps, ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|``.
 
     ``loss_exact`` is the same model trained under the API with no hook, in full
@@ -290,7 +294,7 @@ def lossy_loss(ctx: Any, spec: Any, make: MakeModels, *, model: str, lr: float =
 
 
 @shared_check("lossy_determinism")
-def lossy_determinism(ctx: Any, spec: Any, make: MakeModels, *, model: str, steps: int = 4, lr: float = 0.01,
+def lossy_determinism(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = 4, lr: float = 0.01,
                       **variant: Any) -> List[Finding]:
     """Two trainings from the same seed (fresh model and hook state each) give bitwise identical gradients
     (each rank's own gradient or local shard, every step)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.checks.common import (View, clip_with_torch, model_no_sync, named_grads, named_params,
                                              train_step)
 from conformance.ranks.hook_call import CallLog
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 __all__ = ["ApiModels", "Built", "MakeModels", "NativeDoesNotHold", "Recorder"]
 
@@ -132,7 +135,7 @@ class ApiModels(abc.ABC):
     grad_views: Sequence[View]
     param_view: View
 
-    def __init__(self, ctx: Any, spec: Any, model: str):
+    def __init__(self, ctx: CheckContext, spec: Any, model: str):
         self.ctx = ctx
         self.spec = spec
         self.model_name = model
@@ -171,7 +174,7 @@ class ApiModels(abc.ABC):
         ``FullyShardedDataParallel.no_sync``); FSDP2's models override it."""
         return model_no_sync(model)
 
-    def train_step(self, ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+    def train_step(self, ctx: CheckContext, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
                    inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any,
                    no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
         """One training step of ``model`` as the API trains it, in lock step

@@ -18,7 +18,7 @@ further example costs one forward/backward per model, not a rebuild.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -28,6 +28,9 @@ from conformance.ranks.checks.lockstep import Lockstep, LockstepRun
 from conformance.ranks.checks.models import MakeModels
 from conformance.shared.standalone_inputs import placed_tensor
 from conformance.catalogue import HARD_INPUTS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 #: ``(label, grads)``: ``grads[rank][i]`` is the gradient of probe parameter ``i`` on ``rank``
 #: (float32, CPU), in the order of the probe's ``input_shapes()``; for a probe of production size
@@ -39,7 +42,7 @@ Example = Tuple[str, Sequence[Sequence[torch.Tensor]]]
 _RUNS: Dict[str, LockstepRun] = {}
 
 
-def run_examples(ctx: Any, case_id: str, examples: Sequence[Example], fresh: bool,
+def run_examples(ctx: CheckContext, case_id: str, examples: Sequence[Example], fresh: bool,
                  make_plan: Callable[[Callable[[int], Any], Callable[[int], str]], Lockstep],
                  lr: float = HARD_INPUTS["lr"]) -> List[Finding]:
     """Feed ``examples`` through the hooked and the reference probe, one step each; findings of the first
@@ -75,7 +78,7 @@ def run_examples(ctx: Any, case_id: str, examples: Sequence[Example], fresh: boo
 
 
 @shared_check("hard_inputs")
-def hard_inputs(ctx: Any, spec: Any, make: MakeModels, *, examples: Sequence[Example], case_id: str,
+def hard_inputs(ctx: CheckContext, spec: Any, make: MakeModels, *, examples: Sequence[Example], case_id: str,
                 fresh: bool = True, model: str = HARD_INPUTS["model"], **variant: Any) -> List[Finding]:
     """Chosen gradients through the API's probe (:func:`run_examples`), bitwise against its reference probe:
     every rank's local gradient (together, every element), one example per step, no optimizer step.

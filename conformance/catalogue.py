@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import dataclasses
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 __all__ = ["AVERAGING", "CASE_KINDS", "CATALOGUE", "CHECK_TRAINING", "CLIP_GRAD_NORM", "CLIP_MAX_NORM", "CheckEntry",
            "HARD_INPUTS", "LONG_RUN", "LR", "MOMENTUM", "PARITY", "SECOND_MODEL", "catalogued", "declare"]
@@ -131,7 +134,7 @@ class CheckEntry:
         """Whether the catalogue plans this check's cases on ``api``."""
         return self.catalogued and (self.apis is None or api in self.apis)
 
-    def for_spec(self, spec: Any) -> bool:
+    def for_spec(self, spec: HookSpec) -> bool:
         """Whether a spec's claim (``HookSpec.lossy``) is one this check is for (:attr:`claims`)."""
         lossy = getattr(spec, "lossy", None) is not None
         return self.claims == "all" or (self.claims == "lossy") == lossy

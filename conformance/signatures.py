@@ -8,7 +8,10 @@ whose ``validate`` uses these): neither imports the other through here.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 __all__ = ["ALL_GATHER_CALL", "FSDP_STRATEGIES", "REDUCE_SCATTER_CALL", "SpecError", "binds_signature",
            "comm_call_binds", "qualname", "refuse_grad_bucket", "refuse_unfit_comm", "says_grad_bucket",
@@ -115,7 +118,7 @@ def says_grad_bucket(hook: Any) -> bool:
                for p in sig.parameters.values())
 
 
-def refuse_unfit_comm(spec: Any, api: str, call: Tuple[str, ...], other_api: str, other_call: Tuple[str, ...],
+def refuse_unfit_comm(spec: HookSpec, api: str, call: Tuple[str, ...], other_api: str, other_call: Tuple[str, ...],
                       other_note: str) -> None:
     """Raise :class:`SpecError` where ``spec``'s FSDP2 comm cannot take ``__call__(**call)``, as FSDP2 calls it under
     ``api`` (:func:`comm_call_binds` is ``False``), naming ``other_api`` (``other_note``: why) where it takes
@@ -127,7 +130,7 @@ def refuse_unfit_comm(spec: Any, api: str, call: Tuple[str, ...], other_api: str
                         f"{qualname(spec.hook)}.__call__{signature_text(spec.hook.__call__)} cannot take.{other}")
 
 
-def refuse_grad_bucket(spec: Any, api: str, called: str) -> None:
+def refuse_grad_bucket(spec: HookSpec, api: str, called: str) -> None:
     """Raise :class:`SpecError` where ``spec``'s hook says it takes DDP's ``GradBucket`` (:func:`says_grad_bucket`)
     but ``api`` calls it as ``called`` (``"hook(state, grad) with a flat gradient tensor"``): it fits api='ddp'."""
     if says_grad_bucket(spec.hook):

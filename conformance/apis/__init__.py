@@ -291,7 +291,7 @@ def first_cross_rank_world_size(world_sizes: Sequence[int]) -> int:
     return next((ws for ws in world_sizes if ws >= 2), world_sizes[0])
 
 
-def no_strategies(spec: Any) -> None:
+def no_strategies(spec: HookSpec) -> None:
     """Raise :class:`SpecError` if ``spec.strategies`` is set: only ``api="fsdp"`` takes strategies."""
     if spec.strategies is not None:
         raise SpecError(f"HookSpec {spec.name!r}: strategies apply to api='fsdp' only, not {spec.api!r}")
@@ -301,7 +301,7 @@ def called_as(nargs: int, convention: str) -> Callable[[Any], Tuple[str, ...]]:
     """A validator for an API that calls ``hook`` with ``nargs`` positional arguments, as ``convention`` says."""
     count = {1: "one argument", 2: "two arguments"}[nargs]
 
-    def validate(spec: Any) -> Tuple[str, ...]:
+    def validate(spec: HookSpec) -> Tuple[str, ...]:
         no_strategies(spec)
         if not binds_signature(spec.hook, nargs):
             raise SpecError(f"HookSpec {spec.name!r}: {convention}, but {qualname(spec.hook)}"

@@ -20,13 +20,16 @@ the foundation and the models are imported: a plan module imports this one.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 import torch
 
 from conformance.apis import CasePlan, SuiteTest
 from conformance.cases import CaseParams
 from conformance.models import SWITCH_PROBES, switch_probe_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 __all__ = ["COMBINED_MODEL", "COMBINED_NODES", "COMBINED_STEPS", "SWITCH_MARGIN_STEPS", "SWITCH_STEPS", "SwitchTarget",
            "combined_case", "named", "switch_plan", "switch_target"]
@@ -61,7 +64,7 @@ class SwitchTarget:
     model: Optional[str] = None
 
 
-def switch_target(spec: Any, nightly: bool) -> Optional[SwitchTarget]:
+def switch_target(spec: HookSpec, nightly: bool) -> Optional[SwitchTarget]:
     """The combined case ``spec`` gets: its named switches (:class:`~conformance.spec.Switches`), else at nightly
     depth the nightly's own combination; ``None``: none (a lossy contract, or no switch at the default depth)."""
     if getattr(spec, "lossy", None) is not None:
@@ -117,7 +120,7 @@ def switch_plan(long_run: CasePlan) -> CasePlan:
     return plan
 
 
-def named(spec: Any) -> bool:
+def named(spec: HookSpec) -> bool:
     """Whether ``spec`` names its switches (its combined case runs whatever its hook code shows)."""
     return getattr(spec, "switches", None) is not None
 

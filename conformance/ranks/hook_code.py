@@ -31,7 +31,10 @@ import inspect
 import os
 import sysconfig
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 __all__ = ["read", "root_of", "running", "start", "state_of", "trace_path"]
 
@@ -177,7 +180,7 @@ _QUIET = ("no-data-collected", "module-not-measured", "module-not-imported", "tr
           "include-ignored", "no-ctracer", "couldnt-parse")
 
 
-def start(spec: Any, enabled: bool = True) -> None:
+def start(spec: HookSpec, enabled: bool = True) -> None:
     """A new case of ``spec``'s hook (``None``: no hook). ``enabled=False`` (``--hook-coverage off``): no tracing."""
     meter = _METER
     meter.enabled, meter.problem, meter.reported, meter.current = enabled and spec is not None, None, False, None
@@ -255,7 +258,7 @@ def read() -> Dict[str, Any]:
     return {"arcs": new, "roots": sorted([path, name] for path, name in current.roots), "problem": meter.problem}
 
 
-def state_of(spec: Any, group: Any) -> Any:
+def state_of(spec: HookSpec, group: Any) -> Any:
     """``spec.state(group)``, the hook's state built with its factory's code traced (``None`` for a stateless
     API's spec)."""
     if getattr(spec, "state", None) is None:

@@ -15,10 +15,13 @@ from the controller, which plans every case once
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from conformance.apis.registry import api_of_test
 from conformance.shared.remote_link import format_address
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 __all__ = ["counts_lines", "crash_rerun_lines", "crash_rerun_verdict_note", "header_lines", "no_case_lines",
            "notset_cause", "split_counts"]
@@ -92,7 +95,7 @@ def header_lines(state: Any, torch_version: str) -> List[str]:
     return lines
 
 
-def spec_fields(spec: Any) -> List[str]:
+def spec_fields(spec: HookSpec) -> List[str]:
     """What the header says of a hook: its api, its claim, its sharding strategies (FSDP1's) and ``compiled DDP``
     where it says it takes compiled DDP's convention; a field a spec has nothing for is left out, never empty."""
     claim = "full-precision averaging" if spec.reduce_dtype is None else f"reduce_dtype={spec.reduce_dtype_name}"

@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import textwrap
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -36,6 +36,9 @@ from conformance.reproducers.source_edits import without_blank_lines_in_blocks
 from conformance.reproducers.specialise import parsed
 from conformance.shared.files import write_atomic
 from conformance.catalogue import CHECK_TRAINING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 __all__ = ["NoReproducer", "reproducer_path", "reproducer_source", "write_reproducer"]
 
@@ -85,7 +88,7 @@ def imports_the_suite(module_name: str) -> bool:
     return False
 
 
-def needs_the_suite(spec: Any, target: str) -> Optional[str]:
+def needs_the_suite(spec: HookSpec, target: str) -> Optional[str]:
     """Why the reproducer of ``spec`` needs commhook-conformance installed, or ``None`` (it imports only torch and
     the hook's module): the module it imports the hook from imports ``conformance`` (README: keep hooks in a
     module of their own, and their ``HookSpec`` s in another), or the hook has no name to import it by."""
@@ -101,7 +104,7 @@ def needs_the_suite(spec: Any, target: str) -> Optional[str]:
     return None
 
 
-def _hook_imports(spec: Any, target: str) -> str:
+def _hook_imports(spec: HookSpec, target: str) -> str:
     """The lines that bind ``HOOK`` and ``STATE``: imported by name from the hook's module where both can be,
     else through the spec's own target (which needs the suite installed, as the comment says)."""
     module = target.partition(":")[0]
@@ -122,7 +125,7 @@ def _hook_imports(spec: Any, target: str) -> str:
             f"HOOK, STATE = _SPEC.hook, _SPEC.state")
 
 
-def _head(spec: Any, target: str, imports_of_code: Sequence[str] = ()) -> str:
+def _head(spec: HookSpec, target: str, imports_of_code: Sequence[str] = ()) -> str:
     """The file's imports: the working directory on the import path (as ``python -m`` puts it), then torch, the
     hook and what the written code imports (``imports_of_code``) inside a ``try`` whose failure exits 2 ("could
     not run"), naming the error, on one rank only."""
@@ -166,7 +169,7 @@ def _failing_step(findings: Sequence[Finding]) -> Optional[int]:
     return min(steps) if steps else None
 
 
-def case_literal(spec: Any, rank_check: str, params: Dict[str, Any], world_size: int, case_id: str,
+def case_literal(spec: HookSpec, rank_check: str, params: Dict[str, Any], world_size: int, case_id: str,
                  findings: Sequence[Finding], nodes: int = 1, backend: str = "gloo") -> Dict[str, Any]:
     """The reproducer's ``CASE``: what the rank check ran, up to the step that failed, on ``backend`` (the
     suite's placement of the case: ``"gloo"`` on CPU ranks, ``"nccl"`` with one GPU a rank).
@@ -230,7 +233,7 @@ def _clip(findings: Sequence[Finding]) -> Dict[str, Any]:
                     "norm_type": "inf" if found == "inf" else str(float(found))}}
 
 
-def _native(spec: Any) -> Dict[str, Any]:
+def _native(spec: HookSpec) -> Dict[str, Any]:
     """``{"native": mode}`` of a spec meant for one native of its API other than the default
     (``HookSpec.native_modes``: DDP's ``batched_grad_copy``, which every config of such a spec trains with),
     else nothing."""
@@ -333,7 +336,7 @@ def _functions(texts: Sequence[str]) -> set:
     return out
 
 
-def reproducer_source(spec: Any, target: str, rank_check: str, params: Dict[str, Any], world_size: int,
+def reproducer_source(spec: HookSpec, target: str, rank_check: str, params: Dict[str, Any], world_size: int,
                       case_id: str, findings: Sequence[Finding], header: str, rerun: str, path: str,
                       nodes: int = 1, backend: str = "gloo") -> str:
     """The text of the case's reproducer (see :mod:`conformance.reproducers`).

@@ -12,9 +12,12 @@ Only ``torch.distributed`` is imported here: the controller plans with it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 __all__ = ["CPP_HOOK_NOTE", "CppCommHook", "is_cpp_hook"]
 
@@ -60,6 +63,6 @@ class CppCommHook:
         return f"CppCommHook({self.type_name!r})"
 
 
-def is_cpp_hook(spec: Any) -> bool:
+def is_cpp_hook(spec: HookSpec) -> bool:
     """Whether ``spec``'s hook is one of DDP's C++ built-in hooks (:class:`CppCommHook`)."""
     return isinstance(spec.hook, CppCommHook)

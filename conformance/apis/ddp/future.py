@@ -10,7 +10,7 @@ checked on every training config at every world size (the API's own check,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, List
 
 import torch
 
@@ -20,9 +20,10 @@ from conformance.ranks.checks.common import sgd, train_step
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 
-def _bare_registration(ctx: CheckContext, spec: Any) -> List[Finding]:
+def _bare_registration(ctx: CheckContext, spec: HookSpec) -> List[Finding]:
     """DDP must accept the hook itself: ``register_comm_hook`` inspects its signature and name."""
     model = build_ddp("analytic_linear", ctx, "default")
     try:
@@ -42,7 +43,7 @@ def _bare_registration(ctx: CheckContext, spec: Any) -> List[Finding]:
     return []
 
 
-def future_contract(ctx: CheckContext, spec: Any, *, config: str, model: str, steps: int = 4,
+def future_contract(ctx: CheckContext, spec: HookSpec, *, config: str, model: str, steps: int = 4,
                     lr: float = 0.01) -> List[Finding]:
     """DDP accepts the bare hook; each future holds one tensor like the bucket buffer; every step calls it.
 

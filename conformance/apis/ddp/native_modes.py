@@ -16,9 +16,12 @@ case run with ``batched_grad_copy=True`` added to its config's options (its ``de
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 #: The config (:data:`conformance.apis.ddp.standalone.CONFIGS`) of DDP's batched-copy native.
 BATCHED_CONFIG = "batched_grad_copy"
@@ -41,7 +44,7 @@ def native_mode_unavailable() -> Optional[str]:
     return None
 
 
-def native_mode_skip(spec: Any) -> Optional[str]:
+def native_mode_skip(spec: HookSpec) -> Optional[str]:
     """Why ``spec`` has no ``batched_grad_copy`` case that can run here, or ``None``: a reduced-precision claim
     (:data:`NATIVE_MODE_CLAIM_NOTE`), a torch without the argument (:func:`native_mode_unavailable`)."""
     if reduced_claim(spec):
@@ -52,20 +55,20 @@ def native_mode_skip(spec: Any) -> Optional[str]:
     return native_mode_unavailable()
 
 
-def reduced_claim(spec: Any) -> bool:
+def reduced_claim(spec: HookSpec) -> bool:
     """Whether ``spec`` claims a reduce dtype other than its parameters': its reference is then a hook
     (``fp16_compress_wrapper(allreduce_hook)``), the same in either of DDP's natives."""
     return spec.reduce_dtype not in (None, spec.param_dtype or torch.float32)
 
 
-def batched_only(spec: Any) -> bool:
+def batched_only(spec: HookSpec) -> bool:
     """Whether ``spec`` is meant for DDP's batched copy alone (``HookSpec(native_modes=("batched_grad_copy",))``):
     then every case of it trains both models with ``batched_grad_copy=True`` beside its config's own options
     (:func:`config_of`, :func:`ddp_options`), its reference included."""
     return spec.meant_for(BATCHED_CONFIG) and not spec.meant_for("default")
 
 
-def config_of(spec: Any, config: str) -> str:
+def config_of(spec: HookSpec, config: str) -> str:
     """The config a case of ``spec`` planned in ``config`` runs in: ``batched_grad_copy`` in place of ``default``
     for a spec meant for the batched copy alone (:func:`batched_only`), ``config`` otherwise."""
     return BATCHED_CONFIG if config == "default" and batched_only(spec) else config
@@ -77,14 +80,14 @@ def ddp_options(config_options: Dict[str, Any], batched: bool) -> Dict[str, Any]
     return {**config_options, "batched_grad_copy": True} if batched else dict(config_options)
 
 
-def divides(config: str, spec: Any = None) -> bool:
+def divides(config: str, spec: HookSpec = None) -> bool:
     """Whether DDP's native in ``config`` (for ``spec``, where given) divides the bucket by the world size (the
     batched copy) rather than multiply each gradient by ``1/world_size``: the ``batched_grad_copy`` config, and
     every config but the compiled one of a spec meant for the batched copy alone."""
     return config == BATCHED_CONFIG or (spec is not None and config != "compiled_autograd" and batched_only(spec))
 
 
-def batched_skip(spec: Any, config: str) -> Optional[str]:
+def batched_skip(spec: HookSpec, config: str) -> Optional[str]:
     """Why a case of ``spec`` in ``config`` cannot run here (``None``: it can): it trains DDP's batched copy
     (:func:`divides`) and this torch's DDP has no ``batched_grad_copy`` (:func:`native_mode_unavailable`)."""
     return native_mode_unavailable() if divides(config, spec) else None

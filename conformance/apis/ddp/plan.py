@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -47,6 +47,8 @@ from conformance.apis.ddp.native_modes import (NATIVE_MODES, batched_skip, confi
 from conformance.apis.ddp.standalone import COMPILED_CONFIG, CONFIGS
 from conformance.cases import CaseParams
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 # -- the API: case plans ---------------------------------------------------------------
 
@@ -157,7 +159,7 @@ def _with_subgroup(plan: CasePlan) -> CasePlan:
     return with_subgroup
 
 
-def _exact(spec: Any) -> bool:
+def _exact(spec: HookSpec) -> bool:
     return spec.lossy is None
 
 
@@ -202,7 +204,7 @@ def takes_grad_bucket(hook: Any) -> bool:
     return any(m is not inspect.Parameter.empty and ("GradBucket" in str(m) or "Future" in str(m)) for m in marks)
 
 
-def compiled_skip(spec: Any) -> Optional[str]:
+def compiled_skip(spec: HookSpec) -> Optional[str]:
     """Why ``spec`` has no ``compiled_autograd`` case that can run (``None``: its cases run): a C++ built-in hook;
     a spec without ``compiled_ddp=True`` (:data:`GRADBUCKET_NOTE` where the hook says it takes a ``GradBucket``,
     :func:`takes_grad_bucket`, else :data:`COMPILED_NOT_DECLARED`): only a hook declared for compiled DDP's

@@ -33,6 +33,7 @@ from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 
 def build_fsdp(model_name: str, ctx: CheckContext, strategy: str, *, mixed_precision: Any = None,
@@ -167,8 +168,8 @@ class FsdpModels(ApiModels):
     grad_views = [("gradient", named_grads, "")]
     param_view = ("parameter after the optimizer step", named_params, "")
 
-    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, strategy: str, low_precision_grads: bool = False,
-                 subgroup: bool = False, micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: HookSpec, *, model: str, strategy: str,
+                 low_precision_grads: bool = False, subgroup: bool = False, micro_steps: int = 1):
         self.micro_steps = micro_steps
         super().__init__(on_subgroup(ctx) if subgroup else ctx, spec, model)
         self.strategy = strategy

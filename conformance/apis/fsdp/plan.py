@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -37,6 +37,9 @@ from conformance.catalogue import CheckEntry
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.ulps import dtype_name
 from conformance.apis.fsdp.validation import validate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 #: The long run's model (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): one
 #: FSDP unit, the cheapest per step, once per calling convention a hook serves (``NO_SHARD``'s
@@ -109,7 +112,7 @@ def _training(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Opti
     return out
 
 
-def _by_convention(spec: Any, settings: Any) -> Tuple[str, ...]:
+def _by_convention(spec: HookSpec, settings: Any) -> Tuple[str, ...]:
     """The strategies a spec's long runs, production-sized and topology cases take: at nightly depth every one it
     serves, else
     one per calling convention (``NO_SHARD``, and the first sharded one it serves: FSDP calls the hook alike
@@ -217,7 +220,7 @@ LOSSY_LOSS_MODELS = {"main": ("transformer_shared",), "extra": ()}
 LOSSY_DETERMINISM_MODELS = {"main": ("net_flat",), "extra": ()}
 
 
-def _exact(spec: Any) -> bool:
+def _exact(spec: HookSpec) -> bool:
     return spec.lossy is None
 
 

@@ -27,6 +27,7 @@ from conformance.protocol import Finding
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 _ALREADY = r"^A communication hook is already registered$"
 _NON_ROOT = r"^register_comm_hook can only be called on a root instance.$"
@@ -64,7 +65,7 @@ def _hybrid_groups(ctx: CheckContext) -> Any:
     return _HYBRID_GROUPS[key]
 
 
-def registration(ctx: CheckContext, spec: Any, *, strategy: str, rule: str) -> List[Finding]:
+def registration(ctx: CheckContext, spec: HookSpec, *, strategy: str, rule: str) -> List[Finding]:
     """One rule of ``FullyShardedDataParallel.register_comm_hook``, with the hook under test, under ``strategy``
     (the hybrid rule, whose case variant is ``HYBRID``, tries each hybrid strategy itself)."""
     hook = spec.hook

@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import TYPE_CHECKING, Tuple
 
 from conformance.signatures import (FSDP_STRATEGIES, SpecError, qualname, refuse_grad_bucket, signature_text,
                                     strategies_from_signature)
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
+
 __all__ = ["validate"]
 
 
-def validate(spec: Any) -> Tuple[str, ...]:
+def validate(spec: HookSpec) -> Tuple[str, ...]:
     """FSDP calls ``hook(state, grad)`` under NO_SHARD and ``hook(state, grad, output)`` when sharded.
 
     Returns the strategies the spec is checked under: ``spec.strategies``, or

@@ -32,6 +32,7 @@ from conformance.ulps import dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 #: ``fsdp2.registration``: the registration rules of ``set_custom_reduce_scatter`` with the spec's comm (made by
 #: its factory, as every check makes it), on a 1-D mesh over the pool (``config="default"``).
@@ -79,7 +80,7 @@ class CommModels(Fsdp2Models):
 
     setup = SETUP
 
-    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, config: str, micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: HookSpec, *, model: str, config: str, micro_steps: int = 1):
         super().__init__(ctx, spec, model=model, config=config, micro_steps=micro_steps)
         self.arithmetic = CommArithmetic(self.ctx.world_size, spec.reduce_dtype)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -43,6 +43,8 @@ from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import (ALL_GATHER_CALL, REDUCE_SCATTER_CALL, SpecError, binds_signature, qualname,
                                     refuse_unfit_comm, signature_text)
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 #: Configurations of the FSDP modules a comm is checked under (:data:`~conformance.apis.fsdp2.standalone.SETUP`).
 CONFIGS = tuple(SETUP.configs)
@@ -119,7 +121,7 @@ ACCUMULATION_MODE = "accumulation"
 NATIVE_MODES = ("default", SUM_MODE, ACCUMULATION_MODE)
 
 
-def _mode_skip(spec: Any, config: str, accumulation_only: bool = False) -> str:
+def _mode_skip(spec: HookSpec, config: str, accumulation_only: bool = False) -> str:
     """Why ``spec``'s case in ``config`` is not checked: the spec is not meant for that config's native."""
     if accumulation_only:
         return (f"the spec is meant for FSDP2 under gradient accumulation only (native_modes={spec.native_modes!r}): "
@@ -162,7 +164,7 @@ def with_native_modes(plan: CasePlan, *, accumulation: bool = False) -> CasePlan
     return cases
 
 
-def validate(spec: Any) -> Tuple[str, ...]:
+def validate(spec: HookSpec) -> Tuple[str, ...]:
     """A ``ReduceScatter`` comm (``allocate`` and ``__call__``), or a zero-argument factory of one."""
     no_strategies(spec)
     # A class is a factory (called with no arguments), even though it has an allocate attribute.

@@ -27,6 +27,7 @@ from conformance.ranks.checks.models import Recorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 #: ``fsdp2_all_gather.registration``: the registration rules of ``set_custom_all_gather`` with the spec's comm
 #: (made by its factory, as every check makes it), on a 1-D mesh over the pool (``config="default"``).
@@ -75,7 +76,7 @@ class AllGatherModels(Fsdp2Models):
 
     setup = SETUP
 
-    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, config: str, micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: HookSpec, *, model: str, config: str, micro_steps: int = 1):
         super().__init__(ctx, spec, model=model, config=config, micro_steps=micro_steps)
         self.arithmetic = AllGatherArithmetic(self.ctx.world_size, None)
 
@@ -83,7 +84,7 @@ class AllGatherModels(Fsdp2Models):
         return AllGatherRecorder(hook, self.ctx.rank, getattr(self.ctx, "notice", None))
 
 
-def hard_params(ctx: CheckContext, spec: Any, *, config: str, model: str, **_: Any) -> List[Finding]:
+def hard_params(ctx: CheckContext, spec: HookSpec, *, config: str, model: str, **_: Any) -> List[Finding]:
     """``fsdp2_all_gather.hard_params``: parameter shards holding NaN with payloads, ``-0.0``, subnormals and
     float extremes must arrive bit for bit. The hooked model's every local parameter shard is set to
     :func:`hard_shard` values (every :data:`HARD_SPREAD`-th a hard value, one round per starting offset: three

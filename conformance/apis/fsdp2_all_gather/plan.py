@@ -25,7 +25,7 @@ Only ``torch`` is imported at module level, as for the other FSDP2 APIs.
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 
 from conformance.apis import LONG_RUN_STEPS, HookApi, SuiteTest, no_strategies
 from conformance.apis.switches import switch_plan
@@ -36,6 +36,9 @@ from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import (ALL_GATHER_CALL, REDUCE_SCATTER_CALL, SpecError, binds_signature, qualname,
                                     refuse_unfit_comm, signature_text)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 #: Configurations of the FSDP modules a comm is checked under.
 CONFIGS = tuple(SETUP.configs)
@@ -72,7 +75,7 @@ ACCUMULATION_PLAN: RolePlan = {"main": (("default", "late_branch"),)}
 CLIP_PLAN: RolePlan = {"main": (("default", "nested_wrapped"),)}
 
 
-def validate(spec: Any) -> Tuple[str, ...]:
+def validate(spec: HookSpec) -> Tuple[str, ...]:
     """An ``AllGather`` comm (``allocate`` and ``__call__``), or a zero-argument factory of one; exact.
 
     Raises :class:`SpecError` for a ``reduce_dtype`` or ``lossy=`` claim: FSDP2 gathers parameters in the

@@ -23,6 +23,7 @@ from conformance.ranks.checks.models import Recorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 #: ``fsdp2_all_reduce.registration``: the registration rules of ``set_all_reduce_hook`` with the spec's hook,
 #: under native HSDP (``config="hsdp"``: the 2-D replicate x shard mesh of the pool).
@@ -42,7 +43,7 @@ class AllReduceHookModels(Fsdp2Models):
 
     setup = SETUP
 
-    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, config: str = "hsdp", micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: HookSpec, *, model: str, config: str = "hsdp", micro_steps: int = 1):
         super().__init__(ctx, spec, model=model, config=config, micro_steps=micro_steps)
         ws = self.ctx.world_size
         #: ``(replicate, shard)`` of the mesh; ``(world size, 1)`` under ``replicate``.

@@ -22,7 +22,7 @@ Only ``torch`` is imported at module level, as for the other FSDP2 APIs.
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 
 from conformance.apis import LONG_RUN_STEPS, TWO_NODES, HookApi, SuiteTest, called_as, two_node_world_sizes
 from conformance.apis.switches import switch_plan
@@ -34,6 +34,9 @@ from conformance.apis.fsdp2_common.plan import (HSDP_STREAM_RULE, REGISTRATION_R
 from conformance.cases import CaseParams
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 #: Where FSDP2 calls an all-reduce hook after its own all-reduce: native HSDP; ``replicate`` on FSDP2 (its
 #: default AVG, and ``set_gradient_divide_factor(1.0)``, a SUM: torchtitan's default).
@@ -49,7 +52,7 @@ ALL_REDUCE_LONG_RUN_PLAN: RolePlan = {"main": (("replicate", "net_flat"),)}
 _validate_hook_call = called_as(1, "an FSDP2 all-reduce hook is called as hook(tensor)")
 
 
-def validate(spec: Any) -> Tuple[str, ...]:
+def validate(spec: HookSpec) -> Tuple[str, ...]:
     """An all-reduce hook is called as ``hook(tensor)``, and claims exactness.
 
     Raises :class:`SpecError` for a ``lossy=`` contract: under native HSDP, FSDP2 calls the hook after its

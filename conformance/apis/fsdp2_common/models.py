@@ -37,6 +37,7 @@ from conformance.ulps import dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 
 def full_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
@@ -94,7 +95,7 @@ class Fsdp2Models(ApiModels):
     grad_views = GRAD_VIEWS
     param_view = PARAM_VIEW
 
-    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, config: str, micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: HookSpec, *, model: str, config: str, micro_steps: int = 1):
         if config not in self.setup.configs:
             raise ValueError(f"unknown config {config!r} for a hook installed with FSDPModule.{self.setup.setter}; "
                              f"known: {', '.join(self.setup.configs)}")

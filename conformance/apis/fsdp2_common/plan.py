@@ -13,7 +13,7 @@ on torch versions without FSDP2.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -23,6 +23,9 @@ from conformance.catalogue import CheckEntry
 from conformance.apis.fsdp2_common.setup import HSDP_REPLICATE, Fsdp2Setup
 from conformance.cases import CaseParams
 from conformance.models import MODELS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 
 def missing_api(methods: Sequence[str] = ()) -> Optional[str]:
@@ -114,7 +117,7 @@ def registration_plan(setter: str, variant: str, rules: Sequence[str], world_siz
     return cases
 
 
-def skip_reason(setup: Fsdp2Setup, case: CaseParams, spec: Any, settings: Any) -> Optional[str]:
+def skip_reason(setup: Fsdp2Setup, case: CaseParams, spec: HookSpec, settings: Any) -> Optional[str]:
     """Why ``case`` (of the API ``setup`` describes) cannot run here, after its world size's availability
     (``None``: it runs): a simulated layout under ``--listen``, a torch without ``replicate`` on FSDP2, a mesh
     that needs the HSDP pool this run leaves out, a single rank, a torch without the API's setter or the
@@ -150,7 +153,7 @@ def with_skips(setup: Fsdp2Setup, cases: List[CaseParams], specs: Sequence[Any],
             for c in cases if c.model in MODELS]
 
 
-def exact(spec: Any) -> bool:
+def exact(spec: HookSpec) -> bool:
     """Whether ``spec`` claims exactness (no lossy contract)."""
     return spec.lossy is None
 

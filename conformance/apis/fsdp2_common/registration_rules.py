@@ -59,6 +59,7 @@ from conformance.protocol import Finding, FindingKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 __all__ = ["HSDP_STREAM", "REGISTRATION_MODEL", "SEVERAL_GROUPS_FQN", "check_rule", "registration_check"]
 
@@ -222,7 +223,7 @@ def _a_stream(ctx: CheckContext) -> Any:
         return object()
 
 
-def check_rule(ctx: CheckContext, spec: Any, setter: Setter, mesh: Any, hook: Any, rule: str) -> List[Finding]:
+def check_rule(ctx: CheckContext, spec: HookSpec, setter: Setter, mesh: Any, hook: Any, rule: str) -> List[Finding]:
     """One registration rule (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`, or
     :data:`~conformance.apis.fsdp2_common.plan.HSDP_STREAM_RULE` on a 2-D mesh) of ``setter`` with ``hook`` (the object
     the suite registers for ``spec``), on models under ``fully_shard`` on ``mesh`` (1-D, a 1-D sub-mesh, or 2-D
@@ -261,7 +262,7 @@ def registration_check(setup: Fsdp2Setup, setter: Setter) -> Callable[..., List[
     if setter.name != setup.setter:
         raise ValueError(f"the rules of {setter.name} checked for a hook installed with {setup.setter}")
 
-    def registration(ctx: CheckContext, spec: Any, *, config: str, rule: str) -> List[Finding]:
+    def registration(ctx: CheckContext, spec: HookSpec, *, config: str, rule: str) -> List[Finding]:
         layout = setup.configs[config]
         grid = mesh_for(ctx, layout.shape(ctx.world_size))
         hook = setup.bound(spec.hook, spec.state, spec.name, grid)

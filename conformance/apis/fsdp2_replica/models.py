@@ -26,6 +26,7 @@ from conformance.ranks.checks.models import Recorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 __all__ = ["ReplicaModels", "registration"]
 
@@ -55,7 +56,7 @@ class ReplicaModels(Fsdp2Models):
 
     setup = SETUP
 
-    def __init__(self, ctx: CheckContext, spec: Any, *, model: str, config: str = "replica", micro_steps: int = 1):
+    def __init__(self, ctx: CheckContext, spec: HookSpec, *, model: str, config: str = "replica", micro_steps: int = 1):
         super().__init__(ctx, spec, model=model, config=config, micro_steps=micro_steps)
         self.replica_group = self.mesh.get_group("replicate")
         self.arithmetic = ReplicaArithmetic(self.shape[0], spec.reduce_dtype)

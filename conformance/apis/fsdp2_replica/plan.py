@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 
 from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, SuiteTest, called_as,
                               simulated_layout_skip, two_node_world_sizes)
@@ -44,6 +44,9 @@ from conformance.cases import CaseParams
 from conformance.catalogue import CheckEntry
 from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError, refuse_grad_bucket
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
 #: The models of the parity cases; hard inputs run through the probes (``large_probe``: the hook gets 2 shards'
 #: reduce-scatter output of more than 2^21 elements).
@@ -64,7 +67,7 @@ _validate_call = called_as(2, "an FSDP2 replica all-reduce hook is called as hoo
                               "spec.state(replica_group), and reduces tensor in place")
 
 
-def validate(spec: Any) -> Tuple[str, ...]:
+def validate(spec: HookSpec) -> Tuple[str, ...]:
     """``hook(state, tensor)``, exact: a lossy replica reduction has no contract here yet.
 
     Raises :class:`SpecError` for a ``lossy=`` contract, naming the other APIs that take one.

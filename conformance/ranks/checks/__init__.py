@@ -42,6 +42,7 @@ from conformance.ranks.checks.common import SHARED_CHECKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 __all__ = ["get_rank_check", "register_every_check"]
 
@@ -54,7 +55,7 @@ def _resolve(target: str) -> Any:
 
 def _bind(api: str, name: str, run: Callable[..., Any], make: Callable[..., Any]) -> Callable[..., Any]:
     """``run`` for ``api``: ``check(ctx, spec, **params)`` with the API's models class ``make``."""
-    def check(ctx: CheckContext, spec: Any, **params: Any) -> Any:
+    def check(ctx: CheckContext, spec: HookSpec, **params: Any) -> Any:
         return run(ctx, spec, make, **params)
 
     functools.update_wrapper(check, run)

@@ -28,6 +28,7 @@ from conformance.ranks.checks.models import MakeModels
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 #: ``max_norm`` of the clip_grad_norm_ cases (:data:`conformance.catalogue.CLIP_MAX_NORM`, which the
 #: reproducers read too): small enough that every reference model's gradients are scaled down (so the clipped
@@ -100,8 +101,9 @@ def _without_backward_findings(ctx: CheckContext, plan: Lockstep, inputs: Any,
 
 
 @shared_check("clip_grad_norm")
-def clip_grad_norm(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = CLIP_GRAD_NORM["steps"],
-                   lr: float = CLIP_GRAD_NORM["lr"], reference_only: bool = False, **variant: Any) -> List[Finding]:
+def clip_grad_norm(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str,
+                   steps: int = CLIP_GRAD_NORM["steps"], lr: float = CLIP_GRAD_NORM["lr"], reference_only: bool = False,
+                   **variant: Any) -> List[Finding]:
     """The API's ``clip_grad_norm_`` with the hook installed, for norm types 2 and inf (:data:`CLIP_NORM_TYPES`):
     per norm type, a fresh pair trained in lock step with ``clip_grad_norm_(CLIP_MAX_NORM, norm_type)`` after
     every backward (:func:`clipped`): the total norm and the clipped gradients bitwise equal to the

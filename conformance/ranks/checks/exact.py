@@ -35,10 +35,11 @@ from conformance.ranks.diagnosis import diagnose
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 
 @shared_check("averaging")
-def averaging(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str = AVERAGING["model"],
+def averaging(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str = AVERAGING["model"],
               steps: int = AVERAGING["steps"], lr: float = AVERAGING["lr"], **variant: Any) -> List[Finding]:
     """Seed ``test_default_communication_hook_behavior``: every gradient equals mean(0..world_size-1), each step.
 
@@ -81,7 +82,7 @@ def averaging(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str = AV
 
 
 @shared_check("parity")
-def parity(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = PARITY["steps"],
+def parity(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = PARITY["steps"],
            lr: float = PARITY["lr"], reference_only: bool = False, **variant: Any) -> Any:
     """Gradients and parameters bitwise equal to the reference (the native path for the hook's claim) after
     every step, per parameter FQN; ``steps`` of them, or the model's ``max_steps`` where fewer (a model of
@@ -99,7 +100,7 @@ def parity(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps:
 
 
 @shared_check("second_model")
-def second_model(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = SECOND_MODEL["steps"],
+def second_model(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = SECOND_MODEL["steps"],
                  lr: float = SECOND_MODEL["lr"], second: str = SECOND_MODEL["second"], reference_only: bool = False,
                  **variant: Any) -> Any:
     """Parity of a second model wrapped and hooked in the same process, after a first one trained with the hook.
@@ -147,7 +148,7 @@ def second_model(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, 
 
 
 @shared_check("rank_grads")
-def rank_grads(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
+def rank_grads(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
                **variant: Any) -> CheckResult:
     """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`); its
     findings are what the recorder reported when the hook broke the API's contract, which stopped the training,

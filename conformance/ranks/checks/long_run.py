@@ -40,6 +40,7 @@ from conformance.shared.standalone_inputs import regression_inputs, regression_l
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 __all__ = ["CHECK_IN_EVERY", "check_in", "long_run"]
 
@@ -125,7 +126,7 @@ def _unrecorded(ctx: CheckContext, models: ApiModels, ref: Built, hooked: Built,
 
 
 @shared_check("long_run")
-def long_run(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int, lr: float = LONG_RUN["lr"],
+def long_run(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int, lr: float = LONG_RUN["lr"],
              reference_only: bool = False, **variant: Any) -> Any:
     """``steps`` training steps of the reference and the hooked model, compared bit for bit after every one
     (gradients, local shards where sharded, and parameters), unrecorded; a difference is replayed with the

@@ -53,6 +53,7 @@ from conformance.ranks.checks.models import ApiModels, MakeModels
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 __all__ = ["exact_mean", "lossy_determinism", "lossy_error", "lossy_loss", "relative_error"]
 
@@ -177,7 +178,7 @@ def rank_scale(rank: int) -> float:
 
 
 @shared_check("lossy_error")
-def lossy_error(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = 6, lr: float = 1e-3,
+def lossy_error(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = 6, lr: float = 1e-3,
                 uneven_steps: int = 3, **variant: Any) -> CheckResult:
     """Per step and parameter: relative error vs the exact mean, the declared bound, no NaN/Inf introduced.
 
@@ -244,7 +245,7 @@ def _global_loss(ctx: CheckContext, models: ApiModels, model: nn.Module) -> floa
 
 
 @shared_check("lossy_loss")
-def lossy_loss(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, lr: float = 0.01,
+def lossy_loss(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, lr: float = 0.01,
                **variant: Any) -> CheckResult:
     """After ``loss_steps`` SGD steps, ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|``.
 
@@ -294,8 +295,8 @@ def lossy_loss(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, lr
 
 
 @shared_check("lossy_determinism")
-def lossy_determinism(ctx: CheckContext, spec: Any, make: MakeModels, *, model: str, steps: int = 4, lr: float = 0.01,
-                      **variant: Any) -> List[Finding]:
+def lossy_determinism(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = 4,
+                      lr: float = 0.01, **variant: Any) -> List[Finding]:
     """Two trainings from the same seed (fresh model and hook state each) give bitwise identical gradients
     (each rank's own gradient or local shard, every step)."""
     models = make(ctx, spec, model=model, **variant)

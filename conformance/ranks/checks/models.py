@@ -37,6 +37,7 @@ from conformance.ranks.hook_call import CallLog
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 __all__ = ["ApiModels", "Built", "MakeModels", "NativeDoesNotHold", "Recorder"]
 
@@ -135,7 +136,7 @@ class ApiModels(abc.ABC):
     grad_views: Sequence[View]
     param_view: View
 
-    def __init__(self, ctx: CheckContext, spec: Any, model: str):
+    def __init__(self, ctx: CheckContext, spec: HookSpec, model: str):
         self.ctx = ctx
         self.spec = spec
         self.model_name = model

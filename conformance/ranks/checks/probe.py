@@ -31,6 +31,7 @@ from conformance.catalogue import HARD_INPUTS
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
 
 #: ``(label, grads)``: ``grads[rank][i]`` is the gradient of probe parameter ``i`` on ``rank``
 #: (float32, CPU), in the order of the probe's ``input_shapes()``; for a probe of production size
@@ -78,7 +79,7 @@ def run_examples(ctx: CheckContext, case_id: str, examples: Sequence[Example], f
 
 
 @shared_check("hard_inputs")
-def hard_inputs(ctx: CheckContext, spec: Any, make: MakeModels, *, examples: Sequence[Example], case_id: str,
+def hard_inputs(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, examples: Sequence[Example], case_id: str,
                 fresh: bool = True, model: str = HARD_INPUTS["model"], **variant: Any) -> List[Finding]:
     """Chosen gradients through the API's probe (:func:`run_examples`), bitwise against its reference probe:
     every rank's local gradient (together, every element), one example per step, no optimizer step.

@@ -129,7 +129,7 @@ class SuiteTest:
         return sampled(cases, {s.name for s in specs if getattr(s, "sample_checks", None) is not None}, settings)
 
 
-def sampled(cases: List[CaseParams], names: Any, settings: Any) -> List[CaseParams]:
+def sampled(cases: List[CaseParams], names: Any, settings: Settings) -> List[CaseParams]:
     """``cases`` with those of the hooks ``names`` cut to a sample (``HookSpec.sample_checks``): per hook, the
     first variant and model at the run's first world size of at least 2 ranks
     (:func:`first_cross_rank_world_size`: the main one on a CPU machine, not a one-GPU machine's 1) on one
@@ -244,7 +244,7 @@ LONG_RUN_STEPS: Mapping[str, Mapping[str, Any]] = {"default": {"steps": 256}, "n
 TWO_NODES = 2
 
 
-def two_node_world_sizes(settings: Any) -> Tuple[int, ...]:
+def two_node_world_sizes(settings: Settings) -> Tuple[int, ...]:
     """The world sizes of the topology cases: 2 and 4, and 8 at nightly depth."""
     return (2, 4, 8) if settings.nightly else (2, 4)
 
@@ -262,7 +262,7 @@ def is_reach_case(case: CaseParams) -> bool:
             or case.check.endswith("switches"))
 
 
-def simulated_layout_skip(settings: Any) -> Optional[str]:
+def simulated_layout_skip(settings: Settings) -> Optional[str]:
     """Why a case that simulates several nodes cannot run here (``None``: it runs): under ``--listen`` the
     ranks' layout is torchrun's own, the real one the run reports."""
     if getattr(settings, "listen", None) is not None:

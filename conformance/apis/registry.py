@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from conformance.apis import HookApi, SuiteTest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
 
 __all__ = ["ADAPTERS", "HOOK_APIS", "api_of_test", "planned_cases", "suite_test"]
 
@@ -51,7 +54,7 @@ def suite_test(case: Any) -> SuiteTest:
     return api.suite_test(case.check)
 
 
-def planned_cases(test_name: str, specs: Sequence[Any], settings: Any) -> List[Any]:
+def planned_cases(test_name: str, specs: Sequence[Any], settings: Settings) -> List[Any]:
     """The cases of suite test ``test_name`` for the specs of its API among ``specs``, as the suite runs them.
 
     Each :class:`~conformance.cases.CaseParams` has ``skip`` set where it cannot

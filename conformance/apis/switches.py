@@ -29,6 +29,7 @@ from conformance.cases import CaseParams
 from conformance.models import SWITCH_PROBES, switch_probe_for
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
 __all__ = ["COMBINED_MODEL", "COMBINED_NODES", "COMBINED_STEPS", "SWITCH_MARGIN_STEPS", "SWITCH_STEPS", "SwitchTarget",
@@ -105,7 +106,7 @@ def switch_plan(long_run: CasePlan) -> CasePlan:
     """The plan of an API's ``switches`` suite test over its long run's plan ``long_run``: per spec with a
     :func:`switch_target`, the first of its long-run cases at the run's main world size (its config, sharding
     strategy or mesh), made :func:`combined_case`."""
-    def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def plan(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         out: List[CaseParams] = []
         for spec in specs:
             target = switch_target(spec, settings.nightly)

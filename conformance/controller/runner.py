@@ -52,7 +52,7 @@ the command that re-runs just that case.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
 
@@ -69,6 +69,9 @@ from conformance.controller.zygote_client import close_zygote
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 from conformance.reports import report
 from conformance.reports.hook_code import HookCodeLedger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
 
 __all__ = ["Runner"]
 
@@ -93,7 +96,7 @@ class Runner:
         crash_reruns: cases whose rank died, each run once more in fresh ranks (:class:`CrashRerun`).
     """
 
-    def __init__(self, settings: Any, specs: Sequence[Any], sys_path: Sequence[str] = ()):
+    def __init__(self, settings: Settings, specs: Sequence[Any], sys_path: Sequence[str] = ()):
         self.settings = settings
         self.specs = {item.spec.name: item for item in specs}
         self.sys_path = tuple(sys_path)

@@ -48,6 +48,7 @@ from conformance.apis.ddp.standalone import COMPILED_CONFIG, CONFIGS
 from conformance.cases import CaseParams
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
 # -- the API: case plans ---------------------------------------------------------------
@@ -120,7 +121,7 @@ def _plan(main: Sequence[Tuple[str, str]], extra: Sequence[Tuple[str, str]] = ()
     (:func:`~conformance.apis.first_cross_rank_world_size`). ``skip_spec(spec)``: why none of a spec's
     cases can run (``None``: they can)."""
 
-    def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def plan(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         sizes = (first_cross_rank_world_size(settings.world_sizes),) if first_only else settings.world_sizes
         out = []
         for spec in filter(keep, specs):
@@ -145,7 +146,7 @@ def _with_subgroup(plan: CasePlan) -> CasePlan:
     at least four ranks (the run's, else the extra pool FSDP2's HSDP starts), its data-parallel groups across
     two simulated nodes; then the topology cases: DDP in the default config on 2 nodes at each of
     :func:`~conformance.apis.two_node_world_sizes`."""
-    def with_subgroup(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def with_subgroup(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         ws = subgroup_world_size(settings.world_sizes)
         why = simulated_layout_skip(settings)
         exact = [spec for spec in specs if _exact(spec)]
@@ -226,7 +227,7 @@ def _with_native_modes(plan: CasePlan) -> CasePlan:
     reference is a hook, the same in either mode; a spec not meant for the batched native; a torch without it)."""
     modes = _plan(NATIVE_MODE_CASES, NATIVE_MODE_CASES, keep=_exact, skip_spec=native_mode_skip)
 
-    def with_native_modes(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def with_native_modes(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         return once(plan(test, specs, settings) + modes(test, specs, settings))
 
     return with_native_modes
@@ -240,7 +241,7 @@ def _with_compiled(plan: CasePlan) -> CasePlan:
                      skip_one_rank="compiled DDP over a single rank reduces nothing, so there is nothing to check",
                      skip_spec=lambda spec: compiled_unavailable() or compiled_skip(spec))
 
-    def with_compiled(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def with_compiled(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         cases = plan(test, specs, settings)
         return cases + compiled(test, specs, settings) if settings.with_compiled_ddp else cases
 

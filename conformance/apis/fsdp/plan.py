@@ -39,6 +39,7 @@ from conformance.ulps import dtype_name
 from conformance.apis.fsdp.validation import validate
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
 #: The long run's model (exact claims; :data:`~conformance.apis.LONG_RUN_STEPS` steps, every one compared): one
@@ -92,13 +93,13 @@ ONE_RANK_RUNS_NO_SHARD = ("with one rank FSDP runs NO_SHARD whatever the shardin
                           "ranks check it")
 
 
-def _training(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Optional[Dict[str, Sequence[str]]] = None,
-              *, strategies: Optional[Sequence[str]] = None, skip: Optional[str] = None) -> List[CaseParams]:
+def _training(test: SuiteTest, specs: Sequence[Any], settings: Settings,
+              models: Optional[Dict[str, Sequence[str]]] = None, *, strategies: Optional[Sequence[str]] = None,
+              skip: Optional[str] = None) -> List[CaseParams]:
     """Every spec x strategy it serves x world size (x model, ``models[role]``), in that order.
 
-    ``strategies`` restricts the strategies; ``skip`` is the reason a case at
-    world size 1 cannot run (``None``: it can). A sharded strategy at world size 1
-    is skipped (:data:`ONE_RANK_RUNS_NO_SHARD`).
+    ``strategies`` restricts the strategies; ``skip`` is the reason a case at world size 1 cannot run (``None``: it
+    can). A sharded strategy at world size 1 is skipped (:data:`ONE_RANK_RUNS_NO_SHARD`).
     """
     out = []
     for spec in specs:
@@ -112,7 +113,7 @@ def _training(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Opti
     return out
 
 
-def _by_convention(spec: HookSpec, settings: Any) -> Tuple[str, ...]:
+def _by_convention(spec: HookSpec, settings: Settings) -> Tuple[str, ...]:
     """The strategies a spec's long runs, production-sized and topology cases take: at nightly depth every one it
     serves, else
     one per calling convention (``NO_SHARD``, and the first sharded one it serves: FSDP calls the hook alike
@@ -124,7 +125,7 @@ def _by_convention(spec: HookSpec, settings: Any) -> Tuple[str, ...]:
     return tuple(s for s in served if s == "NO_SHARD") + tuple(sharded[:1])
 
 
-def _long_runs(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def _long_runs(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
     """The long run of :data:`LONG_RUN_MODEL` per spec and :func:`_by_convention`, at every world size of the
     main role."""
     return [case for spec in specs for strategy in _by_convention(spec, settings)
@@ -132,7 +133,7 @@ def _long_runs(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[Cas
                                   strategies=(strategy,))]
 
 
-def _parity(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def _parity(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
     """Parity of :data:`PARITY_MODELS` (main world size) and :data:`EXTRA_PARITY_MODELS`, then the topology cases
     (:func:`_topology`)."""
     return (_training(test, specs, settings, {"main": PARITY_MODELS, "extra": EXTRA_PARITY_MODELS})
@@ -145,7 +146,7 @@ def _parity(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CasePa
 LARGE_PROBE = "large_probe"
 
 
-def _hard_inputs(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def _hard_inputs(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
     """Hard inputs through ``gradient_probe`` under every strategy at every world size, then through
     :data:`LARGE_PROBE` by convention (:func:`_by_convention`)."""
     return _training(test, specs, settings) + [
@@ -154,7 +155,7 @@ def _hard_inputs(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[C
                               strategies=(strategy,))]
 
 
-def _registration(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def _registration(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
     """Every rule per spec and strategy, at the main world size; the hybrid rule once per spec."""
     ws = settings.world_size
     out = []
@@ -169,7 +170,7 @@ def _registration(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[
     return out
 
 
-def _subgroup(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def _subgroup(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
     """Parity on data-parallel subgroups (``conformance.ranks.checks.groups``): every strategy a spec serves, on
     the smallest even pool of at least four ranks (the run's, else the extra pool FSDP2's HSDP starts), the
     groups across two simulated nodes (:data:`~conformance.apis.TWO_NODES`)."""
@@ -179,7 +180,7 @@ def _subgroup(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[Case
             for strategy in spec.strategies or ()]
 
 
-def _topology(specs: Sequence[Any], settings: Any, test: SuiteTest) -> List[CaseParams]:
+def _topology(specs: Sequence[Any], settings: Settings, test: SuiteTest) -> List[CaseParams]:
     """The topology cases: :data:`SUBGROUP_MODEL` on 2 nodes at each of
     :func:`~conformance.apis.two_node_world_sizes`, by convention (:func:`_by_convention`)."""
     why = simulated_layout_skip(settings)
@@ -187,7 +188,7 @@ def _topology(specs: Sequence[Any], settings: Any, test: SuiteTest) -> List[Case
             for spec in specs for strategy in _by_convention(spec, settings) for ws in two_node_world_sizes(settings)]
 
 
-def _low_precision_clip(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def _low_precision_clip(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
     """:data:`LOW_PRECISION_CLIP` at every world size (a float16 sum of three rounds where one of two is
     exact); skipped for a hook that claims a reduce dtype
     other than float16, the one ``test_low_precision_grads`` pins."""
@@ -232,7 +233,7 @@ def _of(keep: Callable[[Any], bool], plan: CasePlan) -> CasePlan:
 def _first_world_size(plan: CasePlan) -> CasePlan:
     """``plan`` at one world size only (a training-loss or determinism case: not about rounding): the run's
     first of at least 2 ranks (:func:`~conformance.apis.first_cross_rank_world_size`)."""
-    def at_one(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def at_one(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         ws = first_cross_rank_world_size(settings.world_sizes)
         return [c for c in plan(test, specs, settings) if c.world_size == ws]
 
@@ -248,7 +249,7 @@ def catalogue_plan(entry: CheckEntry) -> CasePlan:
     main world size (every world size with ``world_sizes="every"``)."""
     models = {"main": (entry.model,), "extra": (entry.model,) if entry.world_sizes == "every" else ()}
 
-    def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def plan(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         return [case for spec in specs if entry.for_spec(spec) for strategy in _by_convention(spec, settings)
                 for case in _training(test, [spec], settings, models, strategies=(strategy,))]
 

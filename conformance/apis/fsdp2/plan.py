@@ -44,6 +44,7 @@ from conformance.signatures import (ALL_GATHER_CALL, REDUCE_SCATTER_CALL, SpecEr
                                     refuse_unfit_comm, signature_text)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
 #: Configurations of the FSDP modules a comm is checked under (:data:`~conformance.apis.fsdp2.standalone.SETUP`).
@@ -142,7 +143,7 @@ def with_native_modes(plan: CasePlan, *, accumulation: bool = False) -> CasePlan
     each ``default`` case run in that config instead (the same model, world size and layout; once where two fall
     together), and its other configs skipped with the reason; a spec meant for ``accumulation`` and not the
     default has every case of another plan skipped with the reason."""
-    def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def cases(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         by_name = {spec.name: spec for spec in specs}
         out: Dict[Any, CaseParams] = {}
         for case in plan(test, specs, settings):
@@ -181,7 +182,7 @@ def validate(spec: HookSpec) -> Tuple[str, ...]:
     return ()
 
 
-def parity_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def parity_cases(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
     """The comm cases of a run: per spec that claims exactness (whatever its reduce or parameter dtype),
     :data:`PLAN` at each world size by its role, then HSDP (on 2 nodes), then the topology cases
     (:data:`TOPOLOGY_MODEL`)."""
@@ -197,7 +198,7 @@ def parity_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[C
     return with_skips(SETUP, out, specs, settings)
 
 
-def hard_input_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def hard_input_cases(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
     """The comm's hard-input cases (exact claims): :data:`HARD_INPUT_PLAN` at each world size by its role."""
     out = []
     for spec in filter(exact, specs):
@@ -206,7 +207,7 @@ def hard_input_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> Li
     return with_skips(SETUP, out, specs, settings)
 
 
-def clip_cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def clip_cases(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
     """clip_grad_norm_ with the comm installed (exact claims): ``nested_wrapped``, default config, main world
     size."""
     ws = settings.world_sizes[0]

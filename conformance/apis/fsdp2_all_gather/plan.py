@@ -38,6 +38,7 @@ from conformance.signatures import (ALL_GATHER_CALL, REDUCE_SCATTER_CALL, SpecEr
                                     refuse_unfit_comm, signature_text)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
 #: Configurations of the FSDP modules a comm is checked under.
@@ -100,7 +101,7 @@ def validate(spec: HookSpec) -> Tuple[str, ...]:
 def _by_role(plan: RolePlan) -> Any:
     """A case plan: per spec, ``plan[role]`` at each world size by its role, then ``plan["hsdp"]`` at the HSDP
     world size (its pool, 4 ranks on the default CPU run)."""
-    def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def cases(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         out = []
         for spec in specs:
             roles = [(settings.role(ws), ws) for ws in settings.world_sizes]

@@ -36,6 +36,7 @@ from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
 #: Where FSDP2 calls an all-reduce hook after its own all-reduce: native HSDP; ``replicate`` on FSDP2 (its
@@ -69,8 +70,9 @@ def validate(spec: HookSpec) -> Tuple[str, ...]:
     return _validate_hook_call(spec)
 
 
-def all_reduce_cases(test: SuiteTest, specs: Sequence[Any], settings: Any, models: Sequence[str] = ALL_REDUCE_MODELS,
-                     replicate_models: Sequence[str] = (), large: Sequence[str] = ()) -> List[CaseParams]:
+def all_reduce_cases(test: SuiteTest, specs: Sequence[Any], settings: Settings,
+                     models: Sequence[str] = ALL_REDUCE_MODELS, replicate_models: Sequence[str] = (),
+                     large: Sequence[str] = ()) -> List[CaseParams]:
     """An all-reduce hook's cases: each of ``models`` under HSDP, then each of ``replicate_models`` under the
     ``replicate`` configs at every world size of the run (and the topology cases), then each of ``large`` (the
     probe of production size: whole gradients of 25 MiB) under ``replicate`` at every world size."""

@@ -25,6 +25,7 @@ from conformance.cases import CaseParams
 from conformance.models import MODELS
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
 
@@ -108,7 +109,7 @@ def registration_plan(setter: str, variant: str, rules: Sequence[str], world_siz
     world size: registration is not about rounding), in ``variant``; skipped with the reason where
     ``unavailable(settings)`` gives one, where this torch has no ``FSDPModule.<setter>``, and, for the
     several-parameter-groups rule, where it has no ``ShardPlacementResult``."""
-    def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def cases(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         why = unavailable(settings) or missing_api((setter,))
         return [test.case(spec.name, variant, ws, rule=rule, skip=why or (
                     missing_shard_placement() if rule == "multiple_param_groups_raise" else None))
@@ -117,7 +118,7 @@ def registration_plan(setter: str, variant: str, rules: Sequence[str], world_siz
     return cases
 
 
-def skip_reason(setup: Fsdp2Setup, case: CaseParams, spec: HookSpec, settings: Any) -> Optional[str]:
+def skip_reason(setup: Fsdp2Setup, case: CaseParams, spec: HookSpec, settings: Settings) -> Optional[str]:
     """Why ``case`` (of the API ``setup`` describes) cannot run here, after its world size's availability
     (``None``: it runs): a simulated layout under ``--listen``, a torch without ``replicate`` on FSDP2, a mesh
     that needs the HSDP pool this run leaves out, a single rank, a torch without the API's setter or the
@@ -146,7 +147,8 @@ def skip_reason(setup: Fsdp2Setup, case: CaseParams, spec: HookSpec, settings: A
     return None
 
 
-def with_skips(setup: Fsdp2Setup, cases: List[CaseParams], specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+def with_skips(setup: Fsdp2Setup, cases: List[CaseParams], specs: Sequence[Any],
+               settings: Settings) -> List[CaseParams]:
     """``cases`` of the known models, each with its :func:`skip_reason`."""
     by_name = {spec.name: spec for spec in specs}
     return [dataclasses.replace(c, skip=skip_reason(setup, c, by_name[c.hook], settings))
@@ -168,7 +170,7 @@ def role_plan(setup: Fsdp2Setup, plan: RolePlan, keep: Callable[[Any], bool], *,
     """A case plan by world-size role (the lossy contracts, accumulation, the long runs): per kept spec,
     ``plan[role]`` at each world size by its role (only one with ``first_only``:
     :func:`~conformance.apis.first_cross_rank_world_size`), then ``plan["hsdp"]`` at the HSDP world size."""
-    def cases(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def cases(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         out = []
         for spec in filter(keep, specs):
             sizes = (first_cross_rank_world_size(settings.world_sizes),) if first_only else settings.world_sizes

@@ -46,6 +46,7 @@ from conformance.models import ACCUMULATION_MICRO_STEPS
 from conformance.signatures import SpecError, refuse_grad_bucket
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
     from conformance.spec import HookSpec
 
 #: The models of the parity cases; hard inputs run through the probes (``large_probe``: the hook gets 2 shards'
@@ -81,7 +82,7 @@ def validate(spec: HookSpec) -> Tuple[str, ...]:
     return _validate_call(spec)
 
 
-def _world_sizes(settings: Any) -> List[int]:
+def _world_sizes(settings: Settings) -> List[int]:
     """The HSDP world size, and 6 (3 replicas) where the run has it or is at nightly depth."""
     sizes = [hsdp_world_size(settings.world_sizes)]
     if (settings.nightly or ODD_REPLICA_WORLD_SIZE in settings.world_sizes) and ODD_REPLICA_WORLD_SIZE not in sizes:
@@ -89,7 +90,7 @@ def _world_sizes(settings: Any) -> List[int]:
     return sizes
 
 
-def _parity_world_sizes(settings: Any) -> List[int]:
+def _parity_world_sizes(settings: Settings) -> List[int]:
     """:func:`_world_sizes`, and the topology cases' 8 ranks at nightly depth (2 nodes of 4; their 2 and 4 ranks
     are no replica mesh, or the HSDP world size)."""
     sizes = _world_sizes(settings)
@@ -103,11 +104,11 @@ def _nodes(world_size: int) -> int:
     return replicas if replicas % 2 else TWO_NODES
 
 
-def _skip(settings: Any) -> Any:
+def _skip(settings: Settings) -> Any:
     return hsdp_unavailable(settings.world_sizes) or missing_api((SETUP.setter,))
 
 
-def _long_run_world_sizes(settings: Any) -> List[int]:
+def _long_run_world_sizes(settings: Settings) -> List[int]:
     """:data:`LONG_RUN_WORLD_SIZE`; at nightly depth the HSDP world size's 2x2 mesh too."""
     return [LONG_RUN_WORLD_SIZE] + ([hsdp_world_size(settings.world_sizes)] if settings.nightly else [])
 
@@ -117,7 +118,7 @@ def _cases(models: Sequence[str], world_sizes: Any = _world_sizes, also: Sequenc
     ``world_sizes(settings)``."""
     pairs = tuple(("replica", model) for model in models) + tuple(also)
 
-    def plan(test: SuiteTest, specs: Sequence[Any], settings: Any) -> List[CaseParams]:
+    def plan(test: SuiteTest, specs: Sequence[Any], settings: Settings) -> List[CaseParams]:
         why = _skip(settings) or simulated_layout_skip(settings)
         return [dataclasses.replace(test.case(spec.name, config, ws, model=model, nodes=_nodes(ws)), skip=why)
                 for spec in specs for ws in world_sizes(settings) for config, model in pairs]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from hypothesis import HealthCheck, Phase, given
@@ -25,6 +25,8 @@ from conformance.controller.hard_examples import (MAX_DRAWN_ELEMENTS, NAMED_LABE
 from conformance.reports.reach import note_reach
 from conformance.models import get_model
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.runner import Runner
 
 # -- one hard-input case, on the controller ----------------------------------------------------
 
@@ -128,7 +130,7 @@ def with_note(exc: ConformanceFailure, note: str) -> ConformanceFailure:
     return ConformanceFailure(f"{text}\n  {note}{sep}{rerun}", exc.findings, exc.rank_problems)
 
 
-def check_case(conform: Any, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
+def check_case(conform: Runner, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
     """Run one hard-input case: the named examples (packed, :func:`named_hard_values`, and the ranks at their own
     magnitudes, :func:`rank_magnitude_values`), then ``--hypothesis-examples``
     drawn by hypothesis (:func:`hard_gradients`), one dispatch each; a failure is shrunk to a minimal example.

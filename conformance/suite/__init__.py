@@ -7,15 +7,18 @@ check on every API needs no edit here.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping
 
 from conformance.apis.registry import HOOK_APIS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.runner import Runner
 
 __all__ = ["catalogued_tests"]
 
 
 def _suite_test(name: str, doc: str) -> Callable[..., None]:
-    def test(conform: Any, request: Any, case: Any) -> None:
+    def test(conform: Runner, request: Any, case: Any) -> None:
         conform.run_case(request, case)
 
     test.__name__ = test.__qualname__ = name

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 from conformance.apis import HookApi, SuiteTest
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.cases import CaseParams
     from conformance.controller.settings import Settings
 
 __all__ = ["ADAPTERS", "HOOK_APIS", "api_of_test", "planned_cases", "suite_test"]
@@ -46,7 +47,7 @@ def api_of_test(test_name: str) -> Optional[HookApi]:
     return None
 
 
-def suite_test(case: Any) -> SuiteTest:
+def suite_test(case: CaseParams) -> SuiteTest:
     """The suite test a case was planned for (its API's, by the case's check); ``KeyError`` names the unknown."""
     api = HOOK_APIS.get(case.api)
     if api is None:

@@ -31,32 +31,38 @@ from conformance.controller import lossy_cases
 from conformance.controller.hard_inputs import check_case
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.cases import CaseParams
     from conformance.controller.runner import Runner
 
 __all__ = ["KINDS", "run_case"]
 
 
-def _exact(conform: Runner, request: Any, case: Any, test: SuiteTest, params: Dict[str, Any]) -> None:
+def _exact(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, test: SuiteTest,
+           params: Dict[str, Any]) -> None:
     __tracebackhide__ = True
     lossy_cases.exact_case(conform, request, case, case.check, test.rank_check_name, params)
 
 
-def _plain(conform: Runner, request: Any, case: Any, test: SuiteTest, params: Dict[str, Any]) -> None:
+def _plain(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, test: SuiteTest,
+           params: Dict[str, Any]) -> None:
     __tracebackhide__ = True
     conform.check(request, case, case.check, test.rank_check_name, params)
 
 
-def _across_ranks(conform: Runner, request: Any, case: Any, test: SuiteTest, params: Dict[str, Any]) -> None:
+def _across_ranks(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, test: SuiteTest,
+                  params: Dict[str, Any]) -> None:
     __tracebackhide__ = True
     conform.check(request, case, case.check, test.rank_check_name, params, across_ranks=True)
 
 
-def _hard_inputs(conform: Runner, request: Any, case: Any, test: SuiteTest, params: Dict[str, Any]) -> None:
+def _hard_inputs(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, test: SuiteTest,
+                 params: Dict[str, Any]) -> None:
     __tracebackhide__ = True
     check_case(conform, request, case, case.check, test.rank_check_name, params)
 
 
-def _switches(conform: Runner, request: Any, case: Any, test: SuiteTest, params: Dict[str, Any]) -> None:
+def _switches(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, test: SuiteTest,
+              params: Dict[str, Any]) -> None:
     """A combined case (:mod:`conformance.apis.switches`): one whose spec names its switches always runs; the
     nightly's own combination only where the hook's code still has a branch its other cases never took (the
     ledger of what ran so far: a hook none of whose code is left untaken costs nothing). Either runs as its
@@ -74,7 +80,8 @@ def _switches(conform: Runner, request: Any, case: Any, test: SuiteTest, params:
 
 
 def _lossy(run: Callable[..., None]) -> Callable[..., None]:
-    def kind(conform: Runner, request: Any, case: Any, test: SuiteTest, params: Dict[str, Any]) -> None:
+    def kind(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, test: SuiteTest,
+             params: Dict[str, Any]) -> None:
         __tracebackhide__ = True
         run(conform, request, case, case.check, case.api, case.variant_field)
 
@@ -91,7 +98,7 @@ KINDS: Dict[str, Callable[..., None]] = {
 }
 
 
-def run_case(conform: Runner, request: Any, case: Any) -> None:
+def run_case(conform: Runner, request: pytest.FixtureRequest, case: CaseParams) -> None:
     """Run ``case`` (a :class:`~conformance.cases.CaseParams`) as its suite test says, through ``conform``
     (the session's :class:`~conformance.controller.runner.Runner`).
 

@@ -26,6 +26,8 @@ from conformance.reports.reach import note_reach
 from conformance.models import get_model
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pytest
+    from conformance.cases import CaseParams
     from conformance.controller.runner import Runner
 
 # -- one hard-input case, on the controller ----------------------------------------------------
@@ -130,7 +132,8 @@ def with_note(exc: ConformanceFailure, note: str) -> ConformanceFailure:
     return ConformanceFailure(f"{text}\n  {note}{sep}{rerun}", exc.findings, exc.rank_problems)
 
 
-def check_case(conform: Runner, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
+def check_case(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, check: str, rank_check: str,
+               params: Dict[str, Any]) -> None:
     """Run one hard-input case: the named examples (packed, :func:`named_hard_values`, and the ranks at their own
     magnitudes, :func:`rank_magnitude_values`), then ``--hypothesis-examples``
     drawn by hypothesis (:func:`hard_gradients`), one dispatch each; a failure is shrunk to a minimal example.

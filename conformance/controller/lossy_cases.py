@@ -22,26 +22,30 @@ from conformance.reports import report
 from conformance.reports.results import ShortFigure
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pytest
+    from conformance.cases import CaseParams
     from conformance.controller.runner import Runner
 
 
-def _spec(conform: Runner, case: Any) -> Any:
+def _spec(conform: Runner, case: CaseParams) -> Any:
     """The case's hook spec, as the runner (``conform``) loaded it."""
     return conform.specs[case.hook].spec
 
 
-def _params(case: Any, variant: str) -> Dict[str, Any]:
+def _params(case: CaseParams, variant: str) -> Dict[str, Any]:
     return {variant: case.variant, "model": case.model}
 
 
-def exact_case(conform: Runner, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any]) -> None:
+def exact_case(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, check: str, rank_check: str,
+               params: Dict[str, Any]) -> None:
     """An exactness check; a failure of a hook with no lossy contract that no named cause explains says how
     to declare one (the attribution decides: :data:`conformance.controller.attribution.DECLARE_LOSSY_HINT`)."""
     __tracebackhide__ = True
     conform.check(request, case, check, rank_check, params, exact=True)
 
 
-def error_case(conform: Runner, request: Any, case: Any, check: str, api: str, variant: str) -> None:
+def error_case(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, check: str, api: str,
+               variant: str) -> None:
     """``<api>.lossy_error`` on every rank; the largest ``max_rel_error`` of the ranks becomes the
     ``observed_rel_error`` property and the failure's closing line, with the declared bound."""
     __tracebackhide__ = True
@@ -54,7 +58,8 @@ def error_case(conform: Runner, request: Any, case: Any, check: str, api: str, v
     conform.check(request, case, check, f"{api}.lossy_error", _params(case, variant), note=observed)
 
 
-def loss_case(conform: Runner, request: Any, case: Any, check: str, api: str, variant: str) -> None:
+def loss_case(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, check: str, api: str,
+              variant: str) -> None:
     """``<api>.lossy_loss``; the relative loss difference becomes the ``observed_loss_rel_diff`` property."""
     __tracebackhide__ = True
 
@@ -67,7 +72,8 @@ def loss_case(conform: Runner, request: Any, case: Any, check: str, api: str, va
     conform.check(request, case, check, f"{api}.lossy_loss", _params(case, variant), note=observed)
 
 
-def determinism_case(conform: Runner, request: Any, case: Any, check: str, api: str, variant: str) -> None:
+def determinism_case(conform: Runner, request: pytest.FixtureRequest, case: CaseParams, check: str, api: str,
+                     variant: str) -> None:
     """``<api>.lossy_determinism``: two runs from the same seed, bitwise."""
     __tracebackhide__ = True
     conform.check(request, case, check, f"{api}.lossy_determinism", _params(case, variant))

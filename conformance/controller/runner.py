@@ -71,6 +71,7 @@ from conformance.reports import report
 from conformance.reports.hook_code import HookCodeLedger
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.cases import CaseParams
     from conformance.controller.settings import Settings
 
 __all__ = ["Runner"]
@@ -335,15 +336,15 @@ class Runner:
         return pool_not_run(self.not_run[(hook, world_size)], world_size)
 
     @staticmethod
-    def tag(request: Any, case: Any, check: str) -> Dict[str, Any]:
+    def tag(request: pytest.FixtureRequest, case: CaseParams, check: str) -> Dict[str, Any]:
         """Give the test its case's JUnit properties (:meth:`CaseParams.junit_properties`, which the
         per-hook summary reads); return ``case.describe(check)`` for failure headers."""
         request.node.user_properties.extend(case.junit_properties(check))
         return case.describe(check)
 
-    def check(self, request: Any, case: Any, check: str, rank_check: str, params: Dict[str, Any], *,
-              across_ranks: bool = False, note: Optional[Callable[[CaseResult, List[Finding]], str]] = None,
-              exact: bool = False) -> CaseResult:
+    def check(self, request: pytest.FixtureRequest, case: CaseParams, check: str, rank_check: str,
+              params: Dict[str, Any], *, across_ranks: bool = False,
+              note: Optional[Callable[[CaseResult, List[Finding]], str]] = None, exact: bool = False) -> CaseResult:
         """Run one suite case end to end: what every suite test function calls.
 
         Gives the test its case's JUnit properties (``case.junit_properties(check)``),
@@ -369,7 +370,7 @@ class Runner:
                         finished=lambda result: note_reach(request, result, real_nodes=getattr(
                             self.pools.get(case.world_size), "nodes", None)), note=note)
 
-    def run_case(self, request: Any, case: Any) -> None:
+    def run_case(self, request: pytest.FixtureRequest, case: CaseParams) -> None:
         """Run one suite case as its API's suite test says (:func:`conformance.controller.case_kinds.run_case`):
         what every suite test function calls."""
         __tracebackhide__ = True

@@ -26,7 +26,7 @@ import traceback
 import warnings
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,9 @@ from conformance.protocol import Msg, RankOutcome, as_check_result, recv, send
 from conformance.ranks import cost, hook_code, lifeline, process_state, reach, topology
 from conformance.ranks.checks import get_rank_check, register_every_check
 from conformance.ranks.diagnosis import diagnosing
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.protocol import Case
 
 
 def _suite_all_reduce() -> Any:
@@ -253,13 +256,13 @@ class _Worker:
             raise RuntimeError(problem)
         return self._specs[(ref.target, ref.name)]
 
-    def case_layout(self, case: Any) -> Dict[str, str]:
+    def case_layout(self, case: Case) -> Dict[str, str]:
         """torchrun's layout variables a case sets while it runs: those of ``case.nodes`` nodes where it
         simulates several, else none (the rank keeps its own: one node, or torchrun's real layout)."""
         nodes = getattr(case, "nodes", 1)
         return topology.torchrun_env(self.rank, self.world_size, nodes) if nodes > 1 else {}
 
-    def run_case(self, case: Any) -> Any:
+    def run_case(self, case: Case) -> Any:
         self.ctx.current_phase = "setting up"
         self.ctx.report_on_error(None)
         reach.start()

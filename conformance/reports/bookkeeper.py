@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 import pytest
 
@@ -32,6 +32,9 @@ from conformance.reports.cost import COST_PROPERTY, parse_property
 from conformance.reports.reach import REACH_PROPERTIES
 from conformance.reports.results import FAILING, CaseRecord, Figure
 from conformance.reports.session_report import notset_cause
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.cases import CaseParams
 
 __all__ = ["Bookkeeper", "HookTally", "PLUGIN_NAME", "case_hook", "case_of", "failure_figures", "phase_outcome",
            "skip_reason"]
@@ -300,7 +303,7 @@ class Bookkeeper:
         return done
 
 
-def _fill_from_case(rec: CaseRecord, case: Any) -> None:
+def _fill_from_case(rec: CaseRecord, case: Optional[CaseParams]) -> None:
     """The case's fields from its parameters, for a case skipped before the test set its properties."""
     if case is None:
         return

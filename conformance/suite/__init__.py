@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping
 from conformance.apis.registry import HOOK_APIS
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pytest
+    from conformance.cases import CaseParams
     from conformance.controller.runner import Runner
 
 __all__ = ["catalogued_tests"]
 
 
 def _suite_test(name: str, doc: str) -> Callable[..., None]:
-    def test(conform: Runner, request: Any, case: Any) -> None:
+    def test(conform: Runner, request: pytest.FixtureRequest, case: CaseParams) -> None:
         conform.run_case(request, case)
 
     test.__name__ = test.__qualname__ = name

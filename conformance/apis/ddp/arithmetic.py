@@ -17,7 +17,7 @@ divides each parameter's gradient by the world size, then SUMs
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 from conformance.protocol import Cause
 from conformance.ranks.arithmetic import Arithmetic, Candidate
@@ -25,11 +25,14 @@ from conformance.shared.compare import same_bits
 from conformance.ranks.reduction import ALL_REDUCE, THE_COLLECTIVES, Recompute, Reduction, Scale
 from conformance.ulps import dtype_name
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.hook_call import HookCall
+
 
 class DdpArithmetic(Arithmetic):
     """DDP's ``1/N`` before the SUM, or its reference's divide in the claimed dtype (see the module docstring)."""
 
-    def reduction(self, call: Any) -> Reduction:
+    def reduction(self, call: HookCall) -> Reduction:
         """``x 1/N`` in the gradient's dtype, or ``/ N`` after a cast to the claimed dtype, then a SUM all-reduce."""
         cast = (self.reduce_dtype or call.input.dtype) != call.input.dtype
         return Reduction(pre=(Scale(self.world_size, reciprocal=not cast),), dtype=self.reduce_dtype,
@@ -54,7 +57,7 @@ class DdpArithmetic(Arithmetic):
         return (f"cast the bucket to {low}, divide it by {ws} there, all-reduce (SUM) in {low}, then cast back, as "
                 f"{short}_compress_wrapper(allreduce_hook) does")
 
-    def where_result_goes(self, call: Any) -> str:
+    def where_result_goes(self, call: HookCall) -> str:
         return "complete the future with the reduced bucket (DDP copies the future's value over the gradients)"
 
 
@@ -67,7 +70,7 @@ class BatchedDdpArithmetic(DdpArithmetic):
     #: Dividing before the SUM is native's own order here.
     divides_before_sum = True
 
-    def reduction(self, call: Any) -> Reduction:
+    def reduction(self, call: HookCall) -> Reduction:
         """``/ N`` in the gradient's dtype, then a SUM all-reduce."""
         return Reduction(pre=(Scale(self.world_size),), dtype=self.reduce_dtype, collective=ALL_REDUCE)
 
@@ -81,7 +84,7 @@ class BatchedDdpArithmetic(DdpArithmetic):
                 "does): with batched_grad_copy=True DDP copies the gradients into the bucket as they are and divides "
                 f"the flat bucket by world_size, where default DDP multiplies each gradient by 1/{ws}")
 
-    def candidates(self, call: Any, group: Any, rank: int) -> List[Candidate]:
+    def candidates(self, call: HookCall, group: Any, rank: int) -> List[Candidate]:
         """The shared causes, with default DDP's ``x 1/world_size`` before the SUM second: a hook written for DDP
         as constructed by default."""
         ws = self.world_size
@@ -109,7 +112,7 @@ class CompiledDdpArithmetic(Arithmetic):
     #: Dividing before the SUM is native's own order here.
     divides_before_sum = True
 
-    def reduction(self, call: Any) -> Reduction:
+    def reduction(self, call: HookCall) -> Reduction:
         """``param.grad / N``, then a SUM all-reduce (no bucket: one parameter a call)."""
         return Reduction(pre=(Scale(self.world_size),), dtype=self.reduce_dtype, collective=ALL_REDUCE)
 
@@ -125,11 +128,11 @@ class CompiledDdpArithmetic(Arithmetic):
                 f"grad.div_({ws}); dist.all_reduce(grad, group=...) (DDP's python reducer computes param.grad / "
                 f"world_size, then a SUM)")
 
-    def where_result_goes(self, call: Any) -> str:
+    def where_result_goes(self, call: HookCall) -> str:
         return ("write the result into grad (bucket[0], which is param.grad) in place: under compiled autograd DDP "
                 "ignores what the hook returns")
 
-    def candidates(self, call: Any, group: Any, rank: int) -> List[Candidate]:
+    def candidates(self, call: HookCall, group: Any, rank: int) -> List[Candidate]:
         """The shared causes, with eager DDP's ``x 1/world_size`` before the SUM second: a hook written to match
         the C++ ``Reducer`` (``Reducer::mark_variable_ready_dense``) rather than the python reducer."""
         ws = self.world_size
@@ -141,7 +144,7 @@ class CompiledDdpArithmetic(Arithmetic):
             "then SUM, not eager DDP's x 1/world_size")
 
 
-def _reciprocal_second(arithmetic: Arithmetic, out: List[Candidate], call: Any, group: Any, rank: int, native: str,
+def _reciprocal_second(arithmetic: Arithmetic, out: List[Candidate], call: HookCall, group: Any, rank: int, native: str,
                        words: str, fix: str) -> List[Candidate]:
     """``out`` (native first) with default DDP's ``x 1/world_size`` before the SUM, in the collective's order, as
     the second cause (code ``"rounding_order"``, ``native``: the DDP native it misses), worded ``words`` / ``fix``:

@@ -13,11 +13,14 @@ order or over a two-level reduction (within each node, then across nodes) on a j
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.reduction import ALL_REDUCE, NODES, REDUCE_SCATTER, Reduction, Scale
 from conformance.ulps import dtype_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.hook_call import HookCall
 
 
 class FsdpArithmetic(Arithmetic):
@@ -36,20 +39,20 @@ class FsdpArithmetic(Arithmetic):
         """Where the pre-divide factor is the world size (1 or 2 ranks), dividing first is native's order."""
         return self.factors[0] == self.world_size
 
-    def reduction(self, call: Any) -> Reduction:
+    def reduction(self, call: HookCall) -> Reduction:
         """Cast, ``/ predivide``, SUM (a reduce-scatter when sharded), ``/ postdivide`` (a factor of 1 is skipped)."""
         pre, post = self.factors
         return Reduction(pre=(Scale(pre),) if pre > 1 else (), post=(Scale(post),) if post > 1 else (),
                          dtype=self.reduce_dtype, collective=REDUCE_SCATTER if call.sharded else ALL_REDUCE)
 
-    def changes(self, call: Any) -> List[Reduction]:
+    def changes(self, call: HookCall) -> List[Reduction]:
         """The shared causes, then FSDP's pre-divide without its post-divide, in the collective's order (where both
         factors exceed 1: 3 ranks and more)."""
         out = super().changes(call)
         native = out[0]
         return out + ([dataclasses.replace(native, post=())] if native.pre and native.post else [])
 
-    def two_level_changes(self, call: Any, native: Reduction) -> List[Reduction]:
+    def two_level_changes(self, call: HookCall, native: Reduction) -> List[Reduction]:
         """The shared two-level causes, after FSDP's pre-divide without its post-divide summed in two levels: a
         hierarchical hook that post-divides ``grad`` after copying its shard into ``output``."""
         shared = super().two_level_changes(call, native)
@@ -74,7 +77,7 @@ class FsdpArithmetic(Arithmetic):
             how = f"cast to {dtype_name(self.reduce_dtype)} first, then {how}, and cast back"
         return f"{how}, as FSDP's _reduce_grad does"
 
-    def where_result_goes(self, call: Any) -> str:
+    def where_result_goes(self, call: HookCall) -> str:
         if call.sharded:
             return "write the reduced shard into output (FSDP reads output, not grad, under a sharded strategy)"
         return "reduce grad in place (FSDP reads the gradient it passed the hook)"

@@ -12,7 +12,7 @@ FSDP2 asks for ``AVG`` picks its own divisor, so one read off the default group
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -20,6 +20,9 @@ from conformance.apis.fsdp2.recorder import op_name
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.reduction import ALL_REDUCE, REDUCE_SCATTER, Reduction, Scale
 from conformance.ulps import dtype_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.hook_call import HookCall
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +32,7 @@ class CommArithmetic(Arithmetic):
 
     op: Any = None
 
-    def reduction(self, call: Any) -> Reduction:
+    def reduction(self, call: HookCall) -> Reduction:
         """The collective FSDP2 asked for, with its op, in the buffer's dtype. Dividing as for another world size
         than the group's (:meth:`dividing_as`), an ``AVG`` is a SUM divided by that size: what a comm that
         averages by hand computes; a SUM or ``PREMUL_SUM`` stays as asked (FSDP2 divides itself)."""
@@ -48,7 +51,7 @@ class CommArithmetic(Arithmetic):
         return (f"reduce-scatter with the op FSDP2 passes the comm (here op={op_name(self.op)}) over the group it "
                 "passes, and divide nothing yourself (FSDP2 divides before and after the comm where it asks for SUM)")
 
-    def where_result_goes(self, call: Any) -> str:
+    def where_result_goes(self, call: HookCall) -> str:
         return "reduce into the output_tensor FSDP2 passes the comm (FSDP2's gradients are views of it)"
 
     def why_not_rounded(self, narrow: torch.dtype, given: torch.dtype) -> str:
@@ -64,6 +67,6 @@ class CommArithmetic(Arithmetic):
         """None: FSDP2 divides itself, and the op the comm got says how; no world size is the comm's to pick."""
         return ()
 
-    def for_call(self, call: Any) -> "CommArithmetic":
+    def for_call(self, call: HookCall) -> "CommArithmetic":
         """Over the group, and with the op, FSDP2 passed the comm in that call."""
         return self if call.group is None else dataclasses.replace(self, world_size=call.group.size(), op=call.op)

@@ -18,13 +18,16 @@ rank. The gradient diagnosis
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
 from conformance.protocol import Cause
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.reduction import NO_COLLECTIVE, Reduction
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.hook_call import HookCall
 
 #: The integer dtype of each element size: floats are compared by their bits (every NaN payload counts).
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -246,7 +249,7 @@ class AllGatherArithmetic(Arithmetic):
     """No reduction to recompute: the comm moves parameters, and its recorder checks every gather itself
     (:mod:`conformance.apis.fsdp2_all_gather.recorder`); the gradient diagnosis finds no call in its log."""
 
-    def reduction(self, call: Any) -> Reduction:
+    def reduction(self, call: HookCall) -> Reduction:
         return Reduction(collective=NO_COLLECTIVE)
 
     def describe(self) -> str:
@@ -257,5 +260,5 @@ class AllGatherArithmetic(Arithmetic):
     def how_to_average(self) -> str:
         return "average nothing: an all-gather only moves the parameter shards"
 
-    def where_result_goes(self, call: Any) -> str:
+    def where_result_goes(self, call: HookCall) -> str:
         return "gather into the output_tensor FSDP2 passes the comm (FSDP2 copies the parameters out of it)"

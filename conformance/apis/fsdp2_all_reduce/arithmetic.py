@@ -10,7 +10,7 @@ dtype and back (:class:`AllReduceHookArithmetic`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Tuple
+from typing import TYPE_CHECKING, Any, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -20,6 +20,9 @@ from conformance.ranks.arithmetic import Arithmetic, Candidate, narrower_than
 from conformance.ranks.reduction import NO_COLLECTIVE, Reduction, rounded
 from conformance.shared.compare import same_bits
 from conformance.ulps import dtype_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.hook_call import HookCall
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +35,7 @@ class AllReduceHookArithmetic(Arithmetic):
     native_name: str = "native HSDP"
     hook_picks_divisor = False  # the mesh's sizes, the world's among them, are in ``divisors``
 
-    def reduction(self, call: Any) -> Reduction:
+    def reduction(self, call: HookCall) -> Reduction:
         """No collective: the tensor is native HSDP's already."""
         return Reduction(collective=NO_COLLECTIVE)
 
@@ -44,7 +47,7 @@ class AllReduceHookArithmetic(Arithmetic):
     def how_to_average(self) -> str:
         return f"leave the tensor as {self.native_name} hands it to the hook: already reduced and averaged"
 
-    def where_result_goes(self, call: Any) -> str:
+    def where_result_goes(self, call: HookCall) -> str:
         return "change the tensor FSDP2 passes the hook in place, if at all (FSDP2 ignores the return value)"
 
     def why_not_rounded(self, narrow: torch.dtype, given: torch.dtype) -> str:
@@ -52,14 +55,14 @@ class AllReduceHookArithmetic(Arithmetic):
         return (f"{self.native_name} hands the hook a {own} average over ranks, which holds {own} values that {low} "
                 "rounds, whatever the parameter dtype")
 
-    def native_result(self, call: Any, group: Any) -> torch.Tensor:
+    def native_result(self, call: HookCall, group: Any) -> torch.Tensor:
         return call.input.to(call.output.dtype)
 
-    def unreduced(self, call: Any, rank: int) -> torch.Tensor:
+    def unreduced(self, call: HookCall, rank: int) -> torch.Tensor:
         """Native itself: the hook's input is reduced already."""
         return call.input.to(call.output.dtype)
 
-    def candidates(self, call: Any, group: Any, rank: int) -> List[Candidate]:
+    def candidates(self, call: HookCall, group: Any, rank: int) -> List[Candidate]:
         x = call.input.to(call.output.dtype)
         out: List[Candidate] = [Candidate(Cause("native", words="native"), x.clone())]
         for d in sorted(set(self.divisors)):

@@ -11,10 +11,13 @@ replicas divided by their number, which the hook's result must equal.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from conformance.ranks.arithmetic import Arithmetic
 from conformance.ranks.reduction import ALL_REDUCE, Reduction, Scale
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.hook_call import HookCall
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +30,7 @@ class ReplicaArithmetic(Arithmetic):
 
     hook_picks_divisor = True
 
-    def reduction(self, call: Any) -> Reduction:
+    def reduction(self, call: HookCall) -> Reduction:
         """A SUM all-reduce over the replica group, divided by the replica count (gloo's ``AVG``)."""
         return Reduction(post=(Scale(self.world_size),), dtype=self.reduce_dtype, collective=ALL_REDUCE)
 
@@ -40,5 +43,5 @@ class ReplicaArithmetic(Arithmetic):
         return (f"all-reduce the tensor over the replica group the hook is given with op=ReduceOp.AVG (the SUM "
                 f"divided by the {self.world_size} replicas), as native HSDP does")
 
-    def where_result_goes(self, call: Any) -> str:
+    def where_result_goes(self, call: HookCall) -> str:
         return "all-reduce the tensor FSDP2 passes the hook in place (FSDP2 ignores the return value)"

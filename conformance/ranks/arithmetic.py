@@ -154,7 +154,7 @@ class Arithmetic(abc.ABC):
         """The arithmetic of one call: over the group the API passed the hook, where it passed one."""
         return self if call.group is None else dataclasses.replace(self, world_size=call.group.size())
 
-    def native_result(self, call: HookCall, group: object) -> torch.Tensor:
+    def native_result(self, call: HookCall, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
         """What native produces from ``call.input`` (the first of :meth:`candidates`), one collective."""
         return Recompute(call, group, self.world_size, dist.get_rank(group))(self.reduction(call))
 
@@ -256,7 +256,7 @@ class Arithmetic(abc.ABC):
             dataclasses.replace(summed, between=(Scale(local),)), dataclasses.replace(summed, post=(Scale(nodes),)),
             summed]
 
-    def candidates(self, call: HookCall, group: object, rank: int) -> List[Candidate]:
+    def candidates(self, call: HookCall, group: Optional[dist.ProcessGroup], rank: int) -> List[Candidate]:
         """Every named cause for ``call`` (:class:`Candidate`: the cause, its result, its fix), native first; the
         same collectives, in the same order, on every rank. A change that is native's reduction again, or an
         earlier change again, is left out; the shard of another rank only where the data tells it apart; the

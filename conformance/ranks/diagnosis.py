@@ -145,7 +145,7 @@ def _local_gradient(arith: Arithmetic, call: HookCall) -> Cause:
                  "received", reduce_it)
 
 
-def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], group: Any,
+def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], group: Optional[dist.ProcessGroup],
             rank: int) -> List[Cause]:
     """Every named cause that reproduces ``call.output`` bit for bit, with its fix (collective: every rank calls it).
 
@@ -156,7 +156,7 @@ def explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], gro
     return _explain(arith, call, previous, group, rank)[0]
 
 
-def _explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], group: Any,
+def _explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], group: Optional[dist.ProcessGroup],
              rank: int) -> Tuple[List[Cause], bool]:
     """:func:`explain`'s causes, and whether every one of ``arith``'s candidates (two or more, native aside) gives
     the hook's bits: this call's values tell none of them apart."""
@@ -188,7 +188,7 @@ def _explain(arith: Arithmetic, call: HookCall, previous: Optional[HookCall], gr
     return causes, every
 
 
-def wrong_group(arith: Arithmetic, call: HookCall, group: Any) -> Optional[Cause]:
+def wrong_group(arith: Arithmetic, call: HookCall, group: Optional[dist.ProcessGroup]) -> Optional[Cause]:
     """What the hook's own calls show, whatever its result's bits: a collective over the default group where
     the hook's process group (``group``) is smaller (the ``group=`` argument forgotten), with its fix, or
     ``None``."""
@@ -202,7 +202,7 @@ def wrong_group(arith: Arithmetic, call: HookCall, group: Any) -> Optional[Cause
                  f"{everyone} ranks)")
 
 
-def agreed(causes: List[Cause], group: Any) -> List[Cause]:
+def agreed(causes: List[Cause], group: Optional[dist.ProcessGroup]) -> List[Cause]:
     """``causes`` narrowed to those every rank of ``group`` also found, where some are: a cause that explains one
     rank's result alone is a coincidence of that rank's values (at 2 ranks, rank 1's local gradient can equal
     the SUM), not what the hook did. Causes compare by their :attr:`~conformance.protocol.Cause.family` (code

@@ -52,7 +52,7 @@ class HookCall:
     sharded: bool = False
     collectives: Optional[int] = 0
     group_sizes: Tuple[int, ...] = ()
-    group: Any = None
+    group: Optional[dist.ProcessGroup] = None
     op: Any = None
     pending: Optional[torch.Tensor] = None
 
@@ -112,7 +112,7 @@ def _process_groups() -> List[Any]:
         return [dist.group.WORLD] if dist.is_initialized() else []
 
 
-def _sequence_number(group: Any) -> Optional[int]:
+def _sequence_number(group: dist.ProcessGroup) -> Optional[int]:
     """The group's own count of the collectives issued on it (``ProcessGroup._get_sequence_number_for_group``:
     gloo counts every collective and point-to-point op, NCCL its collectives), or ``None``."""
     try:
@@ -148,7 +148,7 @@ def counting_collectives() -> Iterator[Collectives]:
                 count.group_sizes.extend([_group_size(group)] * issued)
 
 
-def _group_size(group: Any) -> int:
+def _group_size(group: dist.ProcessGroup) -> int:
     try:
         return int(group.size())
     except Exception:  # noqa: BLE001 - sizes are a diagnosis aid

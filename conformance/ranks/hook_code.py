@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tupl
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.spec import HookSpec
+    from torch.distributed import ProcessGroup
 
 __all__ = ["read", "root_of", "running", "start", "state_of", "trace_path"]
 
@@ -258,7 +259,7 @@ def read() -> Dict[str, Any]:
     return {"arcs": new, "roots": sorted([path, name] for path, name in current.roots), "problem": meter.problem}
 
 
-def state_of(spec: HookSpec, group: Any) -> Any:
+def state_of(spec: HookSpec, group: Optional[ProcessGroup]) -> Any:
     """``spec.state(group)``, the hook's state built with its factory's code traced (``None`` for a stateless
     API's spec)."""
     if getattr(spec, "state", None) is None:

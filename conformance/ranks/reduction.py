@@ -126,7 +126,7 @@ class Reduction:
         return dataclasses.replace(self, pre=(), op=None, post=(), between=())
 
 
-def reduced(x: torch.Tensor, call: HookCall, group: Any, world_size: int, shift: int = 0,
+def reduced(x: torch.Tensor, call: HookCall, group: Optional[dist.ProcessGroup], world_size: int, shift: int = 0,
             op: Any = None) -> torch.Tensor:
     """SUM (or ``op``) of ``x`` over the group: an all-reduce, or (``call.sharded``) a reduce-scatter giving
     this rank the shard of rank ``rank - shift`` (every rank rotates its chunks by ``shift`` first)."""
@@ -142,7 +142,7 @@ def reduced(x: torch.Tensor, call: HookCall, group: Any, world_size: int, shift:
     return out
 
 
-def rank_values(x: torch.Tensor, group: Any, world_size: int) -> List[torch.Tensor]:
+def rank_values(x: torch.Tensor, group: Optional[dist.ProcessGroup], world_size: int) -> List[torch.Tensor]:
     """Every rank's ``x`` (same shape and dtype on every rank), in rank order: an all-gather.
 
     The values travel as float64, which holds every float16, bfloat16 and float32 value exactly (gloo
@@ -238,7 +238,7 @@ class Recompute:
     every rank's input is gathered once, the first time a hook-ordered sum is asked for.
     """
 
-    def __init__(self, call: HookCall, group: Any, world_size: int, rank: int) -> None:
+    def __init__(self, call: HookCall, group: Optional[dist.ProcessGroup], world_size: int, rank: int) -> None:
         self.call, self.group, self.world_size, self.rank = call, group, world_size, rank
         self._gathered: Optional[List[torch.Tensor]] = None
         self._summed: List[Tuple[Reduction, torch.Tensor]] = []

@@ -17,7 +17,7 @@ divides each parameter's gradient by the world size, then SUMs
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, List, Optional
 
 from conformance.protocol import Cause
 from conformance.ranks.arithmetic import Arithmetic, Candidate
@@ -27,6 +27,7 @@ from conformance.ulps import dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.hook_call import HookCall
+    from torch.distributed import ProcessGroup
 
 
 class DdpArithmetic(Arithmetic):
@@ -84,7 +85,7 @@ class BatchedDdpArithmetic(DdpArithmetic):
                 "does): with batched_grad_copy=True DDP copies the gradients into the bucket as they are and divides "
                 f"the flat bucket by world_size, where default DDP multiplies each gradient by 1/{ws}")
 
-    def candidates(self, call: HookCall, group: Any, rank: int) -> List[Candidate]:
+    def candidates(self, call: HookCall, group: Optional[ProcessGroup], rank: int) -> List[Candidate]:
         """The shared causes, with default DDP's ``x 1/world_size`` before the SUM second: a hook written for DDP
         as constructed by default."""
         ws = self.world_size
@@ -132,7 +133,7 @@ class CompiledDdpArithmetic(Arithmetic):
         return ("write the result into grad (bucket[0], which is param.grad) in place: under compiled autograd DDP "
                 "ignores what the hook returns")
 
-    def candidates(self, call: HookCall, group: Any, rank: int) -> List[Candidate]:
+    def candidates(self, call: HookCall, group: Optional[ProcessGroup], rank: int) -> List[Candidate]:
         """The shared causes, with eager DDP's ``x 1/world_size`` before the SUM second: a hook written to match
         the C++ ``Reducer`` (``Reducer::mark_variable_ready_dense``) rather than the python reducer."""
         ws = self.world_size
@@ -144,8 +145,8 @@ class CompiledDdpArithmetic(Arithmetic):
             "then SUM, not eager DDP's x 1/world_size")
 
 
-def _reciprocal_second(arithmetic: Arithmetic, out: List[Candidate], call: HookCall, group: Any, rank: int, native: str,
-                       words: str, fix: str) -> List[Candidate]:
+def _reciprocal_second(arithmetic: Arithmetic, out: List[Candidate], call: HookCall, group: Optional[ProcessGroup],
+                       rank: int, native: str, words: str, fix: str) -> List[Candidate]:
     """``out`` (native first) with default DDP's ``x 1/world_size`` before the SUM, in the collective's order, as
     the second cause (code ``"rounding_order"``, ``native``: the DDP native it misses), worded ``words`` / ``fix``:
     a native that divides (the batched copy, compiled DDP) is missed by a hook written for the default one. A

@@ -31,7 +31,7 @@ every rank process.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
@@ -41,6 +41,9 @@ from conformance.apis.ddp.cpp_hooks import CppCommHook
 from conformance.apis.ddp.native_modes import NATIVE_MODES
 from conformance.apis.ddp.standalone import COMPILED_CONFIG
 from conformance.spec import HookSpec, LossyContract
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup
 
 __all__ = [
     "DDP_HOOKS",
@@ -103,17 +106,17 @@ QUANTIZATION_PERTENSOR_LOSS_MARGIN = 0.1
 QUANTIZATION_PERCHANNEL_LOSS_MARGIN = 0.05
 
 
-def process_group_state(process_group: Any) -> Any:
+def process_group_state(process_group: Optional[ProcessGroup]) -> Any:
     """The state of ``allreduce_hook``, the compress hooks and the quantization hooks: the process group."""
     return process_group
 
 
-def no_state(process_group: Any) -> None:
+def no_state(process_group: Optional[ProcessGroup]) -> None:
     """``noop_hook`` takes no state (``register_comm_hook(None, noop_hook)``)."""
     return None
 
 
-def powersgd_state(process_group: Any) -> Any:
+def powersgd_state(process_group: Optional[ProcessGroup]) -> Any:
     """``PowerSGDState`` for the suite: rank 1, PowerSGD from iteration :data:`POWERSGD_START_ITER`."""
     return powerSGD_hook.PowerSGDState(process_group=process_group, matrix_approximation_rank=POWERSGD_RANK,
                                        start_powerSGD_iter=POWERSGD_START_ITER, random_seed=0)

@@ -69,7 +69,7 @@ class PlainReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
     def allocate(self, size: Sequence[Any], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, op: Any,
                  async_op: bool = False) -> Optional[Any]:
         reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         return reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)

@@ -55,7 +55,7 @@ class PlainAllGather(_AllGatherBase):  # type: ignore[misc,valid-type]
     def allocate(self, size: Sequence[Any], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> Optional[Any]:
         # torch 2.13 renames all_gather_into_tensor (deprecated there, a FutureWarning per call) all_gather_single
         all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -10,7 +10,7 @@ dtype and back (:class:`AllReduceHookArithmetic`).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, List, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -55,14 +55,14 @@ class AllReduceHookArithmetic(Arithmetic):
         return (f"{self.native_name} hands the hook a {own} average over ranks, which holds {own} values that {low} "
                 "rounds, whatever the parameter dtype")
 
-    def native_result(self, call: HookCall, group: Any) -> torch.Tensor:
+    def native_result(self, call: HookCall, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
         return call.input.to(call.output.dtype)
 
     def unreduced(self, call: HookCall, rank: int) -> torch.Tensor:
         """Native itself: the hook's input is reduced already."""
         return call.input.to(call.output.dtype)
 
-    def candidates(self, call: HookCall, group: Any, rank: int) -> List[Candidate]:
+    def candidates(self, call: HookCall, group: Optional[dist.ProcessGroup], rank: int) -> List[Candidate]:
         x = call.input.to(call.output.dtype)
         out: List[Candidate] = [Candidate(Cause("native", words="native"), x.clone())]
         for d in sorted(set(self.divisors)):

@@ -8,7 +8,7 @@ for the checks and the diagnosis.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -17,6 +17,9 @@ from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.ulps import dtype_name
 from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup
 
 __all__ = ["HookRecorder", "allocation_problem"]
 
@@ -27,7 +30,7 @@ class HookRecorder(Recorder):
     under ``replicate``), for the note on a gradient finding; ``group``: the process group the diagnosis
     recomputes each call over (``None``: the check's)."""
 
-    def __init__(self, hook: Any, rank: int, mesh_shape: Tuple[int, int], group: Any = None):
+    def __init__(self, hook: Any, rank: int, mesh_shape: Tuple[int, int], group: Optional[ProcessGroup] = None):
         self.hook = hook
         self.rank = rank
         self.mesh_shape = mesh_shape

@@ -85,6 +85,7 @@ def module_place(fqn: str) -> str:
     return f"{fqn!r}" if fqn else "'' (the root)"
 
 
+# group: Any, as FSDP2's FSDPParamGroup is private to torch (its module has moved between versions).
 def _group_params(module: nn.Module, fqn: str, group: Any) -> str:
     """The FQNs of a parameter group's parameters, and its shard group's size."""
     mine = {id(p): name for name, p in module.named_parameters()}

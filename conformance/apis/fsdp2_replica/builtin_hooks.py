@@ -20,12 +20,12 @@ from conformance.spec import HookSpec
 __all__ = ["REPLICA_HOOKS", "default_hook", "replica_avg_all_reduce", "replica_group_state"]
 
 
-def replica_group_state(replica_group: Any) -> Any:
+def replica_group_state(replica_group: dist.ProcessGroup) -> Any:
     """The hook's state: the process group across replicas itself."""
     return replica_group
 
 
-def replica_avg_all_reduce(replica_group: Any, tensor: torch.Tensor) -> None:
+def replica_avg_all_reduce(replica_group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
     """Average ``tensor`` (this rank's reduce-scatter output, already averaged over its shard group) over the
     replicas, in place: ``dist.all_reduce(tensor, op=ReduceOp.AVG, group=replica_group)``, as native HSDP's
     replica all-reduce does (``foreach_reduce``). FSDP2 ignores the return value and reads ``tensor`` after

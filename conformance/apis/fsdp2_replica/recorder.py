@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import TYPE_CHECKING, Any, Tuple
 
 from conformance.apis.fsdp2_common.recorders import HookRecorder
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup
 
 __all__ = ["ReplicaRecorder"]
 
@@ -22,7 +25,7 @@ class ReplicaRecorder(HookRecorder):
         mesh_shape: ``(replicas, shards)``, for the note on a gradient finding.
     """
 
-    def __init__(self, hook: Any, rank: int, replica_group: Any, mesh_shape: Tuple[int, int]):
+    def __init__(self, hook: Any, rank: int, replica_group: ProcessGroup, mesh_shape: Tuple[int, int]):
         super().__init__(hook, rank, mesh_shape, group=replica_group)
 
     def context(self, step: int) -> str:

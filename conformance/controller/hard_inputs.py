@@ -27,6 +27,7 @@ from conformance.models import get_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import pytest
+
     from conformance.cases import CaseParams
     from conformance.controller.runner import Runner
 

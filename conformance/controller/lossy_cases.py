@@ -23,6 +23,7 @@ from conformance.reports.results import ShortFigure
 
 if TYPE_CHECKING:  # pragma: no cover
     import pytest
+
     from conformance.cases import CaseParams
     from conformance.controller.runner import Runner
 

@@ -34,8 +34,9 @@ import threading
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.spec import HookSpec
     from torch.distributed import ProcessGroup
+
+    from conformance.spec import HookSpec
 
 __all__ = ["read", "root_of", "running", "start", "state_of", "trace_path"]
 

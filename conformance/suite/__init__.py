@@ -13,6 +13,7 @@ from conformance.apis.registry import HOOK_APIS
 
 if TYPE_CHECKING:  # pragma: no cover
     import pytest
+
     from conformance.cases import CaseParams
     from conformance.controller.runner import Runner
 

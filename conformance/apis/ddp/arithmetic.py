@@ -26,8 +26,9 @@ from conformance.ranks.reduction import ALL_REDUCE, THE_COLLECTIVES, Recompute, 
 from conformance.ulps import dtype_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.ranks.hook_call import HookCall
     from torch.distributed import ProcessGroup
+
+    from conformance.ranks.hook_call import HookCall
 
 
 class DdpArithmetic(Arithmetic):

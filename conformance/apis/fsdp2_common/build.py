@@ -29,6 +29,8 @@ from conformance.apis.fsdp2_common.standalone import fsdp2_api, mixed_precision,
 from conformance.models import get_model
 
 if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed.device_mesh import DeviceMesh
+
     from conformance.ranks.checks.groups import CheckContext
 
 # -- torch capabilities (controller and ranks) --------------------------------------------
@@ -57,7 +59,7 @@ def missing_api(methods: Sequence[str] = ()) -> Optional[str]:
 _MESHES: Dict[Tuple[Any, ...], Any] = {}
 
 
-def mesh_for(ctx: CheckContext, shape: Tuple[int, ...]) -> Any:
+def mesh_for(ctx: CheckContext, shape: Tuple[int, ...]) -> DeviceMesh:
     """A device mesh of ``shape`` over the pool's ranks, cached per process group and shape.
 
     A 1-D mesh over the whole pool reuses the default process group (no new
@@ -85,7 +87,8 @@ def mesh_for(ctx: CheckContext, shape: Tuple[int, ...]) -> Any:
 # -- models ----------------------------------------------------------------------------------
 
 
-def build_fsdp2(model_name: str, ctx: CheckContext, mesh: Any, *, reduce_dtype: Optional[torch.dtype]) -> nn.Module:
+def build_fsdp2(model_name: str, ctx: CheckContext, mesh: DeviceMesh, *,
+                reduce_dtype: Optional[torch.dtype]) -> nn.Module:
     """The reference model under ``fully_shard`` on ``mesh`` (1-D, or 2-D for HSDP), as
     :func:`~conformance.apis.fsdp2_common.standalone.wrap_model` builds it with no config of its own: one call per
     FSDP1 unit, innermost first, then the root.
@@ -102,7 +105,7 @@ def build_fsdp2(model_name: str, ctx: CheckContext, mesh: Any, *, reduce_dtype: 
 PLAIN_FULLY_SHARD = Fsdp2Config("native fully_shard")
 
 
-def build_model(ctx: CheckContext, layout: Fsdp2Config, model_name: str, mesh: Any, *,
+def build_model(ctx: CheckContext, layout: Fsdp2Config, model_name: str, mesh: DeviceMesh, *,
                 reduce_dtype: Optional[torch.dtype], hooked: bool) -> nn.Module:
     """The reference (or, ``hooked``, the hooked model before its hook) of a case in ``layout``: the model
     ``model_name`` as :func:`~conformance.apis.fsdp2_common.standalone.wrap_model` builds it on ``mesh`` (the
@@ -125,7 +128,7 @@ def missing_replicate() -> Optional[str]:
 _EXPERT_MESHES: Dict[Tuple[int, str], Any] = {}
 
 
-def _expert_mesh(ctx: CheckContext) -> Any:
+def _expert_mesh(ctx: CheckContext) -> DeviceMesh:
     """A 1-D device mesh over this rank alone (``MixtureOfExperts.expert_group``), cached per group and device type;
     collective the first time (it creates the pool's singleton groups)."""
     from torch.distributed.device_mesh import DeviceMesh  # optional: see the module docstring
@@ -145,7 +148,7 @@ def _shard0() -> Any:
     return Shard(0)
 
 
-def several_groups_model(ctx: CheckContext, mesh: Any, reduce_dtype: Optional[torch.dtype]) -> nn.Module:
+def several_groups_model(ctx: CheckContext, mesh: DeviceMesh, reduce_dtype: Optional[torch.dtype]) -> nn.Module:
     """``mixture_of_experts`` (plain build) under ``fully_shard`` on ``mesh``, with one FSDP module of several
     parameter groups: ``module.1`` (shared) an FSDP module of its own; ``module`` (the ``Sequential``) one whose
     ``shard_placement_fn`` returns ``ShardPlacementResult(Shard(0), FSDPMeshInfo(<a mesh of this rank alone>))``

@@ -58,6 +58,8 @@ from conformance.apis.fsdp2_common.setup import Fsdp2Setup
 from conformance.protocol import Finding, FindingKind
 
 if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed.device_mesh import DeviceMesh
+
     from conformance.ranks.checks.groups import CheckContext
     from conformance.spec import HookSpec
 
@@ -223,7 +225,8 @@ def _a_stream(ctx: CheckContext) -> Any:
         return object()
 
 
-def check_rule(ctx: CheckContext, spec: HookSpec, setter: Setter, mesh: Any, hook: Any, rule: str) -> List[Finding]:
+def check_rule(ctx: CheckContext, spec: HookSpec, setter: Setter, mesh: DeviceMesh, hook: Any,
+               rule: str) -> List[Finding]:
     """One registration rule (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`, or
     :data:`~conformance.apis.fsdp2_common.plan.HSDP_STREAM_RULE` on a 2-D mesh) of ``setter`` with ``hook`` (the object
     the suite registers for ``spec``), on models under ``fully_shard`` on ``mesh`` (1-D, a 1-D sub-mesh, or 2-D

@@ -35,6 +35,7 @@ from conformance.reports.session_report import notset_cause
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.cases import CaseParams
+    from conformance.controller.pytest_plugin import SessionState
 
 __all__ = ["Bookkeeper", "HookTally", "PLUGIN_NAME", "case_hook", "case_of", "failure_figures", "phase_outcome",
            "skip_reason"]
@@ -140,7 +141,7 @@ class Bookkeeper:
             :func:`conformance.reports.session_report.notset_cause`.
     """
 
-    def __init__(self, state: Any):
+    def __init__(self, state: SessionState):
         self.state = state
         self.records: Dict[str, CaseRecord] = {}
         self.hooks: Dict[str, HookTally] = {}

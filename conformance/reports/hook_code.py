@@ -22,9 +22,12 @@ import json
 import linecache
 import os
 import tempfile
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from conformance.reports.code_regions import branch_words, callbacks, code_lines, definitions, display_path
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.pytest_plugin import SessionState
 
 __all__ = ["Branch", "HookCode", "HookCodeLedger", "hook_code_from_json", "hook_code_of", "summarize"]
 
@@ -295,7 +298,7 @@ def summarize(ledger: HookCodeLedger, hook: str, enabled: bool = True) -> HookCo
                     combined)
 
 
-def hook_code_of(state: Any, hook: str) -> Optional[HookCode]:
+def hook_code_of(state: SessionState, hook: str) -> Optional[HookCode]:
     """The session's :class:`HookCode` of ``hook`` (``state``: the controller's session state, whose runner holds
     the ledger), or ``None`` where no case of it ran here."""
     ledger = getattr(getattr(state, "runner", None), "hook_code", None)

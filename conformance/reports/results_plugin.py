@@ -24,7 +24,7 @@ import os
 import platform
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -44,6 +44,9 @@ from conformance.reports.results import CaseRecord
 from conformance.reports.source_digest import source_digest
 from conformance.reports.verdict import Status, Verdict
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.pytest_plugin import SessionState
+
 __all__ = ["ResultsRecorder", "hook_matrix_lines", "register"]
 
 PLUGIN_NAME = "conformance-results"
@@ -55,7 +58,7 @@ GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 PROGRESS_WRITE_S = 2.0
 
 
-def register(config: pytest.Config, state: Any, keeper: Bookkeeper) -> "ResultsRecorder":
+def register(config: pytest.Config, state: SessionState, keeper: Bookkeeper) -> "ResultsRecorder":
     """Add the session's :class:`ResultsRecorder`.
 
     Loads ``--baseline`` now and validates it against the results schema, so that a bad baseline
@@ -104,7 +107,7 @@ class ResultsRecorder:
         fail_on_applied: the exit status was set by ``--fail-on regressions``.
     """
 
-    def __init__(self, config: pytest.Config, state: Any, keeper: Bookkeeper):
+    def __init__(self, config: pytest.Config, state: SessionState, keeper: Bookkeeper):
         self.config = config
         self.state = state
         self.keeper = keeper

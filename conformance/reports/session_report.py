@@ -21,6 +21,7 @@ from conformance.apis.registry import api_of_test
 from conformance.shared.remote_link import format_address
 
 if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.pytest_plugin import SessionState
     from conformance.spec import HookSpec
 
 __all__ = ["counts_lines", "crash_rerun_lines", "crash_rerun_verdict_note", "header_lines", "no_case_lines",
@@ -75,7 +76,7 @@ def crash_rerun_verdict_note(reruns: Sequence[Any], hook: str) -> Optional[str]:
             f"ranks, {r.second_run}: see the summary below")
 
 
-def header_lines(state: Any, torch_version: str) -> List[str]:
+def header_lines(state: SessionState, torch_version: str) -> List[str]:
     """The report header: torch and its build, backend, device, every world size the run plans, the case
     timeout; torchrun's or the one-GPU pools where they apply; then each hook under test with its claim."""
     s = state.settings

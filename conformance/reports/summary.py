@@ -14,7 +14,7 @@ closing lines is :mod:`conformance.reports.session_report`.
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 import pytest
 
@@ -25,6 +25,9 @@ from conformance.reports.hook_code import hook_code_of
 from conformance.reports.cost import hook_cost
 from conformance.reports.reach import hook_reach, not_checked_lines, reach_context
 from conformance.reports.verdict import Status, Verdict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.pytest_plugin import SessionState
 
 __all__ = ["Summary"]
 
@@ -48,7 +51,7 @@ class Summary:
         keeper: the session's :class:`~conformance.reports.bookkeeper.Bookkeeper`, which classified every case.
     """
 
-    def __init__(self, state: Any, keeper: Bookkeeper):
+    def __init__(self, state: SessionState, keeper: Bookkeeper):
         self.state = state
         self.keeper = keeper
         self.interrupted = False

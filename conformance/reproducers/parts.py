@@ -13,13 +13,16 @@ import ast
 import builtins
 import inspect
 from types import ModuleType
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
 from conformance.apis.controller_side import controller_side
 from conformance.reproducers.source_edits import bound_in
 from conformance.reproducers.sources import bound_names, written_code
 from conformance.reproducers.specialise import parsed, walk
 from conformance.shared import standalone_inputs, standalone_main
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.apis import HookApi
 
 __all__ = ["PROVIDED", "constants_of", "early_constants", "hoisted_imports", "known_of", "model_modules", "sections",
            "written_code_of"]
@@ -44,7 +47,7 @@ def _path(module: str) -> str:
     return module.replace(".", "/").replace("conformance/models/", "models/") + ".py"
 
 
-def sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
+def sections(model_cls: type, api: HookApi) -> List[Tuple[str, Sequence[str]]]:
     """``(heading, modules)`` of each part of the file's code, in the order a reader meets them."""
     models = model_modules(model_cls)
     standalone = controller_side(api.name).standalone_modules
@@ -55,7 +58,7 @@ def sections(model_cls: type, api: Any) -> List[Tuple[str, Sequence[str]]]:
             ("the lock-step loop, the comparison and the launcher (conformance/shared/standalone_*.py)", loop)]
 
 
-def early_constants(model_cls: type, api: Any, imports: Sequence[str], code: Dict[str, List[str]],
+def early_constants(model_cls: type, api: HookApi, imports: Sequence[str], code: Dict[str, List[str]],
                     bound: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
     """``(constants, code)``: the module-level assignments of the API's part and of the loop (what they compare, the
     ``Ranks`` type, ``NATIVE_ONLY``, the exit statuses) that read only what the file binds before its definitions (its

@@ -33,7 +33,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from types import FrameType
 
 __all__ = ["StopSignals", "process_signals", "session_signals"]
 
@@ -89,7 +92,7 @@ class StopSignals:
         """From now on a signal is only acknowledged: every case has run and the reports are being written."""
         self._finishing = True
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         self.received += 1
         name = signal.Signals(signum).name
         if self.received == 1:

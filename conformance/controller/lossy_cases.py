@@ -16,13 +16,14 @@ The rank-side checks are in :mod:`conformance.ranks.checks.lossy`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from conformance.reports import report
 from conformance.reports.results import ShortFigure
 
 if TYPE_CHECKING:  # pragma: no cover
     import pytest
+    from conformance.protocol import CaseResult, Finding
 
     from conformance.cases import CaseParams
     from conformance.controller.runner import Runner
@@ -51,7 +52,7 @@ def error_case(conform: Runner, request: pytest.FixtureRequest, case: CaseParams
     ``observed_rel_error`` property and the failure's closing line, with the declared bound."""
     __tracebackhide__ = True
 
-    def observed(result: Any, found: Any) -> str:
+    def observed(result: CaseResult, found: List[Finding]) -> str:
         worst = max((o.value.figures for o in result.outcomes), key=lambda f: f["max_rel_error"])
         request.node.user_properties.append(("observed_rel_error", ShortFigure(worst["max_rel_error"])))
         return report.lossy_error_note(worst, _spec(conform, case).lossy.rel_error_bound)
@@ -64,7 +65,7 @@ def loss_case(conform: Runner, request: pytest.FixtureRequest, case: CaseParams,
     """``<api>.lossy_loss``; the relative loss difference becomes the ``observed_loss_rel_diff`` property."""
     __tracebackhide__ = True
 
-    def observed(result: Any, found: Any) -> str:
+    def observed(result: CaseResult, found: List[Finding]) -> str:
         figures = result.outcomes[0].value.figures
         request.node.user_properties.append(("observed_loss_rel_diff", ShortFigure(figures["rel_diff"])))
         contract = _spec(conform, case).lossy

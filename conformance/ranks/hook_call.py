@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
+
+if TYPE_CHECKING:  # pragma: no cover
+    from types import FrameType
 
 __all__ = ["CallLog", "Collectives", "HookCall", "Works", "counting_collectives", "watching_works"]
 
@@ -201,7 +204,7 @@ def watching_works() -> Iterator[Works]:
     work_type = getattr(dist, "Work", None)
     depth = [0]  # torch.distributed frames open: the outermost is the call the block made
 
-    def profile(frame: Any, event: str, arg: Any) -> None:
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
         in_c10d = frame.f_code.co_filename == _C10D_FILE
         if event == "call" and in_c10d:
             params = frame.f_code.co_varnames[:frame.f_code.co_argcount + frame.f_code.co_kwonlyargcount]

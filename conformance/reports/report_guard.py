@@ -132,7 +132,7 @@ class ReportGuard:
             del self.config.stash[xml_key]
 
     @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         tr, reports = terminalreporter, self.reports
         if not reports.files:
             return

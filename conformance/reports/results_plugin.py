@@ -46,6 +46,7 @@ from conformance.reports.verdict import Status, Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.controller.pytest_plugin import SessionState
+    from conformance.shared.spec_loading import LoadedSpec
 
 __all__ = ["ResultsRecorder", "hook_matrix_lines", "register"]
 
@@ -316,7 +317,7 @@ class ResultsRecorder:
                 "hypothesis_examples": s.hypothesis_examples, "known_failures_files": list(s.known_failures),
                 "depth": s.depth, "with_compiled_ddp": s.with_compiled_ddp, "nccl": nccl_record(s.backend)}
 
-    def hook_entry(self, item: Any, records: List[CaseRecord], running: bool = False) -> Dict[str, Any]:
+    def hook_entry(self, item: LoadedSpec, records: List[CaseRecord], running: bool = False) -> Dict[str, Any]:
         """One hook of the JSON ``hooks`` array: its claims, source, verdict, outcome counts, grid."""
         spec = item.spec
         summary = self.config.pluginmanager.get_plugin("conformance-summary")
@@ -355,7 +356,7 @@ class ResultsRecorder:
         }
 
     @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         tr = terminalreporter
         if self.draft is not None:
             path, entries = self.draft

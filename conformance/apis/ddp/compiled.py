@@ -119,7 +119,7 @@ class CompiledTraining:
         return self._dynamo.config.patch(optimize_ddp="python_reducer", compiled_autograd=True)
 
     def train_step(self, ctx: CheckContext, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any,
+                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., torch.Tensor],
                    no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
         """:func:`~conformance.ranks.checks.common.train_step`, each micro-step's forward/backward compiled."""
         optim.zero_grad(set_to_none=True)

@@ -43,7 +43,7 @@ def clipping(train: Callable[..., None], clip: Callable[[nn.Module], torch.Tenso
     """The training step ``train`` followed by ``clip(model)``, announced as a phase; the total norm
     each model's ``clip`` returns is kept in ``norms[id(model)]`` (flattened, detached)."""
     def train_and_clip(ctx: CheckContext, label: str, step: int, model: nn.Module, optim: Any, inputs: Any,
-                       loss_fn: Any, **sync: Any) -> None:
+                       loss_fn: Callable[..., torch.Tensor], **sync: Any) -> None:
         train(ctx, label, step, model, optim, inputs, loss_fn, **sync)
         ctx.phase(f"step {step}: clip_grad_norm_(max_norm={CLIP_MAX_NORM}, norm_type={norm_type}) of the "
                   f"{label} model")

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["exact_mean", "lossy_determinism", "lossy_error", "lossy_loss", "relative_error"]
 
 def _local_grads(ctx: CheckContext, shadow: nn.Module, params: Dict[str, torch.Tensor],
-                 inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any) -> None:
+                 inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., torch.Tensor]) -> None:
     """Leave this rank's unreduced gradients at ``params`` (FQN -> full parameter) in ``shadow``, a plain
     copy of the model with no data-parallel wrapper.
 
@@ -113,9 +113,9 @@ def exact_mean(ctx: CheckContext, shadow: nn.Module) -> Dict[str, Optional[torch
     return out
 
 
-def _scaled(loss_fn: Any, factor: float) -> Any:
+def _scaled(loss_fn: Callable[..., torch.Tensor], factor: float) -> Callable[..., torch.Tensor]:
     """``loss_fn`` times ``factor``: this rank's gradients scaled so."""
-    def scaled(*args: Any, **kwargs: Any) -> Any:
+    def scaled(*args: Any, **kwargs: Any) -> torch.Tensor:
         return loss_fn(*args, **kwargs) * factor
     return scaled
 

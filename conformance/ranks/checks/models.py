@@ -176,7 +176,7 @@ class ApiModels(abc.ABC):
         return model_no_sync(model)
 
     def train_step(self, ctx: CheckContext, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any,
+                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., torch.Tensor],
                    no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
         """One training step of ``model`` as the API trains it, in lock step
         (:meth:`~conformance.ranks.checks.lockstep.Lockstep.of`) and when the reference is replayed alone: here

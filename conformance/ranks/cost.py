@@ -215,7 +215,7 @@ def _hooks_or_apis(entry: Dict[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def measured(side: str, step: int, device: Any = None, full_precision: Any = ()) -> Iterator[None]:
+def measured(side: str, step: int, device: Optional[torch.device] = None, full_precision: Any = ()) -> Iterator[None]:
     """Measure the training step ``step`` of one model (``side``: ``"native"`` or ``"hooked"``) run inside; a step
     outside :data:`MEASURED_STEPS` runs unmeasured. ``device``: the model's device; on CUDA the step is timed with
     CUDA events too (elapsed milliseconds, read at the case's end). ``full_precision``: of a reference that is a

@@ -102,7 +102,7 @@ def _distributed_callables() -> Dict[str, Any]:
     return out
 
 
-def _default_group() -> Any:
+def _default_group() -> Optional[dist.ProcessGroup]:
     if not dist.is_available() or not dist.is_initialized():
         return None
     from torch.distributed.distributed_c10d import _get_default_group  # optional: a torch built without distributed lacks it
@@ -123,7 +123,8 @@ class Fingerprint:
     """Process-global state at one moment (see the module docstring for what it covers)."""
 
     def __init__(self, modes: Dict[str, Any], module_hooks: Dict[str, Tuple[Any, ...]],
-                 distributed: Dict[str, Any], default_group: Any, stdio: Dict[str, Any], fds: Dict[int, Any]):
+                 distributed: Dict[str, Any], default_group: Optional[dist.ProcessGroup], stdio: Dict[str, Any],
+                 fds: Dict[int, Any]):
         self.modes = modes
         self.module_hooks = module_hooks
         self.distributed = distributed
@@ -149,7 +150,7 @@ def _name(obj: Any) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__} object"
 
 
-def changes(before: Fingerprint, after: Fingerprint, own_group: Any = None) -> List[str]:
+def changes(before: Fingerprint, after: Fingerprint, own_group: Optional[dist.ProcessGroup] = None) -> List[str]:
     """What differs from ``before`` in ``after``, one phrase each (``torch.get_default_dtype() ==
     torch.float64 (it was torch.float32)``); empty when nothing does.
 

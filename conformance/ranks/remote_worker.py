@@ -244,7 +244,7 @@ def _warm_up() -> None:
             pass
 
 
-def _start(worker: Any, link: _ControllerLink, hello: Dict[str, Any]) -> None:
+def _start(worker: _Worker, link: _ControllerLink, hello: Dict[str, Any]) -> None:
     """Join torchrun's process group and make ``worker`` ready for cases (as ``_Worker.start`` does locally),
     after :meth:`~conformance.ranks.worker._Worker.prepare` and the hook's spec were loaded."""
     timeout = timedelta(seconds=hello["pg_timeout_s"])

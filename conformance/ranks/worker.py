@@ -26,7 +26,7 @@ import traceback
 import warnings
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,7 +42,8 @@ from conformance.ranks.checks import get_rank_check, register_every_check
 from conformance.ranks.diagnosis import diagnosing
 
 if TYPE_CHECKING:  # pragma: no cover
-    from conformance.protocol import Case
+    from conformance.protocol import Case, HookRef
+    from conformance.spec import HookSpec
 
 
 def _suite_all_reduce() -> Any:
@@ -221,7 +222,7 @@ class _Worker:
                                conn if conn is not None else self.conn, board=self.board)
         self.import_leaks = process_state.changes(self.clean, process_state.take(), self.group)
 
-    def load_specs(self, wanted: Any) -> Optional[str]:
+    def load_specs(self, wanted: Iterable[Sequence[str]]) -> Optional[str]:
         """Load every ``(target, name)`` spec the controller loaded; why one failed, or ``None``.
 
         Runs before the rank joins the process group, so a module that imports
@@ -248,7 +249,7 @@ class _Worker:
                         "the same spec names in every process (no names from random numbers, time or the pid)")
         return None
 
-    def load_spec(self, ref: Any) -> Any:
+    def load_spec(self, ref: HookRef) -> HookSpec:
         """The spec of ``ref`` (a :class:`~conformance.protocol.HookRef`), loaded on first use if the pool
         was not told to load it at start-up."""
         problem = self.load_specs([(ref.target, ref.name)])

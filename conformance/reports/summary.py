@@ -94,7 +94,7 @@ class Summary:
         if self.unchecked_hooks() or (state.settings.strict_known_failures and state.unused_entries):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def _reach_lines(self, tr: Any, records: List[Any], name: str, ran: bool) -> None:
+    def _reach_lines(self, tr: pytest.TerminalReporter, records: List[Any], name: str, ran: bool) -> None:
         """Under a hook's verdict, after where it fails and why: what of its plan was not checked here, and which
         of its own code ran, each never-taken branch with its source line."""
         if ran:

@@ -12,7 +12,7 @@ strategies refuse hooks. The rank check is ``fsdp.registration`` (the API's own,
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 import torch.distributed as dist
 from torch import nn
@@ -34,7 +34,7 @@ _NON_ROOT = r"^register_comm_hook can only be called on a root instance.$"
 _HYBRID = r"Communication hook is not supported for hybrid strategies"
 
 
-def _expect_raise(ctx: CheckContext, fn: Any, pattern: str, what: str) -> List[Finding]:
+def _expect_raise(ctx: CheckContext, fn: Callable[[], Any], pattern: str, what: str) -> List[Finding]:
     try:
         fn()
     except AssertionError as exc:

@@ -103,8 +103,8 @@ def missing_shard_placement() -> Optional[str]:
     return None
 
 
-def registration_plan(setter: str, variant: str, rules: Sequence[str], world_sizes: Any,
-                      unavailable: Any = lambda settings: None) -> CasePlan:
+def registration_plan(setter: str, variant: str, rules: Sequence[str], world_sizes: Callable[[Settings], Sequence[int]],
+                      unavailable: Callable[[Settings], Optional[str]] = lambda settings: None) -> CasePlan:
     """A registration plan (:data:`REGISTRATION_RULES`): every spec x rule, at ``world_sizes(settings)`` (one
     world size: registration is not about rounding), in ``variant``; skipped with the reason where
     ``unavailable(settings)`` gives one, where this torch has no ``FSDPModule.<setter>``, and, for the

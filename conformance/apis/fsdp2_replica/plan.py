@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Sequence, Tuple
 
 from conformance.apis import (LONG_RUN_STEPS, TWO_NODES, CasePlan, HookApi, SuiteTest, called_as,
                               simulated_layout_skip, two_node_world_sizes)
@@ -113,7 +113,8 @@ def _long_run_world_sizes(settings: Settings) -> List[int]:
     return [LONG_RUN_WORLD_SIZE] + ([hsdp_world_size(settings.world_sizes)] if settings.nightly else [])
 
 
-def _cases(models: Sequence[str], world_sizes: Any = _world_sizes, also: Sequence[Tuple[str, str]] = ()) -> Any:
+def _cases(models: Sequence[str], world_sizes: Callable[[Settings], Sequence[int]] = _world_sizes,
+           also: Sequence[Tuple[str, str]] = ()) -> CasePlan:
     """Per spec, ``models`` in the ``replica`` config and the ``(config, model)`` pairs of ``also``, at each of
     ``world_sizes(settings)``."""
     pairs = tuple(("replica", model) for model in models) + tuple(also)

@@ -17,7 +17,7 @@ own checks see it; every other check of the API gets it from
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -27,6 +27,9 @@ from conformance.ranks import hook_code, reach
 from conformance.ranks.checks.models import Recorder
 from conformance.ulps import dtype_name
 from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import GradBucket
 
 
 def _describe_value(value: Any) -> str:
@@ -146,7 +149,7 @@ class DDPHookRecorder(Recorder):
             return list(self.violations)
         return None
 
-    def _bucket_text(self, bucket: Any, index: int) -> str:
+    def _bucket_text(self, bucket: GradBucket, index: int) -> str:
         try:
             params = [self.names.get(id(p), "?") for p in bucket.parameters()]
         except Exception:  # noqa: BLE001 - older GradBucket without parameters()
@@ -193,7 +196,7 @@ class DDPHookRecorder(Recorder):
             substitute.set_result(buffer)
             return substitute
 
-        def check(f: Any) -> Any:
+        def check(f: torch.futures.Future[Any]) -> Any:
             value = f.value()
             if not isinstance(value, torch.Tensor):
                 hint = ""
@@ -227,7 +230,7 @@ class CppHookRecorder(Recorder):
     after each step from DDP's own logging data (``bucket_sizes``, in bytes; a private API: nothing where this
     torch lacks it), for the case's reach (:mod:`conformance.ranks.reach`)."""
 
-    def __init__(self, hook: CppCommHook, model: Any = None):
+    def __init__(self, hook: CppCommHook, model: Optional[torch.nn.Module] = None):
         self.hook = hook
         self.model = model
         self.log = CallLog()

@@ -30,7 +30,7 @@ import pickle
 import re
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, MutableMapping, Optional, Tuple
 
 import torch
 
@@ -66,7 +66,7 @@ _SUITE_OWN: List[Tuple[str, int, int]] = []
 _STATE: Dict[str, Any] = {"entries": None, "lost": "", "oldest_ns": None, "meter_s": 0.0}
 
 
-def ring_defaults(env: Any, version: str = torch.__version__) -> Dict[str, str]:
+def ring_defaults(env: MutableMapping[str, str], version: str = torch.__version__) -> Dict[str, str]:
     """Size the flight recorder's ring in ``env`` (``os.environ`` in a rank, before its first process group)
     unless the user sized it: :data:`RING_ENTRIES` under ``TORCH_FR_BUFFER_SIZE``, and under
     ``TORCH_NCCL_TRACE_BUFFER_SIZE`` too for a torch ``version`` before 2.8, which reads only that one (2.8 and

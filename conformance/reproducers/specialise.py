@@ -17,9 +17,12 @@ import functools
 import inspect
 import re
 import warnings
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple
 
 import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from types import ModuleType
 
 __all__ = ["literal_constants", "parents", "parsed", "segment", "specialised", "walk"]
 
@@ -143,7 +146,7 @@ def _case_constant(test: ast.expr, case: Optional[Dict[str, Any]], constants: Di
         return None
 
 
-def literal_constants(module: Any) -> Dict[str, Any]:
+def literal_constants(module: ModuleType) -> Dict[str, Any]:
     """The module's globals bound to a string, number, ``None`` or dtype (a config's name, a factor)."""
     return {k: v for k, v in vars(module).items()
             if not k.startswith("__") and (v is None or isinstance(v, (str, int, float, torch.dtype)))}

@@ -59,9 +59,13 @@ def _copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _append(path: Path, text: str) -> None:
-    with open(path, "a") as f:
-        f.write(text)
+def _lint_with(tmp_path: Path, module: str, code: str) -> subprocess.CompletedProcess:
+    """``lint-imports`` on a copy of the package (under ``tmp_path``) whose ``module`` (a path under
+    ``conformance/``) ends with ``code``."""
+    root = _copy(tmp_path)
+    with open(root / "conformance" / module, "a") as f:
+        f.write(code)
+    return _lint(root, REPO / "pyproject.toml")
 
 
 def test_the_import_contracts_hold():
@@ -75,29 +79,23 @@ def test_the_import_contracts_hold():
 
 def test_an_inverted_import_inside_a_function_breaks_the_layers(tmp_path):
     """The rank side importing the controller, even inside a function, breaks the layers contract."""
-    root = _copy(tmp_path)
-    _append(root / "conformance" / "ranks" / "zygote.py",
-            "\n\ndef _inverted():\n    from conformance.controller import runner  # noqa: F401\n")
-    result = _lint(root, REPO / "pyproject.toml")
+    result = _lint_with(tmp_path, "ranks/zygote.py",
+                        "\n\ndef _inverted():\n    from conformance.controller import runner  # noqa: F401\n")
     assert result.returncode == 1, result.stdout
     assert "conformance.ranks is not allowed to import conformance.controller" in result.stdout, result.stdout
 
 
 def test_a_plan_that_imports_the_rank_side_is_caught(tmp_path):
     """The registry loads the plans by name (no import the layers contract sees); their own contract holds them."""
-    root = _copy(tmp_path)
-    _append(root / "conformance" / "apis" / "fsdp" / "plan.py",
-            "\n\ndef _up():\n    from conformance.ranks.checks import common  # noqa: F401\n")
-    result = _lint(root, REPO / "pyproject.toml")
+    result = _lint_with(tmp_path, "apis/fsdp/plan.py",
+                        "\n\ndef _up():\n    from conformance.ranks.checks import common  # noqa: F401\n")
     assert result.returncode == 1, result.stdout
     assert "conformance.apis.fsdp.plan is not allowed to import conformance.ranks" in result.stdout, result.stdout
 
 
 def test_a_circle_inside_a_part_is_caught(tmp_path):
-    root = _copy(tmp_path)
-    _append(root / "conformance" / "controller" / "options.py",
-            "\n\ndef _circle():\n    from conformance.controller import cli  # noqa: F401\n")
-    result = _lint(root, REPO / "pyproject.toml")
+    result = _lint_with(tmp_path, "controller/options.py",
+                        "\n\ndef _circle():\n    from conformance.controller import cli  # noqa: F401\n")
     assert result.returncode == 1, result.stdout
     assert "No cycles are allowed in conformance.controller" in result.stdout, result.stdout
     assert ".options -> .cli" in result.stdout, result.stdout
@@ -105,11 +103,9 @@ def test_a_circle_inside_a_part_is_caught(tmp_path):
 
 def test_a_type_checking_import_does_not_count(tmp_path):
     """An import under ``if TYPE_CHECKING:`` never runs, so it may name a higher layer (for annotations)."""
-    root = _copy(tmp_path)
-    _append(root / "conformance" / "shared" / "rank_log.py",
-            "\n\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from conformance.controller.runner import Runner  # noqa: F401\n")
-    result = _lint(root, REPO / "pyproject.toml")
+    result = _lint_with(tmp_path, "shared/rank_log.py",
+                        "\n\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                        "    from conformance.controller.runner import Runner  # noqa: F401\n")
     assert result.returncode == 0, result.stdout
 
 
@@ -142,10 +138,8 @@ def test_every_api_folder_is_reached_only_by_name():
 def test_a_builtin_hooks_module_that_imports_the_rank_side_is_caught(tmp_path):
     """An API's built-in hooks reach the controller through ``conformance.apis.controller_side`` (the default-hook
     replay): one that imports rank code, even inside a function, breaks ``controller-off-ranks``."""
-    root = _copy(tmp_path)
-    _append(root / "conformance" / "apis" / "ddp" / "builtin_hooks.py",
-            "\n\ndef _rank_side():\n    from conformance.ranks.checks import common  # noqa: F401\n")
-    result = _lint(root, REPO / "pyproject.toml")
+    result = _lint_with(tmp_path, "apis/ddp/builtin_hooks.py",
+                        "\n\ndef _rank_side():\n    from conformance.ranks.checks import common  # noqa: F401\n")
     assert result.returncode == 1, result.stdout
     assert re.search(r"The controller's side never imports the rank side.*\n.*BROKEN", result.stdout), result.stdout
     assert "conformance.apis.controller_side is not allowed to import conformance.ranks" in result.stdout, \
@@ -155,10 +149,8 @@ def test_a_builtin_hooks_module_that_imports_the_rank_side_is_caught(tmp_path):
 def test_the_controller_side_reaches_only_an_api_s_builtin_hooks_and_standalone_part(tmp_path):
     """``apis-by-name`` lets ``conformance.apis.controller_side`` import an API's ``builtin_hooks`` and standalone
     modules, and nothing else of its folder: the controller reaching an API's other modules through it is caught."""
-    root = _copy(tmp_path)
-    _append(root / "conformance" / "apis" / "controller_side.py",
-            "\n\ndef _more():\n    from conformance.apis.ddp import native_modes  # noqa: F401\n")
-    result = _lint(root, REPO / "pyproject.toml")
+    result = _lint_with(tmp_path, "apis/controller_side.py",
+                        "\n\ndef _more():\n    from conformance.apis.ddp import native_modes  # noqa: F401\n")
     assert result.returncode == 1, result.stdout
     assert "conformance.apis.controller_side -> conformance.apis.ddp.native_modes" in result.stdout, result.stdout
 

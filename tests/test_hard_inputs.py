@@ -7,7 +7,9 @@ through hypothesis's ``@given``.
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 
 import pytest
 import torch
@@ -69,6 +71,25 @@ def test_drawn_examples_put_ranks_orders_of_magnitude_apart():
 
 def _bits(drawn) -> list:
     return [[g.view(torch.int32).tolist() for g in rank] for example in drawn for rank in example.grads()]
+
+
+def test_a_seed_draws_the_same_examples_whatever_modules_the_process_loaded(tmp_path, monkeypatch):
+    """Hypothesis mixes literals from the source of loaded local modules into its draws; the suite's draws
+    (:func:`drawn_examples`, a failure's search) leave them out, so a module full of float literals loaded
+    between two draws from one seed (as a run's first failure loads the diagnosis, or a hook's module loads)
+    changes nothing, and a re-run in a process that loaded less sends the same examples."""
+    strategy = hard_gradients(2, SHAPES, NAMES, None)
+    before = _bits(drawn_examples(strategy, 20, seed=3))
+    folder = tmp_path / "hook_package"
+    folder.mkdir()
+    literals = ", ".join(repr(1.25 * 10.0 ** -k) for k in range(300))
+    (folder / "many_literals.py").write_text(f"VALUES = [{literals}]\n")
+    monkeypatch.syspath_prepend(str(folder))
+    try:
+        importlib.import_module("many_literals")
+        assert _bits(drawn_examples(strategy, 20, seed=3)) == before
+    finally:
+        sys.modules.pop("many_literals", None)
 
 
 def test_a_claims_examples_are_the_seeded_draw_drawn_once():

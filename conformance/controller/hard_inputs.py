@@ -7,10 +7,11 @@ buffer) is :mod:`conformance.controller.hard_examples`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import zlib
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from hypothesis import HealthCheck, Phase, given
@@ -71,6 +72,34 @@ def _all_zero(drawn: Drawn) -> bool:
     return all(v == 0.0 and math.copysign(1.0, v) > 0 for rank in drawn.values for vs in rank for v in vs)
 
 
+@contextlib.contextmanager
+def source_constants_off() -> Iterator[None]:
+    """Hypothesis's draws from a seed, whatever modules this process has loaded.
+
+    Hypothesis (6.131 on) mixes into its draws, about one in twenty, literals it reads from the source of every
+    module it finds loaded from outside site-packages and the standard library (its ``_get_local_constants``,
+    in ``hypothesis.internal.conjecture.providers``): the suite itself run from a checkout, a user's hook
+    modules, whatever the run has imported so far. The same seed then draws other examples once a module loads,
+    mid-run (a failure's first diagnosis, say), or in the re-run command's process, which loads fewer: a search
+    would not replay the batch's draws, and a re-run would not send the examples that failed. Inside this
+    context hypothesis sees no such module (its own constants, the same everywhere, stay). Where a hypothesis
+    version has no such collection, this does nothing.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+        collect, cache, none = providers._get_local_constants, providers.CONSTANTS_CACHE.cache, providers.Constants()
+    except (ImportError, AttributeError, TypeError):  # a hypothesis without it (or with another shape of it)
+        yield
+        return
+    providers._get_local_constants = lambda: none
+    cache.clear()  # the permitted constants of each kind of draw, computed with the modules' literals
+    try:
+        yield
+    finally:
+        providers._get_local_constants = collect
+        cache.clear()
+
+
 def drawn_examples(strategy: st.SearchStrategy, examples: int, seed: int) -> List[Drawn]:
     """The first ``examples`` values ``strategy`` (:func:`hard_gradients`) draws with hypothesis seed ``seed``,
     generated only (no test run, no shrinking): what a hard-input case sends in its first dispatch.
@@ -86,7 +115,8 @@ def drawn_examples(strategy: st.SearchStrategy, examples: int, seed: int) -> Lis
         if not _all_zero(drawn):
             out.append(drawn)
 
-    draw()
+    with source_constants_off():
+        draw()
     return out[:examples]
 
 
@@ -232,7 +262,8 @@ def check_case(conform: Runner, request: pytest.FixtureRequest, case: CaseParams
             raise shrunk(exc, drawn) from None
 
     try:
-        search()
+        with source_constants_off():  # as the batch drew (drawn_examples), whatever the dispatches since loaded
+            search()
     except ConformanceFailure:
         if smallest and conform.settings.reproducers_dir and conform.restarts == restarts:
             try:  # the smallest example once more, with its reproducer

@@ -53,7 +53,7 @@ class Run:
         item = types.SimpleNamespace(nodeid=nodeid, name=nodeid.split("::")[-1], user_properties=[],
                                      get_closest_marker=lambda name: object(),
                                      callspec=types.SimpleNamespace(params={"case": case}))
-        self.keeper.pytest_runtest_makereport(item, types.SimpleNamespace(when="setup", excinfo=None))
+        self.keeper.note_report(item, types.SimpleNamespace(when="setup", excinfo=None))
         for make in reports:
             self.keeper.pytest_runtest_logreport(make(nodeid, case))
         self.keeper.pytest_runtest_logfinish(nodeid)
@@ -167,7 +167,7 @@ def test_a_case_cut_off_before_it_finished_is_not_listed():
     nodeid = f"test_ddp.py::test_ddp_parity[{case.id}]"
     item = types.SimpleNamespace(nodeid=nodeid, name=nodeid, user_properties=[], get_closest_marker=lambda n: 1,
                                  callspec=types.SimpleNamespace(params={"case": case}))
-    run.keeper.pytest_runtest_makereport(item, types.SimpleNamespace(when="setup", excinfo=None))
+    run.keeper.note_report(item, types.SimpleNamespace(when="setup", excinfo=None))
     run.keeper.pytest_runtest_logreport(_report(nodeid, "setup", "passed"))
     assert nodeid in run.keeper.records and run.keeper.finished_records() == []
 

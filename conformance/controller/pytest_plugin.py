@@ -110,7 +110,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(keeper, BOOKKEEPER)
     config.pluginmanager.register(Summary(state, keeper), "conformance-summary")
     config.pluginmanager.register(_Stopping(state), "conformance-stopping")
-    config.pluginmanager.register(_FailureReports(), "conformance-failure-reports")
+    config.pluginmanager.register(_CaseReports(keeper), "conformance-case-reports")
     # Before any case: an unwritable or busy report path is a usage error (the reports are marked stale later,
     # once a case is about to run).
     config.pluginmanager.register(ReportGuard(config, settings.json_path, settings.markdown_path,
@@ -261,54 +261,50 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("case", params)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
-    """A :class:`~conformance.controller.runner.ConformanceFailure` is reported as its message alone.
+class _CaseReports:
+    """The suite's one ``pytest_runtest_makereport``, for every phase of every test.
 
-    The message is the whole report of the case (findings, each rank's own
-    traceback, the re-run command); pytest's traceback through the suite's test
-    function and the runner adds nothing a hook author can act on, whatever
-    ``--tb`` says. A string ``longrepr`` is printed as it is by every ``--tb``
-    style and written whole into JUnit XML (``<failure message=...>`` and its text).
-    Any other exception (a bug in the suite) keeps pytest's traceback.
+    Registered after pytest's own runner, so pluggy asks it before the runner (and after ``_pytest.unittest``'s,
+    which answers only for unittest items); wrappers (``_pytest.skipping``'s xfail handling among them) see the
+    report it returns as any other. It:
+
+    * has the bookkeeper note a case's failure before the report is built
+      (:meth:`~conformance.reports.bookkeeper.Bookkeeper.note_report`: the failure's figures join the case's JUnit
+      properties, its text and re-run command its record);
+    * gives the test the properties the verdicts read: ``leak`` and ``failed_check`` for what a hook left behind
+      (:data:`LEAK_LABELS`), ``not_run`` for a :class:`~conformance.controller.failures.NotRun` case; on the item,
+      which the report copies (JUnit XML and the results file read the properties of the teardown report too);
+    * answers a :class:`~conformance.controller.failures.ConformanceFailure` with a report whose ``longrepr`` is
+      its message alone: the message is the whole report of the case (findings, each rank's own traceback, the
+      re-run command), and pytest's traceback through the suite's test function adds nothing a hook author can
+      act on, whatever ``--tb`` says, while rendering it costs tens of milliseconds a case, for hundreds of known
+      failures in a default run. A string ``longrepr`` is printed as it is by every ``--tb`` style and written
+      whole into JUnit XML (``<failure message=...>`` and its text). A known failure that is not run
+      (``xfail(run=False)``) raises pytest's ``XFailed`` in its setup, answered the same way: its reason is the
+      report's ``wasxfail``. Any other exception (a bug in the suite) keeps pytest's traceback.
     """
-    report = yield
-    if call.excinfo is not None:
-        exc = call.excinfo.value
-        props: List[Tuple[str, str]] = []
-        if isinstance(exc, ConformanceFailure):
-            report.longrepr = str(exc)
-            kinds = {f.kind for f in exc.findings}
-            props += [("leak", label) for kind, label in LEAK_LABELS.items() if kind in kinds]
-            if kinds and kinds <= set(LEAK_LABELS) and not exc.rank_problems:
-                props.append(("failed_check", "; ".join(LEAK_LABELS[k] for k in sorted(kinds))))
-        elif isinstance(exc, NotRun):
-            props.append(("not_run", exc.reason))
-        # On the item too: JUnit XML and the results file read the properties of the teardown report.
-        item.user_properties.extend(props)
-        report.user_properties.extend(props)
-    return report
 
-
-class _FailureReports:
-    """Reports a :class:`~conformance.controller.runner.ConformanceFailure` without pytest's traceback: the
-    failure's message is its whole report (:func:`pytest_runtest_makereport` puts it there in any case), and
-    rendering the traceback through the suite's test function costs tens of milliseconds a case, for hundreds of
-    known failures in a default run. A known failure that is not run (``xfail(run=False)``) raises pytest's
-    ``XFailed`` in its setup, whose traceback pytest would render the same way, to print none of it: its reason
-    is the report's ``wasxfail``. Registered after pytest's own runner, so this answers before it (and after
-    every ``tryfirst`` implementation: the bookkeeper's, which keeps the failure's figures and findings); the
-    wrappers (``xfail``'s, this module's) see the report as ever."""
+    def __init__(self, keeper: Bookkeeper):
+        self.keeper = keeper
 
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Optional[pytest.TestReport]:
+        self.keeper.note_report(item, call)
         if call.excinfo is None:
             return None
         exc = call.excinfo.value
+        if isinstance(exc, ConformanceFailure):
+            kinds = {f.kind for f in exc.findings}
+            item.user_properties.extend(("leak", label) for kind, label in LEAK_LABELS.items() if kind in kinds)
+            if kinds and kinds <= set(LEAK_LABELS) and not exc.rank_problems:
+                item.user_properties.append(("failed_check", "; ".join(LEAK_LABELS[k] for k in sorted(kinds))))
+        elif isinstance(exc, NotRun):
+            item.user_properties.append(("not_run", exc.reason))
+            return None
         not_run = isinstance(exc, pytest.xfail.Exception) and item.get_closest_marker("conformance") is not None
         if not (isinstance(exc, ConformanceFailure) or not_run):
             return None
         return pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed",
-                                 str(call.excinfo.value), call.when, sections=list(item._report_sections),
+                                 str(exc), call.when, sections=list(item._report_sections),
                                  duration=call.duration, start=call.start, stop=call.stop,
                                  user_properties=item.user_properties)
 

@@ -184,11 +184,10 @@ class Bookkeeper:
 
     # -- the reports ---------------------------------------------------------------------------
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> None:
-        """Before pytest builds the report: a failed case's figures join its JUnit properties (as floats,
-        :class:`~conformance.reports.results.Figure`), and its failure text, first findings and re-run
-        command are kept for its record."""
+    def note_report(self, item: pytest.Item, call: pytest.CallInfo) -> None:
+        """Before pytest builds a phase's report (the plugin's ``pytest_runtest_makereport`` calls it): a failed
+        case's figures join its JUnit properties (as floats, :class:`~conformance.reports.results.Figure`), and
+        its failure text, first findings and re-run command are kept for its record."""
         if not item.get_closest_marker("conformance"):
             return None
         self._cases.setdefault(item.nodeid, case_of(item))

@@ -150,9 +150,9 @@ def test_every_api_names_its_variant_and_carries_the_same_properties():
 def test_every_kind_of_case_has_its_runner_and_a_suite_test_says_which():
     from conformance.apis import SuiteTest
     from conformance.catalogue import CASE_KINDS
-    from conformance.controller.case_kinds import KINDS
+    from conformance.controller.case_kinds import CaseKinds
 
-    assert set(KINDS) == set(CASE_KINDS)
+    assert all(callable(getattr(CaseKinds, kind, None)) for kind in CASE_KINDS)
     with pytest.raises(ValueError, match="kind 'exactly' is not one of exact, plain"):
         SuiteTest("fsdp", "strategy", "parity", "parity", lambda test, specs, settings: [], kind="exactly")
 
@@ -173,15 +173,20 @@ def test_an_api_whose_suite_test_makes_another_apis_cases_is_refused():
                  "test_b": SuiteTest("x", "config", "parity", "parity", plan)}, models="m:M")
 
 
-class _Recording:
-    """Stands for the Runner: records what a suite case asks it to run."""
+class _Session:
+    """Stands for the Runner: what a case's plan reads of it (its settings)."""
 
     def __init__(self, depth="default"):
-        self.calls = []
         self.settings = plan_settings(2, None, depth=depth)
 
-    def check(self, request, case, check, rank_check, params, *, across_ranks=False, note=None, exact=False):
-        self.calls.append((check, rank_check, params, across_ranks, note is not None, exact))
+
+def _planned(session, case):
+    """What the runner would run for ``case``: its plan, as the fields a test compares."""
+    from conformance.controller.case_kinds import CaseKinds
+
+    plan = CaseKinds(session, object()).plan(case)
+    assert plan.kind == HOOK_APIS[case.api].suite_test(case.check).kind
+    return plan.check, plan.rank_check, plan.params, plan.across_ranks, plan.note is not None, plan.exact
 
 
 @pytest.mark.parametrize("api, check, variant, model, expected", [
@@ -200,11 +205,7 @@ class _Recording:
      ("lossy_error", "ddp.lossy_error", {"config": "default", "model": "transformer_shared"}, False, True, False)),
 ])
 def test_a_suite_case_runs_its_suite_tests_rank_check_with_the_cases_parameters(api, check, variant, model, expected):
-    from conformance.controller.case_kinds import run_case
-
-    conform = _Recording()
-    run_case(conform, object(), HOOK_APIS[api].suite_test(check).case("h", variant, 2, model=model))
-    assert conform.calls == [expected]
+    assert _planned(_Session(), HOOK_APIS[api].suite_test(check).case("h", variant, 2, model=model)) == expected
 
 
 @pytest.mark.parametrize("depth, world_size, steps", [("default", 2, 256), ("nightly", 2, 2000),
@@ -212,11 +213,8 @@ def test_a_suite_case_runs_its_suite_tests_rank_check_with_the_cases_parameters(
 def test_a_long_run_trains_the_steps_of_its_depth_at_the_main_world_size_only(depth, world_size, steps):
     """The nightly's 2,000 steps at the main world size (2 here); a long run at another world size trains the
     default run's 256 there too."""
-    from conformance.controller.case_kinds import run_case
-
-    conform = _Recording(depth)
-    assert conform.settings.world_size == 2
-    run_case(conform, object(), HOOK_APIS["ddp"].suite_test("long_run").case("h", "default", world_size,
-                                                                             model="nested_wrapped"))
-    assert conform.calls == [("long_run", "ddp.long_run", {"config": "default", "model": "nested_wrapped",
-                                                           "steps": steps}, False, False, True)]
+    session = _Session(depth)
+    assert session.settings.world_size == 2
+    case = HOOK_APIS["ddp"].suite_test("long_run").case("h", "default", world_size, model="nested_wrapped")
+    assert _planned(session, case) == ("long_run", "ddp.long_run", {"config": "default", "model": "nested_wrapped",
+                                                                    "steps": steps}, False, False, True)

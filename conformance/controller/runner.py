@@ -26,8 +26,9 @@ the command that re-runs just that case.
    (``python -m conformance.worker``) takes the controller's ``sys.path``,
    fingerprints its clean process state, loads the hook's spec, then joins
    its process group.
-3. Dispatch (controller). A test calls :meth:`Runner.run_case`, which runs its API's suite test
-   (``controller/case_kinds.py``) through :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
+3. Dispatch (controller). A test calls :meth:`Runner.run_case`, which plans the case by its suite test's
+   kind (:class:`~conformance.controller.case_kinds.CaseKinds`, a :class:`~conformance.controller.case_kinds.CasePlan`)
+   and runs the plan through :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
    case as a picklable :class:`~conformance.protocol.Case` (check name, a
    ``HookRef`` to re-load the spec, parameters) and sends it to every rank.
 4. The check (every rank). The worker looks the check up in
@@ -56,10 +57,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 import pytest
 
-from conformance.controller import case_kinds, failures
+from conformance.controller import failures
 from conformance.controller.across_ranks import findings_of
+from conformance.controller.case_kinds import CaseKinds, CasePlan
 from conformance.controller.attribution import Attribution, Blame, Replay, Run, attribute, case_run
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
+from conformance.controller.hard_inputs import check_case
 from conformance.controller.local_pool import RankPool
 from conformance.controller.pools import Pool, PoolConfig, PoolStartError, SpecLoadError
 from conformance.reports.reach import note_reach
@@ -342,39 +345,48 @@ class Runner:
         request.node.user_properties.extend(case.junit_properties(check))
         return case.describe(check)
 
-    def check(self, request: pytest.FixtureRequest, case: CaseParams, check: str, rank_check: str,
-              params: Dict[str, Any], *, across_ranks: bool = False,
-              note: Optional[Callable[[CaseResult, List[Finding]], str]] = None, exact: bool = False) -> CaseResult:
+    def run_case(self, request: pytest.FixtureRequest, case: CaseParams) -> None:
         """Run one suite case end to end: what every suite test function calls.
 
-        Gives the test its case's JUnit properties (``case.junit_properties(check)``),
-        runs ``rank_check`` with ``params`` on every rank of the case's pool
-        (:meth:`run`), and fails the case with every rank's findings. With
-        ``across_ranks``, a case without findings compares each rank's per-step gradients (``CheckResult.grads``)
-        with rank 0's (:func:`~conformance.controller.across_ranks.compare_across_ranks`).
-        ``note(result, findings)`` closes the failure text (it runs on success
-        too, with no findings, and may add JUnit properties of figures). ``exact``: an exactness check, whose
-        failure, for a hook that declares no lossy contract, may be a lossy design not declared
-        (:attr:`~conformance.controller.attribution.CaseFacts.claims_exactness`).
+        Plans it by its suite test's kind (:class:`~conformance.controller.case_kinds.CaseKinds`), gives the
+        test its case's JUnit properties (``case.junit_properties(check)``), then runs the plan
+        (:meth:`check`; a hard-input case through :func:`~conformance.controller.hard_inputs.check_case`).
+
+        Raises:
+            ConformanceFailure: a rank raised, hung or died, or there are findings.
+            NotRun: the case could not run here, or the suite or the machine is to blame.
+            pytest.skip.Exception: PyTorch is to blame, the hook was never called, or a combined case is not
+                needed.
+            KeyError: the case's API or check names no suite test.
+        """
+        __tracebackhide__ = True
+        plan = CaseKinds(self, request).plan(case)
+        if plan.hard_inputs:
+            check_case(self, request, case, plan.check, plan.rank_check, plan.params)
+        else:
+            self.check(request, case, plan)
+
+    def check(self, request: pytest.FixtureRequest, case: CaseParams, plan: CasePlan) -> CaseResult:
+        """Run ``plan``'s rank check with its parameters on every rank of the case's pool (:meth:`run`), and
+        fail the case with every rank's findings. With ``plan.across_ranks``, a case without findings compares
+        each rank's per-step gradients (``CheckResult.grads``) with rank 0's
+        (:func:`~conformance.controller.across_ranks.compare_across_ranks`). ``plan.note(result, findings)``
+        closes the failure text (it runs on success too, with no findings, and may add JUnit properties of
+        figures). ``plan.exact``: an exactness check, whose failure, for a hook that declares no lossy contract,
+        may be a lossy design not declared (:attr:`~conformance.controller.attribution.CaseFacts.claims_exactness`).
 
         Raises:
             ConformanceFailure: a rank raised, hung or died, or there are findings.
         """
         __tracebackhide__ = True
-        describe = self.tag(request, case, check)
-        return self.run(request.node.name, check=rank_check, hook=case.hook, world_size=case.world_size,
-                        params=params, describe=describe, nodes=case.nodes,
-                        known_failure=request.node.get_closest_marker("xfail") is not None,
-                        claims_exactness=exact and case.hook is not None and self.specs[case.hook].spec.lossy is None,
-                        judge=lambda result: findings_of(result, across_ranks),
+        describe = self.tag(request, case, plan.check)
+        exact = plan.exact and case.hook is not None and self.specs[case.hook].spec.lossy is None
+        return self.run(request.node.name, check=plan.rank_check, hook=case.hook, world_size=case.world_size,
+                        params=plan.params, describe=describe, nodes=case.nodes,
+                        known_failure=request.node.get_closest_marker("xfail") is not None, claims_exactness=exact,
+                        judge=lambda result: findings_of(result, plan.across_ranks),
                         finished=lambda result: note_reach(request, result, real_nodes=getattr(
-                            self.pools.get(case.world_size), "nodes", None)), note=note)
-
-    def run_case(self, request: pytest.FixtureRequest, case: CaseParams) -> None:
-        """Run one suite case as its API's suite test says (:func:`conformance.controller.case_kinds.run_case`):
-        what every suite test function calls."""
-        __tracebackhide__ = True
-        case_kinds.run_case(self, request, case)
+                            self.pools.get(case.world_size), "nodes", None)), note=plan.note)
 
     def run_replay(self, pool: Pool, replay: Case) -> CaseResult:
         """Run a replay of a failed case (another hook, or the reference alone) on ``pool``, counting a rebuilt

@@ -350,7 +350,7 @@ class FindingKind(str, enum.Enum):
 
     A ``str`` enum, as :class:`Msg`: each kind equals its string value, so ``Finding(..., kind="contract")``
     still works (:class:`Finding` coerces it), a kind pickles and JSON-serialises as that string, and code
-    that compares ``f.kind == "suite"`` still matches. What a kind means to the report and to blame is declared
+    that compares ``f.kind == "contract"`` still matches. What a kind means to the report and to blame is declared
     here, once, as its properties (:attr:`explains`, :attr:`hooks_own`, :attr:`names_a_bug`,
     :attr:`rules_out_a_lossy_design`, :attr:`left_behind`); :mod:`conformance.controller.attribution` reads them,
     and the kinds that say it is not the hook (the last three).
@@ -375,10 +375,10 @@ class FindingKind(str, enum.Enum):
     CONTRACT = "contract"  # the hook broke its API's calling contract
     PROCESS_STATE = "process_state"  # the hook left the rank process changed
     MEMORY = "memory"  # the rank's memory grew past the bound over the hook's cases
-    # -- not the hook's ------------------------------------------------------------------------------
-    NOT_APPLICABLE = "not_applicable"  # the API never called the hook in this case, by design
-    PYTORCH_CHANGED = "pytorch_changed"  # a rule that holds whatever the hook is, that this torch no longer keeps
-    SUITE = "suite"  # a rule the suite's own machinery relies on failed (its registration, say)
+    # -- facts about the case, not the hook's doing (the attribution decides what they mean) -----------
+    HOOK_NOT_CALLED = "hook_not_called"  # the API never called the hook in this case, by design
+    TORCH_RULE_BROKEN = "torch_rule_broken"  # a rule that holds whatever the hook is, that this torch does not keep
+    SUITE_RULE_BROKEN = "suite_rule_broken"  # a rule the suite's own machinery relies on fails (its registration)
 
     def __str__(self) -> str:
         return self.value
@@ -447,14 +447,14 @@ class Finding:
             the API refused, a step in which it was never called),
             ``"process_state"`` (the hook left the rank process changed,
             :mod:`conformance.ranks.process_state`), ``"memory"`` (the rank's memory grew
-            past the bound over the hook's cases), ``"not_applicable"`` (the case ran and
-            matched, but the API never called the hook in it, by design: a finding for the
-            user, who registered it where it does nothing; the runner skips the case with
-            it as the reason when every finding is of this kind), ``"pytorch_changed"`` (a rule
-            that holds whatever the hook is, and that this torch no longer keeps: the runner skips
-            the case with it as the reason when every finding is of this kind or the next),
-            ``"suite"`` (the suite's own machinery failed a rule, its registration say: the case is
-            ``NOT RUN`` when every finding is of this kind or the last; neither blames the hook).
+            past the bound over the hook's cases), ``"hook_not_called"`` (the case ran and
+            matched, but the API never called the hook in it, by design), ``"torch_rule_broken"``
+            (a rule that holds whatever the hook is does not hold on this torch),
+            ``"suite_rule_broken"`` (a rule the suite's own machinery relies on, its registration
+            say, fails). The last three are facts a rank check reports about the case, not blame:
+            :func:`conformance.controller.attribution.attribute` decides what they mean (every
+            finding of the first: a skip naming it; of the last two: PyTorch's skip, or ``NOT RUN``
+            where the suite's rule fails; neither blames the hook).
         causes: of a diagnosis (kinds ``"diagnosis"``, ``"diagnosis_wider_dtype"``): each named cause
             alone (a :class:`Cause`; the message joins their words with "; or "), for the per-hook summary
             of causes. A cause given as plain words is coerced to a :class:`Cause` of code

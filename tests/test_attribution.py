@@ -73,9 +73,9 @@ def reference(replay, *digests):
 NATIVE_KEPT = [reference(Replay.REFERENCE, "a0", "a1"), reference(Replay.REFERENCE_AGAIN, "a0", "a1")]
 
 
-NOT_CALLED = Finding(0, "FSDP2 never calls the hook under replicate", kind="not_applicable")
-CHANGED = Finding(0, "PyTorch changed: the setter recursed", kind="pytorch_changed")
-SUITES = Finding(1, "the suite's registration missed a group", kind="suite")
+NOT_CALLED = Finding(0, "FSDP2 never calls the hook under replicate", kind="hook_not_called")
+CHANGED = Finding(0, "PyTorch changed: the setter recursed", kind="torch_rule_broken")
+SUITES = Finding(1, "the suite's registration missed a group", kind="suite_rule_broken")
 DIAGNOSED = Finding(0, "explained by: SUM without averaging", step=0, kind="diagnosis")
 
 
@@ -264,10 +264,10 @@ def test_finding_kinds_are_an_enum_that_still_reads_and_writes_as_strings():
     import json
     import pickle
 
-    f = Finding(0, "x", kind="suite")
-    assert f.kind is FindingKind.SUITE and f.kind == "suite" and f"{f.kind}" == "suite"
-    assert json.dumps({"kind": f.kind}) == '{"kind": "suite"}'
-    assert pickle.loads(pickle.dumps(f)).kind is FindingKind.SUITE
+    f = Finding(0, "x", kind="suite_rule_broken")
+    assert f.kind is FindingKind.SUITE_RULE_BROKEN and f.kind == "suite_rule_broken" and f"{f.kind}" == "suite_rule_broken"
+    assert json.dumps({"kind": f.kind}) == '{"kind": "suite_rule_broken"}'
+    assert pickle.loads(pickle.dumps(f)).kind is FindingKind.SUITE_RULE_BROKEN
     with pytest.raises(ValueError):
         Finding(0, "x", kind="suites")
 

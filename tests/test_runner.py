@@ -200,14 +200,14 @@ def test_findings_that_hold_whatever_the_hook_is_never_fail_it(runner):
     from conformance.controller.failures import NotRun
     from conformance.protocol import Finding
 
-    torch_changed = Finding(0, "PyTorch changed (torch 9.9): the setter recursed", kind="pytorch_changed")
-    suites = Finding(1, "the suite's registration missed a group", kind="suite")
+    torch_changed = Finding(0, "PyTorch changed (torch 9.9): the setter recursed", kind="torch_rule_broken")
+    suites = Finding(1, "the suite's registration missed a group", kind="suite_rule_broken")
     hooks = Finding(1, "gradient differs", kind="mismatch")
     findings_run(runner, [])
     with pytest.raises(ConformanceFailure, match="gradient differs"):  # the hook's own finding: the case fails
         findings_run(runner, [torch_changed, hooks])
     with pytest.raises(pytest.skip.Exception, match=r"^PyTorch changed \(torch 9.9\): the setter recursed$") as skip:
-        findings_run(runner, [torch_changed, Finding(1, torch_changed.message, kind="pytorch_changed")])
+        findings_run(runner, [torch_changed, Finding(1, torch_changed.message, kind="torch_rule_broken")])
     assert not isinstance(skip.value, NotRun)
     with pytest.raises(NotRun, match="a rule that holds whatever the hook is, and that the suite's other checks rely "
                                      "on, fails here: the suite's registration missed a group\nPyTorch changed"):

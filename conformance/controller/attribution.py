@@ -406,12 +406,12 @@ def _findings(facts: CaseFacts, runs: Sequence[Run], found: Sequence[Finding]) -
 
 def _weigh(facts: CaseFacts, runs: Sequence[Run], found: Sequence[Finding]) -> Attribution:
     """Rule 3, who is to blame: the rows of findings, native trained twice and PyTorch's default hook."""
-    if found and all(f.kind == FindingKind.NOT_APPLICABLE for f in found):
+    if found and all(f.kind == FindingKind.HOOK_NOT_CALLED for f in found):
         return _final(Blame.NOT_APPLICABLE, Rule.NEVER_CALLED,
                       f"ran, and matched, but the hook was never called: {found[0].message}")
-    if found and all(f.kind in (FindingKind.PYTORCH_CHANGED, FindingKind.SUITE) for f in found):
+    if found and all(f.kind in (FindingKind.TORCH_RULE_BROKEN, FindingKind.SUITE_RULE_BROKEN) for f in found):
         said = list(dict.fromkeys(f.message for f in found))  # every rank says the same: once each
-        suites = [f.message for f in found if f.kind == FindingKind.SUITE]
+        suites = [f.message for f in found if f.kind == FindingKind.SUITE_RULE_BROKEN]
         if suites:
             return _final(Blame.SUITE, Rule.SUITE_RULE,
                           f"a rule that holds whatever the hook is, and that the suite's other checks rely on, "

@@ -72,7 +72,7 @@ class CommModels(Fsdp2Models):
     or a 2-D mesh for ``hsdp``; the config's divide factor or forced SUM on every FSDP module of both models.
     Under ``replicate``, both models are ``replicate`` on FSDP2, where FSDP2 calls the comm's ``allocate`` but
     never the comm: a case that matches ends with :data:`NEVER_CALLED_UNDER_REPLICATE` (kind
-    ``"not_applicable"``).
+    ``"hook_not_called"``).
 
     Raises:
         ValueError: ``config`` is not one of :data:`~conformance.apis.fsdp2.plan.CONFIGS`.

@@ -32,9 +32,11 @@ Whose failure a rule's finding is: registering runs no code of the hook's (PyTor
 nothing of the object they are given), so every rule holds whatever the hook is. The hook's own code
 runs only where the suite makes the object it registers (a comm factory, a replica hook's state); if
 that raises, the case fails with the hook's traceback, as every other check of the API would. A
-finding is either PyTorch's (its text starts "PyTorch changed", with the torch version; kind
-``"pytorch_changed"``: the case is skipped with it as the reason) or the suite's own registration's
-(its text says so; kind ``"suite"``: the case is ``NOT RUN``); none blames the hook.
+finding states which rule fails, a fact: one of PyTorch's own (its text starts "PyTorch changed", with
+the torch version; kind ``"torch_rule_broken"``) or one the suite's own registration relies on (its text
+says so; kind ``"suite_rule_broken"``). The attribution decides from the kinds
+(:func:`conformance.controller.attribution.attribute`): the case is skipped with the text as the reason,
+or ``NOT RUN`` where the suite's rule fails; neither blames the hook.
 
 The rule names and the plan are in ``plan.py`` (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`);
 each API's rank check is :func:`registration_check` of its setup object, in its ``models.py``.
@@ -73,9 +75,9 @@ REGISTRATION_MODEL = "nested_wrapped"
 SEVERAL_GROUPS_FQN = "module"
 
 
-def _pytorch_changed(ctx: CheckContext, text: str, kind: str = "pytorch_changed") -> Finding:
-    """A rule that holds whatever the hook is no longer holds: PyTorch's behaviour, not the hook's failure.
-    ``kind=FindingKind.SUITE`` where the suite's other checks rely on the rule (the case is then ``NOT RUN``)."""
+def _torch_rule_broken(ctx: CheckContext, text: str, kind: str = "torch_rule_broken") -> Finding:
+    """A rule that holds whatever the hook is does not hold on this torch (kind ``"torch_rule_broken"``);
+    ``kind=FindingKind.SUITE_RULE_BROKEN`` where the suite's other checks rely on the rule."""
     return Finding(ctx.rank, f"PyTorch changed (torch {torch.__version__}): {text}; this rule holds whatever the "
                              "hook is, so this is not the hook's failure", kind=kind)
 
@@ -93,7 +95,7 @@ def _expect_value_error(ctx: CheckContext, fn: Callable[[], Any], pattern: str, 
         got = f"raised {type(exc).__name__}({exc})"
     else:
         got = "did not raise"
-    return [_pytorch_changed(ctx, f"{what} {got}; torch 2.13 raises ValueError matching {pattern!r}. {why}")]
+    return [_torch_rule_broken(ctx, f"{what} {got}; torch 2.13 raises ValueError matching {pattern!r}. {why}")]
 
 
 def _native(value: Any) -> bool:
@@ -125,15 +127,15 @@ def _unset(ctx: CheckContext, setter: Setter, model: nn.Module) -> List[Finding]
                 held.append((fqn, i, value))
     out = []
     if absent:
-        out.append(_pytorch_changed(ctx, f"the parameter groups ({_listed(absent)}) have no attribute "
+        out.append(_torch_rule_broken(ctx, f"the parameter groups ({_listed(absent)}) have no attribute "
                                          f"{setter.target}, which FSDPModule.{setter.name} set up to torch 2.13; "
                                          f"the suite cannot tell what they hold"))
     if held:  # every FSDP2 check compares with that reference: the run's failure, not a skip of this case alone
-        out.append(_pytorch_changed(ctx, f"before any FSDPModule.{setter.name}, the parameter groups "
+        out.append(_torch_rule_broken(ctx, f"before any FSDPModule.{setter.name}, the parameter groups "
                                          f"({_listed([(f, i) for f, i, _ in held])}) hold {_describe(held[0][2])} as "
                                          f"{setter.target}, where torch 2.13 holds {setter.default}; the reference "
                                          "the suite compares with (the model without a registration) may no "
-                                         "longer be native", kind=FindingKind.SUITE))
+                                         "longer be native", kind=FindingKind.SUITE_RULE_BROKEN))
     return out
 
 
@@ -144,7 +146,7 @@ def _reaches(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], 
     if len(modules) < 2 or not any(param_groups(m) for _, m in modules[1:]):
         return [Finding(ctx.rank, f"the registration model {REGISTRATION_MODEL} has no child FSDP module with "
                                   "parameters: the rule cannot be exercised (the suite's own model, not the hook)",
-                        kind=FindingKind.SUITE)]
+                        kind=FindingKind.SUITE_RULE_BROKEN)]
     register_on_every_module(model, setter.name, hook)
     missed = [(fqn, i, getattr(group, setter.target, None)) for fqn, module in modules
               for i, group in enumerate(param_groups(module)) if getattr(group, setter.target, None) is not hook]
@@ -156,7 +158,7 @@ def _reaches(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], 
             f"{setter.native}, and every check would pass without the {setter.what}. Registering on the root alone "
             f"is the classic misuse: FSDPModule.{setter.name} does not recurse into child FSDP modules, so the "
             "children's gradients stay on the native path. The suite registers on every FSDP module: this is the "
-            "suite's registration, or PyTorch changed, not the hook's failure"), kind=FindingKind.SUITE))
+            "suite's registration, or PyTorch changed, not the hook's failure"), kind=FindingKind.SUITE_RULE_BROKEN))
     root_only = build()
     getattr(root_only, setter.name)(hook)
     groups = [(fqn, i, getattr(group, setter.target, None) is hook) for fqn, module in fsdp_modules_by_fqn(root_only)
@@ -164,10 +166,10 @@ def _reaches(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], 
     unset_root = [(fqn, i) for fqn, i, holds in groups if not fqn and not holds]
     reached = [(fqn, i) for fqn, i, holds in groups if fqn and holds]
     if unset_root:
-        out.append(_pytorch_changed(ctx, f"after root.{setter.name}(...) the root's own parameter groups "
+        out.append(_torch_rule_broken(ctx, f"after root.{setter.name}(...) the root's own parameter groups "
                                          f"({_listed(unset_root)}) do not hold the {setter.what}"))
     if reached:
-        out.append(_pytorch_changed(ctx, (
+        out.append(_torch_rule_broken(ctx, (
             f"{setter.name} called on the root alone reached the children's parameter groups ({_listed(reached)}); "
             f"up to torch 2.13 it did not recurse, and a registration on the root alone left the children's "
             f"gradients on {setter.native} (the classic misuse). The suite's registration on every FSDP module "
@@ -180,7 +182,7 @@ def _several_groups(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Mo
     several = dict(fsdp_modules_by_fqn(model))[SEVERAL_GROUPS_FQN]
     count = len(param_groups(several))
     if count < 2:
-        return [_pytorch_changed(ctx, (
+        return [_torch_rule_broken(ctx, (
             f"fully_shard(..., shard_placement_fn=...) returning a ShardPlacementResult on a mesh of this rank alone "
             f"for module.2's parameters gave FSDP module {SEVERAL_GROUPS_FQN!r} {count} parameter group(s), where "
             "torch 2.13 makes one per process group (2); the rule cannot be exercised"))]
@@ -204,7 +206,7 @@ def _several_groups(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Mo
             return []
         return [Finding(ctx.rank, f"the suite's registration refusal lacks {', '.join(missing) or 'its cause'} "
                                   f"(PyTorch's ValueError): {text!r}; the suite's own message, not the hook's "
-                                  "failure", kind=FindingKind.SUITE)]
+                                  "failure", kind=FindingKind.SUITE_RULE_BROKEN)]
     except Exception as exc:  # noqa: BLE001 - the finding says what came instead
         got = f"let {type(exc).__name__}({exc}) through bare"
     else:
@@ -212,7 +214,7 @@ def _several_groups(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Mo
     return [Finding(ctx.rank, f"the suite's registration (FSDPModule.{setter.name} on every FSDP module) on a model "
                               f"whose FSDP module {SEVERAL_GROUPS_FQN!r} has {count} parameter groups {got}, where "
                               "it must raise RegistrationRefused naming the module, the setter, PyTorch's message and "
-                              "the fix; the suite's registration, not the hook's failure", kind=FindingKind.SUITE)]
+                              "the fix; the suite's registration, not the hook's failure", kind=FindingKind.SUITE_RULE_BROKEN)]
 
 
 def _a_stream(ctx: CheckContext) -> Any:

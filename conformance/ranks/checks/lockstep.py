@@ -162,8 +162,8 @@ def lockstep(ctx: CheckContext, plan: Lockstep, *, steps: int, lr: float) -> Lis
     Returns:
         this rank's findings (empty when the hook conforms); where the training matched but the API never
         called the hook, by design (:meth:`~conformance.ranks.checks.models.Recorder.unused`), one finding of
-        kind ``"not_applicable"`` saying so.
+        kind ``"hook_not_called"`` saying so.
     """
     findings = LockstepRun(plan, lr).run(ctx, steps)
     why = None if findings else plan.recorder.unused()
-    return [Finding(ctx.rank, why, kind=FindingKind.NOT_APPLICABLE)] if why else findings
+    return [Finding(ctx.rank, why, kind=FindingKind.HOOK_NOT_CALLED)] if why else findings

@@ -160,7 +160,7 @@ def long_run(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str,
     first, mine = _unrecorded(ctx, models, ref, hooked, inputs, steps, lr)
     if first is None:
         why = hooked.recorder.unused() if hooked.recorder is not None else None
-        return CheckResult(findings=[Finding(ctx.rank, why, kind=FindingKind.NOT_APPLICABLE)] if why else [])
+        return CheckResult(findings=[Finding(ctx.rank, why, kind=FindingKind.HOOK_NOT_CALLED)] if why else [])
     del ref, hooked
     ctx.phase(f"the long run first differs at step {first} of {steps}: replaying steps 0 to {first} with the "
               "recorder on")
@@ -169,7 +169,7 @@ def long_run(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str,
     replayed = lockstep(ctx, plan, steps=first + 1, lr=lr)
     head = (f"the long run first differs at step {first} of {steps} (both models trained unrecorded, compared on "
             f"every rank after every step; then replayed from step 0 with the recorder on")
-    if any(f.kind != FindingKind.NOT_APPLICABLE for f in replayed):
+    if any(f.kind != FindingKind.HOOK_NOT_CALLED for f in replayed):
         note = head + f", which differs at step {min(f.step for f in replayed if f.step is not None)})"
         return CheckResult(findings=([Finding(0, note, step=first)] if ctx.rank == 0 else []) + replayed)
     note = head + (", which matched: the hook's results depend on more than its inputs and its own state "

@@ -88,7 +88,7 @@ class Recorder:
 
     def unused(self) -> Optional[str]:
         """Why the API never called the hook in any step where that is its design (an FSDP2 comm under
-        ``replicate``, which has no shard group), or ``None``: a finding of kind ``"not_applicable"``
+        ``replicate``, which has no shard group), or ``None``: a finding of kind ``"hook_not_called"``
         once the training matched."""
         return None
 

@@ -174,7 +174,7 @@ passed   test_ddp_future_contract[ddp_powerSGD_hook-bucket_view-gradient_probe-w
 passed   test_ddp_future_contract[ddp_powerSGD_hook-default-net_flat-ws3]
 xfailed  test_ddp_future_contract[ddp_powerSGD_hook-find_unused-unused_param-ws3]
 passed   test_ddp_future_contract[ddp_powerSGD_hook-no_sync-gradient_probe-ws3]
-passed   test_ddp_future_contract[ddp_powerSGD_hook-skip_unused-unused_param-ws3]
+xfailed  test_ddp_future_contract[ddp_powerSGD_hook-skip_unused-unused_param-ws3]
 xfailed  test_ddp_future_contract[ddp_powerSGD_hook-small_buckets-nested_wrapped-ws3]
 passed   test_ddp_future_contract[ddp_powerSGD_hook-static_graph-net_flat-ws3]
 xfailed  test_ddp_future_contract[ddp_quantization_perchannel_hook-bucket_per_param-gradient_probe-ws3]

@@ -30,7 +30,7 @@ import pickle
 import re
 import threading
 import time
-from typing import Any, Dict, Iterator, List, MutableMapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, MutableMapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -149,7 +149,7 @@ def _ring_size() -> str:
     return "the default ring"
 
 
-def _tensors(shapes: Any, dtypes: Any) -> List[Tuple[int, str, int]]:
+def _tensors(shapes: Optional[Sequence[Sequence[int]]], dtypes: Optional[Sequence[str]]) -> List[Tuple[int, str, int]]:
     """``(elements, dtype, bytes)`` of each tensor of a recorder entry's sizes and dtypes."""
     out = []
     for shape, dtype_name in zip(shapes or (), dtypes or ()):
@@ -215,7 +215,8 @@ def _hooks_or_apis(entry: Dict[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def measured(side: str, step: int, device: Optional[torch.device] = None, full_precision: Any = ()) -> Iterator[None]:
+def measured(side: str, step: int, device: Optional[torch.device] = None,
+             full_precision: Sequence[Union[torch.dtype, str, None]] = ()) -> Iterator[None]:
     """Measure the training step ``step`` of one model (``side``: ``"native"`` or ``"hooked"``) run inside; a step
     outside :data:`MEASURED_STEPS` runs unmeasured. ``device``: the model's device; on CUDA the step is timed with
     CUDA events too (elapsed milliseconds, read at the case's end). ``full_precision``: of a reference that is a

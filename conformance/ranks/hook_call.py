@@ -168,7 +168,7 @@ class Works:
         self.launched: List[Any] = []
         self.calls: List[Tuple[str, int]] = []
 
-    def left(self, returned: Any = None) -> List[Any]:
+    def left(self, returned: object = None) -> List[Any]:
         """The launched works, other than ``returned``, that had not completed when the block ended: what a caller
         that waits only on a returned ``Work`` reads the results of before they are written. (A wait on a
         ``Work`` is a C++ method a profile function does not see; one that completed is waited for or was fast
@@ -180,7 +180,7 @@ class Works:
         return seen
 
 
-def _completed(work: Any) -> bool:
+def _completed(work: dist.Work) -> bool:
     try:
         return bool(work.is_completed())
     except Exception:  # noqa: BLE001 - a Work that cannot say: treat it as not completed
@@ -204,7 +204,7 @@ def watching_works() -> Iterator[Works]:
     work_type = getattr(dist, "Work", None)
     depth = [0]  # torch.distributed frames open: the outermost is the call the block made
 
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
+    def profile(frame: FrameType, event: str, arg: object) -> None:
         in_c10d = frame.f_code.co_filename == _C10D_FILE
         if event == "call" and in_c10d:
             params = frame.f_code.co_varnames[:frame.f_code.co_argcount + frame.f_code.co_kwonlyargcount]

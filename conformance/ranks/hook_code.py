@@ -31,9 +31,11 @@ import inspect
 import os
 import sysconfig
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 if TYPE_CHECKING:  # pragma: no cover
+    from types import FunctionType
+
     from torch.distributed import ProcessGroup
 
     from conformance.spec import HookSpec
@@ -89,7 +91,7 @@ def trace_path(path: str) -> str:
     return folder.rstrip(os.sep) + os.sep
 
 
-def _unwrapped(obj: Any) -> Any:
+def _unwrapped(obj: object) -> object:
     for _ in range(16):
         if isinstance(obj, functools.partial):
             obj = obj.func
@@ -102,7 +104,7 @@ def _unwrapped(obj: Any) -> Any:
     return obj
 
 
-def root_of(obj: Any) -> Optional[Root]:
+def root_of(obj: object) -> Optional[Root]:
     """``obj`` (a hook, a state factory, a comm object) as the definition it runs: a function (through
     ``functools.partial``, bound methods and ``functools.wraps``), or the class of an object; ``None`` where
     it has no Python source (a C++ or compiled hook)."""
@@ -115,7 +117,7 @@ def root_of(obj: Any) -> Optional[Root]:
 
 
 @functools.lru_cache(maxsize=256)
-def _root_of_definition(target: Any) -> Optional[Root]:
+def _root_of_definition(target: Union[type, FunctionType]) -> Optional[Root]:
     try:
         path = inspect.getsourcefile(target)
     except (TypeError, OSError):
@@ -202,7 +204,7 @@ def start(spec: HookSpec, enabled: bool = True) -> None:
             _note(obj)
 
 
-def _note(obj: Any) -> Optional[Any]:
+def _note(obj: object) -> Optional[Any]:
     root = root_of(obj)
     current = _METER.current
     if root is None or current is None:
@@ -216,7 +218,7 @@ def _note(obj: Any) -> Optional[Any]:
 
 
 @contextlib.contextmanager
-def running(obj: Any) -> Iterator[None]:
+def running(obj: object) -> Iterator[None]:
     """Trace the hook's code while the block runs (a call of ``obj``, the hook, its comm object or its state
     factory). Nested blocks and blocks on a second thread while one traces are not traced again."""
     meter = _METER

@@ -141,7 +141,7 @@ def take() -> Fingerprint:
         fds={fd: _stream(fd) for fd in (1, 2)})
 
 
-def _name(obj: Any) -> str:
+def _name(obj: object) -> str:
     """Where ``obj`` was defined: its code's own name, file and line (``functools.wraps`` copies the
     name and module of what it wraps, so those would name the original)."""
     code = getattr(obj, "__code__", None)

@@ -13,7 +13,10 @@ largest over the ranks.
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Dict, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 __all__ = ["read", "saw_buffer", "saw_bytes", "saw_step", "start"]
 
@@ -30,7 +33,7 @@ def saw_step(step: int) -> None:
     _METER["steps"] = max(_METER["steps"], int(step) + 1)
 
 
-def saw_buffer(tensor: Any) -> None:
+def saw_buffer(tensor: Optional[torch.Tensor]) -> None:
     """The API handed the hook ``tensor`` (a ``torch.Tensor``; anything else is ignored)."""
     _METER["calls"] += 1
     try:

@@ -18,7 +18,7 @@ words the change and the fix it implies.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -127,7 +127,7 @@ class Reduction:
 
 
 def reduced(x: torch.Tensor, call: HookCall, group: Optional[dist.ProcessGroup], world_size: int, shift: int = 0,
-            op: Any = None) -> torch.Tensor:
+            op: Union[dist.ReduceOp, dist.ReduceOp.RedOpType, None] = None) -> torch.Tensor:
     """SUM (or ``op``) of ``x`` over the group: an all-reduce, or (``call.sharded``) a reduce-scatter giving
     this rank the shard of rank ``rank - shift`` (every rank rotates its chunks by ``shift`` first)."""
     op = dist.ReduceOp.SUM if op is None else op

@@ -43,7 +43,7 @@ import time
 import traceback
 import warnings
 from datetime import timedelta
-from multiprocessing.connection import AuthenticationError
+from multiprocessing.connection import AuthenticationError, Connection
 from typing import Any, Dict, List, Optional
 
 import torch.distributed as dist
@@ -125,7 +125,7 @@ class _ControllerLink:
     itself, and queues every other message for the main thread.
     """
 
-    def __init__(self, conn: Any):
+    def __init__(self, conn: Connection):
         self._conn = conn
         #: This rank's output (a RankLog), set once the controller's hello gave the log limit.
         self.output: Any = None

@@ -213,7 +213,7 @@ class _Worker:
         return {"rank": self.rank, "pid": os.getpid(), "torch": torch.__version__,
                 "rss": process_state.resident_bytes()}
 
-    def joined(self, conn: Any = None) -> None:
+    def joined(self, conn: Optional[Connection] = None) -> None:
         """After the rank joined its process group: keep the group, make the check context (reporting on
         ``conn``, default: the controller connection), and note what the hook's module import already
         changed (reported with every case, since a rebuilt pool imports it again)."""

@@ -55,7 +55,7 @@ def _resolve(target: str) -> Any:
 
 def _bind(api: str, name: str, run: Callable[..., Any], make: Callable[..., Any]) -> Callable[..., Any]:
     """``run`` for ``api``: ``check(ctx, spec, **params)`` with the API's models class ``make``."""
-    def check(ctx: CheckContext, spec: HookSpec, **params: Any) -> Any:
+    def check(ctx: CheckContext, spec: HookSpec, **params: object) -> Any:
         return run(ctx, spec, make, **params)
 
     functools.update_wrapper(check, run)

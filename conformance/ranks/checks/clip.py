@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -42,8 +42,9 @@ def clipping(train: Callable[..., None], clip: Callable[[nn.Module], torch.Tenso
              norms: Dict[int, torch.Tensor]) -> Callable[..., None]:
     """The training step ``train`` followed by ``clip(model)``, announced as a phase; the total norm
     each model's ``clip`` returns is kept in ``norms[id(model)]`` (flattened, detached)."""
-    def train_and_clip(ctx: CheckContext, label: str, step: int, model: nn.Module, optim: Any, inputs: Any,
-                       loss_fn: Callable[..., torch.Tensor], **sync: Any) -> None:
+    def train_and_clip(ctx: CheckContext, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+                       inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., torch.Tensor],
+                       **sync: Callable[[nn.Module], ContextManager[Any]]) -> None:
         train(ctx, label, step, model, optim, inputs, loss_fn, **sync)
         ctx.phase(f"step {step}: clip_grad_norm_(max_norm={CLIP_MAX_NORM}, norm_type={norm_type}) of the "
                   f"{label} model")
@@ -70,7 +71,7 @@ def clipped(plan: Lockstep, clip: Callable[[nn.Module], torch.Tensor], norm_type
         label=lambda step: f"clip_grad_norm_ norm_type={norm_type}")
 
 
-def clip_without_backward(ctx: CheckContext, model: nn.Module, label: str, inputs: Any,
+def clip_without_backward(ctx: CheckContext, model: nn.Module, label: str, inputs: Tuple[torch.Tensor, ...],
                           clip: Callable[[nn.Module], torch.Tensor]) -> Tuple[torch.Tensor, List[str]]:
     """``zero_grad(set_to_none=True)``, one forward of ``model`` on ``inputs`` with no backward, then
     ``clip(model)``: the total norm and the warnings ``clip`` gave (PyTorch's ``test_no_gradients`` in
@@ -85,7 +86,7 @@ def clip_without_backward(ctx: CheckContext, model: nn.Module, label: str, input
     return norm, sorted({str(w.message) for w in caught})
 
 
-def _without_backward_findings(ctx: CheckContext, plan: Lockstep, inputs: Any,
+def _without_backward_findings(ctx: CheckContext, plan: Lockstep, inputs: Tuple[torch.Tensor, ...],
                                clip: Callable[[nn.Module], torch.Tensor], norm_type: float) -> List[Finding]:
     """Both models of ``plan`` through :func:`clip_without_backward`: the total norms bitwise (dtype too), and
     the same warnings, with the hook registered as without it."""
@@ -103,7 +104,7 @@ def _without_backward_findings(ctx: CheckContext, plan: Lockstep, inputs: Any,
 @shared_check("clip_grad_norm")
 def clip_grad_norm(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str,
                    steps: int = CLIP_GRAD_NORM["steps"], lr: float = CLIP_GRAD_NORM["lr"], reference_only: bool = False,
-                   **variant: Any) -> List[Finding]:
+                   **variant: object) -> List[Finding]:
     """The API's ``clip_grad_norm_`` with the hook installed, for norm types 2 and inf (:data:`CLIP_NORM_TYPES`):
     per norm type, a fresh pair trained in lock step with ``clip_grad_norm_(CLIP_MAX_NORM, norm_type)`` after
     every backward (:func:`clipped`): the total norm and the clipped gradients bitwise equal to the

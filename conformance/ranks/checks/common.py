@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,9 @@ from conformance.shared.standalone_compare import fqn_without_wrappers, local
 from conformance.ulps import INT_OF_SIZE
 from conformance.protocol import REFERENCE_DIGEST, CheckResult, Finding, FindingKind
 from conformance.catalogue import CATALOGUE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
 
 #: The rank functions of the shared checks, by catalogue name (:func:`shared_check`).
 SHARED_CHECKS: Dict[str, Callable[..., Any]] = {}
@@ -102,7 +105,7 @@ class _SGD(torch.optim.SGD):
     times in a long run, for nothing a hook can change."""
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Any:  # type: ignore[override]
         if closure is not None:
             return super().step(closure)
         for group in self.param_groups:
@@ -132,7 +135,7 @@ def _same_layout_locals(param: torch.Tensor, grad: torch.Tensor) -> Tuple[torch.
     return param, grad
 
 
-def sgd(params: Any, lr: float, momentum: float = 0.0) -> torch.optim.SGD:
+def sgd(params: Iterable[torch.Tensor], lr: float, momentum: float = 0.0) -> torch.optim.SGD:
     """``torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)``: every check's optimizer, the
     reference's and the hooked model's alike (the same bits, computed on an FSDP2 parameter's local shard:
     :class:`_SGD`).
@@ -150,8 +153,8 @@ def model_no_sync(model: nn.Module) -> ContextManager[Any]:
     return model.no_sync()
 
 
-def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-               inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any,
+def train_step(ctx: CheckContext, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+               inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., torch.Tensor],
                no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
     """Zero the gradients, then forward/backward ``model`` on each micro-step's inputs, announced as phases;
     all but the last micro-step under ``no_sync(model)``, the API's gradient accumulation
@@ -169,8 +172,8 @@ def train_step(ctx: Any, label: str, step: int, model: nn.Module, optim: torch.o
                 loss_fn(micro, model(*micro)).backward()
 
 
-def train_alone(ctx: Any, model: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
-                loss_fn: Any, steps: int, train: Any = train_step,
+def train_alone(ctx: CheckContext, model: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
+                loss_fn: Callable[..., torch.Tensor], steps: int, train: Callable[..., None] = train_step,
                 no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync,
                 check: Optional[Callable[[nn.Module, Sequence[Any], int], None]] = None) -> CheckResult:
     """Train the reference model alone for ``steps`` steps, comparing nothing (``reference_only=True``).
@@ -238,7 +241,7 @@ def clip_with_torch(model: nn.Module, max_norm: float, norm_type: float) -> torc
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
-def averaging_findings(ctx: Any, grads: Dict[str, Optional[torch.Tensor]], step: int, *,
+def averaging_findings(ctx: CheckContext, grads: Dict[str, Optional[torch.Tensor]], step: int, *,
                        expected: Optional[Dict[str, Any]] = None, what: str = "",
                        skip_missing: bool = False) -> List[Finding]:
     """One step of the analytic averaging check (``Linear(1, world_size)``, input = rank).
@@ -279,8 +282,9 @@ def averaging_findings(ctx: Any, grads: Dict[str, Optional[torch.Tensor]], step:
     return findings
 
 
-def grads_per_step(ctx: Any, hooked: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any], loss_fn: Any,
-                   steps: int, *, named: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]],
+def grads_per_step(ctx: CheckContext, hooked: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
+                   loss_fn: Callable[..., torch.Tensor], steps: int, *,
+                   named: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]],
                    run_step: Callable[[int, Callable[[], None]], Optional[List[Finding]]],
                    diagnose: Optional[Callable[[int], List[Finding]]] = None) -> CheckResult:
     """Train the hooked model alone and keep its gradients after every step, for a cross-rank comparison.
@@ -314,7 +318,7 @@ def grads_per_step(ctx: Any, hooked: nn.Module, optim: torch.optim.Optimizer, in
     return CheckResult(grads=per_step)
 
 
-def differs_across_ranks(ctx: Any, grads: Dict[str, Optional[torch.Tensor]]) -> bool:
+def differs_across_ranks(ctx: CheckContext, grads: Dict[str, Optional[torch.Tensor]]) -> bool:
     """Whether any rank of ``ctx.group`` holds other bits than another in ``grads`` (FQN -> tensor or ``None``;
     the same FQNs on every rank, and the same shapes and dtypes where every rank has a gradient).
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @shared_check("averaging")
 def averaging(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str = AVERAGING["model"],
-              steps: int = AVERAGING["steps"], lr: float = AVERAGING["lr"], **variant: Any) -> List[Finding]:
+              steps: int = AVERAGING["steps"], lr: float = AVERAGING["lr"], **variant: object) -> List[Finding]:
     """Seed ``test_default_communication_hook_behavior``: every gradient equals mean(0..world_size-1), each step.
 
     Where the API's reference for the hook's claim computes another average
@@ -83,7 +83,7 @@ def averaging(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str
 
 @shared_check("parity")
 def parity(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = PARITY["steps"],
-           lr: float = PARITY["lr"], reference_only: bool = False, **variant: Any) -> Any:
+           lr: float = PARITY["lr"], reference_only: bool = False, **variant: object) -> Any:
     """Gradients and parameters bitwise equal to the reference (the native path for the hook's claim) after
     every step, per parameter FQN; ``steps`` of them, or the model's ``max_steps`` where fewer (a model of
     production-sized buffers). ``reference_only``: train the reference alone, with no hooked model built
@@ -102,7 +102,7 @@ def parity(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, s
 @shared_check("second_model")
 def second_model(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = SECOND_MODEL["steps"],
                  lr: float = SECOND_MODEL["lr"], second: str = SECOND_MODEL["second"], reference_only: bool = False,
-                 **variant: Any) -> Any:
+                 **variant: object) -> Any:
     """Parity of a second model wrapped and hooked in the same process, after a first one trained with the hook.
 
     A job builds several wrapped models in one process: a resumed run re-wraps its model, a fine-tune follows a
@@ -149,7 +149,7 @@ def second_model(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: 
 
 @shared_check("rank_grads")
 def rank_grads(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = 3, lr: float = 0.01,
-               **variant: Any) -> CheckResult:
+               **variant: object) -> CheckResult:
     """The hooked model's gradients after each step, for a cross-rank comparison (:func:`grads_per_step`); its
     findings are what the recorder reported when the hook broke the API's contract, which stopped the training,
     or the diagnosis (:func:`conformance.ranks.diagnosis.diagnose`) of the first step after which the ranks'

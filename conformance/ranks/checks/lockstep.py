@@ -12,7 +12,7 @@ comes from those.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -65,7 +65,9 @@ class Lockstep:
     sides: Tuple[str, str] = ("reference", "hooked")
 
     @classmethod
-    def of(cls, models: ApiModels, ref: Built, hooked: Built, *, inputs: Any = None,
+    def of(cls, models: ApiModels, ref: Built, hooked: Built, *,
+           inputs: Optional[Union[Sequence[Tuple[torch.Tensor, ...]],
+                                  Callable[[int], Sequence[Tuple[torch.Tensor, ...]]]]] = None,
            label: Optional[Callable[[int], str]] = None, loss_fn: Optional[Callable[..., torch.Tensor]] = None,
            sides: Tuple[str, str] = ("reference", "hooked")) -> "Lockstep":
         """The plan of ``models``' pair: its gradient and parameter views, its training step, its inputs unless

@@ -127,7 +127,7 @@ def _unrecorded(ctx: CheckContext, models: ApiModels, ref: Built, hooked: Built,
 
 @shared_check("long_run")
 def long_run(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int, lr: float = LONG_RUN["lr"],
-             reference_only: bool = False, **variant: Any) -> Any:
+             reference_only: bool = False, **variant: object) -> Any:
     """``steps`` training steps of the reference and the hooked model, compared bit for bit after every one
     (gradients, local shards where sharded, and parameters), unrecorded; a difference is replayed with the
     recorder on up to its step, for the findings and the diagnosis (module docstring).

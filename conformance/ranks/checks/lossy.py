@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -115,7 +115,7 @@ def exact_mean(ctx: CheckContext, shadow: nn.Module) -> Dict[str, Optional[torch
 
 def _scaled(loss_fn: Callable[..., torch.Tensor], factor: float) -> Callable[..., torch.Tensor]:
     """``loss_fn`` times ``factor``: this rank's gradients scaled so."""
-    def scaled(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def scaled(*args: object, **kwargs: object) -> torch.Tensor:
         return loss_fn(*args, **kwargs) * factor
     return scaled
 
@@ -136,7 +136,8 @@ def relative_error(actual: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def _error_findings(ctx: CheckContext, got: Dict[str, Optional[torch.Tensor]], exact: Dict[str, Optional[torch.Tensor]],
-                    step: int, bound: Optional[float], worst: float, at: Any) -> Tuple[List[Finding], float, Any]:
+                    step: int, bound: Optional[float], worst: float, at: Optional[Tuple[int, str]]
+                    ) -> Tuple[List[Finding], float, Optional[Tuple[int, str]]]:
     """One step's findings of :func:`lossy_error` and the running maximum relative error and where."""
     findings: List[Finding] = []
     for fqn, e in exact.items():
@@ -179,7 +180,7 @@ def rank_scale(rank: int) -> float:
 
 @shared_check("lossy_error")
 def lossy_error(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = 6, lr: float = 1e-3,
-                uneven_steps: int = 3, **variant: Any) -> CheckResult:
+                uneven_steps: int = 3, **variant: object) -> CheckResult:
     """Per step and parameter: relative error vs the exact mean, the declared bound, no NaN/Inf introduced.
 
     Each step, a plain copy of the model at the hooked model's current
@@ -246,7 +247,7 @@ def _global_loss(ctx: CheckContext, models: ApiModels, model: nn.Module) -> floa
 
 @shared_check("lossy_loss")
 def lossy_loss(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, lr: float = 0.01,
-               **variant: Any) -> CheckResult:
+               **variant: object) -> CheckResult:
     """After ``loss_steps`` SGD steps, ``|loss_hook - loss_exact| <= loss_margin * |loss_exact|``.
 
     ``loss_exact`` is the same model trained under the API with no hook, in full
@@ -296,7 +297,7 @@ def lossy_loss(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: st
 
 @shared_check("lossy_determinism")
 def lossy_determinism(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str, steps: int = 4,
-                      lr: float = 0.01, **variant: Any) -> List[Finding]:
+                      lr: float = 0.01, **variant: object) -> List[Finding]:
     """Two trainings from the same seed (fresh model and hook state each) give bitwise identical gradients
     (each rank's own gradient or local shard, every step)."""
     models = make(ctx, spec, model=model, **variant)

@@ -80,7 +80,7 @@ def run_examples(ctx: CheckContext, case_id: str, examples: Sequence[Example], f
 
 @shared_check("hard_inputs")
 def hard_inputs(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, examples: Sequence[Example], case_id: str,
-                fresh: bool = True, model: str = HARD_INPUTS["model"], **variant: Any) -> List[Finding]:
+                fresh: bool = True, model: str = HARD_INPUTS["model"], **variant: object) -> List[Finding]:
     """Chosen gradients through the API's probe (:func:`run_examples`), bitwise against its reference probe:
     every rank's local gradient (together, every element), one example per step, no optimizer step.
 

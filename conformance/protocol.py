@@ -64,7 +64,7 @@ LOST_CONTROLLER_EXIT_CODE = 75
 ZYGOTE_FORK_UNSAFE_EXIT = 3
 
 
-def send(conn: Connection, message: Any) -> None:
+def send(conn: Connection, message: object) -> None:
     """Send ``message`` with plain pickle.
 
     ``Connection.send`` uses multiprocessing's pickler, where torch registers
@@ -75,7 +75,7 @@ def send(conn: Connection, message: Any) -> None:
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def send_all(conns: Sequence[Connection], message: Any) -> None:
+def send_all(conns: Sequence[Connection], message: object) -> None:
     """:func:`send` the same ``message`` on each of ``conns``, pickled once (a case goes to every rank)."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     for conn in conns:
@@ -149,7 +149,7 @@ class CheckResult:
     grads: Optional[List[Dict[str, Any]]] = None
 
 
-def as_check_result(value: Any) -> CheckResult:
+def as_check_result(value: object) -> CheckResult:
     """A check's return value as a :class:`CheckResult` (a list is its findings).
 
     Raises:
@@ -319,7 +319,7 @@ class Cause:
     words: str = ""
     fix: str = ""
 
-    def param(self, name: str, default: Any = None) -> Any:
+    def param(self, name: str, default: object = None) -> Any:
         """The value of parameter ``name``, or ``default``."""
         return next((v for n, v in self.params if n == name), default)
 

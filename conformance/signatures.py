@@ -46,7 +46,7 @@ def strategies_from_signature(hook: Callable[..., Any]) -> Tuple[str, ...]:
     return tuple(out)
 
 
-def binds_signature(fn: Any, nargs: int) -> bool:
+def binds_signature(fn: Callable[..., object], nargs: int) -> bool:
     """Whether ``fn`` can be called with ``nargs`` positional arguments (True if not inspectable)."""
     try:
         sig = inspect.signature(fn)
@@ -63,14 +63,14 @@ def _binds(sig: inspect.Signature, nargs: int) -> bool:
     return True
 
 
-def qualname(obj: Any) -> str:
+def qualname(obj: object) -> str:
     """``module.QualifiedName`` of a hook, for messages."""
     name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
     module = getattr(obj, "__module__", None) or type(obj).__module__
     return f"{module}.{name}"
 
 
-def signature_text(obj: Any) -> str:
+def signature_text(obj: Callable[..., object]) -> str:
     """The hook's signature as text, ``(...)`` where Python cannot inspect it."""
     try:
         return str(inspect.signature(obj))
@@ -85,7 +85,7 @@ ALL_GATHER_CALL = ("output_tensor", "input_tensor", "group", "async_op")
 REDUCE_SCATTER_CALL = ("output_tensor", "input_tensor", "group", "op")
 
 
-def comm_call_binds(comm: Any, keywords: Tuple[str, ...]) -> Optional[bool]:
+def comm_call_binds(comm: Any, keywords: Tuple[str, ...]) -> Optional[bool]:  # Any: the user's comm, class or object
     """Whether an FSDP2 comm (an object with ``allocate``, or a class, which the suite calls with no arguments to
     make one) takes ``__call__(**keywords)``, as FSDP2 calls it; ``None`` where that cannot be known (a factory
     function, a signature Python cannot inspect): never a reason to refuse a spec."""
@@ -106,7 +106,7 @@ def comm_call_binds(comm: Any, keywords: Tuple[str, ...]) -> Optional[bool]:
     return True
 
 
-def says_grad_bucket(hook: Any) -> bool:
+def says_grad_bucket(hook: Callable[..., object]) -> bool:
     """Whether ``hook`` says it takes DDP's ``GradBucket``: a parameter annotated ``dist.GradBucket`` (PyTorch's own
     DDP hooks are annotated so); annotations as strings (``from __future__ import annotations``) count by their
     words. A returned ``Future`` alone says nothing: other APIs' hooks may return one."""

@@ -255,7 +255,7 @@ def _selection(args: Sequence[str]) -> Dict[str, str]:
     return out
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     if value is None or value == "":
         return "none"
     if isinstance(value, list):

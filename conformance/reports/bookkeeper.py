@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import pytest
 
@@ -36,6 +36,7 @@ from conformance.reports.session_report import notset_cause
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.cases import CaseParams
     from conformance.controller.pytest_plugin import SessionState
+    from conformance.protocol import Finding
 
 __all__ = ["Bookkeeper", "HookTally", "PLUGIN_NAME", "case_hook", "case_of", "failure_figures", "phase_outcome",
            "skip_reason"]
@@ -87,7 +88,7 @@ def phase_outcome(report: pytest.TestReport) -> Tuple[Optional[str], Optional[st
     return ("error", None) if report.failed else (None, None)
 
 
-def failure_figures(findings: Any) -> Dict[str, Figure]:
+def failure_figures(findings: Iterable[Finding]) -> Dict[str, Figure]:
     """``max_ulp_diff`` and ``max_abs_diff`` over the value mismatches among ``findings``, as floats.
 
     ``findings`` are :class:`conformance.protocol.Finding` objects; a finding

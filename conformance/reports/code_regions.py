@@ -49,7 +49,7 @@ def definitions(path: str) -> Tuple[Def, ...]:
         return ()
     out: List[Def] = []
 
-    def visit(node: Any, prefix: str, in_function: bool) -> None:
+    def visit(node: ast.AST, prefix: str, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 name = f"{prefix}{child.name}"

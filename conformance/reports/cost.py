@@ -74,7 +74,7 @@ def combine_ranks(costs: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def parse_property(value: Any) -> Optional[Dict[str, Any]]:
+def parse_property(value: object) -> Optional[Dict[str, Any]]:
     """A case's cost from its JUnit property (a JSON string, or the dict itself), ``None`` where unreadable."""
     if isinstance(value, dict):
         return value

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, List, Mapping, Optional, Sequence
 
 from conformance.shared.files import write_atomic
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.reports.results import CaseRecord
 
 __all__ = ["DRAFT_NAME", "draft_text", "unexplained_in_baseline", "write_draft"]
 
@@ -33,7 +36,7 @@ def _toml_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _diagnosis(record: Any) -> str:
+def _diagnosis(record: CaseRecord) -> str:
     """What the case's failure says first: its named causes, else its header, else its message's first line."""
     failure = getattr(record, "failure", None) or {}
     causes = [c for c in failure.get("causes") or () if c]

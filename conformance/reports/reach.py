@@ -21,10 +21,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
 from conformance.protocol import CaseResult
 from conformance.reports.cost import COST_PROPERTY, combine_ranks
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pytest
+
+    from conformance.controller.pytest_plugin import SessionState
 
 __all__ = ["REACH_PROPERTIES", "Reach", "bytes_text", "combinations", "hook_reach", "not_checked", "not_checked_lines",
            "note_reach", "reach_context", "reach_from_json", "short_reason"]
@@ -33,7 +38,7 @@ __all__ = ["REACH_PROPERTIES", "Reach", "bytes_text", "combinations", "hook_reac
 REACH_PROPERTIES = ("steps", "buffer_bytes")
 
 
-def note_reach(request: Any, result: CaseResult, real_nodes: Optional[int] = None) -> None:
+def note_reach(request: pytest.FixtureRequest, result: CaseResult, real_nodes: Optional[int] = None) -> None:
     """Give the test the reach its ranks measured as JUnit properties: for each of :data:`REACH_PROPERTIES`,
     the largest over the ranks and over the case's dispatches so far (a hard-input case sends several), where
     the hook was called at all. ``real_nodes``: the nodes torchrun spread the ranks over (``--listen``,
@@ -165,7 +170,7 @@ def hook_reach(records: Iterable[Any], hook: str, backends: Sequence[str] = (),
                  backends=tuple(sorted(set(backends))), simulated_nodes=simulated_nodes)
 
 
-def reach_context(state: Any) -> Tuple[Tuple[str, ...], bool]:
+def reach_context(state: SessionState) -> Tuple[Tuple[str, ...], bool]:
     """``(backends, simulated_nodes)`` of a session (``state``: the controller's session state): the backend of
     each world size's pool, and whether its node layouts are simulated (not ``--listen``)."""
     settings = getattr(state, "settings", None)

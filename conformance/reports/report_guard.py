@@ -122,7 +122,7 @@ class ReportGuard:
             self._silence(writer)
         return None
 
-    def _silence(self, writer: Any) -> None:
+    def _silence(self, writer: object) -> None:
         """pytest's JUnit writer would print "generated xml file" for a report this run did not publish: it
         is unregistered now (and taken out of the stash, where pytest would look for it to unregister it)."""
         if writer is not None and self.config.pluginmanager.is_registered(writer):

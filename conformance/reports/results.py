@@ -18,10 +18,13 @@ import json
 import math
 import os
 import tempfile
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from conformance.protocol import Cause
 from conformance.shared.files import write_atomic
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jsonschema import ValidationError
 
 __all__ = ["CaseRecord", "FAILING", "FIGURE_NAMES", "Figure", "OUTCOMES", "ResultsError", "SCHEMA_FILE",
            "SCHEMA_VERSION", "ShortFigure", "build_document", "cause_fields", "cause_line", "figure_value",
@@ -125,7 +128,7 @@ class CaseRecord:
 MAX_MESSAGE_CHARS = 4000
 
 
-def figure_value(x: Any) -> Any:
+def figure_value(x: float) -> Any:
     """A figure as JSON can hold it: the number itself, or ``"inf"``, ``"-inf"``, ``"nan"``.
 
     JSON has no infinity, and an infinite ULP difference (NaN against a number) is a real
@@ -139,7 +142,7 @@ def figure_value(x: Any) -> Any:
     return int(x) if x.is_integer() and abs(x) < 2**53 else x
 
 
-def parse_figure(value: Any) -> float:
+def parse_figure(value: Union[float, str]) -> float:
     """The inverse of :func:`figure_value`: a figure of a results file (a number, ``"inf"``, ``"-inf"``,
     ``"nan"``) as a float.
 
@@ -242,7 +245,7 @@ def load_results(path: str) -> Dict[str, Any]:
     return data
 
 
-def schema_problems(data: Any) -> List[str]:
+def schema_problems(data: object) -> List[str]:
     """What makes ``data`` not a results document of :func:`schema`, first in document order, one line each.
 
     Each line names the entry (``cases[3] (id 'test_ddp.py::...')``, ``hooks[0] (name 'my_hook')``,
@@ -257,7 +260,7 @@ def schema_problems(data: Any) -> List[str]:
     return list(dict.fromkeys(_problem(error, data) for error in errors))
 
 
-def _problem(error: Any, data: Any) -> str:
+def _problem(error: ValidationError, data: Any) -> str:  # Any: the JSON document, read along the error's path
     parts = list(error.absolute_path)
     # The entry: a top-level field, or one element of an array (named by its id or name, which a reader can find).
     depth = 2 if len(parts) >= 2 and isinstance(parts[1], int) else min(len(parts), 1)

@@ -46,6 +46,7 @@ from conformance.reports.verdict import Status, Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.controller.pytest_plugin import SessionState
+    from conformance.reports.report_files import ReportSet
     from conformance.shared.spec_loading import LoadedSpec
 
 __all__ = ["ResultsRecorder", "hook_matrix_lines", "register"]
@@ -221,7 +222,7 @@ class ResultsRecorder:
         return [f"{hook}: {', '.join(over)} of native's" for hook, c in costs.items()
                 for over in [over_max(c, limit)] if over]
 
-    def _write_draft(self, reports: Any, records: List[CaseRecord], doc: Dict[str, Any]) -> None:
+    def _write_draft(self, reports: ReportSet, records: List[CaseRecord], doc: Dict[str, Any]) -> None:
         """A red run with no ``--baseline``: the known-failures draft beside its first report
         (:mod:`conformance.reports.known_failures_draft`), said in the terminal; a draft that cannot be written
         is a note, never the run's failure."""

@@ -177,7 +177,7 @@ def _case_keys(source: str) -> Optional[Tuple[str, ...]]:
     return tuple(sorted(keys))
 
 
-def _plain(value: Any) -> Optional[str]:
+def _plain(value: object) -> Optional[str]:
     """A text that only an equal value of the same type gives (``None`` where ``repr`` names an object's address,
     which a later object may reuse)."""
     if isinstance(value, dict):
@@ -255,7 +255,7 @@ def _specialised(source: str, case: Optional[Dict[str, Any]], constants: Dict[st
         source = "\n".join(lines[:node.lineno - 1] + kept + lines[end:]) + "\n"
 
 
-def _literal_text(value: Any) -> Optional[str]:
+def _literal_text(value: object) -> Optional[str]:
     """``value`` as Python source where it is a literal (``None``, a bool, number, string, dtype, a tuple of
     these) or a module-level function (its name, which the file then defines); else ``None``."""
     if value is None or isinstance(value, (bool, int, float, str)):

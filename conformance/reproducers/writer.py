@@ -54,7 +54,7 @@ class NoReproducer(Exception):
     """A failed case no standalone file can replay; the message says why (shown in the failure)."""
 
 
-def _importable(obj: Any, modules: Sequence[str]) -> Optional[Tuple[str, str]]:
+def _importable(obj: object, modules: Sequence[str]) -> Optional[Tuple[str, str]]:
     """``(module, name)`` that imports ``obj`` itself (``from module import name``), or ``None``: a function or
     class by its qualified name, else any module-level name in ``modules`` bound to it."""
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
@@ -247,7 +247,7 @@ def _rule(title: str) -> str:
     return head + "-" * max(3, 110 - len(head))
 
 
-def _text(value: Any, names: Optional[List[str]] = None) -> str:
+def _text(value: object, names: Optional[List[str]] = None) -> str:
     """``value`` as Python: ``repr``; a dtype as ``torch.<name>``; a function or class by its name (added to
     ``names``, which the file must then define); a dataclass instance as its constructor's call with the
     fields that differ from their defaults; dicts and tuples of these."""

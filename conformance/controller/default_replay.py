@@ -26,13 +26,17 @@ A skip is never a pass: the per-hook verdict counts it as skipped, with the reas
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from conformance.apis.controller_side import controller_side
 from conformance.protocol import Finding, FindingKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.apis import HookApi
+    from conformance.spec import HookSpec
 
 
 def could_be_pytorchs(found: Sequence[Finding]) -> bool:
@@ -134,7 +138,7 @@ def caveat_for(check: str, params: Dict[str, Any], found: Sequence[Finding], tor
     return next((c for c in REFERENCE_CAVEATS if c.covers(check, params, found, torch_version)), None)
 
 
-def default_hook_name(api: Any, spec: Any, params: Dict[str, Any], world_size: int) -> Optional[str]:
+def default_hook_name(api: HookApi, spec: HookSpec, params: Dict[str, Any], world_size: int) -> Optional[str]:
     """The name, among ``api.builtin_hooks``, of PyTorch's own default hook for a case of ``spec`` at
     ``world_size`` with the rank check's ``params``, or ``None`` where the API has none or none equals native
     there: the API's :attr:`~conformance.apis.controller_side.ControllerSide.default_hook`, reached through

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 import pytest
 
@@ -21,6 +21,10 @@ from conformance.shared.spec_loading import pythonpath_to_rerun
 from conformance.protocol import Case, CaseResult, Finding
 from conformance.reports import report
 from conformance.reproducers import writer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.controller.settings import Settings
+    from conformance.shared.spec_loading import LoadedSpec
 
 __all__ = ["ConformanceFailure", "NotRun", "pool_not_run", "rank_problems", "reproducer_command", "reproducer_note",
            "rerun_command"]
@@ -93,7 +97,8 @@ def rank_problems(result: CaseResult, runs: Sequence[Run], reruns: Sequence[Any]
     return problems + ("\n" + report.findings_text(leaks) if leaks else "")
 
 
-def rerun_command(settings: Any, item: Any, test_name: str, world_size: Optional[int] = None) -> str:
+def rerun_command(settings: Settings, item: Optional[LoadedSpec], test_name: str,
+                  world_size: Optional[int] = None) -> str:
     """The shell command that re-runs just ``test_name`` (of the hook whose loaded spec is ``item``, ``None``: no
     hook) from a fresh shell in this working directory.
 
@@ -129,8 +134,8 @@ def reproducer_command(path: str) -> str:
     return f"PYTHONPATH={shlex.quote(os.pathsep.join(extra))} {command}" if extra else command
 
 
-def reproducer_note(settings: Any, item: Any, case: Case, world_size: int, findings: Sequence[Finding],
-                    describe: Dict[str, Any]) -> str:
+def reproducer_note(settings: Settings, item: Optional[LoadedSpec], case: Case, world_size: int,
+                    findings: Sequence[Finding], describe: Dict[str, Any]) -> str:
     """Under ``--write-reproducers DIR``, write the failed ``case``'s standalone reproducer
     (:mod:`conformance.reproducers`; ``item``: the hook's loaded spec) and return the failure's lines that say where
     it is and how to run it (:func:`reproducer_command`, and why it needs the suite where it does), or why the case

@@ -53,7 +53,7 @@ def examples_seed(world_size: int, reduce_dtype: Optional[torch.dtype], seed: st
     return zlib.crc32(f"{world_size}\0{reduce_dtype}\0{seed}".encode())
 
 
-def _failed_step(exc: Any) -> Optional[int]:
+def _failed_step(exc: ConformanceFailure) -> Optional[int]:
     """The step (example index) of a failure's first finding, or ``None`` (a rank raised, hung or died)."""
     steps = [f.step for f in getattr(exc, "findings", ()) if f.step is not None]
     return min(steps) if steps else None

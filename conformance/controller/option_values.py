@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple, Union
 
 from conformance.controller.options import DEFAULT_LISTEN_TIMEOUT_S, Option, SettingsError
 from conformance.reports.results import unwritable_reason
 
 
-def given_value(cli: Any, option: Option, env: Dict[str, str]) -> Tuple[Any, str]:
+def given_value(cli: object, option: Option, env: Dict[str, str]) -> Tuple[Any, str]:
     """``(value, source)`` of ``option``: ``cli`` (what pytest's ``getoption`` answered) with its flag where the command
     line gave it, else the non-blank value of its environment variable with the variable's name, else ``(None, "")``."""
     if cli not in (None, [], False):
@@ -26,7 +26,7 @@ def given_value(cli: Any, option: Option, env: Dict[str, str]) -> Tuple[Any, str
     return None, ""
 
 
-def integer(value: Any, source: str, *, minimum: int) -> int:
+def integer(value: Union[str, int], source: str, *, minimum: int) -> int:
     """``value`` as an ``int`` of at least ``minimum``.
 
     Raises:
@@ -41,7 +41,7 @@ def integer(value: Any, source: str, *, minimum: int) -> int:
     return number
 
 
-def mib_in_bytes(value: Any, source: str, default: float, *, minimum: float) -> int:
+def mib_in_bytes(value: Union[str, float, None], source: str, default: float, *, minimum: float) -> int:
     """``value`` MiB (``default`` when ``None``) in bytes; at least ``minimum`` MiB unless 0 is allowed.
 
     Raises:
@@ -59,7 +59,7 @@ def mib_in_bytes(value: Any, source: str, default: float, *, minimum: float) -> 
     return int(mib * 2**20)
 
 
-def positive_ratio(value: Any, source: str) -> float:
+def positive_ratio(value: Union[str, float], source: str) -> float:
     """``value`` as a ratio against native's (``--max-cost 1.5``): a finite number above 0.
 
     Raises:
@@ -75,7 +75,7 @@ def positive_ratio(value: Any, source: str) -> float:
     return ratio
 
 
-def flag(value: Any, source: str) -> bool:
+def flag(value: Union[bool, str, None], source: str) -> bool:
     """``value`` as a flag: a ``bool`` (or ``None``, false) as given, or the text 1/true/yes/on or 0/false/no/off.
 
     Raises:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Protocol, Sequence, Tuple
 
 from conformance.controller.options import DEFAULT_RANK_LOG_LIMIT_MIB, DEFAULT_RANK_MEMORY_GROWTH_MIB
 from conformance.protocol import Case, CaseResult, Msg, RankOutcome, recv, send
@@ -226,7 +226,8 @@ def in_step(conns: Sequence[Connection], seq: int) -> Optional[str]:
     return None
 
 
-def memory_grown(rss_ready: Sequence[Optional[int]], outcomes: Any, bound: int) -> Tuple[Tuple[int, int, int], ...]:
+def memory_grown(rss_ready: Sequence[Optional[int]], outcomes: Iterable[RankOutcome], bound: int
+                 ) -> Tuple[Tuple[int, int, int], ...]:
     """``(rank, bytes grown, bytes now)`` of each rank whose resident memory (``RankOutcome.rss``) grew by
     more than ``bound`` bytes since it was ready (``rss_ready[rank]``): over every case of its pool, which are
     the cases of one hook. Both launchers use it."""

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from multiprocessing.connection import AuthenticationError, Connection
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from conformance.protocol import Msg, recv, send
 from conformance.shared.remote_link import HANDSHAKE_TIMEOUT_S, Address, Handshake, HandshakeTimeout, format_address
@@ -47,6 +47,9 @@ MAX_JOIN_BYTES = 64 * 1024
 SHOWN_PEERS = 5
 #: Seconds :meth:`RankListener.close` waits for the handshake threads it ended to return.
 CLOSE_WAIT_S = 2.0
+#: An accepted connection's peer, as ``socket.accept`` gives it: ``(host, port)``, or IPv6's
+#: ``(host, port, flowinfo, scope_id)``.
+Peer = Union[Tuple[str, int], Tuple[str, int, int, int]]
 
 
 class RefusedPeers:
@@ -63,7 +66,7 @@ class RefusedPeers:
         self._first_at: Optional[float] = None
         self._last_at: Optional[float] = None
 
-    def add(self, peer: Any, reason: str) -> bool:
+    def add(self, peer: Peer, reason: str) -> bool:
         """Count one refused ``peer`` (``(host, port, ...)``); ``True`` when it is the first with ``reason``."""
         with self._lock:
             now = time.time()
@@ -174,14 +177,14 @@ class RankListener:
                 self._under_way[handshake] = thread
             thread.start()
 
-    def _refuse(self, peer: Any, why: str) -> None:
+    def _refuse(self, peer: Peer, why: str) -> None:
         if self._closed:  # the run ended the handshake; the peer did nothing wrong
             return
         if self.refused.add(peer, why):
             log.warning("conformance --listen %s: refused a connection from %s: %s (further refusals are counted, and "
                         "summarised when the run ends)", format_address(self.address), format_address(peer[:2]), why)
 
-    def _admit(self, handshake: Handshake, peer: Any) -> None:
+    def _admit(self, handshake: Handshake, peer: Peer) -> None:
         try:
             self._handshake(handshake, peer)
         finally:
@@ -189,7 +192,7 @@ class RankListener:
                 self._under_way.pop(handshake, None)
             self._slots.release()
 
-    def _handshake(self, handshake: Handshake, peer: Any) -> None:
+    def _handshake(self, handshake: Handshake, peer: Peer) -> None:
         try:
             handshake.authenticate(self._authkey)
         except AuthenticationError:

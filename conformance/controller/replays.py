@@ -34,7 +34,7 @@ the case's runs; this module runs what it asks for, on the runner's pools
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple
 
 import torch
 
@@ -46,6 +46,9 @@ from conformance.controller.pools import Pool, PoolStartError
 from conformance.protocol import Case, CaseResult, Finding, HookRef
 from conformance.catalogue import CATALOGUE
 from conformance.reports import report
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.apis import HookApi
 
 __all__ = ["CrashRerun", "DEFAULT_HOOK_REPLAYABLE", "REFERENCE_REPLAYABLE", "REPLAYS_DEFAULT_HOOK", "REPLAYS_REFERENCE",
            "RERUN_DIED", "RERUN_FAILED", "RERUN_FINISHED", "RERUN_NOT_STARTED", "ReplayRunner", "case_facts", "replay",
@@ -156,8 +159,8 @@ def _default_hook(runner: ReplayRunner, hook: str, params: Dict[str, Any],
     return api, name, name is not None and item.target == api.builtin_hooks and hook == name
 
 
-def _run_default_hook(runner: ReplayRunner, api: Any, name: str, check: str, params: Dict[str, Any], world_size: int,
-                      case_id: str, nodes: int = 1) -> CaseResult:
+def _run_default_hook(runner: ReplayRunner, api: HookApi, name: str, check: str, params: Dict[str, Any],
+                      world_size: int, case_id: str, nodes: int = 1) -> CaseResult:
     """Run ``check`` with PyTorch's default hook ``name`` in ranks of its own (serving no hook under test), as
     every hook's cases run; its spec is loaded there on first use. The hook's next case gets its own ranks
     again."""
@@ -182,7 +185,7 @@ def case_facts(runner: ReplayRunner, case: Case, world_size: int, described: Dic
                      claims_exactness=claims_exactness)
 
 
-def replay(runner: ReplayRunner, asked: Replay, case: Case, world_size: int, pool: Any,
+def replay(runner: ReplayRunner, asked: Replay, case: Case, world_size: int, pool: Pool,
            judge: Callable[[CaseResult], List[Finding]], first: CaseResult) -> Run:
     """Run the replay ``asked`` of ``case`` (whose first run was ``first``), its findings judged by ``judge``
     where every rank finished: :attr:`Replay.CRASH_RERUN` on the case's ``pool`` (rebuilt: fresh ranks), kept in
@@ -209,7 +212,7 @@ def replay(runner: ReplayRunner, asked: Replay, case: Case, world_size: int, poo
         return Run(asked, None, not_started=str(exc))
 
 
-def _rerun(runner: ReplayRunner, pool: Any, case: Case, world_size: int, judge: Callable[[CaseResult], List[Finding]],
+def _rerun(runner: ReplayRunner, pool: Pool, case: Case, world_size: int, judge: Callable[[CaseResult], List[Finding]],
            first: CaseResult) -> Run:
     """The case once more, as the case's own run (counted, :class:`NotRun` where its pool failed before), in the
     fresh ranks of the rebuilt pool; kept in the runner's ``crash_reruns`` (:class:`CrashRerun`)."""

@@ -339,7 +339,8 @@ def resolve(getoption: Callable[[str], Any], env: Optional[Dict[str, str]] = Non
     )
 
 
-def _listen(value: Any, source: str, env: Dict[str, str], pick: Callable[[str], Tuple[Any, str]]) -> Optional[Tuple[str, int]]:
+def _listen(value: Optional[str], source: str, env: Dict[str, str],
+            pick: Callable[[str], Tuple[Any, str]]) -> Optional[Tuple[str, int]]:
     """``--listen HOST:PORT`` as ``(host, port)``, or ``None``; the run's world size and secret must be given too."""
     if value is None:
         return None

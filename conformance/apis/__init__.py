@@ -30,7 +30,7 @@ all read it. docs/architecture.md's "Adding a hook API" lists the files a new AP
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from conformance.catalogue import CASE_KINDS, CheckEntry, catalogued
 from conformance.cases import CaseParams
@@ -129,7 +129,7 @@ class SuiteTest:
         return sampled(cases, {s.name for s in specs if getattr(s, "sample_checks", None) is not None}, settings)
 
 
-def sampled(cases: List[CaseParams], names: Any, settings: Settings) -> List[CaseParams]:
+def sampled(cases: List[CaseParams], names: Collection[str], settings: Settings) -> List[CaseParams]:
     """``cases`` with those of the hooks ``names`` cut to a sample (``HookSpec.sample_checks``): per hook, the
     first variant and model at the run's first world size of at least 2 ranks
     (:func:`first_cross_rank_world_size`: the main one on a CPU machine, not a one-GPU machine's 1) on one

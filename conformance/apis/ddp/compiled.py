@@ -169,7 +169,7 @@ def convention_error(exc: BaseException) -> Optional[str]:
     return None
 
 
-def registration_refused(hook: Any, exc: BaseException) -> str:
+def registration_refused(hook: Callable[..., object], exc: BaseException) -> str:
     """The finding's text for a hook that ``DistributedDataParallel.register_comm_hook`` refused."""
     try:
         shown = f"{getattr(hook, '__qualname__', type(hook).__qualname__)}{inspect.signature(hook)}"
@@ -202,7 +202,7 @@ class CompiledHookRecorder(Recorder):
         refused: why DDP refused to register the hook, or ``None``.
     """
 
-    def __init__(self, hook: Any, ctx: CheckContext, model: nn.Module, model_name: str,
+    def __init__(self, hook: Callable[..., object], ctx: CheckContext, model: nn.Module, model_name: str,
                  inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., Any]):
         self.hook = hook
         self.ctx = ctx

@@ -55,7 +55,7 @@ class CppCommHook:
         """``torch.distributed.BuiltinCommHookType.<type_name>``."""
         return getattr(dist.BuiltinCommHookType, self.type_name)
 
-    def __call__(self, state: Any, bucket: Any) -> Any:
+    def __call__(self, state: object, bucket: object) -> Any:
         raise RuntimeError(f"{self.__name__} is DDP's C++ built-in comm hook: register it with "
                            f"DistributedDataParallel._register_builtin_comm_hook, not register_comm_hook")
 

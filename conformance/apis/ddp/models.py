@@ -29,7 +29,7 @@ no hook, ``param.grad / world_size`` then SUM).
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -51,7 +51,12 @@ from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built
 from conformance.ulps import dtype_name
 
-def build_ddp(model_name: str, ctx: Any, config: str, param_dtype: Optional[torch.dtype] = None, *,
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.ranks.checks.groups import CheckContext
+    from conformance.spec import HookSpec
+
+
+def build_ddp(model_name: str, ctx: CheckContext, config: str, param_dtype: Optional[torch.dtype] = None, *,
               batched: bool = False) -> nn.Module:
     """``DistributedDataParallel`` around a freshly built ``model_name`` under ``config``, in ``ctx.group``; in
     ``param_dtype`` where given (:func:`~conformance.apis.ddp.standalone.in_param_dtype`); with
@@ -94,7 +99,7 @@ class DdpModels(ApiModels):
     grad_views = [("gradient", ddp_grads, "")]
     param_view = ("parameter after the optimizer step", ddp_params, "")
 
-    def __init__(self, ctx: Any, spec: Any, *, model: str, config: str):
+    def __init__(self, ctx: CheckContext, spec: HookSpec, *, model: str, config: str):
         if config not in ALL_CONFIGS:
             raise ValueError(f"unknown DDP config {config!r}; known: {', '.join(ALL_CONFIGS)}")
         self.config = config
@@ -161,8 +166,8 @@ class DdpModels(ApiModels):
             recorder.refuse(exc)
         return Built(model, recorder)
 
-    def train_step(self, ctx: Any, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Any,
+    def train_step(self, ctx: CheckContext, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., torch.Tensor],
                    no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
         """:func:`~conformance.ranks.checks.common.train_step`; under ``compiled_autograd``, compiled
         (:meth:`CompiledTraining.train_step <conformance.apis.ddp.compiled.CompiledTraining.train_step>`)."""

@@ -192,7 +192,7 @@ def compiled_unavailable() -> Optional[str]:
     return None
 
 
-def takes_grad_bucket(hook: Any) -> bool:
+def takes_grad_bucket(hook: Callable[..., object]) -> bool:
     """Whether ``hook`` says it takes a ``GradBucket``: its ``bucket`` parameter is annotated
     ``dist.GradBucket`` or it returns a ``torch.futures.Future`` (PyTorch's own hooks are annotated so).
     Annotations as strings (``from __future__ import annotations``) count by their words."""

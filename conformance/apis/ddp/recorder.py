@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import GradBucket
 
 
-def _describe_value(value: Any) -> str:
+def _describe_value(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}, {dtype_name(value.dtype)}, on {value.device}"
     if isinstance(value, (list, tuple)):
@@ -44,7 +44,7 @@ def _describe_value(value: Any) -> str:
     return f"a {type(value).__name__} ({value!r:.60})"
 
 
-def _what_ddp_does_with(value: Any) -> str:
+def _what_ddp_does_with(value: object) -> str:
     """What DDP's reducer does with a hook result that is not a Future (read off torch 2.13's reducer:
     pybind11 fails to cast it to ``c10::ivalue::Future``, except ``None``, which it dereferences)."""
     if value is None:
@@ -96,7 +96,7 @@ class DDPHookRecorder(Recorder):
             with the finding.
     """
 
-    def __init__(self, hook: Any, rank: int, names: Dict[int, str]):
+    def __init__(self, hook: Callable[..., object], rank: int, names: Dict[int, str]):
         self.hook = hook
         self.rank = rank
         self.names = names

@@ -10,14 +10,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from conformance.ulps import dtype_name
 
+if TYPE_CHECKING:  # pragma: no cover
+    from conformance.spec import HookSpec
 
-def reference_name(spec: Any) -> str:
+
+def reference_name(spec: HookSpec) -> str:
     """What the hook is compared against, for messages (the model's claimed parameter dtype added by the
     caller)."""
     if spec.reduce_dtype is None or spec.reduce_dtype == getattr(spec, "param_dtype", None):

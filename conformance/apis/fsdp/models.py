@@ -12,11 +12,11 @@ for a ``reduce_dtype=X`` claim. The hook is registered through a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
 
 from conformance.apis.fsdp.arithmetic import FsdpArithmetic
 # The mixed-precision settings live in the API's standalone part, of which reproducers copy what a case runs.
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from conformance.spec import HookSpec
 
 
-def build_fsdp(model_name: str, ctx: CheckContext, strategy: str, *, mixed_precision: Any = None,
+def build_fsdp(model_name: str, ctx: CheckContext, strategy: str, *, mixed_precision: Optional[MixedPrecision] = None,
                use_orig_params: bool = True) -> nn.Module:
     """``model_name`` wrapped by FSDP under ``strategy`` in ``ctx.group``, its units as the model defines them."""
     return get_model(model_name).build(
@@ -69,7 +69,7 @@ class HookRecorder(Recorder):
             ``MixedPrecision.param_dtype`` under mixed precision).
     """
 
-    def __init__(self, hook: Any, rank: int, param_dtype: torch.dtype):
+    def __init__(self, hook: Callable[..., object], rank: int, param_dtype: torch.dtype):
         self.hook = hook
         self.rank = rank
         self.param_dtype = param_dtype
@@ -77,7 +77,7 @@ class HookRecorder(Recorder):
         self.calls: List[Dict[str, Any]] = []
         self.log = CallLog()
 
-    def __call__(self, state: Any, grad: torch.Tensor, *rest: Any) -> Any:
+    def __call__(self, state: object, grad: torch.Tensor, *rest: torch.Tensor) -> Any:
         index = sum(1 for c in self.calls if c["step"] == self.step)
         reach.saw_buffer(grad)
         call_dtype = grad.dtype  # what FSDP handed the hook: what its result must be cast back to

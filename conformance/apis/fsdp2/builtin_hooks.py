@@ -16,7 +16,7 @@ of FSDP2 (``_get_gradient_divide_factors`` in
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -69,8 +69,8 @@ class PlainReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
     def allocate(self, size: Sequence[Any], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, op: Any,
-                 async_op: bool = False) -> Optional[Any]:
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Union[dist.ReduceOp, dist.ReduceOp.RedOpType], async_op: bool = False) -> Optional[Any]:
         reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         return reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 

@@ -11,7 +11,7 @@ What every FSDP2 API's models share (meshes, builds, views, accumulation) is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -84,7 +84,7 @@ class CommModels(Fsdp2Models):
         super().__init__(ctx, spec, model=model, config=config, micro_steps=micro_steps)
         self.arithmetic = CommArithmetic(self.ctx.world_size, spec.reduce_dtype)
 
-    def recorder(self, hook: Any) -> Recorder:
+    def recorder(self, hook: Callable[..., object]) -> Recorder:
         never = NEVER_CALLED_UNDER_REPLICATE if self.layout.mesh == "replicate" else None
         return CommRecorder(hook, self.ctx.rank, never_called=never)
 

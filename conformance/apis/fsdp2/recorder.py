@@ -11,7 +11,7 @@ of a gradient finding). An all-reduce hook's recorder is
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -23,7 +23,7 @@ from conformance.ulps import dtype_name
 from conformance.ranks.hook_call import CallLog, HookCall, counting_collectives
 
 
-def op_name(op: Any) -> str:
+def op_name(op: object) -> str:
     """``AVG``, ``SUM``, ``PREMUL_SUM(0.25)``, ... for a ``ReduceOp`` or ``RedOpType``."""
     inner = getattr(op, "op", None)
     if inner is not None:
@@ -48,7 +48,7 @@ class CommRecorder(Recorder):
     on FSDP2, which has no shard group), or ``None``: then a step without a call is a contract finding.
     """
 
-    def __init__(self, comm: Any, rank: int, never_called: Optional[str] = None):
+    def __init__(self, comm: Any, rank: int, never_called: Optional[str] = None):  # Any: the user's comm object
         self.comm = comm
         self.rank = rank
         self.never_called = never_called
@@ -58,7 +58,8 @@ class CommRecorder(Recorder):
         self.unfinished: List[Dict[str, Any]] = []
         self.log = CallLog()
 
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def allocate(self, size: Sequence[Union[int, torch.SymInt]], *, dtype: torch.dtype, device: torch.device
+                 ) -> torch.Tensor:
         with hook_code.running(self.comm):
             out = self.comm.allocate(size, dtype=dtype, device=device)
         bad = allocation_problem(out, size, dtype, device)
@@ -66,7 +67,7 @@ class CommRecorder(Recorder):
             self.bad_allocations.append({"step": self.step, **bad})
         return out
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # Any: FSDP2's arguments, forwarded as they came
         group = kwargs.get("group", args[2] if len(args) > 2 else None)
         op = kwargs.get("op", args[3] if len(args) > 3 else None)
         inp = kwargs.get("input_tensor", args[1] if len(args) > 1 else None)
@@ -99,7 +100,7 @@ class CommRecorder(Recorder):
                 call.settle()
         return result
 
-    def _check_finished(self, result: Any, async_op: Any, index: int) -> bool:
+    def _check_finished(self, result: object, async_op: object, index: int) -> bool:
         """Whether ``result`` is a ``Work`` that had not completed when the comm returned; called without
         ``async_op=True`` (FSDP2's reduce-scatter never passes it: ``foreach_reduce`` calls
         ``reduce_scatter_comm(output_tensor=..., input_tensor=..., group=..., op=...)`` and ignores what it

@@ -11,7 +11,7 @@ models share (meshes, builds, views) is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Callable, List
 
 import torch
 
@@ -80,11 +80,11 @@ class AllGatherModels(Fsdp2Models):
         super().__init__(ctx, spec, model=model, config=config, micro_steps=micro_steps)
         self.arithmetic = AllGatherArithmetic(self.ctx.world_size, None)
 
-    def recorder(self, hook: Any) -> Recorder:
+    def recorder(self, hook: Callable[..., object]) -> Recorder:
         return AllGatherRecorder(hook, self.ctx.rank, getattr(self.ctx, "notice", None))
 
 
-def hard_params(ctx: CheckContext, spec: HookSpec, *, config: str, model: str, **_: Any) -> List[Finding]:
+def hard_params(ctx: CheckContext, spec: HookSpec, *, config: str, model: str, **_: object) -> List[Finding]:
     """``fsdp2_all_gather.hard_params``: parameter shards holding NaN with payloads, ``-0.0``, subnormals and
     float extremes must arrive bit for bit. The hooked model's every local parameter shard is set to
     :func:`hard_shard` values (every :data:`HARD_SPREAD`-th a hard value, one round per starting offset: three

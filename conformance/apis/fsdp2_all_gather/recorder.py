@@ -17,7 +17,7 @@ the gradients and parameters the lockstep compares then differ too.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -43,7 +43,8 @@ class AllGatherRecorder(Recorder):
     :attr:`~conformance.ranks.checks.models.Recorder.recording` is off (a long run's unrecorded pass).
     """
 
-    def __init__(self, comm: Any, rank: int, notice: Optional[Callable[[str], None]] = None):
+    def __init__(self, comm: Any, rank: int,  # Any: the user's comm object
+                 notice: Optional[Callable[[str], None]] = None):
         self.comm = comm
         self.rank = rank
         self.notice = notice
@@ -56,7 +57,8 @@ class AllGatherRecorder(Recorder):
         self.pending_group: List[Dict[str, Any]] = []
         self._outputs: Dict[int, Dict[int, torch.Tensor]] = {}
 
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def allocate(self, size: Sequence[Union[int, torch.SymInt]], *, dtype: torch.dtype, device: torch.device
+                 ) -> torch.Tensor:
         with hook_code.running(self.comm):
             out = self.comm.allocate(size, dtype=dtype, device=device)
         bad = allocation_problem(out, size, dtype, device)
@@ -64,7 +66,7 @@ class AllGatherRecorder(Recorder):
             self.bad_allocations.append({"step": self.step, **bad})
         return out
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # Any: FSDP2's arguments, forwarded as they came
         out = kwargs.get("output_tensor", args[0] if args else None)
         inp = kwargs.get("input_tensor", args[1] if len(args) > 1 else None)
         group = kwargs.get("group", args[2] if len(args) > 2 else None)

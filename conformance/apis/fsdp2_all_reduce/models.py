@@ -11,7 +11,7 @@ the same model without it. What every FSDP2 API's models share is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Tuple
+from typing import TYPE_CHECKING, Callable, Tuple
 
 from conformance.apis.fsdp2_all_reduce.arithmetic import AllReduceHookArithmetic
 from conformance.apis.fsdp2_all_reduce.standalone import SETUP
@@ -22,6 +22,8 @@ from conformance.apis.fsdp2_common.registration_rules import registration_check
 from conformance.ranks.checks.models import Recorder
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from conformance.ranks.checks.groups import CheckContext
     from conformance.spec import HookSpec
 
@@ -52,5 +54,5 @@ class AllReduceHookModels(Fsdp2Models):
         self.arithmetic = AllReduceHookArithmetic(ws, None, divisors=divisors,
                                                   native_name="replicate" if self.shape is None else "native HSDP")
 
-    def recorder(self, hook: Any) -> Recorder:
+    def recorder(self, hook: Callable[[torch.Tensor], object]) -> Recorder:
         return HookRecorder(hook, self.ctx.rank, self.mesh_shape)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch import nn
@@ -130,7 +130,7 @@ class Fsdp2Models(ApiModels):
     def full_params(self, model: nn.Module) -> Dict[str, torch.Tensor]:
         return full_params(model)
 
-    def recorder(self, hook: Any) -> Recorder:
+    def recorder(self, hook: Callable[..., object]) -> Recorder:
         """The API's recorder around ``hook`` (the object ``setup.bind`` made), which FSDP2 is given."""
         raise NotImplementedError
 

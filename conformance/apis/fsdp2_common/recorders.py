@@ -8,7 +8,7 @@ for the checks and the diagnosis.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -30,7 +30,8 @@ class HookRecorder(Recorder):
     under ``replicate``), for the note on a gradient finding; ``group``: the process group the diagnosis
     recomputes each call over (``None``: the check's)."""
 
-    def __init__(self, hook: Any, rank: int, mesh_shape: Tuple[int, int], group: Optional[ProcessGroup] = None):
+    def __init__(self, hook: Callable[[torch.Tensor], object], rank: int, mesh_shape: Tuple[int, int],
+                 group: Optional[ProcessGroup] = None):
         self.hook = hook
         self.rank = rank
         self.mesh_shape = mesh_shape
@@ -75,7 +76,8 @@ class HookRecorder(Recorder):
         return []
 
 
-def allocation_problem(out: Any, size: Any, dtype: torch.dtype, device: Any) -> Optional[Dict[str, Any]]:
+def allocation_problem(out: object, size: Sequence[Union[int, torch.SymInt]], dtype: torch.dtype,
+                       device: torch.device) -> Optional[Dict[str, Any]]:
     """What is wrong with the tensor a comm's ``allocate(size, *, dtype, device)`` returned (FSDP2's
     ``ReduceScatter`` and ``AllGather`` comm protocols: FSDP2 reads and writes the buffer as asked), as
     ``{"size", "dtype", "got"}``; ``None`` where it has exactly that shape, dtype and device type."""

@@ -85,8 +85,9 @@ def module_place(fqn: str) -> str:
     return f"{fqn!r}" if fqn else "'' (the root)"
 
 
-# group: Any, as FSDP2's FSDPParamGroup is private to torch (its module has moved between versions).
-def _group_params(module: nn.Module, fqn: str, group: Any) -> str:
+# group: object, as FSDP2's FSDPParamGroup is private to torch (its module has moved between versions); read with
+# getattr alone.
+def _group_params(module: nn.Module, fqn: str, group: object) -> str:
     """The FQNs of a parameter group's parameters, and its shard group's size."""
     mine = {id(p): name for name, p in module.named_parameters()}
     names = [mine.get(id(getattr(fp, "sharded_param", None)), "?") for fp in getattr(group, "fsdp_params", ())]
@@ -108,7 +109,7 @@ def refusal_message(fqn: str, module: nn.Module, setter: str, exc: BaseException
             "them, so that every FSDP module has one parameter group; then call the setter on every FSDP module")
 
 
-def register_on_every_module(model: nn.Module, setter: str, hook: Any) -> int:
+def register_on_every_module(model: nn.Module, setter: str, hook: object) -> int:
     """``FSDPModule.<setter>(hook)`` on every FSDP module of ``model``: the suite's registration of a comm or hook
     (the setters set the module's own parameter groups only, they do not recurse). Returns the number of FSDP
     modules.

@@ -98,12 +98,12 @@ def _expect_value_error(ctx: CheckContext, fn: Callable[[], Any], pattern: str, 
     return [_torch_rule_broken(ctx, f"{what} {got}; torch 2.13 raises ValueError matching {pattern!r}. {why}")]
 
 
-def _native(value: Any) -> bool:
+def _native(value: object) -> bool:
     """Whether a parameter group's comm or hook is FSDP2's own: ``None``, or an object of torch's FSDP classes."""
     return value is None or type(value).__module__.startswith("torch.distributed.fsdp")
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     """``None``, or the object's class and module (no address: the text is the same on every rank and run)."""
     return "None" if value is None else f"a {type(value).__qualname__} (from {type(value).__module__})"
 
@@ -139,7 +139,7 @@ def _unset(ctx: CheckContext, setter: Setter, model: nn.Module) -> List[Finding]
     return out
 
 
-def _reaches(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], hook: Any) -> List[Finding]:
+def _reaches(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], hook: object) -> List[Finding]:
     out = []
     model = build()
     modules = fsdp_modules_by_fqn(model)
@@ -177,7 +177,7 @@ def _reaches(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], 
     return out
 
 
-def _several_groups(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], hook: Any) -> List[Finding]:
+def _several_groups(ctx: CheckContext, setter: Setter, build: Callable[[], nn.Module], hook: object) -> List[Finding]:
     model = build()
     several = dict(fsdp_modules_by_fqn(model))[SEVERAL_GROUPS_FQN]
     count = len(param_groups(several))
@@ -227,7 +227,7 @@ def _a_stream(ctx: CheckContext) -> Any:
         return object()
 
 
-def check_rule(ctx: CheckContext, spec: HookSpec, setter: Setter, mesh: DeviceMesh, hook: Any,
+def check_rule(ctx: CheckContext, spec: HookSpec, setter: Setter, mesh: DeviceMesh, hook: object,
                rule: str) -> List[Finding]:
     """One registration rule (:data:`~conformance.apis.fsdp2_common.plan.REGISTRATION_RULES`, or
     :data:`~conformance.apis.fsdp2_common.plan.HSDP_STREAM_RULE` on a 2-D mesh) of ``setter`` with ``hook`` (the object

@@ -14,7 +14,7 @@ alike on the shard dimension), then full tensors.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Callable
 
 from conformance.apis.fsdp2_common.models import Fsdp2Models
 from conformance.apis.fsdp2_common.registration import ALL_REDUCE_HOOK
@@ -25,6 +25,8 @@ from conformance.apis.fsdp2_replica.standalone import SETUP
 from conformance.ranks.checks.models import Recorder
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from conformance.ranks.checks.groups import CheckContext
     from conformance.spec import HookSpec
 
@@ -61,5 +63,5 @@ class ReplicaModels(Fsdp2Models):
         self.replica_group = self.mesh.get_group("replicate")
         self.arithmetic = ReplicaArithmetic(self.shape[0], spec.reduce_dtype)
 
-    def recorder(self, hook: Any) -> Recorder:
+    def recorder(self, hook: Callable[[torch.Tensor], object]) -> Recorder:
         return ReplicaRecorder(hook, self.ctx.rank, self.replica_group, self.shape)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Tuple
+from typing import TYPE_CHECKING, Callable, Tuple
 
 from conformance.apis.fsdp2_common.recorders import HookRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
     from torch.distributed import ProcessGroup
 
 __all__ = ["ReplicaRecorder"]
@@ -25,7 +26,8 @@ class ReplicaRecorder(HookRecorder):
         mesh_shape: ``(replicas, shards)``, for the note on a gradient finding.
     """
 
-    def __init__(self, hook: Any, rank: int, replica_group: ProcessGroup, mesh_shape: Tuple[int, int]):
+    def __init__(self, hook: Callable[[torch.Tensor], object], rank: int, replica_group: ProcessGroup,
+                 mesh_shape: Tuple[int, int]):
         super().__init__(hook, rank, mesh_shape, group=replica_group)
 
     def context(self, step: int) -> str:

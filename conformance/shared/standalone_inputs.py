@@ -35,7 +35,8 @@ class SeededInputs(tuple):
         return out
 
 
-def regression_inputs(model: Any, rank: int, world_size: int, step: int, micro_steps: int,
+def regression_inputs(model: Any,  # Any: a ReferenceModel class (models/base.py)
+                      rank: int, world_size: int, step: int, micro_steps: int,
                       device: torch.device) -> List[Tuple[torch.Tensor, ...]]:
     """This rank's inputs of ``step`` of a long run, one tuple per micro-batch: ``model.make_input`` with a seed
     of its own per rank, micro-batch and step (rank-dependent and distinct, as every check's inputs)."""
@@ -46,7 +47,7 @@ def regression_inputs(model: Any, rank: int, world_size: int, step: int, micro_s
     return out
 
 
-def regression_loss(inputs: Any, output: torch.Tensor) -> torch.Tensor:
+def regression_loss(inputs: SeededInputs, output: torch.Tensor) -> torch.Tensor:
     """``mean((output - target) ** 2)``, the target uniform in [-1, 1) of ``output``'s shape from a CPU
     generator seeded by the micro-batch (:class:`SeededInputs`)."""
     gen = torch.Generator().manual_seed(1_000_003 + int(inputs.seed))
@@ -78,14 +79,16 @@ def placed_tensor(placed: Dict[str, Any], device: torch.device) -> torch.Tensor:
     return out.reshape(tuple(placed["shape"])).to(device)
 
 
-def model_inputs(ranks: Any, step: int) -> List[Tuple[torch.Tensor, ...]]:
+def model_inputs(ranks: Any,  # Any: the loop's Ranks namedtuple (standalone_main.py)
+                 step: int) -> List[Tuple[torch.Tensor, ...]]:
     """This rank's inputs of ``step``, one tuple per micro-batch: ``MODEL.make_input(rank + k * world_size, ...)``
     (the same every step)."""
     return [MODEL.make_input(ranks.rank + k * ranks.world_size, ranks.world_size, ranks.device)
             for k in range(CASE["micro_steps"])]
 
 
-def recorded_inputs(ranks: Any, step: int) -> List[Tuple[torch.Tensor, ...]]:
+def recorded_inputs(ranks: Any,  # Any: the loop's Ranks namedtuple (standalone_main.py)
+                    step: int) -> List[Tuple[torch.Tensor, ...]]:
     """This rank's inputs of ``step`` of a hard-input case: the recorded gradients ``CASE["inputs"][step][rank]``
     (float32 hex, or a large input's description: :func:`placed_tensor`), one micro-batch."""
     values = CASE["inputs"][step][ranks.rank]
@@ -94,7 +97,8 @@ def recorded_inputs(ranks: Any, step: int) -> List[Tuple[torch.Tensor, ...]]:
                   for vs, shape in zip(values, MODEL.input_shapes()))]
 
 
-def regression_step_inputs(ranks: Any, step: int) -> List[Tuple[torch.Tensor, ...]]:
+def regression_step_inputs(ranks: Any,  # Any: the loop's Ranks namedtuple (standalone_main.py)
+                           step: int) -> List[Tuple[torch.Tensor, ...]]:
     """This rank's inputs of ``step`` of a long run (:func:`regression_inputs`)."""
     return regression_inputs(MODEL, ranks.rank, ranks.world_size, step, CASE["micro_steps"], ranks.device)
 

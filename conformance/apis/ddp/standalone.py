@@ -77,7 +77,8 @@ def micro_steps(variant: Dict[str, Any], asked: int) -> int:
     return NO_SYNC_MICRO_STEPS if variant.get("config") == "no_sync" else asked
 
 
-def wrap_ddp(module: nn.Module, group: Any, device: torch.device, config: str, *, batched: bool = False) -> nn.Module:
+def wrap_ddp(module: nn.Module, group: Optional[torch.distributed.ProcessGroup], device: torch.device, config: str, *,
+             batched: bool = False) -> nn.Module:
     """``DistributedDataParallel(module)`` in ``group`` under ``config`` (:data:`ALL_CONFIGS`), with
     ``batched_grad_copy=True`` besides where ``batched``; for :data:`COMPILED_CONFIG`, constructed under
     ``torch._dynamo.config.patch(optimize_ddp="python_reducer")``, which DDP reads in its constructor
@@ -112,7 +113,7 @@ def in_param_dtype(module: nn.Module, dtype: Optional[torch.dtype]) -> nn.Module
     return module
 
 
-def _identity_state(process_group: Any) -> Any:
+def _identity_state(process_group: Optional[torch.distributed.ProcessGroup]) -> Any:
     return process_group
 
 
@@ -198,14 +199,14 @@ def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
     return {"DDP_KWARGS": options, "REFERENCE": reference(case)}
 
 
-def subgroup(ranks: Any) -> Any:
+def subgroup(ranks: Any) -> Any:  # Any: the loop's Ranks namedtuple (standalone_main.py)
     """The ``subgroup`` config trains in this rank's data-parallel subgroup (:func:`data_parallel_groups`)."""
     if CASE["variant"]["config"] == "subgroup":
         return on_data_parallel_subgroup(ranks)
     return ranks
 
 
-def build(ranks: Any, hooked: bool) -> nn.Module:
+def build(ranks: Any, hooked: bool) -> nn.Module:  # Any: the loop's Ranks namedtuple (standalone_main.py)
     """The case's DDP model (``DDP_KWARGS``): with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; else
     native's reference (the claim's reference hook, for a reduce dtype other than the parameters')."""
     module = MODEL.plain(group=ranks.group, device=ranks.device)

@@ -73,7 +73,7 @@ def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
     return {"REFERENCE": reference(case)}
 
 
-def subgroup(ranks: Any) -> Any:
+def subgroup(ranks: Any) -> Any:  # Any: the loop's Ranks namedtuple (standalone_main.py)
     """A ``subgroup`` case trains in this rank's data-parallel subgroup."""
     if CASE["variant"].get("subgroup"):
         return on_data_parallel_subgroup(ranks)
@@ -93,7 +93,7 @@ def case_mixed_precision(hooked: bool) -> Optional[MixedPrecision]:
     return None
 
 
-def build(ranks: Any, hooked: bool) -> nn.Module:
+def build(ranks: Any, hooked: bool) -> nn.Module:  # Any: the loop's Ranks namedtuple (standalone_main.py)
     """The case's FSDP model under its strategy: with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; the
     native copy under the claim's ``MixedPrecision(reduce_dtype=...)``, the hooked one without it (the hook
     reduces); both under the low-precision-gradients setting where the case has it."""

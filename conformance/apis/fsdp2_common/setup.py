@@ -171,7 +171,8 @@ class Fsdp2Setup:
     configs: Mapping[str, Fsdp2Config]
     comm_kind: Optional[str] = None
 
-    def bound(self, hook: Any, state: Any, name: str, mesh: Any) -> Any:
+    def bound(self, hook: object, state: object, name: str,
+              mesh: Optional[torch.distributed.device_mesh.DeviceMesh]) -> Any:
         """What the setter gets for the spec's ``hook`` (:attr:`bind`), on the suite's side: where a comm's factory
         made it, checked to be a comm of :attr:`comm_kind`.
 
@@ -221,17 +222,18 @@ def setup_constants(setup: Fsdp2Setup, case: Dict[str, Any]) -> Dict[str, Any]:
     return {"SETUP": with_config(setup, config), "REFERENCE": setup.reference(config, case["world_size"], claim)}
 
 
-def bind_comm(hook: Any, state: Any, name: str, mesh: Any) -> Any:
+def bind_comm(hook: Any, state: object, name: str, mesh: object) -> Any:  # Any: the spec's comm, or its class
     """A custom comm, one for every module: the spec's object, or what its zero-argument factory (a comm class)
     makes (:meth:`Fsdp2Setup.bound` checks that it made a comm)."""
     return hook if not isinstance(hook, type) and callable(getattr(hook, "allocate", None)) else hook()
 
 
-def bind_hook(hook: Any, state: Any, name: str, mesh: Any) -> Any:
+def bind_hook(hook: object, state: object, name: str, mesh: object) -> Any:
     """A hook FSDP2 calls as ``hook(tensor)``: the spec's hook itself."""
     return hook
 
 
-def bind_to_replicas(hook: Any, state: Any, name: str, mesh: Any) -> Any:
+def bind_to_replicas(hook: Callable[..., object], state: Callable[[torch.distributed.ProcessGroup], object], name: str,
+                     mesh: torch.distributed.device_mesh.DeviceMesh) -> Any:
     """A replica all-reduce hook: ``hook(state, tensor)`` with ``state = STATE(the mesh's "replicate" group)``."""
     return functools.partial(hook, state(mesh.get_group("replicate")))

@@ -212,3 +212,22 @@ def test_an_fsdp2_comm_meant_for_accumulation_alone_is_checked_in_the_accumulati
     assert all(why for cid, why in summed.items() if "-sum_no_divide-" not in cid)
     assert all("gradient accumulation only" in why or "PREMUL_SUM" in why for why in _fsdp2(
         "test_fsdp2_parity", native_modes=("sum_no_divide", "accumulation")).values())
+
+
+@pytest.mark.parametrize("reduce_dtype, param_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+                                                       (torch.float64, torch.float32), (torch.float32, torch.bfloat16)])
+def test_every_ddp_reference_hook_passes_ddps_own_registration_check(reduce_dtype, param_dtype):
+    """The hook DDP's native is given for a reduce-dtype claim (``reference_hook``) passes the check
+    ``DistributedDataParallel.register_comm_hook`` makes: no annotation but ``dist.GradBucket`` and
+    ``Future[Tensor]`` objects, and a ``__name__``. The cast-allreduce one (float32 and float64 claims, which
+    PyTorch has no wrapper for) once failed both: annotated, and nameless."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from conformance.apis.ddp.standalone import reference_hook
+
+    class Refusing:  # what _check_comm_hook uses of the DDP instance
+        def _log_and_throw(self, err_type, err_msg):
+            raise err_type(err_msg)
+
+    _, hook = reference_hook(reduce_dtype, param_dtype)
+    DistributedDataParallel._check_comm_hook(Refusing(), hook)

@@ -126,9 +126,10 @@ class _CastAllreduce:
 
     def __init__(self, dtype: torch.dtype):
         self.dtype = dtype
-        self.__qualname__ = f"cast_allreduce_{str(dtype).rsplit('.', 1)[-1]}"
+        # DDP's register_comm_hook reads the hook's __name__ (_check_comm_hook) and __qualname__ (its logger)
+        self.__name__ = self.__qualname__ = f"cast_allreduce_{str(dtype).rsplit('.', 1)[-1]}"
 
-    def __call__(self, state: Any, bucket: Any) -> Any:
+    def __call__(self, state, bucket):  # unannotated: DDP checks any annotation against GradBucket/Future
         out = bucket.buffer()
         bucket.set_buffer(out.to(self.dtype))
         fut = default_hooks.allreduce_hook(state, bucket)

@@ -49,6 +49,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_fsdp2_setup": ("unit",),
     "test_gather_outcomes": ("unit",),
     "test_layers": ("unit",),
+    "test_typed_parameters": ("unit",),
     "test_module_sizes": ("unit",),
     "test_bench_sample": ("unit",),
     "test_bookkeeper": ("unit",),

@@ -14,7 +14,7 @@ One invocation, one machine, the same cases both ways:
   the ``conform`` fixture's ``Runner`` and its rank pools (started before the
   first case, ranks forked from the zygote). One warm-up pass, then
   ``--repeat`` (3) timed passes. A case's pool time is the wall time of its test
-  call (``Runner.check`` end to end: dispatch, every rank's check, the verdict),
+  call (``Runner.run_case`` end to end: dispatch, every rank's check, the verdict),
   its median over the timed passes.
 * **spawn-per-case**: what PyTorch's ``MultiProcessTestCase`` does for every
   test. Right after a case's last pool pass,

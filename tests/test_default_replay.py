@@ -16,7 +16,7 @@ import torch
 from packaging.version import Version
 
 from conformance.controller import default_replay
-from conformance.controller.case_kinds import CasePlan
+from conformance.controller.across_ranks import findings_of
 from conformance.apis.registry import HOOK_APIS
 from conformance.shared.compare import compare_bitwise
 from conformance.protocol import REFERENCE_DIGEST, CaseResult, CheckResult, Finding, RankOutcome
@@ -163,7 +163,8 @@ def torch_2_13(monkeypatch):
 
 
 def check(pool, hook="mine", target="pkg.mod:SPEC", rank_check="fsdp.clip_grad_norm", xfail=False):
-    """One FULL_SHARD clip case of ``hook`` through ``Runner.check`` on ``pool`` (a plain plan)."""
+    """One FULL_SHARD clip case of ``hook`` through ``Runner.run`` on ``pool``, as ``Runner.run_case`` runs a plain
+    plan (``rank_check`` may name another check, to see what the runner does with it)."""
     settings = resolve(lambda dest: [] if dest in ("conform_hooks", "conform_known_failures") else None,
                        env={}, gpu_count=0)
     spec = HookSpec(name=hook, api="fsdp", hook=lambda state, grad, output=None: None, state=lambda pg: pg)
@@ -173,8 +174,9 @@ def check(pool, hook="mine", target="pkg.mod:SPEC", rank_check="fsdp.clip_grad_n
     runner.serving = hook
     case = HOOK_APIS["fsdp"].suite_test("clip_grad_norm").case(hook, "FULL_SHARD", 2, model="nested_wrapped")
     request = Request(f"test_clip_grad_norm[{case.id}]", xfail)
-    runner.check(request, case, CasePlan("plain", "clip_grad_norm", rank_check,
-                                         {"strategy": "FULL_SHARD", "model": "nested_wrapped"}))
+    runner.run(request.node.name, check=rank_check, hook=hook, world_size=2,
+               params={"strategy": "FULL_SHARD", "model": "nested_wrapped"}, describe=case.describe("clip_grad_norm"),
+               known_failure=xfail, judge=lambda result: findings_of(result, across_ranks=False))
 
 
 def test_a_difference_the_default_hook_shows_too_is_a_skip_naming_it_and_the_torch_version(torch_2_13):

@@ -7,6 +7,7 @@ outcomes lead to which verdict, without starting a process.
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import List
 
 import pytest
@@ -25,6 +26,8 @@ WRITEBACK = ("Traceback (most recent call last):\n  File \"_flat_param.py\", lin
 
 class ScriptedPool:
     """Answers each run with the next scripted list of rank outcomes, and records the cases."""
+
+    config = types.SimpleNamespace(world_size=2)  # all of PoolConfig the runner reads, where a pool cannot start
 
     def __init__(self, script: List[List[RankOutcome]]):
         self.script = list(script)

@@ -56,9 +56,7 @@ class CasePlan:
         check: the suite's check name (``case.check``), for the case's JUnit properties and failure header.
         rank_check: the rank check's registered name (``"ddp.parity"``).
         params: keyword arguments for the rank check: the case's own, then the suite test's at the run's depth.
-        across_ranks: a case without findings compares each rank's per-step gradients with rank 0's.
         exact: an exactness check (:attr:`~conformance.controller.attribution.CaseFacts.claims_exactness`).
-        hard_inputs: run as hard-input examples (:func:`conformance.controller.hard_inputs.check_case`).
         note: ``note(result, findings)`` closes the failure text (run on success too, with no findings).
     """
 
@@ -66,10 +64,18 @@ class CasePlan:
     check: str
     rank_check: str
     params: Dict[str, Any]
-    across_ranks: bool = False
     exact: bool = False
-    hard_inputs: bool = False
     note: Optional[Callable[[CaseResult, List[Finding]], str]] = None
+
+    @property
+    def across_ranks(self) -> bool:
+        """A case without findings compares each rank's per-step gradients with rank 0's."""
+        return self.kind == "across_ranks"
+
+    @property
+    def hard_inputs(self) -> bool:
+        """Run as hard-input examples (:func:`conformance.controller.hard_inputs.check_case`)."""
+        return self.kind == "hard_inputs"
 
 
 class CaseKinds:
@@ -106,10 +112,10 @@ class CaseKinds:
         return CasePlan("plain", case.check, test.rank_check_name, params)
 
     def across_ranks(self, case: CaseParams, test: SuiteTest, params: Dict[str, Any]) -> CasePlan:
-        return CasePlan("across_ranks", case.check, test.rank_check_name, params, across_ranks=True)
+        return CasePlan("across_ranks", case.check, test.rank_check_name, params)
 
     def hard_inputs(self, case: CaseParams, test: SuiteTest, params: Dict[str, Any]) -> CasePlan:
-        return CasePlan("hard_inputs", case.check, test.rank_check_name, params, hard_inputs=True)
+        return CasePlan("hard_inputs", case.check, test.rank_check_name, params)
 
     def switches(self, case: CaseParams, test: SuiteTest, params: Dict[str, Any]) -> CasePlan:
         """A combined case (:mod:`conformance.apis.switches`): one whose spec names its switches always runs;

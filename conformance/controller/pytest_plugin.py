@@ -292,17 +292,22 @@ class _CaseReports:
         if call.excinfo is None:
             return None
         exc = call.excinfo.value
+        if isinstance(exc, NotRun):
+            item.user_properties.append(("not_run", exc.reason))
+            return None
         if isinstance(exc, ConformanceFailure):
             kinds = {f.kind for f in exc.findings}
             item.user_properties.extend(("leak", label) for kind, label in LEAK_LABELS.items() if kind in kinds)
             if kinds and kinds <= set(LEAK_LABELS) and not exc.rank_problems:
                 item.user_properties.append(("failed_check", "; ".join(LEAK_LABELS[k] for k in sorted(kinds))))
-        elif isinstance(exc, NotRun):
-            item.user_properties.append(("not_run", exc.reason))
-            return None
-        not_run = isinstance(exc, pytest.xfail.Exception) and item.get_closest_marker("conformance") is not None
-        if not (isinstance(exc, ConformanceFailure) or not_run):
-            return None
+            return self._message_only(item, call, exc)
+        if isinstance(exc, pytest.xfail.Exception) and item.get_closest_marker("conformance") is not None:
+            return self._message_only(item, call, exc)  # a known failure that is not run
+        return None  # a bug in the suite: pytest's traceback
+
+    @staticmethod
+    def _message_only(item: pytest.Item, call: pytest.CallInfo, exc: BaseException) -> pytest.TestReport:
+        """The report pytest would build, its ``longrepr`` the exception's message alone."""
         return pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed",
                                  str(exc), call.when, sections=list(item._report_sections),
                                  duration=call.duration, start=call.start, stop=call.stop,

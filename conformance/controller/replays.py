@@ -18,7 +18,7 @@ here. ``tests/test_reference_replay.py`` holds every name of :data:`REFERENCE_RE
 
 Who is to blame for a case is decided by :func:`conformance.controller.attribution.attribute`, a pure function of
 the case's runs; this module runs what it asks for, on the runner's pools
-(:meth:`~conformance.controller.runner.Runner.run_replay`):
+(:meth:`~conformance.controller.runner.Runner.run_on`):
 
 * :func:`case_facts`: what the attribution needs of a case beside its runs (PyTorch's own default hook for it,
   the torch version, whether the check replays its reference or the default hook);
@@ -86,11 +86,9 @@ class ReplayRunner(Protocol):
     def pool(self, world_size: int, hook: Optional[str] = None) -> Pool:
         """The pool of ``world_size`` ranks for ``hook``'s cases (``None``: ranks that load no hook)."""
 
-    def run_on(self, pool: Pool, case: Case, hook: Optional[str], world_size: int) -> CaseResult:
-        """The case's own run on ``pool``, counted; raises ``NotRun`` where the pool cannot start."""
-
-    def run_replay(self, pool: Pool, replay: Case) -> CaseResult:
-        """A replay on ``pool``: another hook, or the reference alone."""
+    def run_on(self, pool: Pool, case: Case, *, own: bool = True) -> CaseResult:
+        """``case`` on ``pool``: the case's own run (``own``; raises ``NotRun`` where the pool cannot start), or a
+        replay (another hook, or the reference alone; raises ``PoolStartError`` there)."""
 
 
 #: How the re-run after a dead rank went (:attr:`CrashRerun.second_run`).
@@ -164,9 +162,9 @@ def _run_default_hook(runner: ReplayRunner, api: HookApi, name: str, check: str,
     """Run ``check`` with PyTorch's default hook ``name`` in ranks of its own (serving no hook under test), as
     every hook's cases run; its spec is loaded there on first use. The hook's next case gets its own ranks
     again."""
-    return runner.run_replay(runner.pool(world_size, hook=None), Case(
+    return runner.run_on(runner.pool(world_size, hook=None), Case(
         check=check, hook=HookRef(target=api.builtin_hooks, name=name), params=params, case_id=case_id,
-        nodes=nodes))
+        nodes=nodes), own=False)
 
 
 def case_facts(runner: ReplayRunner, case: Case, world_size: int, described: Dict[str, Any],
@@ -197,7 +195,8 @@ def replay(runner: ReplayRunner, asked: Replay, case: Case, world_size: int, poo
         return _rerun(runner, pool, case, world_size, judge, first)
     try:
         if asked in (Replay.REFERENCE, Replay.REFERENCE_AGAIN):
-            result = runner.run_replay(pool, dataclasses.replace(case, params={**case.params, "reference_only": True}))
+            reference_only = dataclasses.replace(case, params={**case.params, "reference_only": True})
+            result = runner.run_on(pool, reference_only, own=False)
             return Run(asked, result)
         if asked is not Replay.DEFAULT_HOOK:
             raise ValueError(f"not a replay of this module: {asked}")
@@ -219,7 +218,7 @@ def _rerun(runner: ReplayRunner, pool: Pool, case: Case, world_size: int, judge:
     __tracebackhide__ = True
     hook = case.hook.name if case.hook is not None else None
     try:
-        result = runner.run_on(pool, case, hook, world_size)
+        result = runner.run_on(pool, case)
     except NotRun:  # no fresh ranks (torchrun's restarts spent, say): no evidence, the first run stands
         why = (runner.not_run.get((hook, world_size)) or "").strip().splitlines()
         run, second = Run(Replay.CRASH_RERUN, None, not_started=why[0] if why else ""), RERUN_NOT_STARTED

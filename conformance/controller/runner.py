@@ -28,7 +28,7 @@ the command that re-runs just that case.
    its process group.
 3. Dispatch (controller). A test calls :meth:`Runner.run_case`, which plans the case by its suite test's
    kind (:class:`~conformance.controller.case_kinds.CaseKinds`, a :class:`~conformance.controller.case_kinds.CasePlan`)
-   and runs the plan through :meth:`Runner.check` (:meth:`Runner.run`), which wraps the
+   and runs the plan through :meth:`Runner.run`, which wraps the
    case as a picklable :class:`~conformance.protocol.Case` (check name, a
    ``HookRef`` to re-load the spec, parameters) and sends it to every rank.
 4. The check (every rank). The worker looks the check up in
@@ -59,7 +59,7 @@ import pytest
 
 from conformance.controller import failures
 from conformance.controller.across_ranks import findings_of
-from conformance.controller.case_kinds import CaseKinds, CasePlan
+from conformance.controller.case_kinds import CaseKinds
 from conformance.controller.attribution import Attribution, Blame, Replay, Run, attribute, case_run
 from conformance.controller.failures import ConformanceFailure, NotRun, pool_not_run
 from conformance.controller.hard_inputs import check_case
@@ -262,7 +262,7 @@ class Runner:
         if judge is None:
             judge = lambda r: [f for o in r.outcomes for f in o.value.findings] + r.leak_findings()  # noqa: E731
         pool = self._pool_or_not_run(world_size, hook)
-        first = self.run_on(pool, case, hook, world_size)
+        first = self.run_on(pool, case)
         if hook is not None:
             self.hook_code.add(hook, first.outcomes, self.settings.placement(world_size)[0])
         runs = [Run(Replay.NONE, first, tuple(judge(first)) if first.all_ok else ())]
@@ -313,18 +313,31 @@ class Runner:
         self.fail_findings(case.case_id, hook, describe, world_size, found, note=text)
         return result
 
-    def run_on(self, pool: Pool, case: Case, hook: Optional[str], world_size: int) -> CaseResult:
-        """``pool.run(case)``, counted; a pool that cannot start makes the case :class:`NotRun`, a spec that
-        cannot load ends the session (:meth:`usage_error`)."""
+    def run_on(self, pool: Pool, case: Case, *, own: bool = True) -> CaseResult:
+        """``pool.run(case)``: every run of a case passes here, its first, a replay (another hook, or the reference
+        alone) and a re-run in fresh ranks. A rebuilt pool counts in :attr:`restarts`; a spec that cannot load
+        ends the session (:meth:`usage_error`).
+
+        ``own``: the case's own run (its first, or its re-run), timed in :attr:`timings`; where its pool cannot
+        start, the case is :class:`NotRun` (and every later case of that hook and world size, at once). A replay
+        (``own=False``) lets :class:`PoolStartError` through: :func:`~conformance.controller.replays.replay` says
+        it could not start, with no evidence either way.
+        """
         __tracebackhide__ = True
+        hook = case.hook.name if case.hook is not None else None
         try:
-            result = self.run_replay(pool, case)
+            result = pool.run(case)
         except SpecLoadError as exc:
             self.usage_error(exc)
         except PoolStartError as exc:
-            self.not_run[(hook, world_size)] = str(exc)
-            raise self._not_run(hook, world_size) from None
-        self.timings.append((result.wall_s, result.max_compute_s))
+            if not own:
+                raise
+            self.not_run[(hook, pool.config.world_size)] = str(exc)
+            raise self._not_run(hook, pool.config.world_size) from None
+        if result.pool_rebuilt:
+            self.restarts += 1
+        if own:
+            self.timings.append((result.wall_s, result.max_compute_s))
         return result
 
     def _pool_or_not_run(self, world_size: int, hook: Optional[str]) -> Pool:
@@ -348,9 +361,16 @@ class Runner:
     def run_case(self, request: pytest.FixtureRequest, case: CaseParams) -> None:
         """Run one suite case end to end: what every suite test function calls.
 
-        Plans it by its suite test's kind (:class:`~conformance.controller.case_kinds.CaseKinds`), gives the
-        test its case's JUnit properties (``case.junit_properties(check)``), then runs the plan
-        (:meth:`check`; a hard-input case through :func:`~conformance.controller.hard_inputs.check_case`).
+        Plans it by its suite test's kind (:class:`~conformance.controller.case_kinds.CaseKinds`: a
+        :class:`~conformance.controller.case_kinds.CasePlan`), gives the test its case's JUnit properties
+        (:meth:`tag`), then runs the plan's rank check with its parameters on every rank of the case's pool
+        (:meth:`run`; a hard-input case through :func:`~conformance.controller.hard_inputs.check_case`), and fails
+        the case with every rank's findings. With ``plan.across_ranks``, a case without findings compares each
+        rank's per-step gradients (``CheckResult.grads``) with rank 0's
+        (:func:`~conformance.controller.across_ranks.findings_of`). ``plan.note(result, findings)`` closes the
+        failure text (it runs on success too, with no findings, and may add JUnit properties of figures).
+        ``plan.exact``: an exactness check, whose failure, for a hook that declares no lossy contract, may be a
+        lossy design not declared (:attr:`~conformance.controller.attribution.CaseFacts.claims_exactness`).
 
         Raises:
             ConformanceFailure: a rank raised, hung or died, or there are findings.
@@ -363,38 +383,15 @@ class Runner:
         plan = CaseKinds(self, request).plan(case)
         if plan.hard_inputs:
             check_case(self, request, case, plan.check, plan.rank_check, plan.params)
-        else:
-            self.check(request, case, plan)
-
-    def check(self, request: pytest.FixtureRequest, case: CaseParams, plan: CasePlan) -> CaseResult:
-        """Run ``plan``'s rank check with its parameters on every rank of the case's pool (:meth:`run`), and
-        fail the case with every rank's findings. With ``plan.across_ranks``, a case without findings compares
-        each rank's per-step gradients (``CheckResult.grads``) with rank 0's
-        (:func:`~conformance.controller.across_ranks.compare_across_ranks`). ``plan.note(result, findings)``
-        closes the failure text (it runs on success too, with no findings, and may add JUnit properties of
-        figures). ``plan.exact``: an exactness check, whose failure, for a hook that declares no lossy contract,
-        may be a lossy design not declared (:attr:`~conformance.controller.attribution.CaseFacts.claims_exactness`).
-
-        Raises:
-            ConformanceFailure: a rank raised, hung or died, or there are findings.
-        """
-        __tracebackhide__ = True
+            return
         describe = self.tag(request, case, plan.check)
         exact = plan.exact and case.hook is not None and self.specs[case.hook].spec.lossy is None
-        return self.run(request.node.name, check=plan.rank_check, hook=case.hook, world_size=case.world_size,
-                        params=plan.params, describe=describe, nodes=case.nodes,
-                        known_failure=request.node.get_closest_marker("xfail") is not None, claims_exactness=exact,
-                        judge=lambda result: findings_of(result, plan.across_ranks),
-                        finished=lambda result: note_reach(request, result, real_nodes=getattr(
-                            self.pools.get(case.world_size), "nodes", None)), note=plan.note)
-
-    def run_replay(self, pool: Pool, replay: Case) -> CaseResult:
-        """Run a replay of a failed case (another hook, or the reference alone) on ``pool``, counting a rebuilt
-        pool in :attr:`restarts` (every case runs through here, :meth:`run_on` too)."""
-        result = pool.run(replay)
-        if result.pool_rebuilt:
-            self.restarts += 1
-        return result
+        self.run(request.node.name, check=plan.rank_check, hook=case.hook, world_size=case.world_size,
+                 params=plan.params, describe=describe, nodes=case.nodes,
+                 known_failure=request.node.get_closest_marker("xfail") is not None, claims_exactness=exact,
+                 judge=lambda result: findings_of(result, plan.across_ranks),
+                 finished=lambda result: note_reach(request, result, real_nodes=getattr(
+                     self.pools.get(case.world_size), "nodes", None)), note=plan.note)
 
     def fail(self, test_name: str, hook: Optional[str], header: str, body: str,
              world_size: Optional[int] = None, findings: Sequence[Finding] = (), rank_problems: bool = False) -> None:

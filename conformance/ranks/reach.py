@@ -4,7 +4,7 @@ buffer it was handed (rank side, one meter per process).
 A verdict must say how far it reaches (steps, buffer sizes, node layouts), measured from what the hook
 actually saw, not from what a plan meant to run. Every API's recorder (the wrapper around the hook under
 test) reports to this module's meter: :func:`saw_step` when a training step of the hooked model starts
-(:meth:`conformance.ranks.checks.models.Recorder.run_step`) and :func:`saw_buffer` on every call with the
+(:meth:`conformance.ranks.checks.models.Recorder.begin_step`) and :func:`saw_buffer` on every call with the
 buffer the API handed the hook (DDP's ``GradBucket.buffer()``, FSDP1's flat gradient, an FSDP2 comm's
 ``input_tensor``, an all-reduce hook's tensor). The worker starts a fresh meter for each case
 (:func:`start`) and sends what it read (:func:`read`) with the case's outcome; the controller keeps the

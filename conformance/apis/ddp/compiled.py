@@ -186,9 +186,9 @@ def registration_refused(hook: Callable[..., object], exc: BaseException) -> str
 class CompiledHookRecorder(Recorder):
     """What the suite sees of a hook registered bare with compiled DDP: no call, only the gradients it leaves.
 
-    :meth:`run_step` turns the hook's exceptions about its calling convention
-    (:func:`convention_error`) and a registration DDP refused
-    (:func:`registration_refused`) into findings of kind ``"contract"``; others
+    :meth:`step_failed` turns the hook's exceptions about its calling convention
+    (:func:`convention_error`), and :meth:`begin_step` a registration DDP refused
+    (:func:`registration_refused`), into findings of kind ``"contract"``; others
     propagate. After each step it logs one :class:`HookCall` per parameter: the
     local gradient recomputed eagerly by ``plain`` (the reference model class,
     loaded with the hooked model's parameters before the optimizer step) and
@@ -217,18 +217,18 @@ class CompiledHookRecorder(Recorder):
         """DDP refused to register the hook (``register_comm_hook`` raised ``exc``)."""
         self.refused = registration_refused(self.hook, exc)
 
-    def run_step(self, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
-        self.step = step
-        reach.saw_step(step)
+    def begin_step(self, step: int) -> Optional[List[Finding]]:
+        super().begin_step(step)
         if self.refused is not None:
             return [Finding(self.ctx.rank, self.refused, step=step, kind=FindingKind.CONTRACT)]
-        try:
-            run()
-        except Exception as exc:  # noqa: BLE001 - re-raised unless it is about the calling convention
-            why = convention_error(exc)
-            if why is None:
-                raise
-            return [Finding(self.ctx.rank, why, step=step, kind=FindingKind.CONTRACT)]
+        return None
+
+    def step_failed(self, step: int, exc: Exception) -> Optional[List[Finding]]:
+        """A failure about the calling convention is a contract finding; any other propagates."""
+        why = convention_error(exc)
+        return None if why is None else [Finding(self.ctx.rank, why, step=step, kind=FindingKind.CONTRACT)]
+
+    def end_step(self, step: int) -> Optional[List[Finding]]:
         self._record(step)
         return None
 

@@ -16,7 +16,7 @@ import torch
 
 from conformance.apis.ddp.models import DdpModels, build_ddp
 from conformance.protocol import Finding, FindingKind
-from conformance.ranks.checks.common import sgd, train_step
+from conformance.ranks.checks.common import hooked_step, sgd, train_step
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
@@ -58,8 +58,8 @@ def future_contract(ctx: CheckContext, spec: HookSpec, *, config: str, model: st
     recorder = hooked.recorder
     optim = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
-        broken = recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim, models.inputs,
-                                                            models.loss_fn))
+        broken = hooked_step(recorder, step, train_step, ctx, "hooked", step, hooked.model, optim, models.inputs,
+                             models.loss_fn)
         if broken:
             return findings + broken
         findings += recorder.never_called(step)

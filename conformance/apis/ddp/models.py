@@ -29,7 +29,7 @@ no hook, ``param.grad / world_size`` then SUM).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 import torch
 from torch import nn
@@ -45,7 +45,7 @@ from conformance.apis.ddp.standalone import (ALL_CONFIGS, COMPILED_CONFIG, in_pa
                                              wrap_ddp)
 from conformance.models import get_model
 from conformance.ranks import hook_code
-from conformance.ranks.checks.common import model_no_sync, named_grads, named_params, train_step
+from conformance.ranks.checks.common import named_grads, named_params, train_step
 from conformance.shared.standalone_compare import fqn_inside_ddp
 from conformance.ranks.checks.groups import on_subgroup
 from conformance.ranks.checks.models import ApiModels, Built
@@ -166,13 +166,11 @@ class DdpModels(ApiModels):
             recorder.refuse(exc)
         return Built(model, recorder)
 
-    def train_step(self, ctx: CheckContext, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., torch.Tensor],
-                   no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
+    @property
+    def train_step(self) -> Callable[..., None]:
         """:func:`~conformance.ranks.checks.common.train_step`; under ``compiled_autograd``, compiled
         (:meth:`CompiledTraining.train_step <conformance.apis.ddp.compiled.CompiledTraining.train_step>`)."""
-        run = train_step if self.compiled is None else self.compiled.train_step
-        run(ctx, label, step, model, optim, inputs, loss_fn, no_sync=no_sync)
+        return train_step if self.compiled is None else self.compiled.train_step
 
     def local_grads(self, model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
         return ddp_grads(model)

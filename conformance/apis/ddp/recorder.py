@@ -7,7 +7,7 @@ the shape, dtype and device of ``bucket.buffer()``. DDP copies whatever it gets
 into the gradients, converting dtypes silently, and fails deep inside its
 reducer on a wrong shape or a value that is not a tensor. :class:`DDPHookRecorder`
 stands between DDP and the hook under test and writes a finding first; its
-:meth:`~DDPHookRecorder.run_step` turns DDP's later failure into that finding,
+:meth:`~DDPHookRecorder.step_failed` turns DDP's later failure into that finding,
 and :meth:`~DDPHookRecorder.findings` says when DDP never called the hook. The
 rank check ``ddp.future_contract`` (:mod:`conformance.apis.ddp.future`, the
 API's own) trains with the recorder and also registers the bare hook, as DDP's
@@ -82,7 +82,7 @@ class DDPHookRecorder(Recorder):
     check can report that instead of the reducer's error.
 
     Attributes:
-        step: the training step, set by :meth:`run_step` before each backward.
+        step: the training step, set by :meth:`begin_step` before each backward.
         calls: ``(step, bucket index)`` per hook call.
         violations: the first :data:`MAX_VIOLATIONS` contract violations by step, then bucket index: the
             futures' callbacks run as their collectives finish, in an order that changes from run to run,
@@ -127,27 +127,19 @@ class DDPHookRecorder(Recorder):
         """:meth:`never_called`, then the step's violations."""
         return self.never_called(step) + self.findings_so_far(step)
 
-    def run_step(self, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
-        """Run one training step of the hooked model; the contract findings if the hook broke DDP's contract
-        in a way that makes the step meaningless, else ``None``.
+    def step_failed(self, step: int, exc: Exception) -> Optional[List[Finding]]:
+        """A DDP failure after a recorded contract violation (a list, a wrong shape) is that violation plus one
+        line with DDP's own error; a failure with no violation recorded (the hook itself raised) propagates
+        unchanged (``None``)."""
+        if not self.violations:
+            return None
+        return list(self.violations) + [Finding(
+            self.rank, f"DDP then failed while using the hook's result: {_short_error(exc)}", step=step,
+            kind=FindingKind.CONTRACT)]
 
-        A DDP failure after a recorded contract violation (a list, a wrong shape)
-        becomes that violation plus one line with DDP's own error; a failure with
-        no violation recorded (the hook itself raised) propagates unchanged.
-        """
-        self.step = step
-        reach.saw_step(step)
-        try:
-            run()
-        except Exception as exc:  # noqa: BLE001
-            if not self.violations:
-                raise
-            return list(self.violations) + [Finding(
-                self.rank, f"DDP then failed while using the hook's result: {_short_error(exc)}", step=step,
-                kind=FindingKind.CONTRACT)]
-        if self.fatal:
-            return list(self.violations)
-        return None
+    def end_step(self, step: int) -> Optional[List[Finding]]:
+        """The contract findings where the hook broke DDP's contract so that the step means nothing."""
+        return list(self.violations) if self.fatal else None
 
     def _bucket_text(self, bucket: GradBucket, index: int) -> str:
         try:
@@ -235,16 +227,19 @@ class CppHookRecorder(Recorder):
         self.model = model
         self.log = CallLog()
 
-    def run_step(self, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
-        out = super().run_step(step, run)
+    def end_step(self, step: int) -> Optional[List[Finding]]:
+        self._saw_buckets()
+        return None
+
+    def _saw_buckets(self) -> None:
+        """The step's bucket sizes, from DDP's logging data, to the reach (a C++ hook's buffers are not seen)."""
         try:
             sizes = str(self.model._get_ddp_logging_data().get("bucket_sizes", ""))
         except Exception:  # noqa: BLE001 - a private API; the reach then says nothing of buffers
-            return out
+            return
         for size in filter(None, (s.strip() for s in sizes.split(","))):
             if size.isdigit():
                 reach.saw_bytes(int(size))
-        return out
 
     def context(self, step: int) -> str:
         return f"{self.hook.__name__}: {CPP_HOOK_NOTE}"

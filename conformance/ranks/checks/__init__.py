@@ -33,16 +33,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Dict
+from typing import Any, Callable, Dict
 
 from conformance.apis.registry import HOOK_APIS
 from conformance.catalogue import CATALOGUE
 from conformance.ranks.checks import clip, exact, long_run, lossy, probe  # noqa: F401  (each registers its checks)
 from conformance.ranks.checks.common import SHARED_CHECKS
-
-if TYPE_CHECKING:  # pragma: no cover
-    from conformance.ranks.checks.groups import CheckContext
-    from conformance.spec import HookSpec
 
 __all__ = ["get_rank_check", "register_every_check"]
 
@@ -53,20 +49,11 @@ def _resolve(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def _bind(api: str, name: str, run: Callable[..., Any], make: Callable[..., Any]) -> Callable[..., Any]:
-    """``run`` for ``api``: ``check(ctx, spec, **params)`` with the API's models class ``make``."""
-    def check(ctx: CheckContext, spec: HookSpec, **params: object) -> Any:
-        return run(ctx, spec, make, **params)
-
-    functools.update_wrapper(check, run)
-    check.__name__ = check.__qualname__ = f"{api}_{name}"
-    return check
-
-
 @functools.lru_cache(maxsize=None)
 def register_every_check() -> Dict[str, Callable[..., Any]]:
     """Every API's rank checks by name (``<api>.<name>``): the shared checks its suite tests run, bound to its
-    models class, and its own checks. Imports every API's rank-side modules the first time (the worker
+    models class (``check(ctx, spec, **params)`` calls ``run(ctx, spec, make=<models class>, **params)``), and its
+    own checks. Imports every API's rank-side modules the first time (the worker
     calls it before its first case, so that import is not inside a case).
 
     Raises:
@@ -83,7 +70,7 @@ def register_every_check() -> Dict[str, Callable[..., Any]]:
         for test in api.plans.values():
             name = test.rank_check
             if name in SHARED_CHECKS:
-                checks[test.rank_check_name] = _bind(api.name, name, SHARED_CHECKS[name], make)
+                checks[test.rank_check_name] = functools.partial(SHARED_CHECKS[name], make=make)  # no frame of its own
             elif name in api.checks:
                 checks[test.rank_check_name] = _resolve(api.checks[name])
             else:

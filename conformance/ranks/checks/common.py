@@ -25,6 +25,7 @@ from conformance.catalogue import CATALOGUE
 
 if TYPE_CHECKING:  # pragma: no cover
     from conformance.ranks.checks.groups import CheckContext
+    from conformance.ranks.checks.models import Recorder
 
 #: The rank functions of the shared checks, by catalogue name (:func:`shared_check`).
 SHARED_CHECKS: Dict[str, Callable[..., Any]] = {}
@@ -172,6 +173,34 @@ def train_step(ctx: CheckContext, label: str, step: int, model: nn.Module, optim
                 loss_fn(micro, model(*micro)).backward()
 
 
+def hooked_step(recorder: Recorder, step: int, train: Callable[..., None], *args: object, **kwargs: object
+                ) -> Optional[List[Finding]]:
+    """One training step of the hooked model, ``train(*args, **kwargs)`` (:func:`train_step`, or the API's), as
+    ``step``, its recorder told before and after (:meth:`~conformance.ranks.checks.models.Recorder.begin_step`,
+    ``step_failed``, ``end_step``). The step trains here, in the check's call, so nothing of the recorder's
+    stands between the check and the hook but its wrapper around the hook.
+
+    Returns:
+        the findings that end the check where the hook broke the API's contract so that the step means nothing
+        (DDP's future; a hook DDP refused), else ``None``.
+
+    Raises:
+        Exception: what the training step raised, where the recorder has no contract finding that explains it
+            (the hook's own error).
+    """
+    broken = recorder.begin_step(step)
+    if broken is not None:
+        return broken
+    try:
+        train(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - re-raised unless the recorder saw the hook break the contract first
+        broken = recorder.step_failed(step, exc)
+        if broken is None:
+            raise
+        return broken
+    return recorder.end_step(step)
+
+
 def train_alone(ctx: CheckContext, model: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
                 loss_fn: Callable[..., torch.Tensor], steps: int, train: Callable[..., None] = train_step,
                 no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync,
@@ -285,28 +314,24 @@ def averaging_findings(ctx: CheckContext, grads: Dict[str, Optional[torch.Tensor
 def grads_per_step(ctx: CheckContext, hooked: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Any],
                    loss_fn: Callable[..., torch.Tensor], steps: int, *,
                    named: Callable[[nn.Module], Dict[str, Optional[torch.Tensor]]],
-                   run_step: Callable[[int, Callable[[], None]], Optional[List[Finding]]],
+                   recorder: Recorder,
                    diagnose: Optional[Callable[[int], List[Finding]]] = None) -> CheckResult:
     """Train the hooked model alone and keep its gradients after every step, for a cross-rank comparison.
 
-    ``run_step(step, run)`` runs each step's ``run()`` as the hook's recorder
-    does (:meth:`conformance.ranks.checks.models.Recorder.run_step`).
+    Each step trains under the hook's ``recorder`` (:func:`hooked_step`).
     ``diagnose(step)`` (collective): the diagnosis of a step after which the
     ranks' gradients differ (:func:`differs_across_ranks`); the training stops
     there, since the controller reports the first such step.
 
     Returns:
         a :class:`CheckResult` whose ``grads`` are ``{fqn: CPU tensor or None}``
-        per step, and whose findings are what ``run_step`` reported when the
+        per step, and whose findings are what the recorder reported when the
         hook broke the API's contract, which ends the training early, or the
         diagnosis of the first step whose gradients differ across ranks.
     """
     per_step: List[Dict[str, Optional[torch.Tensor]]] = []
     for step in range(steps):
-        def run() -> None:
-            train_step(ctx, "hooked", step, hooked, optim, inputs, loss_fn)
-
-        broken = run_step(step, run)
+        broken = hooked_step(recorder, step, train_step, ctx, "hooked", step, hooked, optim, inputs, loss_fn)
         if broken:
             return CheckResult(findings=broken, grads=per_step)
         grads = named(hooked)

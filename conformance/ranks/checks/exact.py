@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, List
 import torch
 
 from conformance.protocol import CheckResult, Finding
-from conformance.ranks.checks.common import (averaging_findings, grads_per_step, sgd, shared_check, train_alone,
-                                             train_step)
+from conformance.ranks.checks.common import (averaging_findings, grads_per_step, hooked_step, sgd, shared_check,
+                                             train_alone, train_step)
 from conformance.catalogue import AVERAGING, MOMENTUM, PARITY, SECOND_MODEL
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import MakeModels
@@ -62,8 +62,8 @@ def averaging(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str
         ref = models.build(hooked=False).model
         ref_optim = sgd(ref.parameters(), lr=lr, momentum=AVERAGING["momentum"])
     for step in range(steps):
-        broken = recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim, models.inputs,
-                                                            models.loss_fn))
+        broken = hooked_step(recorder, step, train_step, ctx, "hooked", step, hooked.model, optim, models.inputs,
+                             models.loss_fn)
         if broken:
             return broken
         expected = None
@@ -127,9 +127,8 @@ def second_model(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: 
         hooked = first.build(hooked=True)
         optim = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
         for step in range(min(steps, first.model_cls.max_steps or steps)):
-            broken = hooked.recorder.run_step(step, lambda: first.train_step(
-                first.ctx, f"first ({model}) hooked", step, hooked.model, optim, first.inputs, first.loss_fn,
-                no_sync=first.no_sync))
+            broken = hooked_step(hooked.recorder, step, first.train_step, first.ctx, f"first ({model}) hooked", step,
+                                 hooked.model, optim, first.inputs, first.loss_fn, no_sync=first.no_sync)
             if broken:
                 return broken
             optim.step()
@@ -158,5 +157,5 @@ def rank_grads(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: st
     hooked = models.build(hooked=True)
     optim = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
     return grads_per_step(models.ctx, hooked.model, optim, models.inputs, models.loss_fn, steps,
-                          named=models.local_grads, run_step=hooked.recorder.run_step,
+                          named=models.local_grads, recorder=hooked.recorder,
                           diagnose=lambda step: diagnose(models.ctx, models.arithmetic, hooked.recorder.log, step))

@@ -18,7 +18,7 @@ import torch
 
 from conformance.protocol import Finding, FindingKind
 from conformance.ranks import cost
-from conformance.ranks.checks.common import View, compare_named, sgd, train_step
+from conformance.ranks.checks.common import View, compare_named, hooked_step, sgd, train_step
 from conformance.catalogue import MOMENTUM
 from conformance.ranks.checks.models import ApiModels, Built, Recorder
 from conformance.ranks.diagnosis import diagnose
@@ -125,8 +125,8 @@ class LockstepRun:
             plan.train(ctx, plan.sides[0], step, ref, self.opt_ref, inputs, loss_fn, no_sync=models.no_sync)
         models.check_reference(ref, inputs, step)
         with cost.measured("hooked", step, ctx.device):
-            broken = recorder.run_step(step, lambda: plan.train(ctx, plan.sides[1], step, hooked, self.opt_hooked,
-                                                                inputs, loss_fn, no_sync=models.no_sync))
+            broken = hooked_step(recorder, step, plan.train, ctx, plan.sides[1], step, hooked, self.opt_hooked,
+                                 inputs, loss_fn, no_sync=models.no_sync)
         if broken:
             return True, broken
         findings = recorder.findings(step)

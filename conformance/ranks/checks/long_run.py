@@ -31,7 +31,7 @@ import torch
 
 from conformance.protocol import CheckResult, Finding, FindingKind
 from conformance.ranks import cost
-from conformance.ranks.checks.common import compare_named, reference_result, sgd, shared_check
+from conformance.ranks.checks.common import compare_named, hooked_step, reference_result, sgd, shared_check
 from conformance.catalogue import LONG_RUN, MOMENTUM
 from conformance.ranks.checks.lockstep import Lockstep, lockstep
 from conformance.ranks.checks.models import ApiModels, Built, MakeModels
@@ -103,9 +103,8 @@ def _unrecorded(ctx: CheckContext, models: ApiModels, ref: Built, hooked: Built,
             models.train_step(quiet, "reference", step, ref.model, opt_ref, batch, regression_loss,
                               no_sync=models.no_sync)
         with cost.measured("hooked", step, ctx.device):
-            broken = recorder.run_step(step, lambda: models.train_step(quiet, "hooked", step, hooked.model,
-                                                                        opt_hooked, batch, regression_loss,
-                                                                        no_sync=models.no_sync))
+            broken = hooked_step(recorder, step, models.train_step, quiet, "hooked", step, hooked.model, opt_hooked,
+                                 batch, regression_loss, no_sync=models.no_sync)
         if first is None:
             found = list(broken or []) + recorder.findings(step)
             if not broken:

@@ -46,7 +46,7 @@ from torch import nn
 
 from conformance.protocol import CheckResult, Finding
 from conformance.ranks import cost
-from conformance.ranks.checks.common import compare_named, sgd, shared_check, train_step
+from conformance.ranks.checks.common import compare_named, hooked_step, sgd, shared_check, train_step
 from conformance.shared.standalone_compare import fqn_without_wrappers
 from conformance.catalogue import MOMENTUM
 from conformance.ranks.checks.models import ApiModels, MakeModels
@@ -220,8 +220,8 @@ def lossy_error(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: s
                       + (f", this rank's loss times {scale:g}" if what else ""))
             _local_grads(ctx, shadow, models.full_params(hooked.model), models.inputs, loss_fn)
             exact = exact_mean(ctx, shadow)
-            broken = hooked.recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model, optim,
-                                                                       models.inputs, loss_fn))
+            broken = hooked_step(hooked.recorder, step, train_step, ctx, "hooked", step, hooked.model, optim,
+                                 models.inputs, loss_fn)
             if broken:
                 return CheckResult(findings=broken, figures={"max_rel_error": worst, "at": at})
             ctx.phase(f"step {step}: full gradients of the hooked model")
@@ -270,8 +270,8 @@ def lossy_loss(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: st
         with cost.measured("native", step, ctx.device):
             train_step(ctx, "no-hook", step, ref, opt_ref, models.inputs, loss_fn)
         with cost.measured("hooked", step, ctx.device):
-            broken = hooked.recorder.run_step(step, lambda: train_step(ctx, "hooked", step, hooked.model,
-                                                                       opt_hooked, models.inputs, loss_fn))
+            broken = hooked_step(hooked.recorder, step, train_step, ctx, "hooked", step, hooked.model, opt_hooked,
+                                 models.inputs, loss_fn)
         if broken:
             return CheckResult(findings=broken,
                                figures={"loss_hook": math.nan, "loss_exact": math.nan, "rel_diff": math.inf})
@@ -309,12 +309,12 @@ def lossy_determinism(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, mo
         optim = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
         per_step = []
         for step in range(steps):
-            broken = hooked.recorder.run_step(step, lambda: train_step(ctx, f"hooked (run {run + 1})", step,
-                                                                       hooked.model, optim, models.inputs,
-                                                                       models.loss_fn))
+            broken = hooked_step(hooked.recorder, step, train_step, ctx, f"hooked (run {run + 1})", step,
+                                 hooked.model, optim, models.inputs, models.loss_fn)
             if broken:
                 return broken
-            per_step.append({k: (None if g is None else g.clone()) for k, g in models.local_grads(hooked.model).items()})
+            grads = models.local_grads(hooked.model)
+            per_step.append({k: (None if g is None else g.clone()) for k, g in grads.items()})
             optim.step()
         runs.append(per_step)
     for step, (first, second) in enumerate(zip(*runs)):

@@ -53,7 +53,7 @@ class Recorder:
     """What an API's recorder (its wrapper around the hook under test) tells the shared checks.
 
     Attributes:
-        step: the training step, set by :meth:`run_step` before the step's backward passes.
+        step: the training step, set by :meth:`begin_step` before the step's backward passes.
         log: the hook's calls (:class:`~conformance.ranks.hook_call.CallLog`), for the diagnosis.
         recording: keep each call's input and result in :attr:`log` (a copy of every buffer, and the
             collectives counted); ``False`` in a long run's unrecorded pass
@@ -65,12 +65,22 @@ class Recorder:
     log: CallLog
     recording: bool = True
 
-    def run_step(self, step: int, run: Callable[[], None]) -> Optional[List[Finding]]:
-        """Run one training step of the hooked model (``run()``) as ``step``; the findings that end the check
-        when the hook broke the API's contract so that the step means nothing (DDP's future), else ``None``."""
+    def begin_step(self, step: int) -> Optional[List[Finding]]:
+        """Before the hooked model's training step ``step``
+        (:func:`~conformance.ranks.checks.common.hooked_step`): the findings that end the check before it
+        trains (DDP refused the hook), else ``None``. Here: notes the step."""
         self.step = step
         reach.saw_step(step)
-        run()
+        return None
+
+    def step_failed(self, step: int, exc: Exception) -> Optional[List[Finding]]:
+        """The hooked model's training step raised ``exc``: the findings it means where the hook broke the API's
+        contract first (DDP's future), or ``None``: ``exc`` propagates, the hook's error. Here: ``None``."""
+        return None
+
+    def end_step(self, step: int) -> Optional[List[Finding]]:
+        """After the hooked model's training step: the findings that end the check where the hook broke the API's
+        contract so that the step means nothing (DDP's future), else ``None``. Here: ``None``."""
         return None
 
     def findings(self, step: int) -> List[Finding]:
@@ -175,13 +185,13 @@ class ApiModels(abc.ABC):
         ``FullyShardedDataParallel.no_sync``); FSDP2's models override it."""
         return model_no_sync(model)
 
-    def train_step(self, ctx: CheckContext, label: str, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-                   inputs: Sequence[Tuple[torch.Tensor, ...]], loss_fn: Callable[..., torch.Tensor],
-                   no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> None:
-        """One training step of ``model`` as the API trains it, in lock step
-        (:meth:`~conformance.ranks.checks.lockstep.Lockstep.of`) and when the reference is replayed alone: here
-        :func:`~conformance.ranks.checks.common.train_step`. DDP's ``compiled_autograd`` config compiles it."""
-        train_step(ctx, label, step, model, optim, inputs, loss_fn, no_sync=no_sync)
+    @property
+    def train_step(self) -> Callable[..., None]:
+        """The training step of the API's models, ``train(ctx, label, step, model, optim, inputs, loss_fn,
+        no_sync=...)``, in lock step (:meth:`~conformance.ranks.checks.lockstep.Lockstep.of`) and when the
+        reference is replayed alone: here :func:`~conformance.ranks.checks.common.train_step` itself (no frame
+        of its own between the check and the training). DDP's ``compiled_autograd`` config compiles it."""
+        return train_step
 
     @property
     def loss_fn(self) -> Callable[..., torch.Tensor]:

@@ -53,6 +53,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "test_module_sizes": ("unit",),
     "test_bench_sample": ("unit",),
     "test_bookkeeper": ("unit",),
+    "test_case_path": ("ranks",),
     "test_cases": ("unit",),
     "test_cases_plans": ("unit",),
     "test_claim_plans": ("unit",),

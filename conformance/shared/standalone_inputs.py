@@ -10,9 +10,15 @@ the same functions. Torch only.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple, Type
 
 import torch
+
+from conformance.shared.standalone_main import Ranks
+
+if TYPE_CHECKING:  # pragma: no cover - a reproducer defines it (the model's base class, written with the model)
+    from conformance.models.base import ReferenceModel
+
 
 def _float(text: str) -> float:
     return float.fromhex(text) if "0x" in text else float(text)
@@ -35,8 +41,7 @@ class SeededInputs(tuple):
         return out
 
 
-def regression_inputs(model: Any,  # Any: a ReferenceModel class (models/base.py)
-                      rank: int, world_size: int, step: int, micro_steps: int,
+def regression_inputs(model: Type[ReferenceModel], rank: int, world_size: int, step: int, micro_steps: int,
                       device: torch.device) -> List[Tuple[torch.Tensor, ...]]:
     """This rank's inputs of ``step`` of a long run, one tuple per micro-batch: ``model.make_input`` with a seed
     of its own per rank, micro-batch and step (rank-dependent and distinct, as every check's inputs)."""
@@ -79,16 +84,14 @@ def placed_tensor(placed: Dict[str, Any], device: torch.device) -> torch.Tensor:
     return out.reshape(tuple(placed["shape"])).to(device)
 
 
-def model_inputs(ranks: Any,  # Any: the loop's Ranks namedtuple (standalone_main.py)
-                 step: int) -> List[Tuple[torch.Tensor, ...]]:
+def model_inputs(ranks: Ranks, step: int) -> List[Tuple[torch.Tensor, ...]]:
     """This rank's inputs of ``step``, one tuple per micro-batch: ``MODEL.make_input(rank + k * world_size, ...)``
     (the same every step)."""
     return [MODEL.make_input(ranks.rank + k * ranks.world_size, ranks.world_size, ranks.device)
             for k in range(CASE["micro_steps"])]
 
 
-def recorded_inputs(ranks: Any,  # Any: the loop's Ranks namedtuple (standalone_main.py)
-                    step: int) -> List[Tuple[torch.Tensor, ...]]:
+def recorded_inputs(ranks: Ranks, step: int) -> List[Tuple[torch.Tensor, ...]]:
     """This rank's inputs of ``step`` of a hard-input case: the recorded gradients ``CASE["inputs"][step][rank]``
     (float32 hex, or a large input's description: :func:`placed_tensor`), one micro-batch."""
     values = CASE["inputs"][step][ranks.rank]
@@ -97,8 +100,7 @@ def recorded_inputs(ranks: Any,  # Any: the loop's Ranks namedtuple (standalone_
                   for vs, shape in zip(values, MODEL.input_shapes()))]
 
 
-def regression_step_inputs(ranks: Any,  # Any: the loop's Ranks namedtuple (standalone_main.py)
-                           step: int) -> List[Tuple[torch.Tensor, ...]]:
+def regression_step_inputs(ranks: Ranks, step: int) -> List[Tuple[torch.Tensor, ...]]:
     """This rank's inputs of ``step`` of a long run (:func:`regression_inputs`)."""
     return regression_inputs(MODEL, ranks.rank, ranks.world_size, step, CASE["micro_steps"], ranks.device)
 

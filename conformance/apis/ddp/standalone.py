@@ -24,12 +24,15 @@ bucket divided by the world size, ``Reducer``'s batched copy); for
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+
+if TYPE_CHECKING:  # pragma: no cover - the loop's type; a reproducer defines it (standalone_main.py)
+    from conformance.shared.standalone_main import Ranks
 
 #: ``bucket_cap_mb`` of the ``small_buckets`` config: 512 bytes, so every
 #: reference model spreads over several buckets once DDP rebuilds its buckets
@@ -200,14 +203,14 @@ def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
     return {"DDP_KWARGS": options, "REFERENCE": reference(case)}
 
 
-def subgroup(ranks: Any) -> Any:  # Any: the loop's Ranks namedtuple (standalone_main.py)
+def subgroup(ranks: Ranks) -> Ranks:
     """The ``subgroup`` config trains in this rank's data-parallel subgroup (:func:`data_parallel_groups`)."""
     if CASE["variant"]["config"] == "subgroup":
         return on_data_parallel_subgroup(ranks)
     return ranks
 
 
-def build(ranks: Any, hooked: bool) -> nn.Module:  # Any: the loop's Ranks namedtuple (standalone_main.py)
+def build(ranks: Ranks, hooked: bool) -> nn.Module:
     """The case's DDP model (``DDP_KWARGS``): with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; else
     native's reference (the claim's reference hook, for a reduce dtype other than the parameters')."""
     module = MODEL.plain(group=ranks.group, device=ranks.device)

@@ -13,11 +13,14 @@ Its reproducer functions read the globals ``CASE``, ``MODEL``, ``HOOK`` and
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+
+if TYPE_CHECKING:  # pragma: no cover - the loop's type; a reproducer defines it (standalone_main.py)
+    from conformance.shared.standalone_main import Ranks
 
 
 def native_mixed_precision(reduce_dtype: Optional[torch.dtype],
@@ -73,7 +76,7 @@ def reproducer_constants(case: Dict[str, Any]) -> Dict[str, Any]:
     return {"REFERENCE": reference(case)}
 
 
-def subgroup(ranks: Any) -> Any:  # Any: the loop's Ranks namedtuple (standalone_main.py)
+def subgroup(ranks: Ranks) -> Ranks:
     """A ``subgroup`` case trains in this rank's data-parallel subgroup."""
     if CASE["variant"].get("subgroup"):
         return on_data_parallel_subgroup(ranks)
@@ -93,7 +96,7 @@ def case_mixed_precision(hooked: bool) -> Optional[MixedPrecision]:
     return None
 
 
-def build(ranks: Any, hooked: bool) -> nn.Module:  # Any: the loop's Ranks namedtuple (standalone_main.py)
+def build(ranks: Ranks, hooked: bool) -> nn.Module:
     """The case's FSDP model under its strategy: with ``hooked``, ``register_comm_hook(STATE(group), HOOK)``; the
     native copy under the claim's ``MixedPrecision(reduce_dtype=...)``, the hooked one without it (the hook
     reduces); both under the low-precision-gradients setting where the case has it."""

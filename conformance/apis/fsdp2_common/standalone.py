@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from conformance.apis.fsdp2_common.setup import Fsdp2Config, mesh_shape
+if TYPE_CHECKING:  # pragma: no cover - the loop's type; a reproducer defines it (standalone_main.py)
+    from conformance.models.base import ReferenceModel
+    from conformance.shared.standalone_main import Ranks
 
 
 try:  # FSDP2: public in torch.distributed.fsdp from torch 2.6; 2.4 and 2.5 have it under _composable.fsdp
@@ -41,7 +44,7 @@ def fsdp2_api() -> Optional[Tuple[Any, Any, Any]]:
     return None if fully_shard is None else (fully_shard, MixedPrecisionPolicy, FSDPModule)
 
 
-def _unit_modules(cls: Any, model: nn.Module) -> List[nn.Module]:  # Any: a ReferenceModel class (models/base.py)
+def _unit_modules(cls: Type[ReferenceModel], model: nn.Module) -> List[nn.Module]:
     """The submodules of ``model`` (a ``cls``) that get their own ``fully_shard``, innermost first (root
     excluded).
 
@@ -74,8 +77,7 @@ def _post_order(module: nn.Module) -> List[nn.Module]:
 
 
 
-def _wrap_units(cls: Any,  # Any: a ReferenceModel class (models/base.py)
-                model: nn.Module, wrap: Callable[[nn.Module], Any]) -> nn.Module:
+def _wrap_units(cls: Type[ReferenceModel], model: nn.Module, wrap: Callable[[nn.Module], Any]) -> nn.Module:
     """``wrap`` (``fully_shard``, ``replicate``: each shards its module in place and returns it) on every FSDP1 unit
     of ``model`` (a ``cls``), innermost first, then the root: the units the model's ``_wrap_nested`` names, wrapped
     as it names them, or those its root ``auto_wrap_policy`` would wrap (:func:`_unit_modules`)."""
@@ -126,10 +128,9 @@ def mixed_precision(reduce_dtype: Optional[torch.dtype], param_dtype: Optional[t
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
 
 
-def wrap_model(layout: Fsdp2Config, cls: Any,  # Any: a ReferenceModel class (models/base.py)
-               model: nn.Module, mesh: Optional[DeviceMesh], reduce_dtype: Optional[torch.dtype],
-               group: Optional[torch.distributed.ProcessGroup], device: torch.device, world_size: int, *,
-               hooked: bool) -> nn.Module:
+def wrap_model(layout: Fsdp2Config, cls: Type[ReferenceModel], model: nn.Module, mesh: Optional[DeviceMesh],
+               reduce_dtype: Optional[torch.dtype], group: Optional[torch.distributed.ProcessGroup],
+               device: torch.device, world_size: int, *, hooked: bool) -> nn.Module:
     """``model`` (a plain ``cls``) as ``layout`` builds it: one ``fully_shard(mesh=mesh)`` (or ``replicate`` on
     FSDP2) per FSDP1 unit, innermost first, then the root (:func:`_wrap_units`), with
     ``mp_policy=MixedPrecisionPolicy(reduce_dtype=..., param_dtype=...)`` for a claim; the hooked model on the
@@ -181,7 +182,7 @@ def _layout() -> Fsdp2Config:
     return SETUP.configs[CASE["variant"]["config"]]
 
 
-def subgroup(ranks: Any) -> Any:  # Any: the loop's Ranks namedtuple (standalone_main.py)
+def subgroup(ranks: Ranks) -> Ranks:
     """A ``subgroup`` config shards over this rank's data-parallel subgroup."""
     if _layout().mesh == "subgroup":
         return on_data_parallel_subgroup(ranks)
@@ -193,12 +194,12 @@ device_mesh = functools.lru_cache(maxsize=None)(init_device_mesh)  # one mesh a 
 
 
 @functools.lru_cache(maxsize=None)
-def subgroup_mesh(ranks: Any) -> Any:  # Any: the loop's Ranks namedtuple (standalone_main.py)
+def subgroup_mesh(ranks: Ranks) -> DeviceMesh:
     """The 1-D mesh over this rank's data-parallel subgroup (``subgroup``), made once for both copies."""
     return DeviceMesh.from_group(ranks.group, ranks.device.type)
 
 
-def case_mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:  # Any: the loop's Ranks namedtuple (standalone_main.py)
+def case_mesh(ranks: Ranks, shape: Tuple[int, ...]) -> DeviceMesh:
     """The device mesh of ``shape`` both copies shard over (each made once: :data:`device_mesh`, :func:`subgroup_mesh`):
     1-D over this rank's data-parallel subgroup under ``subgroup``, 2-D ``("replicate", "shard")`` under HSDP and the
     replica mesh. One ``return`` in each config: a reproducer writes it at its call."""
@@ -209,7 +210,7 @@ def case_mesh(ranks: Any, shape: Tuple[int, ...]) -> Any:  # Any: the loop's Ran
     return device_mesh(ranks.device.type, shape)
 
 
-def build(ranks: Any, hooked: bool) -> nn.Module:  # Any: the loop's Ranks namedtuple (standalone_main.py)
+def build(ranks: Ranks, hooked: bool) -> nn.Module:
     """The case's FSDP2 model as ``SETUP`` builds it in the case's config; hooked: ``SETUP.setter`` on every FSDP
     module, with the hook bound by ``SETUP.bind``."""
     layout = _layout()

@@ -1,6 +1,7 @@
 """A case's path is as short as docs/architecture.md ("One case, end to end") says, read from real stacks.
 
-On a rank: the stack at the hook's call, from the rank check down, passes the check's module, the lock-step loop,
+On a rank (one gloo rank for DDP and FSDP1; two spawned ones for an FSDP2 comm, which FSDP2 does not call on a
+group of one): the stack at the hook's call, from the rank check down, passes the check's module, the lock-step loop,
 the shared training step and the API's recorder, and no other module of the suite (the hook is called by PyTorch
 from the training step's backward). On the controller: the stack at ``Pool.run``, from the suite test's call of
 ``Runner.run_case`` down, holds the runner's frames alone. A wrapper, a closure or a module put back between
@@ -9,6 +10,7 @@ them fails here, and the page must then be written again.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import types
@@ -17,6 +19,7 @@ from typing import Any, List, Tuple
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as ddp_default_hooks
 from torch.distributed.algorithms._comm_hooks import default_hooks as fsdp_default_hooks
 
@@ -81,30 +84,44 @@ def _pg_state(process_group: Any) -> Any:
     return process_group
 
 
+def _fsdp2_comm() -> Any:
+    """FSDP2's reference comm, noting the stack at its call (FSDP2 calls no comm on a group of one)."""
+    from conformance.apis.fsdp2.builtin_hooks import PlainReduceScatter
+
+    class NotedReduceScatter(PlainReduceScatter):  # type: ignore[misc,valid-type]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            _note_stack()
+            return super().__call__(*args, **kwargs)
+
+    return NotedReduceScatter
+
+
 def _fsdp_state(process_group: Any) -> Any:
     return fsdp_default_hooks.DefaultState(process_group)
 
 
-#: API -> (its spec's fields, the parity case's parameters): the APIs that call their hook on one rank (FSDP2
-#: calls no comm on a group of one), so the stack is read in this process.
+#: API -> (its spec's fields, the parity case's parameters): the APIs that call their hook on one rank, so the stack
+#: is read in this process.
 CASES = {
     "ddp": (dict(hook=ddp_hook, state=_pg_state), {"config": "default", "model": "nested_wrapped"}),
     "fsdp": (dict(hook=fsdp_hook, state=_fsdp_state), {"strategy": "NO_SHARD", "model": "nested_wrapped"}),
 }
 
 
-@pytest.mark.parametrize("api", sorted(CASES))
-def test_a_rank_reaches_the_hook_through_the_check_the_loop_the_training_step_and_the_recorder(gloo_group, api):
-    fields, params = CASES[api]
+def _parity_stack(api: str, fields: Any, params: Any, group: Any, rank: int = 0, world_size: int = 1
+                  ) -> List[Tuple[str, str]]:
+    """The suite's frames at the hook's first call in ``api``'s parity check, one step on this rank."""
     spec = HookSpec(name="noted", api=api, **fields)
     STACKS.clear()
-    ctx = RankContext(0, 1, gloo_group, torch.device("cpu"), "gloo")
+    ctx = RankContext(rank, world_size, group, torch.device("cpu"), "gloo")
     result = get_rank_check(f"{api}.parity")(ctx, spec, steps=1, **params)
     findings = result.findings if isinstance(result, CheckResult) else result
     assert not findings, findings
-    if not STACKS:
-        pytest.skip(f"{api} never called the hook on one rank with this torch")
-    frames = STACKS[0]
+    assert STACKS, f"{api} never called the hook"
+    return STACKS[0]
+
+
+def _assert_rank_path(api: str, frames: List[Tuple[str, str]]) -> None:
     start = next(i for i, (module, function) in enumerate(frames) if function == "parity")
     path = modules(frames[start:])
     assert path[0] == "ranks/checks/exact.py", frames[start:]
@@ -112,6 +129,32 @@ def test_a_rank_reaches_the_hook_through_the_check_the_loop_the_training_step_an
     assert len(path) == 4 and path[3].startswith(f"apis/{api}/"), \
         f"one recorder module of the API's, then the hook; the stack: {frames[start:]}"
     assert len(frames) - start <= RANK_FRAMES, frames[start:]
+
+
+@pytest.mark.parametrize("api", sorted(CASES))
+def test_a_rank_reaches_the_hook_through_the_check_the_loop_the_training_step_and_the_recorder(gloo_group, api):
+    fields, params = CASES[api]
+    _assert_rank_path(api, _parity_stack(api, fields, params, gloo_group))
+
+
+def _fsdp2_rank(rank: int, store_path: str, out: str) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    try:
+        frames = _parity_stack("fsdp2", dict(hook=_fsdp2_comm()), {"config": "default", "model": "nested_wrapped"},
+                               dist.group.WORLD, rank, 2)
+        if rank == 0:
+            with open(out, "w", encoding="utf-8") as f:
+                f.write(repr(frames))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_fsdp2_rank_reaches_its_comm_the_same_way(tmp_path):
+    if not hasattr(torch.distributed.fsdp, "FSDPModule"):
+        pytest.skip("FSDP2 (torch.distributed.fsdp.FSDPModule) is not in this torch")
+    out = tmp_path / "frames"
+    mp.spawn(_fsdp2_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    _assert_rank_path("fsdp2", ast.literal_eval(out.read_text(encoding="utf-8")))
 
 
 class NotingPool:

@@ -161,10 +161,15 @@ def test_no_code_of_the_family_branches_on_an_api_name(path):
                                     *(f"conformance.apis.{api}.standalone" for api in FAMILY)])
 def test_what_a_reproducer_holds_imports_only_torch_and_the_standard_library(module):
     """The modules written into an FSDP2 reproducer: their imports of the suite are each other (written in the
-    file before them), the rest torch and the standard library."""
+    file before them), the rest torch and the standard library; an ``if TYPE_CHECKING:`` block's imports never run,
+    and the writer leaves the block out."""
     tree = ast.parse(open(importlib.import_module(module).__file__).read())
     written = set(controller_side("fsdp2").standalone_modules[:2])
+    typing_only = {id(n) for stmt in tree.body if isinstance(stmt, ast.If) and getattr(stmt.test, "id", "") ==
+                   "TYPE_CHECKING" for n in ast.walk(stmt)}
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             name = node.module or ""
         elif isinstance(node, ast.Import):

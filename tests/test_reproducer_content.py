@@ -143,6 +143,7 @@ def _cases() -> List[Tuple[str, Dict[str, Any], int]]:
 def test_every_name_a_reproducer_reads_is_written_in_it(api, params, world_size):
     source = _source(api, params, world_size)
     assert _unresolved(source, _module_level(source)) == []
+    assert "TYPE_CHECKING" not in source, "an import for annotations alone is not written (reproducers/sources.py)"
     if api in ("ddp", "fsdp"):  # a reduce-dtype claim writes the claim's reference too
         spec = _spec(api)
         claimed = dataclasses.replace(spec, reduce_dtype=torch.bfloat16,

@@ -139,8 +139,6 @@ def _definitions(module_name: str, case: Optional[Dict[str, Any]] = None,
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in
                                                  ("__future__", "conformance")):
             continue  # what the suite's own modules define is looked up in the modules given
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            continue  # imports for annotations alone never run: the file's annotations are never evaluated
         out.append(_Definition(module_name, node, lines))
     return out
 

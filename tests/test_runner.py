@@ -298,3 +298,34 @@ def test_the_suites_own_exit_of_a_rank_whose_controller_went_is_not_the_hooks(ru
     phase = "step 0: forward/backward of the hooked model"
     run_case(runner, ScriptedPool([[ok(0), died(1, phase, LOST_CONTROLLER_EXIT_CODE)], [ok(0), ok(1)]]))
     assert runner.crash_reruns[0].second_run == "ran to the end"
+
+
+class FailingStartPool(ScriptedPool):
+    """A pool whose ranks cannot start (``error``: a ``PoolStartError``, or its ``SpecLoadError``)."""
+
+    def __init__(self, error: Exception):
+        super().__init__([])
+        self.error = error
+
+    def run(self, case):
+        raise self.error
+
+
+@pytest.mark.parametrize("error", ["PoolStartError", "SpecLoadError"])
+def test_only_a_cases_own_run_makes_a_pool_that_cannot_start_not_run_or_a_usage_error(runner, error):
+    """``Runner.run_on``: every run of a case passes there, but only the case's own run turns a pool that cannot
+    start into ``NOT RUN`` (or, a spec that cannot load, the session's usage error); a replay's is raised as it
+    came, for ``replays.replay`` to record (its spec is PyTorch's default hook, never the user's)."""
+    from conformance.controller import pools
+    from conformance.controller.failures import NotRun
+    from conformance.protocol import Case, HookRef
+
+    case = Case(check="fsdp.parity", hook=HookRef(target="pkg.mod:SPEC", name="h"), params={}, case_id="c")
+    kind = getattr(pools, error)
+    with pytest.raises(kind):
+        runner.run_on(FailingStartPool(kind("no ranks")), case, own=False)
+    assert runner.not_run == {}
+    expected = pytest.exit.Exception if error == "SpecLoadError" else NotRun
+    with pytest.raises(expected):
+        runner.run_on(FailingStartPool(kind("no ranks")), case)
+    assert (runner.not_run == {("h", 2): "no ranks"}) is (error == "PoolStartError")

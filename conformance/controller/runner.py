@@ -315,19 +315,21 @@ class Runner:
 
     def run_on(self, pool: Pool, case: Case, *, own: bool = True) -> CaseResult:
         """``pool.run(case)``: every run of a case passes here, its first, a replay (another hook, or the reference
-        alone) and a re-run in fresh ranks. A rebuilt pool counts in :attr:`restarts`; a spec that cannot load
-        ends the session (:meth:`usage_error`).
+        alone) and a re-run in fresh ranks. A rebuilt pool counts in :attr:`restarts`.
 
         ``own``: the case's own run (its first, or its re-run), timed in :attr:`timings`; where its pool cannot
-        start, the case is :class:`NotRun` (and every later case of that hook and world size, at once). A replay
-        (``own=False``) lets :class:`PoolStartError` through: :func:`~conformance.controller.replays.replay` says
-        it could not start, with no evidence either way.
+        start, the case is :class:`NotRun` (and every later case of that hook and world size, at once), and a spec
+        that cannot load ends the session (:meth:`usage_error`). A replay (``own=False``) lets
+        :class:`PoolStartError` through (:func:`~conformance.controller.replays.replay` says it could not start,
+        with no evidence either way), and :class:`SpecLoadError` too (the replay's spec is not the user's).
         """
         __tracebackhide__ = True
         hook = case.hook.name if case.hook is not None else None
         try:
             result = pool.run(case)
         except SpecLoadError as exc:
+            if not own:
+                raise  # the replay's own spec (PyTorch's default hook): the suite's failure, not the user's
             self.usage_error(exc)
         except PoolStartError as exc:
             if not own:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from conformance.protocol import CaseResult, Cause, Finding, FindingKind
+from conformance.protocol import CaseResult, Cause, Finding
 from conformance.reports.results import ShortFigure
 from conformance.reports.verdict import Status, Verdict
 

@@ -23,8 +23,6 @@ import importlib
 import inspect
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-import torch
-
 from conformance.reproducers.specialise import literal_constants, parsed, specialised, walk
 
 __all__ = ["bound_names", "written_code"]

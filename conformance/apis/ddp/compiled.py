@@ -44,7 +44,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.distributed as dist

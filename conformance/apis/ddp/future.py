@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List
 
-import torch
-
 from conformance.apis.ddp.models import DdpModels, build_ddp
 from conformance.protocol import Finding, FindingKind
 from conformance.ranks.checks.common import hooked_step, sgd, train_step

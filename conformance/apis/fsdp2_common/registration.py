@@ -16,7 +16,6 @@ import dataclasses
 import re
 from typing import Any, List, Tuple
 
-import torch
 from torch import nn
 
 from conformance.apis.fsdp2_common.standalone import fsdp2_api

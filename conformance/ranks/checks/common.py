@@ -10,7 +10,6 @@ micro-steps included). The lock-step loop built on them is
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List
 
-import torch
-
 from conformance.protocol import CheckResult, Finding
 from conformance.ranks.checks.common import (averaging_findings, grads_per_step, hooked_step, sgd, shared_check,
                                              train_alone, train_step)

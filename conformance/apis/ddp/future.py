@@ -56,7 +56,7 @@ def future_contract(ctx: CheckContext, spec: HookSpec, *, config: str, model: st
     recorder = hooked.recorder
     optim = sgd(hooked.model.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
-        broken = hooked_step(recorder, step, train_step, ctx, "hooked", step, hooked.model, optim, models.inputs,
+        broken = hooked_step(recorder, train_step, ctx, "hooked", step, hooked.model, optim, models.inputs,
                              models.loss_fn)
         if broken:
             return findings + broken

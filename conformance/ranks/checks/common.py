@@ -172,12 +172,15 @@ def train_step(ctx: CheckContext, label: str, step: int, model: nn.Module, optim
                 loss_fn(micro, model(*micro)).backward()
 
 
-def hooked_step(recorder: Recorder, step: int, train: Callable[..., None], *args: object, **kwargs: object
-                ) -> Optional[List[Finding]]:
-    """One training step of the hooked model, ``train(*args, **kwargs)`` (:func:`train_step`, or the API's), as
-    ``step``, its recorder told before and after (:meth:`~conformance.ranks.checks.models.Recorder.begin_step`,
-    ``step_failed``, ``end_step``). The step trains here, in the check's call, so nothing of the recorder's
-    stands between the check and the hook but its wrapper around the hook.
+def hooked_step(recorder: Recorder, train: Callable[..., None], ctx: CheckContext, label: str, step: int,
+                model: nn.Module, optim: torch.optim.Optimizer, inputs: Sequence[Tuple[torch.Tensor, ...]],
+                loss_fn: Callable[..., torch.Tensor],
+                no_sync: Callable[[nn.Module], ContextManager[Any]] = model_no_sync) -> Optional[List[Finding]]:
+    """One training step ``step`` of the hooked ``model``, ``train(ctx, label, step, model, optim, inputs, loss_fn,
+    no_sync=no_sync)`` (:func:`train_step`, or the API's), its recorder told before and after
+    (:meth:`~conformance.ranks.checks.models.Recorder.begin_step`, ``step_failed``, ``end_step``). The step trains
+    here, in the check's call, so nothing of the recorder's stands between the check and the hook but its wrapper
+    around the hook.
 
     Returns:
         the findings that end the check where the hook broke the API's contract so that the step means nothing
@@ -191,7 +194,7 @@ def hooked_step(recorder: Recorder, step: int, train: Callable[..., None], *args
     if broken is not None:
         return broken
     try:
-        train(*args, **kwargs)
+        train(ctx, label, step, model, optim, inputs, loss_fn, no_sync=no_sync)
     except Exception as exc:  # noqa: BLE001 - re-raised unless the recorder saw the hook break the contract first
         broken = recorder.step_failed(step, exc)
         if broken is None:
@@ -330,7 +333,7 @@ def grads_per_step(ctx: CheckContext, hooked: nn.Module, optim: torch.optim.Opti
     """
     per_step: List[Dict[str, Optional[torch.Tensor]]] = []
     for step in range(steps):
-        broken = hooked_step(recorder, step, train_step, ctx, "hooked", step, hooked, optim, inputs, loss_fn)
+        broken = hooked_step(recorder, train_step, ctx, "hooked", step, hooked, optim, inputs, loss_fn)
         if broken:
             return CheckResult(findings=broken, grads=per_step)
         grads = named(hooked)

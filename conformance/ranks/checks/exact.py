@@ -60,7 +60,7 @@ def averaging(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: str
         ref = models.build(hooked=False).model
         ref_optim = sgd(ref.parameters(), lr=lr, momentum=AVERAGING["momentum"])
     for step in range(steps):
-        broken = hooked_step(recorder, step, train_step, ctx, "hooked", step, hooked.model, optim, models.inputs,
+        broken = hooked_step(recorder, train_step, ctx, "hooked", step, hooked.model, optim, models.inputs,
                              models.loss_fn)
         if broken:
             return broken
@@ -125,7 +125,7 @@ def second_model(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: 
         hooked = first.build(hooked=True)
         optim = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
         for step in range(min(steps, first.model_cls.max_steps or steps)):
-            broken = hooked_step(hooked.recorder, step, first.train_step, first.ctx, f"first ({model}) hooked", step,
+            broken = hooked_step(hooked.recorder, first.train_step, first.ctx, f"first ({model}) hooked", step,
                                  hooked.model, optim, first.inputs, first.loss_fn, no_sync=first.no_sync)
             if broken:
                 return broken

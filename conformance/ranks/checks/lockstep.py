@@ -125,7 +125,7 @@ class LockstepRun:
             plan.train(ctx, plan.sides[0], step, ref, self.opt_ref, inputs, loss_fn, no_sync=models.no_sync)
         models.check_reference(ref, inputs, step)
         with cost.measured("hooked", step, ctx.device):
-            broken = hooked_step(recorder, step, plan.train, ctx, plan.sides[1], step, hooked, self.opt_hooked,
+            broken = hooked_step(recorder, plan.train, ctx, plan.sides[1], step, hooked, self.opt_hooked,
                                  inputs, loss_fn, no_sync=models.no_sync)
         if broken:
             return True, broken

@@ -103,7 +103,7 @@ def _unrecorded(ctx: CheckContext, models: ApiModels, ref: Built, hooked: Built,
             models.train_step(quiet, "reference", step, ref.model, opt_ref, batch, regression_loss,
                               no_sync=models.no_sync)
         with cost.measured("hooked", step, ctx.device):
-            broken = hooked_step(recorder, step, models.train_step, quiet, "hooked", step, hooked.model, opt_hooked,
+            broken = hooked_step(recorder, models.train_step, quiet, "hooked", step, hooked.model, opt_hooked,
                                  batch, regression_loss, no_sync=models.no_sync)
         if first is None:
             found = list(broken or []) + recorder.findings(step)

@@ -220,7 +220,7 @@ def lossy_error(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: s
                       + (f", this rank's loss times {scale:g}" if what else ""))
             _local_grads(ctx, shadow, models.full_params(hooked.model), models.inputs, loss_fn)
             exact = exact_mean(ctx, shadow)
-            broken = hooked_step(hooked.recorder, step, train_step, ctx, "hooked", step, hooked.model, optim,
+            broken = hooked_step(hooked.recorder, train_step, ctx, "hooked", step, hooked.model, optim,
                                  models.inputs, loss_fn)
             if broken:
                 return CheckResult(findings=broken, figures={"max_rel_error": worst, "at": at})
@@ -270,7 +270,7 @@ def lossy_loss(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, model: st
         with cost.measured("native", step, ctx.device):
             train_step(ctx, "no-hook", step, ref, opt_ref, models.inputs, loss_fn)
         with cost.measured("hooked", step, ctx.device):
-            broken = hooked_step(hooked.recorder, step, train_step, ctx, "hooked", step, hooked.model, opt_hooked,
+            broken = hooked_step(hooked.recorder, train_step, ctx, "hooked", step, hooked.model, opt_hooked,
                                  models.inputs, loss_fn)
         if broken:
             return CheckResult(findings=broken,
@@ -309,7 +309,7 @@ def lossy_determinism(ctx: CheckContext, spec: HookSpec, make: MakeModels, *, mo
         optim = sgd(hooked.model.parameters(), lr=lr, momentum=MOMENTUM)
         per_step = []
         for step in range(steps):
-            broken = hooked_step(hooked.recorder, step, train_step, ctx, f"hooked (run {run + 1})", step,
+            broken = hooked_step(hooked.recorder, train_step, ctx, f"hooked (run {run + 1})", step,
                                  hooked.model, optim, models.inputs, models.loss_fn)
             if broken:
                 return broken
